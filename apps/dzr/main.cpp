@@ -1,0 +1,50 @@
+// dzr: run NVIDIA DreamZero offline. Subcommands register themselves (command.h).
+#include <cstdio>
+#include <exception>
+
+#include "apps/dzr/command.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dzr::app {
+
+std::vector<CommandSetup>& command_registry() {
+    static std::vector<CommandSetup> registry;
+    return registry;
+}
+
+}  // namespace dzr::app
+
+int main(int argc, char** argv) {
+    CLI::App app{"dzr: offline DreamZero world-action-model rollouts (C++/CUDA)", "dzr"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("dzr ") + DZR_VERSION + " (" + DZR_GIT_HASH + ")");
+    std::string log_level = "info";
+    app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+
+    std::function<int()> run;
+    for (auto& setup : dzr::app::command_registry()) setup(app, run);
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    try {
+        dzr::set_log_level(log_level);
+        if (!run) {
+            std::fprintf(stderr, "dzr: error: no action selected (see dzr --help)\n");
+            return 2;
+        }
+        return run();
+    } catch (const dzr::Interrupted& e) {
+        std::fprintf(stderr, "dzr: interrupted: %s\n", e.what());
+        return 130;
+    } catch (const dzr::Error& e) {
+        std::fprintf(stderr, "dzr: error: %s\n", e.what());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "dzr: error: %s\n", e.what());
+        return 1;
+    }
+}

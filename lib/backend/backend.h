@@ -1,0 +1,170 @@
+#pragma once
+/// The compute interface every model forward goes through. One method per op family, each with a
+/// typed params struct. CpuBackend is the fp32 reference (OpenBLAS); CudaBackend runs bf16 with fp32
+/// accumulation (cuBLASLt, cuDNN, kernels/). Model code never branches on the backend.
+///
+/// Conventions for every op:
+///  - Tensors are TensorViews on this backend's device. Inputs may be strided where an op says so;
+///    outputs are contiguous unless stated. `{}` (a default TensorView) means "absent".
+///  - Row ops (norms, softmax, activations, reductions) treat a tensor as [rows, cols] with cols the
+///    last dimension.
+///  - The CPU backend computes in f32 and accepts f32 tensors only (plus the dtype conversions of
+///    copy/upload/download). The CUDA backend accepts f32 and bf16 for every float op, with fp32
+///    accumulation inside; GEMM inputs must share a dtype.
+///  - No op allocates or synchronizes with the host (except synchronize/download/upload), so a forward
+///    can be captured into a CUDA graph.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/arena.h"
+#include "core/tensor.h"
+
+namespace dzr {
+
+/// out[b] = alpha * op(a[b]) · op(b[b]) + beta * out[b] (+ bias broadcast over rows).
+/// a: [M, K] (or [K, M] with trans_a), b: [K, N] (or [N, K] with trans_b; PyTorch Linear weights are
+/// [out, in] so a Linear is trans_b = true), out: [M, N]. Rank-3 operands are batched over dim 0
+/// (a batch stride of 0 broadcasts). The last dim of each operand must be contiguous; rows may be
+/// strided (leading dimension = strides[-2]).
+struct GemmParams {
+    bool trans_a = false;
+    bool trans_b = true;
+    float alpha = 1.0f;
+    float beta = 0.0f;
+};
+
+/// Elementwise binary op with broadcasting of b over a's leading dims: b has a's shape, or b's shape
+/// equals a trailing part of a's shape (e.g. a [R, C] and b [C]), or b is a single element.
+enum class BinaryOp : uint8_t { Add, Sub, Mul };
+struct BinaryParams {
+    BinaryOp op = BinaryOp::Add;
+};
+
+/// out = alpha * x + beta (elementwise).
+struct ScaleParams {
+    float alpha = 1.0f;
+    float beta = 0.0f;
+};
+
+enum class Activation : uint8_t { GeluTanh, GeluErf, Silu, Relu };
+struct ActivationParams {
+    Activation kind = Activation::GeluTanh;
+};
+
+/// LayerNorm over the last dim: (x - mean) / sqrt(var + eps) [* weight] [+ bias].
+struct LayerNormParams {
+    float eps = 1e-5f;
+};
+
+/// RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) [* weight].
+struct RmsNormParams {
+    float eps = 1e-6f;
+};
+
+/// Softmax over the last dim of (scale * x).
+struct SoftmaxParams {
+    float scale = 1.0f;
+};
+
+enum class ReduceOp : uint8_t { Sum, Mean, Max };
+struct ReduceParams {
+    ReduceOp op = ReduceOp::Sum;
+};
+
+/// Rotary embedding on interleaved channel pairs: for token t and pair j,
+/// (x[2j], x[2j+1]) <- (x[2j] c - x[2j+1] s, x[2j] s + x[2j+1] c) with (c, s) = table[t, j].
+/// x: [L, H, D] (D even), table: f32 [L, D/2, 2] holding (cos, sin). The same rotation applies to
+/// every head. Pairs beyond table's second dim are left unchanged (partial RoPE).
+struct RopeParams {};
+
+/// Dense non-causal attention: out = softmax(scale * q k^T + bias) v per head.
+/// q: [Lq, H, D], k and v: [Lk, H, D] (strided rows allowed), out: [Lq, H, D].
+/// bias (optional): f32 [H, Lq, Lk] added to the logits (T5 relative positions, masks).
+struct AttentionParams {
+    float scale = 1.0f;
+};
+
+/// 3-D convolution with zero padding, one sample: x [Ci, T, H, W], w [Co, Ci, kt, kh, kw],
+/// bias [Co] (optional), out [Co, To, Ho, Wo]. Padding may differ before and after (causal time).
+struct Conv3dParams {
+    int stride[3] = {1, 1, 1};
+    int pad_before[3] = {0, 0, 0};
+    int pad_after[3] = {0, 0, 0};
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+
+    virtual Device device() const = 0;
+    virtual std::string name() const = 0;
+    /// The dtype activations and weights use on this backend (CPU: f32, CUDA: bf16).
+    virtual DType compute_dtype() const = 0;
+
+    // ---- memory -------------------------------------------------------------------------------
+    /// Persistent allocation (weights, KV pool), zero-filled. May allocate device memory.
+    virtual Tensor alloc(Shape shape, DType dtype) = 0;
+    /// The workspace arena forwards take activations from (see Arena).
+    virtual Arena& workspace() = 0;
+    /// (Re)create the workspace with the given capacity in bytes. Not for use inside a forward.
+    virtual void reserve_workspace(size_t bytes) = 0;
+    /// A contiguous activation buffer from the workspace.
+    TensorView scratch(Shape shape, DType dtype) { return workspace().alloc_view(shape, dtype); }
+    TensorView scratch(Shape shape) { return scratch(shape, compute_dtype()); }
+
+    /// Host -> device copy, converting dtype (src any float or integer dtype, contiguous host view).
+    virtual void upload(const TensorView& host_src, const TensorView& dst) = 0;
+    /// Device -> host copy, converting dtype; synchronizes.
+    virtual void download(const TensorView& src, const TensorView& host_dst) = 0;
+    /// Device copy, converting dtype; src may be strided (any permutation), dst contiguous.
+    virtual void copy(const TensorView& src, const TensorView& dst) = 0;
+    /// Set every element of a contiguous tensor to value.
+    virtual void fill(const TensorView& dst, float value) = 0;
+    /// Wait for all queued work.
+    virtual void synchronize() = 0;
+
+    // ---- ops ----------------------------------------------------------------------------------
+    virtual void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                      const TensorView& out) = 0;
+    virtual void binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
+                        const TensorView& out) = 0;
+    virtual void scale(const ScaleParams& p, const TensorView& x, const TensorView& out) = 0;
+    virtual void activation(const ActivationParams& p, const TensorView& x, const TensorView& out) = 0;
+    virtual void layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight,
+                            const TensorView& bias, const TensorView& out) = 0;
+    virtual void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
+                          const TensorView& out) = 0;
+    virtual void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) = 0;
+    virtual void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) = 0;
+    virtual void rope(const RopeParams& p, const TensorView& x, const TensorView& table,
+                      const TensorView& out) = 0;
+    virtual void attention(const AttentionParams& p, const TensorView& q, const TensorView& k,
+                           const TensorView& v, const TensorView& bias, const TensorView& out) = 0;
+    virtual void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                        const TensorView& out) = 0;
+
+    // ---- conveniences built on the ops ---------------------------------------------------------
+    /// PyTorch Linear: out[M, N] = x[M, K] · w[N, K]^T + bias[N].
+    void linear(const TensorView& x, const TensorView& w, const TensorView& bias, const TensorView& out) {
+        gemm(GemmParams{}, x, w, bias, out);
+    }
+    void add(const TensorView& a, const TensorView& b, const TensorView& out) {
+        binary({BinaryOp::Add}, a, b, out);
+    }
+    void mul(const TensorView& a, const TensorView& b, const TensorView& out) {
+        binary({BinaryOp::Mul}, a, b, out);
+    }
+};
+
+/// The fp32 reference backend (OpenBLAS). `threads` = 0 leaves OpenBLAS's default.
+std::unique_ptr<Backend> make_cpu_backend(size_t workspace_bytes = 0);
+/// The CUDA backend on device `index`. Throws dzr::Error when built without CUDA or no GPU exists.
+std::unique_ptr<Backend> make_cuda_backend(int index = 0, size_t workspace_bytes = 0);
+/// Backend for a device string ("cpu", "cuda", "cuda:1").
+std::unique_ptr<Backend> make_backend(const Device& device, size_t workspace_bytes = 0);
+
+/// True when dzr was built with CUDA and at least one device is visible.
+bool cuda_device_available();
+
+}  // namespace dzr

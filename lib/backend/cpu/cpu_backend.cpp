@@ -1,0 +1,415 @@
+// The fp32 reference backend. Straightforward loops plus OpenBLAS sgemm; accumulations that decide
+// accuracy (norm statistics, softmax sums) run in double.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/convert.h"
+#include "core/error.h"
+
+namespace dzr {
+namespace {
+
+void require_f32(const TensorView& t, const char* op, const char* what) {
+    DZR_CHECK(t.dtype == DType::F32, "cpu backend: {} needs f32 {}, got {}", op, what, t.str());
+    DZR_CHECK(t.device.is_cpu(), "cpu backend: {} got a {} tensor for {}", op, t.device.str(), what);
+}
+
+void require_contiguous(const TensorView& t, const char* op, const char* what) {
+    DZR_CHECK(t.is_contiguous(), "cpu backend: {} needs a contiguous {} ({})", op, what, t.str());
+}
+
+float* f32(const TensorView& t) { return static_cast<float*>(t.data); }
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(size_t workspace_bytes) { reserve_workspace(workspace_bytes); }
+
+    Device device() const override { return Device::cpu(); }
+    std::string name() const override { return "cpu (fp32, OpenBLAS)"; }
+    DType compute_dtype() const override { return DType::F32; }
+
+    Tensor alloc(Shape shape, DType dtype) override { return Tensor::host(shape, dtype); }
+    Arena& workspace() override { return arena_; }
+    void reserve_workspace(size_t bytes) override {
+        if (bytes == 0) {
+            // A growable default for the CPU: the reference path is not graph-captured, so a generous
+            // host buffer reserved lazily by the OS (untouched pages cost nothing) is enough.
+            bytes = size_t(1) << 30;
+        }
+        buffer_.reset(static_cast<char*>(std::calloc(bytes, 1)));
+        DZR_CHECK(buffer_ != nullptr, "cpu backend: cannot reserve a {} byte workspace", bytes);
+        arena_ = Arena(buffer_.get(), bytes, Device::cpu());
+    }
+
+    void upload(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
+    void download(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
+    void copy(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
+    void fill(const TensorView& dst, float value) override {
+        require_f32(dst, "fill", "dst");
+        require_contiguous(dst, "fill", "dst");
+        std::fill(f32(dst), f32(dst) + dst.numel(), value);
+    }
+    void synchronize() override {}
+
+    void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+              const TensorView& out) override {
+        require_f32(a, "gemm", "a");
+        require_f32(b, "gemm", "b");
+        require_f32(out, "gemm", "out");
+        const int r = out.rank();
+        DZR_CHECK(r == 2 || r == 3, "cpu backend: gemm output must be rank 2 or 3, got {}", out.str());
+        DZR_CHECK(a.rank() == r && b.rank() == r, "cpu backend: gemm operand ranks differ: {} {} {}", a.str(),
+                  b.str(), out.str());
+        const int64_t batch = r == 3 ? out.dim(0) : 1;
+        const int64_t M = out.dim(-2), N = out.dim(-1);
+        const int64_t K = p.trans_a ? a.dim(-2) : a.dim(-1);
+        DZR_CHECK((p.trans_a ? a.dim(-1) : a.dim(-2)) == M, "cpu backend: gemm a {} does not give M={}",
+                  a.str(), M);
+        DZR_CHECK((p.trans_b ? b.dim(-1) : b.dim(-2)) == K && (p.trans_b ? b.dim(-2) : b.dim(-1)) == N,
+                  "cpu backend: gemm b {} does not match K={} N={}", b.str(), K, N);
+        for (const TensorView* t : {&a, &b, &out})
+            DZR_CHECK(t->strides[-1] == 1 || t->dim(-1) == 1, "cpu backend: gemm needs unit last stride: {}",
+                      t->str());
+        if (bias.defined()) {
+            require_f32(bias, "gemm", "bias");
+            DZR_CHECK(bias.numel() == N, "cpu backend: gemm bias {} does not match N={}", bias.str(), N);
+        }
+        const int64_t lda = std::max<int64_t>(a.strides[-2], 1), ldb = std::max<int64_t>(b.strides[-2], 1),
+                      ldc = std::max<int64_t>(out.strides[-2], 1);
+        for (int64_t i = 0; i < batch; ++i) {
+            const float* pa = f32(a) + (r == 3 ? i * a.strides[0] : 0);
+            const float* pb = f32(b) + (r == 3 ? i * b.strides[0] : 0);
+            float* pc = f32(out) + (r == 3 ? i * out.strides[0] : 0);
+            if (M > 0 && N > 0) {
+                if (K == 0) {
+                    for (int64_t m = 0; m < M; ++m)
+                        for (int64_t n = 0; n < N; ++n) pc[m * ldc + n] *= p.beta;
+                } else {
+                    cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans,
+                                p.trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), p.alpha, pa,
+                                int(lda), pb, int(ldb), p.beta, pc, int(ldc));
+                }
+            }
+            if (bias.defined()) {
+                const float* pbias = f32(bias);
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t n = 0; n < N; ++n) pc[m * ldc + n] += pbias[n];
+            }
+        }
+    }
+
+    void binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
+                const TensorView& out) override {
+        for (const TensorView* t : {&a, &b, &out}) {
+            require_f32(*t, "binary", "operand");
+            require_contiguous(*t, "binary", "operand");
+        }
+        DZR_CHECK(out.numel() == a.numel(), "cpu backend: binary out {} vs a {}", out.str(), a.str());
+        check_broadcast(a, b);
+        const int64_t n = a.numel(), nb = b.numel();
+        const float* pa = f32(a);
+        const float* pb = f32(b);
+        float* po = f32(out);
+        switch (p.op) {
+            case BinaryOp::Add:
+                for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i % nb];
+                break;
+            case BinaryOp::Sub:
+                for (int64_t i = 0; i < n; ++i) po[i] = pa[i] - pb[i % nb];
+                break;
+            case BinaryOp::Mul:
+                for (int64_t i = 0; i < n; ++i) po[i] = pa[i] * pb[i % nb];
+                break;
+        }
+    }
+
+    void scale(const ScaleParams& p, const TensorView& x, const TensorView& out) override {
+        unary_check(x, out, "scale");
+        const float* px = f32(x);
+        float* po = f32(out);
+        for (int64_t i = 0, n = x.numel(); i < n; ++i) po[i] = p.alpha * px[i] + p.beta;
+    }
+
+    void activation(const ActivationParams& p, const TensorView& x, const TensorView& out) override {
+        unary_check(x, out, "activation");
+        const float* px = f32(x);
+        float* po = f32(out);
+        const int64_t n = x.numel();
+        switch (p.kind) {
+            case Activation::GeluTanh:
+                for (int64_t i = 0; i < n; ++i) {
+                    const double v = px[i];
+                    po[i] = float(0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+                }
+                break;
+            case Activation::GeluErf:
+                for (int64_t i = 0; i < n; ++i) {
+                    const double v = px[i];
+                    po[i] = float(0.5 * v * (1.0 + std::erf(v * 0.7071067811865476)));
+                }
+                break;
+            case Activation::Silu:
+                for (int64_t i = 0; i < n; ++i) {
+                    const double v = px[i];
+                    po[i] = float(v / (1.0 + std::exp(-v)));
+                }
+                break;
+            case Activation::Relu:
+                for (int64_t i = 0; i < n; ++i) po[i] = px[i] > 0.f ? px[i] : 0.f;
+                break;
+        }
+    }
+
+    void layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight,
+                    const TensorView& bias, const TensorView& out) override {
+        unary_check(x, out, "layer_norm");
+        const int64_t R = x.rows(), C = x.cols();
+        const float* w = optional_vec(weight, C, "layer_norm weight");
+        const float* bb = optional_vec(bias, C, "layer_norm bias");
+        for (int64_t r = 0; r < R; ++r) {
+            const float* px = f32(x) + r * C;
+            float* po = f32(out) + r * C;
+            double mean = 0, var = 0;
+            for (int64_t c = 0; c < C; ++c) mean += px[c];
+            mean /= double(C);
+            for (int64_t c = 0; c < C; ++c) var += (px[c] - mean) * (px[c] - mean);
+            var /= double(C);
+            const double inv = 1.0 / std::sqrt(var + p.eps);
+            for (int64_t c = 0; c < C; ++c) {
+                double v = (px[c] - mean) * inv;
+                if (w) v *= w[c];
+                if (bb) v += bb[c];
+                po[c] = float(v);
+            }
+        }
+    }
+
+    void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
+                  const TensorView& out) override {
+        unary_check(x, out, "rms_norm");
+        const int64_t R = x.rows(), C = x.cols();
+        const float* w = optional_vec(weight, C, "rms_norm weight");
+        for (int64_t r = 0; r < R; ++r) {
+            const float* px = f32(x) + r * C;
+            float* po = f32(out) + r * C;
+            double ss = 0;
+            for (int64_t c = 0; c < C; ++c) ss += double(px[c]) * px[c];
+            const double inv = 1.0 / std::sqrt(ss / double(C) + p.eps);
+            for (int64_t c = 0; c < C; ++c) po[c] = float(px[c] * inv * (w ? w[c] : 1.0f));
+        }
+    }
+
+    void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) override {
+        unary_check(x, out, "softmax");
+        const int64_t R = x.rows(), C = x.cols();
+        for (int64_t r = 0; r < R; ++r) softmax_row(f32(x) + r * C, f32(out) + r * C, C, p.scale);
+    }
+
+    void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) override {
+        require_f32(x, "reduce", "x");
+        require_f32(out, "reduce", "out");
+        require_contiguous(x, "reduce", "x");
+        const int64_t R = x.rows(), C = x.cols();
+        DZR_CHECK(out.numel() == R, "cpu backend: reduce out {} needs {} elements", out.str(), R);
+        for (int64_t r = 0; r < R; ++r) {
+            const float* px = f32(x) + r * C;
+            double acc = p.op == ReduceOp::Max ? -INFINITY : 0.0;
+            for (int64_t c = 0; c < C; ++c) acc = p.op == ReduceOp::Max ? std::max<double>(acc, px[c]) : acc + px[c];
+            if (p.op == ReduceOp::Mean) acc /= double(C);
+            f32(out)[r] = float(acc);
+        }
+    }
+
+    void rope(const RopeParams&, const TensorView& x, const TensorView& table, const TensorView& out) override {
+        unary_check(x, out, "rope");
+        require_f32(table, "rope", "table");
+        DZR_CHECK(x.rank() == 3, "cpu backend: rope needs x [L, H, D], got {}", x.str());
+        const int64_t L = x.dim(0), H = x.dim(1), D = x.dim(2);
+        DZR_CHECK(table.rank() == 3 && table.dim(0) == L && table.dim(2) == 2 && table.dim(1) * 2 <= D,
+                  "cpu backend: rope table {} does not fit x {}", table.str(), x.str());
+        const int64_t P = table.dim(1);
+        for (int64_t l = 0; l < L; ++l) {
+            const float* cs = f32(table) + l * P * 2;
+            for (int64_t h = 0; h < H; ++h) {
+                const float* px = f32(x) + (l * H + h) * D;
+                float* po = f32(out) + (l * H + h) * D;
+                for (int64_t j = 0; j < P; ++j) {
+                    const float c = cs[2 * j], s = cs[2 * j + 1];
+                    const float x0 = px[2 * j], x1 = px[2 * j + 1];
+                    po[2 * j] = x0 * c - x1 * s;
+                    po[2 * j + 1] = x0 * s + x1 * c;
+                }
+                if (po != px)
+                    for (int64_t d = 2 * P; d < D; ++d) po[d] = px[d];
+            }
+        }
+    }
+
+    void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& bias, const TensorView& out) override {
+        for (const TensorView* t : {&q, &k, &v, &out}) require_f32(*t, "attention", "operand");
+        DZR_CHECK(q.rank() == 3 && k.rank() == 3 && v.rank() == 3 && out.rank() == 3,
+                  "cpu backend: attention needs [L, H, D] operands: q {} k {} v {} out {}", q.str(), k.str(),
+                  v.str(), out.str());
+        const int64_t Lq = q.dim(0), H = q.dim(1), D = q.dim(2), Lk = k.dim(0), Dv = v.dim(2);
+        DZR_CHECK(k.dim(1) == H && v.dim(1) == H && k.dim(2) == D && v.dim(0) == Lk && out.dim(0) == Lq &&
+                      out.dim(1) == H && out.dim(2) == Dv,
+                  "cpu backend: attention shapes disagree: q {} k {} v {} out {}", q.str(), k.str(), v.str(),
+                  out.str());
+        for (const TensorView* t : {&q, &k, &v, &out})
+            DZR_CHECK(t->strides[2] == 1, "cpu backend: attention needs unit head-dim stride: {}", t->str());
+        if (bias.defined()) {
+            require_f32(bias, "attention", "bias");
+            require_contiguous(bias, "attention", "bias");
+            DZR_CHECK(bias.numel() == H * Lq * Lk, "cpu backend: attention bias {} must be [H={}, Lq={}, Lk={}]",
+                      bias.str(), H, Lq, Lk);
+        }
+        std::vector<float> logits(size_t(Lq * Lk));
+        for (int64_t h = 0; h < H; ++h) {
+            const float* pq = f32(q) + h * q.strides[1];
+            const float* pk = f32(k) + h * k.strides[1];
+            const float* pv = f32(v) + h * v.strides[1];
+            float* po = f32(out) + h * out.strides[1];
+            if (Lk == 0) {
+                for (int64_t i = 0; i < Lq; ++i) std::fill(po + i * out.strides[0], po + i * out.strides[0] + Dv, 0.f);
+                continue;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(Lq), int(Lk), int(D), p.scale, pq,
+                        int(q.strides[0]), pk, int(k.strides[0]), 0.f, logits.data(), int(Lk));
+            if (bias.defined()) {
+                const float* pb = f32(bias) + h * Lq * Lk;
+                for (int64_t i = 0; i < Lq * Lk; ++i) logits[i] += pb[i];
+            }
+            for (int64_t i = 0; i < Lq; ++i) softmax_row(&logits[i * Lk], &logits[i * Lk], Lk, 1.0f);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(Lq), int(Dv), int(Lk), 1.f, logits.data(),
+                        int(Lk), pv, int(v.strides[0]), 0.f, po, int(out.strides[0]));
+        }
+    }
+
+    void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                const TensorView& out) override;
+
+private:
+    struct FreeDeleter {
+        void operator()(char* ptr) const { std::free(ptr); }
+    };
+
+    static void softmax_row(const float* x, float* o, int64_t n, float scale) {
+        double mx = -INFINITY;
+        for (int64_t i = 0; i < n; ++i) mx = std::max<double>(mx, double(x[i]) * scale);
+        double sum = 0;
+        for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) * scale - mx);
+        const double inv = 1.0 / sum;
+        for (int64_t i = 0; i < n; ++i) o[i] = float(std::exp(double(x[i]) * scale - mx) * inv);
+    }
+
+    static void unary_check(const TensorView& x, const TensorView& out, const char* op) {
+        require_f32(x, op, "x");
+        require_f32(out, op, "out");
+        require_contiguous(x, op, "x");
+        require_contiguous(out, op, "out");
+        DZR_CHECK(x.shape == out.shape, "cpu backend: {} shapes differ: x {} out {}", op, x.str(), out.str());
+    }
+
+    static const float* optional_vec(const TensorView& t, int64_t n, const char* what) {
+        if (!t.defined()) return nullptr;
+        require_f32(t, what, "parameter");
+        DZR_CHECK(t.numel() == n, "cpu backend: {} {} does not match {} channels", what, t.str(), n);
+        return f32(t);
+    }
+
+    static void check_broadcast(const TensorView& a, const TensorView& b) {
+        if (b.numel() == 1 || b.shape == a.shape) return;
+        const int rb = b.rank(), ra = a.rank();
+        bool ok = rb <= ra && b.numel() > 0 && a.numel() % b.numel() == 0;
+        // b's shape (ignoring leading 1s) must equal the trailing part of a's shape
+        int ib = rb - 1, ia = ra - 1;
+        for (; ok && ib >= 0; --ib, --ia) {
+            if (ia < 0) {
+                ok = b.shape[ib] == 1;
+                continue;
+            }
+            if (b.shape[ib] != a.shape[ia]) {
+                // leading ones in b are fine once the trailing part matched
+                bool rest_ones = true;
+                for (int j = ib; j >= 0; --j) rest_ones = rest_ones && b.shape[j] == 1;
+                ok = rest_ones;
+                break;
+            }
+        }
+        DZR_CHECK(ok, "cpu backend: cannot broadcast {} onto {}", b.str(), a.str());
+    }
+
+    std::unique_ptr<char, FreeDeleter> buffer_;
+    Arena arena_;
+};
+
+void CpuBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                        const TensorView& out) {
+    for (const TensorView* t : {&x, &w, &out}) {
+        require_f32(*t, "conv3d", "operand");
+        require_contiguous(*t, "conv3d", "operand");
+    }
+    DZR_CHECK(x.rank() == 4 && w.rank() == 5 && out.rank() == 4,
+              "cpu backend: conv3d needs x [C,T,H,W], w [Co,Ci,kt,kh,kw], out [Co,T,H,W]: {} {} {}", x.str(),
+              w.str(), out.str());
+    const int64_t Ci = x.dim(0), T = x.dim(1), H = x.dim(2), W = x.dim(3);
+    const int64_t Co = w.dim(0), kt = w.dim(2), kh = w.dim(3), kw = w.dim(4);
+    DZR_CHECK(w.dim(1) == Ci, "cpu backend: conv3d weight {} vs input channels {}", w.str(), Ci);
+    const int64_t k[3] = {kt, kh, kw}, in[3] = {T, H, W};
+    int64_t o[3];
+    for (int i = 0; i < 3; ++i) {
+        o[i] = (in[i] + p.pad_before[i] + p.pad_after[i] - k[i]) / p.stride[i] + 1;
+    }
+    DZR_CHECK(out.dim(0) == Co && out.dim(1) == o[0] && out.dim(2) == o[1] && out.dim(3) == o[2],
+              "cpu backend: conv3d out {} should be [{}, {}, {}, {}]", out.str(), Co, o[0], o[1], o[2]);
+    const float* pb = optional_vec(bias, Co, "conv3d bias");
+    const int64_t Kdim = Ci * kt * kh * kw, HoWo = o[1] * o[2];
+    // im2col over a band of output rows at a time, so the column buffer stays ~64 MB
+    const int64_t rows_per_band = std::max<int64_t>(1, (int64_t(16) << 20) / std::max<int64_t>(1, Kdim * o[2]));
+    std::vector<float> col;
+    for (int64_t ot = 0; ot < o[0]; ++ot) {
+        for (int64_t oh0 = 0; oh0 < o[1]; oh0 += rows_per_band) {
+            const int64_t nh = std::min(rows_per_band, o[1] - oh0), ncols = nh * o[2];
+            col.assign(size_t(Kdim * ncols), 0.f);
+            for (int64_t ci = 0; ci < Ci; ++ci)
+                for (int64_t a = 0; a < kt; ++a) {
+                    const int64_t it = ot * p.stride[0] - p.pad_before[0] + a;
+                    if (it < 0 || it >= T) continue;
+                    for (int64_t b = 0; b < kh; ++b)
+                        for (int64_t c = 0; c < kw; ++c) {
+                            float* crow = &col[size_t((((ci * kt + a) * kh + b) * kw + c) * ncols)];
+                            for (int64_t oh = 0; oh < nh; ++oh) {
+                                const int64_t ih = (oh0 + oh) * p.stride[1] - p.pad_before[1] + b;
+                                if (ih < 0 || ih >= H) continue;
+                                const float* xrow = f32(x) + ((ci * T + it) * H + ih) * W;
+                                for (int64_t ow = 0; ow < o[2]; ++ow) {
+                                    const int64_t iw = ow * p.stride[2] - p.pad_before[2] + c;
+                                    if (iw >= 0 && iw < W) crow[oh * o[2] + ow] = xrow[iw];
+                                }
+                            }
+                        }
+                }
+            // out[co, ot, band] = W[co, Kdim] · col[Kdim, ncols]
+            float* po = f32(out) + ot * HoWo + oh0 * o[2];
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(Co), int(ncols), int(Kdim), 1.f, f32(w),
+                        int(Kdim), col.data(), int(ncols), 0.f, po, int(o[0] * HoWo));
+            if (pb)
+                for (int64_t co = 0; co < Co; ++co)
+                    for (int64_t j = 0; j < ncols; ++j) po[co * o[0] * HoWo + j] += pb[co];
+        }
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(size_t workspace_bytes) {
+    return std::make_unique<CpuBackend>(workspace_bytes);
+}
+
+}  // namespace dzr

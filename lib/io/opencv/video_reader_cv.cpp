@@ -1,0 +1,1 @@
+// OpenCV-backed video decoding: lands with the episode reader.

@@ -1,0 +1,6 @@
+#include <cstdio>
+
+int main() {
+    std::puts("skipped: dzr was built without CUDA (-DDZR_CUDA=OFF)");
+    return 77;
+}
