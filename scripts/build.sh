@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Configures and builds dzr into BUILD_DIR (default build/). Extra arguments go to cmake.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+export PATH="$PATH:/usr/local/cuda/bin"
+gen=()
+command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
+    cmake -S . -B "$BUILD_DIR" "${gen[@]}" "$@"
+else
+    cmake -S . -B "$BUILD_DIR" "$@" >/dev/null
+fi
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds dzr and runs the whole test suite:
+#   1. the normal build (CUDA compiled when nvcc exists): every test; GPU tests report "skipped"
+#      on machines without a GPU;
+#   2. an ASan/UBSan build of the CPU engine: the parser tests (label `parser`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+echo "== build (release) =="
+BUILD_DIR=build scripts/build.sh
+echo "== tests =="
+(cd build && ctest --output-on-failure -j "$(nproc)")
+
+echo "== parser tests under ASan/UBSan =="
+BUILD_DIR=build-asan scripts/build.sh -DDZR_SANITIZE=ON -DDZR_CUDA=OFF -DDZR_OPENCV=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --output-on-failure -L parser -j "$(nproc)")
