@@ -1,17 +1,439 @@
-// Placeholder until the CUDA backend lands: reports the device count correctly and refuses to build
-// a backend.
-#include <cuda_runtime.h>
+// The CUDA backend: memory, transfers and the kernel-backed ops. GEMM and attention live in
+// cuda_gemm.cpp, conv3d in cuda_conv.cpp.
+#include "backend/cuda/cuda_backend.h"
 
-#include "backend/backend.h"
-#include "core/error.h"
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/cuda_internal.h"
+#include "core/convert.h"
+#include "kernels/activation.cuh"
+#include "kernels/convert.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/norm.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/softmax.cuh"
 
 namespace dzr {
 
-bool cuda_device_available() {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+namespace cuda_detail {
+
+void throw_library_error(const char* lib, int code, const char* what, const char* expr, const char* file, int line) {
+    int device = -1;
+    cudaGetDevice(&device);
+    throw Error(fmt::format("{} error {} ({}) in `{}` at {}:{} on cuda:{}", lib, code, what ? what : "?", expr, file,
+                            line, device));
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int, size_t) { DZR_THROW("the CUDA backend is not implemented yet"); }
+}  // namespace cuda_detail
+
+namespace {
+
+using cuda_detail::DeviceGuard;
+using cuda_detail::is_float_act;
+
+/// Device memory from one cudaMalloc, freed with the tensor's last reference.
+class CudaStorage final : public Storage {
+public:
+    CudaStorage(size_t bytes, int index) : bytes_(bytes), index_(index) {
+        if (bytes == 0) return;
+        DeviceGuard guard(index);
+        const cudaError_t st = cudaMalloc(&ptr_, bytes);
+        if (st != cudaSuccess) {
+            cudaGetLastError();  // NOTE: clears the sticky out-of-memory status so later calls still work
+            size_t free_bytes = 0, total = 0;
+            cudaMemGetInfo(&free_bytes, &total);
+            DZR_THROW("cuda:{}: cannot allocate {} bytes ({}); {} of {} bytes free", index, bytes,
+                      cudaGetErrorString(st), free_bytes, total);
+        }
+    }
+    ~CudaStorage() override {
+        if (!ptr_) return;
+        int prev = 0;
+        cudaGetDevice(&prev);
+        if (prev != index_) cudaSetDevice(index_);
+        cudaFree(ptr_);
+        if (prev != index_) cudaSetDevice(prev);
+    }
+    CudaStorage(const CudaStorage&) = delete;
+    CudaStorage& operator=(const CudaStorage&) = delete;
+    void* data() const override { return ptr_; }
+    size_t bytes() const override { return bytes_; }
+    Device device() const override { return Device::cuda(index_); }
+
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+    int index_ = 0;
+};
+
+void require_float(const TensorView& t, const char* op, const char* what) {
+    DZR_CHECK(is_float_act(t.dtype), "cuda backend: {} needs an f32 or bf16 {}, got {}", op, what, t.str());
+}
+
+void require_contiguous(const TensorView& t, const char* op, const char* what) {
+    DZR_CHECK(t.is_contiguous(), "cuda backend: {} needs a contiguous {} ({})", op, what, t.str());
+}
+
+/// An optional per-channel parameter: absent, or f32/bf16 contiguous with n elements.
+void check_param(const TensorView& t, int64_t n, const char* op, const char* what) {
+    if (!t.defined()) return;
+    require_float(t, op, what);
+    require_contiguous(t, op, what);
+    DZR_CHECK(t.numel() == n, "cuda backend: {} {} {} does not match {} channels", op, what, t.str(), n);
+}
+
+/// b broadcasts onto a when b has a's shape, a single element, or (ignoring leading 1s) a trailing
+/// part of a's shape.
+bool broadcastable(const TensorView& a, const TensorView& b) {
+    if (b.numel() == 1 || b.shape == a.shape) return true;
+    int rb = b.rank();
+    while (rb > 0 && b.shape[b.rank() - rb] == 1) --rb;  // rb = rank without leading 1s
+    if (rb > a.rank() || b.numel() == 0) return false;
+    for (int i = 1; i <= rb; ++i)
+        if (b.shape[-i] != a.shape[-i]) return false;
+    return true;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int index, size_t workspace_bytes) : index_(index) {
+    int count = 0;
+    DZR_CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "no CUDA device is visible");
+    DZR_CHECK(index >= 0 && index < count, "cuda:{} does not exist ({} device(s) visible)", index, count);
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DZR_CUBLAS_CHECK(cublasLtCreate(&cublas_));
+    DZR_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    for (int i = 0; i < 2; ++i) {
+        DZR_CUDA_CHECK(cudaHostAlloc(&staging_[i], kStagingBytes, cudaHostAllocDefault));
+        DZR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
+    }
+    reserve_workspace(workspace_bytes == 0 ? kDefaultWorkspaceBytes : workspace_bytes);
+}
+
+CudaBackend::~CudaBackend() {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(index_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    gemm_plans_.clear();
+    conv_plans_.clear();
+    if (cudnn_) cudnnDestroy(cudnn_);
+    if (cublas_) cublasLtDestroy(cublas_);
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
+    if (workspace_base_) cudaFree(workspace_base_);
+    for (int i = 0; i < 2; ++i) {
+        if (staging_[i]) cudaFreeHost(staging_[i]);
+        if (staging_done_[i]) cudaEventDestroy(staging_done_[i]);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+    cudaSetDevice(prev);
+}
+
+std::string CudaBackend::name() const {
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, index_);
+    return fmt::format("cuda:{} ({}, sm_{}{}, bf16, cuBLASLt + cuDNN {})", index_, prop.name, prop.major, prop.minor,
+                       cudnnGetVersion());
+}
+
+void CudaBackend::check_device_tensor(const TensorView& t, const char* op, const char* what) const {
+    DZR_CHECK(t.device == device(), "cuda backend: {} got {} for {}, expected a tensor on {}", op, t.str(), what,
+              device().str());
+    DZR_CHECK(t.data != nullptr || t.numel() == 0, "cuda backend: {} got a null {} ({}); was it carved from a measuring arena?",
+              op, what, t.str());
+}
+
+cudnnHandle_t CudaBackend::cudnn() {
+    if (!cudnn_) {
+        DZR_CUDNN_CHECK(cudnnCreate(&cudnn_));
+        DZR_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+    }
+    return cudnn_;
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+Tensor CudaBackend::alloc(Shape shape, DType dtype) {
+    const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+    auto storage = std::make_shared<CudaStorage>(bytes, index_);
+    if (bytes > 0) {
+        DeviceGuard guard(index_);
+        DZR_CUDA_CHECK(cudaMemsetAsync(storage->data(), 0, bytes, stream_));
+    }
+    return Tensor(storage, TensorView(storage->data(), dtype, shape, device()));
+}
+
+void CudaBackend::reserve_workspace(size_t bytes) {
+    DeviceGuard guard(index_);
+    if (workspace_base_) {
+        DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        DZR_CUDA_CHECK(cudaFree(workspace_base_));
+        workspace_base_ = nullptr;
+    }
+    arena_ = Arena();
+    if (bytes == 0) bytes = kDefaultWorkspaceBytes;
+    const cudaError_t st = cudaMalloc(&workspace_base_, bytes);
+    if (st != cudaSuccess) {
+        cudaGetLastError();
+        workspace_base_ = nullptr;
+        DZR_THROW("cuda:{}: cannot reserve a {} byte workspace ({})", index_, bytes, cudaGetErrorString(st));
+    }
+    arena_ = Arena(workspace_base_, bytes, device());
+}
+
+void CudaBackend::upload(const TensorView& host_src, const TensorView& dst) {
+    DZR_CHECK(host_src.device.is_cpu(), "cuda backend: upload needs a host source, got {}", host_src.str());
+    check_device_tensor(dst, "upload", "dst");
+    require_contiguous(dst, "upload", "dst");
+    DZR_CHECK(host_src.numel() == dst.numel(), "cuda backend: upload of {} into {}: element counts differ",
+              host_src.str(), dst.str());
+    DeviceGuard guard(index_);
+    // NOTE: a strided host source is made contiguous first, so the chunks below are plain ranges.
+    std::vector<char> packed;
+    TensorView src = host_src;
+    if (!src.is_contiguous()) {
+        packed.resize(src.nbytes());
+        TensorView tmp(packed.data(), src.dtype, src.shape, Device::cpu());
+        convert_copy_host(src, tmp);
+        src = tmp;
+    }
+    const int64_t n = dst.numel(), chunk = int64_t(kStagingBytes / dtype_size(dst.dtype));
+    const size_t es = dtype_size(src.dtype), ed = dtype_size(dst.dtype);
+    for (int64_t off = 0; off < n; off += chunk) {
+        const int64_t len = std::min(chunk, n - off);
+        const int s = next_staging_;
+        next_staging_ ^= 1;
+        // Wait until the copy that last read this staging buffer is done before overwriting it.
+        DZR_CUDA_CHECK(cudaEventSynchronize(staging_done_[s]));
+        TensorView from(static_cast<char*>(src.data) + off * int64_t(es), src.dtype, Shape{len}, Device::cpu());
+        TensorView to(staging_[s], dst.dtype, Shape{len}, Device::cpu());
+        convert_copy_host(from, to);
+        DZR_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data) + off * int64_t(ed), staging_[s], size_t(len) * ed,
+                                       cudaMemcpyHostToDevice, stream_));
+        DZR_CUDA_CHECK(cudaEventRecord(staging_done_[s], stream_));
+    }
+}
+
+void CudaBackend::download(const TensorView& src, const TensorView& host_dst) {
+    check_device_tensor(src, "download", "src");
+    DZR_CHECK(host_dst.device.is_cpu(), "cuda backend: download needs a host destination, got {}", host_dst.str());
+    require_contiguous(host_dst, "download", "host_dst");
+    DZR_CHECK(src.numel() == host_dst.numel(), "cuda backend: download of {} into {}: element counts differ",
+              src.str(), host_dst.str());
+    DeviceGuard guard(index_);
+    ArenaScope scope(arena_);
+    TensorView from = src;
+    if (!from.is_contiguous()) {
+        // Strided device source: gather into a contiguous workspace buffer first.
+        from = arena_.alloc_view(src.shape, src.dtype);
+        copy(src, from);
+    }
+    const int64_t n = from.numel(), chunk = int64_t(kStagingBytes / dtype_size(from.dtype));
+    const size_t es = dtype_size(from.dtype), ed = dtype_size(host_dst.dtype);
+    for (int64_t off = 0; off < n; off += chunk) {
+        const int64_t len = std::min(chunk, n - off);
+        DZR_CUDA_CHECK(cudaMemcpyAsync(staging_[0], static_cast<const char*>(from.data) + off * int64_t(es),
+                                       size_t(len) * es, cudaMemcpyDeviceToHost, stream_));
+        DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        TensorView staged(staging_[0], from.dtype, Shape{len}, Device::cpu());
+        TensorView to(static_cast<char*>(host_dst.data) + off * int64_t(ed), host_dst.dtype, Shape{len}, Device::cpu());
+        convert_copy_host(staged, to);
+    }
+    DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy(const TensorView& src, const TensorView& dst) {
+    check_device_tensor(src, "copy", "src");
+    check_device_tensor(dst, "copy", "dst");
+    require_contiguous(dst, "copy", "dst");
+    DZR_CHECK(src.numel() == dst.numel(), "cuda backend: copy of {} into {}: element counts differ", src.str(),
+              dst.str());
+    DZR_CHECK(kernels::convert_supported(src.dtype, dst.dtype),
+              "cuda backend: copy cannot convert {} to {} (same dtype, or among f32, bf16, f16)", dtype_name(src.dtype),
+              dtype_name(dst.dtype));
+    DZR_CHECK(src.rank() <= kernels::kMaxCopyDims, "cuda backend: copy source {} has more than {} dims", src.str(),
+              kernels::kMaxCopyDims);
+    kernels::StridedLayout layout;
+    layout.rank = src.rank();
+    for (int d = 0; d < src.rank(); ++d) {
+        layout.shape[d] = src.shape[d];
+        layout.stride[d] = src.strides[d];
+    }
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::convert_copy(src.data, src.dtype, layout, dst.data, dst.dtype, stream_));
+}
+
+void CudaBackend::fill(const TensorView& dst, float value) {
+    check_device_tensor(dst, "fill", "dst");
+    require_contiguous(dst, "fill", "dst");
+    DZR_CHECK(kernels::fill_supported(dst.dtype), "cuda backend: fill does not support {}", dst.str());
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::fill(dst.data, dst.dtype, dst.numel(), value, stream_));
+}
+
+void CudaBackend::synchronize() {
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- kernel-backed ops -------------------------------------------------------------------------
+
+void CudaBackend::binary(const BinaryParams& p, const TensorView& a, const TensorView& b, const TensorView& out) {
+    for (const auto& [t, what] : {std::pair{&a, "a"}, std::pair{&b, "b"}, std::pair{&out, "out"}}) {
+        check_device_tensor(*t, "binary", what);
+        require_float(*t, "binary", what);
+        require_contiguous(*t, "binary", what);
+    }
+    DZR_CHECK(out.numel() == a.numel(), "cuda backend: binary out {} vs a {}", out.str(), a.str());
+    DZR_CHECK(broadcastable(a, b), "cuda backend: binary cannot broadcast {} onto {}", b.str(), a.str());
+    const auto op = p.op == BinaryOp::Add   ? kernels::BinOp::Add
+                    : p.op == BinaryOp::Sub ? kernels::BinOp::Sub
+                                            : kernels::BinOp::Mul;
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::binary(op, a.data, a.dtype, b.data, b.dtype, out.data, out.dtype, a.numel(), b.numel(),
+                                   stream_));
+}
+
+namespace {
+
+void unary_checks(const TensorView& x, const TensorView& out, const char* op) {
+    require_float(x, op, "x");
+    require_float(out, op, "out");
+    require_contiguous(x, op, "x");
+    require_contiguous(out, op, "out");
+    DZR_CHECK(x.shape == out.shape, "cuda backend: {} shapes differ: x {} out {}", op, x.str(), out.str());
+}
+
+}  // namespace
+
+void CudaBackend::scale(const ScaleParams& p, const TensorView& x, const TensorView& out) {
+    check_device_tensor(x, "scale", "x");
+    check_device_tensor(out, "scale", "out");
+    unary_checks(x, out, "scale");
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::scale(x.data, x.dtype, out.data, out.dtype, x.numel(), p.alpha, p.beta, stream_));
+}
+
+void CudaBackend::activation(const ActivationParams& p, const TensorView& x, const TensorView& out) {
+    check_device_tensor(x, "activation", "x");
+    check_device_tensor(out, "activation", "out");
+    unary_checks(x, out, "activation");
+    kernels::ActKind kind = kernels::ActKind::Relu;
+    switch (p.kind) {
+        case Activation::GeluTanh:
+            kind = kernels::ActKind::GeluTanh;
+            break;
+        case Activation::GeluErf:
+            kind = kernels::ActKind::GeluErf;
+            break;
+        case Activation::Silu:
+            kind = kernels::ActKind::Silu;
+            break;
+        case Activation::Relu:
+            kind = kernels::ActKind::Relu;
+            break;
+    }
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::activation(kind, x.data, x.dtype, out.data, out.dtype, x.numel(), stream_));
+}
+
+void CudaBackend::layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight,
+                             const TensorView& bias, const TensorView& out) {
+    check_device_tensor(x, "layer_norm", "x");
+    check_device_tensor(out, "layer_norm", "out");
+    unary_checks(x, out, "layer_norm");
+    const int64_t C = x.cols();
+    check_param(weight, C, "layer_norm", "weight");
+    check_param(bias, C, "layer_norm", "bias");
+    if (weight.defined()) check_device_tensor(weight, "layer_norm", "weight");
+    if (bias.defined()) check_device_tensor(bias, "layer_norm", "bias");
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::layer_norm(x.data, x.dtype, out.data, out.dtype, x.rows(), C, p.eps,
+                                       weight.defined() ? weight.data : nullptr, weight.dtype,
+                                       bias.defined() ? bias.data : nullptr, bias.dtype, stream_));
+}
+
+void CudaBackend::rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
+                           const TensorView& out) {
+    check_device_tensor(x, "rms_norm", "x");
+    check_device_tensor(out, "rms_norm", "out");
+    unary_checks(x, out, "rms_norm");
+    const int64_t C = x.cols();
+    check_param(weight, C, "rms_norm", "weight");
+    if (weight.defined()) check_device_tensor(weight, "rms_norm", "weight");
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::rms_norm(x.data, x.dtype, out.data, out.dtype, x.rows(), C, p.eps,
+                                     weight.defined() ? weight.data : nullptr, weight.dtype, stream_));
+}
+
+void CudaBackend::softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) {
+    check_device_tensor(x, "softmax", "x");
+    check_device_tensor(out, "softmax", "out");
+    unary_checks(x, out, "softmax");
+    DZR_CHECK(x.data != out.data || x.dtype == out.dtype, "cuda backend: in-place softmax needs one dtype ({} vs {})",
+              x.str(), out.str());
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::softmax(x.data, x.dtype, out.data, out.dtype, x.rows(), x.cols(), p.scale, stream_));
+}
+
+void CudaBackend::reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) {
+    check_device_tensor(x, "reduce", "x");
+    check_device_tensor(out, "reduce", "out");
+    require_float(x, "reduce", "x");
+    require_float(out, "reduce", "out");
+    require_contiguous(x, "reduce", "x");
+    require_contiguous(out, "reduce", "out");
+    DZR_CHECK(out.numel() == x.rows(), "cuda backend: reduce out {} needs {} elements", out.str(), x.rows());
+    const auto kind = p.op == ReduceOp::Sum    ? kernels::ReduceKind::Sum
+                      : p.op == ReduceOp::Mean ? kernels::ReduceKind::Mean
+                                               : kernels::ReduceKind::Max;
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::reduce_rows(kind, x.data, x.dtype, out.data, out.dtype, x.rows(), x.cols(), stream_));
+}
+
+void CudaBackend::rope(const RopeParams&, const TensorView& x, const TensorView& table, const TensorView& out) {
+    check_device_tensor(x, "rope", "x");
+    check_device_tensor(out, "rope", "out");
+    check_device_tensor(table, "rope", "table");
+    require_float(x, "rope", "x");
+    require_float(out, "rope", "out");
+    DZR_CHECK(x.rank() == 3 && x.shape == out.shape, "cuda backend: rope needs x and out [L, H, D]: {} {}", x.str(),
+              out.str());
+    DZR_CHECK(x.strides[2] == 1 && out.strides[2] == 1, "cuda backend: rope needs unit head-dim strides: {} {}",
+              x.str(), out.str());
+    const int64_t L = x.dim(0), H = x.dim(1), D = x.dim(2);
+    DZR_CHECK(D % 2 == 0, "cuda backend: rope needs an even head dim, got {}", x.str());
+    DZR_CHECK(table.dtype == DType::F32 && table.is_contiguous() && table.rank() == 3 && table.dim(0) == L &&
+                  table.dim(2) == 2 && table.dim(1) * 2 <= D,
+              "cuda backend: rope table {} must be a contiguous f32 [L={}, P<={}, 2]", table.str(), L, D / 2);
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::rope(x.data, x.dtype, x.strides[0], x.strides[1], out.data, out.dtype, out.strides[0],
+                                 out.strides[1], L, H, D, static_cast<const float*>(table.data), table.dim(1),
+                                 stream_));
+}
+
+// ---- factory -----------------------------------------------------------------------------------
+
+cudaStream_t cuda_stream(Backend& be) {
+    auto* cuda = dynamic_cast<CudaBackend*>(&be);
+    DZR_CHECK(cuda != nullptr, "backend {} is not a CUDA backend", be.name());
+    return cuda->stream();
+}
+
+bool cuda_device_available() {
+    int n = 0;
+    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    cudaGetLastError();  // NOTE: a failed probe must not leave a sticky error behind
+    return ok;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int index, size_t workspace_bytes) {
+    return std::make_unique<CudaBackend>(index, workspace_bytes);
+}
 
 }  // namespace dzr

@@ -1,0 +1,252 @@
+// `dzr bench gemm|ops`: times the CUDA backend with CUDA events (warm-up, then the median of N timed
+// runs; GEMM inputs rotate over several buffer sets so the 60 MB L2 does not hold them).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/dzr/command.h"
+#include "backend/backend.h"
+#include "core/error.h"
+
+#ifdef DZR_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace dzr::app {
+namespace {
+
+struct BenchOptions {
+    std::string device = "cuda:0";
+    int warmup = 10;
+    int iters = 50;
+    // gemm
+    int64_t m = 1785, n = 5120, k = 5120;
+    std::string dtype = "bf16";
+    std::string out_dtype = "";
+    int sets = 4;
+    bool dit = false;
+};
+
+#ifdef DZR_HAVE_CUDA
+
+struct Timing {
+    double median_ms = 0, min_ms = 0, mean_ms = 0;
+};
+
+/// Times f(i) for i in [0, iters) with one event pair per run, after `warmup` untimed runs.
+template <typename F>
+Timing time_on_stream(cudaStream_t stream, int warmup, int iters, F&& f) {
+    for (int i = 0; i < warmup; ++i) f(i);
+    std::vector<cudaEvent_t> ev(size_t(2 * iters));
+    for (auto& e : ev)
+        if (cudaEventCreate(&e) != cudaSuccess) DZR_THROW("bench: cudaEventCreate failed");
+    for (int i = 0; i < iters; ++i) {
+        cudaEventRecord(ev[size_t(2 * i)], stream);
+        f(warmup + i);
+        cudaEventRecord(ev[size_t(2 * i + 1)], stream);
+    }
+    const cudaError_t st = cudaStreamSynchronize(stream);
+    if (st != cudaSuccess) DZR_THROW("bench: the timed runs failed: {}", cudaGetErrorString(st));
+    std::vector<double> ms(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+        float t = 0;
+        cudaEventElapsedTime(&t, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
+        ms[size_t(i)] = t;
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    Timing out;
+    out.mean_ms = 0;
+    for (double v : ms) out.mean_ms += v / double(iters);
+    std::sort(ms.begin(), ms.end());
+    out.min_ms = ms.front();
+    out.median_ms = iters % 2 ? ms[size_t(iters / 2)] : 0.5 * (ms[size_t(iters / 2 - 1)] + ms[size_t(iters / 2)]);
+    return out;
+}
+
+/// Uniform values in [-1, 1) from a small LCG (benchmarks need non-zero data, not good randomness).
+Tensor random_device_tensor(Backend& be, Shape shape, DType dtype, uint32_t seed, float amplitude = 1.f) {
+    Tensor host = Tensor::host(shape, DType::F32);
+    uint32_t s = seed * 2654435761u + 12345u;
+    float* p = host.ptr<float>();
+    for (int64_t i = 0; i < host.numel(); ++i) {
+        s = s * 1664525u + 1013904223u;
+        p[i] = amplitude * (float(s >> 8) * (2.f / 16777216.f) - 1.f);
+    }
+    Tensor d = be.alloc(shape, dtype);
+    be.upload(host, d);
+    return d;
+}
+
+DType parse_dtype(const std::string& s) {
+    const auto t = dtype_from_name(s);
+    DZR_CHECK(t && (*t == DType::BF16 || *t == DType::F32), "bench: dtype must be bf16 or f32, got '{}'", s);
+    return *t;
+}
+
+struct GemmShape {
+    const char* label;
+    int64_t m, n, k;
+};
+
+void bench_one_gemm(CudaBackend& be, const BenchOptions& o, const GemmShape& s, DType dt, DType out_dt) {
+    const int sets = std::max(1, o.sets);
+    std::vector<Tensor> a, w, out;
+    for (int i = 0; i < sets; ++i) {
+        a.push_back(random_device_tensor(be, {s.m, s.k}, dt, uint32_t(3 * i + 1)));
+        w.push_back(random_device_tensor(be, {s.n, s.k}, dt, uint32_t(3 * i + 2), 0.05f));
+        out.push_back(be.alloc({s.m, s.n}, out_dt));
+    }
+    be.synchronize();
+    const Timing t = time_on_stream(be.stream(), o.warmup, o.iters, [&](int i) {
+        const size_t j = size_t(i % sets);
+        be.linear(a[j], w[j], {}, out[j]);  // out[M, N] = a[M, K] · w[N, K]^T
+    });
+    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    std::printf("%-28s %6lld %6lld %6lld  %-4s->%-4s %9.4f %9.4f %9.4f %9.1f\n", s.label, (long long)s.m,
+                (long long)s.n, (long long)s.k, std::string(dtype_name(dt)).c_str(),
+                std::string(dtype_name(out_dt)).c_str(), t.median_ms, t.min_ms, t.mean_ms,
+                flop / (t.median_ms * 1e-3) / 1e12);
+}
+
+int run_gemm_bench(const BenchOptions& o) {
+    auto owned = make_backend(parse_device(o.device));
+    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    DZR_CHECK(be != nullptr, "bench gemm needs a CUDA device (--device cuda:N)");
+    const DType dt = parse_dtype(o.dtype);
+    const DType out_dt = o.out_dtype.empty() ? dt : parse_dtype(o.out_dtype);
+    std::printf("dzr bench gemm on %s: cuBLASLt, fp32 accumulation, CUDA events, %d warm-up + median of %d, "
+                "%d rotating input sets\n",
+                be->name().c_str(), o.warmup, o.iters, std::max(1, o.sets));
+    std::printf("%-28s %6s %6s %6s  %-10s %9s %9s %9s %9s\n", "shape", "M", "N", "K", "dtype", "med ms", "min ms",
+                "mean ms", "TFLOP/s");
+    std::vector<GemmShape> shapes = {{"requested", o.m, o.n, o.k}};
+    if (o.dit) {
+        // DreamZero DiT per-layer GEMMs at 1785 tokens (one CFG branch) and 3570 (both as a batch).
+        shapes = {{"qkv fused 5120->15360", 1785, 15360, 5120}, {"o / cross q / cross o", 1785, 5120, 5120},
+                  {"ffn up 5120->13824", 1785, 13824, 5120},    {"ffn down 13824->5120", 1785, 5120, 13824},
+                  {"o, CFG batch M=3570", 3570, 5120, 5120},    {"ffn up, CFG batch", 3570, 13824, 5120},
+                  {"square 8192", 8192, 8192, 8192}};
+    }
+    for (const GemmShape& s : shapes) bench_one_gemm(*be, o, s, dt, out_dt);
+    return 0;
+}
+
+int run_ops_bench(const BenchOptions& o) {
+    auto owned = make_cuda_backend(parse_device(o.device).index, size_t(5) << 30);
+    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    const DType bf = DType::BF16;
+    std::printf("dzr bench ops on %s: CUDA events, %d warm-up + median of %d; GB/s counts bytes read + written once\n",
+                be->name().c_str(), o.warmup, o.iters);
+    std::printf("%-52s %9s %9s %10s\n", "op", "med ms", "min ms", "GB/s");
+    const auto report = [&](const std::string& label, double bytes, const Timing& t, const std::string& extra = "") {
+        std::printf("%-52s %9.4f %9.4f %10.1f %s\n", label.c_str(), t.median_ms, t.min_ms,
+                    bytes / (t.median_ms * 1e-3) / 1e9, extra.c_str());
+    };
+    const int64_t L = 1785, C = 5120, F = 13824, H = 40, D = 128;
+    {
+        const size_t bytes = size_t(1) << 30;
+        Tensor src = be->alloc({int64_t(bytes / 2)}, bf), dst = be->alloc({int64_t(bytes / 2)}, bf);
+        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) {
+            cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, be->stream());
+        });
+        report("cudaMemcpy d2d 1 GiB (ceiling)", 2.0 * double(bytes), t);
+    }
+    {
+        Tensor x = random_device_tensor(*be, {L, C}, bf, 1), w = random_device_tensor(*be, {C}, bf, 2);
+        Tensor out = be->alloc({L, C}, bf);
+        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->rms_norm({1e-6f}, x, w, out); });
+        report("rms_norm bf16 [1785, 5120] * w", 2.0 * 2 * L * C + 2 * C, t);
+        const Timing t2 =
+            time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->layer_norm({1e-6f}, x, {}, {}, out); });
+        report("layer_norm bf16 [1785, 5120] no affine", 2.0 * 2 * L * C, t2);
+        Tensor b = random_device_tensor(*be, {C}, bf, 3);
+        const Timing t3 =
+            time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->add(x, b, out); });
+        report("binary add bf16 [1785, 5120] + [5120]", 2.0 * 2 * L * C + 2 * C, t3);
+        Tensor xf = be->alloc({L, C}, DType::F32);
+        const Timing t4 = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->copy(xf, out); });
+        report("copy f32 -> bf16 [1785, 5120]", 6.0 * L * C, t4);
+        // x [L, C] viewed as [C, L] (strides [1, C]) -> out as a contiguous [C, L]
+        const Timing t5 = time_on_stream(be->stream(), o.warmup, o.iters,
+                                         [&](int) { be->copy(x.view().transpose(0, 1), out.view().reshape({C, L})); });
+        report("copy bf16 transpose [5120, 1785] (strided)", 4.0 * L * C, t5);
+    }
+    {
+        Tensor x = random_device_tensor(*be, {L, H, D}, bf, 4), out = be->alloc({L, H, D}, bf);
+        Tensor table = random_device_tensor(*be, {L, D / 2, 2}, DType::F32, 5);
+        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->rope({}, x, table, out); });
+        report("rope bf16 [1785, 40, 128], 64 pairs", 2.0 * 2 * L * H * D + 4.0 * L * D, t);
+    }
+    {
+        const int64_t rows = 8 * L, cols = 7945;
+        Tensor x = random_device_tensor(*be, {rows, cols}, DType::F32, 6, 8.f), out = be->alloc({rows, cols}, bf);
+        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->softmax({1.f}, x, out); });
+        report("softmax f32 -> bf16 [14280, 7945]", 6.0 * double(rows) * double(cols), t);
+    }
+    {
+        Tensor x = random_device_tensor(*be, {L, F}, bf, 7, 4.f), out = be->alloc({L, F}, bf);
+        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters,
+                                        [&](int) { be->activation({Activation::GeluTanh}, x, out); });
+        report("gelu_tanh bf16 [1785, 13824]", 2.0 * 2 * L * F, t);
+    }
+    {
+        // The backend's first attention: two cuBLASLt GEMMs around an f32 softmax, logits in the workspace.
+        const int64_t Lk = 7945;
+        Tensor q = random_device_tensor(*be, {L, H, D}, bf, 8), k = random_device_tensor(*be, {Lk, H, D}, bf, 9);
+        Tensor v = random_device_tensor(*be, {Lk, H, D}, bf, 10), out = be->alloc({L, H, D}, bf);
+        const Timing t = time_on_stream(be->stream(), 2, std::max(3, o.iters / 5), [&](int) {
+            be->attention({1.f / std::sqrt(float(D))}, q, k, v, {}, out);
+        });
+        const double flop = 4.0 * double(L) * double(Lk) * double(D) * double(H);
+        report("attention bf16 Lq1785 Lk7945 H40 D128 (GEMM-softmax-GEMM)", 2.0 * 2 * (2 * L + 2 * Lk) * H * D, t,
+               fmt::format("({:.1f} TFLOP/s)", flop / (t.median_ms * 1e-3) / 1e12));
+    }
+    return 0;
+}
+
+#endif  // DZR_HAVE_CUDA
+
+CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
+    auto* cmd = app.add_subcommand("bench", "Time the CUDA backend's GEMM and kernels at DreamZero shapes");
+    cmd->require_subcommand(1);
+    auto opts = std::make_shared<BenchOptions>();
+    const auto common = [opts](CLI::App* sub) {
+        sub->add_option("--device", opts->device, "CUDA device (cuda or cuda:N)")->capture_default_str();
+        sub->add_option("--warmup", opts->warmup, "untimed runs first")->capture_default_str()->check(CLI::NonNegativeNumber);
+        sub->add_option("--iters", opts->iters, "timed runs (the median is reported)")
+            ->capture_default_str()
+            ->check(CLI::PositiveNumber);
+    };
+    auto* gemm = cmd->add_subcommand("gemm", "cuBLASLt GEMM out[M, N] = a[M, K] · w[N, K]^T (a PyTorch Linear)");
+    common(gemm);
+    gemm->add_option("-m,--m", opts->m, "rows of a (tokens)")->capture_default_str()->check(CLI::PositiveNumber);
+    gemm->add_option("-n,--n", opts->n, "rows of w (output features)")->capture_default_str()->check(CLI::PositiveNumber);
+    gemm->add_option("-k,--k", opts->k, "inner dimension")->capture_default_str()->check(CLI::PositiveNumber);
+    gemm->add_option("--dtype", opts->dtype, "input dtype: bf16 or f32")->capture_default_str();
+    gemm->add_option("--out-dtype", opts->out_dtype, "output dtype (default: the input dtype)");
+    gemm->add_option("--sets", opts->sets, "input buffer sets to rotate over")->capture_default_str();
+    gemm->add_flag("--dit", opts->dit, "run DreamZero's per-layer DiT GEMM shapes instead of -m/-n/-k");
+    auto* ops = cmd->add_subcommand("ops", "Kernels at DreamZero shapes (norms, rope, softmax, gelu, attention)");
+    common(ops);
+#ifdef DZR_HAVE_CUDA
+    gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
+    ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });
+#else
+    const auto unavailable = [&run] {
+        run = [] {
+            DZR_THROW("dzr bench needs the CUDA backend; this dzr was built with -DDZR_CUDA=OFF");
+            return 1;
+        };
+    };
+    gemm->callback(unavailable);
+    ops->callback(unavailable);
+#endif
+});
+
+}  // namespace
+}  // namespace dzr::app

@@ -1,0 +1,89 @@
+// Zero padding for 3-D convolutions, and a direct convolution kernel (fallback when cuDNN has none).
+#include "kernels/common.cuh"
+#include "kernels/conv3d.cuh"
+
+namespace dzr::kernels {
+namespace {
+
+struct PadDims {
+    int64_t C, in[3], out[3];
+    int before[3];
+};
+
+template <typename T>
+__global__ void pad3d_kernel(const T* x, T* xp, PadDims d) {
+    const int64_t total = d.C * d.out[0] * d.out[1] * d.out[2], step = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+        const int64_t w = i % d.out[2] - d.before[2];
+        const int64_t h = (i / d.out[2]) % d.out[1] - d.before[1];
+        const int64_t t = (i / (d.out[2] * d.out[1])) % d.out[0] - d.before[0];
+        const int64_t c = i / (d.out[2] * d.out[1] * d.out[0]);
+        const bool inside = t >= 0 && t < d.in[0] && h >= 0 && h < d.in[1] && w >= 0 && w < d.in[2];
+        xp[i] = inside ? x[((c * d.in[0] + t) * d.in[1] + h) * d.in[2] + w] : from_f32<T>(0.f);
+    }
+}
+
+template <typename T>
+__global__ void conv3d_direct_kernel(Conv3dDirectArgs a) {
+    const int64_t total = a.Co * a.o[0] * a.o[1] * a.o[2], step = int64_t(gridDim.x) * blockDim.x;
+    const T* x = static_cast<const T*>(a.x);
+    const T* w = static_cast<const T*>(a.w);
+    T* out = static_cast<T*>(a.out);
+    const ParamPtr bias{a.bias, a.bias_dtype == DType::BF16};
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+        const int64_t ow = i % a.o[2], oh = (i / a.o[2]) % a.o[1], ot = (i / (a.o[2] * a.o[1])) % a.o[0];
+        const int64_t co = i / (a.o[2] * a.o[1] * a.o[0]);
+        float acc = 0.f;
+        for (int64_t ci = 0; ci < a.Ci; ++ci)
+            for (int64_t kt = 0; kt < a.k[0]; ++kt) {
+                const int64_t it = ot * a.stride[0] - a.pad_before[0] + kt;
+                if (it < 0 || it >= a.in[0]) continue;
+                for (int64_t kh = 0; kh < a.k[1]; ++kh) {
+                    const int64_t ih = oh * a.stride[1] - a.pad_before[1] + kh;
+                    if (ih < 0 || ih >= a.in[1]) continue;
+                    for (int64_t kw = 0; kw < a.k[2]; ++kw) {
+                        const int64_t iw = ow * a.stride[2] - a.pad_before[2] + kw;
+                        if (iw < 0 || iw >= a.in[2]) continue;
+                        const float xv = to_f32(x[((ci * a.in[0] + it) * a.in[1] + ih) * a.in[2] + iw]);
+                        const float wv = to_f32(w[(((co * a.Ci + ci) * a.k[0] + kt) * a.k[1] + kh) * a.k[2] + kw]);
+                        acc = fmaf(xv, wv, acc);
+                    }
+                }
+            }
+        if (bias.defined()) acc += bias[co];
+        out[i] = from_f32<T>(acc);
+    }
+}
+
+}  // namespace
+
+cudaError_t pad3d(const void* x, void* xp, DType t, int64_t C, const int64_t in[3], const int pad_before[3],
+                  const int pad_after[3], cudaStream_t stream) {
+    PadDims d{};
+    d.C = C;
+    for (int i = 0; i < 3; ++i) {
+        d.in[i] = in[i];
+        d.before[i] = pad_before[i];
+        d.out[i] = in[i] + pad_before[i] + pad_after[i];
+    }
+    const int64_t total = C * d.out[0] * d.out[1] * d.out[2];
+    if (total == 0) return cudaSuccess;
+    constexpr int kThreads = 256;
+    return dispatch_float(t, [&](auto xt) {
+        using T = decltype(xt);
+        pad3d_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(xp), d);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t conv3d_direct(const Conv3dDirectArgs& args, cudaStream_t stream) {
+    const int64_t total = args.Co * args.o[0] * args.o[1] * args.o[2];
+    if (total == 0) return cudaSuccess;
+    constexpr int kThreads = 128;
+    return dispatch_float(args.dtype, [&](auto xt) {
+        conv3d_direct_kernel<decltype(xt)><<<grid_for(total, kThreads), kThreads, 0, stream>>>(args);
+        return cudaGetLastError();
+    });
+}
+
+}  // namespace dzr::kernels

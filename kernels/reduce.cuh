@@ -1,0 +1,16 @@
+#pragma once
+/// Row reductions over the last dim of a contiguous [rows, cols] tensor into out[rows] (f32 math).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace dzr::kernels {
+
+enum class ReduceKind : uint8_t { Sum, Mean, Max };
+
+cudaError_t reduce_rows(ReduceKind kind, const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols,
+                        cudaStream_t stream);
+
+}  // namespace dzr::kernels

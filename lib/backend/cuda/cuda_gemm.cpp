@@ -1,0 +1,327 @@
+// GEMM through cuBLASLt and attention built on it.
+//
+// Row-major to column-major: cuBLASLt is column-major, and a row-major [R, C] matrix with leading
+// dimension ld is the column-major [C, R] matrix with the same ld. So out = op(a) op(b) (row-major
+// [M, N]) is computed as out^T = op(b)^T op(a)^T (column-major [N, M]): cuBLASLt's A is our b, its B
+// is our a, m = N, n = M, and the transposes carry over unchanged.
+//
+// NOTE: g++ 13 -O3 with fmt 9.1 reports false -Warray-bounds / -Wstringop-overflow warnings inside fmt's
+// format_dragon (through std::copy in stl_algobase.h) for this file, so the system headers it reaches
+// first are included with those two warnings off.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+#include <fmt/format.h>
+
+#include <algorithm>
+#pragma GCC diagnostic pop
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_internal.h"
+#include "core/log.h"
+#include "kernels/elementwise.cuh"
+#include "kernels/gemm_fallback.cuh"
+#include "kernels/softmax.cuh"
+
+namespace dzr {
+
+using cuda_detail::DeviceGuard;
+using cuda_detail::GemmCall;
+using cuda_detail::GemmKey;
+using cuda_detail::GemmPlan;
+using cuda_detail::pointer_alignment;
+
+namespace {
+
+cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+/// The alignment cuBLASLt may assume for an operand: its base pointer, its row stride and (batched)
+/// its batch stride in bytes, whichever is least aligned.
+int64_t operand_alignment(const void* p, int64_t ld, int64_t batch_stride, int64_t batch, DType t) {
+    const int64_t es = int64_t(dtype_size(t));
+    int64_t align = pointer_alignment(p);
+    const auto pow2_dividing = [](int64_t bytes) {
+        int64_t a = 256;
+        while (a > 1 && bytes % a != 0) a /= 2;
+        return a;
+    };
+    align = std::min(align, pow2_dividing(ld * es));
+    if (batch > 1 && batch_stride != 0) align = std::min(align, pow2_dividing(batch_stride * es));
+    return align;
+}
+
+int64_t align_a(const GemmCall& c) { return operand_alignment(c.a, c.lda, c.stride_a, c.batch, c.ab_dtype); }
+int64_t align_b(const GemmCall& c) { return operand_alignment(c.b, c.ldb, c.stride_b, c.batch, c.ab_dtype); }
+int64_t align_c(const GemmCall& c) { return operand_alignment(c.out, c.ldc, c.stride_c, c.batch, c.out_dtype); }
+
+GemmKey gemm_key(const GemmCall& c) {
+    return {int64_t(c.ab_dtype),
+            int64_t(c.out_dtype),
+            c.trans_a,
+            c.trans_b,
+            c.M,
+            c.N,
+            c.K,
+            c.batch,
+            c.lda,
+            c.stride_a,
+            c.ldb,
+            c.stride_b,
+            c.ldc,
+            c.stride_c,
+            align_a(c),
+            align_b(c),
+            align_c(c),
+            c.bias != nullptr,
+            int64_t(c.bias_dtype),
+            c.bias ? pointer_alignment(c.bias) : 0,
+            c.beta != 0.f,
+            0,
+            0,
+            0};
+}
+
+/// Column-major layout of a stored row-major operand with `rows_rm` rows of `cols_rm` elements.
+cublasLtMatrixLayout_t make_layout(DType t, int64_t rows_rm, int64_t cols_rm, int64_t ld, int64_t batch,
+                                   int64_t batch_stride) {
+    cublasLtMatrixLayout_t layout = nullptr;
+    // NOTE: a row-major matrix with one row may carry any row stride; cuBLASLt wants ld >= its rows.
+    const int64_t ld_ok = rows_rm <= 1 ? std::max(ld, cols_rm) : ld;
+    DZR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, cuda_type(t), uint64_t(cols_rm), uint64_t(rows_rm), ld_ok));
+    if (batch > 1) {
+        const int32_t count = int32_t(batch);
+        DZR_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                          sizeof(count)));
+        DZR_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                          &batch_stride, sizeof(batch_stride)));
+    }
+    return layout;
+}
+
+}  // namespace
+
+GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
+    const GemmKey key = gemm_key(c);
+    auto it = gemm_plans_.find(key);
+    if (it != gemm_plans_.end()) return *it->second;
+
+    auto plan = std::make_unique<GemmPlan>();
+    plan->bias_in_epilogue = c.bias != nullptr && c.bias_dtype == c.out_dtype;
+    DZR_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_a = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our b
+    const cublasOperation_t op_b = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (plan->bias_in_epilogue) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const int32_t bias_type = cuda_type(c.bias_dtype);
+        DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                        sizeof(bias_type)));
+        // The heuristic reads the bias pointer's alignment (its value, not its contents).
+        DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
+                                                        sizeof(c.bias)));
+    }
+    // Stored row-major shapes: b is [K, N] ([N, K] when trans_b), a is [M, K] ([K, M] when trans_a).
+    plan->layout_a = make_layout(c.ab_dtype, c.trans_b ? c.N : c.K, c.trans_b ? c.K : c.N, c.ldb, c.batch, c.stride_b);
+    plan->layout_b = make_layout(c.ab_dtype, c.trans_a ? c.K : c.M, c.trans_a ? c.M : c.K, c.lda, c.batch, c.stride_a);
+    plan->layout_c = make_layout(c.out_dtype, c.M, c.N, c.ldc, c.batch, c.stride_c);
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    DZR_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kCublasWorkspaceBytes;
+    // cuBLASLt's A is our b and its B our a.
+    const uint32_t lt_align_a = uint32_t(align_b(c)), lt_align_b = uint32_t(align_a(c)),
+                   lt_align_c = uint32_t(align_c(c));
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &lt_align_a, sizeof(lt_align_a));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &lt_align_b, sizeof(lt_align_b));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &lt_align_c, sizeof(lt_align_c));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &lt_align_c, sizeof(lt_align_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(cublas_, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c,
+                                            plan->layout_c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    plan->has_algo = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (plan->has_algo) {
+        plan->algo = result.algo;
+    } else {
+        log()->warn("cuBLASLt has no algorithm for gemm {} x {} x {} (batch {}, {} -> {}, lda {} ldb {} ldc {}): {}; "
+                    "using the plain kernel",
+                    c.M, c.N, c.K, c.batch, dtype_name(c.ab_dtype), dtype_name(c.out_dtype), c.lda, c.ldb, c.ldc,
+                    st == CUBLAS_STATUS_SUCCESS ? "no result" : cublasLtGetStatusString(st));
+    }
+    return *gemm_plans_.emplace(key, std::move(plan)).first->second;
+}
+
+void CudaBackend::run_gemm(const GemmCall& c) {
+    if (c.M == 0 || c.N == 0 || c.batch == 0) return;
+    if (c.K == 0) {
+        // Nothing to multiply: out = beta * out (+ bias).
+        DZR_CUDA_CHECK(kernels::rows_epilogue(c.out, c.out_dtype, c.batch, c.M, c.N, c.ldc, c.stride_c, true, c.beta,
+                                              c.bias, c.bias_dtype, stream_));
+        return;
+    }
+    const GemmPlan* plan = fallback_only_ ? nullptr : &gemm_plan(c);
+    if (!plan || !plan->has_algo) {
+        kernels::GemmFallbackArgs g;
+        g.ab_dtype = c.ab_dtype;
+        g.out_dtype = c.out_dtype;
+        g.trans_a = c.trans_a;
+        g.trans_b = c.trans_b;
+        g.M = c.M, g.N = c.N, g.K = c.K, g.batch = c.batch;
+        g.a = c.a, g.lda = c.lda, g.stride_a = c.stride_a;
+        g.b = c.b, g.ldb = c.ldb, g.stride_b = c.stride_b;
+        g.out = c.out, g.ldc = c.ldc, g.stride_c = c.stride_c;
+        g.alpha = c.alpha, g.beta = c.beta;
+        g.bias = c.bias, g.bias_dtype = c.bias_dtype;
+        DZR_CUDA_CHECK(kernels::gemm_fallback(g, stream_));
+        return;
+    }
+    if (plan->bias_in_epilogue)
+        DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
+                                                        sizeof(c.bias)));
+    DZR_CUBLAS_CHECK(cublasLtMatmul(cublas_, plan->desc, &c.alpha, c.b, plan->layout_a, c.a, plan->layout_b, &c.beta,
+                                    c.out, plan->layout_c, c.out, plan->layout_c, &plan->algo, cublas_workspace_,
+                                    kCublasWorkspaceBytes, stream_));
+    if (c.bias && !plan->bias_in_epilogue)
+        DZR_CUDA_CHECK(kernels::rows_epilogue(c.out, c.out_dtype, c.batch, c.M, c.N, c.ldc, c.stride_c, false, 0.f,
+                                              c.bias, c.bias_dtype, stream_));
+}
+
+void CudaBackend::gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                       const TensorView& out) {
+    check_device_tensor(a, "gemm", "a");
+    check_device_tensor(b, "gemm", "b");
+    check_device_tensor(out, "gemm", "out");
+    const int r = out.rank();
+    DZR_CHECK(r == 2 || r == 3, "cuda backend: gemm output must be rank 2 or 3, got {}", out.str());
+    DZR_CHECK(a.rank() == r && b.rank() == r, "cuda backend: gemm operand ranks differ: a {} b {} out {}", a.str(),
+              b.str(), out.str());
+    DZR_CHECK(a.dtype == b.dtype && cuda_detail::is_float_act(a.dtype),
+              "cuda backend: gemm needs a and b of one dtype, f32 or bf16: a {} b {}", a.str(), b.str());
+    DZR_CHECK(out.dtype == a.dtype || (a.dtype == DType::BF16 && out.dtype == DType::F32),
+              "cuda backend: gemm {} inputs cannot write {} (bf16 -> bf16 or f32, f32 -> f32)", dtype_name(a.dtype),
+              out.str());
+    const int64_t M = out.dim(-2), N = out.dim(-1), K = p.trans_a ? a.dim(-2) : a.dim(-1);
+    DZR_CHECK((p.trans_a ? a.dim(-1) : a.dim(-2)) == M, "cuda backend: gemm a {} does not give M={} (trans_a={})",
+              a.str(), M, p.trans_a);
+    DZR_CHECK((p.trans_b ? b.dim(-1) : b.dim(-2)) == K && (p.trans_b ? b.dim(-2) : b.dim(-1)) == N,
+              "cuda backend: gemm b {} does not match K={} N={} (trans_b={})", b.str(), K, N, p.trans_b);
+    for (const TensorView* t : {&a, &b, &out})
+        DZR_CHECK(t->strides[-1] == 1 || t->dim(-1) == 1, "cuda backend: gemm needs a unit last stride: {}", t->str());
+    const int64_t batch = r == 3 ? out.dim(0) : 1;
+    for (const TensorView* t : {&a, &b})
+        DZR_CHECK(r == 2 || t->dim(0) == batch || t->dim(0) == 1,
+                  "cuda backend: gemm operand {} does not match the batch of {} ({})", t->str(), batch, out.str());
+    if (bias.defined()) {
+        check_device_tensor(bias, "gemm", "bias");
+        DZR_CHECK(cuda_detail::is_float_act(bias.dtype) && bias.is_contiguous() && bias.numel() == N,
+                  "cuda backend: gemm bias {} must be a contiguous f32 or bf16 vector of N={}", bias.str(), N);
+    }
+    const auto batch_stride = [&](const TensorView& t) { return r == 3 && t.dim(0) > 1 ? t.strides[0] : 0; };
+    GemmCall c;
+    c.ab_dtype = a.dtype;
+    c.out_dtype = out.dtype;
+    c.trans_a = p.trans_a;
+    c.trans_b = p.trans_b;
+    c.M = M, c.N = N, c.K = K, c.batch = batch;
+    c.a = a.data, c.lda = std::max<int64_t>(a.strides[-2], 1), c.stride_a = batch_stride(a);
+    c.b = b.data, c.ldb = std::max<int64_t>(b.strides[-2], 1), c.stride_b = batch_stride(b);
+    c.out = out.data, c.ldc = std::max<int64_t>(out.strides[-2], 1), c.stride_c = batch_stride(out);
+    c.alpha = p.alpha;
+    c.beta = p.beta;
+    c.bias = bias.defined() ? bias.data : nullptr;
+    c.bias_dtype = bias.dtype;
+    DeviceGuard guard(index_);
+    run_gemm(c);
+}
+
+void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& bias, const TensorView& out) {
+    for (const auto& [t, what] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}})
+        check_device_tensor(*t, "attention", what);
+    DZR_CHECK(q.rank() == 3 && k.rank() == 3 && v.rank() == 3 && out.rank() == 3,
+              "cuda backend: attention needs [L, H, D] operands: q {} k {} v {} out {}", q.str(), k.str(), v.str(),
+              out.str());
+    const int64_t Lq = q.dim(0), H = q.dim(1), D = q.dim(2), Lk = k.dim(0), Dv = v.dim(2);
+    DZR_CHECK(k.dim(1) == H && v.dim(1) == H && k.dim(2) == D && v.dim(0) == Lk && out.dim(0) == Lq &&
+                  out.dim(1) == H && out.dim(2) == Dv,
+              "cuda backend: attention shapes disagree: q {} k {} v {} out {}", q.str(), k.str(), v.str(), out.str());
+    DZR_CHECK(cuda_detail::is_float_act(q.dtype) && k.dtype == q.dtype && v.dtype == q.dtype && out.dtype == q.dtype,
+              "cuda backend: attention needs q, k, v, out of one dtype (f32 or bf16): {} {} {} {}", q.str(), k.str(),
+              v.str(), out.str());
+    for (const TensorView* t : {&q, &k, &v, &out})
+        DZR_CHECK(t->strides[2] == 1, "cuda backend: attention needs a unit head-dim stride: {}", t->str());
+    if (bias.defined()) {
+        check_device_tensor(bias, "attention", "bias");
+        DZR_CHECK(bias.dtype == DType::F32 && bias.is_contiguous() && bias.numel() == H * Lq * Lk,
+                  "cuda backend: attention bias {} must be a contiguous f32 [H={}, Lq={}, Lk={}]", bias.str(), H, Lq,
+                  Lk);
+    }
+    DeviceGuard guard(index_);
+    const size_t esize = dtype_size(q.dtype);
+    if (Lq == 0 || H == 0 || Dv == 0) return;
+    if (Lk == 0) {
+        // Softmax over nothing: the CPU reference writes zeros.
+        for (int64_t h = 0; h < H; ++h)
+            DZR_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(out.data) + h * out.strides[1] * int64_t(esize),
+                                             size_t(out.strides[0]) * esize, 0, size_t(Dv) * esize, size_t(Lq), stream_));
+        return;
+    }
+    // Logits for a group of heads: f32 [g, Lq, Lk]; for bf16 the probabilities are rounded to bf16 into
+    // a second buffer so the second GEMM runs bf16 x bf16 with f32 accumulation.
+    const bool bf16 = q.dtype == DType::BF16;
+    const size_t per_head = size_t(Lq * Lk) * (4 + (bf16 ? 2 : 0)) + 2 * Arena::kAlign;
+    int64_t group = H;
+    if (!arena_.measuring()) {
+        const size_t free_bytes = arena_.capacity() - arena_.used();
+        group = std::clamp<int64_t>(int64_t(free_bytes / per_head), 1, H);
+    }
+    ArenaScope scope(arena_);
+    float* logits = static_cast<float*>(arena_.alloc(size_t(group * Lq * Lk) * 4));
+    void* probs = bf16 ? arena_.alloc(size_t(group * Lq * Lk) * 2) : static_cast<void*>(logits);
+    for (int64_t h0 = 0; h0 < H; h0 += group) {
+        const int64_t g = std::min(group, H - h0);
+        if (bias.defined())
+            DZR_CUDA_CHECK(cudaMemcpyAsync(logits, static_cast<const float*>(bias.data) + h0 * Lq * Lk,
+                                           size_t(g * Lq * Lk) * 4, cudaMemcpyDeviceToDevice, stream_));
+        // logits[h] = scale * q[:, h, :] · k[:, h, :]^T (+ bias[h]):  [Lq, D] x [Lk, D]^T -> [Lq, Lk]
+        GemmCall s;
+        s.ab_dtype = q.dtype;
+        s.out_dtype = DType::F32;
+        s.trans_a = false;
+        s.trans_b = true;
+        s.M = Lq, s.N = Lk, s.K = D, s.batch = g;
+        s.a = static_cast<const char*>(q.data) + h0 * q.strides[1] * int64_t(esize);
+        s.lda = q.strides[0], s.stride_a = q.strides[1];
+        s.b = static_cast<const char*>(k.data) + h0 * k.strides[1] * int64_t(esize);
+        s.ldb = k.strides[0], s.stride_b = k.strides[1];
+        s.out = logits, s.ldc = Lk, s.stride_c = Lq * Lk;
+        s.alpha = p.scale;
+        s.beta = bias.defined() ? 1.f : 0.f;
+        run_gemm(s);
+        DZR_CUDA_CHECK(kernels::softmax(logits, DType::F32, probs, q.dtype, g * Lq, Lk, 1.f, stream_));
+        // out[:, h, :] = probs[h] · v[:, h, :]:  [Lq, Lk] x [Lk, Dv] -> [Lq, Dv]
+        GemmCall o;
+        o.ab_dtype = q.dtype;
+        o.out_dtype = q.dtype;
+        o.trans_a = false;
+        o.trans_b = false;
+        o.M = Lq, o.N = Dv, o.K = Lk, o.batch = g;
+        o.a = probs, o.lda = Lk, o.stride_a = Lq * Lk;
+        o.b = static_cast<const char*>(v.data) + h0 * v.strides[1] * int64_t(esize);
+        o.ldb = v.strides[0], o.stride_b = v.strides[1];
+        o.out = static_cast<char*>(out.data) + h0 * out.strides[1] * int64_t(esize);
+        o.ldc = out.strides[0], o.stride_c = out.strides[1];
+        run_gemm(o);
+    }
+}
+
+}  // namespace dzr

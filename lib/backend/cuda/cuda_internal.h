@@ -1,0 +1,106 @@
+#pragma once
+// Internals shared by the CUDA backend's translation units: the device guard, operand checks, the
+// GEMM call description and the cached cuBLASLt / cuDNN plans.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace dzr::cuda_detail {
+
+/// Makes `index` the current device for the guard's lifetime (restores the previous one).
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int index) {
+        DZR_CUDA_CHECK(cudaGetDevice(&prev_));
+        if (prev_ != index) DZR_CUDA_CHECK(cudaSetDevice(index));
+        changed_ = prev_ != index;
+    }
+    ~DeviceGuard() {
+        if (changed_) cudaSetDevice(prev_);
+    }
+    DeviceGuard(const DeviceGuard&) = delete;
+    DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+private:
+    int prev_ = 0;
+    bool changed_ = false;
+};
+
+inline bool is_float_act(DType t) { return t == DType::F32 || t == DType::BF16; }
+
+/// Largest power of two (<= 256) that divides the address.
+inline int64_t pointer_alignment(const void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    int64_t align = 256;
+    while (align > 1 && (a % uintptr_t(align)) != 0) align /= 2;
+    return align;
+}
+
+/// One (batched) row-major GEMM: out[i] = alpha * op(a[i]) op(b[i]) + beta * out[i] + bias, with
+/// element (m, k) of op(a) at a[m * lda + k] (a[k * lda + m] when trans_a), (k, n) of op(b) at
+/// b[k * ldb + n] (b[n * ldb + k] when trans_b), (m, n) of out at out[m * ldc + n]; batch i adds
+/// i * stride_{a,b,c} elements (0 broadcasts).
+struct GemmCall {
+    DType ab_dtype = DType::BF16;
+    DType out_dtype = DType::BF16;
+    bool trans_a = false, trans_b = true;
+    int64_t M = 0, N = 0, K = 0, batch = 1;
+    const void* a = nullptr;
+    int64_t lda = 0, stride_a = 0;
+    const void* b = nullptr;
+    int64_t ldb = 0, stride_b = 0;
+    void* out = nullptr;
+    int64_t ldc = 0, stride_c = 0;
+    float alpha = 1.f, beta = 0.f;
+    const void* bias = nullptr;
+    DType bias_dtype = DType::F32;
+};
+
+/// A cuBLASLt matmul set up for one GemmKey. has_algo = false: cuBLASLt offered nothing, the plain
+/// kernel runs instead. bias_in_epilogue = false: the bias dtype differs from the output's, so a
+/// separate kernel adds it.
+struct GemmPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool has_algo = false;
+    bool bias_in_epilogue = false;
+
+    GemmPlan() = default;
+    GemmPlan(const GemmPlan&) = delete;
+    GemmPlan& operator=(const GemmPlan&) = delete;
+    ~GemmPlan() {
+        if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
+        if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
+        if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
+        if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+};
+
+/// cuDNN descriptors and the chosen algorithm for one conv3d shape. has_algo = false: the direct
+/// kernel runs instead.
+struct ConvPlan {
+    cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+    cudnnFilterDescriptor_t w = nullptr;
+    cudnnConvolutionDescriptor_t conv = nullptr;
+    cudnnConvolutionFwdAlgo_t algo{};
+    size_t workspace_bytes = 0;
+    bool has_algo = false;
+
+    ConvPlan() = default;
+    ConvPlan(const ConvPlan&) = delete;
+    ConvPlan& operator=(const ConvPlan&) = delete;
+    ~ConvPlan() {
+        if (x) cudnnDestroyTensorDescriptor(x);
+        if (y) cudnnDestroyTensorDescriptor(y);
+        if (w) cudnnDestroyFilterDescriptor(w);
+        if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    }
+};
+
+}  // namespace dzr::cuda_detail

@@ -1,0 +1,31 @@
+#include "backend/measuring_backend.h"
+
+#include <cstdint>
+
+#include "core/error.h"
+
+namespace dzr {
+
+void* MeasuringBackend::fake_address() { return reinterpret_cast<void*>(uintptr_t(1) << 44); }
+
+Tensor MeasuringBackend::shape_only(Shape shape, DType dtype) {
+    return Tensor(nullptr, TensorView(fake_address(), dtype, shape, Device::cpu()));
+}
+
+// NOTE: the arena sits on the fake address too (not a null measuring arena), so that slicing
+// activation views never does arithmetic on null pointers.
+MeasuringBackend::MeasuringBackend(DType compute_dtype)
+    : dtype_(compute_dtype), arena_(reinterpret_cast<void*>(uintptr_t(1) << 46), size_t(1) << 45, Device::cpu()),
+      next_alloc_(uintptr_t(1) << 44) {}
+
+Tensor MeasuringBackend::alloc(Shape shape, DType dtype) {
+    void* p = reinterpret_cast<void*>(next_alloc_);
+    next_alloc_ += (size_t(shape.numel()) * dtype_size(dtype) + 255) / 256 * 256 + 256;
+    return Tensor(nullptr, TensorView(p, dtype, shape, Device::cpu()));
+}
+
+void MeasuringBackend::copy(const TensorView& src, const TensorView& dst) {
+    DZR_CHECK(src.numel() == dst.numel() && dst.is_contiguous(), "measuring copy: {} -> {}", src.str(), dst.str());
+}
+
+}  // namespace dzr

@@ -1,0 +1,53 @@
+#pragma once
+/// A Backend that computes nothing and only measures: allocations return views of a fake, never
+/// dereferenced address, and the workspace arena records its high-water mark. Running a model's
+/// forwards on it (with shape-only weights) sizes the real backend's workspace at load.
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace dzr {
+
+class MeasuringBackend final : public Backend {
+public:
+    explicit MeasuringBackend(DType compute_dtype);
+
+    /// A fake address for data-less tensors: never dereferenced, but arithmetic on it is defined.
+    static void* fake_address();
+    /// A data-less tensor of the given shape (for shape-only weight sources).
+    static Tensor shape_only(Shape shape, DType dtype);
+
+    Device device() const override { return Device::cpu(); }
+    std::string name() const override { return "measuring"; }
+    DType compute_dtype() const override { return dtype_; }
+    /// Distinct fake addresses per allocation, so aliasing checks see distinct tensors.
+    Tensor alloc(Shape shape, DType dtype) override;
+    Arena& workspace() override { return arena_; }
+    void reserve_workspace(size_t) override {}
+    void upload(const TensorView&, const TensorView&) override {}
+    void download(const TensorView&, const TensorView&) override {}
+    void copy(const TensorView& src, const TensorView& dst) override;
+    void fill(const TensorView&, float) override {}
+    void synchronize() override {}
+    void gemm(const GemmParams&, const TensorView&, const TensorView&, const TensorView&, const TensorView&) override {}
+    void binary(const BinaryParams&, const TensorView&, const TensorView&, const TensorView&) override {}
+    void scale(const ScaleParams&, const TensorView&, const TensorView&) override {}
+    void activation(const ActivationParams&, const TensorView&, const TensorView&) override {}
+    void layer_norm(const LayerNormParams&, const TensorView&, const TensorView&, const TensorView&,
+                    const TensorView&) override {}
+    void rms_norm(const RmsNormParams&, const TensorView&, const TensorView&, const TensorView&) override {}
+    void softmax(const SoftmaxParams&, const TensorView&, const TensorView&) override {}
+    void reduce(const ReduceParams&, const TensorView&, const TensorView&) override {}
+    void rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) override {}
+    void attention(const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
+                   const TensorView&, const TensorView&) override {}
+    void conv3d(const Conv3dParams&, const TensorView&, const TensorView&, const TensorView&,
+                const TensorView&) override {}
+
+private:
+    DType dtype_;
+    Arena arena_;
+    uintptr_t next_alloc_ = 0;
+};
+
+}  // namespace dzr

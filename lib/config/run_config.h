@@ -1,0 +1,81 @@
+#pragma once
+/// configs/*.yaml: the model geometry (`model:`) and the run settings (`sampling:`, `kv:`, `rollout:`,
+/// `embodiment:`), with command-line overrides (`--set a.b.c=value`). Reading is strict: an unknown
+/// key, a wrong type or an inconsistent geometry is a dzr::Error naming the file and the key.
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kv/kv_config.h"
+#include "weights/model_config.h"
+
+namespace dzr::config {
+
+/// Flow-matching sampler settings (dreamzero-reference.md §3).
+struct SamplingConfig {
+    int num_inference_steps = 16;
+    float sigma_shift = 5.0f;
+    float cfg_scale = 5.0f;
+    int num_dit_steps = 8;  // DiT evaluations per call (fixed masks for 5..8; else all steps)
+    std::vector<bool>
+        dit_step_mask;  // explicit mask (length num_inference_steps); empty = from num_dit_steps
+    bool dynamic_schedule = false;
+    uint64_t seed = 1140;
+};
+
+/// Which frames feed each policy call (the official test client's cadence).
+struct RolloutConfig {
+    int stride = 24;                               // frames between calls
+    std::vector<int> offsets = {-23, -16, -8, 0};  // frames of a call relative to its anchor
+    int max_chunks = 0;                            // 0 = until the episode ends
+    int start_frame = 0;
+};
+
+struct RunConfig {
+    ModelConfig model;
+    SamplingConfig sampling;
+    KvConfig kv;  // dzr::KvConfig (lib/kv/kv_config.h)
+    RolloutConfig rollout;
+    std::string embodiment = "oxe_droid";
+    std::string description;
+    std::filesystem::path source;  // the YAML file it came from (empty for a string)
+};
+
+/// One `--set a.b.c=value` override; the value is parsed as a YAML scalar or flow list.
+struct Override {
+    std::string path;   // "sampling.cfg_scale"
+    std::string value;  // "3.5", "[1, 2]"
+};
+
+/// Splits "a.b.c=value". Throws dzr::Error for text without '=' or with an empty key.
+Override parse_override(const std::string& text);
+
+/// Sets `path` in the tree to the parsed `value`, creating maps on the way. Throws when a prefix of the
+/// path is not a map.
+void apply_override(YAML::Node& root, const Override& override);
+
+/// Loads a YAML file, applies the overrides, and reads it strictly. The `model:` section must list every
+/// geometry field; run sections may omit fields (the real DreamZero-DROID settings are the defaults).
+RunConfig load_run_config(const std::filesystem::path& path, const std::vector<Override>& overrides = {});
+
+/// Same for YAML text; `source` names it in messages.
+RunConfig parse_run_config(const std::string& yaml_text, const std::string& source,
+                           const std::vector<Override>& overrides = {});
+
+/// Reads a `model:` node alone (every field required). `where` prefixes messages ("tiny.yaml: model").
+ModelConfig model_config_from_yaml(const YAML::Node& model, const std::string& source);
+
+/// Parses "1234", "64MiB", "5GB", "1.5GiB" (B, KB/MB/GB/TB = powers of 1000, KiB/MiB/GiB/TiB = powers of
+/// 1024). Throws dzr::Error naming `what` on anything else.
+uint64_t parse_byte_size(const std::string& text, const std::string& what);
+
+/// "45.85 GB (45,848,344,232 bytes)"-style text for reports.
+std::string format_bytes(uint64_t bytes);
+/// "22,924,172,116".
+std::string format_count(uint64_t n);
+
+}  // namespace dzr::config

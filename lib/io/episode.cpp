@@ -1,0 +1,401 @@
+#include "io/episode.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/atomic_file.h"
+#include "io/npy.h"
+
+namespace dzr::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// NOTE: container fps is a rational (15360/1024 = 15 exactly for DROID) that OpenCV reports as a
+// double; anything closer than this is the same rate.
+constexpr double kFpsTolerance = 1e-3;
+
+bool same_fps(double a, double b) { return std::abs(a - b) <= kFpsTolerance * std::max(1.0, std::abs(b)); }
+
+/// What episode.yaml says (all fields optional).
+struct EpisodeYaml {
+    std::optional<std::string> prompt;
+    std::optional<double> fps;
+    std::map<std::string, std::string> camera_files;
+};
+
+std::string describe_utf8_error(std::string_view text, size_t offset) {
+    return fmt::format("byte 0x{:02x} at offset {}", uint8_t(text[offset]), offset);
+}
+
+EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& warnings) {
+    EpisodeYaml y;
+    const std::string text = read_file(file);
+    const std::string name = file.string();
+    if (auto bad = find_invalid_utf8(text))
+        DZR_THROW("{}: not valid UTF-8 ({}); save the file as UTF-8", name, describe_utf8_error(text, *bad));
+    YAML::Node root;
+    try {
+        root = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+        DZR_THROW("{}: invalid YAML at line {}: {}", name, e.mark.line + 1, e.msg);
+    }
+    if (root.IsNull()) return y;
+    DZR_CHECK(root.IsMap(), "{}: expected a mapping with keys prompt, fps, cameras", name);
+    try {
+        for (const auto& kv : root) {
+            const std::string key = kv.first.as<std::string>();
+            const YAML::Node& v = kv.second;
+            if (key == "prompt") {
+                DZR_CHECK(v.IsScalar(), "{}: 'prompt' must be a string", name);
+                y.prompt = v.as<std::string>();
+            } else if (key == "fps") {
+                DZR_CHECK(v.IsScalar(), "{}: 'fps' must be a number", name);
+                double fps = 0;
+                try {
+                    fps = v.as<double>();
+                } catch (const YAML::Exception&) {
+                    DZR_THROW("{}: 'fps' must be a number, found '{}'", name, v.as<std::string>());
+                }
+                DZR_CHECK(std::isfinite(fps) && fps > 0, "{}: 'fps' must be positive, found {}", name, fps);
+                y.fps = fps;
+            } else if (key == "cameras") {
+                DZR_CHECK(v.IsMap(), "{}: 'cameras' must map camera names to file names", name);
+                for (const auto& c : v) {
+                    const std::string cam = c.first.as<std::string>();
+                    DZR_CHECK(std::find(kCameraNames.begin(), kCameraNames.end(), cam) != kCameraNames.end(),
+                              "{}: unknown camera '{}' under 'cameras' (expected exterior_image_1_left, "
+                              "exterior_image_2_left or wrist_image_left)", name, cam);
+                    DZR_CHECK(c.second.IsScalar() && !c.second.as<std::string>().empty(),
+                              "{}: cameras.{} must be a file name", name, cam);
+                    y.camera_files[cam] = c.second.as<std::string>();
+                }
+            } else {
+                warnings.push_back(fmt::format("{}: ignoring unknown key '{}'", name, key));
+            }
+        }
+    } catch (const YAML::Exception& e) {
+        DZR_THROW("{}: line {}: {}", name, e.mark.line + 1, e.msg);
+    }
+    return y;
+}
+
+void validate_prompt(const std::string& prompt, const std::string& source) {
+    if (auto bad = find_invalid_utf8(prompt))
+        DZR_THROW("{}: the prompt is not valid UTF-8 ({})", source, describe_utf8_error(prompt, *bad));
+    const bool blank = std::all_of(prompt.begin(), prompt.end(), [](char c) {
+        return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+    });
+    DZR_CHECK(!blank, "{}: the prompt is empty", source);
+}
+
+/// Finds the file of one camera: the episode.yaml override, else <name>.npy, else <name>.mp4.
+fs::path find_camera_file(const fs::path& dir, std::string_view cam, const EpisodeYaml& y) {
+    if (auto it = y.camera_files.find(std::string(cam)); it != y.camera_files.end()) {
+        const fs::path p = dir / it->second;
+        std::error_code ec;
+        DZR_CHECK(fs::is_regular_file(p, ec), "{}: missing camera file for {} (named in {})", p.string(), cam,
+                  (dir / kEpisodeYaml).string());
+        DZR_CHECK(p.extension() == ".mp4" || p.extension() == ".npy",
+                  "{}: camera file for {} must be .mp4 or .npy", p.string(), cam);
+        return p;
+    }
+    // NOTE: .npy wins when both exist: it is exact (no codec) and needs no video support, and
+    // `dzr episode convert` writes it next to the .mp4 it came from.
+    for (const char* ext : {".npy", ".mp4"}) {
+        const fs::path p = dir / (std::string(cam) + ext);
+        std::error_code ec;
+        if (fs::is_regular_file(p, ec)) return p;
+    }
+    DZR_THROW("{}: missing camera file {} (expected {}.mp4 or {}.npy)", dir.string(), cam, cam, cam);
+}
+
+CameraStream load_camera(const fs::path& file, std::string_view cam, const EpisodeOptions& opt) {
+    CameraStream s;
+    s.name = std::string(cam);
+    s.file = file;
+    if (file.extension() == ".npy") {
+        const NpyArray a = read_npy(file);
+        DZR_CHECK(a.dtype() == NpyDType::U1 && a.rank() == 4 && a.dim(3) == 3,
+                  "{}: camera frames must be uint8 [T, H, W, 3], found {}", file.string(), a.describe());
+        DZR_CHECK(a.dim(1) > 0 && a.dim(2) > 0, "{}: camera frames have an empty image size {}", file.string(),
+                  a.shape_str());
+        s.frames = a.to_tensor();
+    } else {
+        DZR_CHECK(bool(opt.open_video), "{}: decoding .mp4 needs a video decoder, and none was given; provide "
+                  "the frames as {}.npy", file.string(), cam);
+        auto reader = opt.open_video(file);
+        s.frames = reader->read_all();
+        s.fps = reader->info().fps;
+    }
+    s.file_frames = s.frames.shape()[0];
+    s.height = int(s.frames.shape()[1]);
+    s.width = int(s.frames.shape()[2]);
+    return s;
+}
+
+/// Reads a float array [T, cols] (or [T] when cols == 1) and checks it has no NaN/Inf.
+std::vector<double> load_per_frame(const fs::path& file, int64_t cols, int64_t& rows) {
+    const NpyArray a = read_npy(file);
+    const std::string expected = cols == 1 ? fmt::format("[T, 1] or [T]") : fmt::format("[T, {}]", cols);
+    DZR_CHECK(npy_dtype_is_float(a.dtype()), "{}: expected a float array {}, found {}", file.string(), expected,
+              a.describe());
+    const bool ok = (a.rank() == 2 && a.dim(1) == cols) || (cols == 1 && a.rank() == 1);
+    DZR_CHECK(ok, "{}: expected shape {}, found {}", file.string(), expected, a.describe());
+    rows = a.dim(0);
+    std::vector<double> v = a.to_f64();
+    for (size_t i = 0; i < v.size(); ++i)
+        DZR_CHECK(std::isfinite(v[i]), "{}: row {}, column {} is {}", file.string(), int64_t(i) / cols,
+                  int64_t(i) % cols, v[i]);
+    return v;
+}
+
+}  // namespace
+
+std::optional<size_t> find_invalid_utf8(std::string_view s) {
+    size_t i = 0;
+    while (i < s.size()) {
+        const uint8_t c = uint8_t(s[i]);
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        size_t len = 0;
+        uint32_t cp = 0;
+        uint32_t min = 0;
+        if ((c & 0xe0) == 0xc0) {
+            len = 2, cp = c & 0x1f, min = 0x80;
+        } else if ((c & 0xf0) == 0xe0) {
+            len = 3, cp = c & 0x0f, min = 0x800;
+        } else if ((c & 0xf8) == 0xf0) {
+            len = 4, cp = c & 0x07, min = 0x10000;
+        } else {
+            return i;  // a continuation byte without a lead, or 0xf8..0xff
+        }
+        if (i + len > s.size()) return i;
+        for (size_t k = 1; k < len; ++k) {
+            const uint8_t cc = uint8_t(s[i + k]);
+            if ((cc & 0xc0) != 0x80) return i;
+            cp = (cp << 6) | (cc & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+        i += len;
+    }
+    return std::nullopt;
+}
+
+const CameraStream& Episode::camera(std::string_view cam) const {
+    for (const auto& c : cameras)
+        if (c.name == cam) return c;
+    DZR_THROW("episode {}: no camera named {}", name, cam);
+}
+
+std::array<double, kActionDims> Episode::state_at(int64_t t) const {
+    DZR_CHECK(t >= 0 && t < num_frames, "episode {}: state at frame {} requested, episode has {} frames", name, t,
+              num_frames);
+    std::array<double, kActionDims> s{};
+    for (int j = 0; j < kJointDims; ++j) s[size_t(j)] = joint_position[size_t(t * kJointDims + j)];
+    s[kJointDims] = gripper_position[size_t(t)];
+    return s;
+}
+
+std::string Episode::summary() const {
+    std::string s = fmt::format("episode {} ({})\n  frames: {} at {} fps ({:.2f} s)\n  prompt: {}\n", name,
+                                dir.string(), num_frames, fps, double(num_frames) / fps, prompt);
+    for (const auto& c : cameras)
+        s += fmt::format("  {}: {} ({}x{}, {} frames in file{})\n", c.name, c.file.filename().string(), c.width,
+                         c.height, c.file_frames, c.fps > 0 ? fmt::format(", {} fps", c.fps) : "");
+    s += fmt::format("  joint_position: {}\n  gripper_position: {}\n  ground-truth actions: {}\n",
+                     has_joint_position ? "[T, 7]" : "absent (zeros)",
+                     has_gripper_position ? "[T, 1]" : "absent (zeros)", has_actions() ? "[T, 8]" : "absent");
+    for (const auto& w : warnings) s += "  warning: " + w + "\n";
+    return s;
+}
+
+Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
+    std::error_code ec;
+    DZR_CHECK(fs::is_directory(dir, ec), "{}: not an episode directory (no such directory)", dir.string());
+    Episode ep;
+    ep.dir = dir;
+    ep.name = fs::absolute(dir).lexically_normal().filename().string();
+    if (ep.name.empty()) ep.name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+
+    const fs::path yaml_file = dir / kEpisodeYaml;
+    EpisodeYaml y;
+    if (fs::is_regular_file(yaml_file, ec)) y = read_episode_yaml(yaml_file, ep.warnings);
+
+    // Prompt: the option wins over episode.yaml.
+    if (opt.prompt) {
+        validate_prompt(*opt.prompt, "--prompt");
+        ep.prompt = *opt.prompt;
+    } else {
+        DZR_CHECK(y.prompt.has_value(), "{}: no prompt (add 'prompt: ...' to {} or pass --prompt)", dir.string(),
+                  kEpisodeYaml);
+        validate_prompt(*y.prompt, yaml_file.string());
+        ep.prompt = *y.prompt;
+    }
+
+    for (int i = 0; i < kNumCameras; ++i) {
+        const fs::path file = find_camera_file(dir, kCameraNames[size_t(i)], y);
+        ep.cameras[size_t(i)] = load_camera(file, kCameraNames[size_t(i)], opt);
+    }
+
+    // Frame rate: episode.yaml, else the video containers (which must agree), else DROID's 15.
+    const CameraStream* fps_source = nullptr;
+    for (const auto& c : ep.cameras) {
+        if (c.fps <= 0) continue;
+        if (y.fps) {
+            DZR_CHECK(same_fps(c.fps, *y.fps), "{}: {} fps, but {} says {} fps", c.file.string(), c.fps,
+                      yaml_file.string(), *y.fps);
+        } else if (fps_source) {
+            DZR_CHECK(same_fps(c.fps, fps_source->fps), "{}: {} fps, but {} is {} fps (cameras must share one rate)",
+                      c.file.string(), c.fps, fps_source->file.string(), fps_source->fps);
+        } else {
+            fps_source = &c;
+        }
+    }
+    ep.fps = y.fps ? *y.fps : fps_source ? fps_source->fps : kDroidFps;
+
+    // Per-frame arrays: state (optional, zeros with a warning) and ground-truth actions (optional).
+    struct PerFrame {
+        fs::path file;
+        int64_t rows = 0;
+    };
+    std::vector<PerFrame> per_frame;
+    int64_t rows = 0;
+    if (fs::is_regular_file(dir / kJointFile, ec)) {
+        ep.joint_position = load_per_frame(dir / kJointFile, kJointDims, rows);
+        ep.has_joint_position = true;
+        per_frame.push_back({dir / kJointFile, rows});
+    }
+    if (fs::is_regular_file(dir / kGripperFile, ec)) {
+        ep.gripper_position = load_per_frame(dir / kGripperFile, kGripperDims, rows);
+        ep.has_gripper_position = true;
+        per_frame.push_back({dir / kGripperFile, rows});
+    }
+    if (fs::is_regular_file(dir / kActionsFile, ec)) {
+        ep.actions = load_per_frame(dir / kActionsFile, kActionDims, rows);
+        per_frame.push_back({dir / kActionsFile, rows});
+    }
+
+    // Lengths: every camera and per-frame array must agree, or be cut to the shortest.
+    int64_t t_min = ep.cameras[0].file_frames;
+    int64_t t_max = t_min;
+    for (const auto& c : ep.cameras) {
+        t_min = std::min(t_min, c.file_frames);
+        t_max = std::max(t_max, c.file_frames);
+    }
+    if (t_min != t_max) {
+        std::string counts;
+        for (const auto& c : ep.cameras)
+            counts += fmt::format("{}{} has {}", counts.empty() ? "" : ", ", c.file.filename().string(), c.file_frames);
+        DZR_CHECK(opt.allow_truncate, "{}: cameras have different frame counts: {} (use --allow-truncate to cut "
+                  "them to the shortest)", dir.string(), counts);
+        ep.warnings.push_back(fmt::format("cameras have different frame counts ({}); truncated to {}", counts, t_min));
+    }
+    const int64_t t_video = t_min;
+    for (const auto& p : per_frame) {
+        if (p.rows == t_video) continue;
+        DZR_CHECK(opt.allow_truncate, "{}: {} rows, but the videos have {} frames (one row per frame expected)",
+                  p.file.string(), p.rows, t_video);
+        t_min = std::min(t_min, p.rows);
+    }
+    for (const auto& p : per_frame)
+        if (p.rows != t_min)
+            ep.warnings.push_back(fmt::format("{} has {} rows; truncated to {}", p.file.filename().string(), p.rows,
+                                              t_min));
+    if (t_min < t_video)
+        ep.warnings.push_back(fmt::format("videos truncated from {} to {} frames to match the per-frame arrays",
+                                          t_video, t_min));
+    ep.num_frames = t_min;
+    DZR_CHECK(ep.num_frames >= opt.min_frames, "{}: {} frames, but one call needs at least {}", dir.string(),
+              ep.num_frames, opt.min_frames);
+
+    for (auto& c : ep.cameras)
+        if (c.file_frames != ep.num_frames) c.frames = Tensor(c.frames.storage(), c.frames.view().slice(0, 0, ep.num_frames));
+    ep.joint_position.resize(size_t(ep.num_frames * kJointDims), 0.0);
+    ep.gripper_position.resize(size_t(ep.num_frames * kGripperDims), 0.0);
+    if (ep.has_actions()) ep.actions.resize(size_t(ep.num_frames * kActionDims));
+    if (!ep.has_joint_position)
+        ep.warnings.push_back(fmt::format("no {}: joint state is all zeros", kJointFile));
+    if (!ep.has_gripper_position)
+        ep.warnings.push_back(fmt::format("no {}: gripper state is all zeros", kGripperFile));
+
+    for (const auto& c : ep.cameras)
+        if (c.width != kDroidWidth || c.height != kDroidHeight)
+            ep.warnings.push_back(fmt::format("{}: frames are {}x{}, not DROID's {}x{}; the model's preprocessing "
+                                              "resizes them with padding", c.file.filename().string(), c.width,
+                                              c.height, kDroidWidth, kDroidHeight));
+    for (const auto& w : ep.warnings) log()->warn("episode {}: {}", ep.name, w);
+    return ep;
+}
+
+bool is_episode_dir(const fs::path& dir) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return false;
+    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) return true;
+    for (auto cam : kCameraNames)
+        for (const char* ext : {".mp4", ".npy"})
+            if (fs::is_regular_file(dir / (std::string(cam) + ext), ec)) return true;
+    return false;
+}
+
+std::vector<fs::path> list_episodes(const fs::path& path) {
+    std::error_code ec;
+    std::vector<fs::path> out;
+    if (fs::is_regular_file(path, ec)) {
+        const std::string text = read_file(path);
+        if (auto bad = find_invalid_utf8(text))
+            DZR_THROW("{}: not valid UTF-8 ({})", path.string(), describe_utf8_error(text, *bad));
+        size_t line_no = 0;
+        size_t pos = 0;
+        while (pos <= text.size()) {
+            size_t end = text.find('\n', pos);
+            if (end == std::string::npos) end = text.size();
+            std::string line = text.substr(pos, end - pos);
+            pos = end + 1;
+            ++line_no;
+            const auto first = line.find_first_not_of(" \t\r");
+            if (first == std::string::npos || line[first] == '#') continue;
+            line = line.substr(first, line.find_last_not_of(" \t\r") - first + 1);
+            fs::path p = fs::path(line).is_absolute() ? fs::path(line) : path.parent_path() / line;
+            DZR_CHECK(fs::is_directory(p, ec), "{}: line {}: {} is not a directory", path.string(), line_no,
+                      p.string());
+            out.push_back(p);
+        }
+        DZR_CHECK(!out.empty(), "{}: the episode list is empty", path.string());
+        return out;
+    }
+    DZR_CHECK(fs::is_directory(path, ec), "{}: no such episode directory or list file", path.string());
+    if (is_episode_dir(path)) return {path};
+    for (const auto& e : fs::directory_iterator(path, ec))
+        if (e.is_directory() && is_episode_dir(e.path())) out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+    DZR_CHECK(!out.empty(), "{}: no episodes found (an episode directory holds {}, {} and {} as .mp4 or .npy, "
+              "and {})", path.string(), kCameraNames[0], kCameraNames[1], kCameraNames[2], kEpisodeYaml);
+    return out;
+}
+
+std::vector<std::string> unique_episode_names(const std::vector<fs::path>& dirs) {
+    std::vector<std::string> names;
+    std::map<std::string, int> seen;
+    std::set<std::string> taken;
+    for (const auto& d : dirs) {
+        std::string base = fs::absolute(d).lexically_normal().filename().string();
+        if (base.empty()) base = fs::absolute(d).lexically_normal().parent_path().filename().string();
+        std::string name = base;
+        for (int k = ++seen[base]; taken.count(name); ++k) name = fmt::format("{}_{}", base, k);
+        taken.insert(name);
+        names.push_back(name);
+    }
+    return names;
+}
+
+}  // namespace dzr::io

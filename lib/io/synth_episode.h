@@ -1,0 +1,47 @@
+#pragma once
+/// Synthetic DROID-like episodes for samples and tests: three camera views of simple moving shapes
+/// driven by smooth joint and gripper trajectories, ground-truth actions consistent with them and a
+/// prompt. Everything derives from the seed through our own generator, so the same options give the
+/// same bytes on every machine (the .mp4 files depend on the local encoder).
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace dzr::io {
+
+/// Encodes uint8 RGB frames [T, H, W, 3] at `fps` into a video file; returns the codec used.
+using VideoWriterFn = std::function<std::string(const std::filesystem::path&, const TensorView&, double)>;
+
+struct SynthOptions {
+    int64_t frames = 100;
+    uint64_t seed = 0;
+    int width = 320;
+    int height = 180;
+    double fps = 15.0;
+    bool write_npy_frames = true;  // <camera>.npy
+    VideoWriterFn write_video;     // <camera>.mp4 when set (apps pass io::write_video_mp4)
+};
+
+struct SynthEpisode {
+    std::vector<Tensor> views;             // 3 x uint8 [T, H, W, 3], in kCameraNames order
+    std::vector<double> joint_position;    // [T, 7]
+    std::vector<double> gripper_position;  // [T, 1]
+    std::vector<double> actions;           // [T, 8]: action[t] = state[t + 1] (the last row repeats)
+    std::string prompt;
+};
+
+/// Generates the episode in memory.
+SynthEpisode make_synth_episode(const SynthOptions& options);
+
+/// Generates and writes an episode directory (created if missing): camera files, joint_position.npy,
+/// gripper_position.npy, actions.npy and episode.yaml. Returns the names of the files written.
+std::vector<std::string> write_synth_episode(const std::filesystem::path& dir, const SynthOptions& options);
+
+/// episode.yaml text with a prompt, an fps and an optional leading comment line.
+std::string episode_yaml_text(const std::string& prompt, double fps, const std::string& comment = {});
+
+}  // namespace dzr::io

@@ -1,0 +1,66 @@
+#include "kv/block_pool.h"
+
+#include "core/error.h"
+#include "kv/kv_config.h"
+
+namespace dzr {
+
+BlockPool::BlockPool(int num_blocks, size_t block_bytes)
+    : num_blocks_(num_blocks), block_bytes_(block_bytes), ring_(size_t(num_blocks > 0 ? num_blocks : 0)),
+      count_(num_blocks), owner_(size_t(num_blocks > 0 ? num_blocks : 0) + 1, 0) {
+    DZR_CHECK(num_blocks >= 1, "kv block pool: needs at least one block, got {}", num_blocks);
+    for (int i = 0; i < num_blocks; ++i) ring_[size_t(i)] = BlockId(i + 1);
+}
+
+uint32_t BlockPool::new_owner() { return next_owner_++; }
+
+void BlockPool::allocate(int n, uint32_t owner, std::vector<BlockId>& out) {
+    DZR_ASSERT(owner != 0 && n >= 0);
+    DZR_CHECK(n <= count_,
+              "kv block pool exhausted: need {} block(s) ({} bytes = {}), but only {} of {} are free ({} bytes = {} "
+              "available)",
+              n, size_t(n) * block_bytes_, format_bytes(size_t(n) * block_bytes_), count_, num_blocks_,
+              size_t(count_) * block_bytes_, format_bytes(size_t(count_) * block_bytes_));
+    for (int i = 0; i < n; ++i) {
+        const BlockId id = ring_[size_t(head_)];
+        head_ = (head_ + 1) % num_blocks_;
+        --count_;
+        owner_[size_t(id)] = owner;
+        out.push_back(id);
+    }
+}
+
+BlockId BlockPool::allocate(uint32_t owner) {
+    std::vector<BlockId> one;
+    allocate(1, owner, one);
+    return one[0];
+}
+
+void BlockPool::check_id(BlockId id, const char* what) const {
+    DZR_CHECK(id != kNullBlockId, "kv block pool: {} block 0, the null block, which is never allocated", what);
+    DZR_CHECK(id >= 1 && id <= num_blocks_, "kv block pool: {} block {}, which is not in this pool (ids 1..{})", what,
+              id, num_blocks_);
+}
+
+void BlockPool::free(BlockId id, uint32_t owner) {
+    check_id(id, "freeing");
+    const uint32_t held_by = owner_[size_t(id)];
+    DZR_CHECK(held_by != 0, "kv block pool: block {} freed twice (it is already free)", id);
+    DZR_CHECK(held_by == owner, "kv block pool: block {} belongs to block table #{}, not to #{} which freed it", id,
+              held_by, owner);
+    owner_[size_t(id)] = 0;
+    ring_[size_t((head_ + count_) % num_blocks_)] = id;
+    ++count_;
+}
+
+bool BlockPool::is_free(BlockId id) const {
+    check_id(id, "asking about");
+    return owner_[size_t(id)] == 0;
+}
+
+uint32_t BlockPool::owner_of(BlockId id) const {
+    check_id(id, "asking about");
+    return owner_[size_t(id)];
+}
+
+}  // namespace dzr

@@ -1,0 +1,164 @@
+#include "kv/block_table.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dzr {
+
+BlockTable::BlockTable(BlockPool& pool, const KvGeometry& geometry, const KvConfig& config, std::string name)
+    : pool_(pool), geometry_(geometry), config_(config), limits_(kv_limits(geometry, config)), name_(std::move(name)),
+      owner_(pool.new_owner()) {
+    window_first_logical_ = limits_.sink_blocks;
+    table_.assign(size_t(limits_.table_width), kNullBlockId);
+}
+
+BlockTable::~BlockTable() { release(); }
+
+int64_t BlockTable::num_logical_blocks() const { return (num_tokens_ + limits_.block_tokens - 1) / limits_.block_tokens; }
+
+BlockId BlockTable::block_of_logical(int64_t logical) const {
+    const int64_t sink = limits_.sink_blocks;
+    if (logical < sink) return resident_[size_t(logical)];
+    DZR_ASSERT(logical >= window_first_logical_);
+    return resident_[size_t(sink + logical - window_first_logical_)];
+}
+
+void BlockTable::begin(int64_t video_tokens, int64_t register_tokens, bool commit) {
+    const int64_t tpf = geometry_.tokens_per_frame;
+    const int64_t bs = limits_.block_tokens;
+    DZR_CHECK(!in_forward_,
+              "kv {}: a new forward began while the previous {} forward ({} video tokens) was neither committed nor "
+              "aborted",
+              name_, commit_ ? "committing" : "denoise", video_tokens_);
+    DZR_CHECK(video_tokens >= 0 && register_tokens >= 0 && video_tokens % tpf == 0,
+              "kv {}: {} video tokens is not a whole number of {}-token frames (register tokens {})", name_,
+              video_tokens, tpf, register_tokens);
+    DZR_CHECK(video_tokens + register_tokens <= limits_.scratch_tokens &&
+                  video_tokens <= geometry_.max_current_video_frames() * tpf,
+              "kv {}: a forward of {} video + {} register tokens exceeds the scratch of {} tokens ({} video frames + "
+              "{} register tokens)",
+              name_, video_tokens, register_tokens, limits_.scratch_tokens, geometry_.max_current_video_frames(),
+              geometry_.register_tokens);
+    DZR_CHECK(!commit || video_tokens > 0, "kv {}: a committing forward needs video tokens", name_);
+
+    const int64_t window_tokens = int64_t(config_.window_frames) * tpf;
+    std::vector<BlockId> visible;
+    int64_t visible_tokens = 0;
+    int evict = 0;
+    if (config_.reset_at_boundary) {
+        DZR_CHECK(num_tokens_ + video_tokens <= window_tokens,
+                  "kv {}: {} history + {} current tokens exceed the {}-frame window ({} tokens); with "
+                  "kv.reset_at_boundary the window must be reset first",
+                  name_, num_tokens_, video_tokens, config_.window_frames, window_tokens);
+        DZR_CHECK(!commit || num_tokens_ + video_tokens <= limits_.max_committed_tokens,
+                  "kv {}: committing {} tokens onto {} would exceed {} committed tokens (window {} - chunk {} "
+                  "frames); with kv.reset_at_boundary the window must be reset first",
+                  name_, video_tokens, num_tokens_, limits_.max_committed_tokens, config_.window_frames,
+                  geometry_.chunk_frames);
+        visible = resident_;
+        visible_tokens = num_tokens_;
+    } else {
+        DZR_CHECK(video_tokens % bs == 0, "kv {}: {} video tokens is not a whole number of {}-token blocks", name_,
+                  video_tokens, bs);
+        const int64_t sink_tokens = int64_t(config_.sink_frames) * tpf;
+        const int64_t limit = int64_t(config_.sink_frames) * tpf + window_tokens - video_tokens;
+        if (num_tokens_ <= limit) {
+            visible = resident_;
+            visible_tokens = num_tokens_;
+        } else {
+            const int sink = limits_.sink_blocks;
+            const int window_blocks = int((limit - sink_tokens) / bs);
+            const int resident_window = int(resident_.size()) - sink;
+            DZR_ASSERT(window_blocks <= resident_window);
+            visible.assign(resident_.begin(), resident_.begin() + sink);
+            visible.insert(visible.end(), resident_.end() - window_blocks, resident_.end());
+            visible_tokens = int64_t(sink + window_blocks) * bs;
+            // NOTE: blocks this committing forward cannot see are never visible again (later forwards see at
+            // most window - 1 frames before their own), so they are evicted before allocating: oldest first.
+            if (commit) evict = resident_window - window_blocks;
+        }
+    }
+    DZR_ASSERT(int(visible.size()) <= limits_.table_width);
+
+    const int64_t logical_now = num_logical_blocks();
+    const int64_t logical_after = commit ? (num_tokens_ + video_tokens + bs - 1) / bs : logical_now;
+    const int need = int(logical_after - logical_now);
+    DZR_ASSERT(int(resident_.size()) - evict + need <= limits_.max_blocks_per_branch);
+    // NOTE: evict before allocating, so a pool sized for one session (resident + pending <= the branch's
+    // maximum) suffices. The evicted blocks are invisible to every later forward, so a failed allocation
+    // below loses nothing.
+    for (int i = 0; i < evict; ++i) {
+        const auto it = resident_.begin() + limits_.sink_blocks;
+        pool_.free(*it, owner_);
+        resident_.erase(it);
+        ++window_first_logical_;
+    }
+    std::vector<BlockId> fresh;
+    pool_.allocate(need, owner_, fresh);
+    pending_ = std::move(fresh);
+    in_forward_ = true;
+    commit_ = commit;
+    video_tokens_ = video_tokens;
+    register_tokens_ = register_tokens;
+
+    std::fill(table_.begin(), table_.end(), kNullBlockId);
+    std::copy(visible.begin(), visible.end(), table_.begin());
+    num_table_blocks_ = int(visible.size());
+    seq_len_ = visible_tokens;
+
+    slots_.assign(size_t(video_tokens + register_tokens), kPadSlot);
+    if (commit) {
+        for (int64_t i = 0; i < video_tokens; ++i) {
+            const int64_t p = num_tokens_ + i;
+            const int64_t logical = p / bs;
+            const BlockId block = logical < logical_now ? block_of_logical(logical)
+                                                        : pending_[size_t(logical - logical_now)];
+            slots_[size_t(i)] = int64_t(block) * bs + p % bs;
+        }
+    }
+}
+
+void BlockTable::commit() {
+    DZR_CHECK(in_forward_, "kv {}: commit without an open forward", name_);
+    if (commit_) {
+        resident_.insert(resident_.end(), pending_.begin(), pending_.end());
+        num_tokens_ += video_tokens_;
+    }
+    pending_.clear();
+    in_forward_ = false;
+    commit_ = false;
+}
+
+void BlockTable::abort() noexcept {
+    for (BlockId id : pending_) {
+        try {
+            pool_.free(id, owner_);
+        } catch (...) {
+            // NOTE: only a corrupted pool can refuse its own pending blocks; abort must not throw.
+        }
+    }
+    pending_.clear();
+    in_forward_ = false;
+    commit_ = false;
+}
+
+void BlockTable::release() noexcept {
+    abort();
+    for (BlockId id : resident_) {
+        try {
+            pool_.free(id, owner_);
+        } catch (...) {
+            // NOTE: as in abort(): release runs in destructors and failure paths and must not throw.
+        }
+    }
+    resident_.clear();
+    num_tokens_ = 0;
+    window_first_logical_ = limits_.sink_blocks;
+    std::fill(table_.begin(), table_.end(), kNullBlockId);
+    num_table_blocks_ = 0;
+    seq_len_ = 0;
+    slots_.clear();
+}
+
+}  // namespace dzr

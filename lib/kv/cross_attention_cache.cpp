@@ -1,0 +1,65 @@
+#include "kv/cross_attention_cache.h"
+
+#include "core/error.h"
+
+namespace dzr {
+
+std::string_view cross_kind_name(CrossKind kind) { return kind == CrossKind::Text ? "text" : "image"; }
+
+CrossAttentionCache::CrossAttentionCache(std::string name, int num_layers, int tokens, int heads, int head_dim,
+                                         DType dtype, Backend* storage)
+    : name_(std::move(name)), num_layers_(num_layers), tokens_(tokens), heads_(heads), head_dim_(head_dim),
+      dtype_(dtype) {
+    if (storage) {
+        k_ = storage->alloc(Shape{num_layers, tokens, heads, head_dim}, dtype);
+        v_ = storage->alloc(Shape{num_layers, tokens, heads, head_dim}, dtype);
+    }
+}
+
+void CrossAttentionCache::populate(Backend* be, std::span<const LayerKv> layers) {
+    DZR_CHECK(int(layers.size()) == num_layers_, "kv cross cache {}: got {} layers of K/V, expected {}", name_,
+              layers.size(), num_layers_);
+    const Shape want{tokens_, heads_, head_dim_};
+    for (size_t l = 0; l < layers.size(); ++l) {
+        for (const auto& [t, which] : {std::pair{&layers[l].k, "k"}, std::pair{&layers[l].v, "v"}}) {
+            DZR_CHECK(t->defined() && t->shape == want && dtype_is_float(t->dtype),
+                      "kv cross cache {}: layer {} {} is {}, expected a float tensor of shape {}", name_, l, which,
+                      t->defined() ? t->str() : std::string("absent"), want.str());
+            if (k_.defined())
+                DZR_CHECK(t->device == k_.device(), "kv cross cache {}: layer {} {} is on {}, the cache is on {}",
+                          name_, l, which, t->device.str(), k_.device().str());
+        }
+    }
+    if (k_.defined()) {
+        DZR_CHECK(be != nullptr, "kv cross cache {}: populating its storage needs a backend", name_);
+        // NOTE: every input is checked above, so a failure below is a device fault; the cache is then empty
+        // rather than a mix of old and new layers.
+        populated_ = false;
+        for (int l = 0; l < num_layers_; ++l) {
+            be->copy(layers[size_t(l)].k, layer_view(k_, l));
+            be->copy(layers[size_t(l)].v, layer_view(v_, l));
+        }
+    }
+    populated_ = true;
+    ++generation_;
+}
+
+TensorView CrossAttentionCache::layer_view(const Tensor& t, int layer) const {
+    DZR_CHECK(layer >= 0 && layer < num_layers_, "kv cross cache {}: layer {} out of range [0, {})", name_, layer,
+              num_layers_);
+    if (!t.defined()) return TensorView(nullptr, dtype_, Shape{tokens_, heads_, head_dim_});
+    // [layers, tokens, H, D] -> [tokens, H, D] of one layer
+    return t.view().slice(0, layer, 1).reshape(Shape{tokens_, heads_, head_dim_});
+}
+
+TensorView CrossAttentionCache::k(int layer) const {
+    DZR_CHECK(populated_, "kv cross cache {}: read (layer {} k) before it was populated", name_, layer);
+    return layer_view(k_, layer);
+}
+
+TensorView CrossAttentionCache::v(int layer) const {
+    DZR_CHECK(populated_, "kv cross cache {}: read (layer {} v) before it was populated", name_, layer);
+    return layer_view(v_, layer);
+}
+
+}  // namespace dzr

@@ -1,0 +1,60 @@
+#pragma once
+/// Cross-attention K/V of one context (text 512 or image 257 tokens) for one CFG branch: per layer a K
+/// and a V of [tokens, heads, head_dim]. They depend only on the branch's context, so they are computed
+/// once per prompt (text) or per window (image) and read by every denoising step.
+///
+/// Population is transactional: every layer's K and V are checked (layer count, shapes, dtypes, device)
+/// before anything is written, so a bad input leaves the previous cache intact; if a copy fails midway the
+/// cache becomes empty (all layers or nothing). Reading an empty cache is an error.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "backend/backend.h"
+
+namespace dzr {
+
+enum class CrossKind : uint8_t { Text, Image };
+std::string_view cross_kind_name(CrossKind kind);
+
+/// One layer's projected context: k and v [tokens, heads, head_dim].
+struct LayerKv {
+    TensorView k;
+    TensorView v;
+};
+
+class CrossAttentionCache {
+public:
+    /// Storage [layers, tokens, heads, head_dim] for K and V is allocated on `storage` when given;
+    /// without it the cache only checks and records population (bookkeeping mode).
+    CrossAttentionCache(std::string name, int num_layers, int tokens, int heads, int head_dim, DType dtype,
+                        Backend* storage);
+
+    const std::string& name() const { return name_; }
+    int tokens() const { return tokens_; }
+
+    /// Copies `layers` (exactly num_layers entries) into the cache through `be` (needed when the cache has
+    /// storage); all or nothing.
+    void populate(Backend* be, std::span<const LayerKv> layers);
+    bool populated() const { return populated_; }
+    /// Incremented by every successful populate (lets a reader notice a refresh).
+    uint64_t generation() const { return generation_; }
+    void drop() { populated_ = false; }
+
+    /// K and V of `layer`: [tokens, heads, head_dim]. Throws before populate.
+    TensorView k(int layer) const;
+    TensorView v(int layer) const;
+
+private:
+    TensorView layer_view(const Tensor& t, int layer) const;
+
+    std::string name_;
+    int num_layers_ = 0, tokens_ = 0, heads_ = 0, head_dim_ = 0;
+    DType dtype_ = DType::F32;
+    Tensor k_, v_;
+    bool populated_ = false;
+    uint64_t generation_ = 0;
+};
+
+}  // namespace dzr

@@ -1,0 +1,224 @@
+#include "kv/kv_cache_manager.h"
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dzr {
+
+namespace {
+
+std::string branch_label(int branch, int num_branches) {
+    if (num_branches == 2) return branch == KvSession::kPositive ? "positive" : "negative";
+    return fmt::format("#{}", branch);
+}
+
+}  // namespace
+
+// ---- KvCacheManager -----------------------------------------------------------------------------
+
+KvCacheManager::KvCacheManager(const KvGeometry& geometry, const KvConfig& config, size_t budget_bytes,
+                               Backend* storage)
+    : KvCacheManager(geometry, config, plan_kv_memory(geometry, config, budget_bytes), storage) {}
+
+KvCacheManager::KvCacheManager(const KvGeometry& geometry, const KvConfig& config, const KvMemoryPlan& plan,
+                               Backend* storage)
+    : geometry_(geometry), config_(config), plan_(plan), storage_(storage), pool_(plan.num_blocks, plan.block_bytes) {
+    config_.validate(geometry_);
+    init();
+}
+
+KvCacheManager::~KvCacheManager() {
+    // NOTE: a session that outlives its manager must not free into a destroyed pool: close it now, so its
+    // own destructor finds nothing left to release.
+    if (open_) open_->close();
+}
+
+void KvCacheManager::init() {
+    const int64_t heads = geometry_.num_kv_heads, hd = geometry_.head_dim;
+    if (storage_) {
+        const Shape pool_shape{geometry_.num_layers, plan_.total_block_ids(), plan_.limits.block_tokens, heads, hd};
+        pool_k_ = storage_->alloc(pool_shape, geometry_.dtype);
+        pool_v_ = storage_->alloc(pool_shape, geometry_.dtype);
+        const Shape scratch_shape{geometry_.num_branches, plan_.limits.scratch_tokens, heads, hd};
+        scratch_k_ = storage_->alloc(scratch_shape, geometry_.dtype);
+        scratch_v_ = storage_->alloc(scratch_shape, geometry_.dtype);
+    }
+    for (int b = 0; b < geometry_.num_branches; ++b) {
+        for (CrossKind kind : {CrossKind::Text, CrossKind::Image}) {
+            const int tokens = kind == CrossKind::Text ? geometry_.text_tokens : geometry_.image_tokens;
+            cross_.push_back(std::make_unique<CrossAttentionCache>(
+                fmt::format("{} {}", branch_label(b, geometry_.num_branches), cross_kind_name(kind)), geometry_.num_layers, tokens, int(heads),
+                int(hd), geometry_.dtype, storage_));
+        }
+    }
+    log()->debug("{}", plan_.summary());
+}
+
+std::unique_ptr<KvSession> KvCacheManager::open_session(const std::string& name) {
+    DZR_CHECK(open_ == nullptr,
+              "kv cache: cannot open session '{}' while session '{}' is open (the cache holds one session; close "
+              "it first)",
+              name, open_ ? open_->name() : std::string());
+    std::unique_ptr<KvSession> s(new KvSession(*this, name));
+    open_ = s.get();
+    return s;
+}
+
+TensorView KvCacheManager::layer_rows(const Tensor& t, int layer) const {
+    DZR_CHECK(layer >= 0 && layer < geometry_.num_layers, "kv cache: layer {} out of range [0, {})", layer,
+              geometry_.num_layers);
+    const Shape rows{int64_t(plan_.total_block_ids()) * plan_.limits.block_tokens, geometry_.num_kv_heads,
+                     geometry_.head_dim};
+    if (!t.defined()) return TensorView(nullptr, geometry_.dtype, rows);
+    // [layers, block ids, block_tokens, H, D] -> [block ids * block_tokens, H, D] of one layer
+    return t.view().slice(0, layer, 1).reshape(rows);
+}
+
+TensorView KvCacheManager::branch_rows(const Tensor& t, int branch) const {
+    DZR_CHECK(branch >= 0 && branch < geometry_.num_branches, "kv cache: branch {} out of range [0, {})", branch,
+              geometry_.num_branches);
+    const Shape rows{plan_.limits.scratch_tokens, geometry_.num_kv_heads, geometry_.head_dim};
+    if (!t.defined()) return TensorView(nullptr, geometry_.dtype, rows);
+    // [branches, scratch_tokens, H, D] -> [scratch_tokens, H, D] of one branch
+    return t.view().slice(0, branch, 1).reshape(rows);
+}
+
+TensorView KvCacheManager::pool_k(int layer) const { return layer_rows(pool_k_, layer); }
+TensorView KvCacheManager::pool_v(int layer) const { return layer_rows(pool_v_, layer); }
+TensorView KvCacheManager::scratch_k(int branch) const { return branch_rows(scratch_k_, branch); }
+TensorView KvCacheManager::scratch_v(int branch) const { return branch_rows(scratch_v_, branch); }
+
+CrossAttentionCache& KvCacheManager::cross(int branch, CrossKind kind) {
+    DZR_ASSERT(branch >= 0 && branch < geometry_.num_branches);
+    return *cross_[size_t(branch * 2 + (kind == CrossKind::Text ? 0 : 1))];
+}
+
+// ---- KvSession ----------------------------------------------------------------------------------
+
+KvSession::KvSession(KvCacheManager& manager, std::string name) : manager_(manager), name_(std::move(name)) {
+    for (int b = 0; b < manager_.geometry().num_branches; ++b)
+        tables_.push_back(std::make_unique<BlockTable>(manager_.pool(), manager_.geometry(), manager_.config(),
+                                                       fmt::format("session '{}' branch {}", name_, branch_name(b))));
+}
+
+KvSession::~KvSession() { close(); }
+
+std::string KvSession::branch_name(int branch) const {
+    return branch_label(branch, manager_.geometry().num_branches);
+}
+
+void KvSession::check_usable(const char* what) const {
+    DZR_CHECK(!closed_, "kv session '{}' is closed ({})", name_, what);
+    DZR_CHECK(!failed_, "kv session '{}' was aborted after a failed forward; reset it before {}", name_, what);
+}
+
+void KvSession::check_branch(int branch) const {
+    DZR_CHECK(branch >= 0 && branch < num_branches(), "kv session '{}': branch {} out of range [0, {})", name_,
+              branch, num_branches());
+}
+
+void KvSession::begin_forward(int branch, const KvForwardSpec& spec) {
+    check_usable("begin_forward");
+    check_branch(branch);
+    const int64_t tpf = manager_.geometry().tokens_per_frame;
+    tables_[size_t(branch)]->begin(int64_t(spec.video_frames) * tpf, spec.register_tokens, spec.commit);
+}
+
+void KvSession::commit(int branch) {
+    check_usable("commit");
+    check_branch(branch);
+    tables_[size_t(branch)]->commit();
+}
+
+void KvSession::abort() noexcept {
+    if (closed_) return;
+    for (auto& t : tables_) t->release();
+    for (int b = 0; b < num_branches(); ++b) {
+        manager_.cross(b, CrossKind::Text).drop();
+        manager_.cross(b, CrossKind::Image).drop();
+    }
+    failed_ = true;
+}
+
+void KvSession::reset(const KvResetOptions& options) {
+    DZR_CHECK(!closed_, "kv session '{}' is closed (reset)", name_);
+    for (auto& t : tables_) t->release();
+    for (int b = 0; b < num_branches(); ++b) {
+        if (!options.keep_text) manager_.cross(b, CrossKind::Text).drop();
+        if (!options.keep_image) manager_.cross(b, CrossKind::Image).drop();
+    }
+    failed_ = false;
+}
+
+void KvSession::close() noexcept {
+    if (closed_) return;
+    for (auto& t : tables_) t->release();
+    for (int b = 0; b < num_branches(); ++b) {
+        manager_.cross(b, CrossKind::Text).drop();
+        manager_.cross(b, CrossKind::Image).drop();
+    }
+    closed_ = true;
+    if (manager_.open_ == this) manager_.open_ = nullptr;
+}
+
+void KvSession::populate_cross(int branch, CrossKind kind, std::span<const LayerKv> layers) {
+    check_usable("populate_cross");
+    check_branch(branch);
+    manager_.cross(branch, kind).populate(manager_.storage_backend(), layers);
+}
+
+const CrossAttentionCache& KvSession::cross(int branch, CrossKind kind) const {
+    DZR_CHECK(!closed_, "kv session '{}' is closed (cross {})", name_, cross_kind_name(kind));
+    check_branch(branch);
+    return manager_.cross(branch, kind);
+}
+
+const BlockTable& KvSession::table(int branch) const {
+    check_branch(branch);
+    return *tables_[size_t(branch)];
+}
+
+PagedKvView KvSession::history_view(int branch) const {
+    const BlockTable& t = table(branch);
+    DZR_CHECK(t.in_forward(), "kv session '{}' branch {}: history_view outside a forward", name_, branch_name(branch));
+    const KvGeometry& g = manager_.geometry();
+    const TensorView k = manager_.pool_k(0), v = manager_.pool_v(0);
+    PagedKvView view{};
+    view.k_base = k.data;
+    view.v_base = v.data;
+    view.dtype = g.dtype;
+    view.num_heads = g.num_kv_heads;
+    view.head_dim = g.head_dim;
+    view.block_size = int32_t(t.block_tokens());
+    view.head_stride = g.head_dim;
+    view.token_stride = int64_t(g.num_kv_heads) * g.head_dim;
+    view.block_stride = view.token_stride * t.block_tokens();
+    view.layer_stride = view.block_stride * manager_.plan().total_block_ids();
+    view.block_table = t.padded_table().data();
+    view.table_width = int32_t(t.padded_table().size());
+    view.num_table_blocks = t.num_table_blocks();
+    view.seq_len = t.seq_len();
+    return view;
+}
+
+ContiguousKvView KvSession::scratch_view(int branch, int64_t tokens) const {
+    check_branch(branch);
+    const KvGeometry& g = manager_.geometry();
+    DZR_CHECK(tokens >= 0 && tokens <= manager_.limits().scratch_tokens,
+              "kv session '{}': {} current tokens exceed the scratch of {}", name_, tokens,
+              manager_.limits().scratch_tokens);
+    const TensorView k = manager_.scratch_k(branch), v = manager_.scratch_v(branch);
+    ContiguousKvView view{};
+    view.k_base = k.data;
+    view.v_base = v.data;
+    view.dtype = g.dtype;
+    view.num_heads = g.num_kv_heads;
+    view.head_dim = g.head_dim;
+    view.layer_stride = 0;
+    view.token_stride = int64_t(g.num_kv_heads) * g.head_dim;
+    view.head_stride = g.head_dim;
+    view.length = tokens;
+    return view;
+}
+
+}  // namespace dzr

@@ -1,0 +1,176 @@
+#pragma once
+/// The paged KV cache: one block pool, the pool storage (K and V per layer), a scratch per CFG branch and
+/// the cross-attention caches, all allocated once at load; and the sessions that use them.
+///
+/// A session (one rollout; one at a time, the warm-up included) has a BlockTable per CFG branch and the
+/// branch's cross caches. Per forward of one branch:
+///
+///     begin_forward(branch, spec)   allocate (committing forwards) + slot mapping + padded block table
+///     attend per layer               write current K/V to the scratch (and to the slots), attend
+///     commit(branch)                 the staged video K/V become history (denoise: nothing to commit)
+///
+/// A failed forward calls abort(): the session releases every block and cross cache it holds (fail
+/// closed) and refuses further forwards until reset(). reset() drops the self-attention history, keeping
+/// the cross caches it is told to keep; close() releases everything, and the session object's destructor
+/// closes it. Block metadata lives on the host; kernels get plain views (kv_view.h).
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "kv/cross_attention_cache.h"
+#include "kv/kv_config.h"
+#include "kv/kv_sizing.h"
+#include "kv/kv_view.h"
+
+namespace dzr {
+
+/// Which cross caches survive a reset. A window reset keeps the text; a full reset keeps nothing.
+struct KvResetOptions {
+    bool keep_text = false;
+    bool keep_image = false;
+};
+
+class KvSession;
+
+class KvCacheManager {
+public:
+    /// Sizes the cache for `budget_bytes` (plan_kv_memory) and, when `storage` is given, allocates the pool,
+    /// scratch and cross caches on it. Without storage it keeps the bookkeeping only (views carry null data).
+    KvCacheManager(const KvGeometry& geometry, const KvConfig& config, size_t budget_bytes,
+                   Backend* storage = nullptr);
+    /// Same with a ready plan (its num_blocks is taken as given).
+    KvCacheManager(const KvGeometry& geometry, const KvConfig& config, const KvMemoryPlan& plan,
+                   Backend* storage = nullptr);
+    ~KvCacheManager();
+    KvCacheManager(const KvCacheManager&) = delete;
+    KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+    const KvGeometry& geometry() const { return geometry_; }
+    const KvConfig& config() const { return config_; }
+    const KvMemoryPlan& plan() const { return plan_; }
+    const KvLimits& limits() const { return plan_.limits; }
+    BlockPool& pool() { return pool_; }
+    const BlockPool& pool() const { return pool_; }
+    bool has_storage() const { return storage_ != nullptr; }
+    Backend* storage_backend() const { return storage_; }
+
+    /// Opens a session. Only one may be open at a time (the cross caches are sized for one); the returned
+    /// object closes itself when destroyed and must not outlive the manager.
+    std::unique_ptr<KvSession> open_session(const std::string& name);
+    bool session_open() const { return open_ != nullptr; }
+
+    /// Pool rows of one layer, [block ids * block_tokens, H, D]: row = slot. Null data without storage.
+    TensorView pool_k(int layer) const;
+    TensorView pool_v(int layer) const;
+    /// A branch's scratch rows, [scratch_tokens, H, D] (one layer at a time).
+    TensorView scratch_k(int branch) const;
+    TensorView scratch_v(int branch) const;
+
+private:
+    friend class KvSession;
+    void init();
+    TensorView layer_rows(const Tensor& t, int layer) const;
+    TensorView branch_rows(const Tensor& t, int branch) const;
+    CrossAttentionCache& cross(int branch, CrossKind kind);
+
+    KvGeometry geometry_;
+    KvConfig config_;
+    KvMemoryPlan plan_;
+    Backend* storage_ = nullptr;
+    BlockPool pool_;
+    Tensor pool_k_, pool_v_;        // [layers, block ids, block_tokens, H, D]
+    Tensor scratch_k_, scratch_v_;  // [branches, scratch_tokens, H, D]
+    std::vector<std::unique_ptr<CrossAttentionCache>> cross_;  // [branch][text, image]
+    KvSession* open_ = nullptr;
+};
+
+class KvSession {
+public:
+    ~KvSession();
+    KvSession(const KvSession&) = delete;
+    KvSession& operator=(const KvSession&) = delete;
+
+    static constexpr int kPositive = 0;
+    static constexpr int kNegative = 1;
+
+    const std::string& name() const { return name_; }
+    int num_branches() const { return int(tables_.size()); }
+    KvCacheManager& manager() { return manager_; }
+    const KvGeometry& geometry() const { return manager_.geometry(); }
+
+    // ---- forwards ------------------------------------------------------------------------------
+    /// Opens a forward on `branch` (see BlockTable::begin). Throws when the session is closed or failed,
+    /// when the branch already has an open forward (pending-commit guard), or when the pool is exhausted.
+    void begin_forward(int branch, const KvForwardSpec& spec);
+    /// Ends the branch's forward; a committing forward's video K/V become history.
+    void commit(int branch);
+    /// A forward failed: release every block (pending and committed) and cross cache of every branch. The
+    /// session refuses forwards until reset(). Never throws.
+    void abort() noexcept;
+    bool failed() const { return failed_; }
+
+    // ---- lifetime ------------------------------------------------------------------------------
+    /// Drops the self-attention history of every branch (and any open forward) and the cross caches not
+    /// kept; clears a failed state. The session is reusable at once.
+    void reset(const KvResetOptions& options = {});
+    /// DreamZero's window reset (csf >= local_attn_size): history dropped, text cross cache kept.
+    void reset_window() { reset({.keep_text = true, .keep_image = false}); }
+    /// Releases everything; idempotent. Later calls throw "session ... is closed".
+    void close() noexcept;
+    bool closed() const { return closed_; }
+
+    // ---- cross-attention caches -----------------------------------------------------------------
+    void populate_cross(int branch, CrossKind kind, std::span<const LayerKv> layers);
+    const CrossAttentionCache& cross(int branch, CrossKind kind) const;
+
+    // ---- views for the open forward -------------------------------------------------------------
+    const BlockTable& table(int branch) const;
+    /// The branch's visible history through its padded block table (needs an open forward). Its
+    /// slot_offset() also addresses the pool slots a committing forward writes.
+    PagedKvView history_view(int branch) const;
+    /// The branch's scratch holding `tokens` current rows (layer_stride 0: one layer at a time).
+    ContiguousKvView scratch_view(int branch, int64_t tokens) const;
+    std::string branch_name(int branch) const;
+
+private:
+    friend class KvCacheManager;
+    KvSession(KvCacheManager& manager, std::string name);
+    void check_usable(const char* what) const;
+    void check_branch(int branch) const;
+
+    KvCacheManager& manager_;
+    std::string name_;
+    std::vector<std::unique_ptr<BlockTable>> tables_;
+    bool closed_ = false;
+    bool failed_ = false;
+};
+
+/// One forward of one branch, failing closed: begins on construction; commit() ends it; destroyed without
+/// commit (an exception left the forward) it aborts the session, releasing every block it held.
+class KvForwardScope {
+public:
+    KvForwardScope(KvSession& session, int branch, const KvForwardSpec& spec) : session_(session), branch_(branch) {
+        session_.begin_forward(branch_, spec);
+    }
+    ~KvForwardScope() {
+        if (!done_) session_.abort();
+    }
+    KvForwardScope(const KvForwardScope&) = delete;
+    KvForwardScope& operator=(const KvForwardScope&) = delete;
+
+    void commit() {
+        session_.commit(branch_);
+        done_ = true;
+    }
+
+private:
+    KvSession& session_;
+    int branch_ = 0;
+    bool done_ = false;
+};
+
+}  // namespace dzr

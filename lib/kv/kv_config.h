@@ -1,0 +1,112 @@
+#pragma once
+/// KV-cache settings (the `kv:` section of a run config) and the geometry they apply to (read from the
+/// model). KvLimits derives the window policy's fixed sizes from both: how many blocks one CFG branch
+/// can hold, the padded block-table width, the scratch rows. See docs/KV_CACHE.md.
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace YAML {
+class Node;
+}
+
+namespace dzr {
+
+struct ModelConfig;
+
+/// What the model puts in the cache. Defaults are DreamZero-DROID (dreamzero-reference.md §1.5, §5.1).
+struct KvGeometry {
+    int num_layers = 40;
+    int num_kv_heads = 40;
+    int head_dim = 128;
+    int tokens_per_frame = 880;  // 22 x 40 patches of one latent frame
+    int chunk_frames = 2;        // latent frames of a commit or denoise forward (num_frame_per_block)
+    int prefill_frames = 1;      // latent frames of a window's first (prefill) forward
+    int register_tokens = 25;    // action + state tokens of a denoise forward; never cached
+    int text_tokens = 512;       // cross-attention context lengths
+    int image_tokens = 257;
+    int num_branches = 2;        // CFG branches held on this device (positive, negative)
+    DType dtype = DType::BF16;   // element type of the pool, scratch and cross caches
+
+    /// Geometry of `model`'s DiT (layers, heads, frame tokens, register tokens, context lengths).
+    static KvGeometry from_model(const ModelConfig& model, DType dtype, int num_branches = 2);
+
+    /// Bytes of one token's K (or V) row in one layer: heads * head_dim * dtype.
+    size_t row_bytes() const { return size_t(num_kv_heads) * size_t(head_dim) * dtype_size(dtype); }
+    /// Bytes of one token's K and V across every layer.
+    size_t token_bytes() const { return 2 * row_bytes() * size_t(num_layers); }
+    int64_t max_current_video_frames() const { return chunk_frames > prefill_frames ? chunk_frames : prefill_frames; }
+
+    /// Throws dzr::Error naming the first non-positive field.
+    void validate() const;
+};
+
+/// What one forward puts through the cache.
+struct KvForwardSpec {
+    bool commit = false;          // prefill or commit: the video K/V become history at commit()
+    int video_frames = 0;         // current latent frames
+    int register_tokens = 0;      // action + state tokens (denoise); never cached
+
+    static KvForwardSpec prefill(const KvGeometry& g) { return {true, g.prefill_frames, 0}; }
+    static KvForwardSpec commit_chunk(const KvGeometry& g) { return {true, g.chunk_frames, 0}; }
+    static KvForwardSpec denoise(const KvGeometry& g) { return {false, g.chunk_frames, g.register_tokens}; }
+};
+
+/// How much memory the KV cache may take.
+enum class KvBudgetKind : uint8_t {
+    Auto,      // exactly one session (both CFG branches), see plan_kv_memory
+    Bytes,     // a fixed number of bytes
+    Fraction,  // a fraction of the device's free memory, measured after the model is loaded
+};
+
+struct KvBudget {
+    KvBudgetKind kind = KvBudgetKind::Auto;
+    uint64_t bytes = 0;
+    double fraction = 0.0;
+
+    /// "auto", "12.5 GiB (13421772800 bytes)", "40% of free memory".
+    std::string str() const;
+};
+
+/// Parses "auto", a byte count ("13421772800", "12.5GiB", "800 MiB", "2GB"), or a fraction of free
+/// device memory ("40%", "0.4"). Throws dzr::Error quoting the text otherwise.
+KvBudget parse_kv_budget(const std::string& text);
+
+/// The `kv:` section of a run config.
+struct KvConfig {
+    int window_frames = 9;        // visible video frames (history + current): local_attn_size
+    int sink_frames = 0;          // leading frames sliding eviction never drops
+    int frames_per_block = 1;     // latent frames per KV block
+    KvBudget memory_budget;       // "auto" by default
+    bool reset_at_boundary = true;  // the owner resets the window (DreamZero's csf >= 9 rule); no sliding
+
+    /// Throws dzr::Error for an inconsistent setting, naming the `kv.` key, its value and the rule.
+    void validate(const KvGeometry& geometry) const;
+};
+
+/// Reads a `kv:` YAML map; absent keys keep their defaults, unknown keys are an error.
+/// Does not validate against a geometry (call KvConfig::validate once the model is known).
+KvConfig parse_kv_config(const YAML::Node& kv);
+
+/// Fixed sizes that follow from a geometry and a config (pure arithmetic, no state).
+struct KvLimits {
+    int64_t block_tokens = 0;         // tokens per block = frames_per_block * tokens_per_frame
+    int sink_blocks = 0;              // leading blocks kept by sliding eviction
+    int max_blocks_per_branch = 0;    // most blocks one branch holds at once (history + pending commit)
+    int table_width = 0;              // padded block-table width: most visible history blocks
+    int64_t max_committed_tokens = 0; // reset_at_boundary: most committed tokens (history + pending)
+    int64_t scratch_tokens = 0;       // per-branch scratch rows: largest current video + register tokens
+    int64_t max_history_tokens = 0;   // most visible history tokens of one forward
+};
+
+/// Window policy. With reset_at_boundary the owner resets before the window overflows, so a branch holds
+/// at most (window - chunk) frames (DreamZero: 1, 3, 5, 7, then reset) and a forward sees all of them.
+/// Without it, sliding eviction keeps the sink blocks plus the newest blocks such that history + current
+/// <= sink + window frames, so a branch holds at most sink + window frames. Validates the config first.
+KvLimits kv_limits(const KvGeometry& geometry, const KvConfig& config);
+
+/// "687.5 MiB", "12.12 GiB", "512 B".
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace dzr

@@ -1,0 +1,83 @@
+#pragma once
+/// Plain views of KV memory for attention kernels: PagedKvView (history reached through a block table)
+/// and ContiguousKvView (rows one after another: the scratch, a dense history). Both are trivially
+/// copyable standard-layout structs with no std:: containers, so they can be passed by value to a CUDA
+/// kernel later, and they share one accessor set (num_tokens, k, v), so attention is written once as a
+/// template over the view type.
+///
+/// Element offsets, all in elements of `dtype`:
+///   paged:      layer * layer_stride + block_table[t / block_size] * block_stride + (t % block_size) * token_stride
+///               + head * head_stride
+///   contiguous: layer * layer_stride + t * token_stride + head * head_stride
+#include <cstdint>
+#include <type_traits>
+
+#include "core/dtype.h"
+#include "kv/block_pool.h"
+
+namespace dzr {
+
+struct PagedKvView {
+    void* k_base;                  // element 0 of block 0 of layer 0 (pool K)
+    void* v_base;                  // same for V
+    DType dtype;
+    int32_t num_heads;
+    int32_t head_dim;
+    int32_t block_size;            // tokens per block
+    int64_t layer_stride;          // elements between layers
+    int64_t block_stride;          // elements between blocks (= block_size * token_stride)
+    int64_t token_stride;          // elements between tokens (= num_heads * head_stride)
+    int64_t head_stride;           // elements between heads (= head_dim)
+    const BlockId* block_table;    // [table_width] visible history blocks, padded with kNullBlockId
+    int32_t table_width;           // padded width (constant for a session)
+    int32_t num_table_blocks;      // real entries: ceil(seq_len / block_size)
+    int64_t seq_len;               // visible history tokens
+
+    int64_t num_tokens() const { return seq_len; }
+    int64_t offset(int layer, int64_t token, int head) const {
+        const int64_t block = block_table[token / block_size];
+        return layer * layer_stride + block * block_stride + (token % block_size) * token_stride + head * head_stride;
+    }
+    /// Offset of a pool slot (block_id * block_size + offset), independent of the block table: scatter target.
+    int64_t slot_offset(int layer, int64_t slot, int head) const {
+        return layer * layer_stride + slot * token_stride + head * head_stride;
+    }
+    template <typename T>
+    T* k(int layer, int64_t token, int head) const {
+        return static_cast<T*>(k_base) + offset(layer, token, head);
+    }
+    template <typename T>
+    T* v(int layer, int64_t token, int head) const {
+        return static_cast<T*>(v_base) + offset(layer, token, head);
+    }
+};
+
+struct ContiguousKvView {
+    void* k_base;                  // element 0 of token 0 of layer 0
+    void* v_base;
+    DType dtype;
+    int32_t num_heads;
+    int32_t head_dim;
+    int64_t layer_stride;          // 0 when the view holds one layer reused by every layer (scratch)
+    int64_t token_stride;
+    int64_t head_stride;
+    int64_t length;                // tokens
+
+    int64_t num_tokens() const { return length; }
+    int64_t offset(int layer, int64_t token, int head) const {
+        return layer * layer_stride + token * token_stride + head * head_stride;
+    }
+    template <typename T>
+    T* k(int layer, int64_t token, int head) const {
+        return static_cast<T*>(k_base) + offset(layer, token, head);
+    }
+    template <typename T>
+    T* v(int layer, int64_t token, int head) const {
+        return static_cast<T*>(v_base) + offset(layer, token, head);
+    }
+};
+
+static_assert(std::is_trivially_copyable_v<PagedKvView> && std::is_standard_layout_v<PagedKvView>);
+static_assert(std::is_trivially_copyable_v<ContiguousKvView> && std::is_standard_layout_v<ContiguousKvView>);
+
+}  // namespace dzr

@@ -1,0 +1,554 @@
+#include "model/causal_dit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "model/dit_ops.h"
+#include "weights/keys.h"
+
+namespace dzr {
+namespace {
+
+// Order of the six modulation vectors of a layer (dreamzero-reference.md §2.5.3).
+enum ModIndex : int { kShiftSa = 0, kScaleSa = 1, kGateSa = 2, kShiftFf = 3, kScaleFf = 4, kGateFf = 5 };
+
+// NOTE: nn.LayerNorm's default eps; the img_emb MLP's LayerNorms do not take the DiT's eps.
+constexpr float kImgEmbLayerNormEps = 1e-5f;
+
+/// An owning tensor seen with another shape (same storage, no copy).
+Tensor reshaped(const Tensor& t, Shape shape) {
+    return Tensor(t.storage(), t.view().reshape(shape));
+}
+
+/// Row g of a [G, 6, C] modulation tensor, vector i: [C].
+TensorView mod_vec(const TensorView& mod, int g, int i) {
+    return mod.slice(0, g, 1).slice(1, i, 1).reshape(Shape{mod.dim(2)});
+}
+
+/// Debug mode: download `t` and throw naming the stage and layer at the first NaN/Inf.
+void check_finite(Backend& be, const TensorView& t, std::string_view stage, int layer) {
+    std::vector<float> host(size_t(t.numel()));
+    be.download(t, TensorView(host.data(), DType::F32, t.shape));
+    const int64_t cols = t.cols();
+    for (size_t i = 0; i < host.size(); ++i) {
+        if (std::isfinite(host[i])) continue;
+        const std::string where =
+            layer >= 0 ? fmt::format("{} of layer {}", stage, layer) : std::string(stage);
+        DZR_THROW("causal dit: non-finite value {} in the {} output (tensor {}, row {}, column {})", host[i],
+                  where, t.shape.str(), int64_t(i) / cols, int64_t(i) % cols);
+    }
+}
+
+}  // namespace
+
+/// Per-forward state shared by the layer passes: the residual stream and its two token groups
+/// (video rows, register rows), each with its own time-embedding row.
+struct CausalDit::Step {
+    TensorView x;              // [L, dim] residual stream, video rows then register rows
+    int64_t video_tokens = 0;  // Lv = frames · frame_seqlen
+    int64_t frames = 0;
+    int groups = 1;             // 1: video only; 2: video + registers
+    TensorView e;               // [G, dim] time_embedding output per group
+    TensorView e0;              // [G, 6, dim] time_projection output per group
+    TensorView rope_video;      // f32 [Lv, D/2, 2]
+    TensorView rope_registers;  // f32 [R, D/2, 2] (registers only)
+
+    /// Rows of `t` ([L, ...]) belonging to group g.
+    TensorView rows(const TensorView& t, int g) const {
+        return g == 0 ? t.slice(0, 0, video_tokens) : t.slice(0, video_tokens, t.dim(0) - video_tokens);
+    }
+};
+
+CausalDit::Linear CausalDit::load_linear(WeightLoader& loader, const std::string& module, int in, int out) {
+    return {loader.require(module + ".weight", Shape{out, in}), loader.require(module + ".bias", Shape{out})};
+}
+
+CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader)
+    : cfg_(cfg) {
+    const int C = cfg.dim;
+    DZR_CHECK(C > 0 && cfg.num_heads > 0 && C % cfg.num_heads == 0 && (C / cfg.num_heads) % 2 == 0,
+              "causal dit: dim {} must split into {} heads of even size", C, cfg.num_heads);
+    const int pt = cfg.patch_size[0], ph = cfg.patch_size[1], pw = cfg.patch_size[2];
+    DZR_CHECK(pt == 1 && ph > 0 && pw > 0,
+              "causal dit: patch size ({}, {}, {}) is not supported (temporal patch 1 only)", pt, ph, pw);
+    DZR_CHECK(latent_height > 0 && latent_width > 0 && latent_height % ph == 0 && latent_width % pw == 0,
+              "causal dit: latent {}x{} is not divisible by the patch size {}x{}", latent_height,
+              latent_width, ph, pw);
+    grid_h_ = latent_height / ph;
+    grid_w_ = latent_width / pw;
+    DZR_CHECK(grid_h_ * grid_w_ == cfg.frame_seqlen,
+              "causal dit: frame_seqlen {} does not match the {}x{} latent ({}x{} = {} patches per frame)",
+              cfg.frame_seqlen, latent_height, latent_width, grid_h_, grid_w_, grid_h_ * grid_w_);
+    DZR_CHECK(cfg.in_dim > cfg.out_dim && cfg.num_frame_per_block > 0 && cfg.max_chunk_size > 0,
+              "causal dit: invalid geometry (in_dim {}, out_dim {}, {} frames per block, max_chunk_size {})",
+              cfg.in_dim, cfg.out_dim, cfg.num_frame_per_block, cfg.max_chunk_size);
+    head_dim_ = C / cfg.num_heads;
+    dtype_ = loader.backend().compute_dtype();
+
+    using keys::dit;
+    const Tensor pwt = loader.require(dit("patch_embedding.weight"), Shape{C, cfg.in_dim, pt, ph, pw});
+    patch_.w = reshaped(pwt, Shape{C, int64_t(cfg.in_dim) * ph * pw});  // [C, in, 1, ph, pw] -> [C, in·ph·pw]
+    patch_.b = loader.require(dit("patch_embedding.bias"), Shape{C});
+    text_emb1_ = load_linear(loader, dit("text_embedding.0"), cfg.text_dim, C);
+    text_emb2_ = load_linear(loader, dit("text_embedding.2"), C, C);
+    time_emb1_ = load_linear(loader, dit("time_embedding.0"), cfg.freq_dim, C);
+    time_emb2_ = load_linear(loader, dit("time_embedding.2"), C, C);
+    time_proj_ = load_linear(loader, dit("time_projection.1"), C, 6 * C);
+    img_norm_in_ = {loader.require(dit("img_emb.proj.0.weight"), Shape{cfg.image_dim}),
+                    loader.require(dit("img_emb.proj.0.bias"), Shape{cfg.image_dim})};
+    img_fc1_ = load_linear(loader, dit("img_emb.proj.1"), cfg.image_dim, cfg.image_dim);
+    img_fc2_ = load_linear(loader, dit("img_emb.proj.3"), cfg.image_dim, C);
+    img_norm_out_ = {loader.require(dit("img_emb.proj.4.weight"), Shape{C}),
+                     loader.require(dit("img_emb.proj.4.bias"), Shape{C})};
+
+    layers_.resize(size_t(cfg.num_layers));
+    for (int i = 0; i < cfg.num_layers; ++i) {
+        const std::string block = keys::dit_block(i);  // "action_head.model.blocks.{i}."
+        const auto key = [&block](std::string_view suffix) { return block + std::string(suffix); };
+        const auto rms = [&](std::string_view suffix) {
+            return Norm{loader.require(key(suffix), Shape{C}), {}};
+        };
+        Layer& l = layers_[size_t(i)];
+        l.modulation = reshaped(loader.require(key("modulation"), Shape{1, 6, C}), Shape{6, C});
+        l.q = load_linear(loader, key("self_attn.q"), C, C);
+        l.k = load_linear(loader, key("self_attn.k"), C, C);
+        l.v = load_linear(loader, key("self_attn.v"), C, C);
+        l.o = load_linear(loader, key("self_attn.o"), C, C);
+        l.norm_q = rms("self_attn.norm_q.weight");
+        l.norm_k = rms("self_attn.norm_k.weight");
+        l.norm3 = {loader.require(key("norm3.weight"), Shape{C}),
+                   loader.require(key("norm3.bias"), Shape{C})};
+        l.cross_q = load_linear(loader, key("cross_attn.q"), C, C);
+        l.cross_k = load_linear(loader, key("cross_attn.k"), C, C);
+        l.cross_v = load_linear(loader, key("cross_attn.v"), C, C);
+        l.cross_o = load_linear(loader, key("cross_attn.o"), C, C);
+        l.cross_k_img = load_linear(loader, key("cross_attn.k_img"), C, C);
+        l.cross_v_img = load_linear(loader, key("cross_attn.v_img"), C, C);
+        l.cross_norm_q = rms("cross_attn.norm_q.weight");
+        l.cross_norm_k = rms("cross_attn.norm_k.weight");
+        l.cross_norm_k_img = rms("cross_attn.norm_k_img.weight");
+        l.ffn1 = load_linear(loader, key("ffn.0"), C, cfg.ffn_dim);
+        l.ffn2 = load_linear(loader, key("ffn.2"), cfg.ffn_dim, C);
+    }
+    head_modulation_ = reshaped(loader.require(dit("head.modulation"), Shape{1, 2, C}), Shape{2, C});
+    head_ = load_linear(loader, dit("head.head"), C, pt * ph * pw * cfg.out_dim);
+
+    state_encoder_ = StateEncoder(cfg, loader);
+    action_encoder_ = ActionEncoder(cfg, loader);
+    action_decoder_ = ActionDecoder(cfg, loader);
+
+    // NOTE: start frames 0..local_attn_size with a full block after each, and register block
+    // indices k = (start_frame − 1) / frames_per_block up to max_chunk_size; the policy uses less.
+    Backend& be = loader.backend();
+    rope_ = DitRopeTables(be, head_dim_, grid_h_, grid_w_, cfg.local_attn_size() + cfg.num_frame_per_block,
+                          cfg.max_chunk_size, cfg.num_action_per_block, cfg.num_state_per_block);
+    timesteps_ = TimestepTables(be, cfg.freq_dim, C);
+}
+
+DitCrossKv CausalDit::make_cross_kv(Backend& be, int64_t image_tokens) const {
+    DZR_CHECK(image_tokens > 0, "causal dit: cross-attention needs at least one image token, got {}",
+              image_tokens);
+    DitCrossKv kv;
+    kv.layers.resize(layers_.size());
+    const int64_t H = cfg_.num_heads, D = head_dim_;
+    const auto make = [&](int64_t tokens) {
+        kv.storage.push_back(be.alloc(Shape{tokens, H, D}, be.compute_dtype()));
+        return kv.storage.back().view();
+    };
+    for (auto& l : kv.layers) {
+        l.k_txt = make(cfg_.text_len);
+        l.v_txt = make(cfg_.text_len);
+        l.k_img = make(image_tokens);
+        l.v_img = make(image_tokens);
+    }
+    return kv;
+}
+
+namespace {
+
+/// A cross K/V destination as the [tokens, C] matrix a projection writes.
+TensorView cross_dst(Backend& be, const TensorView& t, int64_t tokens, int64_t C, int64_t H, const char* what,
+                     size_t layer) {
+    DZR_CHECK(t.rank() == 3 && t.dim(0) == tokens && t.dim(1) == H && t.dim(2) * H == C &&
+                  t.is_contiguous() && t.dtype == be.compute_dtype() && t.device == be.device(),
+              "causal dit: cross K/V {} of layer {} is {}, expected a contiguous {}[{}, {}, {}] on {}", what,
+              layer, t.str(), dtype_name(be.compute_dtype()), tokens, H, C / H, be.device().str());
+    return t.reshape(Shape{tokens, C});  // [tokens, H, D] -> [tokens, C]
+}
+
+}  // namespace
+
+void CausalDit::compute_text_kv(Backend& be, const TensorView& text, DitCrossKv& kv) const {
+    const int64_t C = cfg_.dim, H = cfg_.num_heads;
+    DZR_CHECK(text.rank() == 2 && text.dim(0) == cfg_.text_len && text.dim(1) == cfg_.text_dim,
+              "causal dit: text context {} should be [{}, {}] (text_len, text_dim)", text.str(),
+              cfg_.text_len, cfg_.text_dim);
+    DZR_CHECK(kv.layers.size() == layers_.size(), "causal dit: cross K/V holds {} layers, the model has {}",
+              kv.layers.size(), layers_.size());
+    const int64_t Lt = text.dim(0);
+    ArenaScope scope(be.workspace());
+    // text_embedding: [Lt, text_dim] -> [Lt, C] -> GELU(tanh) -> [Lt, C]
+    const TensorView t_in = be.scratch(Shape{Lt, cfg_.text_dim});
+    be.copy(text, t_in);
+    const TensorView t_hidden = be.scratch(Shape{Lt, C});
+    be.linear(t_in, text_emb1_.w, text_emb1_.b, t_hidden);
+    be.activation({Activation::GeluTanh}, t_hidden, t_hidden);
+    const TensorView ctx = be.scratch(Shape{Lt, C});
+    be.linear(t_hidden, text_emb2_.w, text_emb2_.b, ctx);
+
+    const TensorView k_raw = be.scratch(Shape{Lt, C});
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const Layer& l = layers_[i];
+        // [Lt, C] -> [Lt, C] = [Lt, H, D]; RMSNorm over all C channels before the head split
+        be.linear(ctx, l.cross_k.w, l.cross_k.b, k_raw);
+        be.rms_norm({cfg_.eps}, k_raw, l.cross_norm_k.w,
+                    cross_dst(be, kv.layers[i].k_txt, Lt, C, H, "k_txt", i));
+        be.linear(ctx, l.cross_v.w, l.cross_v.b, cross_dst(be, kv.layers[i].v_txt, Lt, C, H, "v_txt", i));
+    }
+}
+
+void CausalDit::compute_image_kv(Backend& be, const TensorView& clip_features, DitCrossKv& kv) const {
+    const int64_t C = cfg_.dim, H = cfg_.num_heads;
+    DZR_CHECK(clip_features.rank() == 2 && clip_features.dim(0) > 0 && clip_features.dim(1) == cfg_.image_dim,
+              "causal dit: image context {} should be [tokens, {}] (image_dim)", clip_features.str(),
+              cfg_.image_dim);
+    DZR_CHECK(kv.layers.size() == layers_.size(), "causal dit: cross K/V holds {} layers, the model has {}",
+              kv.layers.size(), layers_.size());
+    const int64_t Li = clip_features.dim(0);
+    ArenaScope scope(be.workspace());
+    // img_emb: LayerNorm -> [Li, image_dim] -> GELU(erf) -> [Li, C] -> LayerNorm
+    const TensorView i_in = be.scratch(Shape{Li, cfg_.image_dim});
+    be.copy(clip_features, i_in);
+    const TensorView i_norm = be.scratch(Shape{Li, cfg_.image_dim});
+    be.layer_norm({kImgEmbLayerNormEps}, i_in, img_norm_in_.w, img_norm_in_.b, i_norm);
+    const TensorView i_hidden = be.scratch(Shape{Li, cfg_.image_dim});
+    be.linear(i_norm, img_fc1_.w, img_fc1_.b, i_hidden);
+    be.activation({Activation::GeluErf}, i_hidden, i_hidden);
+    const TensorView i_proj = be.scratch(Shape{Li, C});
+    be.linear(i_hidden, img_fc2_.w, img_fc2_.b, i_proj);
+    const TensorView ctx = be.scratch(Shape{Li, C});
+    be.layer_norm({kImgEmbLayerNormEps}, i_proj, img_norm_out_.w, img_norm_out_.b, ctx);
+
+    const TensorView k_raw = be.scratch(Shape{Li, C});
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const Layer& l = layers_[i];
+        // [Li, C] -> [Li, C] = [Li, H, D]
+        be.linear(ctx, l.cross_k_img.w, l.cross_k_img.b, k_raw);
+        be.rms_norm({cfg_.eps}, k_raw, l.cross_norm_k_img.w,
+                    cross_dst(be, kv.layers[i].k_img, Li, C, H, "k_img", i));
+        be.linear(ctx, l.cross_v_img.w, l.cross_v_img.b,
+                  cross_dst(be, kv.layers[i].v_img, Li, C, H, "v_img", i));
+    }
+}
+
+namespace {
+
+/// Bytes of an arena allocation of n elements (rounded like Arena::alloc).
+struct ArenaSize {
+    size_t elem;
+    size_t operator()(int64_t n) const {
+        const size_t b = size_t(n) * elem;
+        return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
+    }
+};
+
+}  // namespace
+
+// NOTE: mirrors the scratch() calls of forward() and its helpers scope by scope; the unit test
+// checks it against the arena's measured high-water mark.
+size_t CausalDit::forward_workspace_bytes(int frames, bool registers) const {
+    const DitConfig& c = cfg_;
+    const ArenaSize sz{dtype_size(dtype_)};
+    const int64_t C = c.dim, ph = c.patch_size[1], pw = c.patch_size[2];
+    const int64_t Lv = int64_t(frames) * c.frame_seqlen;
+    const int64_t A = registers ? c.num_action_per_block : 0, S = registers ? c.num_state_per_block : 0;
+    const int64_t L = Lv + A + S, G = registers ? 2 : 1;
+    const size_t outer = sz(L * C) + sz(G * C) + sz(G * 6 * C);
+    const size_t embed = sz(int64_t(c.in_dim) * Lv * ph * pw) + sz(Lv * c.in_dim * ph * pw);
+    size_t regs = 0, decoder = 0;
+    if (registers) {
+        const size_t encoder = 2 * sz(A * C) + sz(C);
+        const size_t state = sz(S * c.max_state_dim) + sz(S * c.hidden_size);
+        regs = sz(A * c.action_dim) + std::max(encoder, state);
+        decoder = sz(A * c.action_dim) + sz(A * c.hidden_size);
+    }
+    const size_t time = sz(G * c.freq_dim) + 2 * sz(G * C);
+    const size_t layer =
+        2 * sz(G * 6 * C) + 2 * sz(L * C) + std::max({7 * sz(L * C), 4 * sz(L * C), sz(L * c.ffn_dim)});
+    const size_t head = sz(2 * C) + sz(C) + sz(Lv * C) + sz(Lv * ph * pw * c.out_dim);
+    return outer + std::max({embed, regs, time, layer, head, decoder});
+}
+
+size_t CausalDit::cross_kv_workspace_bytes(int64_t image_tokens) const {
+    const ArenaSize sz{dtype_size(dtype_)};
+    const int64_t C = cfg_.dim, Lt = cfg_.text_len, Li = image_tokens;
+    const size_t text = sz(Lt * cfg_.text_dim) + 3 * sz(Lt * C);
+    const size_t image = 3 * sz(Li * cfg_.image_dim) + 3 * sz(Li * C);
+    return std::max(text, image);
+}
+
+void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cross, SelfAttentionCache& cache,
+                        const DitOutputs& out, const DitForwardOptions& opt) const {
+    const DitConfig& c = cfg_;
+    const int64_t C = c.dim;
+    const int ph = c.patch_size[1], pw = c.patch_size[2];
+    const int64_t lat_h = int64_t(grid_h_) * ph, lat_w = int64_t(grid_w_) * pw;
+
+    DZR_CHECK(in.x.rank() == 4 && in.x.dim(0) == c.out_dim && in.x.dim(2) == lat_h && in.x.dim(3) == lat_w,
+              "causal dit: latent x {} should be [{}, frames, {}, {}]", in.x.str(), c.out_dim, lat_h, lat_w);
+    const int64_t f = in.x.dim(1);
+    DZR_CHECK(f >= 1 && f <= c.num_frame_per_block,
+              "causal dit: a forward takes 1 to {} latent frames, got {}", c.num_frame_per_block, f);
+    DZR_CHECK(in.y.rank() == 4 && in.y.dim(0) == c.in_dim - c.out_dim && in.y.dim(1) == f &&
+                  in.y.dim(2) == lat_h && in.y.dim(3) == lat_w,
+              "causal dit: conditioning y {} should be [{}, {}, {}, {}]", in.y.str(), c.in_dim - c.out_dim, f,
+              lat_h, lat_w);
+    DZR_CHECK(out.video_velocity.shape == in.x.shape && out.video_velocity.is_contiguous(),
+              "causal dit: video output {} should be a contiguous {}", out.video_velocity.str(),
+              in.x.shape.str());
+    DZR_CHECK(
+        cross.layers.size() == layers_.size(),
+        "causal dit: cross-attention K/V holds {} layers, the model has {} (run compute_cross_kv first)",
+        cross.layers.size(), layers_.size());
+    DZR_CHECK(
+        layers_.empty() || (cross.layers[0].k_txt.defined() && cross.layers[0].k_img.defined()),
+        "causal dit: cross-attention K/V views are not set (run compute_text_kv and compute_image_kv first)");
+    const int64_t Lv = f * c.frame_seqlen;
+    const int64_t window = int64_t(c.local_attn_size()) * c.frame_seqlen;
+    // NOTE: the reference would drop the oldest keys past the window; the policy resets before
+    // that can happen, so reaching it means a scheduling bug, not something to emulate silently.
+    DZR_CHECK(
+        cache.history_tokens() + Lv <= window,
+        "causal dit: {} history tokens + {} new video tokens exceed the attention window of {} tokens ({} "
+        "latent frames)",
+        cache.history_tokens(), Lv, window, c.local_attn_size());
+
+    const bool has_regs = in.registers.has_value();
+    const int64_t A = has_regs ? c.num_action_per_block : 0;
+    const int64_t S = has_regs ? c.num_state_per_block : 0;
+    const int64_t L = Lv + A + S;
+    if (has_regs) {
+        const DitRegisterInputs& r = *in.registers;
+        DZR_CHECK(
+            r.noisy_action.rank() == 2 && r.noisy_action.dim(0) == A && r.noisy_action.dim(1) == c.action_dim,
+            "causal dit: noisy action {} should be [{}, {}]", r.noisy_action.str(), A, c.action_dim);
+        DZR_CHECK(r.state.rank() == 2 && r.state.dim(0) == S && r.state.dim(1) == c.max_state_dim,
+                  "causal dit: state {} should be [{}, {}]", r.state.str(), S, c.max_state_dim);
+        DZR_CHECK(out.action_velocity.rank() == 2 && out.action_velocity.dim(0) == A &&
+                      out.action_velocity.dim(1) == c.action_dim && out.action_velocity.is_contiguous(),
+                  "causal dit: action output {} should be a contiguous [{}, {}]", out.action_velocity.str(),
+                  A, c.action_dim);
+        DZR_CHECK(in.start_frame >= 1, "causal dit: a denoising forward needs start frame >= 1, got {}",
+                  in.start_frame);
+    }
+
+    // Table rows first: a timestep outside [0, 1000) fails before any work is queued.
+    const TensorView sin_video = timesteps_.dit(in.timestep);
+    const TensorView sin_regs = has_regs ? timesteps_.dit(in.registers->timestep) : TensorView{};
+    const TensorView tau = has_regs ? timesteps_.action(in.registers->timestep) : TensorView{};
+
+    ArenaScope scope(be.workspace());
+    Step s;
+    s.video_tokens = Lv;
+    s.frames = f;
+    s.groups = has_regs ? 2 : 1;
+    s.x = be.scratch(Shape{L, C});
+    s.e = be.scratch(Shape{s.groups, C});
+    s.e0 = be.scratch(Shape{s.groups, 6, C});
+    s.rope_video = rope_.video(in.start_frame, int(f));
+    if (has_regs) s.rope_registers = rope_.registers((in.start_frame - 1) / c.num_frame_per_block);
+
+    {  // patch embedding: Conv3d(in_dim -> C, kernel = stride = (1, ph, pw)) as patchify + GEMM
+        ArenaScope tmp(be.workspace());
+        const TensorView latent = be.scratch(Shape{c.in_dim, f, lat_h, lat_w});
+        be.copy(in.x, latent.slice(0, 0, c.out_dim));  // channels [x (16) | y (20)]
+        be.copy(in.y, latent.slice(0, c.out_dim, c.in_dim - c.out_dim));
+        const TensorView patches = be.scratch(Shape{Lv, int64_t(c.in_dim) * ph * pw});
+        patchify(be, latent, ph, pw, patches);
+        be.linear(patches, patch_.w, patch_.b, s.x.slice(0, 0, Lv));  // [Lv, in·ph·pw] -> [Lv, C]
+    }
+    if (opt.trace) opt.trace("patch_embed", -1, s.x.slice(0, 0, Lv));
+    if (opt.check_finite) check_finite(be, s.x.slice(0, 0, Lv), "patch embedding", -1);
+
+    if (has_regs) {  // register tokens: 24 actions then 1 state, appended after the video tokens
+        const DitRegisterInputs& r = *in.registers;
+        ArenaScope tmp(be.workspace());
+        const TensorView action = be.scratch(Shape{A, c.action_dim});
+        be.copy(r.noisy_action, action);
+        action_encoder_.forward(be, action, tau, s.x.slice(0, Lv, A));
+        const TensorView state = be.scratch(Shape{S, c.max_state_dim});
+        be.copy(r.state, state);
+        state_encoder_.forward(be, state, s.x.slice(0, Lv + A, S));
+        if (opt.trace) opt.trace("registers", -1, s.x.slice(0, Lv, A + S));
+        if (opt.check_finite) check_finite(be, s.x.slice(0, Lv, A + S), "register tokens", -1);
+    }
+
+    {  // time embedding, once per distinct timestep: row 0 video, row 1 actions + state
+        ArenaScope tmp(be.workspace());
+        const TensorView sinusoid = be.scratch(Shape{s.groups, c.freq_dim});
+        be.copy(sin_video, sinusoid.slice(0, 0, 1));
+        if (has_regs) be.copy(sin_regs, sinusoid.slice(0, 1, 1));
+        const TensorView hidden = be.scratch(Shape{s.groups, C});
+        be.linear(sinusoid, time_emb1_.w, time_emb1_.b, hidden);  // [G, freq_dim] -> [G, C]
+        be.activation({Activation::Silu}, hidden, hidden);
+        be.linear(hidden, time_emb2_.w, time_emb2_.b, s.e);  // [G, C] -> [G, C]
+        const TensorView act = be.scratch(Shape{s.groups, C});
+        be.activation({Activation::Silu}, s.e, act);
+        be.linear(act, time_proj_.w, time_proj_.b,
+                  s.e0.reshape(Shape{s.groups, 6 * C}));  // [G, C] -> [G, 6C]
+    }
+    if (opt.trace) {
+        opt.trace("time_e", -1, s.e);
+        opt.trace("time_e0", -1, s.e0);
+    }
+
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        layer_forward(be, s, int(i), cross.layers[i], cache, opt);
+        if (opt.trace) opt.trace("layer_out", int(i), s.x);
+    }
+
+    head_forward(be, s, out, opt);
+
+    if (has_regs) {  // action decoder on the action tokens' outputs; the state token is discarded
+        ArenaScope tmp(be.workspace());
+        const TensorView velocity = be.scratch(Shape{A, c.action_dim});
+        action_decoder_.forward(be, s.x.slice(0, Lv, A), velocity);
+        if (opt.trace) opt.trace("action_velocity", -1, velocity);
+        if (opt.check_finite) check_finite(be, velocity, "action decoder", -1);
+        be.copy(velocity, out.action_velocity);
+    }
+}
+
+void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
+                              SelfAttentionCache& cache, const DitForwardOptions& opt) const {
+    const Layer& w = layers_[size_t(li)];
+    const int64_t L = s.x.dim(0), C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
+    const int64_t Lv = s.video_tokens;
+    const float attn_scale = float(1.0 / std::sqrt(double(D)));
+    ArenaScope scope(be.workspace());
+
+    // mod[g] = modulation [6, C] + e0[g]; mod1 = mod + 1 serves the (1 + scale) factors
+    const TensorView mod = be.scratch(Shape{s.groups, 6, C});
+    be.add(s.e0, w.modulation, mod);
+    const TensorView mod1 = be.scratch(Shape{s.groups, 6, C});
+    be.scale({1.0f, 1.0f}, mod, mod1);
+
+    // h = LN(x) · (1 + scale) + shift, per token group
+    const auto modulated_norm = [&](int shift_i, int scale_i, const TensorView& h) {
+        be.layer_norm({cfg_.eps}, s.x, {}, {}, h);
+        for (int g = 0; g < s.groups; ++g) {
+            const TensorView hg = s.rows(h, g);
+            be.mul(hg, mod_vec(mod1, g, scale_i), hg);
+            be.add(hg, mod_vec(mod, g, shift_i), hg);
+        }
+    };
+    // x += gate · y, per token group (y is scaled in place)
+    const auto gated_residual = [&](const TensorView& y, int gate_i) {
+        for (int g = 0; g < s.groups; ++g) {
+            const TensorView yg = s.rows(y, g), xg = s.rows(s.x, g);
+            be.mul(yg, mod_vec(mod, g, gate_i), yg);
+            be.add(xg, yg, xg);
+        }
+    };
+    const auto trace = [&](std::string_view name, const TensorView& t) {
+        if (opt.trace) opt.trace(name, li, t);
+    };
+
+    const TensorView h = be.scratch(Shape{L, C});
+    const TensorView y = be.scratch(Shape{L, C});
+
+    {  // self-attention over [history | video | registers]
+        ArenaScope tmp(be.workspace());
+        modulated_norm(kShiftSa, kScaleSa, h);
+        trace("self_attn_in", h);
+        const TensorView raw = be.scratch(Shape{L, C});
+        const TensorView qn = be.scratch(Shape{L, C});
+        const TensorView kn = be.scratch(Shape{L, C});
+        const TensorView v = be.scratch(Shape{L, C});
+        be.linear(h, w.q.w, w.q.b, raw);  // [L, C] -> [L, C]
+        be.rms_norm({cfg_.eps}, raw, w.norm_q.w, qn);
+        be.linear(h, w.k.w, w.k.b, raw);  // [L, C] -> [L, C]
+        be.rms_norm({cfg_.eps}, raw, w.norm_k.w, kn);
+        be.linear(h, w.v.w, w.v.b, v);  // [L, C] -> [L, C]
+
+        // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
+        const TensorView q = be.scratch(Shape{L, H, D});
+        const TensorView k = be.scratch(Shape{L, H, D});
+        const TensorView qn3 = qn.reshape(Shape{L, H, D}), kn3 = kn.reshape(Shape{L, H, D});
+        be.rope({}, qn3.slice(0, 0, Lv), s.rope_video, q.slice(0, 0, Lv));
+        be.rope({}, kn3.slice(0, 0, Lv), s.rope_video, k.slice(0, 0, Lv));
+        if (L > Lv) {
+            be.rope({}, qn3.slice(0, Lv, L - Lv), s.rope_registers, q.slice(0, Lv, L - Lv));
+            be.rope({}, kn3.slice(0, Lv, L - Lv), s.rope_registers, k.slice(0, Lv, L - Lv));
+        }
+        const TensorView v3 = v.reshape(Shape{L, H, D});
+        trace("q", q);
+        trace("k", k);
+        trace("v", v3);
+
+        const TensorView attn = be.scratch(Shape{L, H, D});
+        cache.attend(be, li, q, k, v3, Lv, attn_scale, attn);
+        be.linear(attn.reshape(Shape{L, C}), w.o.w, w.o.b, y);  // [L, H, D] -> [L, C] -> [L, C]
+        trace("self_attn", y);
+        gated_residual(y, kGateSa);
+    }
+    trace("x_self", s.x);
+    if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
+
+    {  // cross-attention: separate softmaxes over text and image keys, summed, then o
+        ArenaScope tmp(be.workspace());
+        be.layer_norm({cfg_.eps}, s.x, w.norm3.w, w.norm3.b, h);
+        const TensorView raw = be.scratch(Shape{L, C});
+        const TensorView q = be.scratch(Shape{L, C});
+        be.linear(h, w.cross_q.w, w.cross_q.b, raw);  // [L, C] -> [L, C]
+        be.rms_norm({cfg_.eps}, raw, w.cross_norm_q.w, q);
+        const TensorView q3 = q.reshape(Shape{L, H, D});  // [L, C] -> [L, H, D]
+        const TensorView o_txt = be.scratch(Shape{L, H, D});
+        const TensorView o_img = be.scratch(Shape{L, H, D});
+        be.attention({attn_scale}, q3, ckv.k_txt, ckv.v_txt, {}, o_txt);
+        be.attention({attn_scale}, q3, ckv.k_img, ckv.v_img, {}, o_img);
+        be.add(o_txt, o_img, o_txt);
+        be.linear(o_txt.reshape(Shape{L, C}), w.cross_o.w, w.cross_o.b, y);  // [L, H, D] -> [L, C] -> [L, C]
+        trace("cross_attn", y);
+        be.add(s.x, y, s.x);
+    }
+    trace("x_cross", s.x);
+    if (opt.check_finite) check_finite(be, s.x, "cross-attention", li);
+
+    {  // feed-forward: C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
+        ArenaScope tmp(be.workspace());
+        modulated_norm(kShiftFf, kScaleFf, h);
+        const TensorView hidden = be.scratch(Shape{L, cfg_.ffn_dim});
+        be.linear(h, w.ffn1.w, w.ffn1.b, hidden);  // [L, C] -> [L, ffn]
+        be.activation({Activation::GeluTanh}, hidden, hidden);
+        be.linear(hidden, w.ffn2.w, w.ffn2.b, y);  // [L, ffn] -> [L, C]
+        trace("ffn", y);
+        gated_residual(y, kGateFf);
+    }
+    if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
+}
+
+void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
+                             const DitForwardOptions& opt) const {
+    const int64_t C = cfg_.dim, Lv = s.video_tokens;
+    const int ph = cfg_.patch_size[1], pw = cfg_.patch_size[2];
+    ArenaScope scope(be.workspace());
+    // (shift, scale) = head.modulation [2, C] + e_video (the time_embedding output, not e0)
+    const TensorView mod = be.scratch(Shape{2, C});
+    be.add(head_modulation_, s.e.slice(0, 0, 1), mod);
+    const TensorView scale1 = be.scratch(Shape{1, C});
+    be.scale({1.0f, 1.0f}, mod.slice(0, 1, 1), scale1);
+    const TensorView h = be.scratch(Shape{Lv, C});
+    be.layer_norm({cfg_.eps}, s.x.slice(0, 0, Lv), {}, {}, h);
+    be.mul(h, scale1, h);
+    be.add(h, mod.slice(0, 0, 1), h);
+    const TensorView tokens = be.scratch(Shape{Lv, int64_t(ph) * pw * cfg_.out_dim});
+    be.linear(h, head_.w, head_.b, tokens);  // [Lv, C] -> [Lv, ph·pw·out_dim]
+    if (opt.trace) opt.trace("head", -1, tokens);
+    if (opt.check_finite) check_finite(be, tokens, "head", -1);
+    unpatchify(be, tokens, int(s.frames), grid_h_, grid_w_, ph, pw, out.video_velocity);  // converts dtype
+}
+
+}  // namespace dzr

@@ -1,0 +1,162 @@
+#pragma once
+/// The causal Wan DiT of DreamZero with its state encoder, action encoder and action decoder
+/// (dreamzero-reference.md §2.4-§2.5). One forward function serves the three forward kinds of a
+/// policy call (§1.5):
+///   prefill  1 latent frame at start frame 0, timestep 0, no registers (K/V committed by the owner)
+///   commit   2 latent frames at start frame csf−2, timestep 0, no registers (committed)
+///   denoise  2 latent frames at start frame csf with 24 action + 1 state register tokens, reading
+///            the cache (nothing committed)
+/// Whether K/V become history is the SelfAttentionCache owner's decision, not the DiT's.
+///
+/// Weights are loaded once into typed members; a forward goes through Backend ops only, takes its
+/// activations from the workspace arena (ArenaScope) and makes no allocation and no host sync
+/// (except in the check_finite debug mode).
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/self_attention_cache.h"
+#include "model/action_heads.h"
+#include "model/embeddings.h"
+#include "model/rope.h"
+#include "weights/model_config.h"
+#include "weights/weight_source.h"
+
+namespace dzr {
+
+/// Cross-attention keys and values of one CFG branch's context (CLIP image tokens and umT5 text
+/// rows), per layer. They depend only on the context, so they are computed once per branch (text:
+/// per prompt, image: per window) and reused by every forward of that branch. The views point
+/// either into `storage` (CausalDit::make_cross_kv) or into memory owned elsewhere (e.g. the
+/// layers of a kv::CrossAttentionCache); each is a contiguous [tokens, H, D] compute-dtype tensor.
+struct DitCrossKv {
+    struct Layer {
+        TensorView k_txt, v_txt;  // [text_len, H, D]; k after norm_k
+        TensorView k_img, v_img;  // [image_tokens, H, D]; k after norm_k_img
+    };
+    std::vector<Layer> layers;
+    std::vector<Tensor> storage;  // backing memory when owned; empty for borrowed views
+};
+
+/// The register tokens of a denoising forward.
+struct DitRegisterInputs {
+    TensorView noisy_action;  // [num_action_per_block, action_dim]
+    int64_t timestep = 0;     // integer action timestep in [0, 1000)
+    TensorView state;         // [num_state_per_block, max_state_dim] (normalized, zero-padded)
+};
+
+/// Inputs of one forward; every view lives on the backend's device (any float dtype).
+struct DitInputs {
+    TensorView x;          // noisy (or clean) latent [out_dim, f, H/8, W/8], f = 1 or 2
+    TensorView y;          // conditioning slice [in_dim − out_dim, f, H/8, W/8] (mask 4 + latent 16)
+    int start_frame = 0;   // RoPE start frame (latent frames since the window start)
+    int64_t timestep = 0;  // integer video timestep in [0, 1000)
+    std::optional<DitRegisterInputs> registers;  // present for denoising forwards only
+};
+
+/// Caller-owned outputs (any float dtype, on the backend's device).
+struct DitOutputs {
+    TensorView video_velocity;   // [out_dim, f, H/8, W/8]
+    TensorView action_velocity;  // [num_action_per_block, action_dim]; needed when registers are present
+};
+
+/// Called with named intermediates (layer −1 outside the layers). The view is valid only during the
+/// call (arena memory); copy or download what you keep.
+using DitTraceFn = std::function<void(std::string_view name, int layer, const TensorView& t)>;
+
+struct DitForwardOptions {
+    DitTraceFn trace;           // empty: no tracing, no cost
+    bool check_finite = false;  // debug: download each stage's output and throw on NaN/Inf (syncs)
+};
+
+class CausalDit {
+  public:
+    /// Loads every DiT weight (prefix action_head.model.) through `loader` onto loader.backend()
+    /// and precomputes the RoPE and timestep tables. latent_height/width are the VAE latent sides
+    /// (canvas / 8); their patch grid must hold cfg.frame_seqlen tokens.
+    CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader);
+
+    const DitConfig& config() const { return cfg_; }
+    int grid_height() const { return grid_h_; }
+    int grid_width() const { return grid_w_; }
+
+    /// Persistent (non-arena) storage for one branch's cross-attention K/V.
+    DitCrossKv make_cross_kv(Backend& be, int64_t image_tokens) const;
+
+    /// Fills every layer's k_txt/v_txt from text [text_len, text_dim] (umT5 output, pad rows zeroed):
+    /// text_embedding, then each layer's k (+ norm_k) and v projections.
+    void compute_text_kv(Backend& be, const TensorView& text, DitCrossKv& kv) const;
+    /// Fills every layer's k_img/v_img from clip_features [image_tokens, image_dim] (CLIP
+    /// penultimate block): img_emb, then each layer's k_img (+ norm_k_img) and v_img projections.
+    void compute_image_kv(Backend& be, const TensorView& clip_features, DitCrossKv& kv) const;
+    /// Both of the above.
+    void compute_cross_kv(Backend& be, const TensorView& clip_features, const TensorView& text,
+                          DitCrossKv& kv) const {
+        compute_text_kv(be, text, kv);
+        compute_image_kv(be, clip_features, kv);
+    }
+
+    /// Peak workspace-arena bytes of one forward with `frames` latent frames (with or without the
+    /// register tokens), not counting what the SelfAttentionCache itself takes during attend().
+    size_t forward_workspace_bytes(int frames, bool registers) const;
+    /// Peak workspace-arena bytes of compute_text_kv / compute_image_kv.
+    size_t cross_kv_workspace_bytes(int64_t image_tokens) const;
+
+    /// One DiT forward. Self-attention goes through `cache` (history | current tokens).
+    void forward(Backend& be, const DitInputs& in, const DitCrossKv& cross, SelfAttentionCache& cache,
+                 const DitOutputs& out, const DitForwardOptions& opt = {}) const;
+
+  private:
+    struct Linear {
+        Tensor w;  // [out, in]
+        Tensor b;  // [out]
+    };
+    struct Norm {
+        Tensor w;  // [channels]
+        Tensor b;  // [channels] (absent for RMSNorm)
+    };
+    struct Layer {
+        Tensor modulation;  // [6, dim]: shift/scale/gate of self-attention, then of the FFN
+        Linear q, k, v, o;
+        Norm norm_q, norm_k;
+        Norm norm3;  // affine LayerNorm before cross-attention
+        Linear cross_q, cross_k, cross_v, cross_o, cross_k_img, cross_v_img;
+        Norm cross_norm_q, cross_norm_k, cross_norm_k_img;
+        Linear ffn1, ffn2;
+    };
+    struct Step;  // per-forward state shared by the layer passes (causal_dit.cpp)
+
+    Linear load_linear(WeightLoader& loader, const std::string& module, int in, int out);
+    void layer_forward(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
+                       SelfAttentionCache& cache, const DitForwardOptions& opt) const;
+    void head_forward(Backend& be, const Step& s, const DitOutputs& out, const DitForwardOptions& opt) const;
+
+    DitConfig cfg_;
+    int grid_h_ = 0;
+    int grid_w_ = 0;
+    int head_dim_ = 0;
+    DType dtype_ = DType::F32;  // the loading backend's compute dtype (weights and activations)
+
+    Linear patch_;  // w [dim, in_dim·ph·pw] (the Conv3d weight flattened), b [dim]
+    Linear text_emb1_, text_emb2_;
+    Linear time_emb1_, time_emb2_;
+    Linear time_proj_;  // [6·dim, dim]
+    Norm img_norm_in_;  // LayerNorm(image_dim), eps 1e-5
+    Linear img_fc1_, img_fc2_;
+    Norm img_norm_out_;  // LayerNorm(dim), eps 1e-5
+    std::vector<Layer> layers_;
+    Tensor head_modulation_;  // [2, dim]: shift, scale
+    Linear head_;             // [ph·pw·out_dim, dim]
+
+    StateEncoder state_encoder_;
+    ActionEncoder action_encoder_;
+    ActionDecoder action_decoder_;
+
+    DitRopeTables rope_;
+    TimestepTables timesteps_;
+};
+
+}  // namespace dzr

@@ -1,0 +1,164 @@
+#include "model/clip_vision.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/arena.h"
+#include "core/error.h"
+#include "weights/keys.h"
+
+namespace dzr {
+namespace {
+
+// Per-block parameter names, in checkpoint order.
+constexpr const char* kLayerKeys[] = {"norm1.weight",     "norm1.bias",       "attn.to_qkv.weight",
+                                      "attn.to_qkv.bias", "attn.proj.weight", "attn.proj.bias",
+                                      "norm2.weight",     "norm2.bias",       "mlp.0.weight",
+                                      "mlp.0.bias",       "mlp.2.weight",     "mlp.2.bias"};
+
+size_t aligned(size_t bytes) {
+    return (bytes + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
+}
+
+}  // namespace
+
+ClipVision::ClipVision(WeightLoader& loader, const ClipConfig& cfg, int input_height, int input_width)
+    : cfg_(cfg) {
+    DZR_CHECK(cfg.width > 0 && cfg.num_heads > 0 && cfg.width % cfg.num_heads == 0,
+              "CLIP config: width {} is not a positive multiple of num_heads {}", cfg.width, cfg.num_heads);
+    DZR_CHECK(cfg.patch_size > 0 && cfg.image_size > 0 && cfg.image_size % cfg.patch_size == 0,
+              "CLIP config: image_size {} is not a multiple of patch_size {}", cfg.image_size,
+              cfg.patch_size);
+    DZR_CHECK(cfg.use_layers >= 1 && cfg.use_layers <= cfg.num_layers,
+              "CLIP config: use_layers {} must be in [1, num_layers = {}]", cfg.use_layers, cfg.num_layers);
+    DZR_CHECK(cfg.mlp_dim > 0, "CLIP config: mlp_dim must be positive, got {}", cfg.mlp_dim);
+    DZR_CHECK(input_height > 0 && input_width > 0, "CLIP: input frame size must be positive, got {}x{}",
+              input_height, input_width);
+    const int64_t w = cfg.width, p = cfg.patch_size, m = cfg.mlp_dim;
+    patch_w_ = loader.require(keys::clip("visual.patch_embedding.weight"), Shape{w, 3, p, p});
+    cls_ = loader.require(keys::clip("visual.cls_embedding"), Shape{1, 1, w});
+    pos_ = loader.require(keys::clip("visual.pos_embedding"), Shape{1, cfg.num_tokens(), w});
+    pre_norm_w_ = loader.require(keys::clip("visual.pre_norm.weight"), Shape{w});
+    pre_norm_b_ = loader.require(keys::clip("visual.pre_norm.bias"), Shape{w});
+    layers_.resize(size_t(cfg.use_layers));
+    for (int i = 0; i < cfg.use_layers; ++i) {
+        Layer& l = layers_[size_t(i)];
+        l.norm1_w = loader.require(keys::clip_block(i) + "norm1.weight", Shape{w});
+        l.norm1_b = loader.require(keys::clip_block(i) + "norm1.bias", Shape{w});
+        l.qkv_w = loader.require(keys::clip_block(i) + "attn.to_qkv.weight", Shape{3 * w, w});
+        l.qkv_b = loader.require(keys::clip_block(i) + "attn.to_qkv.bias", Shape{3 * w});
+        l.proj_w = loader.require(keys::clip_block(i) + "attn.proj.weight", Shape{w, w});
+        l.proj_b = loader.require(keys::clip_block(i) + "attn.proj.bias", Shape{w});
+        l.norm2_w = loader.require(keys::clip_block(i) + "norm2.weight", Shape{w});
+        l.norm2_b = loader.require(keys::clip_block(i) + "norm2.bias", Shape{w});
+        l.fc1_w = loader.require(keys::clip_block(i) + "mlp.0.weight", Shape{m, w});
+        l.fc1_b = loader.require(keys::clip_block(i) + "mlp.0.bias", Shape{m});
+        l.fc2_w = loader.require(keys::clip_block(i) + "mlp.2.weight", Shape{w, m});
+        l.fc2_b = loader.require(keys::clip_block(i) + "mlp.2.bias", Shape{w});
+    }
+    resize_ = BicubicResize(loader.backend(), input_height, input_width, cfg.image_size, cfg.image_size);
+}
+
+std::vector<std::string> ClipVision::skipped_keys(const ClipConfig& cfg) {
+    std::vector<std::string> out;
+    for (int i = std::max(cfg.use_layers, 0); i < cfg.num_layers; ++i)
+        for (const char* name : kLayerKeys) out.push_back(keys::clip_block(i) + name);
+    out.push_back(keys::clip("visual.post_norm.weight"));
+    out.push_back(keys::clip("visual.post_norm.bias"));
+    out.push_back(keys::clip("visual.head"));
+    out.push_back(keys::clip("log_scale"));
+    return out;
+}
+
+size_t ClipVision::forward_workspace_bytes(DType dtype) const {
+    const size_t es = dtype_size(dtype), t = size_t(cfg_.num_tokens()), w = size_t(cfg_.width);
+    const size_t grid = size_t(cfg_.image_size / cfg_.patch_size), p = size_t(cfg_.patch_size);
+    return aligned(grid * grid * 3 * p * p * es) +  // patches
+           6 * aligned(t * w * es) +                // embeddings, h, q, k, v, attention output
+           aligned(t * size_t(cfg_.mlp_dim) * es);  // mlp hidden
+}
+
+size_t ClipVision::workspace_bytes(DType dtype) const {
+    const size_t s = size_t(cfg_.image_size);
+    return aligned(3 * s * s * dtype_size(dtype)) +
+           std::max(resize_.workspace_bytes(3, dtype), forward_workspace_bytes(dtype));
+}
+
+void ClipVision::preprocess(Backend& be, const TensorView& frame, const TensorView& pixels) const {
+    DZR_CHECK(!layers_.empty(), "CLIP: preprocess() on an encoder that was never loaded");
+    DZR_CHECK(frame.rank() == 3 && frame.dim(0) == 3, "CLIP: input frame must be [3, {}, {}], got {}",
+              resize_.in_height(), resize_.in_width(), frame.str());
+    resize_.apply(be, frame, pixels);  // [3, H, W] -> [3, S, S]
+    // (x·0.5 + 0.5 − mean) / std = x·(0.5 / std) + (0.5 − mean) / std, per channel
+    for (int c = 0; c < 3; ++c) {
+        const TensorView ch = pixels.slice(0, c, 1);
+        be.scale(ScaleParams{0.5f / kClipStd[size_t(c)], (0.5f - kClipMean[size_t(c)]) / kClipStd[size_t(c)]},
+                 ch, ch);
+    }
+}
+
+void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView& out,
+                         const TraceFn& trace) const {
+    DZR_CHECK(!layers_.empty(), "CLIP: forward() on an encoder that was never loaded");
+    const DType dt = be.compute_dtype();
+    const int64_t s = cfg_.image_size, p = cfg_.patch_size, g = s / p, w = cfg_.width, t = cfg_.num_tokens();
+    const int64_t nh = cfg_.num_heads, hd = w / nh;
+    DZR_CHECK(pixels.rank() == 3 && pixels.dim(0) == 3 && pixels.dim(1) == s && pixels.dim(2) == s &&
+                  pixels.dtype == dt && pixels.is_contiguous(),
+              "CLIP: pixels must be a contiguous {}[3, {}, {}], got {}", dtype_name(dt), s, s, pixels.str());
+    DZR_CHECK(out.rank() == 2 && out.dim(0) == t && out.dim(1) == w && out.dtype == dt && out.is_contiguous(),
+              "CLIP: output must be a contiguous {}[{}, {}], got {}", dtype_name(dt), t, w, out.str());
+
+    ArenaScope scope(be.workspace());
+    // Patch embedding as a GEMM: [3, g, p, g, p] -> [g, g, 3, p, p] = [g·g, 3·p·p] patches,
+    // then [g·g, 3·p·p] · [w, 3·p·p]ᵀ -> [g·g, w] into token rows 1.. (row 0 is the class token).
+    const TensorView patches = be.scratch(Shape{g * g, 3 * p * p});
+    be.copy(pixels.reshape(Shape{3, g, p, g, p}).permute({1, 3, 0, 2, 4}),
+            patches.reshape(Shape{g, g, 3, p, p}));
+    const TensorView emb = be.scratch(Shape{t, w});
+    be.linear(patches, patch_w_.view().reshape(Shape{w, 3 * p * p}), {}, emb.slice(0, 1, g * g));
+    be.copy(cls_.view().reshape(Shape{1, w}), emb.slice(0, 0, 1));
+    be.add(emb, pos_.view().reshape(Shape{t, w}), emb);
+    const LayerNormParams ln{cfg_.eps};
+    be.layer_norm(ln, emb, pre_norm_w_, pre_norm_b_, out);  // `out` carries the residual stream from here
+    if (trace) trace("clip.pre_norm", -1, out);
+
+    const TensorView h = be.scratch(Shape{t, w});
+    const TensorView q = be.scratch(Shape{t, w});
+    const TensorView k = be.scratch(Shape{t, w});
+    const TensorView v = be.scratch(Shape{t, w});
+    const TensorView att = be.scratch(Shape{t, w});
+    const TensorView mlp = be.scratch(Shape{t, cfg_.mlp_dim});
+    const AttentionParams attn{float(1.0 / std::sqrt(double(hd)))};
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const Layer& l = layers_[i];
+        be.layer_norm(ln, out, l.norm1_w, l.norm1_b, h);
+        // to_qkv rows are [q | k | v]: three GEMMs on row slices of the weight keep q, k, v contiguous.
+        // [t, w] -> [t, w] each
+        be.linear(h, l.qkv_w.view().slice(0, 0, w), l.qkv_b.view().slice(0, 0, w), q);
+        be.linear(h, l.qkv_w.view().slice(0, w, w), l.qkv_b.view().slice(0, w, w), k);
+        be.linear(h, l.qkv_w.view().slice(0, 2 * w, w), l.qkv_b.view().slice(0, 2 * w, w), v);
+        // [t, w] -> [t, H, hd]
+        be.attention(attn, q.reshape(Shape{t, nh, hd}), k.reshape(Shape{t, nh, hd}),
+                     v.reshape(Shape{t, nh, hd}), {}, att.reshape(Shape{t, nh, hd}));
+        be.linear(att, l.proj_w, l.proj_b, h);  // [t, w] -> [t, w]
+        be.add(out, h, out);
+        be.layer_norm(ln, out, l.norm2_w, l.norm2_b, h);
+        be.linear(h, l.fc1_w, l.fc1_b, mlp);  // [t, w] -> [t, mlp]
+        be.activation(ActivationParams{Activation::GeluErf}, mlp, mlp);
+        be.linear(mlp, l.fc2_w, l.fc2_b, h);  // [t, mlp] -> [t, w]
+        be.add(out, h, out);
+        if (trace) trace("clip.layer_out", int(i), out);
+    }
+}
+
+void ClipVision::encode(Backend& be, const TensorView& frame, const TensorView& out,
+                        const TraceFn& trace) const {
+    ArenaScope scope(be.workspace());
+    const TensorView pixels = be.scratch(Shape{3, cfg_.image_size, cfg_.image_size});
+    preprocess(be, frame, pixels);
+    if (trace) trace("clip.pixels", -1, pixels);
+    forward(be, pixels, out, trace);
+}
+
+}  // namespace dzr

@@ -1,0 +1,80 @@
+#pragma once
+/// The CLIP ViT-H/14 visual tower (open-clip xlm-roberta-large-vit-huge-14) that turns the reference
+/// canvas frame into the DiT's 257 image-context tokens (dreamzero-reference.md §2.2; checkpoint prefix
+/// action_head.image_encoder.model.).
+///
+/// Preprocess: bicubic resize of the [-1, 1] frame to image_size², x·0.5 + 0.5, per-channel CLIP
+/// mean/std. Tower: patch embedding (conv, kernel = stride = patch, no bias), class token, positional
+/// embedding, pre_norm LayerNorm, then the first `use_layers` pre-norm blocks
+/// x += proj(SDPA(LN1(x))), x += fc2(gelu_erf(fc1(LN2(x)))). No post_norm, no head: all tokens out.
+#include <array>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+#include "model/image_resize.h"
+#include "weights/model_config.h"
+#include "weights/weight_source.h"
+
+namespace dzr {
+
+/// CLIP image statistics (hard-coded in the reference's transforms).
+inline constexpr std::array<float, 3> kClipMean = {0.48145466f, 0.4578275f, 0.40821073f};
+inline constexpr std::array<float, 3> kClipStd = {0.26862954f, 0.26130258f, 0.27577711f};
+
+class ClipVision {
+  public:
+    /// Optional per-stage hook for parity dumps: (stage name, layer or -1, tensor on the backend).
+    using TraceFn = std::function<void(const char* name, int layer, const TensorView& t)>;
+
+    ClipVision() = default;
+    /// Loads the embeddings, pre_norm and the first cfg.use_layers blocks, and sets up the resize from
+    /// input frames of [3, input_height, input_width] (the canvas) to cfg.image_size².
+    /// The weights it does not run (see skipped_keys) are not uploaded.
+    ClipVision(WeightLoader& loader, const ClipConfig& cfg, int input_height, int input_width);
+
+    /// frame: [3, input_height, input_width] in [-1, 1]; pixels: [3, image_size, image_size], both
+    /// contiguous in the compute dtype.
+    void preprocess(Backend& be, const TensorView& frame, const TensorView& pixels) const;
+    /// pixels (preprocessed): [3, image_size, image_size]; out: [num_tokens, width], compute dtype.
+    void forward(Backend& be, const TensorView& pixels, const TensorView& out,
+                 const TraceFn& trace = {}) const;
+    /// preprocess() then forward().
+    void encode(Backend& be, const TensorView& frame, const TensorView& out, const TraceFn& trace = {}) const;
+
+    /// Workspace bytes encode() takes (an upper bound including arena alignment); forward() and
+    /// preprocess() take less.
+    size_t workspace_bytes(DType dtype) const;
+
+    const ClipConfig& config() const { return cfg_; }
+
+    /// Checkpoint keys of the tower that are present but never run: blocks use_layers..num_layers−1,
+    /// post_norm, head and log_scale. The checkpoint validation checks them; they are not loaded.
+    static std::vector<std::string> skipped_keys(const ClipConfig& cfg);
+
+  private:
+    struct Layer {
+        Tensor norm1_w, norm1_b;  // [width]
+        Tensor qkv_w;             // [3·width, width], rows [q | k | v]
+        Tensor qkv_b;             // [3·width]
+        Tensor proj_w, proj_b;    // [width, width], [width]
+        Tensor norm2_w, norm2_b;  // [width]
+        Tensor fc1_w, fc1_b;      // [mlp_dim, width], [mlp_dim]  (mlp.0)
+        Tensor fc2_w, fc2_b;      // [width, mlp_dim], [width]    (mlp.2)
+    };
+
+    size_t forward_workspace_bytes(DType dtype) const;
+
+    ClipConfig cfg_;
+    BicubicResize resize_;
+    Tensor patch_w_;  // [width, 3, patch, patch]
+    Tensor cls_;      // [1, 1, width]
+    Tensor pos_;      // [1, num_tokens, width]
+    Tensor pre_norm_w_, pre_norm_b_;
+    std::vector<Layer> layers_;  // the first use_layers blocks
+};
+
+}  // namespace dzr

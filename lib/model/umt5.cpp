@@ -1,0 +1,172 @@
+#include "model/umt5.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/arena.h"
+#include "core/error.h"
+#include "weights/keys.h"
+
+namespace dzr {
+namespace {
+
+size_t aligned(size_t bytes) {
+    return (bytes + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
+}
+
+}  // namespace
+
+int t5_relative_bucket(int64_t rel, int num_buckets, int max_distance) {
+    DZR_ASSERT(num_buckets >= 4 && num_buckets % 2 == 0);
+    const int half = num_buckets / 2;  // buckets per sign
+    const int max_exact = half / 2;
+    DZR_ASSERT(max_distance > max_exact);
+    const int offset = rel > 0 ? half : 0;
+    const int64_t n = rel < 0 ? -rel : rel;
+    if (n < max_exact) return offset + int(n);
+    // NOTE: f32 like the reference (torch.log on a float tensor, then .long() truncation). For the real
+    // 32 buckets / distance 128 this agrees with exact arithmetic for every n, including the exact
+    // boundaries n = 16, 32, 64 (the tests check n < 4096).
+    const float ratio = float(n) / float(max_exact);
+    const float span = float(std::log(double(max_distance) / double(max_exact)));
+    const float scaled = std::log(ratio) / span * float(half - max_exact);
+    const int64_t large = max_exact + int64_t(scaled);
+    return offset + int(std::min<int64_t>(large, half - 1));
+}
+
+Umt5Encoder::Umt5Encoder(WeightLoader& loader, const T5Config& cfg) : cfg_(cfg) {
+    DZR_CHECK(
+        cfg.dim > 0 && cfg.dim_attn > 0 && cfg.ffn_dim > 0 && cfg.num_layers > 0 && cfg.vocab > 0 &&
+            cfg.text_len > 0,
+        "umT5 config: dim {}, dim_attn {}, ffn_dim {}, layers {}, vocab {}, text_len {} must be positive",
+        cfg.dim, cfg.dim_attn, cfg.ffn_dim, cfg.num_layers, cfg.vocab, cfg.text_len);
+    DZR_CHECK(cfg.num_heads > 0 && cfg.dim_attn % cfg.num_heads == 0,
+              "umT5 config: dim_attn {} is not a multiple of num_heads {}", cfg.dim_attn, cfg.num_heads);
+    DZR_CHECK(cfg.num_buckets >= 4 && cfg.num_buckets % 2 == 0,
+              "umT5 config: num_buckets must be even and >= 4, got {}", cfg.num_buckets);
+    const int64_t d = cfg.dim, da = cfg.dim_attn, f = cfg.ffn_dim;
+    token_embedding_ = loader.require(keys::t5("token_embedding.weight"), Shape{cfg.vocab, d});
+    layers_.resize(size_t(cfg.num_layers));
+    for (int i = 0; i < cfg.num_layers; ++i) {
+        Layer& l = layers_[size_t(i)];
+        l.norm1 = loader.require(keys::t5_block(i) + "norm1.weight", Shape{d});
+        l.q = loader.require(keys::t5_block(i) + "attn.q.weight", Shape{da, d});
+        l.k = loader.require(keys::t5_block(i) + "attn.k.weight", Shape{da, d});
+        l.v = loader.require(keys::t5_block(i) + "attn.v.weight", Shape{da, d});
+        l.o = loader.require(keys::t5_block(i) + "attn.o.weight", Shape{d, da});
+        // NOTE: f32 on every backend: the bias GEMM and the attention bias are f32.
+        l.pos_table = loader.require(keys::t5_block(i) + "pos_embedding.embedding.weight",
+                                     Shape{cfg.num_buckets, cfg.num_heads}, DType::F32);
+        l.norm2 = loader.require(keys::t5_block(i) + "norm2.weight", Shape{d});
+        l.gate = loader.require(keys::t5_block(i) + "ffn.gate.0.weight", Shape{f, d});
+        l.fc1 = loader.require(keys::t5_block(i) + "ffn.fc1.weight", Shape{f, d});
+        l.fc2 = loader.require(keys::t5_block(i) + "ffn.fc2.weight", Shape{d, f});
+    }
+    norm_ = loader.require(keys::t5("norm.weight"), Shape{d});
+
+    const int64_t len = cfg.text_len;
+    Tensor onehot = Tensor::host(Shape{cfg.num_buckets, len * len}, DType::F32);  // zero-filled
+    float* p = onehot.ptr<float>();
+    for (int64_t q = 0; q < len; ++q)
+        for (int64_t k = 0; k < len; ++k)
+            p[t5_relative_bucket(k - q, cfg.num_buckets) * len * len + q * len + k] = 1.0f;
+    Backend& be = loader.backend();
+    bucket_onehot_ = be.alloc(onehot.shape(), DType::F32);
+    be.upload(onehot, bucket_onehot_);
+}
+
+size_t Umt5Encoder::workspace_bytes(DType dtype) const {
+    const size_t es = dtype_size(dtype), len = size_t(cfg_.text_len);
+    return 2 * aligned(len * size_t(cfg_.dim) * es) +         // x, h
+           4 * aligned(len * size_t(cfg_.dim_attn) * es) +    // q, k, v, attention output
+           2 * aligned(len * size_t(cfg_.ffn_dim) * es) +     // gate, fc1
+           aligned(size_t(cfg_.num_heads) * len * len * 4) +  // f32 bias
+           aligned(len * 4);                                  // f32 key mask
+}
+
+void Umt5Encoder::attention_bias(Backend& be, int layer, int num_tokens, const TensorView& out) const {
+    DZR_CHECK(layer >= 0 && layer < int(layers_.size()), "umT5: layer {} out of range [0, {})", layer,
+              layers_.size());
+    const int64_t len = cfg_.text_len, nh = cfg_.num_heads;
+    DZR_CHECK(num_tokens >= 1 && num_tokens <= len, "umT5: number of real tokens must be in [1, {}], got {}",
+              len, num_tokens);
+    DZR_CHECK(out.rank() == 3 && out.dim(0) == nh && out.dim(1) == len && out.dim(2) == len &&
+                  out.dtype == DType::F32 && out.is_contiguous(),
+              "umT5: attention bias must be a contiguous f32[{}, {}, {}], got {}", nh, len, len, out.str());
+    ArenaScope scope(be.workspace());
+    // Relative positions: [B, H]ᵀ · [B, L·L] -> [H, L·L] = [H, L, L]
+    be.gemm(GemmParams{true, false, 1.0f, 0.0f}, layers_[size_t(layer)].pos_table, bucket_onehot_, {},
+            out.reshape(Shape{nh, len * len}));
+    // Key padding mask over the last (key) dim: 0 for real keys, the masked logit for padding.
+    // NOTE: pos_bias + kT5MaskedLogit rounds to exactly kT5MaskedLogit (|pos_bias| is far below half an
+    // ulp of it), which is the reference's masked_fill.
+    if (num_tokens < len) {
+        const TensorView key_mask = be.scratch(Shape{len}, DType::F32);
+        be.fill(key_mask.slice(0, 0, num_tokens), 0.0f);
+        be.fill(key_mask.slice(0, num_tokens, len - num_tokens), kT5MaskedLogit);
+        be.add(out, key_mask, out);  // [H, L, L] + [L]
+    }
+}
+
+void Umt5Encoder::forward(Backend& be, std::span<const int32_t> ids, int num_tokens, const TensorView& out,
+                          const TraceFn& trace) const {
+    DZR_CHECK(!layers_.empty(), "umT5: forward() on an encoder that was never loaded");
+    const int64_t len = cfg_.text_len, d = cfg_.dim, da = cfg_.dim_attn, nh = cfg_.num_heads;
+    const int64_t hd = da / nh;
+    DZR_CHECK(int64_t(ids.size()) == len, "umT5: expected {} token ids (text_len), got {}", len, ids.size());
+    DZR_CHECK(num_tokens >= 1 && num_tokens <= len, "umT5: number of real tokens must be in [1, {}], got {}",
+              len, num_tokens);
+    for (size_t i = 0; i < ids.size(); ++i)
+        DZR_CHECK(ids[i] >= 0 && ids[i] < cfg_.vocab,
+                  "umT5: token id {} at position {} is outside the vocabulary [0, {})", ids[i], i,
+                  cfg_.vocab);
+    const DType dt = be.compute_dtype();
+    DZR_CHECK(
+        out.rank() == 2 && out.dim(0) == len && out.dim(1) == d && out.dtype == dt && out.is_contiguous(),
+        "umT5: output must be a contiguous {}[{}, {}], got {}", dtype_name(dt), len, d, out.str());
+
+    ArenaScope scope(be.workspace());
+    const TensorView x = be.scratch(Shape{len, d});
+    const TensorView h = be.scratch(Shape{len, d});
+    const TensorView q = be.scratch(Shape{len, da});
+    const TensorView k = be.scratch(Shape{len, da});
+    const TensorView v = be.scratch(Shape{len, da});
+    const TensorView att = be.scratch(Shape{len, da});
+    const TensorView g = be.scratch(Shape{len, cfg_.ffn_dim});
+    const TensorView f = be.scratch(Shape{len, cfg_.ffn_dim});
+    const TensorView bias = be.scratch(Shape{nh, len, len}, DType::F32);
+
+    // Token embedding: one row copy per position of the resident [vocab, d] table.
+    for (int64_t i = 0; i < len; ++i)
+        be.copy(token_embedding_.view().slice(0, ids[size_t(i)], 1), x.slice(0, i, 1));
+    if (trace) trace("umt5.embed", -1, x);
+
+    const RmsNormParams norm{cfg_.eps};
+    for (int i = 0; i < cfg_.num_layers; ++i) {
+        const Layer& l = layers_[size_t(i)];
+        be.rms_norm(norm, x, l.norm1, h);
+        be.linear(h, l.q, {}, q);  // [L, d] -> [L, da]
+        be.linear(h, l.k, {}, k);
+        be.linear(h, l.v, {}, v);
+        attention_bias(be, i, num_tokens, bias);
+        // T5 attention has no 1/sqrt(head_dim) scale. [L, da] -> [L, H, hd]
+        be.attention(AttentionParams{1.0f}, q.reshape(Shape{len, nh, hd}), k.reshape(Shape{len, nh, hd}),
+                     v.reshape(Shape{len, nh, hd}), bias, att.reshape(Shape{len, nh, hd}));
+        be.linear(att, l.o, {}, h);  // [L, da] -> [L, d]
+        be.add(x, h, x);
+
+        be.rms_norm(norm, x, l.norm2, h);
+        be.linear(h, l.gate, {}, g);  // [L, d] -> [L, ffn]
+        be.activation(ActivationParams{Activation::GeluTanh}, g, g);
+        be.linear(h, l.fc1, {}, f);  // [L, d] -> [L, ffn]
+        be.mul(f, g, f);
+        be.linear(f, l.fc2, {}, h);  // [L, ffn] -> [L, d]
+        be.add(x, h, x);
+        if (trace) trace("umt5.layer_out", i, x);
+    }
+    be.rms_norm(norm, x, norm_, out);
+    if (num_tokens < len) be.fill(out.slice(0, num_tokens, len - num_tokens), 0.0f);
+    if (trace) trace("umt5.out", -1, out);
+}
+
+}  // namespace dzr

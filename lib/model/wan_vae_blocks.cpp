@@ -1,0 +1,415 @@
+#include "model/wan_vae_blocks.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace dzr::vae {
+namespace {
+
+ActivationParams silu() {
+    return ActivationParams{Activation::Silu};
+}
+
+void check_activation(const TensorView& x, const char* what) {
+    DZR_CHECK(x.rank() == 4, "vae: {} must be [C, T, H, W], got {}", what, x.str());
+}
+
+/// [L, C] columns of a wider row-major matrix -> [L, 1, C] single-head view (rows keep their stride).
+TensorView one_head(const TensorView& cols) {
+    return TensorView(cols.data, cols.dtype, Shape{cols.dim(0), 1, cols.dim(1)},
+                      Shape{cols.strides[0], cols.dim(1), 1}, cols.device);
+}
+
+/// Assembles the conv input [C, n + T, H, W] = [cache frames | f(x)] channels-first, with f =
+/// SiLU(norm(.)) when norm is given, else identity, and moves the newest kCacheFrames frames of that
+/// sequence into the cache. n = cache->frames (0 without cache).
+void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, TemporalCache* cache,
+              const TensorView& input) {
+    ArenaScope scope(be.workspace());
+    const int64_t C = x.dim(0), T = x.dim(1), HW = x.dim(2) * x.dim(3);
+    const int64_t n = cache ? cache->frames : 0;
+    TensorView seq = be.scratch(Shape{n + T, HW, C});  // channels-last, frame-major
+    TensorView tail = seq.slice(0, n, T);
+    if (norm) {
+        {
+            ArenaScope tmp(be.workspace());
+            TensorView xcl = be.scratch(Shape{T, HW, C});
+            to_channels_last(be, x, xcl);
+            // [T, HW, C] -> [T*HW, C] rows
+            norm->forward_rows(be, xcl.reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}));
+        }
+        be.activation(silu(), tail, tail);
+    } else {
+        to_channels_last(be, x, tail);
+    }
+    if (cache) {
+        if (n > 0) be.copy(cache->buf.slice(0, 0, n), seq.slice(0, 0, n));
+        const int64_t keep = std::min<int64_t>(kCacheFrames, n + T);
+        DZR_ASSERT(cache->buf.dim(0) >= keep && cache->buf.dim(1) == HW && cache->buf.dim(2) == C);
+        be.copy(seq.slice(0, n + T - keep, keep), cache->buf.slice(0, 0, keep));
+        cache->frames = int(keep);
+    }
+    to_channels_first(be, seq, input);
+}
+
+}  // namespace
+
+// ---- helpers -----------------------------------------------------------------------------------
+
+TensorView carve(const TensorView& buf, const Shape& shape) {
+    DZR_ASSERT(shape.numel() <= buf.numel());
+    return TensorView(buf.data, buf.dtype, shape, buf.device);
+}
+
+void to_channels_last(Backend& be, const TensorView& x, const TensorView& out) {
+    const int64_t C = x.dim(0), T = x.dim(1), H = x.dim(2), W = x.dim(3);
+    DZR_ASSERT(out.numel() == x.numel());
+    // [C, T, H, W] -> [T, H, W, C]
+    be.copy(x.permute({1, 2, 3, 0}), out.reshape(Shape{T, H, W, C}));
+}
+
+void to_channels_first(Backend& be, const TensorView& x, const TensorView& out) {
+    const int64_t C = out.dim(0), T = out.dim(1), H = out.dim(2), W = out.dim(3);
+    DZR_ASSERT(x.numel() == out.numel() && x.dim(0) == T && x.dim(-1) == C);
+    // [T, H*W, C] -> [T, H, W, C] -> [C, T, H, W]
+    be.copy(x.reshape(Shape{T, H, W, C}).permute({3, 0, 1, 2}), out);
+}
+
+void upsample_nearest2x(Backend& be, const TensorView& x, const TensorView& out) {
+    const int64_t C = x.dim(0), T = x.dim(1), H = x.dim(2), W = x.dim(3);
+    DZR_ASSERT(out.shape == (Shape{C, T, 2 * H, 2 * W}));
+    // NOTE: nearest and nearest-exact agree for an integer factor of 2: source = floor(dst / 2).
+    // Broadcast view [C, T, H, 2, W, 2] with stride 0 on the repeat dims -> contiguous [C, T, 2H, 2W].
+    const TensorView src(x.data, x.dtype, Shape{C, T, H, 2, W, 2},
+                         Shape{x.strides[0], x.strides[1], x.strides[2], 0, x.strides[3], 0}, x.device);
+    be.copy(src, out.reshape(Shape{C, T, H, 2, W, 2}));
+}
+
+void clamp_unit(Backend& be, const TensorView& x, const TensorView& out) {
+    // NOTE: the Backend has no clamp op. clamp(x, -1, 1) = x - relu(x - 1) + relu(-x - 1): inside
+    // [-1, 1] both relu terms are exactly 0, so in-range values pass bit-unchanged; above 1,
+    // x - (x - 1) is exactly 1 whenever x - 1 is exact (|x| < 2^24 in f32, < 2^8 in bf16), and
+    // symmetrically below -1.
+    ArenaScope scope(be.workspace());
+    TensorView over = be.scratch(x.shape, x.dtype);
+    TensorView under = be.scratch(x.shape, x.dtype);
+    be.scale(ScaleParams{1.0f, -1.0f}, x, over);
+    be.activation(ActivationParams{Activation::Relu}, over, over);
+    be.scale(ScaleParams{-1.0f, -1.0f}, x, under);
+    be.activation(ActivationParams{Activation::Relu}, under, under);
+    be.binary(BinaryParams{BinaryOp::Sub}, x, over, out);
+    be.add(out, under, out);
+}
+
+// ---- ChannelRmsNorm ----------------------------------------------------------------------------
+
+void ChannelRmsNorm::load(WeightLoader& loader, const std::string& key, int channels, bool images) {
+    channels_ = channels;
+    const Shape shape = images ? Shape{channels, 1, 1} : Shape{channels, 1, 1, 1};
+    gamma_ = loader.require(key, shape);
+    gamma_vec_ = gamma_.view().reshape(Shape{channels});  // [C, 1, 1(, 1)] -> [C]
+}
+
+void ChannelRmsNorm::forward_rows(Backend& be, const TensorView& x, const TensorView& out) const {
+    DZR_ASSERT(x.cols() == channels_);
+    be.rms_norm(RmsNormParams{eps()}, x, gamma_vec_, out);
+}
+
+// ---- CausalConv3d ------------------------------------------------------------------------------
+
+void CausalConv3d::load(WeightLoader& loader, const std::string& path, int in_ch, int out_ch,
+                        std::array<int, 3> kernel, std::array<int, 3> padding) {
+    in_ = in_ch;
+    out_ = out_ch;
+    kernel_ = kernel;
+    pad_ = padding;
+    DZR_ASSERT(pad_[0] == 0 || 2 * pad_[0] == kernel_[0] - 1);
+    weight_ = loader.require(path + "weight", Shape{out_ch, in_ch, kernel[0], kernel[1], kernel[2]});
+    bias_ = loader.require(path + "bias", Shape{out_ch});
+}
+
+void CausalConv3d::convolve(Backend& be, const TensorView& input, int time_pad, int time_stride,
+                            const TensorView& out) const {
+    Conv3dParams p;
+    p.stride[0] = time_stride;
+    p.pad_before[0] = time_pad;
+    for (int d = 1; d < 3; ++d) {
+        p.pad_before[d] = pad_[d];
+        p.pad_after[d] = pad_[d];
+    }
+    be.conv3d(p, input, weight_, bias_, out);
+}
+
+void CausalConv3d::forward(Backend& be, const TensorView& x, TemporalCache* cache,
+                           const TensorView& out) const {
+    check_activation(x, "causal conv input");
+    DZR_ASSERT(x.dim(0) == in_ && out.dim(0) == out_ && out.dim(1) == x.dim(1));
+    const int hist = history();
+    DZR_ASSERT(hist > 0 || cache == nullptr);
+    const int n = cache ? cache->frames : 0;
+    if (n == 0 && x.is_contiguous()) {
+        if (cache) {
+            const int64_t T = x.dim(1), keep = std::min<int64_t>(kCacheFrames, T);
+            to_channels_last(be, x.slice(1, T - keep, keep), cache->buf.slice(0, 0, keep));
+            cache->frames = int(keep);
+        }
+        convolve(be, x, hist, 1, out);
+        return;
+    }
+    ArenaScope scope(be.workspace());
+    TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
+    assemble(be, x, nullptr, cache, input);
+    convolve(be, input, hist - n, 1, out);
+}
+
+void CausalConv3d::forward_normed(Backend& be, const ChannelRmsNorm& norm, const TensorView& x,
+                                  TemporalCache* cache, const TensorView& out) const {
+    check_activation(x, "causal conv input");
+    DZR_ASSERT(x.dim(0) == in_ && norm.channels() == in_ && out.dim(0) == out_ && out.dim(1) == x.dim(1));
+    DZR_ASSERT(history() > 0 || cache == nullptr);
+    const int n = cache ? cache->frames : 0;
+    ArenaScope scope(be.workspace());
+    TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
+    assemble(be, x, &norm, cache, input);
+    convolve(be, input, history() - n, 1, out);
+}
+
+// ---- ResidualBlock -----------------------------------------------------------------------------
+
+void ResidualBlock::load(WeightLoader& loader, const std::string& path, int in_ch, int out_ch) {
+    // residual = [RMS_norm, SiLU, CausalConv3d, RMS_norm, SiLU, Dropout, CausalConv3d]
+    norm1_.load(loader, path + "residual.0.gamma", in_ch, false);
+    conv1_.load(loader, path + "residual.2.", in_ch, out_ch, {3, 3, 3}, {1, 1, 1});
+    norm2_.load(loader, path + "residual.3.gamma", out_ch, false);
+    conv2_.load(loader, path + "residual.6.", out_ch, out_ch, {3, 3, 3}, {1, 1, 1});
+    if (in_ch != out_ch) {
+        shortcut_.emplace();
+        shortcut_->load(loader, path + "shortcut.", in_ch, out_ch, {1, 1, 1}, {0, 0, 0});
+    }
+}
+
+void ResidualBlock::forward(Backend& be, const TensorView& x, TemporalCache* caches,
+                            const TensorView& out) const {
+    check_activation(x, "residual block input");
+    DZR_ASSERT(x.is_contiguous() && out.shape == (Shape{out_channels(), x.dim(1), x.dim(2), x.dim(3)}));
+    ArenaScope scope(be.workspace());
+    TensorView mid = be.scratch(out.shape);
+    conv1_.forward_normed(be, norm1_, x, caches ? &caches[0] : nullptr, mid);
+    conv2_.forward_normed(be, norm2_, mid, caches ? &caches[1] : nullptr, out);
+    if (shortcut_) {
+        shortcut_->forward(be, x, nullptr, mid);  // mid is free again: reuse it for the shortcut
+        be.add(out, mid, out);
+    } else {
+        be.add(out, x, out);
+    }
+}
+
+// ---- AttentionBlock ----------------------------------------------------------------------------
+
+void AttentionBlock::load(WeightLoader& loader, const std::string& path, int channels) {
+    channels_ = channels;
+    const int64_t C = channels;
+    norm_.load(loader, path + "norm.gamma", channels, true);
+    qkv_w_ = loader.require(path + "to_qkv.weight", Shape{3 * C, C, 1, 1});
+    qkv_b_ = loader.require(path + "to_qkv.bias", Shape{3 * C});
+    proj_w_ = loader.require(path + "proj.weight", Shape{C, C, 1, 1});
+    proj_b_ = loader.require(path + "proj.bias", Shape{C});
+    qkv_w2_ = qkv_w_.view().reshape(Shape{3 * C, C});  // [3C, C, 1, 1] -> [3C, C]
+    proj_w2_ = proj_w_.view().reshape(Shape{C, C});    // [C, C, 1, 1] -> [C, C]
+}
+
+void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView& out) const {
+    check_activation(x, "attention block input");
+    const int64_t C = channels_, T = x.dim(1), L = x.dim(2) * x.dim(3);
+    DZR_ASSERT(x.dim(0) == C && x.is_contiguous() && out.shape == x.shape);
+    ArenaScope scope(be.workspace());
+    TensorView xn = be.scratch(Shape{T, L, C});
+    {
+        ArenaScope tmp(be.workspace());
+        TensorView xcl = be.scratch(Shape{T, L, C});
+        to_channels_last(be, x, xcl);  // [C, T, H, W] -> [T, L, C]
+        norm_.forward_rows(be, xcl.reshape(Shape{T * L, C}), xn.reshape(Shape{T * L, C}));
+    }
+    TensorView y = be.scratch(Shape{T, L, C});
+    TensorView qkv = be.scratch(Shape{L, 3 * C});
+    TensorView q = be.scratch(Shape{L, 1, C});
+    TensorView o = be.scratch(Shape{L, 1, C});
+    const AttentionParams attn{float(1.0 / std::sqrt(double(C)))};
+    // NOTE: one frame at a time (the reference folds time into the batch): every GEMM has the same
+    // shape whatever the chunking, which keeps chunked and whole-clip passes bit-identical on CPU.
+    for (int64_t t = 0; t < T; ++t) {
+        // [L, C] x [3C, C]^T -> [L, 3C]; columns [q | k | v]
+        be.linear(xn.slice(0, t, 1).reshape(Shape{L, C}), qkv_w2_, qkv_b_, qkv);
+        be.copy(one_head(qkv.slice(1, 0, C)), q);  // [L, C] (row stride 3C) -> [L, 1, C]
+        be.attention(attn, q, one_head(qkv.slice(1, C, C)), one_head(qkv.slice(1, 2 * C, C)), TensorView{},
+                     o);
+        // [L, C] x [C, C]^T -> [L, C]
+        be.linear(o.reshape(Shape{L, C}), proj_w2_, proj_b_, y.slice(0, t, 1).reshape(Shape{L, C}));
+    }
+    to_channels_first(be, y, out);  // [T, L, C] -> [C, T, H, W]
+    be.add(out, x, out);
+}
+
+// ---- Resample ----------------------------------------------------------------------------------
+
+void Resample::load(WeightLoader& loader, const std::string& path, int channels, ResampleMode mode) {
+    mode_ = mode;
+    channels_ = channels;
+    const int64_t C = channels, Co = out_channels();
+    // resample = [ZeroPad2d | Upsample, Conv2d]
+    conv_w_ = loader.require(path + "resample.1.weight", Shape{Co, C, 3, 3});
+    conv_b_ = loader.require(path + "resample.1.bias", Shape{Co});
+    conv_w5_ = conv_w_.view().reshape(Shape{Co, C, 1, 3, 3});  // Conv2d as a conv3d with kt = 1
+    if (mode == ResampleMode::Down3d)
+        time_conv_.load(loader, path + "time_conv.", channels, channels, {3, 1, 1}, {0, 0, 0});
+    else if (mode == ResampleMode::Up3d)
+        time_conv_.load(loader, path + "time_conv.", channels, 2 * channels, {3, 1, 1}, {1, 0, 0});
+}
+
+int Resample::out_channels() const {
+    const bool up = mode_ == ResampleMode::Up2d || mode_ == ResampleMode::Up3d;
+    return up ? channels_ / 2 : channels_;
+}
+
+Shape Resample::cache_shape(const Shape& in) const {
+    switch (mode_) {
+        case ResampleMode::Down3d:
+            return Shape{1, (in[2] / 2) * (in[3] / 2), channels_};
+        case ResampleMode::Up3d:
+            return Shape{kCacheFrames, in[2] * in[3], channels_};
+        default:
+            return Shape{};
+    }
+}
+
+Shape Resample::output_shape(const Shape& in, bool first) const {
+    const int64_t T = in[1], H = in[2], W = in[3];
+    switch (mode_) {
+        case ResampleMode::Down2d:
+            return Shape{channels_, T, H / 2, W / 2};
+        case ResampleMode::Down3d:
+            return Shape{channels_, first ? 1 + (T - 1) / 2 : T / 2, H / 2, W / 2};
+        case ResampleMode::Up2d:
+            return Shape{channels_ / 2, T, 2 * H, 2 * W};
+        case ResampleMode::Up3d:
+            return Shape{channels_ / 2, first ? 1 + 2 * (T - 1) : 2 * T, 2 * H, 2 * W};
+    }
+    return Shape{};
+}
+
+void Resample::spatial(Backend& be, const TensorView& x, const TensorView& out) const {
+    Conv3dParams p;
+    if (mode_ == ResampleMode::Down2d || mode_ == ResampleMode::Down3d) {
+        // ZeroPad2d((0, 1, 0, 1)) then Conv2d(3, stride 2)
+        p.stride[1] = p.stride[2] = 2;
+        p.pad_after[1] = p.pad_after[2] = 1;
+        be.conv3d(p, x, conv_w5_, conv_b_, out);
+        return;
+    }
+    ArenaScope scope(be.workspace());
+    TensorView up = be.scratch(Shape{x.dim(0), x.dim(1), 2 * x.dim(2), 2 * x.dim(3)});
+    upsample_nearest2x(be, x, up);
+    p.pad_before[1] = p.pad_before[2] = p.pad_after[1] = p.pad_after[2] = 1;
+    be.conv3d(p, up, conv_w5_, conv_b_, out);
+}
+
+void Resample::forward(Backend& be, const TensorView& x, TemporalCache* cache, const TensorView& out) const {
+    check_activation(x, "resample input");
+    DZR_ASSERT(x.dim(0) == channels_ && x.is_contiguous());
+    const bool first = cache == nullptr || !cache->started;
+    DZR_ASSERT(out.shape == output_shape(x.shape, first));
+    switch (mode_) {
+        case ResampleMode::Down2d:
+        case ResampleMode::Up2d:
+            spatial(be, x, out);
+            return;
+        case ResampleMode::Down3d:
+            forward_down3d(be, x, cache, out);
+            return;
+        case ResampleMode::Up3d:
+            forward_up3d(be, x, cache, out);
+            return;
+    }
+}
+
+void Resample::forward_down3d(Backend& be, const TensorView& x, TemporalCache* cache,
+                              const TensorView& out) const {
+    const bool first = cache == nullptr || !cache->started;
+    const int64_t C = channels_, T = x.dim(1), h = x.dim(2) / 2, w = x.dim(3) / 2;
+    ArenaScope scope(be.workspace());
+    TensorView y = be.scratch(Shape{C, T, h, w});
+    spatial(be, x, y);
+    if (first) {
+        // The first chunk's frames skip the time conv except through its stride-2 windows: frame 0
+        // passes through, then windows (0,1,2), (2,3,4), ... (the whole-clip form of the rule).
+        DZR_CHECK(T % 2 == 1,
+                  "vae: a clip's first temporal chunk needs an odd frame count at a temporal "
+                  "downsample, got {} frames",
+                  T);
+        const int64_t nconv = (T - 1) / 2;
+        if (nconv == 0) {
+            be.copy(y, out);
+        } else {
+            TensorView conv = be.scratch(Shape{C, nconv, h, w});
+            time_conv_.convolve(be, y, 0, 2, conv);
+            TensorView seq = be.scratch(Shape{1 + nconv, h * w, C});  // [frame 0 | windows] channels-last
+            to_channels_last(be, y.slice(1, 0, 1), seq.slice(0, 0, 1));
+            to_channels_last(be, conv, seq.slice(0, 1, nconv));
+            to_channels_first(be, seq, out);
+        }
+    } else {
+        // Later chunks: windows over [last frame of the previous chunk | this chunk].
+        DZR_CHECK(T % 2 == 0,
+                  "vae: a later temporal chunk needs an even frame count at a temporal downsample, "
+                  "got {} frames",
+                  T);
+        TensorView seq = be.scratch(Shape{1 + T, h * w, C});
+        be.copy(cache->buf.slice(0, 0, 1), seq.slice(0, 0, 1));
+        to_channels_last(be, y, seq.slice(0, 1, T));
+        TensorView input = be.scratch(Shape{C, 1 + T, h, w});
+        to_channels_first(be, seq, input);
+        time_conv_.convolve(be, input, 0, 2, out);
+    }
+    if (cache) {
+        to_channels_last(be, y.slice(1, T - 1, 1), cache->buf.slice(0, 0, 1));
+        cache->frames = 1;
+        cache->started = true;
+    }
+}
+
+void Resample::forward_up3d(Backend& be, const TensorView& x, TemporalCache* cache,
+                            const TensorView& out) const {
+    const bool first = cache == nullptr || !cache->started;
+    const int64_t C = channels_, T = x.dim(1), H = x.dim(2), W = x.dim(3), HW = H * W;
+    // The clip's first frame is not doubled; every later frame t gives frames 2t and 2t+1 through the
+    // time conv, whose causal history starts (zero-padded) at the clip's second frame.
+    const int64_t skip = first ? 1 : 0, n = T - skip, frames = skip + 2 * n;
+    ArenaScope scope(be.workspace());
+    TensorView doubled = be.scratch(Shape{C, frames, H, W});
+    if (n == 0) {
+        be.copy(x, doubled);
+    } else {
+        TensorView tc = be.scratch(Shape{2 * C, n, H, W});
+        time_conv_.forward(be, x.slice(1, skip, n), cache, tc);
+        // tc channels [s*C + c] hold frame 2t+s of channel c: view [C, n, 2, HW] (s stride C*n*HW)
+        const int64_t plane = n * HW;
+        if (first) {
+            TensorView seq = be.scratch(Shape{frames, HW, C});  // [frame 0 | doubled frames] channels-last
+            to_channels_last(be, x.slice(1, 0, 1), seq.slice(0, 0, 1));
+            const TensorView pairs(tc.data, tc.dtype, Shape{n, 2, HW, C}, Shape{HW, C * plane, 1, plane},
+                                   tc.device);
+            be.copy(pairs, seq.slice(0, 1, 2 * n).reshape(Shape{n, 2, HW, C}));
+            to_channels_first(be, seq, doubled);
+        } else {
+            const TensorView pairs(tc.data, tc.dtype, Shape{C, n, 2, HW}, Shape{plane, HW, C * plane, 1},
+                                   tc.device);
+            be.copy(pairs, doubled.reshape(Shape{C, n, 2, HW}));
+        }
+    }
+    if (cache) cache->started = true;
+    spatial(be, doubled, out);
+}
+
+}  // namespace dzr::vae

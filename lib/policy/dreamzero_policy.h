@@ -1,0 +1,173 @@
+#pragma once
+/// The DreamZero policy: one call per observation (dreamzero-reference.md §1.4-§1.6, §3.6).
+///
+/// Per call: preprocess the frames into canvases; apply the reset rules (first call, prompt change,
+/// a 1-frame call, start frame >= the attention window); on a reset encode the reference frame with
+/// CLIP and the VAE (`ys`) and run the prefill forward of both CFG branches; otherwise VAE-encode the
+/// clip and commit its two newest latent frames to both branches' KV caches; then denoise 2 latent
+/// frames jointly with the 24-step action chunk (FlowUniPC ×2, CFG on video only, the step mask);
+/// post-process the actions to 24×8 robot targets.
+///
+/// Everything numerical goes through a Backend. Persistent buffers and the KV pool are allocated at
+/// construction and the workspace arena is sized there too (by running the same calls on a
+/// MeasuringBackend), so calls make no device allocation.
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/backend.h"
+#include "config/run_config.h"
+#include "kv/kv_cache_manager.h"
+#include "policy/preprocess.h"
+#include "sampling/noise.h"
+#include "weights/checkpoint.h"
+#include "weights/weight_source.h"
+
+namespace dzr {
+
+class Umt5Tokenizer;
+class Umt5Encoder;
+class ClipVision;
+class WanVae;
+class CausalDit;
+class FlowUniPC;
+class StepSchedule;
+class DenseSelfAttentionCache;
+class PagedSelfAttentionCache;
+struct DitCrossKv;
+
+/// One policy call's observation. Frames are host uint8 [T, H, W, 3] RGB (T = 1 on a session's first
+/// call, else 4; 8 and 9 are accepted as the reference does); the state is raw (un-normalized).
+struct Observation {
+    TensorView exterior_1;  ///< exterior_image_1_left (RoboArena exterior_image_0_left)
+    TensorView exterior_2;  ///< exterior_image_2_left
+    TensorView wrist;       ///< wrist_image_left
+    std::array<double, 7> joint_position{};
+    double gripper_position = 0.0;
+    std::string prompt;
+};
+
+/// Wall time of one call's phases in milliseconds (device work is synchronized at phase ends).
+struct PhaseTimes {
+    double preprocess = 0, text_encoder = 0, image_encoder = 0, vae_encode = 0, kv_commit = 0, dit = 0,
+           scheduler = 0, postprocess = 0, total = 0;
+};
+
+struct PolicyCallResult {
+    std::vector<float> actions;          ///< [24, 8] robot actions (7 absolute joints, 1 gripper)
+    std::vector<float> actions_normalized;  ///< [24, action_dim] the model's normalized output
+    PhaseTimes times;
+    int call_index = 0;                  ///< 0-based calls since construction
+    int start_frame = 0;                 ///< the denoised block's start frame (latent frames)
+    bool reset = false;                  ///< this call started a new attention window
+    std::string reset_reason;            ///< "first call", "prompt changed", "1-frame call", "window full"
+    int64_t kv_tokens = 0;               ///< committed tokens the denoising forwards attended to
+    int dit_evaluations = 0;             ///< network evaluations of the denoising loop (per branch)
+};
+
+/// How the self-attention history is kept.
+enum class KvMode : uint8_t { Paged, Dense };
+
+struct PolicyOptions {
+    config::SamplingConfig sampling;
+    KvConfig kv;
+    KvMode kv_mode = KvMode::Paged;
+    std::string embodiment = "oxe_droid";
+    std::string tokenizer;               ///< spiece.model or a dir holding one; empty: from the checkpoint
+    std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(sampling.seed)
+    UnitRangeMode unit_range = UnitRangeMode::F32;
+    bool check_finite = false;           ///< debug: check every stage (synchronizes) and name the culprit
+    size_t free_device_bytes = 0;        ///< for a fractional kv.memory_budget (0 = unknown)
+};
+
+/// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during
+/// the callback). Stages: "text.pos", "text.neg", "clip", "ys", "vae.clip", "noise.video",
+/// "noise.action", "dit.<kind>.<branch>.<step>.video" / ".action", "velocity.<step>", "actions".
+using PolicyTraceFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
+
+class DreamZeroPolicy {
+public:
+    /// Loads every network from `weights` (geometry `model`) onto `be`, plans the workspace, allocates
+    /// the KV pool. `statistics` are the embodiment's q01/q99 (metadata.json).
+    DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights, const EmbodimentStatistics& statistics,
+                    const std::filesystem::path& tokenizer, const PolicyOptions& options, Backend& be);
+    ~DreamZeroPolicy();
+    DreamZeroPolicy(const DreamZeroPolicy&) = delete;
+    DreamZeroPolicy& operator=(const DreamZeroPolicy&) = delete;
+
+    /// One policy call. On failure the session fails closed: the next call starts a new window.
+    PolicyCallResult step(const Observation& obs);
+    /// Forget the session (the next call is a first call). The KV pool is returned whole.
+    void reset();
+
+    const ModelConfig& model() const { return model_; }
+    Backend& backend() { return be_; }
+    /// Workspace bytes reserved on the backend (planned at construction).
+    size_t workspace_bytes() const { return workspace_bytes_; }
+    /// The KV memory plan (paged mode) or the dense caches' bytes.
+    size_t kv_bytes() const;
+    const KvCacheManager* kv_manager() const { return kv_manager_.get(); }
+    /// The predicted latent frames of the last call, [z, f, h, w] on the backend (f = 3 on a window's
+    /// first call: the reference frame's latent, then the 2 predicted frames; else 2).
+    TensorView last_video_latent() const;
+    void set_trace(PolicyTraceFn trace) { trace_ = std::move(trace); }
+    std::string describe() const;
+
+private:
+    struct Buffers;
+    enum class ForwardKind : uint8_t { Prefill, Commit, Denoise };
+
+    void plan_workspace(const WeightSource& weights, const std::filesystem::path& tokenizer);
+    void encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out);
+    void populate_text_cross();
+    void populate_image_cross();
+    void forward_branch(int branch, ForwardKind kind, const TensorView& x, const TensorView& y, int start_frame,
+                        int64_t timestep, const TensorView& video_out, const TensorView& action_out,
+                        int64_t action_timestep);
+    void trace(std::string_view stage, const TensorView& t);
+    void check_finite(std::string_view stage, const TensorView& t);
+    void sync_phase(double& slot, class Timer& timer);
+
+    ModelConfig model_;
+    PolicyOptions options_;
+    EmbodimentStatistics statistics_;
+    Backend& be_;
+    bool measuring_ = false;  // this instance runs on a MeasuringBackend (workspace planning)
+
+    std::unique_ptr<Umt5Tokenizer> tokenizer_;
+    std::unique_ptr<Umt5Encoder> text_encoder_;
+    std::unique_ptr<ClipVision> image_encoder_;
+    std::unique_ptr<WanVae> vae_;
+    std::unique_ptr<CausalDit> dit_;
+    std::unique_ptr<FlowUniPC> video_sampler_, action_sampler_;
+    std::unique_ptr<StepSchedule> schedule_;
+    std::shared_ptr<NoiseSource> noise_;
+
+    // KV: paged (manager + session + one cache per branch) or dense (one cache per branch).
+    std::unique_ptr<KvCacheManager> kv_manager_;
+    std::unique_ptr<KvSession> kv_session_;
+    std::array<std::unique_ptr<PagedSelfAttentionCache>, 2> paged_;
+    std::array<std::unique_ptr<DenseSelfAttentionCache>, 2> dense_;
+    std::unique_ptr<DitCrossKv> staging_kv_;      // paged: computed here, then copied into the cross caches
+    std::array<std::unique_ptr<DitCrossKv>, 2> branch_kv_;  // what the DiT reads, per branch
+
+    std::unique_ptr<Buffers> buf_;
+    size_t workspace_bytes_ = 0;
+
+    // Session state (dreamzero-reference.md §1.5).
+    bool started_ = false;
+    int start_frame_ = 0;
+    std::vector<int64_t> prompt_ids_;
+    bool text_ready_ = false;
+    int call_index_ = 0;
+    int last_latent_frames_ = 0;
+    PolicyTraceFn trace_;
+};
+
+/// A WeightSource of shapes only (no data), from the inventory of a geometry, for workspace planning.
+std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model);
+
+}  // namespace dzr

@@ -1,0 +1,384 @@
+#include "rollout/reports.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <limits>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/plots.h"
+
+namespace dzr::rollout {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Json stats_json(const TimingStats& s) {
+    return {{"count", s.count}, {"mean", s.mean}, {"median", s.median}, {"p90", s.p90}, {"min", s.min}, {"max", s.max}};
+}
+
+/// NaN and infinities have no JSON spelling: they become null.
+Json number_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+Json numbers_or_null(const std::vector<double>& v) {
+    Json a = Json::array();
+    for (double x : v) a.push_back(number_or_null(x));
+    return a;
+}
+
+double number_from(const Json& j) { return j.is_number() ? j.get<double>() : kNaN; }
+
+std::string csv_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : std::string("nan"); }
+
+/// Quotes a CSV field when it holds a comma, quote or line break.
+std::string csv_field(const std::string& s) {
+    if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+}
+
+}  // namespace
+
+// ---- timing ----
+
+double percentile(std::span<const double> sorted, double q) {
+    DZR_ASSERT(!sorted.empty() && q >= 0 && q <= 1);
+    const double h = q * double(sorted.size() - 1);
+    const size_t lo = size_t(std::floor(h));
+    const size_t hi = std::min(lo + 1, sorted.size() - 1);
+    return sorted[lo] + (h - double(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+TimingStats compute_stats(std::span<const double> values) {
+    TimingStats s;
+    if (values.empty()) return s;
+    std::vector<double> v(values.begin(), values.end());
+    std::sort(v.begin(), v.end());
+    s.count = int64_t(v.size());
+    s.mean = std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+    s.median = percentile(v, 0.5);
+    s.p90 = percentile(v, 0.9);
+    s.min = v.front();
+    s.max = v.back();
+    return s;
+}
+
+TimingStats TimingReport::total_stats() const {
+    std::vector<double> t;
+    for (const auto& c : calls)
+        if (c.timed) t.push_back(c.total_ms);
+    return compute_stats(t);
+}
+
+Json TimingReport::to_json() const {
+    Json j;
+    j["device"] = device;
+    j["checkpoint_load_ms"] = checkpoint_load_ms;
+    j["warmup"] = {{"calls", warmup_calls}, {"total_ms", warmup_ms}};
+    j["peak_gpu_memory_bytes"] = peak_gpu_memory_bytes ? Json(*peak_gpu_memory_bytes) : Json(nullptr);
+    j["phases"] = kPhaseNames;
+    Json calls_j = Json::array();
+    std::array<std::vector<double>, kNumPhases> phase_values;
+    for (const auto& c : calls) {
+        Json phases;
+        for (int p = 0; p < kNumPhases; ++p) {
+            phases[std::string(kPhaseNames[size_t(p)])] = c.phase_ms[size_t(p)];
+            if (c.timed) phase_values[size_t(p)].push_back(c.phase_ms[size_t(p)]);
+        }
+        calls_j.push_back({{"call", c.call}, {"anchor", c.anchor}, {"frames", c.frames}, {"timed", c.timed},
+                           {"total_ms", c.total_ms}, {"phases_ms", phases}});
+    }
+    j["calls"] = calls_j;
+    const TimingStats total = total_stats();
+    Json summary = {{"timed_calls", total.count}, {"total_ms", stats_json(total)}};
+    for (int p = 0; p < kNumPhases; ++p)
+        summary["phases_ms"][std::string(kPhaseNames[size_t(p)])] = stats_json(compute_stats(phase_values[size_t(p)]));
+    j["summary"] = summary;
+    return j;
+}
+
+// ---- manifest ----
+
+std::string iso8601_utc(std::chrono::system_clock::time_point t) {
+    const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+    std::tm tm{};
+    gmtime_r(&tt, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+Json RunManifest::to_json() const {
+    Json j;
+    j["dzr_version"] = DZR_VERSION;
+    j["git_hash"] = DZR_GIT_HASH;
+    j["episode"] = episode;
+    j["checkpoint"] = checkpoint;
+    j["config"] = config;
+    j["overrides"] = overrides;
+    j["seed"] = seed;
+    j["device"] = device;
+    j["command_line"] = command_line;
+    j["start_time"] = start_time;
+    for (const auto& [k, v] : extra.items()) j[k] = v;
+    return j;
+}
+
+// ---- metrics ----
+
+Metrics compute_metrics(const io::ActionChunks& pred, std::span<const double> gt, int64_t gt_rows,
+                        const MetricsOptions& opt, std::span<const ActionKey> keys) {
+    const int64_t dims = pred.dims;
+    DZR_CHECK(int64_t(gt.size()) == gt_rows * dims, "ground-truth actions: {} values for {} rows of {} dims",
+              gt.size(), gt_rows, dims);
+    DZR_CHECK(opt.steps >= -1 && opt.steps != 0, "metrics: steps must be positive or -1 (all), got {}", opt.steps);
+    for (const auto& k : keys)
+        DZR_CHECK(k.begin >= 0 && k.begin < k.end && k.end <= dims, "metrics: action key {} [{}, {}) does not fit {} dims",
+                  k.name, k.begin, k.end, dims);
+    const int64_t steps = opt.steps < 0 ? pred.horizon : std::min(opt.steps, pred.horizon);
+
+    Metrics m;
+    m.options = opt;
+    std::vector<double> dim_sum(size_t(dims), 0.0);
+    std::vector<double> step_sum(size_t(steps), 0.0), call_sum(size_t(pred.num_calls()), 0.0);
+    std::vector<int64_t> step_n(size_t(steps), 0), call_n(size_t(pred.num_calls()), 0);
+    for (int64_t c = 0; c < pred.num_calls(); ++c)
+        for (int64_t s = 0; s < steps; ++s) {
+            const int64_t row = pred.anchors[size_t(c)] + opt.gt_offset + s;
+            if (row < 0 || row >= gt_rows) {
+                ++m.skipped_steps;
+                continue;
+            }
+            ++m.compared_steps;
+            double sq_sum = 0;
+            for (int64_t d = 0; d < dims; ++d) {
+                const double e = double(pred.at(c, s, d)) - gt[size_t(row * dims + d)];
+                dim_sum[size_t(d)] += e * e;
+                sq_sum += e * e;
+            }
+            step_sum[size_t(s)] += sq_sum;
+            ++step_n[size_t(s)];
+            call_sum[size_t(c)] += sq_sum;
+            ++call_n[size_t(c)];
+        }
+    const double n = double(m.compared_steps);
+    m.per_dim.resize(size_t(dims));
+    for (int64_t d = 0; d < dims; ++d) m.per_dim[size_t(d)] = n > 0 ? dim_sum[size_t(d)] / n : kNaN;
+    m.overall_mse = n > 0 ? std::accumulate(dim_sum.begin(), dim_sum.end(), 0.0) / (n * double(dims)) : kNaN;
+    for (const auto& k : keys) {
+        double sum = 0;
+        for (int d = k.begin; d < k.end; ++d) sum += dim_sum[size_t(d)];
+        m.per_key.emplace_back(std::string(k.name), n > 0 ? sum / (n * double(k.end - k.begin)) : kNaN);
+    }
+    for (int64_t s = 0; s < steps; ++s)
+        m.per_step.push_back(step_n[size_t(s)] ? step_sum[size_t(s)] / double(step_n[size_t(s)] * dims) : kNaN);
+    for (int64_t c = 0; c < pred.num_calls(); ++c)
+        m.per_call.push_back(call_n[size_t(c)] ? call_sum[size_t(c)] / double(call_n[size_t(c)] * dims) : kNaN);
+    return m;
+}
+
+Json Metrics::to_json() const {
+    Json j;
+    j["alignment"] = {{"gt_offset", options.gt_offset},
+                      {"steps", options.steps},
+                      {"rule", "predicted step s of the call anchored at frame a vs ground-truth row a + gt_offset + s"}};
+    j["overall_mse"] = number_or_null(overall_mse);
+    Json keys = Json::object();
+    for (const auto& [k, v] : per_key) keys[k] = number_or_null(v);
+    j["per_key_mse"] = keys;
+    j["per_dim_mse"] = numbers_or_null(per_dim);
+    j["per_step_mse"] = numbers_or_null(per_step);
+    j["per_call_mse"] = numbers_or_null(per_call);
+    j["compared_steps"] = compared_steps;
+    j["skipped_steps"] = skipped_steps;
+    return j;
+}
+
+Metrics Metrics::from_json(const Json& j, const std::string& source) {
+    Metrics m;
+    try {
+        m.options.gt_offset = j.at("alignment").at("gt_offset").get<int64_t>();
+        m.options.steps = j.at("alignment").at("steps").get<int64_t>();
+        m.overall_mse = number_from(j.at("overall_mse"));
+        for (const auto& [k, v] : j.at("per_key_mse").items()) m.per_key.emplace_back(k, number_from(v));
+        for (const auto& v : j.at("per_dim_mse")) m.per_dim.push_back(number_from(v));
+        for (const auto& v : j.at("per_step_mse")) m.per_step.push_back(number_from(v));
+        for (const auto& v : j.at("per_call_mse")) m.per_call.push_back(number_from(v));
+        m.compared_steps = j.at("compared_steps").get<int64_t>();
+        m.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    } catch (const Json::exception& e) {
+        DZR_THROW("{}: not a metrics report: {}", source, e.what());
+    }
+    return m;
+}
+
+std::string Metrics::mse_csv() const {
+    std::string out = fmt::format("overall_mse,{}\n", csv_number(overall_mse));
+    for (const auto& [k, v] : per_key) out += fmt::format("action.{},{}\n", k, csv_number(v));
+    for (size_t d = 0; d < per_dim.size(); ++d) out += fmt::format("dim_{},{}\n", d, csv_number(per_dim[d]));
+    return out;
+}
+
+void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
+                        int64_t gt_rows, const Metrics& metrics) {
+    const int64_t dims = pred.dims;
+    const int64_t steps = metrics.options.steps < 0 ? pred.horizon : std::min(metrics.options.steps, pred.horizon);
+    std::vector<io::Image> panels;
+    for (int64_t d = 0; d < dims; ++d) {
+        io::PlotSeries g{"ground truth", io::kPlotBlue, {}, {}, 1, false};
+        for (int64_t r = 0; r < gt_rows; ++r) {
+            g.x.push_back(double(r));
+            g.y.push_back(gt[size_t(r * dims + d)]);
+        }
+        // Each call's chunk is its own segment, placed at the frames it is compared with.
+        io::PlotSeries p{"predicted", io::kPlotOrange, {}, {}, 1, false};
+        for (int64_t c = 0; c < pred.num_calls(); ++c) {
+            for (int64_t s = 0; s < steps; ++s) {
+                p.x.push_back(double(pred.anchors[size_t(c)] + metrics.options.gt_offset + s));
+                p.y.push_back(pred.at(c, s, d));
+            }
+            p.x.push_back(kNaN);
+            p.y.push_back(kNaN);
+        }
+        std::string key;
+        for (const auto& k : kDroidActionKeys)
+            if (dims == 8 && d >= k.begin && d < k.end)
+                key = k.end - k.begin == 1 ? fmt::format(" {}", k.name) : fmt::format(" {}[{}]", k.name, d - k.begin);
+        io::PlotSpec spec;
+        const double mse = size_t(d) < metrics.per_dim.size() ? metrics.per_dim[size_t(d)] : kNaN;
+        spec.title = fmt::format("action dim {}{}  (MSE={:.6f})", d, key, mse);
+        spec.x_label = "frame";
+        spec.series = {g, p};
+        panels.push_back(io::render_plot(spec));
+        out.write_png(fmt::format("action_dim_{}.png", d), panels.back());
+    }
+    out.write_png("all_action_dims.png", io::tile_images(panels, 2));
+}
+
+Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
+                      int64_t gt_rows, const MetricsOptions& options, bool plots) {
+    Metrics m = compute_metrics(pred, gt, gt_rows, options);
+    out.write_json("metrics.json", m.to_json());
+    out.write_text("mse.csv", m.mse_csv());
+    if (plots) write_action_plots(out, pred, gt, gt_rows, m);
+    return m;
+}
+
+// ---- summary ----
+
+EpisodeSummary summary_from_outputs(const fs::path& dir, const std::string& name) {
+    EpisodeSummary e;
+    e.name = name;
+    e.status = "skipped";
+    auto load = [](const fs::path& p) -> std::optional<Json> {
+        std::error_code ec;
+        if (!fs::is_regular_file(p, ec)) return std::nullopt;
+        try {
+            return Json::parse(io::read_file(p));
+        } catch (const Json::exception& ex) {
+            DZR_THROW("{}: invalid JSON: {}", p.string(), ex.what());
+        }
+    };
+    const fs::path done_path = dir / std::string(io::kDoneMarker);
+    const auto done = load(done_path);
+    DZR_CHECK(done.has_value(), "{}: the episode has no {} (it did not finish)", dir.string(), io::kDoneMarker);
+    try {
+        e.num_frames = done->value("num_frames", int64_t(0));
+        e.num_calls = done->value("num_calls", int64_t(0));
+    } catch (const Json::exception& ex) {
+        DZR_THROW("{}: {}", done_path.string(), ex.what());
+    }
+    if (auto m = load(dir / "metrics.json")) e.metrics = Metrics::from_json(*m, (dir / "metrics.json").string());
+    if (auto t = load(dir / "timing.json")) {
+        try {
+            for (const auto& c : t->at("calls"))
+                if (c.at("timed").get<bool>()) e.call_ms.push_back(c.at("total_ms").get<double>());
+        } catch (const Json::exception& ex) {
+            DZR_THROW("{}: not a timing report: {}", (dir / "timing.json").string(), ex.what());
+        }
+    }
+    return e;
+}
+
+Json summary_json(std::span<const EpisodeSummary> episodes) {
+    Json list = Json::array();
+    int64_t ok = 0, failed = 0, skipped = 0;
+    double pooled_sum = 0;
+    int64_t pooled_n = 0;
+    std::vector<std::pair<std::string, double>> key_sum;
+    std::vector<double> all_calls;
+    for (const auto& e : episodes) {
+        ok += e.status == "ok";
+        failed += e.status == "failed";
+        skipped += e.status == "skipped";
+        Json j = {{"name", e.name}, {"status", e.status}, {"num_frames", e.num_frames}, {"num_calls", e.num_calls}};
+        if (!e.error.empty()) j["error"] = e.error;
+        if (e.metrics) {
+            j["overall_mse"] = number_or_null(e.metrics->overall_mse);
+            Json keys = Json::object();
+            for (const auto& [k, v] : e.metrics->per_key) keys[k] = number_or_null(v);
+            j["per_key_mse"] = keys;
+            j["compared_steps"] = e.metrics->compared_steps;
+            if (e.metrics->compared_steps > 0 && std::isfinite(e.metrics->overall_mse)) {
+                // Every compared step weighs the same, whichever episode it came from.
+                const double w = double(e.metrics->compared_steps);
+                pooled_sum += e.metrics->overall_mse * w;
+                pooled_n += e.metrics->compared_steps;
+                for (const auto& [k, v] : e.metrics->per_key) {
+                    auto it = std::find_if(key_sum.begin(), key_sum.end(), [&](auto& p) { return p.first == k; });
+                    if (it == key_sum.end()) it = key_sum.insert(key_sum.end(), {k, 0.0});
+                    it->second += v * w;
+                }
+            }
+        }
+        if (!e.call_ms.empty()) j["call_ms"] = stats_json(compute_stats(e.call_ms));
+        all_calls.insert(all_calls.end(), e.call_ms.begin(), e.call_ms.end());
+        list.push_back(j);
+    }
+    Json totals = {{"episodes", int64_t(episodes.size())}, {"ok", ok}, {"failed", failed}, {"skipped", skipped}};
+    if (pooled_n > 0) {
+        totals["overall_mse"] = pooled_sum / double(pooled_n);
+        Json keys = Json::object();
+        for (const auto& [k, v] : key_sum) keys[k] = v / double(pooled_n);
+        totals["per_key_mse"] = keys;
+        totals["compared_steps"] = pooled_n;
+    }
+    if (!all_calls.empty()) totals["call_ms"] = stats_json(compute_stats(all_calls));
+    return {{"episodes", list}, {"totals", totals}};
+}
+
+std::string summary_csv(std::span<const EpisodeSummary> episodes) {
+    std::string out = "episode,status,frames,calls,overall_mse,joint_position_mse,gripper_position_mse,"
+                      "call_ms_median,call_ms_p90,call_ms_max,error\n";
+    for (const auto& e : episodes) {
+        auto key = [&](std::string_view k) {
+            if (!e.metrics) return std::string();
+            for (const auto& [name, v] : e.metrics->per_key)
+                if (name == k) return csv_number(v);
+            return std::string();
+        };
+        const TimingStats t = compute_stats(e.call_ms);
+        const bool timed = !e.call_ms.empty();
+        out += fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(e.name), e.status, e.num_frames, e.num_calls,
+                           e.metrics ? csv_number(e.metrics->overall_mse) : "", key("joint_position"),
+                           key("gripper_position"), timed ? fmt::format("{:.3f}", t.median) : "",
+                           timed ? fmt::format("{:.3f}", t.p90) : "", timed ? fmt::format("{:.3f}", t.max) : "",
+                           csv_field(e.error));
+    }
+    return out;
+}
+
+void write_summary(const fs::path& out_dir, std::span<const EpisodeSummary> episodes) {
+    io::write_file_atomic(out_dir / "summary.json", summary_json(episodes).dump(2) + "\n");
+    io::write_file_atomic(out_dir / "summary.csv", summary_csv(episodes));
+}
+
+}  // namespace dzr::rollout

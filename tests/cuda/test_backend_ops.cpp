@@ -1,0 +1,799 @@
+// CPU-vs-CUDA op parity in the style of llama.cpp's test-backend-ops: a case list per op and shape,
+// fresh random inputs per case, outputs poisoned with NaN before each run, and a tolerance of
+// atol + rtol * |ref| with atol = rtol * rms(ref). bf16 inputs are rounded to bf16 before the CPU
+// reference runs, so only the computation differs. Every case prints its max abs and max rel error
+// (rel = |cuda - ref| / max(|ref|, rms(ref))).
+//
+// DZR_TEST_SEED=<n> reproduces a run (the seed in use is printed first); DZR_TEST_SMALL=1 skips the
+// DreamZero-sized cases.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "support/test_support.h"
+
+DZR_TEST_REQUIRES_GPU()
+
+using namespace dzr;
+
+namespace {
+
+constexpr double kRtolF32 = 1e-5;
+constexpr double kRtolBf16 = 1e-2;
+
+struct Stats {
+    double max_abs = 0, max_rel = 0, rms_ref = 0;
+    int64_t bad = 0, n = 0;
+};
+
+uint64_t base_seed() {
+    static const uint64_t seed = [] {
+        if (const char* s = std::getenv("DZR_TEST_SEED")) return uint64_t(std::strtoull(s, nullptr, 10));
+        return uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+    }();
+    return seed;
+}
+
+CudaBackend& gpu() {
+    static std::unique_ptr<Backend> be = make_cuda_backend(0, size_t(2) << 30);
+    return dynamic_cast<CudaBackend&>(*be);
+}
+
+Backend& cpu() {
+    static std::unique_ptr<Backend> be = make_cpu_backend();
+    return *be;
+}
+
+float round_to(DType t, float v) { return t == DType::BF16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
+
+const float* fp(const Tensor& t) { return t.ptr<float>(); }
+
+/// Per-case state: inputs on both sides, outputs, and the comparison.
+class Harness {
+public:
+    Harness(DType dt, uint64_t seed) : dt_(dt), rng_(seed) {}
+
+    DType dt() const { return dt_; }
+    double rtol() const { return dt_ == DType::BF16 ? kRtolBf16 : kRtolF32; }
+
+    /// Host f32 values uniform in [lo, hi), rounded to the case dtype (or `as`).
+    Tensor input(Shape s, float lo = -1.f, float hi = 1.f) { return input_as(s, dt_, lo, hi); }
+    Tensor input_as(Shape s, DType as, float lo = -1.f, float hi = 1.f) {
+        std::uniform_real_distribution<float> dist(lo, hi);
+        Tensor t = Tensor::host(s, DType::F32);
+        for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = round_to(as, dist(rng_));
+        return t;
+    }
+
+    /// A device copy of a host f32 tensor in dtype `t` (the case dtype by default).
+    TensorView dev(const Tensor& host, DType t) {
+        Tensor d = gpu().alloc(host.shape(), t);
+        gpu().upload(host, d);
+        keep_.push_back(d);
+        return d.view();
+    }
+    TensorView dev(const Tensor& host) { return dev(host, dt_); }
+
+    /// A device output filled with NaN bit patterns (0xFF bytes are NaN in f32, bf16 and f16).
+    TensorView dev_out(Shape s, DType t) {
+        Tensor d = gpu().alloc(s, t);
+        REQUIRE(cudaMemsetAsync(d.data(), 0xFF, d.nbytes(), gpu().stream()) == cudaSuccess);
+        keep_.push_back(d);
+        return d.view();
+    }
+    TensorView dev_out(Shape s) { return dev_out(s, dt_); }
+
+    /// A host f32 output filled with NaN.
+    static Tensor cpu_out(Shape s) {
+        Tensor t = Tensor::host(s, DType::F32);
+        std::fill(t.ptr<float>(), t.ptr<float>() + t.numel(), NAN);
+        return t;
+    }
+
+    /// Downloads `got` and compares it with the CPU result.
+    Stats compare(const TensorView& got, const Tensor& ref) { return compare(got, ref, rtol()); }
+    Stats compare(const TensorView& got, const Tensor& ref, double rtol) {
+        gpu().synchronize();
+        REQUIRE(cudaGetLastError() == cudaSuccess);
+        Tensor host = Tensor::host(got.shape, DType::F32);
+        gpu().download(got, host);
+        REQUIRE(host.numel() == ref.numel());
+        Stats s;
+        s.n = ref.numel();
+        double ss = 0;
+        for (int64_t i = 0; i < s.n; ++i) ss += double(fp(ref)[i]) * fp(ref)[i];
+        s.rms_ref = s.n ? std::sqrt(ss / double(s.n)) : 0.0;
+        const double atol = rtol * s.rms_ref;
+        for (int64_t i = 0; i < s.n; ++i) {
+            const double r = fp(ref)[i], g = fp(host)[i], d = std::fabs(g - r);
+            if (!(d <= atol + rtol * std::fabs(r))) ++s.bad;  // NaN counts as bad
+            if (std::isnan(d)) {
+                s.max_abs = s.max_rel = INFINITY;
+                continue;
+            }
+            s.max_abs = std::max(s.max_abs, d);
+            const double denom = std::max(std::fabs(r), s.rms_ref);
+            s.max_rel = std::max(s.max_rel, denom > 0 ? d / denom : d);
+        }
+        return s;
+    }
+
+    std::mt19937_64& rng() { return rng_; }
+
+private:
+    DType dt_;
+    std::mt19937_64 rng_;
+    std::vector<Tensor> keep_;
+};
+
+struct OpCase {
+    std::string op;    // the Backend method under test
+    std::string name;  // shape and variant
+    DType dtype;
+    std::function<Stats(Harness&)> run;
+    bool big = false;  // skipped under DZR_TEST_SMALL=1 (e.g. for a compute-sanitizer run)
+};
+
+// ---- case builders -------------------------------------------------------------------------------
+
+struct GemmSpec {
+    int64_t M, N, K;
+    bool ta = false, tb = true;
+    float alpha = 1.f, beta = 0.f;
+    bool bias = false;
+    DType bias_dtype = DType::F32;  // used when the case dtype is bf16
+    DType out_dtype = DType::F32;   // overridden to the case dtype unless bf16 -> f32 is asked for
+    bool f32_out = false;
+    int64_t pad_cols = 0;           // a's rows padded by this many elements (strided rows)
+    int64_t batch = 0;              // > 0: rank-3 operands
+    bool broadcast_b = false;       // b's batch stride is 0
+    bool fallback = false;          // dzr's plain kernel instead of cuBLASLt
+};
+
+Stats run_gemm(Harness& h, const GemmSpec& g) {
+    const DType dt = h.dt(), out_dt = g.f32_out ? DType::F32 : dt;
+    const bool batched = g.batch > 0;
+    const int64_t B = batched ? g.batch : 1;
+    const int64_t a_rows = g.ta ? g.K : g.M, a_cols = g.ta ? g.M : g.K;
+    const int64_t b_rows = g.tb ? g.N : g.K, b_cols = g.tb ? g.K : g.N;
+    // a lives in a [B, a_rows, a_cols + pad] buffer; the view takes the first a_cols columns.
+    Tensor a_full = h.input({B, a_rows, a_cols + g.pad_cols});
+    Tensor b_full = h.input({g.broadcast_b ? 1 : B, b_rows, b_cols});
+    const auto view_of = [&](const Tensor& full, int64_t rows, int64_t cols, int64_t ld, bool bcast, void* data,
+                             Device dev) {
+        const int64_t bs = bcast ? 0 : rows * ld;
+        return batched ? TensorView(data, full.dtype(), Shape{B, rows, cols}, Shape{bs, ld, 1}, dev)
+                       : TensorView(data, full.dtype(), Shape{rows, cols}, Shape{ld, 1}, dev);
+    };
+    const int64_t lda = a_cols + g.pad_cols;
+    const TensorView a_cpu = view_of(a_full, a_rows, a_cols, lda, false, a_full.data(), Device::cpu());
+    const TensorView b_cpu = view_of(b_full, b_rows, b_cols, b_cols, g.broadcast_b, b_full.data(), Device::cpu());
+    const TensorView a_dev_full = h.dev(a_full), b_dev_full = h.dev(b_full);
+    TensorView a_dev = view_of(a_full, a_rows, a_cols, lda, false, a_dev_full.data, a_dev_full.device);
+    TensorView b_dev = view_of(b_full, b_rows, b_cols, b_cols, g.broadcast_b, b_dev_full.data, b_dev_full.device);
+    a_dev.dtype = b_dev.dtype = dt;
+
+    const DType bias_dt = dt == DType::BF16 ? g.bias_dtype : DType::F32;
+    Tensor bias = g.bias ? h.input_as({g.N}, bias_dt) : Tensor();
+    const TensorView bias_dev = g.bias ? h.dev(bias, bias_dt) : TensorView{};
+    const Shape out_shape = batched ? Shape{B, g.M, g.N} : Shape{g.M, g.N};
+    Tensor ref = g.beta != 0.f ? h.input_as(out_shape, out_dt) : Harness::cpu_out(out_shape);
+    TensorView out_dev = g.beta != 0.f ? h.dev(ref, out_dt) : h.dev_out(out_shape, out_dt);
+
+    GemmParams p;
+    p.trans_a = g.ta;
+    p.trans_b = g.tb;
+    p.alpha = g.alpha;
+    p.beta = g.beta;
+    gpu().set_fallback_only(g.fallback);
+    gpu().gemm(p, a_dev, b_dev, bias_dev, out_dev);
+    gpu().set_fallback_only(false);
+    cpu().gemm(p, a_cpu, b_cpu, g.bias ? bias.view() : TensorView{}, ref);
+    return h.compare(out_dev, ref);
+}
+
+Stats run_binary(Harness& h, BinaryOp op, Shape as, Shape bs, bool mixed_b, bool in_place) {
+    Tensor a = h.input(as), b = mixed_b ? h.input_as(bs, DType::F32) : h.input(bs);
+    const TensorView ad = h.dev(a), bd = h.dev(b, mixed_b ? DType::F32 : h.dt());
+    const TensorView od = in_place ? ad : h.dev_out(as);
+    Tensor ref = Harness::cpu_out(as);
+    gpu().binary({op}, ad, bd, od);
+    cpu().binary({op}, a, b, ref);
+    return h.compare(od, ref);
+}
+
+Stats run_unary(Harness& h, Shape s, float lo, float hi,
+                const std::function<void(Backend&, const TensorView&, const TensorView&)>& op) {
+    Tensor x = h.input(s, lo, hi);
+    const TensorView xd = h.dev(x), od = h.dev_out(s);
+    Tensor ref = Harness::cpu_out(s);
+    op(gpu(), xd, od);
+    op(cpu(), x, ref);
+    return h.compare(od, ref);
+}
+
+Stats run_norm(Harness& h, bool layer, int64_t R, int64_t C, bool weight, bool bias, DType param_dt) {
+    Tensor x = h.input({R, C}, -3.f, 5.f);
+    Tensor w = weight ? h.input_as({C}, param_dt, 0.5f, 1.5f) : Tensor();
+    Tensor b = bias ? h.input_as({C}, param_dt) : Tensor();
+    const TensorView xd = h.dev(x), od = h.dev_out({R, C});
+    const TensorView wd = weight ? h.dev(w, param_dt) : TensorView{}, bd = bias ? h.dev(b, param_dt) : TensorView{};
+    Tensor ref = Harness::cpu_out({R, C});
+    if (layer) {
+        gpu().layer_norm({1e-6f}, xd, wd, bd, od);
+        cpu().layer_norm({1e-6f}, x, weight ? w.view() : TensorView{}, bias ? b.view() : TensorView{}, ref);
+    } else {
+        gpu().rms_norm({1e-6f}, xd, wd, od);
+        cpu().rms_norm({1e-6f}, x, weight ? w.view() : TensorView{}, ref);
+    }
+    return h.compare(od, ref);
+}
+
+/// DreamZero's per-token RoPE table for one chunk: 2 latent frames of 22 x 40 video tokens (pairs split
+/// 22 / 21 / 21 over time, row, column), then 24 action tokens and 1 state token (1-D over 64 pairs).
+Tensor dreamzero_rope_table() {
+    const int64_t L = 2 * 22 * 40 + 24 + 1, P = 64;
+    Tensor t = Tensor::host({L, P, 2}, DType::F32);
+    float* p = t.ptr<float>();
+    const auto put = [&](int64_t l, int64_t j, double angle) {
+        p[(l * P + j) * 2] = float(std::cos(angle));
+        p[(l * P + j) * 2 + 1] = float(std::sin(angle));
+    };
+    int64_t l = 0;
+    for (int64_t fi = 0; fi < 2; ++fi)
+        for (int64_t hi = 0; hi < 22; ++hi)
+            for (int64_t wi = 0; wi < 40; ++wi, ++l)
+                for (int64_t j = 0; j < P; ++j) {
+                    if (j < 22)
+                        put(l, j, double(3 + fi) * std::pow(10000.0, -2.0 * double(j) / 44));
+                    else if (j < 43)
+                        put(l, j, double(hi) * std::pow(10000.0, -2.0 * double(j - 22) / 42));
+                    else
+                        put(l, j, double(wi) * std::pow(10000.0, -2.0 * double(j - 43) / 42));
+                }
+    for (int64_t a = 0; a < 25; ++a, ++l)
+        for (int64_t j = 0; j < P; ++j) put(l, j, double(a < 24 ? 24 + a : 1) * std::pow(10000.0, -2.0 * double(j) / 128));
+    return t;
+}
+
+Stats run_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t P, bool in_place, bool dreamzero_table) {
+    Tensor x = h.input({L, H, D}, -2.f, 2.f);
+    Tensor table;
+    if (dreamzero_table) {
+        table = dreamzero_rope_table();
+        REQUIRE(table.shape()[0] == L);
+    } else {
+        table = Tensor::host({L, P, 2}, DType::F32);
+        std::uniform_real_distribution<double> ang(-M_PI, M_PI);
+        for (int64_t i = 0; i < L * P; ++i) {
+            const double a = ang(h.rng());
+            table.ptr<float>()[2 * i] = float(std::cos(a));
+            table.ptr<float>()[2 * i + 1] = float(std::sin(a));
+        }
+    }
+    const TensorView xd = h.dev(x), td = h.dev(table, DType::F32);
+    const TensorView od = in_place ? xd : h.dev_out({L, H, D});
+    Tensor ref = Harness::cpu_out({L, H, D});
+    gpu().rope({}, xd, td, od);
+    cpu().rope({}, x, table, ref);
+    return h.compare(od, ref);
+}
+
+struct AttnSpec {
+    int64_t Lq, Lk, H, D;
+    bool bias = false;
+    bool fused = false;  // q, k, v as slices of fused [L, 3, H, D] buffers
+    Backend* backend = nullptr;  // another CUDA backend (small workspace) or null for the shared one
+};
+
+Stats run_attention(Harness& h, const AttnSpec& s) {
+    Backend& be = s.backend ? *s.backend : static_cast<Backend&>(gpu());
+    const float scale = 1.f / std::sqrt(float(s.D));
+    const int64_t parts = s.fused ? 3 : 1;
+    Tensor q = h.input({s.Lq, parts, s.H, s.D}, -2.f, 2.f), kv = h.input({s.Lk, parts, s.H, s.D}, -2.f, 2.f);
+    Tensor k2 = s.fused ? Tensor() : h.input({s.Lk, 1, s.H, s.D}, -2.f, 2.f);
+    Tensor bias = s.bias ? h.input_as({s.H, s.Lq, s.Lk}, DType::F32, -3.f, 3.f) : Tensor();
+    const auto part = [&](void* base, DType t, int64_t L, int i, Device dev) {
+        return TensorView(static_cast<char*>(base) + i * s.H * s.D * int64_t(dtype_size(t)), t, Shape{L, s.H, s.D},
+                          Shape{parts * s.H * s.D, s.D, 1}, dev);
+    };
+    const auto upload_to = [&](const Tensor& host, DType t) {
+        Tensor d = be.alloc(host.shape(), t);
+        be.upload(host, d);
+        return d;
+    };
+    Tensor qd = upload_to(q, h.dt()), kvd = upload_to(kv, h.dt());
+    Tensor k2d = s.fused ? Tensor() : upload_to(k2, h.dt());
+    Tensor bd = s.bias ? upload_to(bias, DType::F32) : Tensor();
+    Tensor od = be.alloc({s.Lq, s.H, s.D}, h.dt());
+    be.synchronize();  // NOTE: alloc zero-fills on the backend's stream; poison after that
+    REQUIRE(cudaMemset(od.data(), 0xFF, od.nbytes()) == cudaSuccess);
+    // Fused: q = part 0, k = part 1, v = part 2. Separate: k from its own buffer, v = kv.
+    const TensorView qv = part(qd.data(), h.dt(), s.Lq, 0, qd.device());
+    const TensorView kvv = s.fused ? part(kvd.data(), h.dt(), s.Lk, 1, kvd.device())
+                                   : part(k2d.data(), h.dt(), s.Lk, 0, k2d.device());
+    const TensorView vv = part(kvd.data(), h.dt(), s.Lk, s.fused ? 2 : 0, kvd.device());
+    be.attention({scale}, qv, kvv, vv, s.bias ? bd.view() : TensorView{}, od);
+
+    Tensor ref = Harness::cpu_out({s.Lq, s.H, s.D});
+    const TensorView qc = part(q.data(), DType::F32, s.Lq, 0, Device::cpu());
+    const TensorView kc = s.fused ? part(kv.data(), DType::F32, s.Lk, 1, Device::cpu())
+                                  : part(k2.data(), DType::F32, s.Lk, 0, Device::cpu());
+    const TensorView vc = part(kv.data(), DType::F32, s.Lk, s.fused ? 2 : 0, Device::cpu());
+    cpu().attention({scale}, qc, kc, vc, s.bias ? bias.view() : TensorView{}, ref);
+    be.synchronize();
+    // Compare through the shared backend's download path.
+    Tensor host = Tensor::host(od.shape(), DType::F32);
+    be.download(od, host);
+    Tensor back = gpu().alloc(od.shape(), DType::F32);
+    gpu().upload(host, back);
+    return h.compare(back, ref);
+}
+
+struct ConvSpec {
+    int64_t Ci, Co, T, H, W, kt, kh, kw;
+    int stride[3] = {1, 1, 1};
+    int pb[3] = {0, 0, 0};
+    int pa[3] = {0, 0, 0};
+    bool bias = true;
+    bool fallback = false;
+};
+
+Stats run_conv(Harness& h, const ConvSpec& c) {
+    Tensor x = h.input({c.Ci, c.T, c.H, c.W}), w = h.input({c.Co, c.Ci, c.kt, c.kh, c.kw}, -0.3f, 0.3f);
+    Tensor bias = c.bias ? h.input({c.Co}) : Tensor();
+    Conv3dParams p;
+    const int64_t in[3] = {c.T, c.H, c.W}, k[3] = {c.kt, c.kh, c.kw};
+    int64_t o[3];
+    for (int i = 0; i < 3; ++i) {
+        p.stride[i] = c.stride[i];
+        p.pad_before[i] = c.pb[i];
+        p.pad_after[i] = c.pa[i];
+        o[i] = (in[i] + c.pb[i] + c.pa[i] - k[i]) / c.stride[i] + 1;
+    }
+    const Shape os{c.Co, o[0], o[1], o[2]};
+    const TensorView xd = h.dev(x), wd = h.dev(w), bd = c.bias ? h.dev(bias) : TensorView{}, od = h.dev_out(os);
+    Tensor ref = Harness::cpu_out(os);
+    gpu().set_fallback_only(c.fallback);
+    gpu().conv3d(p, xd, wd, bd, od);
+    gpu().set_fallback_only(false);
+    cpu().conv3d(p, x, w, c.bias ? bias.view() : TensorView{}, ref);
+    return h.compare(od, ref);
+}
+
+/// copy: src built on the host as f32 (values exact in every dtype involved), viewed through
+/// (shape, strides) on both sides; the result must match the CPU conversion bit for bit.
+Stats run_copy(Harness& h, DType src_dt, DType dst_dt, Shape storage, Shape shape, Shape strides, int64_t offset) {
+    Tensor base = h.input_as(storage, src_dt, -100.f, 100.f);
+    Tensor host_src = Tensor::host(storage, src_dt);
+    cpu().copy(base, host_src);  // the host storage in the source dtype
+    const TensorView src_dev_full = h.dev(base, src_dt);
+    const size_t es = dtype_size(src_dt);
+    const TensorView src_cpu(static_cast<char*>(host_src.data()) + offset * int64_t(es), src_dt, shape, strides,
+                             Device::cpu());
+    const TensorView src_dev(static_cast<char*>(src_dev_full.data) + offset * int64_t(es), src_dt, shape, strides,
+                             src_dev_full.device);
+    const TensorView od = h.dev_out(shape, dst_dt);
+    gpu().copy(src_dev, od);
+    Tensor host_dst = Tensor::host(shape, dst_dt);
+    cpu().copy(src_cpu, host_dst);
+    Tensor ref = Tensor::host(shape, DType::F32);
+    cpu().copy(host_dst, ref);
+    return h.compare(od, ref, 0.0);
+}
+
+std::string shape_name(std::initializer_list<int64_t> dims) { return Shape(dims).str(); }
+
+std::vector<OpCase> make_cases() {
+    std::vector<OpCase> cases;
+    const auto add = [&](const std::string& op, const std::string& name, DType dt, std::function<Stats(Harness&)> fn) {
+        cases.push_back({op, name, dt, std::move(fn), false});
+    };
+    const auto add_big = [&](const std::string& op, const std::string& name, DType dt,
+                             std::function<Stats(Harness&)> fn) { cases.push_back({op, name, dt, std::move(fn), true}); };
+    for (DType dt : {DType::F32, DType::BF16}) {
+        // gemm
+        for (int ta = 0; ta < 2; ++ta)
+            for (int tb = 0; tb < 2; ++tb) {
+                GemmSpec g{7, 5, 13};
+                g.ta = ta, g.tb = tb, g.alpha = 1.5f, g.beta = 0.5f;
+                add("gemm", fmt::format("M7 N5 K13 trans_a={} trans_b={} alpha=1.5 beta=0.5", ta, tb), dt,
+                    [g](Harness& h) { return run_gemm(h, g); });
+            }
+        {
+            GemmSpec g{64, 96, 80};
+            g.bias = true, g.bias_dtype = dt;
+            add("gemm", "M64 N96 K80 bias (epilogue)", dt, [g](Harness& h) { return run_gemm(h, g); });
+            g.bias_dtype = DType::F32;
+            if (dt == DType::BF16)
+                add("gemm", "M64 N96 K80 f32 bias on bf16 out (separate kernel)", dt,
+                    [g](Harness& h) { return run_gemm(h, g); });
+        }
+        {
+            GemmSpec g{33, 40, 24};
+            g.pad_cols = 8;
+            add("gemm", "M33 N40 K24 strided rows (lda = K + 8)", dt, [g](Harness& h) { return run_gemm(h, g); });
+            g.pad_cols = 0, g.batch = 3, g.broadcast_b = true;
+            add("gemm", "batch 3, b broadcast (batch stride 0)", dt, [g](Harness& h) { return run_gemm(h, g); });
+            g.broadcast_b = false, g.ta = true, g.tb = false;
+            add("gemm", "batch 3, trans_a, no trans_b", dt, [g](Harness& h) { return run_gemm(h, g); });
+        }
+        {
+            GemmSpec g{9, 11, 0};
+            g.beta = 0.25f, g.bias = true, g.bias_dtype = dt;
+            add("gemm", "K=0 gives beta * out + bias", dt, [g](Harness& h) { return run_gemm(h, g); });
+        }
+        for (int variant = 0; variant < 3; ++variant) {
+            GemmSpec g{21, 19, 17};
+            g.fallback = true, g.bias = true, g.bias_dtype = dt;
+            if (variant == 1) g.ta = true, g.beta = -1.f;
+            if (variant == 2) g.batch = 2, g.broadcast_b = true, g.pad_cols = 3;
+            add("gemm", fmt::format("plain fallback kernel, variant {}", variant), dt,
+                [g](Harness& h) { return run_gemm(h, g); });
+        }
+        if (dt == DType::BF16) {
+            GemmSpec g{100, 72, 64};
+            g.f32_out = true;
+            add("gemm", "bf16 inputs -> f32 output", dt, [g](Harness& h) { return run_gemm(h, g); });
+        }
+        {
+            GemmSpec g{1785, 5120, 5120};
+            g.bias = true, g.bias_dtype = dt;
+            add_big("gemm", "DreamZero M1785 N5120 K5120 + bias", dt, [g](Harness& h) { return run_gemm(h, g); });
+        }
+
+        // binary
+        add("binary", "add " + shape_name({5, 7, 9}), dt,
+            [](Harness& h) { return run_binary(h, BinaryOp::Add, {5, 7, 9}, {5, 7, 9}, false, false); });
+        add("binary", "sub [5, 7, 9] - [7, 9]", dt,
+            [](Harness& h) { return run_binary(h, BinaryOp::Sub, {5, 7, 9}, {7, 9}, false, false); });
+        add("binary", "mul [4, 6, 16] * [1, 6, 16] (vectorized)", dt,
+            [](Harness& h) { return run_binary(h, BinaryOp::Mul, {4, 6, 16}, {1, 6, 16}, false, false); });
+        add("binary", "mul [3, 11] * scalar", dt,
+            [](Harness& h) { return run_binary(h, BinaryOp::Mul, {3, 11}, {1}, false, false); });
+        add_big("binary", "add in place [1785, 5120] + [5120]", dt,
+            [](Harness& h) { return run_binary(h, BinaryOp::Add, {1785, 5120}, {5120}, false, true); });
+        if (dt == DType::BF16)
+            add("binary", "mul bf16 [64, 40] * f32 [40] (mixed dtypes)", dt,
+                [](Harness& h) { return run_binary(h, BinaryOp::Mul, {64, 40}, {40}, true, false); });
+
+        // scale
+        add("scale", "[1001] alpha=-0.7 beta=0.3", dt, [](Harness& h) {
+            return run_unary(h, {1001}, -2.f, 2.f, [](Backend& be, const TensorView& x, const TensorView& o) {
+                be.scale({-0.7f, 0.3f}, x, o);
+            });
+        });
+        add_big("scale", "[1785, 5120] alpha=0.5", dt, [](Harness& h) {
+            return run_unary(h, {1785, 5120}, -2.f, 2.f, [](Backend& be, const TensorView& x, const TensorView& o) {
+                be.scale({0.5f, 0.f}, x, o);
+            });
+        });
+
+        // activation
+        const std::pair<Activation, const char*> acts[] = {{Activation::GeluTanh, "gelu_tanh"},
+                                                           {Activation::GeluErf, "gelu_erf"},
+                                                           {Activation::Silu, "silu"},
+                                                           {Activation::Relu, "relu"}};
+        for (const auto& [kind, label] : acts) {
+            const Activation k = kind;
+            add("activation", std::string(label) + " [37, 29]", dt, [k](Harness& h) {
+                return run_unary(h, {37, 29}, -6.f, 6.f, [k](Backend& be, const TensorView& x, const TensorView& o) {
+                    be.activation({k}, x, o);
+                });
+            });
+        }
+        add_big("activation", "gelu_tanh DreamZero FFN [1785, 13824]", dt, [](Harness& h) {
+            return run_unary(h, {1785, 13824}, -5.f, 5.f, [](Backend& be, const TensorView& x, const TensorView& o) {
+                be.activation({Activation::GeluTanh}, x, o);
+            });
+        });
+        add("activation", "silu [256, 5120]", dt, [](Harness& h) {
+            return run_unary(h, {256, 5120}, -8.f, 8.f, [](Backend& be, const TensorView& x, const TensorView& o) {
+                be.activation({Activation::Silu}, x, o);
+            });
+        });
+
+        // norms
+        add("layer_norm", "[17, 33] weight + bias", dt, [](Harness& h) { return run_norm(h, true, 17, 33, true, true, h.dt()); });
+        add_big("layer_norm", "DreamZero [1785, 5120] no affine", dt,
+            [](Harness& h) { return run_norm(h, true, 1785, 5120, false, false, h.dt()); });
+        add_big("layer_norm", "[1785, 5120] f32 weight + bias", dt,
+            [](Harness& h) { return run_norm(h, true, 1785, 5120, true, true, DType::F32); });
+        add_big("rms_norm", "DreamZero q/k [1785, 5120] weight", dt,
+            [](Harness& h) { return run_norm(h, false, 1785, 5120, true, false, h.dt()); });
+        add("rms_norm", "[5, 100] no weight", dt, [](Harness& h) { return run_norm(h, false, 5, 100, false, false, h.dt()); });
+        add("rms_norm", "[40, 128] f32 weight", dt,
+            [](Harness& h) { return run_norm(h, false, 40, 128, true, false, DType::F32); });
+
+        // softmax
+        add("softmax", "[7, 3] scale 1", dt, [](Harness& h) {
+            return run_unary(h, {7, 3}, -3.f, 3.f, [](Backend& be, const TensorView& x, const TensorView& o) {
+                be.softmax({1.f}, x, o);
+            });
+        });
+        add_big("softmax", "attention rows [320, 7945] scale 1/sqrt(128)", dt, [](Harness& h) {
+            return run_unary(h, {320, 7945}, -40.f, 40.f, [](Backend& be, const TensorView& x, const TensorView& o) {
+                be.softmax({0.08838834764831845f}, x, o);
+            });
+        });
+
+        // reduce
+        const std::pair<ReduceOp, const char*> reds[] = {{ReduceOp::Sum, "sum"}, {ReduceOp::Mean, "mean"}, {ReduceOp::Max, "max"}};
+        for (const auto& [rop, label] : reds) {
+            const ReduceOp r = rop;
+            for (const auto& [R, C] : {std::pair<int64_t, int64_t>{33, 1000}, {1785, 5120}}) {
+                add("reduce", fmt::format("{} [{}, {}]", label, R, C), dt, [r, R = R, C = C](Harness& h) {
+                    Tensor x = h.input({R, C}, -1.f, 2.f);
+                    const TensorView xd = h.dev(x), od = h.dev_out({R});
+                    Tensor ref = Harness::cpu_out({R});
+                    gpu().reduce({r}, xd, od);
+                    cpu().reduce({r}, x, ref);
+                    return h.compare(od, ref);
+                });
+            }
+        }
+
+        // rope
+        add_big("rope", "DreamZero [1785, 40, 128], 64 pairs split 22/21/21 + action/state", dt,
+            [](Harness& h) { return run_rope(h, 1785, 40, 128, 64, false, true); });
+        add("rope", "[9, 3, 128] partial 44 pairs (scalar path)", dt,
+            [](Harness& h) { return run_rope(h, 9, 3, 128, 44, false, false); });
+        add("rope", "[33, 4, 64] in place", dt, [](Harness& h) { return run_rope(h, 33, 4, 64, 32, true, false); });
+
+        // attention
+        add("attention", "Lq37 Lk53 H3 D64", dt, [](Harness& h) { return run_attention(h, {37, 53, 3, 64}); });
+        add("attention", "Lq37 Lk53 H3 D64 + f32 bias, fused qkv (strided rows)", dt,
+            [](Harness& h) { return run_attention(h, {37, 53, 3, 64, true, true}); });
+        add_big("attention", "Lq1785 Lk2665 H4 D128 (DreamZero first chunk, 4 of 40 heads)", dt,
+            [](Harness& h) { return run_attention(h, {1785, 2665, 4, 128}); });
+        add("attention", "Lq64 Lk100 H5 D32 in head groups (small workspace)", dt, [](Harness& h) {
+            // 64 x 100 logits need 38 KB per head: a 100 KB workspace runs the 5 heads in groups.
+            static std::unique_ptr<Backend> small = make_cuda_backend(0, 100 << 10);
+            return run_attention(h, {64, 100, 5, 32, true, false, small.get()});
+        });
+        add("attention", "Lk = 0 writes zeros", dt, [](Harness& h) { return run_attention(h, {5, 0, 2, 8}); });
+
+        // conv3d
+        {
+            ConvSpec c{4, 6, 5, 9, 11, 3, 3, 3};
+            c.pb[0] = 2, c.pb[1] = 1, c.pa[1] = 1, c.pb[2] = 1, c.pa[2] = 1;
+            add("conv3d", "Ci4 Co6 [5, 9, 11] k3 causal time padding", dt, [c](Harness& h) { return run_conv(h, c); });
+            ConvSpec f = c;
+            f.fallback = true;
+            add("conv3d", "same, direct kernel", dt, [f](Harness& h) { return run_conv(h, f); });
+        }
+        {
+            ConvSpec c{8, 5, 4, 10, 12, 3, 3, 3};
+            c.stride[1] = c.stride[2] = 2;
+            for (int i = 0; i < 3; ++i) c.pb[i] = c.pa[i] = 1;
+            c.bias = false;
+            add("conv3d", "Ci8 Co5 [4, 10, 12] k3 stride (1, 2, 2) symmetric padding", dt,
+                [c](Harness& h) { return run_conv(h, c); });
+        }
+        {
+            ConvSpec c{16, 32, 2, 22, 40, 1, 2, 2};
+            c.stride[1] = c.stride[2] = 2;
+            add("conv3d", "patch embedding Ci16 Co32 [2, 22, 40] k(1,2,2) stride (1,2,2)", dt,
+                [c](Harness& h) { return run_conv(h, c); });
+        }
+        {
+            ConvSpec c{32, 32, 3, 44, 80, 3, 3, 3};
+            c.pb[0] = 2, c.pb[1] = c.pa[1] = 1, c.pb[2] = c.pa[2] = 1;
+            add_big("conv3d", "VAE-like Ci32 Co32 [3, 44, 80] k3 causal", dt, [c](Harness& h) { return run_conv(h, c); });
+        }
+
+        // fill
+        for (float v : {0.1f, -3.5f}) {
+            add("fill", fmt::format("[1000] = {}", v), dt, [v](Harness& h) {
+                const TensorView od = h.dev_out({1000});
+                gpu().fill(od, v);
+                Tensor ref = Tensor::host({1000}, DType::F32);
+                std::fill(ref.ptr<float>(), ref.ptr<float>() + 1000, round_to(h.dt(), v));
+                return h.compare(od, ref, 0.0);
+            });
+        }
+    }
+
+    // dtype conversions and layouts (exact)
+    for (DType src : {DType::F32, DType::BF16})
+        for (DType dst : {DType::F32, DType::BF16, DType::F16}) {
+            add("copy", fmt::format("permuted [4, 5, 6] -> [6, 4, 5] {} -> {}", dtype_name(src), dtype_name(dst)), src,
+                [src, dst](Harness& h) {
+                    return run_copy(h, src, dst, {4, 5, 6}, {6, 4, 5}, {1, 30, 6}, 0);
+                });
+        }
+    add("copy", "nearest 2x upsample [3, 5, 7] -> [3, 5, 2, 7, 2] through 0 strides", DType::BF16, [](Harness& h) {
+        return run_copy(h, DType::BF16, DType::BF16, {3, 5, 7}, {3, 5, 2, 7, 2}, {35, 7, 0, 1, 0}, 0);
+    });
+    add("copy", "6-d transposed slice f32 -> bf16", DType::F32, [](Harness& h) {
+        // storage [2, 3, 4, 5, 6, 7]; view swaps the last two dims and starts at an offset
+        return run_copy(h, DType::F32, DType::BF16, {2, 3, 4, 5, 6, 7}, {2, 3, 4, 5, 7, 5},
+                        {2520, 840, 210, 42, 1, 7}, 1);
+    });
+    add("copy", "tiled transpose [70, 90] -> [90, 70] f32 -> bf16 (partial tiles)", DType::F32,
+        [](Harness& h) { return run_copy(h, DType::F32, DType::BF16, {70, 90}, {90, 70}, {1, 90}, 0); });
+    add("copy", "tiled transpose bf16 [3, 40, 50] -> [3, 50, 40] (batched)", DType::BF16,
+        [](Harness& h) { return run_copy(h, DType::BF16, DType::BF16, {3, 40, 50}, {3, 50, 40}, {2000, 1, 50}, 0); });
+    add("copy", "tiled [37, 3, 40] -> [40, 3, 37] (contiguous dim not next to the last) bf16 -> f32", DType::BF16,
+        [](Harness& h) { return run_copy(h, DType::BF16, DType::F32, {37, 3, 40}, {40, 3, 37}, {1, 40, 120}, 0); });
+    add("copy", "contiguous bf16 -> bf16 (memcpy)", DType::BF16,
+        [](Harness& h) { return run_copy(h, DType::BF16, DType::BF16, {1000}, {1000}, {1}, 0); });
+    add("copy", "i32 strided (raw elements)", DType::F32, [](Harness& h) {
+        Tensor host = Tensor::host({8, 6}, DType::I32);
+        for (int i = 0; i < 48; ++i) host.ptr<int32_t>()[i] = i * 7 - 100;
+        Tensor dev = gpu().alloc({8, 6}, DType::I32);
+        gpu().upload(host, dev);
+        const TensorView t(dev.data(), DType::I32, Shape{6, 8}, Shape{1, 6}, dev.device());
+        const TensorView od = h.dev_out({6, 8}, DType::I32);
+        gpu().copy(t, od);
+        Tensor ref = Tensor::host({6, 8}, DType::F32);
+        for (int i = 0; i < 6; ++i)
+            for (int j = 0; j < 8; ++j) ref.ptr<float>()[i * 8 + j] = float(j * 6 + i) * 7 - 100;
+        Tensor back = Tensor::host({6, 8}, DType::I32);
+        gpu().download(od, back);
+        Stats s;
+        s.n = 48;
+        for (int i = 0; i < 48; ++i) {
+            const double d = std::fabs(double(back.ptr<int32_t>()[i]) - fp(ref)[i]);
+            s.max_abs = std::max(s.max_abs, d);
+            s.bad += d != 0;
+        }
+        return s;
+    });
+
+    // transfers
+    for (DType dt : {DType::F32, DType::BF16}) {
+        add_big("upload", "12M elements through the staging buffers (several chunks)", dt, [](Harness& h) {
+            Tensor x = h.input_as({12 << 20}, DType::F32, -1000.f, 1000.f);
+            const TensorView d = h.dev(x);  // converts to the case dtype on upload
+            Tensor ref = Tensor::host(x.shape(), DType::F32);
+            for (int64_t i = 0; i < x.numel(); ++i) ref.ptr<float>()[i] = round_to(h.dt(), fp(x)[i]);
+            return h.compare(d, ref, 0.0);
+        });
+        add("upload", "strided host source [30, 40] transposed", dt, [](Harness& h) {
+            Tensor x = h.input({30, 40});
+            const TensorView t = x.view().transpose(0, 1);
+            Tensor d = gpu().alloc({40, 30}, h.dt());
+            gpu().upload(t, d);
+            Tensor ref = Tensor::host({40, 30}, DType::F32);
+            cpu().copy(t, ref);
+            return h.compare(d, ref, 0.0);
+        });
+        add("download", "strided device source [64, 48] transposed", dt, [](Harness& h) {
+            Tensor x = h.input({64, 48});
+            const TensorView d = h.dev(x);
+            Tensor host = Tensor::host({48, 64}, DType::F32);
+            gpu().download(d.transpose(0, 1), host);
+            Tensor ref = Tensor::host({48, 64}, DType::F32);
+            cpu().copy(x.view().transpose(0, 1), ref);
+            Stats s;
+            s.n = host.numel();
+            for (int64_t i = 0; i < s.n; ++i) {
+                const double e = std::fabs(double(fp(host)[i]) - fp(ref)[i]);
+                s.max_abs = std::max(s.max_abs, std::isnan(e) ? INFINITY : e);
+                s.bad += !(e == 0);
+            }
+            return s;
+        });
+        add("alloc", "alloc zero-fills [777]", dt, [](Harness& h) {
+            Tensor d = gpu().alloc({777}, h.dt());
+            Tensor ref = Tensor::host({777}, DType::F32);
+            return h.compare(d, ref, 0.0);
+        });
+    }
+    return cases;
+}
+
+/// The ops the Backend interface declares: every `virtual ... name(` in backend.h except the
+/// accessors and housekeeping below.
+std::set<std::string> declared_backend_ops() {
+    std::ifstream in(dzr::test::source_dir() / "lib" / "backend" / "backend.h");
+    REQUIRE(in.good());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    const std::set<std::string> not_ops = {"device", "name", "compute_dtype", "workspace", "reserve_workspace",
+                                           "synchronize"};
+    std::set<std::string> ops;
+    const std::regex decl(R"(virtual\s+[\w:<>&\s]+?[\s&*](\w+)\s*\()");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), decl); it != std::sregex_iterator(); ++it) {
+        const std::string name = (*it)[1];
+        if (!not_ops.count(name)) ops.insert(name);
+    }
+    return ops;
+}
+
+}  // namespace
+
+TEST_CASE("every backend op has at least one parity case") {
+    const std::set<std::string> declared = declared_backend_ops();
+    // The table both sides must list: what backend.h declares and what the case list covers.
+    const std::set<std::string> expected = {"alloc",   "upload",  "download",   "copy",       "fill",
+                                            "gemm",    "binary",  "scale",      "activation", "layer_norm",
+                                            "rms_norm", "softmax", "reduce",     "rope",       "attention",
+                                            "conv3d"};
+    CHECK(declared == expected);
+    std::set<std::string> covered;
+    for (const OpCase& c : make_cases()) covered.insert(c.op);
+    for (const std::string& op : declared) {
+        CAPTURE(op);
+        CHECK(covered.count(op) == 1);
+    }
+    for (const std::string& op : covered) {
+        CAPTURE(op);
+        CHECK(declared.count(op) == 1);
+    }
+}
+
+TEST_CASE("every cuda op matches the cpu reference within tolerance") {
+    std::printf("op parity: seed %llu (DZR_TEST_SEED reproduces), device %s\n",
+                static_cast<unsigned long long>(base_seed()), gpu().name().c_str());
+    std::printf("%-11s %-5s %-72s %11s %11s %s\n", "op", "dtype", "case", "max_abs", "max_rel", "result");
+    std::map<std::pair<std::string, DType>, double> worst;
+    const std::vector<OpCase> cases = make_cases();
+    const bool small_only = std::getenv("DZR_TEST_SMALL") != nullptr;
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const OpCase& c = cases[i];
+        if (small_only && c.big) continue;
+        CAPTURE(c.op);
+        CAPTURE(c.name);
+        CAPTURE(dtype_name(c.dtype));
+        Harness h(c.dtype, base_seed() + i * 7919);
+        Stats s;
+        try {
+            s = c.run(h);
+        } catch (const std::exception& e) {
+            FAIL_CHECK("threw: " << e.what());
+            std::printf("%-11s %-5s %-72s %11s %11s FAIL (threw: %s)\n", c.op.c_str(), std::string(dtype_name(c.dtype)).c_str(),
+                        c.name.c_str(), "-", "-", e.what());
+            continue;
+        }
+        std::printf("%-11s %-5s %-72s %11.3e %11.3e %s\n", c.op.c_str(), std::string(dtype_name(c.dtype)).c_str(),
+                    c.name.c_str(), s.max_abs, s.max_rel, s.bad == 0 ? "ok" : fmt::format("FAIL ({} of {})", s.bad, s.n).c_str());
+        CHECK(s.n > 0);
+        CHECK(s.bad == 0);
+        auto& w = worst[{c.op, c.dtype}];
+        w = std::max(w, s.max_rel);
+    }
+    std::printf("\nworst max_rel per op:\n%-11s %12s %12s\n", "op", "f32", "bf16");
+    std::set<std::string> ops;
+    for (const auto& [key, v] : worst) ops.insert(key.first);
+    for (const std::string& op : ops) {
+        const auto get = [&](DType t) {
+            auto it = worst.find({op, t});
+            return it == worst.end() ? std::string("-") : fmt::format("{:.3e}", it->second);
+        };
+        std::printf("%-11s %12s %12s\n", op.c_str(), get(DType::F32).c_str(), get(DType::BF16).c_str());
+    }
+    std::fflush(stdout);
+}
+
+TEST_CASE("cuda backend rejects mismatched operands with a dzr::Error") {
+    Tensor a = gpu().alloc({4, 3}, DType::BF16), b = gpu().alloc({5, 2}, DType::BF16), out = gpu().alloc({4, 5}, DType::BF16);
+    CHECK_THROWS_AS(gpu().gemm(GemmParams{}, a, b, {}, out), Error);
+    Tensor f = gpu().alloc({5, 3}, DType::F32);
+    CHECK_THROWS_AS(gpu().gemm(GemmParams{}, a, f, {}, out), Error);  // mixed input dtypes
+    Tensor x = gpu().alloc({2, 3, 8}, DType::BF16), table = gpu().alloc({2, 5, 2}, DType::F32);
+    CHECK_THROWS_AS(gpu().rope({}, x, table, x), Error);  // 5 pairs > 8 / 2
+    Tensor host = Tensor::host({2, 3, 8}, DType::F32);
+    CHECK_THROWS_AS(gpu().rms_norm({}, host, {}, x), Error);  // a host tensor
+    Tensor c = gpu().alloc({3, 7}, DType::F32), bad = gpu().alloc({3, 1}, DType::F32);
+    CHECK_THROWS_AS(gpu().binary({BinaryOp::Add}, c, bad, c), Error);
+}

@@ -1,0 +1,402 @@
+// The CPU backend (the reference the CUDA op-parity test compares against) checked against naive
+// double-precision loops and closed forms.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "support/test_support.h"
+
+using namespace dzr;
+using dzr::test::random_floats;
+
+namespace {
+
+Tensor host(Shape shape, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+    return Tensor::host_f32(shape, random_floats(size_t(shape.numel()), seed, lo, hi));
+}
+
+const float* f(const TensorView& t) { return static_cast<const float*>(t.data); }
+float* fw(const TensorView& t) { return static_cast<float*>(t.data); }
+
+/// Every element within atol + rtol * |ref| (NaN fails).
+void check_close(const TensorView& got, const std::vector<double>& ref, double rtol, double atol) {
+    REQUIRE(size_t(got.numel()) == ref.size());
+    const std::vector<float> g = to_f32_vector(got);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double d = std::fabs(double(g[i]) - ref[i]);
+        if (!(d <= atol + rtol * std::fabs(ref[i]))) {
+            if (bad++ == 0) first = i;
+        }
+    }
+    INFO("first mismatch at " << first << ": got " << g[first] << ", expected " << ref[first]);
+    CHECK(bad == 0);
+}
+
+void poison(const TensorView& t) {
+    for (int64_t i = 0; i < t.numel(); ++i) fw(t)[i] = NAN;
+}
+
+}  // namespace
+
+TEST_CASE("cpu gemm matches a naive double loop for every transpose combination") {
+    auto be = make_cpu_backend();
+    const int64_t M = 5, N = 7, K = 3;
+    for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+            CAPTURE(ta);
+            CAPTURE(tb);
+            Tensor a = host(ta ? Shape{K, M} : Shape{M, K}, 10 + ta);
+            Tensor b = host(tb ? Shape{N, K} : Shape{K, N}, 20 + tb);
+            Tensor bias = host({N}, 30);
+            Tensor out = host({M, N}, 40);
+            const std::vector<float> out0 = to_f32_vector(out);
+            GemmParams p;
+            p.trans_a = ta;
+            p.trans_b = tb;
+            p.alpha = 0.75f;
+            p.beta = -0.5f;
+            be->gemm(p, a, b, bias, out);
+            std::vector<double> ref(static_cast<size_t>(M * N));
+            for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = 0; n < N; ++n) {
+                    double acc = 0;
+                    for (int64_t k = 0; k < K; ++k) {
+                        const double av = ta ? f(a)[k * M + m] : f(a)[m * K + k];
+                        const double bv = tb ? f(b)[n * K + k] : f(b)[k * N + n];
+                        acc += av * bv;
+                    }
+                    ref[size_t(m * N + n)] = 0.75 * acc - 0.5 * out0[size_t(m * N + n)] + f(bias)[n];
+                }
+            check_close(out, ref, 1e-5, 1e-6);
+        }
+}
+
+TEST_CASE("cpu gemm handles strided rows and a broadcast batch") {
+    auto be = make_cpu_backend();
+    const int64_t B = 3, M = 4, N = 6, K = 5;
+    // a: columns 1..K of a wider [B, M, K + 3] buffer, so its rows are strided.
+    Tensor wide = host({B, M, K + 3}, 1);
+    TensorView a = wide.view().slice(2, 1, K);
+    // b: one [N, K] matrix shared by every batch (batch stride 0).
+    Tensor b1 = host({N, K}, 2);
+    TensorView b(b1.data(), DType::F32, Shape{B, N, K}, Shape{0, K, 1}, Device::cpu());
+    Tensor out = Tensor::host({B, M, N}, DType::F32);
+    poison(out);
+    be->gemm(GemmParams{}, a, b, {}, out);
+    std::vector<double> ref(static_cast<size_t>(B * M * N));
+    for (int64_t i = 0; i < B; ++i)
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+                double acc = 0;
+                for (int64_t k = 0; k < K; ++k)
+                    acc += double(f(wide)[(i * M + m) * (K + 3) + 1 + k]) * f(b1)[n * K + k];
+                ref[size_t((i * M + m) * N + n)] = acc;
+            }
+    check_close(out, ref, 1e-5, 1e-6);
+}
+
+TEST_CASE("cpu gemm rejects operands whose inner dimensions differ") {
+    auto be = make_cpu_backend();
+    Tensor a = host({4, 3}, 1), b = host({5, 2}, 2), out = host({4, 5}, 3);
+    CHECK_THROWS_AS(be->gemm(GemmParams{}, a, b, {}, out), Error);
+}
+
+TEST_CASE("cpu binary ops broadcast a trailing shape and a scalar") {
+    auto be = make_cpu_backend();
+    Tensor a = host({2, 3, 4}, 1);
+    struct Case {
+        Shape bshape;
+        BinaryOp op;
+    };
+    for (const Case& c : {Case{{2, 3, 4}, BinaryOp::Sub}, Case{{3, 4}, BinaryOp::Add}, Case{{1, 3, 4}, BinaryOp::Mul},
+                          Case{{4}, BinaryOp::Mul}, Case{{1}, BinaryOp::Add}}) {
+        CAPTURE(c.bshape.str());
+        Tensor b = host(c.bshape, 5);
+        Tensor out = Tensor::host({2, 3, 4}, DType::F32);
+        poison(out);
+        be->binary({c.op}, a, b, out);
+        std::vector<double> ref(24);
+        for (int64_t i = 0; i < 24; ++i) {
+            const double x = f(a)[i], y = f(b)[i % b.numel()];
+            ref[size_t(i)] = c.op == BinaryOp::Add ? x + y : c.op == BinaryOp::Sub ? x - y : x * y;
+        }
+        check_close(out, ref, 1e-7, 0);  // one f32 rounding of the exact result
+    }
+    Tensor bad = host({3, 1}, 6), out = Tensor::host({2, 3, 4}, DType::F32);
+    CHECK_THROWS_AS(be->binary({BinaryOp::Add}, a, bad, out), Error);
+}
+
+TEST_CASE("cpu scale computes alpha x + beta") {
+    auto be = make_cpu_backend();
+    Tensor x = host({3, 5}, 1), out = Tensor::host({3, 5}, DType::F32);
+    be->scale({-2.5f, 0.25f}, x, out);
+    std::vector<double> ref(15);
+    for (int i = 0; i < 15; ++i) ref[size_t(i)] = -2.5 * f(x)[i] + 0.25;
+    check_close(out, ref, 1e-7, 0);
+}
+
+TEST_CASE("cpu activations match their closed forms") {
+    auto be = make_cpu_backend();
+    Tensor x = host({4, 33}, 7, -6.f, 6.f);
+    // Known values at x = 1 pin the formulas themselves.
+    fw(x)[0] = 1.f;
+    const struct {
+        Activation kind;
+        double at_one;
+    } cases[] = {{Activation::GeluTanh, 0.8411919906082768},
+                 {Activation::GeluErf, 0.8413447460685429},
+                 {Activation::Silu, 0.7310585786300049},
+                 {Activation::Relu, 1.0}};
+    for (const auto& c : cases) {
+        CAPTURE(int(c.kind));
+        Tensor out = Tensor::host(x.shape(), DType::F32);
+        poison(out);
+        be->activation({c.kind}, x, out);
+        std::vector<double> ref(size_t(x.numel()));
+        for (int64_t i = 0; i < x.numel(); ++i) {
+            const double v = f(x)[i];
+            switch (c.kind) {
+                case Activation::GeluTanh:
+                    ref[size_t(i)] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+                    break;
+                case Activation::GeluErf:
+                    ref[size_t(i)] = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+                    break;
+                case Activation::Silu:
+                    ref[size_t(i)] = v / (1 + std::exp(-v));
+                    break;
+                case Activation::Relu:
+                    ref[size_t(i)] = v > 0 ? v : 0;
+                    break;
+            }
+        }
+        check_close(out, ref, 1e-6, 1e-7);
+        CHECK(f(out)[0] == doctest::Approx(c.at_one).epsilon(1e-6));
+    }
+}
+
+TEST_CASE("cpu layer norm and rms norm match double loops") {
+    auto be = make_cpu_backend();
+    const int64_t R = 6, C = 37;
+    Tensor x = host({R, C}, 3, -2.f, 3.f), w = host({C}, 4), b = host({C}, 5);
+    for (int with_params = 0; with_params < 2; ++with_params) {
+        CAPTURE(with_params);
+        Tensor ln = Tensor::host({R, C}, DType::F32), rn = Tensor::host({R, C}, DType::F32);
+        poison(ln);
+        poison(rn);
+        be->layer_norm({1e-5f}, x, with_params ? w.view() : TensorView{}, with_params ? b.view() : TensorView{}, ln);
+        be->rms_norm({1e-6f}, x, with_params ? w.view() : TensorView{}, rn);
+        std::vector<double> ref_ln(size_t(R * C)), ref_rn(size_t(R * C));
+        for (int64_t r = 0; r < R; ++r) {
+            double mean = 0, ss = 0;
+            for (int64_t c = 0; c < C; ++c) mean += f(x)[r * C + c];
+            mean /= C;
+            double var = 0;
+            for (int64_t c = 0; c < C; ++c) {
+                const double d = f(x)[r * C + c] - mean;
+                var += d * d;
+                ss += double(f(x)[r * C + c]) * f(x)[r * C + c];
+            }
+            var /= C;
+            for (int64_t c = 0; c < C; ++c) {
+                const double v = f(x)[r * C + c];
+                const double wv = with_params ? f(w)[c] : 1.0, bv = with_params ? f(b)[c] : 0.0;
+                ref_ln[size_t(r * C + c)] = (v - mean) / std::sqrt(var + 1e-5) * wv + bv;
+                ref_rn[size_t(r * C + c)] = v / std::sqrt(ss / C + 1e-6) * wv;
+            }
+        }
+        check_close(ln, ref_ln, 1e-5, 1e-6);
+        check_close(rn, ref_rn, 1e-5, 1e-6);
+    }
+    // A known row: [1, 2, 3, 4] has mean 2.5 and variance 1.25.
+    Tensor row = Tensor::host_f32({1, 4}, {1, 2, 3, 4}), out = Tensor::host({1, 4}, DType::F32);
+    be->layer_norm({0.f}, row, {}, {}, out);
+    CHECK(f(out)[0] == doctest::Approx(-1.5 / std::sqrt(1.25)).epsilon(1e-6));
+    CHECK(f(out)[3] == doctest::Approx(1.5 / std::sqrt(1.25)).epsilon(1e-6));
+}
+
+TEST_CASE("cpu softmax and reductions match double loops") {
+    auto be = make_cpu_backend();
+    const int64_t R = 5, C = 19;
+    Tensor x = host({R, C}, 9, -4.f, 4.f);
+    Tensor sm = Tensor::host({R, C}, DType::F32);
+    be->softmax({0.7f}, x, sm);
+    std::vector<double> ref(static_cast<size_t>(R * C));
+    for (int64_t r = 0; r < R; ++r) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t c = 0; c < C; ++c) mx = std::max(mx, 0.7 * f(x)[r * C + c]);
+        for (int64_t c = 0; c < C; ++c) sum += std::exp(0.7 * f(x)[r * C + c] - mx);
+        for (int64_t c = 0; c < C; ++c) ref[size_t(r * C + c)] = std::exp(0.7 * f(x)[r * C + c] - mx) / sum;
+    }
+    check_close(sm, ref, 1e-6, 1e-8);
+
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max}) {
+        CAPTURE(int(op));
+        Tensor out = Tensor::host({R}, DType::F32);
+        poison(out);
+        be->reduce({op}, x, out);
+        std::vector<double> rr(static_cast<size_t>(R));
+        for (int64_t r = 0; r < R; ++r) {
+            double acc = op == ReduceOp::Max ? -INFINITY : 0.0;
+            for (int64_t c = 0; c < C; ++c)
+                acc = op == ReduceOp::Max ? std::max<double>(acc, f(x)[r * C + c]) : acc + f(x)[r * C + c];
+            rr[size_t(r)] = op == ReduceOp::Mean ? acc / C : acc;
+        }
+        check_close(out, rr, 1e-6, 1e-7);
+    }
+}
+
+TEST_CASE("cpu rope rotates interleaved pairs and leaves pairs past the table unchanged") {
+    auto be = make_cpu_backend();
+    const int64_t L = 3, H = 2, D = 8, P = 3;  // partial: pairs 3 of 4 rotate
+    Tensor x = host({L, H, D}, 11);
+    std::vector<float> tab(size_t(L * P * 2));
+    for (int64_t l = 0; l < L; ++l)
+        for (int64_t j = 0; j < P; ++j) {
+            const double ang = (l + 1) * std::pow(10000.0, -double(j) / P);
+            tab[size_t((l * P + j) * 2)] = float(std::cos(ang));
+            tab[size_t((l * P + j) * 2 + 1)] = float(std::sin(ang));
+        }
+    Tensor table = Tensor::host_f32({L, P, 2}, tab);
+    std::vector<double> ref(static_cast<size_t>(L * H * D));
+    for (int64_t l = 0; l < L; ++l)
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t j = 0; j < D / 2; ++j) {
+                const int64_t o = (l * H + h) * D + 2 * j;
+                const double x0 = f(x)[o], x1 = f(x)[o + 1];
+                if (j < P) {
+                    const double c = tab[size_t((l * P + j) * 2)], s = tab[size_t((l * P + j) * 2 + 1)];
+                    ref[size_t(o)] = x0 * c - x1 * s;
+                    ref[size_t(o + 1)] = x0 * s + x1 * c;
+                } else {
+                    ref[size_t(o)] = x0;
+                    ref[size_t(o + 1)] = x1;
+                }
+            }
+    Tensor out = Tensor::host({L, H, D}, DType::F32);
+    poison(out);
+    be->rope({}, x, table, out);
+    check_close(out, ref, 1e-6, 1e-7);
+    be->rope({}, x, table, x);  // in place
+    check_close(x, ref, 1e-6, 1e-7);
+}
+
+TEST_CASE("cpu attention matches a naive loop on strided q, k, v with a bias") {
+    auto be = make_cpu_backend();
+    const int64_t Lq = 5, Lk = 7, H = 2, D = 4;
+    // q, k, v are slices of fused [L, 3, H, D] buffers, so their token rows are strided.
+    Tensor fq = host({Lq, 3, H, D}, 21), fkv = host({Lk, 3, H, D}, 22, -2.f, 2.f);
+    const auto part = [&](const Tensor& t, int64_t L, int i) {
+        return TensorView(fw(t) + i * H * D, DType::F32, Shape{L, H, D}, Shape{3 * H * D, D, 1}, Device::cpu());
+    };
+    const TensorView q = part(fq, Lq, 0), k = part(fkv, Lk, 1), v = part(fkv, Lk, 2);
+    Tensor bias = host({H, Lq, Lk}, 23);
+    const float scale = 0.5f;
+    for (int with_bias = 0; with_bias < 2; ++with_bias) {
+        CAPTURE(with_bias);
+        Tensor out = Tensor::host({Lq, H, D}, DType::F32);
+        poison(out);
+        be->attention({scale}, q, k, v, with_bias ? bias.view() : TensorView{}, out);
+        std::vector<double> ref(static_cast<size_t>(Lq * H * D));
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < Lq; ++i) {
+                std::vector<double> w(static_cast<size_t>(Lk));
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < Lk; ++j) {
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; ++d)
+                        dot += double(f(q)[i * 3 * H * D + h * D + d]) * f(k)[j * 3 * H * D + h * D + d];
+                    w[size_t(j)] = scale * dot + (with_bias ? f(bias)[(h * Lq + i) * Lk + j] : 0.0);
+                    mx = std::max(mx, w[size_t(j)]);
+                }
+                for (auto& e : w) sum += (e = std::exp(e - mx));
+                for (int64_t d = 0; d < D; ++d) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < Lk; ++j) acc += w[size_t(j)] / sum * f(v)[j * 3 * H * D + h * D + d];
+                    ref[size_t((i * H + h) * D + d)] = acc;
+                }
+            }
+        check_close(out, ref, 1e-5, 1e-6);
+    }
+}
+
+TEST_CASE("cpu attention over zero keys writes zeros") {
+    auto be = make_cpu_backend();
+    Tensor q = host({3, 2, 4}, 1), k = Tensor::host({0, 2, 4}, DType::F32), v = Tensor::host({0, 2, 4}, DType::F32);
+    Tensor out = Tensor::host({3, 2, 4}, DType::F32);
+    poison(out);
+    be->attention({1.f}, q, k, v, {}, out);
+    check_close(out, std::vector<double>(24, 0.0), 0, 0);
+}
+
+TEST_CASE("cpu conv3d matches a naive loop with causal padding and strides") {
+    auto be = make_cpu_backend();
+    const int64_t Ci = 3, Co = 4, T = 5, Hh = 6, W = 7;
+    Tensor x = host({Ci, T, Hh, W}, 31), w = host({Co, Ci, 3, 3, 2}, 32), bias = host({Co}, 33);
+    struct Case {
+        int stride[3], pb[3], pa[3];
+    };
+    for (const Case& c : {Case{{1, 1, 1}, {2, 1, 1}, {0, 1, 0}}, Case{{2, 2, 1}, {1, 0, 1}, {1, 2, 0}}}) {
+        Conv3dParams p;
+        for (int i = 0; i < 3; ++i) {
+            p.stride[i] = c.stride[i];
+            p.pad_before[i] = c.pb[i];
+            p.pad_after[i] = c.pa[i];
+        }
+        const int64_t k[3] = {3, 3, 2}, in[3] = {T, Hh, W};
+        int64_t o[3];
+        for (int i = 0; i < 3; ++i) o[i] = (in[i] + c.pb[i] + c.pa[i] - k[i]) / c.stride[i] + 1;
+        Tensor out = Tensor::host({Co, o[0], o[1], o[2]}, DType::F32);
+        poison(out);
+        be->conv3d(p, x, w, bias, out);
+        std::vector<double> ref(size_t(out.numel()));
+        for (int64_t co = 0; co < Co; ++co)
+            for (int64_t ot = 0; ot < o[0]; ++ot)
+                for (int64_t oh = 0; oh < o[1]; ++oh)
+                    for (int64_t ow = 0; ow < o[2]; ++ow) {
+                        double acc = f(bias)[co];
+                        for (int64_t ci = 0; ci < Ci; ++ci)
+                            for (int64_t a = 0; a < k[0]; ++a)
+                                for (int64_t b = 0; b < k[1]; ++b)
+                                    for (int64_t e = 0; e < k[2]; ++e) {
+                                        const int64_t it = ot * c.stride[0] - c.pb[0] + a;
+                                        const int64_t ih = oh * c.stride[1] - c.pb[1] + b;
+                                        const int64_t iw = ow * c.stride[2] - c.pb[2] + e;
+                                        if (it < 0 || it >= T || ih < 0 || ih >= Hh || iw < 0 || iw >= W) continue;
+                                        acc += double(f(x)[((ci * T + it) * Hh + ih) * W + iw]) *
+                                               f(w)[(((co * Ci + ci) * 3 + a) * 3 + b) * 2 + e];
+                                    }
+                        ref[size_t(((co * o[0] + ot) * o[1] + oh) * o[2] + ow)] = acc;
+                    }
+        check_close(out, ref, 1e-5, 1e-6);
+    }
+}
+
+TEST_CASE("cpu copy converts dtypes from a permuted source and fill sets every element") {
+    auto be = make_cpu_backend();
+    Tensor x = host({2, 3, 4}, 41, -300.f, 300.f);
+    const TensorView perm = x.view().permute({2, 0, 1});  // [2, 3, 4] -> [4, 2, 3]
+    Tensor bf = Tensor::host({4, 2, 3}, DType::BF16);
+    be->copy(perm, bf);
+    const auto* raw = static_cast<const uint16_t*>(bf.data());
+    for (int64_t i = 0; i < 4; ++i)
+        for (int64_t j = 0; j < 2; ++j)
+            for (int64_t l = 0; l < 3; ++l) {
+                const float src = f(x)[(j * 3 + l) * 4 + i];
+                CHECK(raw[(i * 2 + j) * 3 + l] == f32_to_bf16(src));
+            }
+    Tensor back = Tensor::host({4, 2, 3}, DType::F32);
+    be->download(bf, back);
+    for (int64_t i = 0; i < 24; ++i) CHECK(f(back)[i] == bf16_to_f32(raw[i]));
+
+    Tensor filled = Tensor::host({5, 3}, DType::F32);
+    be->fill(filled, -1.25f);
+    for (int64_t i = 0; i < 15; ++i) CHECK(f(filled)[i] == -1.25f);
+}

@@ -1,0 +1,447 @@
+// The causal DiT end to end on a tiny geometry: prefill -> commit -> denoise against a naive
+// double-precision re-computation (tests/unit/test_dit_support.h), stage by stage, plus KV-cache
+// behaviour, determinism, finiteness and input validation.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+
+#include "model/causal_dit.h"
+#include "support/test_support.h"
+#include "unit/test_dit_support.h"
+
+using namespace dzr;
+using namespace dzr::test;
+
+namespace {
+
+// NOTE: the library runs in f32 against a double reference; 1e-4 of the tensor's magnitude is
+// two orders above f32 accumulation noise at these sizes and far below any wiring mistake (O(1)).
+constexpr double kTol = 1e-4;
+
+struct Inputs {
+    int frames = 1;
+    int start_frame = 0;
+    int64_t timestep = 0;
+    std::vector<float> x, y;
+    std::optional<NaiveDit::Registers> regs;
+};
+
+Inputs make_inputs(const DitConfig& c, int frames, int start_frame, int64_t timestep, bool regs,
+                   uint64_t seed, int64_t action_timestep = 0) {
+    Inputs in;
+    in.frames = frames;
+    in.start_frame = start_frame;
+    in.timestep = timestep;
+    const size_t plane = size_t(frames) * kTinyLatentH * kTinyLatentW;
+    in.x = random_floats(size_t(c.out_dim) * plane, seed);
+    in.y = random_floats(size_t(c.in_dim - c.out_dim) * plane, seed + 1);
+    if (regs) {
+        in.regs = NaiveDit::Registers{
+            random_floats(size_t(c.num_action_per_block) * c.action_dim, seed + 2), action_timestep,
+            random_floats(size_t(c.num_state_per_block) * c.max_state_dim, seed + 3)};
+    }
+    return in;
+}
+
+/// Everything one test needs: weights, backend, model, one branch's context and cross K/V.
+struct Fixture {
+    DitConfig cfg;
+    MapWeightSource src;
+    std::unique_ptr<Backend> be = make_cpu_backend();
+    std::unique_ptr<CausalDit> dit;
+    std::vector<float> clip, text;
+    DitCrossKv kv;
+
+    explicit Fixture(int heads = 1, uint64_t seed = 7, float poison = 0.0f) : cfg(tiny_dit_config(heads)) {
+        fill_dit_weights(src, cfg, seed);
+        if (poison != 0.0f) src.tensors["action_head.model.blocks.1.ffn.2.bias"].ptr<float>()[3] = poison;
+        WeightLoader loader(src, *be);
+        dit = std::make_unique<CausalDit>(cfg, kTinyLatentH, kTinyLatentW, loader);
+        clip = random_floats(size_t(kTinyImageTokens) * cfg.image_dim, seed + 100);
+        text = random_floats(size_t(cfg.text_len) * cfg.text_dim, seed + 101);
+        kv = dit->make_cross_kv(*be, kTinyImageTokens);
+        dit->compute_cross_kv(*be,
+                              TensorView(clip.data(), DType::F32, Shape{kTinyImageTokens, cfg.image_dim}),
+                              TensorView(text.data(), DType::F32, Shape{cfg.text_len, cfg.text_dim}), kv);
+    }
+
+    DenseTestCache make_cache() const {
+        return DenseTestCache(cfg.num_layers, cfg.num_heads, cfg.dim / cfg.num_heads);
+    }
+};
+
+struct Output {
+    std::vector<float> video, action;
+    std::map<std::string, std::map<int, std::vector<float>>> traces;  // name -> layer -> values
+};
+
+/// One forward; `stage`: a committing forward (video K/V staged), committed unless `keep_staged`.
+Output run(Fixture& fx, DenseTestCache& cache, Inputs& in, bool stage, bool trace = false,
+           bool check_finite = false, bool keep_staged = false) {
+    const DitConfig& c = fx.cfg;
+    Output o;
+    o.video.assign(in.x.size(), std::numeric_limits<float>::quiet_NaN());  // poisoned
+    o.action.assign(size_t(c.num_action_per_block) * c.action_dim, std::numeric_limits<float>::quiet_NaN());
+    DitInputs di;
+    di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+    di.y = TensorView(in.y.data(), DType::F32,
+                      Shape{c.in_dim - c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+    di.start_frame = in.start_frame;
+    di.timestep = in.timestep;
+    if (in.regs) {
+        di.registers = DitRegisterInputs{
+            TensorView(in.regs->action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}),
+            in.regs->timestep,
+            TensorView(in.regs->state.data(), DType::F32, Shape{c.num_state_per_block, c.max_state_dim})};
+    }
+    DitOutputs out;
+    out.video_velocity = TensorView(o.video.data(), DType::F32, di.x.shape);
+    out.action_velocity =
+        TensorView(o.action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim});
+    DitForwardOptions opt;
+    opt.check_finite = check_finite;
+    if (trace)
+        opt.trace = [&o](std::string_view name, int layer, const TensorView& t) {
+            o.traces[std::string(name)][layer] = to_f32_vector(t);
+        };
+    cache.begin(stage);
+    fx.dit->forward(*fx.be, di, fx.kv, cache, out, opt);
+    if (stage && !keep_staged) cache.commit();
+    return o;
+}
+
+Vec flatten(const std::vector<Vec>& rows) {
+    Vec out;
+    for (const Vec& r : rows) out.insert(out.end(), r.begin(), r.end());
+    return out;
+}
+
+/// The three forward kinds of a policy call in order, on the library and on the naive model.
+struct Chain {
+    Fixture fx;
+    DenseTestCache cache;
+    NaiveDit naive;
+    Inputs prefill, commit, denoise;
+    Output out_prefill, out_commit, out_denoise;
+    NaiveDit::Result ref_prefill, ref_commit, ref_denoise;
+    std::map<std::string, std::vector<std::vector<Vec>>> naive_denoise_trace;
+
+    explicit Chain(int heads)
+        : fx(heads), cache(fx.make_cache()), naive(fx.cfg, fx.src, kTinyLatentH, kTinyLatentW) {
+        const DitConfig& c = fx.cfg;
+        prefill = make_inputs(c, 1, 0, 0, false, 11);
+        commit = make_inputs(c, 2, 1, 0, false, 21);
+        // NOTE: different video and action timesteps so a swapped time-embedding row shows.
+        denoise = make_inputs(c, 2, 3, 986, true, 31, 972);
+
+        out_prefill = run(fx, cache, prefill, true, true);
+        ref_prefill = naive.forward(prefill.x, prefill.y, 1, 0, 0, std::nullopt, fx.clip, fx.text, true);
+        out_commit = run(fx, cache, commit, true, true);
+        ref_commit = naive.forward(commit.x, commit.y, 2, 1, 0, std::nullopt, fx.clip, fx.text, true);
+        out_denoise = run(fx, cache, denoise, false, true);
+        ref_denoise = naive.forward(denoise.x, denoise.y, 2, 3, 986, denoise.regs, fx.clip, fx.text, false);
+        naive_denoise_trace = naive.trace;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("prefill, commit and denoise forwards match a naive re-computation") {
+    for (int heads : {1, 2}) {
+        CAPTURE(heads);
+        Chain ch(heads);
+        const double e_prefill = rel_max_err(ch.out_prefill.video, ch.ref_prefill.video);
+        const double e_commit = rel_max_err(ch.out_commit.video, ch.ref_commit.video);
+        const double e_video = rel_max_err(ch.out_denoise.video, ch.ref_denoise.video);
+        const double e_action = rel_max_err(ch.out_denoise.action, ch.ref_denoise.action);
+        MESSAGE("heads " << heads << ": prefill " << e_prefill << ", commit " << e_commit
+                         << ", denoise video " << e_video << ", action " << e_action);
+        CHECK(e_prefill < kTol);
+        CHECK(e_commit < kTol);
+        CHECK(e_video < kTol);
+        CHECK(e_action < kTol);
+        for (int li = 0; li < ch.fx.cfg.num_layers; ++li) {
+            CAPTURE(li);
+            CHECK(rel_max_err(ch.out_denoise.traces["layer_out"][li],
+                              flatten(ch.naive_denoise_trace["layer_out"][size_t(li)])) < kTol);
+            CHECK(rel_max_err(ch.out_denoise.traces["x_self"][li],
+                              flatten(ch.naive_denoise_trace["x_self"][size_t(li)])) < kTol);
+        }
+    }
+}
+
+TEST_CASE("time embedding is computed once per timestep and equals the per-token computation") {
+    Chain ch(1);
+    const DitConfig& c = ch.fx.cfg;
+    const std::vector<float>& rows = ch.out_denoise.traces["time_e0"][-1];  // [2, 6, C]
+    REQUIRE(rows.size() == size_t(2 * 6 * c.dim));
+    const std::vector<Vec>& per_token = ch.naive_denoise_trace["time_e0"][0];  // [L][6C]
+    const int64_t Lv = 2 * c.frame_seqlen;
+    REQUIRE(per_token.size() == size_t(Lv + c.num_action_per_block + c.num_state_per_block));
+    for (size_t t = 0; t < per_token.size(); ++t) {
+        const size_t g = int64_t(t) < Lv ? 0 : 1;
+        const std::vector<float> row(rows.begin() + ptrdiff_t(g * 6 * c.dim),
+                                     rows.begin() + ptrdiff_t((g + 1) * 6 * c.dim));
+        CAPTURE(t);
+        CHECK(rel_max_err(row, per_token[t]) < kTol);
+    }
+    // The two groups really differ (986 vs 972), so the check above is not vacuous.
+    CHECK(std::abs(rows[0] - rows[size_t(6 * c.dim)]) > 1e-4);
+}
+
+TEST_CASE("cross-attention sums two separate softmaxes over text and image keys") {
+    Chain ch(2);
+    const DitConfig& c = ch.fx.cfg;
+    const std::vector<Vec> ctx_txt = ch.naive.text_context(ch.fx.text);
+    const std::vector<Vec> ctx_img = ch.naive.image_context(ch.fx.clip, kTinyImageTokens);
+    for (int li = 0; li < c.num_layers; ++li) {
+        // feed the library's own residual stream after self-attention into the naive cross-attention
+        const std::vector<float>& x_self = ch.out_denoise.traces["x_self"][li];
+        std::vector<Vec> xs;
+        for (size_t t = 0; t * size_t(c.dim) < x_self.size(); ++t)
+            xs.emplace_back(x_self.begin() + ptrdiff_t(t * c.dim),
+                            x_self.begin() + ptrdiff_t((t + 1) * c.dim));
+        const Vec ref = flatten(ch.naive.cross_attention(li, xs, ctx_txt, ctx_img));
+        CAPTURE(li);
+        CHECK(rel_max_err(ch.out_denoise.traces["cross_attn"][li], ref) < kTol);
+
+        // One joint softmax over [text | image] is a different function: it must not match.
+        // (A sanity check on the reference itself, so the comparison above can fail.)
+        std::vector<Vec> joint_k, joint_v;
+        const std::string b = "blocks." + std::to_string(li) + ".";
+        NaiveWeights w{ch.fx.src};
+        for (const Vec& r : ctx_txt) {
+            joint_k.push_back(
+                nv_rms_norm(nv_linear(w.get(b + "cross_attn.k.weight"), w.get(b + "cross_attn.k.bias"), r),
+                            w.get(b + "cross_attn.norm_k.weight"), c.eps));
+            joint_v.push_back(nv_linear(w.get(b + "cross_attn.v.weight"), w.get(b + "cross_attn.v.bias"), r));
+        }
+        for (const Vec& r : ctx_img) {
+            joint_k.push_back(nv_rms_norm(
+                nv_linear(w.get(b + "cross_attn.k_img.weight"), w.get(b + "cross_attn.k_img.bias"), r),
+                w.get(b + "cross_attn.norm_k_img.weight"), c.eps));
+            joint_v.push_back(
+                nv_linear(w.get(b + "cross_attn.v_img.weight"), w.get(b + "cross_attn.v_img.bias"), r));
+        }
+        const Vec n3w = w.get(b + "norm3.weight"), n3b = w.get(b + "norm3.bias");
+        std::vector<Vec> qs;
+        for (const Vec& x : xs)
+            qs.push_back(
+                nv_rms_norm(nv_linear(w.get(b + "cross_attn.q.weight"), w.get(b + "cross_attn.q.bias"),
+                                      nv_layer_norm(x, c.eps, &n3w, &n3b)),
+                            w.get(b + "cross_attn.norm_q.weight"), c.eps));
+        std::vector<Vec> joint;
+        for (const Vec& o : nv_attention(qs, joint_k, joint_v, c.num_heads))
+            joint.push_back(nv_linear(w.get(b + "cross_attn.o.weight"), w.get(b + "cross_attn.o.bias"), o));
+        CHECK(rel_max_err(ch.out_denoise.traces["cross_attn"][li], flatten(joint)) > 10 * kTol);
+    }
+}
+
+TEST_CASE("the cache holds 1 then 3 frames of K after norm and RoPE and never stores register tokens") {
+    Fixture fx(1);
+    const DitConfig& c = fx.cfg;
+    DenseTestCache cache = fx.make_cache();
+    NaiveDit naive(c, fx.src, kTinyLatentH, kTinyLatentW);
+    const int64_t F = c.frame_seqlen;
+
+    Inputs prefill = make_inputs(c, 1, 0, 0, false, 41);
+    run(fx, cache, prefill, true);
+    naive.forward(prefill.x, prefill.y, 1, 0, 0, std::nullopt, fx.clip, fx.text, true);
+    CHECK(cache.history_tokens() == F);
+    for (int l = 0; l < c.num_layers; ++l) {
+        CHECK(cache.last_keys[size_t(l)] == F);
+        CHECK(cache.last_queries[size_t(l)] == F);
+        CHECK(rel_max_err(cache.history_k(l), flatten(naive.k_hist[size_t(l)])) < kTol);
+        CHECK(rel_max_err(cache.history_v(l), flatten(naive.v_hist[size_t(l)])) < kTol);
+    }
+
+    Inputs commit = make_inputs(c, 2, 1, 0, false, 42);
+    run(fx, cache, commit, true);
+    CHECK(cache.history_tokens() == 3 * F);
+    for (int l = 0; l < c.num_layers; ++l) CHECK(cache.last_keys[size_t(l)] == 3 * F);
+
+    const int64_t R = c.num_action_per_block + c.num_state_per_block;
+    Inputs denoise = make_inputs(c, 2, 3, 999, true, 43, 999);
+    run(fx, cache, denoise, false);
+    CHECK(cache.history_tokens() == 3 * F);
+    for (int l = 0; l < c.num_layers; ++l) {
+        CHECK(cache.last_keys[size_t(l)] == 3 * F + 2 * F + R);
+        CHECK(cache.last_queries[size_t(l)] == 2 * F + R);
+        CHECK(cache.staged_rows[size_t(l)] == 0);
+    }
+
+    // Even a (policy-wise wrong) committing denoise stages only the video rows.
+    Inputs again = make_inputs(c, 2, 3, 999, true, 44, 999);
+    run(fx, cache, again, true, false, false, true);
+    for (int l = 0; l < c.num_layers; ++l) CHECK(cache.staged_rows[size_t(l)] == 2 * F);
+}
+
+TEST_CASE("two denoise forwards with the same inputs are bit-identical and finite") {
+    Fixture fx(2);
+    const DitConfig& c = fx.cfg;
+    Output o[2];
+    for (auto& oi : o) {
+        DenseTestCache cache = fx.make_cache();
+        Inputs prefill = make_inputs(c, 1, 0, 0, false, 51);
+        run(fx, cache, prefill, true);
+        Inputs denoise = make_inputs(c, 2, 1, 624, true, 52, 624);
+        oi = run(fx, cache, denoise, false, false, true);
+    }
+    CHECK(std::memcmp(o[0].video.data(), o[1].video.data(), o[0].video.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(o[0].action.data(), o[1].action.data(), o[0].action.size() * sizeof(float)) == 0);
+    for (float v : o[0].video) REQUIRE(std::isfinite(v));
+    for (float v : o[0].action) REQUIRE(std::isfinite(v));
+}
+
+TEST_CASE("the workspace estimates equal the arena's high-water marks") {
+    Fixture fx(2);
+    const DitConfig& c = fx.cfg;
+    fx.be->reserve_workspace(size_t(64) << 20);  // a fresh arena has a fresh high-water mark
+    fx.dit->compute_cross_kv(*fx.be,
+                             TensorView(fx.clip.data(), DType::F32, Shape{kTinyImageTokens, c.image_dim}),
+                             TensorView(fx.text.data(), DType::F32, Shape{c.text_len, c.text_dim}), fx.kv);
+    CHECK(fx.be->workspace().high_water() == fx.dit->cross_kv_workspace_bytes(kTinyImageTokens));
+    for (int frames : {1, 2}) {
+        for (bool regs : {false, true}) {
+            CAPTURE(frames);
+            CAPTURE(regs);
+            fx.be->reserve_workspace(size_t(64) << 20);
+            DenseTestCache cache = fx.make_cache();
+            Inputs in = make_inputs(c, frames, 1, 500, regs, 90, 500);
+            run(fx, cache, in, false);
+            CHECK(fx.be->workspace().used() == 0);
+            CHECK(fx.be->workspace().high_water() == fx.dit->forward_workspace_bytes(frames, regs));
+        }
+    }
+}
+
+TEST_CASE("recomputing the cross-attention K/V gives the same tensors") {
+    Fixture fx(1);
+    DitCrossKv again = fx.dit->make_cross_kv(*fx.be, kTinyImageTokens);
+    fx.dit->compute_cross_kv(
+        *fx.be, TensorView(fx.clip.data(), DType::F32, Shape{kTinyImageTokens, fx.cfg.image_dim}),
+        TensorView(fx.text.data(), DType::F32, Shape{fx.cfg.text_len, fx.cfg.text_dim}), again);
+    for (size_t l = 0; l < again.layers.size(); ++l) {
+        CHECK(to_f32_vector(again.layers[l].k_txt) == to_f32_vector(fx.kv.layers[l].k_txt));
+        CHECK(to_f32_vector(again.layers[l].v_img) == to_f32_vector(fx.kv.layers[l].v_img));
+    }
+}
+
+TEST_CASE("the finite check names the stage and layer of a NaN") {
+    Fixture fx(1, 7, std::numeric_limits<float>::quiet_NaN());
+    DenseTestCache cache = fx.make_cache();
+    Inputs prefill = make_inputs(fx.cfg, 1, 0, 0, false, 61);
+    // Without the debug option the NaN flows through silently.
+    Output o = run(fx, cache, prefill, false);
+    CHECK(std::isnan(o.video[0]));
+    try {
+        run(fx, cache, prefill, false, false, true);
+        FAIL("expected dzr::Error");
+    } catch (const Error& e) {
+        const std::string msg = e.what();
+        CHECK(msg.find("feed-forward") != std::string::npos);
+        CHECK(msg.find("layer 1") != std::string::npos);
+    }
+}
+
+TEST_CASE("the trace hook sees every layer's stages") {
+    Fixture fx(1);
+    DenseTestCache cache = fx.make_cache();
+    Inputs prefill = make_inputs(fx.cfg, 1, 0, 0, false, 71);
+    Output o = run(fx, cache, prefill, true, true);
+    for (const char* name : {"self_attn_in", "q", "k", "v", "self_attn", "x_self", "cross_attn", "x_cross",
+                             "ffn", "layer_out"}) {
+        CAPTURE(name);
+        CHECK(o.traces[name].size() == size_t(fx.cfg.num_layers));
+    }
+    CHECK(o.traces["patch_embed"][-1].size() == size_t(fx.cfg.frame_seqlen * fx.cfg.dim));
+    CHECK(o.traces["head"][-1].size() == size_t(fx.cfg.frame_seqlen * 4 * fx.cfg.out_dim));
+    CHECK(o.traces.count("registers") == 0);
+}
+
+namespace {
+
+/// A cache that reports a fixed history and must never be asked to attend.
+class FixedHistoryCache final : public SelfAttentionCache {
+  public:
+    explicit FixedHistoryCache(int64_t tokens) : tokens_(tokens) {}
+    int64_t history_tokens() const override { return tokens_; }
+    void attend(Backend&, int, const TensorView&, const TensorView&, const TensorView&, int64_t, float,
+                const TensorView&) override {
+        DZR_THROW("attend must not be reached");
+    }
+
+  private:
+    int64_t tokens_;
+};
+
+std::string forward_error(Fixture& fx, SelfAttentionCache& cache, DitInputs di, Shape out_shape) {
+    std::vector<float> video(size_t(out_shape.numel())),
+        action(size_t(fx.cfg.num_action_per_block) * fx.cfg.action_dim);
+    DitOutputs out{
+        TensorView(video.data(), DType::F32, out_shape),
+        TensorView(action.data(), DType::F32, Shape{fx.cfg.num_action_per_block, fx.cfg.action_dim})};
+    try {
+        fx.dit->forward(*fx.be, di, fx.kv, cache, out);
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("forward rejects bad shapes, timesteps, start frames and window overflow") {
+    Fixture fx(1);
+    const DitConfig& c = fx.cfg;
+    Inputs in = make_inputs(c, 2, 3, 999, true, 81, 999);
+    const Shape xs{c.out_dim, 2, kTinyLatentH, kTinyLatentW};
+    auto base = [&] {
+        DitInputs di;
+        di.x = TensorView(in.x.data(), DType::F32, xs);
+        di.y =
+            TensorView(in.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, 2, kTinyLatentH, kTinyLatentW});
+        di.start_frame = 3;
+        di.timestep = 999;
+        di.registers = DitRegisterInputs{
+            TensorView(in.regs->action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}), 999,
+            TensorView(in.regs->state.data(), DType::F32, Shape{1, c.max_state_dim})};
+        return di;
+    };
+    DenseTestCache cache = fx.make_cache();
+    DitInputs di = base();
+    di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, 2, kTinyLatentW, kTinyLatentH});
+    CHECK(forward_error(fx, cache, di, di.x.shape).find("latent x") != std::string::npos);
+
+    di = base();
+    di.timestep = 1000;
+    CHECK(forward_error(fx, cache, di, xs).find("timestep 1000") != std::string::npos);
+
+    di = base();
+    di.registers->timestep = -1;
+    CHECK(forward_error(fx, cache, di, xs).find("timestep -1") != std::string::npos);
+
+    di = base();
+    di.start_frame = 0;
+    CHECK(forward_error(fx, cache, di, xs).find("start frame") != std::string::npos);
+
+    di = base();
+    di.registers->state = TensorView(in.regs->state.data(), DType::F32, Shape{1, c.max_state_dim / 2});
+    CHECK(forward_error(fx, cache, di, xs).find("state") != std::string::npos);
+
+    // 8 committed frames + 2 new ones exceed the 9-frame window (max_chunk_size 4 × 2 + 1)
+    FixedHistoryCache full(8 * c.frame_seqlen);
+    CHECK(forward_error(fx, full, base(), xs).find("attention window") != std::string::npos);
+    FixedHistoryCache fits(7 * c.frame_seqlen);
+    CHECK(forward_error(fx, fits, base(), xs).find("attend must not be reached") != std::string::npos);
+
+    DitCrossKv empty;
+    std::vector<float> video(size_t(xs.numel()));
+    CHECK_THROWS_WITH_AS(fx.dit->forward(*fx.be, base(), empty, cache,
+                                         DitOutputs{TensorView(video.data(), DType::F32, xs), {}}),
+                         doctest::Contains("compute_cross_kv"), Error);
+}
