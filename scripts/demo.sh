@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The main job on the built-in sample: installs what is missing, builds dzr, makes the tiny random
-# checkpoint (real DreamZero key names at a few-MB geometry) and inspects and validates it.
-# When `dzr rollout` lands this becomes: roll out samples/ on the CPU and print the summary.
+# checkpoint (the real DreamZero key names at a few-MB geometry, with the sample umT5 tokenizer), and
+# replays samples/episode_000 through the warm-up and the chunked rollout on the CPU. Prints the
+# summary table and the output paths.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 BUILD_DIR=build scripts/build.sh >/dev/null
 DZR=build/bin/dzr
 OUT=${OUT_DIR:-out/demo}
-rm -rf "$OUT/ckpt-tiny"
+rm -rf "$OUT"
 mkdir -p "$OUT"
-"$DZR" ckpt make --config configs/tiny.yaml --seed 0 --out "$OUT/ckpt-tiny"
-"$DZR" ckpt inspect "$OUT/ckpt-tiny"
+"$DZR" ckpt make --config configs/tiny.yaml --seed 0 --dtype f32 --tokenizer tests/data/tokenizer/spiece.model \
+    --out "$OUT/ckpt-tiny" >/dev/null
 "$DZR" ckpt validate "$OUT/ckpt-tiny" --config configs/tiny.yaml
-echo "demo: tiny checkpoint at $OUT/ckpt-tiny"
+"$DZR" rollout samples/episode_000 --ckpt "$OUT/ckpt-tiny" --config configs/tiny.yaml --device cpu \
+    --out "$OUT/rollout"
+echo "demo: actions, timing, metrics and plots in $OUT/rollout/episode_000/"

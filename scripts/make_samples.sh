@@ -31,6 +31,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$DZR" episode synth --out "$tmp" --frames "$FRAMES" --seed "$SEED" --frames-format mp4
 "$DZR" episode inspect "$tmp" >/dev/null
 rm -rf "$out"
+chmod 755 "$tmp"  # mktemp -d makes it private
 mv "$tmp" "$out"
 trap - EXIT
 

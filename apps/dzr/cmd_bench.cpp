@@ -1,15 +1,19 @@
-// `dzr bench gemm|ops`: times the CUDA backend with CUDA events (warm-up, then the median of N timed
-// runs; GEMM inputs rotate over several buffer sets so the 60 MB L2 does not hold them).
+// `dzr bench gemm|ops|attention|kv`: times the CUDA backend with CUDA events (warm-up, then the median of N
+// timed runs; GEMM inputs rotate over several buffer sets so the 60 MB L2 does not hold them), and measures
+// the KV cache's device memory.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "apps/dzr/command.h"
 #include "backend/backend.h"
+#include "config/run_config.h"
 #include "core/error.h"
+#include "kv/kv_cache_manager.h"
 
 #ifdef DZR_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -30,6 +34,11 @@ struct BenchOptions {
     std::string out_dtype = "";
     int sets = 4;
     bool dit = false;
+    // attention
+    int64_t lq = 1785, heads = 40, head_dim = 128, block = 880;
+    std::vector<int64_t> lk = {2665, 4425, 6185, 7945};
+    // kv
+    std::string config = "configs/dreamzero_droid.yaml";
 };
 
 #ifdef DZR_HAVE_CUDA
@@ -209,10 +218,137 @@ int run_ops_bench(const BenchOptions& o) {
     return 0;
 }
 
+/// One timed attention variant: median ms and TFLOP/s (4 * Lq * Lk * D * H), or why it could not run.
+void report_attention(const char* label, int64_t lk, const BenchOptions& o, const std::function<void()>& f,
+                      cudaStream_t stream, const std::function<std::string()>& note) {
+    const double flop = 4.0 * double(o.lq) * double(lk) * double(o.head_dim) * double(o.heads);
+    std::string ran;
+    try {
+        f();  // first call: builds plans, fails early when the variant cannot run
+        ran = note();
+        const Timing t = time_on_stream(stream, o.warmup, o.iters, [&](int) { f(); });
+        std::printf("%-34s %6lld %9.4f %9.4f %9.1f  %s\n", label, (long long)lk, t.median_ms, t.min_ms,
+                    flop / (t.median_ms * 1e-3) / 1e12, ran.c_str());
+    } catch (const Error& e) {
+        std::printf("%-34s %6lld %9s %9s %9s  refused: %s\n", label, (long long)lk, "-", "-", "-", e.what());
+    }
+    std::fflush(stdout);
+}
+
+int run_attention_bench(const BenchOptions& o) {
+    auto owned = make_cuda_backend(parse_device(o.device).index, size_t(6) << 30);
+    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    const DType bf = DType::BF16;
+    const int64_t L = o.lq, H = o.heads, D = o.head_dim, bs = o.block;
+    std::printf("dzr bench attention on %s: bf16, Lq %lld, %lld heads x %lld, CUDA events, %d warm-up + median of "
+                "%d; TFLOP/s = 4 Lq Lk D H / median\n",
+                be->name().c_str(), (long long)L, (long long)H, (long long)D, o.warmup, o.iters);
+    std::printf("%-34s %6s %9s %9s %9s  %s\n", "variant", "Lk", "med ms", "min ms", "TFLOP/s", "ran");
+    const float scale = 1.f / std::sqrt(float(D));
+    const int64_t max_lk = *std::max_element(o.lk.begin(), o.lk.end());
+    Tensor q = random_device_tensor(*be, {L, H, D}, bf, 1, 2.f), out = be->alloc({L, H, D}, bf);
+    Tensor k = random_device_tensor(*be, {max_lk, H, D}, bf, 2, 2.f), v = random_device_tensor(*be, {max_lk, H, D}, bf, 3);
+    // paged: history in blocks of `bs` tokens through a reversed table, the current rows separate
+    const int64_t max_blocks = (max_lk + bs - 1) / bs + 1;
+    Tensor pool_k = random_device_tensor(*be, {max_blocks * bs, H, D}, bf, 4, 2.f);
+    Tensor pool_v = random_device_tensor(*be, {max_blocks * bs, H, D}, bf, 5);
+    Tensor table_host = Tensor::host({max_blocks}, DType::I32);
+    for (int64_t i = 0; i < max_blocks; ++i) table_host.ptr<int32_t>()[i] = int32_t(max_blocks - 1 - i);
+    Tensor table = be->alloc({max_blocks}, DType::I32);
+    be->upload(table_host, table);
+    Tensor kcur = random_device_tensor(*be, {L, H, D}, bf, 6, 2.f), vcur = random_device_tensor(*be, {L, H, D}, bf, 7);
+    be->synchronize();
+    const auto impl_note = [be] { return std::string(attention_impl_name(be->last_attention_impl())); };
+    for (const int64_t lk : o.lk) {
+        const TensorView kv = k.view().slice(0, 0, lk), vv = v.view().slice(0, 0, lk);
+        for (AttentionImpl impl : {AttentionImpl::CudnnUnified, AttentionImpl::CudnnComposite, AttentionImpl::Flash,
+                                   AttentionImpl::Gemm}) {
+            be->set_attention_impl(impl);
+            const std::string label = fmt::format("dense {}", attention_impl_name(impl));
+            report_attention(label.c_str(), lk, o, [&] { be->attention({scale}, q, kv, vv, {}, out); }, be->stream(),
+                             impl_note);
+        }
+        be->set_attention_impl(AttentionImpl::Auto);
+        const int64_t hist = lk - L;
+        if (hist < 0) continue;
+        PagedKvView view{};
+        view.k_base = pool_k.data(), view.v_base = pool_v.data(), view.dtype = bf;
+        view.num_heads = int32_t(H), view.head_dim = int32_t(D), view.block_size = int32_t(bs);
+        view.layer_stride = 0, view.token_stride = H * D, view.head_stride = D, view.block_stride = bs * H * D;
+        view.block_table = table.ptr<const BlockId>();
+        view.table_width = int32_t(max_blocks);
+        view.num_table_blocks = int32_t((hist + bs - 1) / bs);
+        view.seq_len = hist;
+        for (PagedAttentionImpl impl : {PagedAttentionImpl::Direct, PagedAttentionImpl::Gather}) {
+            be->set_paged_attention_impl(impl);
+            const char* label = impl == PagedAttentionImpl::Direct ? "paged direct (flash, block table)"
+                                                                   : "paged gather + dense auto";
+            report_attention(label, lk, o, [&] { be->paged_attention({scale}, q, view, 0, kcur, vcur, out); },
+                             be->stream(), impl_note);
+        }
+        be->set_paged_attention_impl(PagedAttentionImpl::Auto);
+        // the gather alone: history blocks + current rows -> contiguous K and V (bytes read + written)
+        {
+            ArenaScope scope(be->workspace());
+            const TensorView kall = be->scratch({lk, H, D}), vall = be->scratch({lk, H, D});
+            const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) {
+                const int64_t row = H * D;
+                for (int64_t j = 0; j * bs < hist; ++j) {
+                    const int64_t n = std::min(bs, hist - j * bs), src = int64_t(table_host.ptr<int32_t>()[j]) * bs;
+                    cudaMemcpyAsync(static_cast<char*>(kall.data) + j * bs * row * 2,
+                                    static_cast<char*>(pool_k.data()) + src * row * 2, size_t(n * row * 2),
+                                    cudaMemcpyDeviceToDevice, be->stream());
+                    cudaMemcpyAsync(static_cast<char*>(vall.data) + j * bs * row * 2,
+                                    static_cast<char*>(pool_v.data()) + src * row * 2, size_t(n * row * 2),
+                                    cudaMemcpyDeviceToDevice, be->stream());
+                }
+            });
+            const double bytes = 2.0 * 2.0 * double(hist) * double(H * D) * 2.0;
+            std::printf("%-34s %6lld %9.4f %9.4f %9s  %.1f GB/s (history copy as cudaMemcpy, reference)\n",
+                        "  history copy, memcpy per block", (long long)lk, t.median_ms, t.min_ms, "-",
+                        bytes / (t.median_ms * 1e-3) / 1e9);
+        }
+    }
+    return 0;
+}
+
+int run_kv_bench(const BenchOptions& o) {
+    const config::RunConfig cfg = config::load_run_config(o.config);
+    const KvGeometry g = KvGeometry::from_model(cfg.model, DType::BF16, 2);
+    const KvMemoryPlan plan = plan_kv_memory(g, cfg.kv, kv_session_bytes(g, cfg.kv));
+    auto owned = make_cuda_backend(parse_device(o.device).index, size_t(64) << 20);
+    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    std::printf("dzr bench kv on %s: %s, bf16, %d CFG branches, one session (memory_budget auto)\n",
+                be->name().c_str(), o.config.c_str(), g.num_branches);
+    std::printf("geometry: %d layers, %d heads x %d, %d tokens/frame, window %d frames, chunk %d\n", g.num_layers,
+                g.num_kv_heads, g.head_dim, g.tokens_per_frame, cfg.kv.window_frames, g.chunk_frames);
+    std::printf("%s\n", plan.summary().c_str());
+    be->synchronize();
+    size_t free0 = 0, total = 0, free1 = 0;
+    DZR_CHECK(cudaMemGetInfo(&free0, &total) == cudaSuccess, "bench kv: cudaMemGetInfo failed");
+    {
+        KvCacheManager manager(g, cfg.kv, plan, be);
+        be->synchronize();
+        DZR_CHECK(cudaMemGetInfo(&free1, &total) == cudaSuccess, "bench kv: cudaMemGetInfo failed");
+        const double gib = double(size_t(1) << 30);
+        const size_t drop = free0 - free1, target = size_t(13421772800ull);
+        std::printf("%-44s %16s %10s\n", "", "bytes", "GiB");
+        std::printf("%-44s %16zu %10.3f\n", "plan: blocks + null block", plan.pool_bytes, double(plan.pool_bytes) / gib);
+        std::printf("%-44s %16zu %10.3f\n", "plan: scratch", plan.scratch_bytes, double(plan.scratch_bytes) / gib);
+        std::printf("%-44s %16zu %10.3f\n", "plan: cross caches", plan.cross_bytes, double(plan.cross_bytes) / gib);
+        std::printf("%-44s %16zu %10.3f\n", "plan: total", plan.total_bytes, double(plan.total_bytes) / gib);
+        std::printf("%-44s %16zu %10.3f\n", "measured: cudaMemGetInfo free drop", drop, double(drop) / gib);
+        std::printf("%-44s %16zu %10.3f\n", "target (issue)", target, double(target) / gib);
+        std::printf("measured - plan: %+lld bytes; %s the 12.5 GiB target\n",
+                    (long long)drop - (long long)plan.total_bytes, drop <= target ? "within" : "OVER");
+    }
+    return 0;
+}
+
 #endif  // DZR_HAVE_CUDA
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
-    auto* cmd = app.add_subcommand("bench", "Time the CUDA backend's GEMM and kernels at DreamZero shapes");
+    auto* cmd = app.add_subcommand("bench", "Time the CUDA backend's GEMM, kernels and attention at DreamZero shapes");
     cmd->require_subcommand(1);
     auto opts = std::make_shared<BenchOptions>();
     const auto common = [opts](CLI::App* sub) {
@@ -233,9 +369,22 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     gemm->add_flag("--dit", opts->dit, "run DreamZero's per-layer DiT GEMM shapes instead of -m/-n/-k");
     auto* ops = cmd->add_subcommand("ops", "Kernels at DreamZero shapes (norms, rope, softmax, gelu, attention)");
     common(ops);
+    auto* attention = cmd->add_subcommand(
+        "attention", "Dense attention per implementation (cuDNN SDPA, flash, GEMM) and paged attention (direct, gather)");
+    common(attention);
+    attention->add_option("--lq", opts->lq, "query rows")->capture_default_str()->check(CLI::PositiveNumber);
+    attention->add_option("--lk", opts->lk, "key lengths")->capture_default_str();
+    attention->add_option("--heads", opts->heads, "heads")->capture_default_str()->check(CLI::PositiveNumber);
+    attention->add_option("--head-dim", opts->head_dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
+    attention->add_option("--block", opts->block, "paged block tokens")->capture_default_str()->check(CLI::PositiveNumber);
+    auto* kv = cmd->add_subcommand("kv", "Allocate one session's KV cache on the GPU; plan bytes vs cudaMemGetInfo");
+    kv->add_option("--device", opts->device, "CUDA device (cuda or cuda:N)")->capture_default_str();
+    kv->add_option("--config", opts->config, "run config with the model geometry and kv section")->capture_default_str();
 #ifdef DZR_HAVE_CUDA
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });
+    attention->callback([&run, opts] { run = [opts] { return run_attention_bench(*opts); }; });
+    kv->callback([&run, opts] { run = [opts] { return run_kv_bench(*opts); }; });
 #else
     const auto unavailable = [&run] {
         run = [] {
@@ -245,6 +394,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     };
     gemm->callback(unavailable);
     ops->callback(unavailable);
+    attention->callback(unavailable);
+    kv->callback(unavailable);
 #endif
 });
 

@@ -32,6 +32,7 @@ struct CkptOptions {
     std::vector<std::string> sets;
     uint64_t seed = 0;
     std::string out;
+    std::string tokenizer;
     std::string dtype = "bf16";
     std::string shard_size = "5GB";
     bool dry_run = false;
@@ -192,6 +193,7 @@ int run_make(const CkptOptions& o) {
               "--dtype {}: expected bf16, f16 or f32", o.dtype);
     mo.dtype = *dt;
     mo.shard_size = config::parse_byte_size(o.shard_size, "--shard-size");
+    if (!o.tokenizer.empty()) mo.tokenizer = resolve_tokenizer_path(o.tokenizer);
     const MakePlan plan = plan_random_checkpoint(rc.model, mo);
 
     fmt::print("{} {} ({}, seed {}):\n", o.dry_run ? "plan for" : "writing", o.config, o.dtype, o.seed);
@@ -246,6 +248,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     make->add_option("--shard-size", opts->shard_size, "Most tensor bytes per shard (e.g. 5GB, 64MiB)")
         ->capture_default_str();
     make->add_option("--set", opts->sets, "Override a config key (KEY=VALUE, repeatable)");
+    make->add_option("--tokenizer", opts->tokenizer, "Copy this umT5 spiece.model into the checkpoint");
     make->add_flag("--dry-run", opts->dry_run, "Print the inventory and sizes, write nothing");
     make->add_flag("--force", opts->force, "Allow writing more than 4 GiB");
     make->callback([&run, opts] { run = [opts] { return run_make(*opts); }; });

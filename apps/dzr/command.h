@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace dzr::app {
@@ -12,6 +13,9 @@ namespace dzr::app {
 using CommandSetup = std::function<void(CLI::App& app, std::function<int()>& run)>;
 
 std::vector<CommandSetup>& command_registry();
+
+/// The process's command line, as given (for run manifests).
+std::vector<std::string>& command_line();
 
 struct CommandRegistrar {
     explicit CommandRegistrar(CommandSetup setup) { command_registry().push_back(std::move(setup)); }

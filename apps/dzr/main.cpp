@@ -13,9 +13,15 @@ std::vector<CommandSetup>& command_registry() {
     return registry;
 }
 
+std::vector<std::string>& command_line() {
+    static std::vector<std::string> args;
+    return args;
+}
+
 }  // namespace dzr::app
 
 int main(int argc, char** argv) {
+    for (int i = 0; i < argc; ++i) dzr::app::command_line().emplace_back(argv[i]);
     CLI::App app{"dzr: offline DreamZero world-action-model rollouts (C++/CUDA)", "dzr"};
     app.require_subcommand(1);
     app.set_version_flag("--version", std::string("dzr ") + DZR_VERSION + " (" + DZR_GIT_HASH + ")");

@@ -19,6 +19,7 @@
 
 #include "core/arena.h"
 #include "core/tensor.h"
+#include "kv/kv_view.h"
 
 namespace dzr {
 
@@ -143,6 +144,19 @@ public:
                            const TensorView& v, const TensorView& bias, const TensorView& out) = 0;
     virtual void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                         const TensorView& out) = 0;
+
+    // ---- paged KV cache ops (kv_view.h); the base implementations throw "not supported" ----------
+    /// Non-causal attention of q over [history rows through the block table | current rows], per head:
+    /// out = softmax(scale * q [K_hist | k_cur]^T) [V_hist | v_cur]. q, out: [Lq, H, D]; k_cur, v_cur:
+    /// [Lc, H, D] (strided rows allowed); history: a view of the pool whose block table and storage are on
+    /// this backend's device; `layer` selects the pool layer. With no keys at all the output is zero.
+    virtual void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
+                                 int layer, const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
+    /// Writes row i of k and v ([n, H, D]) to pool slot slots[i] (i64 [n] on this backend's device; slot =
+    /// block_id * block_size + offset) of layer `layer`; kPadSlot (-1) rows are skipped. Slots must lie in
+    /// [0, num_slots); the CPU checks, the CUDA kernel skips rows outside (it cannot throw).
+    virtual void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                            const TensorView& v, int64_t num_slots);
 
     // ---- conveniences built on the ops ---------------------------------------------------------
     /// PyTorch Linear: out[M, N] = x[M, K] · w[N, K]^T + bias[N].

@@ -43,6 +43,10 @@ public:
                    const TensorView&, const TensorView&) override {}
     void conv3d(const Conv3dParams&, const TensorView&, const TensorView&, const TensorView&,
                 const TensorView&) override {}
+    void paged_attention(const AttentionParams&, const TensorView&, const PagedKvView&, int, const TensorView&,
+                         const TensorView&, const TensorView&) override {}
+    void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
+                    int64_t) override {}
 
 private:
     DType dtype_;

@@ -3,13 +3,34 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "kv/paged_attention.h"
 
 namespace dzr {
 
 PagedSelfAttentionCache::PagedSelfAttentionCache(KvSession& session, int branch, PagedAttentionPath path)
     : session_(session), branch_(branch), path_(path) {
-    (void)session_.table(branch_);  // checks the branch index
+    const BlockTable& t = session_.table(branch_);  // checks the branch index
+    Backend* storage = session_.manager().storage_backend();
+    if (path_ == PagedAttentionPath::Kernel && storage && !storage->device().is_cpu()) {
+        // NOTE: allocated once here, written by begin(): the layers only read device memory.
+        dev_table_ = storage->alloc(Shape{t.limits().table_width}, DType::I32);
+        dev_slots_ = storage->alloc(Shape{t.limits().scratch_tokens}, DType::I64);
+    }
+}
+
+void PagedSelfAttentionCache::begin(const KvForwardSpec& spec) {
+    session_.begin_forward(branch_, spec);
+    if (!dev_table_.defined()) return;
+    const BlockTable& t = session_.table(branch_);
+    Backend& be = *session_.manager().storage_backend();
+    const std::vector<BlockId>& table = t.padded_table();
+    const std::vector<int64_t>& slots = t.slot_mapping();
+    DZR_CHECK(int64_t(table.size()) == dev_table_.numel() && int64_t(slots.size()) <= dev_slots_.numel(),
+              "kv {}: the padded table ({}) or slot mapping ({}) outgrew its device mirror ({}, {})", t.name(),
+              table.size(), slots.size(), dev_table_.numel(), dev_slots_.numel());
+    be.upload(TensorView(const_cast<BlockId*>(table.data()), DType::I32, Shape{int64_t(table.size())}), dev_table_);
+    if (!slots.empty())
+        be.upload(TensorView(const_cast<int64_t*>(slots.data()), DType::I64, Shape{int64_t(slots.size())}),
+                  dev_slots_.view().slice(0, 0, int64_t(slots.size())));
 }
 
 size_t PagedSelfAttentionCache::attend_workspace_bytes(const KvGeometry& geometry, const KvConfig& config,
@@ -46,6 +67,25 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
               t.name(), layer, k.str(), v.str(), video_tokens, t.current_video_tokens(), t.current_register_tokens(),
               g.num_kv_heads, g.head_dim);
 
+    if (path_ == PagedAttentionPath::Kernel) {
+        // 1. committing forward: the video rows -> their pool slots (the slot mapping on the backend's device)
+        PagedKvView view = session_.history_view(branch_);
+        const TensorView pk = m.pool_k(layer);
+        TensorView slots;
+        if (dev_table_.defined()) {
+            DZR_CHECK(be.device() == dev_table_.device(), "kv {}: attend on {} but the cache lives on {}", t.name(),
+                      be.device().str(), dev_table_.device().str());
+            view.block_table = dev_table_.ptr<const BlockId>();
+            slots = dev_slots_.view().slice(0, 0, video_tokens);
+        } else {
+            slots = TensorView(const_cast<int64_t*>(t.slot_mapping().data()), DType::I64, Shape{video_tokens});
+        }
+        if (t.committing()) be.scatter_kv(view, layer, slots, k, v, pk.dim(0));
+        // 2. attend over [visible history through the table | current rows]
+        be.paged_attention(AttentionParams{scale}, q, view, layer, k, v, out);
+        return;
+    }
+
     ArenaScope scope(be.workspace());
     // 1. write: current rows -> the branch scratch (one layer at a time)
     const TensorView sk = m.scratch_k(branch_).slice(0, 0, cur);
@@ -57,26 +97,16 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
     const TensorView pk = m.pool_k(layer), pv = m.pool_v(layer);
     if (t.committing()) {
         const std::vector<int64_t>& slots = t.slot_mapping();
-        if (path_ == PagedAttentionPath::Kernel) {
-            scatter_kv_cpu(session_.history_view(branch_), layer, slots.data(), video_tokens, pk.dim(0), k, v);
-        } else {
-            for (int64_t i = 0; i < video_tokens;) {
-                int64_t n = 1;
-                while (i + n < video_tokens && slots[size_t(i + n)] == slots[size_t(i)] + n) ++n;
-                be.copy(k.slice(0, i, n), pk.slice(0, slots[size_t(i)], n));
-                be.copy(v.slice(0, i, n), pv.slice(0, slots[size_t(i)], n));
-                i += n;
-            }
+        for (int64_t i = 0; i < video_tokens;) {
+            int64_t n = 1;
+            while (i + n < video_tokens && slots[size_t(i + n)] == slots[size_t(i)] + n) ++n;
+            be.copy(k.slice(0, i, n), pk.slice(0, slots[size_t(i)], n));
+            be.copy(v.slice(0, i, n), pv.slice(0, slots[size_t(i)], n));
+            i += n;
         }
     }
 
     // 3. attend over [visible history | current]
-    if (path_ == PagedAttentionPath::Kernel) {
-        DZR_CHECK(be.device().is_cpu(), "kv {}: the paged attention kernel path exists on the CPU only (backend {})",
-                  t.name(), be.name());
-        paged_attention_cpu(q, session_.history_view(branch_), session_.scratch_view(branch_, cur), layer, scale, out);
-        return;
-    }
     const int64_t hist = t.seq_len(), bs = t.block_tokens();
     // [history | current] keys and values, gathered: [hist + cur, H, D]
     const TensorView kall = be.scratch(Shape{hist + cur, g.num_kv_heads, g.head_dim});

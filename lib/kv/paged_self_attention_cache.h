@@ -7,6 +7,7 @@
 ///   3. attends q over [visible history through the block table | current rows].
 #include <cstdint>
 
+#include "core/tensor.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/self_attention_cache.h"
 
@@ -16,8 +17,10 @@ enum class PagedAttentionPath : uint8_t {
     /// Copy the visible blocks and the current rows into one workspace buffer, then Backend::attention.
     /// Works on every backend and is bit-exact with DenseSelfAttentionCache on the same backend.
     Gather,
-    /// paged_attention_cpu over PagedKvView + ContiguousKvView (f32 host only): the reference a CUDA paged
-    /// kernel will match.
+    /// Backend::paged_attention over the PagedKvView and the current rows, and Backend::scatter_kv for the
+    /// committed rows: the CPU reference (f32) or the CUDA kernels (bf16/f16). On a device backend the
+    /// padded block table and the slot mapping are mirrored into device memory by begin() (one upload per
+    /// forward, outside the layers), so every layer's attend() is free of host data and capture-safe.
     Kernel,
 };
 
@@ -27,7 +30,8 @@ public:
 
     /// Forward control for the owner (see KvSession). abort() fails the whole session closed: every
     /// branch's blocks and cross caches are released and the session needs reset() before the next forward.
-    void begin(const KvForwardSpec& spec) { session_.begin_forward(branch_, spec); }
+    /// On the kernel path with device storage, begin() also uploads the padded table and slot mapping.
+    void begin(const KvForwardSpec& spec);
     void commit() { session_.commit(branch_); }
     void abort() noexcept { session_.abort(); }
 
@@ -37,6 +41,11 @@ public:
 
     int branch() const { return branch_; }
     KvSession& session() { return session_; }
+    PagedAttentionPath path() const { return path_; }
+    /// The device mirror of the padded block table (i32 [table_width]); undefined on the host paths.
+    TensorView device_table() const { return dev_table_.view(); }
+    /// The device mirror of the slot mapping (i64 [scratch_tokens], the open forward's first entries valid).
+    TensorView device_slots() const { return dev_slots_.view(); }
 
     /// Visible history tokens of the open forward.
     int64_t history_tokens() const override;
@@ -47,6 +56,8 @@ private:
     KvSession& session_;
     int branch_ = 0;
     PagedAttentionPath path_ = PagedAttentionPath::Gather;
+    Tensor dev_table_;  // kernel path on a device backend: the padded table and slot mapping, uploaded at begin()
+    Tensor dev_slots_;
 };
 
 }  // namespace dzr

@@ -399,6 +399,7 @@ PolicyCallResult DreamZeroPolicy::step(const Observation& obs) {
         for (size_t i = 0; i < state.size(); ++i)
             state_f[i] = be_.compute_dtype() == DType::BF16 ? round_f64_to_bf16(state[i]) : float(state[i]);
         be_.upload(TensorView(state_f.data(), DType::F32, buf_->state.shape()), buf_->state);
+        trace("state", buf_->state);
 
         // The model input: the reference frame on a reset, else the commit clip.
         std::vector<float> host;
@@ -407,6 +408,7 @@ PolicyCallResult DreamZeroPolicy::step(const Observation& obs) {
             host.resize(size_t(3) * model_.canvas_height * model_.canvas_width);
             canvases_to_model_input(std::span<const RgbImage>(&canvases[size_t(ref)], 1), host, options_.unit_range);
             be_.upload(TensorView(host.data(), DType::F32, buf_->ref_frame.shape()), buf_->ref_frame);
+            trace("input.video", buf_->ref_frame);
         } else {
             std::vector<RgbImage> clip;
             for (int i : commit_clip_indices(T, d.num_frame_per_block)) clip.push_back(canvases[size_t(i)]);
@@ -415,6 +417,7 @@ PolicyCallResult DreamZeroPolicy::step(const Observation& obs) {
             host.resize(size_t(3) * clip.size() * model_.canvas_height * model_.canvas_width);
             canvases_to_model_input(clip, host, options_.unit_range);
             be_.upload(TensorView(host.data(), DType::F32, buf_->clip_video.shape()), buf_->clip_video);
+            trace("input.video", buf_->clip_video);
         }
         sync_phase(result.times.preprocess, phase);
 
@@ -488,6 +491,10 @@ PolicyCallResult DreamZeroPolicy::step(const Observation& obs) {
         double dit_ms = 0;
         Timer dit_timer;
         auto evaluate = [&](const DenoiseStep& s) {
+            if (trace_) {  // the samples the DiT sees at this step (parity dumps)
+                trace(fmt::format("sample.video.{}", s.index), buf_->x);
+                trace(fmt::format("sample.action.{}", s.index), buf_->a);
+            }
             be_.synchronize();
             dit_timer.reset();
             forward_branch(kPos, ForwardKind::Denoise, buf_->x, buf_->y_in, start_frame_, s.video_timestep,

@@ -84,8 +84,11 @@ struct PolicyOptions {
 };
 
 /// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during
-/// the callback). Stages: "text.pos", "text.neg", "clip", "ys", "vae.clip", "noise.video",
-/// "noise.action", "dit.<kind>.<branch>.<step>.video" / ".action", "velocity.<step>", "actions".
+/// the callback). Stages: "input.video" (the model input in [-1, 1]: the reference frame on a reset,
+/// else the commit clip), "state", "text.pos", "text.neg", "clip", "ys", "vae.clip", "noise.video",
+/// "noise.action", "dit.<prefill|commit|denoise>.<pos|neg>.<name>[.<layer>]" (CausalDit's trace
+/// names), "sample.video.<step>" / "sample.action.<step>" (what the DiT sees at an evaluated step),
+/// "velocity.cond.<step>", "velocity.uncond.<step>", "velocity.action.<step>", "x", "actions".
 using PolicyTraceFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
 
 class DreamZeroPolicy {

@@ -171,6 +171,10 @@ MakePlan write_random_checkpoint(const ModelConfig& config, const MakeOptions& o
                          {"dtype", std::string(dtype_name(options.dtype))}};
         write_text_file(tmp / "config.json", config::model_config_to_json(config, dzr_info).dump(2) + "\n");
         write_text_file(tmp / "experiment_cfg" / "metadata.json", droid_metadata_json());
+        if (!options.tokenizer.empty()) {
+            fs::copy_file(options.tokenizer, tmp / "spiece.model", ec);
+            DZR_CHECK(!ec, "cannot copy the tokenizer {}: {}", options.tokenizer.string(), ec.message());
+        }
 
         json weight_map = json::object();
         for (const auto& shard : plan.shards) {

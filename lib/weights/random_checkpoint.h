@@ -21,6 +21,7 @@ struct MakeOptions {
     uint64_t seed = 0;
     DType dtype = DType::BF16;            // bf16, f16 or f32
     uint64_t shard_size = 5'000'000'000;  // most tensor bytes per shard (HF's default 5 GB)
+    std::filesystem::path tokenizer;      // copied in as spiece.model when set (rollouts then find it)
 };
 
 struct ShardPlan {

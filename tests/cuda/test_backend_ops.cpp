@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "kv/block_table.h"
 #include "support/test_support.h"
 
 DZR_TEST_REQUIRES_GPU()
@@ -399,6 +400,66 @@ Stats run_copy(Harness& h, DType src_dt, DType dst_dt, Shape storage, Shape shap
     return h.compare(od, ref, 0.0);
 }
 
+/// A small paged pool on both sides: block ids 0..5 of `bs` tokens, H heads x D. The history goes through
+/// a shuffled table (blocks 4, 1, 3); every pool row it does not use is NaN.
+Stats run_paged_attention(Harness& h, int64_t H, int64_t D, int64_t bs, int64_t hist, int64_t cur, int64_t lq) {
+    const int64_t ids = 6, row = H * D;
+    const std::vector<BlockId> table = {4, 1, 3, kNullBlockId, kNullBlockId};
+    REQUIRE(hist <= 3 * bs);
+    Tensor kp = Harness::cpu_out({ids * bs, H, D}), vp = Harness::cpu_out({ids * bs, H, D});
+    Tensor hk = h.input({std::max<int64_t>(hist, 1), H, D}, -2.f, 2.f), hv = h.input({std::max<int64_t>(hist, 1), H, D});
+    for (int64_t t = 0; t < hist; ++t) {
+        const int64_t slot = int64_t(table[size_t(t / bs)]) * bs + t % bs;
+        std::copy_n(fp(hk) + t * row, row, kp.ptr<float>() + slot * row);
+        std::copy_n(fp(hv) + t * row, row, vp.ptr<float>() + slot * row);
+    }
+    Tensor q = h.input({lq, H, D}, -2.f, 2.f), k = h.input({cur, H, D}, -2.f, 2.f), v = h.input({cur, H, D});
+    const int32_t width = int32_t(table.size()), used = int32_t((hist + bs - 1) / bs);
+    const PagedKvView host_view{kp.data(), vp.data(), DType::F32, int32_t(H), int32_t(D), int32_t(bs), 0, bs * row,
+                                row, D, table.data(), width, used, hist};
+    Tensor ref = Harness::cpu_out({lq, H, D});
+    const float scale = 1.f / std::sqrt(float(D));
+    cpu().paged_attention({scale}, q, host_view, 0, k, v, ref);
+
+    const TensorView kpd = h.dev(kp), vpd = h.dev(vp);  // NaN rows stay NaN in bf16
+    Tensor table_host = Tensor::host({width}, DType::I32);
+    std::copy(table.begin(), table.end(), table_host.ptr<int32_t>());
+    Tensor table_dev = gpu().alloc({width}, DType::I32);
+    gpu().upload(table_host, table_dev);
+    PagedKvView dev_view = host_view;
+    dev_view.k_base = kpd.data, dev_view.v_base = vpd.data, dev_view.dtype = h.dt();
+    dev_view.block_table = table_dev.ptr<const BlockId>();
+    const TensorView od = h.dev_out({lq, H, D});
+    gpu().paged_attention({scale}, h.dev(q), dev_view, 0, h.dev(k), h.dev(v), od);
+    Stats s = h.compare(od, ref);
+    gpu().synchronize();  // table_dev is freed on return
+    return s;
+}
+
+/// Scatters 5 rows into slots {7, 2, pad, 9, 40 (outside: skipped)} of layer 1 of a 2-layer pool of 12
+/// slots; compares the whole pool (untouched slots stay zero).
+Stats run_scatter_kv(Harness& h) {
+    const int64_t H = 2, D = 16, bs = 4, slots_per_layer = 12, layers = 2, row = H * D;
+    Tensor k = h.input({5, H, D}), v = h.input({5, H, D});
+    const std::vector<int64_t> slots = {7, 2, kPadSlot, 9, 40};
+    Tensor kref = Tensor::host({layers * slots_per_layer, H, D}, DType::F32);
+    Tensor vref = Tensor::host({layers * slots_per_layer, H, D}, DType::F32);
+    Tensor slots_host = Tensor::host({5}, DType::I64);
+    std::copy(slots.begin(), slots.end(), slots_host.ptr<int64_t>());
+    const BlockId table[1] = {kNullBlockId};
+    PagedKvView pool{kref.data(), vref.data(), DType::F32, int32_t(H), int32_t(D), int32_t(bs), slots_per_layer * row,
+                     bs * row, row, D, table, 1, 0, 0};
+    cpu().scatter_kv(pool, 1, slots_host.view().slice(0, 0, 4), k, v, slots_per_layer);  // the CPU refuses slot 40
+    Tensor kd = gpu().alloc({layers * slots_per_layer, H, D}, h.dt()), vd = gpu().alloc(kd.shape(), h.dt());
+    Tensor slots_dev = gpu().alloc({5}, DType::I64);
+    gpu().upload(slots_host, slots_dev);
+    pool.k_base = kd.data(), pool.v_base = vd.data(), pool.dtype = h.dt();
+    gpu().scatter_kv(pool, 1, slots_dev, h.dev(k), h.dev(v), slots_per_layer);
+    Stats a = h.compare(kd, kref, 0.0), b = h.compare(vd, vref, 0.0);
+    a.bad += b.bad, a.n += b.n, a.max_abs = std::max(a.max_abs, b.max_abs), a.max_rel = std::max(a.max_rel, b.max_rel);
+    return a;
+}
+
 std::string shape_name(std::initializer_list<int64_t> dims) { return Shape(dims).str(); }
 
 std::vector<OpCase> make_cases() {
@@ -697,7 +758,14 @@ std::vector<OpCase> make_cases() {
             Tensor ref = Tensor::host({777}, DType::F32);
             return h.compare(d, ref, 0.0);
         });
+        add("scatter_kv", "5 rows into a 2-layer pool, pad and out-of-range slots skipped", dt,
+            [](Harness& h) { return run_scatter_kv(h); });
     }
+    // paged attention: bf16 pools only (the CUDA kernels take bf16/f16)
+    add("paged_attention", "H2 D64 block 40, history 90 through a shuffled table, 37 current, Lq 29", DType::BF16,
+        [](Harness& h) { return run_paged_attention(h, 2, 64, 40, 90, 37, 29); });
+    add("paged_attention", "H3 D128 block 16, empty history, 20 current, Lq 5", DType::BF16,
+        [](Harness& h) { return run_paged_attention(h, 3, 128, 16, 0, 20, 5); });
     return cases;
 }
 
@@ -728,7 +796,7 @@ TEST_CASE("every backend op has at least one parity case") {
     const std::set<std::string> expected = {"alloc",   "upload",  "download",   "copy",       "fill",
                                             "gemm",    "binary",  "scale",      "activation", "layer_norm",
                                             "rms_norm", "softmax", "reduce",     "rope",       "attention",
-                                            "conv3d"};
+                                            "conv3d",  "paged_attention", "scatter_kv"};
     CHECK(declared == expected);
     std::set<std::string> covered;
     for (const OpCase& c : make_cases()) covered.insert(c.op);

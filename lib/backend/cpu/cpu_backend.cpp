@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "core/convert.h"
 #include "core/error.h"
+#include "kv/paged_attention.h"
 
 namespace dzr {
 namespace {
@@ -293,6 +294,30 @@ public:
 
     void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                 const TensorView& out) override;
+
+    void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
+                         const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override {
+        for (const TensorView* t : {&k_cur, &v_cur}) {
+            require_f32(*t, "paged_attention", "current rows");
+            DZR_CHECK(t->rank() == 3 && t->strides[2] == 1 && t->dim(1) == history.num_heads &&
+                          t->dim(2) == history.head_dim,
+                      "cpu backend: paged_attention current rows {} must be [L, {}, {}] with unit head-dim stride",
+                      t->str(), history.num_heads, history.head_dim);
+        }
+        DZR_CHECK(k_cur.dim(0) == v_cur.dim(0) && k_cur.strides == v_cur.strides,
+                  "cpu backend: paged_attention k {} and v {} differ in length or strides", k_cur.str(), v_cur.str());
+        // [Lc, H, D] rows with their own strides -> a one-layer ContiguousKvView
+        const ContiguousKvView cur{k_cur.data, v_cur.data, DType::F32, history.num_heads, history.head_dim,
+                                   0,           k_cur.strides[0],       k_cur.strides[1], k_cur.dim(0)};
+        paged_attention_cpu(q, history, cur, layer, p.scale, out);
+    }
+
+    void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                    const TensorView& v, int64_t num_slots) override {
+        DZR_CHECK(slots.device.is_cpu() && slots.dtype == DType::I64 && slots.is_contiguous(),
+                  "cpu backend: scatter_kv slots {} must be a contiguous i64 host vector", slots.str());
+        scatter_kv_cpu(pool, layer, slots.ptr<const int64_t>(), slots.numel(), num_slots, k, v);
+    }
 
 private:
     struct FreeDeleter {

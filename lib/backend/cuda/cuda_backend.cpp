@@ -5,8 +5,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
+#include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_internal.h"
 #include "core/convert.h"
 #include "kernels/activation.cuh"
@@ -113,6 +115,7 @@ CudaBackend::CudaBackend(int index, size_t workspace_bytes) : index_(index) {
         DZR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
     }
     reserve_workspace(workspace_bytes == 0 ? kDefaultWorkspaceBytes : workspace_bytes);
+    if (const char* impl = std::getenv("DZR_ATTENTION"); impl && *impl) attention_impl_ = parse_attention_impl(impl);
 }
 
 CudaBackend::~CudaBackend() {
@@ -122,6 +125,7 @@ CudaBackend::~CudaBackend() {
     if (stream_) cudaStreamSynchronize(stream_);
     gemm_plans_.clear();
     conv_plans_.clear();
+    sdpa_plans_.clear();  // NOTE: the plans hold cuDNN descriptors made with the handle destroyed below
     if (cudnn_) cudnnDestroy(cudnn_);
     if (cublas_) cublasLtDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);

@@ -1,7 +1,8 @@
 #pragma once
 /// The CUDA backend: f32 and bf16 with fp32 accumulation. GEMMs go through cuBLASLt (descriptors and
 /// heuristic algorithm cached per shape key), 3-D convolutions through cuDNN (algorithm cached per
-/// shape), everything else through dzr's kernels in kernels/. All work is queued on one stream per
+/// shape), attention through cuDNN SDPA (execution plan cached per shape key) or dzr's flash kernel,
+/// everything else through dzr's kernels in kernels/. All work is queued on one stream per
 /// backend; ops take temporaries from the workspace arena and never allocate or wait on the host, so a
 /// forward can be captured into a CUDA graph once every shape has run once (the first call of a shape
 /// builds its cuBLASLt/cuDNN plan, and the first conv3d creates the cuDNN handle).
@@ -23,10 +24,27 @@ namespace cuda_detail {
 struct GemmCall;
 struct GemmPlan;
 struct ConvPlan;
+struct AttentionCall;
+struct SdpaPlan;
+enum class SdpaGraph : uint8_t;
+using SdpaKey = std::array<int64_t, 16>;
 /// Everything a cuBLASLt plan depends on: dtypes, transposes, sizes, leading dims, batch strides,
 /// pointer alignments, bias.
 using GemmKey = std::array<int64_t, 24>;
 }  // namespace cuda_detail
+
+/// Which implementation runs Backend::attention (bf16/f16 without bias; f32 and biased attention always take
+/// the GEMM path). Auto tries cuDNN's unified SDPA node, then cuDNN's composite SDPA graph, then dzr's
+/// flash kernel (head_dim 64/128), then the GEMM path; a forced choice throws when it cannot run the call.
+enum class AttentionImpl : uint8_t { Auto, CudnnUnified, CudnnComposite, Flash, Gemm };
+const char* attention_impl_name(AttentionImpl impl);
+/// "auto", "cudnn-unified", "cudnn-composite", "flash", "gemm"; throws dzr::Error otherwise.
+AttentionImpl parse_attention_impl(const std::string& text);
+
+/// How Backend::paged_attention runs: Direct = the flash kernel reads the history through the device
+/// block table; Gather = one kernel copies [history | current] into the workspace, then the dense
+/// attention above. Auto = Gather when cuDNN SDPA takes the dense call, else Direct.
+enum class PagedAttentionImpl : uint8_t { Auto, Direct, Gather };
 
 class CudaBackend final : public Backend {
 public:
@@ -72,6 +90,19 @@ public:
                    const TensorView& bias, const TensorView& out) override;
     void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                 const TensorView& out) override;
+    void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
+                         const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
+    void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                    const TensorView& v, int64_t num_slots) override;
+
+    /// Attention implementation choice (initially from the environment variable DZR_ATTENTION, else Auto).
+    void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
+    AttentionImpl attention_impl() const { return attention_impl_; }
+    /// The implementation that ran the last attention (dense, or the dense part of a gathered paged call).
+    AttentionImpl last_attention_impl() const { return last_attention_impl_; }
+    void set_paged_attention_impl(PagedAttentionImpl impl) { paged_impl_ = impl; }
+    /// Direct or Gather: how the last paged_attention ran.
+    PagedAttentionImpl last_paged_attention_impl() const { return last_paged_impl_; }
 
     /// The stream all of this backend's work is queued on (for events and external kernels).
     cudaStream_t stream() const { return stream_; }
@@ -89,6 +120,12 @@ private:
     void build_conv_plan(cuda_detail::ConvPlan& plan, const std::string& key, DType dtype, const int64_t x_dims[5],
                          const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3]);
     cudnnHandle_t cudnn();
+    void attention_gemm(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& bias, const TensorView& out);
+    const cuda_detail::SdpaPlan* sdpa_plan(const cuda_detail::AttentionCall& c, cuda_detail::SdpaGraph g);
+    bool try_sdpa(const cuda_detail::AttentionCall& c, cuda_detail::SdpaGraph g);
+    bool try_flash(const cuda_detail::AttentionCall& c);
+    AttentionImpl run_fused_attention(const cuda_detail::AttentionCall& c);
     void check_device_tensor(const TensorView& t, const char* op, const char* what) const;
 
     int index_ = 0;
@@ -104,6 +141,11 @@ private:
     bool fallback_only_ = false;
     std::map<cuda_detail::GemmKey, std::unique_ptr<cuda_detail::GemmPlan>> gemm_plans_;
     std::map<std::string, std::unique_ptr<cuda_detail::ConvPlan>> conv_plans_;
+    std::map<cuda_detail::SdpaKey, std::unique_ptr<cuda_detail::SdpaPlan>> sdpa_plans_;
+    AttentionImpl attention_impl_ = AttentionImpl::Auto;
+    AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
+    PagedAttentionImpl paged_impl_ = PagedAttentionImpl::Auto;
+    PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
 };
 
 /// The stream a CUDA backend queues its work on. Throws dzr::Error for other backends.

@@ -1,4 +1,5 @@
-// GEMM through cuBLASLt and attention built on it.
+// GEMM through cuBLASLt and the attention built on it (the f32 / bias / fallback path; the fused paths are in
+// cuda_attention.cpp).
 //
 // Row-major to column-major: cuBLASLt is column-major, and a row-major [R, C] matrix with leading
 // dimension ld is the column-major [C, R] matrix with the same ld. So out = op(a) op(b) (row-major
@@ -243,7 +244,7 @@ void CudaBackend::gemm(const GemmParams& p, const TensorView& a, const TensorVie
     run_gemm(c);
 }
 
-void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+void CudaBackend::attention_gemm(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& bias, const TensorView& out) {
     for (const auto& [t, what] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}})
         check_device_tensor(*t, "attention", what);

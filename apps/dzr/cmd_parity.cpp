@@ -1,0 +1,403 @@
+// `dzr parity make-inputs|run`: the dzr side of the parity harness against the official DreamZero
+// implementation (docs/PARITY.md, scripts/parity/).
+//
+//   make-inputs  writes a parity input directory: 7 policy calls of deterministic synthetic camera
+//                frames (180x320, call 0 with 1 frame, later calls with 4), the raw state, the prompt,
+//                the canvases dzr's preprocessing makes of them (the reference head is fed these), the
+//                umT5 token ids and masks of both CFG branches, and the initial noise drawn by dzr's
+//                seeded generator (the reference's generate_noise is replaced to return it).
+//   run          runs DreamZeroPolicy on those inputs with the injected noise and writes the traced
+//                stages of every call into one .safetensors file (f32), named as the reference
+//                harness names them.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "apps/dzr/command.h"
+#include "config/run_config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "io/atomic_file.h"
+#include "io/npy.h"
+#include "policy/dreamzero_policy.h"
+#include "policy/preprocess.h"
+#include "policy/tokenizer.h"
+#include "sampling/noise.h"
+#include "weights/checkpoint.h"
+#include "weights/safetensors.h"
+
+namespace dzr::app {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr const char* kInputsFormat = "dzr-parity-inputs/1";
+constexpr const char* kManifest = "manifest.json";
+/// Camera files of a call, in the policy's naming (dreamzero-reference.md §1.2-§1.4).
+constexpr const char* kCameras[3] = {"exterior_image_1_left", "exterior_image_2_left", "wrist_image_left"};
+/// Stages written by default: everything the reference harness also dumps (no per-layer internals).
+constexpr const char* kDefaultDump =
+    R"(^(input\.video|state|text\.(pos|neg)|clip|ys|vae\.clip|noise\.(video|action)|sample\.|velocity\.|x$|actions$))"
+    R"(|^dit\..*\.(layer_out\.[0-9]+|head|action_velocity)$)";
+
+struct MakeInputsArgs {
+    std::string ckpt;
+    std::string out;
+    std::string tokenizer;
+    std::string prompt = "Pick up the red cube and put it in the bowl";
+    int calls = 7;
+    uint64_t seed = kDreamZeroSeed;
+};
+
+struct RunArgs {
+    std::string ckpt;
+    std::string inputs;
+    std::string out;
+    std::string device = "cpu";
+    std::string dtype;
+    std::string kv = "paged";
+    std::string config;
+    std::string dump = kDefaultDump;
+    int calls = -1;
+    bool check_finite = false;
+};
+
+// ---- synthetic content ------------------------------------------------------------------------------
+
+uint32_t mix32(uint32_t x) {  // lowbias32 (a public-domain integer hash)
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+
+/// Frame `index` of camera `camera` ([180, 320, 3] appended to `out`): a per-camera colour gradient,
+/// a square and a bar that move with the frame index, and a low-amplitude hashed texture, so that
+/// every call, frame and camera differs and every canvas pixel carries signal.
+void synth_frame(int camera, int index, std::vector<uint8_t>& out) {
+    const int H = kFrameHeight, W = kFrameWidth;
+    const int sx = (37 * index + 90 * camera) % (W - 48), sy = (23 * index + 50 * camera) % (H - 48);
+    const int bar = (11 * index + 60 * camera) % W;
+    for (int y = 0; y < H; ++y)
+        for (int x = 0; x < W; ++x)
+            for (int c = 0; c < 3; ++c) {
+                int v = (x * (90 + 30 * c)) / W + (y * (60 + 40 * camera)) / H + 20 * c + 15 * camera;
+                if (x >= sx && x < sx + 48 && y >= sy && y < sy + 48) v = 230 - 70 * c - 20 * camera;
+                if (std::abs(x - bar) < 6) v = 40 + 60 * c;
+                v += int(mix32(uint32_t(((index * 3 + camera) * H + y) * W + x) * 3u + uint32_t(c)) % 13u) - 6;
+                out.push_back(uint8_t(std::clamp(v, 0, 255)));
+            }
+}
+
+/// The episode frame indices of call k: frame 0 for the first call, then the rollout's 4 offsets
+/// [-23, -16, -8, 0] before anchor 24k (dreamzero-reference.md §1.2).
+std::vector<int> call_frames(int k) {
+    if (k == 0) return {0};
+    const int anchor = 24 * k;
+    return {anchor - 23, anchor - 16, anchor - 8, anchor};
+}
+
+/// A smooth Franka-like joint trajectory and a gripper in [0, 1].
+void synth_state(int k, std::array<double, 7>& joints, double& gripper) {
+    static constexpr double kRest[7] = {0.0, -0.6, 0.0, -2.2, 0.0, 1.6, 0.8};
+    for (int j = 0; j < 7; ++j) joints[size_t(j)] = kRest[j] + 0.25 * std::sin(0.7 * k + 0.9 * j);
+    gripper = 0.5 + 0.45 * std::sin(1.3 * k);
+}
+
+std::filesystem::path call_dir(const fs::path& root, int k) { return root / fmt::format("call_{}", k); }
+
+fs::path tokenizer_for(const Checkpoint& ckpt, const std::string& given) {
+    if (!given.empty()) return resolve_tokenizer_path(given);
+    DZR_CHECK(ckpt.tokenizer_path().has_value(),
+              "checkpoint {} has no umT5 tokenizer (spiece.model); give one with --tokenizer", ckpt.dir().string());
+    return *ckpt.tokenizer_path();
+}
+
+void write_i64(const fs::path& p, const std::vector<int64_t>& v) {
+    io::write_npy(p, io::NpyDType::I8, {int64_t(v.size())}, v.data());
+}
+
+int run_make_inputs(const MakeInputsArgs& a) {
+    DZR_CHECK(a.calls >= 1, "--calls must be at least 1, got {}", a.calls);
+    const Checkpoint ckpt(a.ckpt);
+    const ModelConfig& m = ckpt.model_config();
+    const fs::path tok_path = tokenizer_for(ckpt, a.tokenizer);
+    const Umt5Tokenizer tokenizer(tok_path);
+    const fs::path out(a.out);
+    fs::create_directories(out);
+
+    Json calls = Json::array();
+    for (int k = 0; k < a.calls; ++k) {
+        const std::vector<int> frames = call_frames(k);
+        const int T = int(frames.size());
+        const fs::path dir = call_dir(out, k);
+        fs::create_directories(dir);
+        std::vector<std::vector<uint8_t>> cams(3);
+        for (int c = 0; c < 3; ++c) {
+            for (int f : frames) synth_frame(c, f, cams[size_t(c)]);
+            io::write_npy(dir / (std::string(kCameras[c]) + ".npy"), io::NpyDType::U1,
+                          {T, kFrameHeight, kFrameWidth, 3}, cams[size_t(c)].data());
+        }
+        // The canvases dzr's preprocessing makes (the reference head is fed canvases).
+        std::vector<uint8_t> canvas;
+        for (int t = 0; t < T; ++t) {
+            const auto view = [&](int c) {
+                return RgbView{cams[size_t(c)].data() + size_t(t) * kFrameHeight * kFrameWidth * 3, kFrameHeight,
+                               kFrameWidth};
+            };
+            const RgbImage img = compose_canvas(preprocess_view(view(2), kCameras[2]), preprocess_view(view(0), kCameras[0]),
+                                                preprocess_view(view(1), kCameras[1]));
+            DZR_CHECK(img.height == m.canvas_height && img.width == m.canvas_width,
+                      "preprocessing makes {}x{} canvases but checkpoint {} expects {}x{}", img.height, img.width,
+                      a.ckpt, m.canvas_height, m.canvas_width);
+            canvas.insert(canvas.end(), img.pixels.begin(), img.pixels.end());
+        }
+        io::write_npy(dir / "canvas.npy", io::NpyDType::U1, {T, m.canvas_height, m.canvas_width, 3}, canvas.data());
+        std::array<double, 7> joints{};
+        double gripper = 0;
+        synth_state(k, joints, gripper);
+        io::write_npy_f64(dir / "joint_position.npy", {7}, joints);
+        io::write_npy_f64(dir / "gripper_position.npy", {1}, std::span<const double>(&gripper, 1));
+        calls.push_back(Json{{"frames", T}, {"frame_indices", frames}});
+    }
+
+    const PromptTokens tokens = tokenize_droid_prompts(tokenizer, a.prompt, m.t5.text_len);
+    write_i64(out / "text_ids.npy", tokens.positive.ids);
+    write_i64(out / "text_mask.npy", tokens.positive.attention_mask);
+    write_i64(out / "text_negative_ids.npy", tokens.negative.ids);
+    write_i64(out / "text_negative_mask.npy", tokens.negative.attention_mask);
+
+    // Noise of dzr's seeded generator, in the reference's shapes (batch 1).
+    SeededNoise noise(a.seed);
+    const int lh = m.canvas_height / 8, lw = m.canvas_width / 8;
+    const Shape video{m.vae.z_dim, m.dit.num_frame_per_block, lh, lw};
+    const Shape action{m.dit.num_action_per_block, m.dit.action_dim};
+    std::vector<float> nv(size_t(video.numel())), na(size_t(action.numel()));
+    noise.fill(NoiseKind::Video, 0, video, nv);
+    noise.fill(NoiseKind::Action, 0, action, na);
+    io::write_npy_f32(out / "noise_video.npy", {1, video[0], video[1], video[2], video[3]}, nv);
+    io::write_npy_f32(out / "noise_action.npy", {1, action[0], action[1]}, na);
+
+    const Json manifest{{"format", kInputsFormat},
+                        {"prompt", a.prompt},
+                        {"prompt_text", tokens.text},
+                        {"text_len", m.t5.text_len},
+                        {"text_tokens", tokens.positive.length},
+                        {"negative_tokens", tokens.negative.length},
+                        {"tokenizer", fs::absolute(tok_path).string()},
+                        {"checkpoint", fs::absolute(a.ckpt).string()},
+                        {"canvas", {m.canvas_height, m.canvas_width}},
+                        {"frame_size", {kFrameHeight, kFrameWidth}},
+                        {"cameras", {kCameras[0], kCameras[1], kCameras[2]}},
+                        {"noise", {{"generator", noise.describe()}, {"video", video.vec()}, {"action", action.vec()}}},
+                        {"calls", calls}};
+    io::write_file_atomic(out / kManifest, manifest.dump(2) + "\n");
+    std::printf("wrote parity inputs %s: %d calls, prompt \"%s\" (%lld + %lld tokens), canvas %dx%d, %s\n",
+                out.string().c_str(), a.calls, a.prompt.c_str(), static_cast<long long>(tokens.positive.length),
+                static_cast<long long>(tokens.negative.length), m.canvas_height, m.canvas_width, noise.describe().c_str());
+    return 0;
+}
+
+// ---- run --------------------------------------------------------------------------------------------
+
+/// Collects traced stages as host f32 tensors under the harness's names:
+///   c<call>.<stage>                                      policy stages ("c0.text.pos", "c3.x")
+///   c<call>.dit.<kind>.<branch>.<n>.<name>[.<layer>]     the n-th forward of that kind and branch in
+///                                                        the call (n counts denoising steps that ran)
+class StageCollector {
+  public:
+    StageCollector(Backend& be, const std::string& dump) : be_(be), dump_(dump) {}
+
+    void operator()(std::string_view stage, int call, const TensorView& t) {
+        if (call != call_) {
+            call_ = call;
+            forwards_.clear();
+        }
+        std::string name(stage);
+        if (name.rfind("dit.", 0) == 0) {
+            // "dit.<kind>.<branch>.<rest>": number the forwards; patch_embed opens each one.
+            const size_t a = name.find('.', 4), b = name.find('.', a + 1);
+            DZR_CHECK(a != std::string::npos && b != std::string::npos, "unexpected DiT trace name '{}'", name);
+            const std::string key = name.substr(0, b), rest = name.substr(b + 1);
+            if (rest == "patch_embed") ++forwards_[key];
+            const int n = std::max(0, forwards_[key] - 1);
+            name = fmt::format("{}.{}.{}", key, n, rest);
+        }
+        if (!std::regex_search(name, dump_)) return;
+        if (!t.is_contiguous()) {
+            log()->warn("parity: stage {} is not contiguous ({}); not dumped", name, t.str());
+            return;
+        }
+        Tensor host = Tensor::host(t.shape, DType::F32);
+        be_.download(t, host);
+        const std::string full = fmt::format("c{}.{}", call, name);
+        DZR_CHECK(!tensors_.count(full), "parity: stage {} traced twice", full);
+        tensors_.emplace(full, std::move(host));
+    }
+
+    void add(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
+    const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+
+  private:
+    Backend& be_;
+    std::regex dump_;
+    int call_ = -1;
+    std::map<std::string, int> forwards_;
+    std::map<std::string, Tensor> tensors_;
+};
+
+io::NpyArray read_checked(const fs::path& p, io::NpyDType dtype, const std::vector<int64_t>& shape) {
+    io::NpyArray a = io::read_npy(p);
+    DZR_CHECK(a.dtype() == dtype && a.shape() == shape, "{}: expected {} {}, found {}", p.string(),
+              io::npy_dtype_name(dtype), Shape(shape).str(), a.describe());
+    return a;
+}
+
+int run_parity(const RunArgs& a) {
+    const fs::path in(a.inputs);
+    std::ifstream mf(in / kManifest);
+    DZR_CHECK(mf.good(), "{}: no {} (make one with `dzr parity make-inputs`)", in.string(), kManifest);
+    Json manifest;
+    try {
+        manifest = Json::parse(mf);
+    } catch (const std::exception& e) {
+        DZR_THROW("{}: {}", (in / kManifest).string(), e.what());
+    }
+    DZR_CHECK(manifest.value("format", "") == kInputsFormat, "{}: format is '{}', expected '{}'",
+              (in / kManifest).string(), manifest.value("format", ""), kInputsFormat);
+
+    const Checkpoint ckpt(a.ckpt);
+    const ModelConfig& m = ckpt.model_config();
+    const Device device = parse_device(a.device);
+    std::unique_ptr<Backend> be = make_backend(device);
+    const DType dtype = be->compute_dtype();
+    if (!a.dtype.empty())
+        DZR_CHECK(a.dtype == dtype_name(dtype), "--dtype {}: the {} backend computes in {}", a.dtype, be->name(),
+                  dtype_name(dtype));
+
+    const std::string prompt = manifest.at("prompt").get<std::string>();
+    const fs::path tok_path = manifest.at("tokenizer").get<std::string>();
+    {  // the policy tokenizes the prompt itself: its ids must be the ones the reference is fed
+        const Umt5Tokenizer tokenizer(tok_path);
+        const PromptTokens tokens = tokenize_droid_prompts(tokenizer, prompt, m.t5.text_len);
+        const auto ids = io::read_npy(in / "text_ids.npy").to_f64();
+        const auto neg = io::read_npy(in / "text_negative_ids.npy").to_f64();
+        DZR_CHECK(std::vector<double>(tokens.positive.ids.begin(), tokens.positive.ids.end()) == ids &&
+                      std::vector<double>(tokens.negative.ids.begin(), tokens.negative.ids.end()) == neg,
+                  "{}: the stored token ids differ from what tokenizer {} gives now", in.string(), tok_path.string());
+    }
+
+    config::RunConfig run_cfg;
+    if (!a.config.empty()) run_cfg = config::load_run_config(a.config);
+    PolicyOptions po;
+    po.sampling = run_cfg.sampling;
+    po.kv = run_cfg.kv;
+    DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
+    po.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
+    po.noise = load_noise_npy(in / "noise_video.npy", in / "noise_action.npy");
+    // NOTE: in bf16 the reference forms [-1, 1] in bf16 (dreamzero-reference.md §1.4 step 5).
+    po.unit_range = dtype == DType::BF16 ? UnitRangeMode::Bf16Reference : UnitRangeMode::F32;
+    po.check_finite = a.check_finite;
+
+    Timer load;
+    DreamZeroPolicy policy(m, ckpt, ckpt.statistics(run_cfg.embodiment), tok_path, po, *be);
+    StageCollector collect(*be, a.dump);
+    policy.set_trace([&collect](std::string_view stage, int call, const TensorView& t) { collect(stage, call, t); });
+    std::fprintf(stderr, "dzr parity run: %s on %s, load %.1f s\n  %s\n", a.ckpt.c_str(), be->name().c_str(),
+                 load.ms() / 1e3, policy.describe().c_str());
+
+    const auto& calls = manifest.at("calls");
+    const int n = a.calls < 0 ? int(calls.size()) : std::min<int>(a.calls, int(calls.size()));
+    Json per_call = Json::array();
+    for (int k = 0; k < n; ++k) {
+        const fs::path dir = call_dir(in, k);
+        const int64_t T = calls[size_t(k)].at("frames").get<int64_t>();
+        std::vector<io::NpyArray> cams;
+        for (const char* c : kCameras)
+            cams.push_back(read_checked(dir / (std::string(c) + ".npy"), io::NpyDType::U1, {T, kFrameHeight, kFrameWidth, 3}));
+        const auto joints = read_checked(dir / "joint_position.npy", io::NpyDType::F8, {7}).to_f64();
+        const auto gripper = read_checked(dir / "gripper_position.npy", io::NpyDType::F8, {1}).to_f64();
+        Observation obs;
+        const Shape s{T, kFrameHeight, kFrameWidth, 3};
+        obs.exterior_1 = TensorView(cams[0].data(), DType::U8, s);
+        obs.exterior_2 = TensorView(cams[1].data(), DType::U8, s);
+        obs.wrist = TensorView(cams[2].data(), DType::U8, s);
+        for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = joints[size_t(j)];
+        obs.gripper_position = gripper[0];
+        obs.prompt = prompt;
+
+        const PolicyCallResult r = policy.step(obs);
+        collect.add(fmt::format("c{}.actions_robot", k), Tensor::host_f32(Shape{24, 8}, r.actions));
+        per_call.push_back(Json{{"frames", T},
+                                {"reset", r.reset},
+                                {"reset_reason", r.reset_reason},
+                                {"start_frame", r.start_frame},
+                                {"kv_tokens", r.kv_tokens},
+                                {"dit_evaluations", r.dit_evaluations},
+                                {"total_ms", r.times.total}});
+        std::fprintf(stderr, "  call %d: %lld frames, start frame %d, kv %lld%s, %.0f ms (vae %.0f, image %.0f, dit %.0f)\n",
+                     k, static_cast<long long>(T), r.start_frame, static_cast<long long>(r.kv_tokens),
+                     r.reset ? (", reset: " + r.reset_reason).c_str() : "", r.times.total, r.times.vae_encode,
+                     r.times.image_encoder, r.times.dit);
+    }
+
+    std::vector<std::pair<std::string, TensorView>> out;
+    for (const auto& [name, t] : collect.tensors()) out.emplace_back(name, t.view());
+    const Json meta{{"producer", "dzr parity run"},
+                    {"device", device.str()},
+                    {"backend", be->name()},
+                    {"dtype", dtype_name(dtype)},
+                    {"kv", a.kv},
+                    {"checkpoint", fs::absolute(a.ckpt).string()},
+                    {"inputs", fs::absolute(in).string()},
+                    {"calls", per_call}};
+    fs::path out_path(a.out);
+    if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
+    write_safetensors(out_path, out, {{"parity", meta.dump()}});
+    std::printf("wrote %s: %zu tensors from %d calls\n", out_path.string().c_str(), out.size(), n);
+    return 0;
+}
+
+CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
+    auto* cmd = app.add_subcommand("parity", "Parity harness against the official implementation (docs/PARITY.md)");
+    cmd->require_subcommand(1);
+
+    auto mk = std::make_shared<MakeInputsArgs>();
+    auto* m = cmd->add_subcommand("make-inputs", "Write a parity input directory (frames, state, canvases, tokens, noise)");
+    m->add_option("--ckpt", mk->ckpt, "Checkpoint directory (geometry and tokenizer)")->required();
+    m->add_option("--out", mk->out, "Directory to write")->required();
+    m->add_option("--tokenizer", mk->tokenizer, "umT5 spiece.model (default: the checkpoint's)");
+    m->add_option("--prompt", mk->prompt, "Instruction")->capture_default_str();
+    m->add_option("--calls", mk->calls, "Number of policy calls")->capture_default_str()->check(CLI::Range(1, 64));
+    m->add_option("--seed", mk->seed, "Seed of dzr's noise generator")->capture_default_str();
+    m->callback([&run, mk] { run = [mk] { return run_make_inputs(*mk); }; });
+
+    auto ra = std::make_shared<RunArgs>();
+    auto* r = cmd->add_subcommand("run", "Run the policy on a parity input directory and dump the traced stages");
+    r->add_option("--ckpt", ra->ckpt, "Checkpoint directory")->required();
+    r->add_option("--inputs", ra->inputs, "Parity input directory (dzr parity make-inputs)")->required();
+    r->add_option("--out", ra->out, "Output .safetensors file")->required();
+    r->add_option("--device", ra->device, "cpu, cuda or cuda:N")->capture_default_str();
+    r->add_option("--dtype", ra->dtype, "Expected compute dtype (f32 on cpu, bf16 on cuda); checked");
+    r->add_option("--kv", ra->kv, "KV cache: paged or dense")->capture_default_str();
+    r->add_option("--config", ra->config, "Run config for the sampling and kv settings (default: built-in)");
+    r->add_option("--dump", ra->dump, "Regex of the stage names to write (searched)")->capture_default_str();
+    r->add_option("--calls", ra->calls, "Run only the first N calls (-1: all)")->capture_default_str();
+    r->add_flag("--check-finite", ra->check_finite, "Check every stage for NaN/Inf");
+    r->callback([&run, ra] { run = [ra] { return run_parity(*ra); }; });
+});
+
+}  // namespace
+}  // namespace dzr::app

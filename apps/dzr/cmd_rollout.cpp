@@ -1,0 +1,123 @@
+// `dzr rollout`: replay recorded episodes through a warm-up and the chunked rollout; write actions,
+// timing reports, open-loop metrics and plots.
+#include <csignal>
+#include <cstdio>
+
+#include "apps/dzr/command.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/video_reader.h"
+#include "rollout/progress.h"
+#include "rollout/runner.h"
+
+namespace dzr::app {
+namespace {
+
+struct RolloutArgs {
+    std::vector<std::string> episodes;
+    std::string ckpt;
+    std::string out;
+    std::string config;
+    std::vector<std::string> sets;
+    std::string device = "cpu";
+    std::string kv = "paged";
+    std::string tokenizer;
+    bool no_warmup = false;
+    bool resume = false;
+    bool allow_truncate = false;
+    std::string prompt;
+    int64_t metric_offset = 0;
+    int64_t metric_steps = -1;
+    bool no_plots = false;
+    bool quiet = false;
+    bool check_finite = false;
+    std::string noise_video, noise_action;
+};
+
+extern "C" void on_sigint(int) {
+    // The first Ctrl-C asks the runner to stop after the current call; a second one kills as usual.
+    rollout::interrupt_flag().store(true);
+    std::signal(SIGINT, SIG_DFL);
+}
+
+int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
+    rollout::RolloutOptions o;
+    o.checkpoint = a.ckpt;
+    for (const auto& e : a.episodes) o.episodes.emplace_back(e);
+    o.out_dir = a.out;
+    std::vector<config::Override> overrides;
+    for (const auto& s : a.sets) overrides.push_back(config::parse_override(s));
+    if (!a.config.empty()) {
+        o.run = config::load_run_config(a.config, overrides);
+        o.have_config_model = true;
+    } else {
+        DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
+    }
+    o.overrides = a.sets;
+    o.device = parse_device(a.device);
+    DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
+    o.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
+    o.tokenizer = a.tokenizer;
+    o.warmup = !a.no_warmup;
+    o.resume = a.resume;
+    o.allow_truncate = a.allow_truncate;
+    if (!a.prompt.empty()) o.prompt = a.prompt;
+    o.metrics.gt_offset = a.metric_offset;
+    o.metrics.steps = a.metric_steps;
+    o.plots = !a.no_plots;
+    o.quiet = a.quiet;
+    o.check_finite = a.check_finite;
+    o.noise_video = a.noise_video;
+    o.noise_action = a.noise_action;
+    o.command_line = argv;
+    o.open_video = io::open_video;
+
+    std::signal(SIGINT, on_sigint);
+    rollout::RolloutResult r = rollout::run_rollout(o);
+
+    // Final table on stdout: per-episode timing and the output paths.
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& ep : r.episodes) {
+        const auto s = rollout::compute_stats(ep.call_ms);
+        rows.push_back({ep.name, ep.status, std::to_string(ep.num_calls), ep.call_ms.empty() ? "-" : fmt::format("{:.1f}", s.median),
+                        ep.call_ms.empty() ? "-" : fmt::format("{:.1f}", s.p90),
+                        ep.metrics ? fmt::format("{:.6g}", ep.metrics->overall_mse) : "-",
+                        (std::filesystem::path(a.out) / ep.name).string()});
+    }
+    std::printf("%s", rollout::format_table({"episode", "status", "calls", "median ms", "p90 ms", "mse", "output"}, rows).c_str());
+    std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
+    for (const auto& ep : r.episodes)
+        if (ep.status == "failed") std::fprintf(stderr, "dzr: error: episode %s: %s\n", ep.name.c_str(), ep.error.c_str());
+    if (r.interrupted) return 130;
+    return r.failed > 0 ? 1 : 0;
+}
+
+CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
+    auto args = std::make_shared<RolloutArgs>();
+    auto* cmd = app.add_subcommand("rollout", "Replay recorded episodes through the DreamZero policy");
+    cmd->add_option("episodes", args->episodes, "Episode directories, parent directories or list files")->required();
+    cmd->add_option("--ckpt", args->ckpt, "Checkpoint directory")->required();
+    cmd->add_option("--out", args->out, "Output directory (one subdirectory per episode)")->required();
+    cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");
+    cmd->add_option("--set", args->sets, "Override a config key: --set sampling.num_dit_steps=16");
+    cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+    cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
+    cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
+    cmd->add_flag("--no-warmup", args->no_warmup, "Skip the warm-up (timings then include first-call costs)");
+    cmd->add_flag("--resume", args->resume, "Skip episodes whose outputs are complete");
+    cmd->add_flag("--allow-truncate", args->allow_truncate, "Cut cameras and arrays of different lengths to the shortest");
+    cmd->add_option("--prompt", args->prompt, "Replace every episode's prompt");
+    cmd->add_option("--metric-offset", args->metric_offset, "Ground-truth row of step s of a call at anchor a: a + offset + s")
+        ->capture_default_str();
+    cmd->add_option("--metric-steps", args->metric_steps, "Steps per chunk compared with ground truth (-1: all)")
+        ->capture_default_str();
+    cmd->add_flag("--no-plots", args->no_plots, "Do not draw the per-dimension PNG plots");
+    cmd->add_flag("--quiet", args->quiet, "No start summary and no progress line");
+    cmd->add_flag("--check-finite", args->check_finite, "Check every stage for NaN/Inf (slow; names the stage)");
+    cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
+    cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
+    cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });
+});
+
+}  // namespace
+}  // namespace dzr::app

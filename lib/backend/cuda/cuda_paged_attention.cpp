@@ -1,0 +1,171 @@
+// Paged KV-cache ops of the CUDA backend: attention over [history through a device block table | current
+// rows], either directly in the flash kernel or by gathering the rows into the workspace and running the
+// dense fused attention; and the scatter of committed rows into their pool slots. Both read the block
+// table and slot mapping from device memory (uploaded by the cache's owner before the forward), so a
+// forward captured into a CUDA graph stays valid when the table's contents change.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_internal.h"
+#include "kernels/attention.cuh"
+#include "kernels/kv_scatter.cuh"
+
+namespace dzr {
+
+using cuda_detail::AttentionCall;
+using cuda_detail::DeviceGuard;
+using cuda_detail::SdpaGraph;
+
+namespace {
+
+void check_rows(const TensorView& t, int heads, int head_dim, DType dtype, const char* op, const char* what) {
+    DZR_CHECK(t.rank() == 3 && t.dim(1) == heads && t.dim(2) == head_dim && t.strides[2] == 1 && t.dtype == dtype,
+              "cuda backend: {} {} {} must be {} [L, {}, {}] with a unit head-dim stride", op, what, t.str(),
+              dtype_name(dtype), heads, head_dim);
+}
+
+kernels::KvPoolLayer pool_layer(const PagedKvView& pool, int layer) {
+    const size_t es = dtype_size(pool.dtype);
+    const int64_t off = int64_t(layer) * pool.layer_stride * int64_t(es);
+    kernels::KvPoolLayer p;
+    p.k = static_cast<char*>(pool.k_base) + off;
+    p.v = static_cast<char*>(pool.v_base) + off;
+    p.token_stride = pool.token_stride;
+    p.head_stride = pool.head_stride;
+    p.block_size = pool.block_size;
+    return p;
+}
+
+}  // namespace
+
+void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
+                                  int layer, const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) {
+    const char* op = "paged_attention";
+    for (const auto& [t, what] : {std::pair{&q, "q"}, std::pair{&k_cur, "k"}, std::pair{&v_cur, "v"},
+                                  std::pair{&out, "out"}})
+        check_device_tensor(*t, op, what);
+    const int H = history.num_heads, D = history.head_dim;
+    const DType dt = history.dtype;
+    DZR_CHECK(dt == DType::BF16 || dt == DType::F16, "cuda backend: {} needs a bf16 or f16 pool, got {}", op,
+              dtype_name(dt));
+    check_rows(q, H, D, dt, op, "q");
+    check_rows(out, H, D, dt, op, "out");
+    check_rows(k_cur, H, D, dt, op, "k");
+    check_rows(v_cur, H, D, dt, op, "v");
+    DZR_CHECK(q.dim(0) == out.dim(0) && k_cur.dim(0) == v_cur.dim(0),
+              "cuda backend: {} lengths disagree: q {} out {} k {} v {}", op, q.str(), out.str(), k_cur.str(),
+              v_cur.str());
+    const int64_t hist = history.seq_len, cur = k_cur.dim(0), lq = q.dim(0), lk = hist + cur;
+    DZR_CHECK(hist >= 0 && hist <= int64_t(history.num_table_blocks) * history.block_size &&
+                  history.num_table_blocks <= history.table_width && (hist == 0 || history.block_table != nullptr),
+              "cuda backend: {}: seq_len {} needs {} table entries, the table has {} of width {}", op, hist,
+              (hist + history.block_size - 1) / std::max(history.block_size, 1), history.num_table_blocks,
+              history.table_width);
+    DZR_CHECK(hist == 0 || (history.k_base && history.v_base), "cuda backend: {}: the pool has no storage", op);
+    DeviceGuard guard(index_);
+    if (lq == 0) return;
+    const size_t es = dtype_size(dt);
+    if (lk == 0) {
+        // no keys at all: zeros, as the CPU reference
+        for (int64_t h = 0; h < H; ++h)
+            DZR_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(out.data) + h * out.strides[1] * int64_t(es),
+                                             size_t(out.strides[0]) * es, 0, size_t(D) * es, size_t(lq), stream_));
+        return;
+    }
+    const kernels::KvPoolLayer pool = pool_layer(history, layer);
+
+    kernels::FlashAttentionArgs direct;
+    direct.dtype = dt;
+    direct.head_dim = D;
+    direct.heads = H;
+    direct.lq = lq;
+    direct.scale = p.scale;
+    direct.q = q.data, direct.q_tok = q.strides[0], direct.q_head = q.strides[1];
+    direct.out = out.data, direct.o_tok = out.strides[0], direct.o_head = out.strides[1];
+    direct.hist_k = pool.k, direct.hist_v = pool.v;
+    direct.hist_tok = pool.token_stride, direct.hist_head = pool.head_stride;
+    direct.block_size = pool.block_size;
+    direct.table = history.block_table;
+    direct.hist_len = hist;
+    direct.k = k_cur.data, direct.k_tok = k_cur.strides[0], direct.k_head = k_cur.strides[1];
+    direct.v = v_cur.data, direct.v_tok = v_cur.strides[0], direct.v_head = v_cur.strides[1];
+    direct.cur_len = cur;
+    const bool direct_ok = attention_impl_ != AttentionImpl::Gemm && kernels::flash_attention_supported(direct);
+
+    // The gathered call: contiguous [lk, H, D] K and V in the workspace.
+    AttentionCall gathered;
+    gathered.dtype = dt;
+    gathered.lq = lq, gathered.lk = lk, gathered.heads = H, gathered.d = D, gathered.dv = D;
+    gathered.q = q.data, gathered.out = out.data;
+    gathered.q_tok = q.strides[0], gathered.q_head = q.strides[1];
+    gathered.o_tok = out.strides[0], gathered.o_head = out.strides[1];
+    gathered.k_tok = gathered.v_tok = int64_t(H) * D;
+    gathered.k_head = gathered.v_head = D;
+    gathered.scale = p.scale;
+
+    PagedAttentionImpl how = paged_impl_;
+    if (how == PagedAttentionImpl::Auto) {
+        // NOTE: the gather costs one read and write of every key row; it pays only when cuDNN's SDPA runs the
+        // dense call (dzr's flash kernel reads the table directly at no extra cost).
+        const bool cudnn_allowed = attention_impl_ == AttentionImpl::Auto ||
+                                   attention_impl_ == AttentionImpl::CudnnUnified ||
+                                   attention_impl_ == AttentionImpl::CudnnComposite;
+        bool cudnn_ok = false;
+        if (cudnn_allowed) {
+            // plans depend on shapes and strides only; the gathered buffers' addresses do not matter here
+            for (SdpaGraph g : {SdpaGraph::Unified, SdpaGraph::CompositeStats, SdpaGraph::CompositePlain}) {
+                if (attention_impl_ == AttentionImpl::CudnnUnified && g != SdpaGraph::Unified) continue;
+                if (attention_impl_ == AttentionImpl::CudnnComposite && g == SdpaGraph::Unified) continue;
+                if (sdpa_plan(gathered, g)->ok) {
+                    cudnn_ok = true;
+                    break;
+                }
+            }
+        }
+        how = cudnn_ok || !direct_ok ? PagedAttentionImpl::Gather : PagedAttentionImpl::Direct;
+    }
+    last_paged_impl_ = how;
+    if (how == PagedAttentionImpl::Direct) {
+        DZR_CHECK(direct_ok,
+                  "cuda backend: {} cannot run directly (the flash kernel needs bf16/f16, head_dim 64 or 128 and "
+                  "16-byte aligned rows): q {} k {} pool head_dim {}",
+                  op, q.str(), k_cur.str(), D);
+        DZR_CUDA_CHECK(kernels::flash_attention(direct, stream_));
+        last_attention_impl_ = AttentionImpl::Flash;
+        return;
+    }
+
+    ArenaScope scope(arena_);
+    // [history | current] keys and values, gathered: [lk, H, D]
+    const TensorView kall = arena_.alloc_view(Shape{lk, H, D}, dt);
+    const TensorView vall = arena_.alloc_view(Shape{lk, H, D}, dt);
+    const kernels::KvRows rows{k_cur.data, v_cur.data, k_cur.strides[0], k_cur.strides[1]};
+    DZR_CHECK(k_cur.strides == v_cur.strides, "cuda backend: {} gathers k {} and v {} with one stride set", op,
+              k_cur.str(), v_cur.str());
+    DZR_CUDA_CHECK(kernels::gather_kv(pool, history.block_table, hist, rows, cur, kall.data, vall.data, H, D, dt,
+                                      stream_));
+    attention(p, q, kall, vall, TensorView{}, out);
+}
+
+void CudaBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                             const TensorView& v, int64_t num_slots) {
+    const char* op = "scatter_kv";
+    for (const auto& [t, what] : {std::pair{&slots, "slots"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
+        check_device_tensor(*t, op, what);
+    DZR_CHECK(slots.dtype == DType::I64 && slots.is_contiguous(), "cuda backend: {} slots {} must be contiguous i64",
+              op, slots.str());
+    const int64_t n = slots.numel();
+    check_rows(k, pool.num_heads, pool.head_dim, pool.dtype, op, "k");
+    check_rows(v, pool.num_heads, pool.head_dim, pool.dtype, op, "v");
+    DZR_CHECK(k.dim(0) >= n && v.dim(0) >= n && k.strides == v.strides,
+              "cuda backend: {} needs at least {} rows of k {} and v {} with one stride set", op, n, k.str(), v.str());
+    DZR_CHECK(pool.k_base && pool.v_base, "cuda backend: {}: the pool has no storage", op);
+    DeviceGuard guard(index_);
+    const kernels::KvRows rows{k.data, v.data, k.strides[0], k.strides[1]};
+    DZR_CUDA_CHECK(kernels::scatter_kv(rows, pool_layer(pool, layer), slots.ptr<const int64_t>(), n, num_slots,
+                                       pool.num_heads, pool.head_dim, pool.dtype, stream_));
+}
+
+}  // namespace dzr

@@ -1,0 +1,310 @@
+#include "rollout/runner.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "backend/backend.h"
+#include "config/model_fields.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "io/episode.h"
+#include "io/result_writer.h"
+#include "rollout/frame_schedule.h"
+#include "rollout/progress.h"
+#include "weights/checkpoint.h"
+#include "weights/inventory.h"
+
+namespace dzr::rollout {
+
+std::atomic<bool>& interrupt_flag() {
+    static std::atomic<bool> flag{false};
+    return flag;
+}
+
+namespace {
+
+/// Frames of one camera for a call, copied into a contiguous uint8 [T, H, W, 3] buffer.
+struct CallFrames {
+    std::array<std::vector<uint8_t>, io::kNumCameras> data;
+    std::array<TensorView, io::kNumCameras> views;
+};
+
+void gather_frames(const io::Episode& ep, const std::vector<int64_t>& frames, CallFrames& out) {
+    for (int c = 0; c < io::kNumCameras; ++c) {
+        const Tensor& all = ep.cameras[size_t(c)].frames;
+        const int64_t H = all.shape()[1], W = all.shape()[2];
+        const size_t frame_bytes = size_t(H * W * 3);
+        out.data[size_t(c)].resize(frames.size() * frame_bytes);
+        for (size_t i = 0; i < frames.size(); ++i)
+            std::memcpy(out.data[size_t(c)].data() + i * frame_bytes,
+                        all.ptr<uint8_t>() + size_t(frames[i]) * frame_bytes, frame_bytes);
+        out.views[size_t(c)] = TensorView(out.data[size_t(c)].data(), DType::U8,
+                                          Shape{int64_t(frames.size()), H, W, 3});
+    }
+}
+
+Observation make_observation(const io::Episode& ep, const ScheduledCall& call, CallFrames& frames) {
+    gather_frames(ep, call.frames, frames);
+    Observation obs;
+    // Camera order of io::kCameraNames: exterior 1, exterior 2, wrist.
+    obs.exterior_1 = frames.views[0];
+    obs.exterior_2 = frames.views[1];
+    obs.wrist = frames.views[2];
+    const auto state = ep.state_at(call.anchor);
+    for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = state[size_t(j)];
+    obs.gripper_position = state[7];
+    obs.prompt = ep.prompt;
+    return obs;
+}
+
+CallTiming to_call_timing(const ScheduledCall& call, const PolicyCallResult& r) {
+    CallTiming t;
+    t.call = call.index;
+    t.anchor = call.anchor;
+    t.frames = call.frames;
+    t.total_ms = r.times.total;
+    t.phase(Phase::Preprocess) = r.times.preprocess;
+    t.phase(Phase::TextEncoder) = r.times.text_encoder;
+    t.phase(Phase::ImageEncoder) = r.times.image_encoder;
+    t.phase(Phase::VaeEncode) = r.times.vae_encode;
+    t.phase(Phase::KvCommit) = r.times.kv_commit;
+    t.phase(Phase::Dit) = r.times.dit;
+    t.phase(Phase::Scheduler) = r.times.scheduler;
+    t.phase(Phase::Postprocess) = r.times.postprocess;
+    return t;
+}
+
+/// Synthetic calls that walk every forward shape of a window: prefill (1 frame), commits at start
+/// frames 1, 3, 5 (denoising reads 880 · {1, 3, 5, 7} tokens), and the window reset of a 4-frame call.
+double run_warmup(DreamZeroPolicy& policy, int& calls) {
+    Timer t;
+    std::vector<uint8_t> buf(size_t(4) * 180 * 320 * 3);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t((i * 2654435761u) >> 24);
+    Observation obs;
+    obs.prompt = "warm up";
+    const int window_calls = policy.model().dit.max_chunk_size + 1;
+    for (int c = 0; c < window_calls + 1; ++c) {
+        const int T = c == 0 ? 1 : 4;
+        TensorView v(buf.data(), DType::U8, Shape{T, 180, 320, 3});
+        obs.exterior_1 = obs.exterior_2 = obs.wrist = v;
+        policy.step(obs);
+        ++calls;
+    }
+    policy.reset();
+    if (const KvCacheManager* m = policy.kv_manager()) {
+        DZR_CHECK(m->pool().num_free() == m->plan().num_blocks,
+                  "warm-up left the KV pool with {} of {} blocks free (a leak)", m->pool().num_free(),
+                  m->plan().num_blocks);
+    }
+    return t.ms();
+}
+
+}  // namespace
+
+RolloutResult run_rollout(const RolloutOptions& opt) {
+    RolloutResult result;
+    auto& log = *dzr::log();
+    DZR_CHECK(!opt.episodes.empty(), "no episodes given");
+    DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
+
+    // ---- episodes first (cheap errors before the expensive load) -------------------------------------
+    std::vector<std::filesystem::path> dirs;
+    for (const auto& e : opt.episodes) {
+        auto found = io::list_episodes(e);
+        dirs.insert(dirs.end(), found.begin(), found.end());
+    }
+    DZR_CHECK(!dirs.empty(), "no episode directories found in the given paths");
+    const std::vector<std::string> names = io::unique_episode_names(dirs);
+
+    FrameScheduleConfig sc;
+    sc.start_frame = opt.run.rollout.start_frame;
+    sc.stride = opt.run.rollout.stride;
+    sc.offsets.assign(opt.run.rollout.offsets.begin(), opt.run.rollout.offsets.end());
+    sc.max_chunks = opt.run.rollout.max_chunks > 0 ? opt.run.rollout.max_chunks : -1;
+    const FrameSchedule schedule(sc);
+
+    // ---- checkpoint and policy ------------------------------------------------------------------------
+    Timer load_timer;
+    Checkpoint ckpt(opt.checkpoint);
+    const ModelConfig& model = ckpt.model_config();
+    if (opt.have_config_model) {
+        const auto diffs = config::diff_model_configs(opt.run.model, model);
+        if (!diffs.empty()) {
+            std::string msg = fmt::format("checkpoint {} does not have the geometry of {} ({} difference{}):",
+                                          opt.checkpoint.string(), opt.run.source.string(), diffs.size(),
+                                          diffs.size() == 1 ? "" : "s");
+            for (const auto& d : diffs) msg += "\n  " + d;
+            DZR_THROW("{}", msg);
+        }
+    }
+    const WeightCheckReport check = check_weights(ckpt, expected_weights(model));
+    DZR_CHECK(check.ok(), "{}", check.message("checkpoint " + opt.checkpoint.string()));
+    DZR_CHECK(ckpt.has_metadata(), "checkpoint {}: experiment_cfg/metadata.json is missing (q01/q99 statistics)",
+              opt.checkpoint.string());
+    const EmbodimentStatistics& stats = ckpt.statistics(opt.run.embodiment);
+    std::filesystem::path tokenizer;
+    if (!opt.tokenizer.empty()) {
+        tokenizer = resolve_tokenizer_path(opt.tokenizer);
+    } else {
+        DZR_CHECK(ckpt.tokenizer_path().has_value(),
+                  "checkpoint {} has no umT5 tokenizer (spiece.model); give one with --tokenizer",
+                  opt.checkpoint.string());
+        tokenizer = *ckpt.tokenizer_path();
+    }
+
+    std::unique_ptr<Backend> be = make_backend(opt.device);
+    PolicyOptions po;
+    po.sampling = opt.run.sampling;
+    po.kv = opt.run.kv;
+    po.kv_mode = opt.kv_mode;
+    po.embodiment = opt.run.embodiment;
+    po.check_finite = opt.check_finite;
+    if (!opt.noise_video.empty() || !opt.noise_action.empty()) {
+        DZR_CHECK(!opt.noise_video.empty() && !opt.noise_action.empty(),
+                  "--noise-video and --noise-action go together");
+        po.noise = load_noise_npy(opt.noise_video, opt.noise_action);
+    }
+    DreamZeroPolicy policy(model, ckpt, stats, tokenizer, po, *be);
+    const double load_ms = load_timer.ms();
+
+    if (!opt.quiet) {
+        std::fprintf(stderr,
+                     "dzr rollout\n"
+                     "  checkpoint  %s (%zu shards, %s)\n"
+                     "  model       %s\n"
+                     "  device      %s (%s)\n"
+                     "  schedule    %s\n"
+                     "  episodes    %zu -> %s\n"
+                     "  load        %.1f s\n",
+                     opt.checkpoint.string().c_str(), ckpt.shards().size(),
+                     config::format_bytes(ckpt.tensor_bytes()).c_str(), policy.describe().c_str(),
+                     opt.device.str().c_str(), be->name().c_str(), schedule.describe().c_str(), dirs.size(),
+                     opt.out_dir.string().c_str(), load_ms / 1e3);
+    }
+
+    // ---- warm-up ------------------------------------------------------------------------------------------
+    int warmup_calls = 0;
+    double warmup_ms = 0;
+    if (opt.warmup) {
+        warmup_ms = run_warmup(policy, warmup_calls);
+        if (!opt.quiet) std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole\n", warmup_calls, warmup_ms / 1e3);
+    }
+
+    // ---- episodes ---------------------------------------------------------------------------------------
+    std::filesystem::create_directories(opt.out_dir);
+    ProgressLine progress(stderr, opt.quiet ? ProgressLine::Mode::Plain : ProgressLine::Mode::Auto);
+    const auto run_start = std::chrono::system_clock::now();
+    for (size_t e = 0; e < dirs.size() && !result.interrupted; ++e) {
+        const std::filesystem::path out = opt.out_dir / names[e];
+        if (opt.resume && io::ResultWriter::is_done(out)) {
+            result.episodes.push_back(summary_from_outputs(out, names[e]));
+            log.info("episode {}: finished by an earlier run, skipped (--resume)", names[e]);
+            continue;
+        }
+        EpisodeSummary summary;
+        summary.name = names[e];
+        try {
+            io::EpisodeOptions eo;
+            eo.allow_truncate = opt.allow_truncate;
+            eo.min_frames = schedule.min_frames();
+            eo.prompt = opt.prompt;
+            eo.open_video = opt.open_video;
+            const io::Episode ep = io::read_episode(dirs[e], eo);
+            const std::vector<ScheduledCall> calls = schedule.calls(ep.num_frames);
+            summary.num_frames = ep.num_frames;
+            summary.num_calls = int64_t(calls.size());
+
+            policy.reset();
+            io::ActionChunks chunks;
+            TimingReport timing;
+            timing.device = opt.device.str();
+            timing.checkpoint_load_ms = load_ms;
+            timing.warmup_calls = warmup_calls;
+            timing.warmup_ms = warmup_ms;
+            CallFrames frames;
+            Timer episode_timer;
+            for (const ScheduledCall& call : calls) {
+                if (interrupt_flag().load()) {
+                    result.interrupted = true;
+                    break;
+                }
+                Observation obs = make_observation(ep, call, frames);
+                PolicyCallResult r = policy.step(obs);
+                chunks.append(call.anchor, r.actions);
+                timing.calls.push_back(to_call_timing(call, r));
+                summary.call_ms.push_back(r.times.total);
+                if (!opt.quiet) {
+                    const double per_call = episode_timer.seconds() / double(call.index + 1);
+                    progress.update(format_progress(int64_t(e) + 1, int64_t(dirs.size()), names[e], call.index + 1,
+                                                    int64_t(calls.size()), per_call));
+                }
+            }
+            if (result.interrupted) {
+                progress.finish();
+                log.warn("interrupted: episode {} stopped after {} of {} calls; nothing written for it", names[e],
+                         chunks.num_calls(), calls.size());
+                break;
+            }
+
+            // Outputs: whole files only, the done marker last.
+            io::ResultWriter writer(out);
+            writer.clear_done();
+            writer.write_actions(chunks);
+            writer.write_json("timing.json", timing.to_json());
+            RunManifest manifest;
+            manifest.episode = dirs[e].string();
+            manifest.checkpoint = opt.checkpoint.string();
+            manifest.overrides = opt.overrides;
+            manifest.seed = opt.run.sampling.seed;
+            manifest.device = opt.device.str();
+            manifest.command_line = opt.command_line;
+            manifest.start_time = iso8601_utc(run_start);
+            manifest.config = Json{{"sampling",
+                                    {{"num_inference_steps", opt.run.sampling.num_inference_steps},
+                                     {"sigma_shift", opt.run.sampling.sigma_shift},
+                                     {"cfg_scale", opt.run.sampling.cfg_scale},
+                                     {"num_dit_steps", opt.run.sampling.num_dit_steps},
+                                     {"dynamic_schedule", opt.run.sampling.dynamic_schedule},
+                                     {"seed", opt.run.sampling.seed}}},
+                                   {"kv",
+                                    {{"mode", opt.kv_mode == KvMode::Paged ? "paged" : "dense"},
+                                     {"window_frames", opt.run.kv.window_frames},
+                                     {"sink_frames", opt.run.kv.sink_frames},
+                                     {"frames_per_block", opt.run.kv.frames_per_block},
+                                     {"reset_at_boundary", opt.run.kv.reset_at_boundary}}},
+                                   {"rollout", {{"schedule", schedule.describe()}}},
+                                   {"embodiment", opt.run.embodiment},
+                                   {"config_file", opt.run.source.string()}};
+            manifest.extra = Json{{"policy", policy.describe()},
+                                  {"prompt", ep.prompt},
+                                  {"tokenizer", tokenizer.string()},
+                                  {"warnings", ep.warnings}};
+            writer.write_json("manifest.json", manifest.to_json());
+            if (ep.has_actions()) {
+                summary.metrics = write_metrics(writer, chunks, ep.actions, ep.num_frames, opt.metrics, opt.plots);
+            }
+            writer.mark_done(Json{{"num_frames", ep.num_frames}, {"num_calls", chunks.num_calls()}});
+            summary.status = "ok";
+            progress.finish();
+            if (!opt.quiet) {
+                const TimingStats s = timing.total_stats();
+                std::fprintf(stderr, "episode %s: %lld calls, median %.1f ms/call -> %s\n", names[e].c_str(),
+                             (long long)chunks.num_calls(), s.median, out.string().c_str());
+            }
+        } catch (const Interrupted&) {
+            throw;
+        } catch (const Error& err) {
+            progress.finish();
+            summary.status = "failed";
+            summary.error = err.what();
+            ++result.failed;
+            log.error("episode {}: {}", names[e], err.what());
+        }
+        result.episodes.push_back(std::move(summary));
+    }
+    if (!result.episodes.empty()) write_summary(opt.out_dir, result.episodes);
+    return result;
+}
+
+}  // namespace dzr::rollout

@@ -1,0 +1,56 @@
+#pragma once
+/// `dzr rollout`: replay recorded episodes through the DreamZero policy. Loads the checkpoint once,
+/// runs a warm-up that walks every distinct forward shape (then checks the KV pool is whole), and for
+/// each episode runs the chunked rollout on the frame schedule, writing actions, timing, a manifest
+/// and (with ground truth) metrics and plots into <out>/<episode>/, plus a summary across episodes.
+#include <atomic>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/run_config.h"
+#include "core/tensor.h"
+#include "io/video_reader.h"
+#include "policy/dreamzero_policy.h"
+#include "rollout/reports.h"
+
+namespace dzr::rollout {
+
+struct RolloutOptions {
+    std::filesystem::path checkpoint;
+    std::vector<std::filesystem::path> episodes;  ///< as given: episode dirs, parent dirs or list files
+    std::filesystem::path out_dir;
+    config::RunConfig run;                        ///< run settings (sampling, kv, rollout)
+    bool have_config_model = false;               ///< run.model came from a --config file: check it
+    std::vector<std::string> overrides;           ///< as given, for the manifest
+    Device device;
+    KvMode kv_mode = KvMode::Paged;
+    std::string tokenizer;                        ///< empty: from the checkpoint
+    bool warmup = true;
+    bool resume = false;
+    bool allow_truncate = false;
+    std::optional<std::string> prompt;
+    MetricsOptions metrics;
+    bool plots = true;
+    bool quiet = false;
+    bool check_finite = false;
+    std::filesystem::path noise_video, noise_action;  ///< inject noise from .npy (parity runs)
+    std::vector<std::string> command_line;
+    io::VideoOpener open_video;                   ///< decodes .mp4 (apps pass io::open_video)
+};
+
+/// Set from a signal handler: the run stops after the current call and writes no partial episode.
+std::atomic<bool>& interrupt_flag();
+
+struct RolloutResult {
+    std::vector<EpisodeSummary> episodes;
+    int failed = 0;
+    bool interrupted = false;
+};
+
+/// Runs the whole rollout. Throws dzr::Error for problems that stop everything (checkpoint, config,
+/// device); an episode's bad input is recorded in its summary and the run goes on with the next.
+RolloutResult run_rollout(const RolloutOptions& options);
+
+}  // namespace dzr::rollout

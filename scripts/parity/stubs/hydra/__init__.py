@@ -1,0 +1,1 @@
+"""Minimal stand-in for hydra: only hydra.utils.instantiate (see ../README.md)."""
