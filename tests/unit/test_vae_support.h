@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/measuring_backend.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "model/wan_vae.h"
@@ -133,52 +134,7 @@ inline bool bit_equal(const TensorView& a, const TensorView& b) {
 /// Runs a forward without computing anything: weights and activations have no memory and every op is
 /// a no-op. The workspace's high-water mark is the workspace a real backend of the same compute dtype
 /// needs.
-/// NOTE: the workspace is an Arena over a fake, never dereferenced base address rather than a
-/// measuring (null) Arena, so that slicing activation views does no arithmetic on null pointers.
-inline void* fake_address() {
-    return reinterpret_cast<void*>(uintptr_t(1) << 44);
-}
-
-class MeasuringBackend final : public Backend {
-  public:
-    explicit MeasuringBackend(DType dtype)
-        : dtype_(dtype), arena_(fake_address(), size_t(1) << 46, Device::cpu()) {}
-    Device device() const override { return Device::cpu(); }
-    std::string name() const override { return "measuring"; }
-    DType compute_dtype() const override { return dtype_; }
-    Tensor alloc(Shape shape, DType dtype) override {
-        return Tensor(nullptr, TensorView(fake_address(), dtype, shape, Device::cpu()));
-    }
-    Arena& workspace() override { return arena_; }
-    void reserve_workspace(size_t) override {}
-    void upload(const TensorView&, const TensorView&) override {}
-    void download(const TensorView&, const TensorView&) override {}
-    void copy(const TensorView& src, const TensorView& dst) override {
-        DZR_CHECK(src.numel() == dst.numel() && dst.is_contiguous(), "measuring copy: {} -> {}", src.str(),
-                  dst.str());
-    }
-    void fill(const TensorView&, float) override {}
-    void synchronize() override {}
-    void gemm(const GemmParams&, const TensorView&, const TensorView&, const TensorView&,
-              const TensorView&) override {}
-    void binary(const BinaryParams&, const TensorView&, const TensorView&, const TensorView&) override {}
-    void scale(const ScaleParams&, const TensorView&, const TensorView&) override {}
-    void activation(const ActivationParams&, const TensorView&, const TensorView&) override {}
-    void layer_norm(const LayerNormParams&, const TensorView&, const TensorView&, const TensorView&,
-                    const TensorView&) override {}
-    void rms_norm(const RmsNormParams&, const TensorView&, const TensorView&, const TensorView&) override {}
-    void softmax(const SoftmaxParams&, const TensorView&, const TensorView&) override {}
-    void reduce(const ReduceParams&, const TensorView&, const TensorView&) override {}
-    void rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) override {}
-    void attention(const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
-                   const TensorView&, const TensorView&) override {}
-    void conv3d(const Conv3dParams&, const TensorView&, const TensorView&, const TensorView&,
-                const TensorView&) override {}
-
-  private:
-    DType dtype_;
-    Arena arena_;
-};
+inline void* fake_address() { return MeasuringBackend::fake_address(); }
 
 /// Data-less weights with the inventory's shapes (for the MeasuringBackend).
 inline VaeWeightSource shape_only_vae_weights(const VaeConfig& vae) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "core/convert.h"
 #include "core/error.h"
 #include "kv/paged_attention.h"
@@ -25,6 +26,14 @@ void require_contiguous(const TensorView& t, const char* op, const char* what) {
 }
 
 float* f32(const TensorView& t) { return static_cast<float*>(t.data); }
+
+/// Host copy converting dtype; same-dtype copies of any layout take the fast strided path.
+void copy_host(const TensorView& src, const TensorView& dst) {
+    if (src.dtype == dst.dtype && src.device.is_cpu() && dst.device.is_cpu() && src.numel() == dst.numel() &&
+        dst.is_contiguous() && cpu::copy_same_dtype(src, dst))
+        return;
+    convert_copy_host(src, dst);  // conversions, and the checks with their messages
+}
 
 class CpuBackend final : public Backend {
 public:
@@ -47,9 +56,9 @@ public:
         arena_ = Arena(buffer_.get(), bytes, Device::cpu());
     }
 
-    void upload(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
-    void download(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
-    void copy(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
+    void upload(const TensorView& src, const TensorView& dst) override { copy_host(src, dst); }
+    void download(const TensorView& src, const TensorView& dst) override { copy_host(src, dst); }
+    void copy(const TensorView& src, const TensorView& dst) override { copy_host(src, dst); }
     void fill(const TensorView& dst, float value) override {
         require_f32(dst, "fill", "dst");
         require_contiguous(dst, "fill", "dst");
@@ -113,19 +122,16 @@ public:
         DZR_CHECK(out.numel() == a.numel(), "cpu backend: binary out {} vs a {}", out.str(), a.str());
         check_broadcast(a, b);
         const int64_t n = a.numel(), nb = b.numel();
-        const float* pa = f32(a);
-        const float* pb = f32(b);
-        float* po = f32(out);
-        switch (p.op) {
-            case BinaryOp::Add:
-                for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i % nb];
-                break;
-            case BinaryOp::Sub:
-                for (int64_t i = 0; i < n; ++i) po[i] = pa[i] - pb[i % nb];
-                break;
-            case BinaryOp::Mul:
-                for (int64_t i = 0; i < n; ++i) po[i] = pa[i] * pb[i % nb];
-                break;
+        if (n == 0) return;
+        // b repeats over a's leading dims: rows of nb elements (a single element broadcasts per element)
+        const int64_t cols = nb == 1 ? n : nb;
+        for (int64_t r = 0; r < n / cols; ++r) {
+            const float* pa = f32(a) + r * cols;
+            float* po = f32(out) + r * cols;
+            if (nb == 1)
+                binary_row_scalar(p.op, pa, f32(b)[0], po, cols);
+            else
+                binary_row(p.op, pa, f32(b), po, cols);
         }
     }
 
@@ -324,6 +330,34 @@ private:
         void operator()(char* ptr) const { std::free(ptr); }
     };
 
+    static void binary_row(BinaryOp op, const float* a, const float* b, float* o, int64_t n) {
+        switch (op) {
+            case BinaryOp::Add:
+                for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
+                break;
+            case BinaryOp::Sub:
+                for (int64_t i = 0; i < n; ++i) o[i] = a[i] - b[i];
+                break;
+            case BinaryOp::Mul:
+                for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i];
+                break;
+        }
+    }
+
+    static void binary_row_scalar(BinaryOp op, const float* a, float b, float* o, int64_t n) {
+        switch (op) {
+            case BinaryOp::Add:
+                for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b;
+                break;
+            case BinaryOp::Sub:
+                for (int64_t i = 0; i < n; ++i) o[i] = a[i] - b;
+                break;
+            case BinaryOp::Mul:
+                for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b;
+                break;
+        }
+    }
+
     static void softmax_row(const float* x, float* o, int64_t n, float scale) {
         double mx = -INFINITY;
         for (int64_t i = 0; i < n; ++i) mx = std::max<double>(mx, double(x[i]) * scale);
@@ -372,6 +406,7 @@ private:
 
     std::unique_ptr<char, FreeDeleter> buffer_;
     Arena arena_;
+    std::vector<float> conv_scratch_;  // packed conv input and weights, reused across calls
 };
 
 void CpuBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
@@ -389,46 +424,14 @@ void CpuBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tensor
     const int64_t k[3] = {kt, kh, kw}, in[3] = {T, H, W};
     int64_t o[3];
     for (int i = 0; i < 3; ++i) {
+        DZR_CHECK(p.stride[i] >= 1 && p.pad_before[i] >= 0 && p.pad_after[i] >= 0 && k[i] >= 1,
+                  "cpu backend: conv3d needs strides >= 1, paddings >= 0 and a kernel of extent >= 1 (dim {})", i);
         o[i] = (in[i] + p.pad_before[i] + p.pad_after[i] - k[i]) / p.stride[i] + 1;
     }
     DZR_CHECK(out.dim(0) == Co && out.dim(1) == o[0] && out.dim(2) == o[1] && out.dim(3) == o[2],
               "cpu backend: conv3d out {} should be [{}, {}, {}, {}]", out.str(), Co, o[0], o[1], o[2]);
     const float* pb = optional_vec(bias, Co, "conv3d bias");
-    const int64_t Kdim = Ci * kt * kh * kw, HoWo = o[1] * o[2];
-    // im2col over a band of output rows at a time, so the column buffer stays ~64 MB
-    const int64_t rows_per_band = std::max<int64_t>(1, (int64_t(16) << 20) / std::max<int64_t>(1, Kdim * o[2]));
-    std::vector<float> col;
-    for (int64_t ot = 0; ot < o[0]; ++ot) {
-        for (int64_t oh0 = 0; oh0 < o[1]; oh0 += rows_per_band) {
-            const int64_t nh = std::min(rows_per_band, o[1] - oh0), ncols = nh * o[2];
-            col.assign(size_t(Kdim * ncols), 0.f);
-            for (int64_t ci = 0; ci < Ci; ++ci)
-                for (int64_t a = 0; a < kt; ++a) {
-                    const int64_t it = ot * p.stride[0] - p.pad_before[0] + a;
-                    if (it < 0 || it >= T) continue;
-                    for (int64_t b = 0; b < kh; ++b)
-                        for (int64_t c = 0; c < kw; ++c) {
-                            float* crow = &col[size_t((((ci * kt + a) * kh + b) * kw + c) * ncols)];
-                            for (int64_t oh = 0; oh < nh; ++oh) {
-                                const int64_t ih = (oh0 + oh) * p.stride[1] - p.pad_before[1] + b;
-                                if (ih < 0 || ih >= H) continue;
-                                const float* xrow = f32(x) + ((ci * T + it) * H + ih) * W;
-                                for (int64_t ow = 0; ow < o[2]; ++ow) {
-                                    const int64_t iw = ow * p.stride[2] - p.pad_before[2] + c;
-                                    if (iw >= 0 && iw < W) crow[oh * o[2] + ow] = xrow[iw];
-                                }
-                            }
-                        }
-                }
-            // out[co, ot, band] = W[co, Kdim] · col[Kdim, ncols]
-            float* po = f32(out) + ot * HoWo + oh0 * o[2];
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(Co), int(ncols), int(Kdim), 1.f, f32(w),
-                        int(Kdim), col.data(), int(ncols), 0.f, po, int(o[0] * HoWo));
-            if (pb)
-                for (int64_t co = 0; co < Co; ++co)
-                    for (int64_t j = 0; j < ncols; ++j) po[co * o[0] * HoWo + j] += pb[co];
-        }
-    }
+    cpu::conv3d_f32(p, x, w, pb, out, conv_scratch_);
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+// `dzr rollout` end to end on the built-in sample with the tiny config (CPU): every output file with
+// the right shapes, determinism across runs, --resume, and bad input rejected with no output.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "config/run_config.h"
+#include "io/npy.h"
+#include "io/video_reader.h"
+#include "rollout/runner.h"
+#include "support/test_support.h"
+#include "weights/random_checkpoint.h"
+
+using namespace dzr;
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json(const fs::path& p) {
+    std::ifstream f(p);
+    return nlohmann::json::parse(f);
+}
+
+rollout::RolloutOptions tiny_options(const fs::path& ckpt, const fs::path& out) {
+    rollout::RolloutOptions o;
+    o.checkpoint = ckpt;
+    o.episodes = {test::source_dir() / "samples/episode_000"};
+    o.out_dir = out;
+    o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
+    o.run.rollout.max_chunks = 2;  // 3 calls keep the test short; the 7-call cycle is test_policy's
+    o.have_config_model = true;
+    o.device = Device::cpu();
+    o.quiet = true;
+    o.open_video = io::open_video;
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("rollout of the sample episode writes every output with the right shapes, deterministically") {
+    test::TempDir dir;
+    const auto cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
+    MakeOptions mo;
+    mo.dtype = DType::F32;
+    mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
+    write_random_checkpoint(cfg.model, mo, dir / "ckpt");
+
+    auto opt = tiny_options(dir / "ckpt", dir / "out1");
+    const rollout::RolloutResult r = rollout::run_rollout(opt);
+    REQUIRE(r.failed == 0);
+    REQUIRE(r.episodes.size() == 1);
+    const fs::path ep = dir / "out1/episode_000";
+    for (const char* f : {"actions.npy", "actions.csv", "timing.json", "manifest.json", "metrics.json", "mse.csv",
+                          "action_dim_0.png", "all_action_dims.png", "done.json"})
+        CHECK_MESSAGE(fs::exists(ep / f), f);
+    CHECK(fs::exists(dir / "out1/summary.json"));
+    CHECK(fs::exists(dir / "out1/summary.csv"));
+
+    const io::NpyArray actions = io::read_npy(ep / "actions.npy");
+    REQUIRE(actions.shape() == std::vector<int64_t>{3, 24, 8});
+    for (float v : actions.to_f32()) REQUIRE(std::isfinite(v));
+
+    const auto timing = read_json(ep / "timing.json");
+    CHECK(timing["calls"].size() == 3);
+    CHECK(timing["warmup"]["calls"].get<int>() == 6);
+    const auto manifest = read_json(ep / "manifest.json");
+    CHECK(manifest["seed"].get<uint64_t>() == 1140);
+    CHECK(manifest.contains("git_hash"));
+
+    // Same inputs and seed: bit-identical actions.
+    auto opt2 = tiny_options(dir / "ckpt", dir / "out2");
+    opt2.warmup = false;
+    rollout::run_rollout(opt2);
+    const io::NpyArray again = io::read_npy(dir / "out2/episode_000/actions.npy");
+    CHECK(again.to_f32() == actions.to_f32());
+
+    // --resume skips the finished episode and leaves its files alone.
+    const auto mtime = fs::last_write_time(dir / "out2/episode_000/actions.npy");
+    opt2.resume = true;
+    const auto r3 = rollout::run_rollout(opt2);
+    REQUIRE(r3.episodes.size() == 1);
+    CHECK(r3.episodes[0].status == "skipped");
+    CHECK(fs::last_write_time(dir / "out2/episode_000/actions.npy") == mtime);
+}
+
+TEST_CASE("a rollout of an episode with a missing camera fails with a message naming it and writes nothing") {
+    test::TempDir dir;
+    fs::copy(test::source_dir() / "samples/episode_000", dir / "ep", fs::copy_options::recursive);
+    fs::remove(dir / "ep/wrist_image_left.mp4");
+    const auto cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
+    MakeOptions mo;
+    mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
+    write_random_checkpoint(cfg.model, mo, dir / "ckpt");
+    auto opt = tiny_options(dir / "ckpt", dir / "out");
+    opt.episodes = {dir / "ep"};
+    opt.warmup = false;
+    const auto r = rollout::run_rollout(opt);
+    REQUIRE(r.failed == 1);
+    CHECK(r.episodes[0].status == "failed");
+    CHECK(r.episodes[0].error.find("wrist_image_left") != std::string::npos);
+    CHECK_FALSE(fs::exists(dir / "out/ep/actions.npy"));
+    CHECK_FALSE(fs::exists(dir / "out/ep/done.json"));
+}
