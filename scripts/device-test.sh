@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one script the GPU machine runs: tool versions, a Release CUDA build (no OpenCV), the cuda and
-# unit tests, then `dzr bench gemm` and `dzr bench ops`. Every step runs even when an earlier one
-# failed; the exit status is non-zero if any did. Logs go to $BUILD_DIR/logs and, when OUT is set, to
-# $OUT (device-test.log, ctest-cuda-full.log, logs.tar.gz).
+# unit tests, then `dzr bench gemm`, `dzr bench ops`, `dzr bench attention` and `dzr bench kv`. Every
+# step runs even when an earlier one failed; the exit status is non-zero if any did. Logs go to
+# $BUILD_DIR/logs and, when OUT is set, to $OUT (device-test.log, ctest-cuda-full.log, logs.tar.gz).
 #
 # Usage: scripts/device-test.sh [extra cmake args]
 #   BUILD_DIR=build-device  JOBS=16  TEST_TIMEOUT=300 (seconds per test)
@@ -63,6 +63,8 @@ main() {
     run bench-gemm "$dzr" bench gemm
     run bench-gemm-dit "$dzr" bench gemm --dit
     run bench-ops "$dzr" bench ops
+    run bench-attention "$dzr" bench attention
+    run bench-kv "$dzr" bench kv
 
     step "unit tests"
     run ctest-unit ctest --test-dir "$BUILD_DIR" -L unit --output-on-failure --timeout "${TEST_TIMEOUT:-300}" -j "$JOBS"

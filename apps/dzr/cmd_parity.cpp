@@ -152,13 +152,14 @@ int run_make_inputs(const MakeInputsArgs& a) {
         }
         // The canvases dzr's preprocessing makes (the reference head is fed canvases).
         std::vector<uint8_t> canvas;
+        const ViewSize size{m.canvas_height / 2, m.canvas_width / 2};  // as the policy does: 2 x 2 views
         for (int t = 0; t < T; ++t) {
             const auto view = [&](int c) {
-                return RgbView{cams[size_t(c)].data() + size_t(t) * kFrameHeight * kFrameWidth * 3, kFrameHeight,
-                               kFrameWidth};
+                const RgbView frame{cams[size_t(c)].data() + size_t(t) * kFrameHeight * kFrameWidth * 3, kFrameHeight,
+                                    kFrameWidth};
+                return preprocess_view(frame, size, kCameras[c]);
             };
-            const RgbImage img = compose_canvas(preprocess_view(view(2), kCameras[2]), preprocess_view(view(0), kCameras[0]),
-                                                preprocess_view(view(1), kCameras[1]));
+            const RgbImage img = compose_canvas(view(2), view(0), view(1));
             DZR_CHECK(img.height == m.canvas_height && img.width == m.canvas_width,
                       "preprocessing makes {}x{} canvases but checkpoint {} expects {}x{}", img.height, img.width,
                       a.ckpt, m.canvas_height, m.canvas_width);

@@ -342,34 +342,59 @@ void DreamZeroPolicy::forward_branch(int branch, ForwardKind kind, const TensorV
     else dense_[branch]->commit();
 }
 
-PolicyCallResult DreamZeroPolicy::step(const Observation& obs) {
-    const DitConfig& d = model_.dit;
+PreparedObservation DreamZeroPolicy::prepare(const Observation& obs) const {
+    Timer timer;
     const int T = int(obs.exterior_1.rank() == 4 ? obs.exterior_1.dim(0) : 0);
     for (const auto* v : {&obs.exterior_1, &obs.exterior_2, &obs.wrist}) {
         DZR_CHECK(v->rank() == 4 && v->dtype == DType::U8 && v->dim(3) == 3 && v->is_contiguous(),
-                  "call {}: camera frames must be uint8 [T, H, W, 3], got {}", call_index_, v->str());
-        DZR_CHECK(v->dim(0) == T, "call {}: cameras carry different frame counts ({} vs {})", call_index_,
-                  v->dim(0), T);
+                  "observation: camera frames must be uint8 [T, H, W, 3], got {}", v->str());
+        DZR_CHECK(v->dim(0) == T, "observation: cameras carry different frame counts ({} vs {})", v->dim(0), T);
     }
-    DZR_CHECK(T == 1 || T == 4 || T == 8 || T == 9, "call {}: {} frames per camera; a call takes 1, 4, 8 or 9",
-              call_index_, T);
-    DZR_CHECK(!obs.prompt.empty(), "call {}: empty prompt", call_index_);
+    DZR_CHECK(T == 1 || T == 4 || T == 8 || T == 9, "observation: {} frames per camera; a call takes 1, 4, 8 or 9", T);
+    DZR_CHECK(!obs.prompt.empty(), "observation: empty prompt");
 
+    PreparedObservation p;
+    p.frames = T;
+    p.joint_position = obs.joint_position;
+    p.gripper_position = obs.gripper_position;
+    // Views -> canvases (host).
+    std::vector<RgbImage> canvases;
+    canvases.reserve(size_t(T));
+    const ViewSize view{model_.canvas_height / 2, model_.canvas_width / 2};  // the canvas is 2 x 2 views
+    for (int t = 0; t < T; ++t) {
+        RgbImage wrist = preprocess_view(frame_view(obs.wrist, t), view, "wrist_image_left");
+        RgbImage e1 = preprocess_view(frame_view(obs.exterior_1, t), view, "exterior_image_1_left");
+        RgbImage e2 = preprocess_view(frame_view(obs.exterior_2, t), view, "exterior_image_2_left");
+        canvases.push_back(compose_canvas(wrist, e1, e2));
+    }
+    // The two possible model inputs; step() uploads the one its reset decision needs.
+    const size_t frame_values = size_t(3) * model_.canvas_height * model_.canvas_width;
+    const int ref = (T == 4 || T == 9) ? T - 1 : 0;
+    p.reference_input.resize(frame_values);
+    canvases_to_model_input(std::span<const RgbImage>(&canvases[size_t(ref)], 1), p.reference_input,
+                            options_.unit_range);
+    if (T > 1) {
+        std::vector<RgbImage> clip;
+        for (int i : commit_clip_indices(T, model_.dit.num_frame_per_block)) clip.push_back(canvases[size_t(i)]);
+        DZR_CHECK(int(clip.size()) == kMaxClipFrames, "observation: {} frames give a {}-frame clip", T, clip.size());
+        p.clip_input.resize(frame_values * clip.size());
+        canvases_to_model_input(clip, p.clip_input, options_.unit_range);
+    }
+    p.tokens = tokenize_droid_prompts(*tokenizer_, obs.prompt, model_.t5.text_len);
+    p.prepare_ms = timer.ms();
+    return p;
+}
+
+PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
+    const DitConfig& d = model_.dit;
+    const int T = obs.frames;
     PolicyCallResult result;
     result.call_index = call_index_;
+    result.times.preprocess = obs.prepare_ms;
     Timer total, phase;
     ArenaScope call_scope(be_.workspace());
     try {
-        // ---- preprocess: views -> canvases (host) ------------------------------------------------
-        std::vector<RgbImage> canvases;
-        canvases.reserve(size_t(T));
-        for (int t = 0; t < T; ++t) {
-            RgbImage wrist = preprocess_view(frame_view(obs.wrist, t), "wrist_image_left");
-            RgbImage e1 = preprocess_view(frame_view(obs.exterior_1, t), "exterior_image_1_left");
-            RgbImage e2 = preprocess_view(frame_view(obs.exterior_2, t), "exterior_image_2_left");
-            canvases.push_back(compose_canvas(wrist, e1, e2));
-        }
-        const PromptTokens tokens = tokenize_droid_prompts(*tokenizer_, obs.prompt, model_.t5.text_len);
+        const PromptTokens& tokens = obs.tokens;
 
         // Reset rules, in the reference's order (wan_flow_matching_action_tf.py:1031-1044).
         const bool prompt_changed = started_ && tokens.positive.ids != prompt_ids_;
@@ -399,25 +424,15 @@ PolicyCallResult DreamZeroPolicy::step(const Observation& obs) {
         for (size_t i = 0; i < state.size(); ++i)
             state_f[i] = be_.compute_dtype() == DType::BF16 ? round_f64_to_bf16(state[i]) : float(state[i]);
         be_.upload(TensorView(state_f.data(), DType::F32, buf_->state.shape()), buf_->state);
-        trace("state", buf_->state);
 
         // The model input: the reference frame on a reset, else the commit clip.
-        std::vector<float> host;
         if (result.reset) {
-            const int ref = (T == 4 || T == 9) ? T - 1 : 0;
-            host.resize(size_t(3) * model_.canvas_height * model_.canvas_width);
-            canvases_to_model_input(std::span<const RgbImage>(&canvases[size_t(ref)], 1), host, options_.unit_range);
-            be_.upload(TensorView(host.data(), DType::F32, buf_->ref_frame.shape()), buf_->ref_frame);
-            trace("input.video", buf_->ref_frame);
+            be_.upload(TensorView(const_cast<float*>(obs.reference_input.data()), DType::F32, buf_->ref_frame.shape()),
+                       buf_->ref_frame);
         } else {
-            std::vector<RgbImage> clip;
-            for (int i : commit_clip_indices(T, d.num_frame_per_block)) clip.push_back(canvases[size_t(i)]);
-            DZR_CHECK(int(clip.size()) == kMaxClipFrames, "call {}: a {}-frame call gives a {}-frame clip", call_index_, T,
-                      clip.size());
-            host.resize(size_t(3) * clip.size() * model_.canvas_height * model_.canvas_width);
-            canvases_to_model_input(clip, host, options_.unit_range);
-            be_.upload(TensorView(host.data(), DType::F32, buf_->clip_video.shape()), buf_->clip_video);
-            trace("input.video", buf_->clip_video);
+            DZR_ASSERT(!obs.clip_input.empty());
+            be_.upload(TensorView(const_cast<float*>(obs.clip_input.data()), DType::F32, buf_->clip_video.shape()),
+                       buf_->clip_video);
         }
         sync_phase(result.times.preprocess, phase);
 

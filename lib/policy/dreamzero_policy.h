@@ -22,6 +22,7 @@
 #include "config/run_config.h"
 #include "kv/kv_cache_manager.h"
 #include "policy/preprocess.h"
+#include "policy/tokenizer.h"
 #include "sampling/noise.h"
 #include "weights/checkpoint.h"
 #include "weights/weight_source.h"
@@ -50,7 +51,23 @@ struct Observation {
     std::string prompt;
 };
 
+/// An observation after the host-side work that needs no model state: the canvases converted to the
+/// model's [-1, 1] input (the reference frame and, for T > 1, the commit clip), the prompt tokens and
+/// the raw state. prepare() is const and may run on another thread while the previous call's step()
+/// runs (the rollout overlaps them).
+struct PreparedObservation {
+    int frames = 0;                       ///< T
+    std::vector<float> reference_input;   ///< [3, H, W]: frame T-1 when T is 4 or 9, else frame 0
+    std::vector<float> clip_input;        ///< [3, 9, H, W]: the commit clip (empty when T == 1)
+    PromptTokens tokens;
+    std::array<double, 7> joint_position{};
+    double gripper_position = 0.0;
+    double prepare_ms = 0.0;              ///< host time prepare() took
+};
+
 /// Wall time of one call's phases in milliseconds (device work is synchronized at phase ends).
+/// `preprocess` is prepare()'s host time plus the upload; with a prefetching caller the host part
+/// overlaps the previous call and is not inside `total`.
 struct PhaseTimes {
     double preprocess = 0, text_encoder = 0, image_encoder = 0, vae_encode = 0, kv_commit = 0, dit = 0,
            scheduler = 0, postprocess = 0, total = 0;
@@ -101,8 +118,12 @@ public:
     DreamZeroPolicy(const DreamZeroPolicy&) = delete;
     DreamZeroPolicy& operator=(const DreamZeroPolicy&) = delete;
 
+    /// Host-side preprocessing of an observation (validation, views -> canvases -> model input,
+    /// tokenization). Thread-safe with respect to a concurrent step().
+    PreparedObservation prepare(const Observation& obs) const;
     /// One policy call. On failure the session fails closed: the next call starts a new window.
-    PolicyCallResult step(const Observation& obs);
+    PolicyCallResult step(const PreparedObservation& obs);
+    PolicyCallResult step(const Observation& obs) { return step(prepare(obs)); }
     /// Forget the session (the next call is a first call). The KV pool is returned whole.
     void reset();
 

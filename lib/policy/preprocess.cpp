@@ -251,8 +251,14 @@ RgbImage resize_bilinear_aa_u8(RgbView in, int top, int left, int h, int w, int 
 }
 
 RgbImage preprocess_view(RgbView frame, std::string_view name, const ResizeOptions& opt) {
+    return preprocess_view(frame, ViewSize{}, name, opt);
+}
+
+RgbImage preprocess_view(RgbView frame, ViewSize size, std::string_view name, const ResizeOptions& opt) {
     DZR_CHECK(frame.data != nullptr && frame.height > 0 && frame.width > 0, "preprocess: {} frame is empty",
               name);
+    DZR_CHECK(size.height >= 1 && size.width >= 1, "preprocess: {} view size {}x{} is not positive", name,
+              size.height, size.width);
     RgbImage padded;
     RgbView src = frame;
     if (frame.height != kFrameHeight || frame.width != kFrameWidth) {
@@ -271,34 +277,37 @@ RgbImage preprocess_view(RgbView frame, std::string_view name, const ResizeOptio
     }
     const int top = center_crop_offset(kFrameHeight, kCropHeight);
     const int left = center_crop_offset(kFrameWidth, kCropWidth);
-    return resize_bilinear_aa_u8(src, top, left, kCropHeight, kCropWidth, kViewHeight, kViewWidth, opt);
+    return resize_bilinear_aa_u8(src, top, left, kCropHeight, kCropWidth, size.height, size.width, opt);
 }
 
 RgbImage compose_canvas(const RgbImage& wrist, const RgbImage& exterior_1, const RgbImage& exterior_2) {
-    for (const RgbImage* v : {&wrist, &exterior_1, &exterior_2})
-        DZR_CHECK(v->height == kViewHeight && v->width == kViewWidth,
-                  "canvas: views must be {}x{} after preprocessing, got {}x{}", kViewHeight, kViewWidth,
+    const int h = wrist.height, w = wrist.width;
+    DZR_CHECK(h >= 1 && w >= 1, "canvas: the wrist view is empty ({}x{})", h, w);
+    for (const RgbImage* v : {&exterior_1, &exterior_2})
+        DZR_CHECK(v->height == h && v->width == w,
+                  "canvas: views must share one size after preprocessing: wrist {}x{}, exterior {}x{}", h, w,
                   v->height, v->width);
-    RgbImage canvas(kCanvasHeight, kCanvasWidth);
-    for (int y = 0; y < kViewHeight; ++y)
-        for (int x = 0; x < kViewWidth; ++x)
+    RgbImage canvas(2 * h, 2 * w);
+    for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x)
             for (int c = 0; c < 3; ++c) {
                 // top: wrist with each column repeated (np.repeat along width)
                 canvas.at(y, 2 * x, c) = wrist.at(y, x, c);
                 canvas.at(y, 2 * x + 1, c) = wrist.at(y, x, c);
                 // bottom-left exterior 1, bottom-right exterior 2
-                canvas.at(kViewHeight + y, x, c) = exterior_1.at(y, x, c);
-                canvas.at(kViewHeight + y, kViewWidth + x, c) = exterior_2.at(y, x, c);
+                canvas.at(h + y, x, c) = exterior_1.at(y, x, c);
+                canvas.at(h + y, w + x, c) = exterior_2.at(y, x, c);
             }
     return canvas;
 }
 
 void canvases_to_model_input(std::span<const RgbImage> canvases, std::span<float> out, UnitRangeMode mode) {
     const size_t t_count = canvases.size();
-    const size_t plane = size_t(kCanvasHeight) * size_t(kCanvasWidth);
-    DZR_CHECK(t_count >= 1 && out.size() == 3 * t_count * plane,
-              "model input: {} canvases need {} output values, got {}", t_count, 3 * t_count * plane,
-              out.size());
+    DZR_CHECK(t_count >= 1, "model input: no canvases");
+    const int height = canvases[0].height, width = canvases[0].width;
+    const size_t plane = size_t(height) * size_t(width);
+    DZR_CHECK(out.size() == 3 * t_count * plane, "model input: {} canvases of {}x{} need {} output values, got {}",
+              t_count, height, width, 3 * t_count * plane, out.size());
     float lut[256];
     for (int u = 0; u < 256; ++u) {
         if (mode == UnitRangeMode::F32) {
@@ -313,9 +322,8 @@ void canvases_to_model_input(std::span<const RgbImage> canvases, std::span<float
     }
     for (size_t t = 0; t < t_count; ++t) {
         const RgbImage& cv = canvases[t];
-        DZR_CHECK(cv.height == kCanvasHeight && cv.width == kCanvasWidth,
-                  "model input: canvas {} is {}x{}, expected {}x{}", t, cv.height, cv.width, kCanvasHeight,
-                  kCanvasWidth);
+        DZR_CHECK(cv.height == height && cv.width == width, "model input: canvas {} is {}x{}, expected {}x{}", t,
+                  cv.height, cv.width, height, width);
         // [H, W, 3] -> [3, T, H, W]
         for (size_t p = 0; p < plane; ++p)
             for (size_t c = 0; c < 3; ++c) out[(c * t_count + t) * plane + p] = lut[cv.pixels[p * 3 + c]];

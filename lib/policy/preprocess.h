@@ -3,12 +3,16 @@
 ///
 ///   frame uint8 [180, 320, 3] (other sizes: openpi resize_with_pad to 180x320 first, with a log line)
 ///     -> /255 as float32 -> center crop 171x304 at (top 4, left 8)
-///     -> bilinear resize to 176x320 (torchvision, antialias=True: for this up-sampling it is plain
-///        bilinear with half-pixel centres; PyTorch's CPU float kernel arithmetic is reproduced)
+///     -> bilinear resize to the view size, 176x320 in the reference (torchvision, antialias=True: for
+///        this up-sampling it is plain bilinear with half-pixel centres; PyTorch's CPU float kernel
+///        arithmetic is reproduced)
 ///     -> x255 and truncation to uint8                                   (one view, 176x320)
 ///   canvas 352x640: wrist view on top with every column duplicated, exterior 1 bottom-left,
 ///   exterior 2 bottom-right                                             (one canvas per frame)
 ///   canvases [T] -> [3, T, 352, 640] values in [-1, 1] = (x / 255 - 0.5) / 0.5
+///
+/// The view size is a training-config value (VideoResize height/width); a model trained at another
+/// canvas (configs/tiny.yaml) passes canvas / 2 as its view size. Canvas sizes follow the views.
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -20,8 +24,15 @@ namespace dzr {
 
 inline constexpr int kFrameHeight = 180, kFrameWidth = 320;    ///< the frame size the policy asserts
 inline constexpr int kCropHeight = 171, kCropWidth = 304;      ///< int(180 * 0.95), int(320 * 0.95)
-inline constexpr int kViewHeight = 176, kViewWidth = 320;      ///< per-view size after the resize
-inline constexpr int kCanvasHeight = 352, kCanvasWidth = 640;  ///< 2 x view
+inline constexpr int kViewHeight = 176, kViewWidth = 320;      ///< the reference's view size after the resize
+inline constexpr int kCanvasHeight = 352, kCanvasWidth = 640;  ///< 2 x the reference's view size
+
+/// Output size of one preprocessed view (the canvas is twice this in both dimensions).
+struct ViewSize {
+    int height = kViewHeight;
+    int width = kViewWidth;
+    bool operator==(const ViewSize&) const = default;
+};
 
 /// A non-owning view of one uint8 RGB frame, row-major [height, width, 3].
 struct RgbView {
@@ -78,10 +89,14 @@ RgbImage resize_bilinear_aa_u8(RgbView in, int top, int left, int h, int w, int 
                                const ResizeOptions& opt = {});
 
 /// One camera view through the eval transform: resize_with_pad to 180x320 when the size differs
-/// (logged once per size and name), crop 171x304 at (4, 8), resize to 176x320.
+/// (logged once per size and name), crop 171x304 at (4, 8), resize to `size`.
+RgbImage preprocess_view(RgbView frame, ViewSize size, std::string_view name = "view",
+                         const ResizeOptions& opt = {});
+/// The same at the reference's view size, 176x320.
 RgbImage preprocess_view(RgbView frame, std::string_view name = "view", const ResizeOptions& opt = {});
 
-/// The 352x640 canvas from three preprocessed 176x320 views.
+/// The [2h, 2w] canvas from three preprocessed views of one size [h, w] (352x640 from 176x320).
+/// Throws when the views differ in size.
 RgbImage compose_canvas(const RgbImage& wrist, const RgbImage& exterior_1, const RgbImage& exterior_2);
 
 /// How uint8 becomes [-1, 1].
@@ -90,7 +105,8 @@ enum class UnitRangeMode : uint8_t {
     Bf16Reference  ///< the reference on CUDA: bf16(bf16(x * float(1/255)) - 0.5) / 0.5, values exact in bf16
 };
 
-/// Canvases (T of them, each 352x640) -> `out` [3, T, 352, 640] (C, T, H, W), values in [-1, 1].
+/// Canvases (T of them, all H x W, 352x640 in the reference) -> `out` [3, T, H, W], values in [-1, 1].
+/// Throws when the canvases differ in size or `out` does not hold 3 * T * H * W values.
 void canvases_to_model_input(std::span<const RgbImage> canvases, std::span<float> out,
                              UnitRangeMode mode = UnitRangeMode::F32);
 

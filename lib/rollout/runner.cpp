@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <future>
 
 #include "backend/backend.h"
 #include "config/model_fields.h"
@@ -222,15 +223,25 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             timing.checkpoint_load_ms = load_ms;
             timing.warmup_calls = warmup_calls;
             timing.warmup_ms = warmup_ms;
-            CallFrames frames;
+            // NOTE: the host side of call i+1 (frame gathering, preprocessing, tokenization) runs on a
+            // second thread while call i runs, so it overlaps the device work.
+            std::array<CallFrames, 2> frames;
+            auto prepare_call = [&](size_t i) {
+                Observation obs = make_observation(ep, calls[i], frames[i % 2]);
+                return policy.prepare(obs);
+            };
+            std::future<PreparedObservation> next;
+            if (!calls.empty()) next = std::async(std::launch::async, prepare_call, size_t(0));
             Timer episode_timer;
-            for (const ScheduledCall& call : calls) {
+            for (size_t i = 0; i < calls.size(); ++i) {
+                const ScheduledCall& call = calls[i];
+                PreparedObservation prepared = next.get();
                 if (interrupt_flag().load()) {
                     result.interrupted = true;
                     break;
                 }
-                Observation obs = make_observation(ep, call, frames);
-                PolicyCallResult r = policy.step(obs);
+                if (i + 1 < calls.size()) next = std::async(std::launch::async, prepare_call, i + 1);
+                PolicyCallResult r = policy.step(prepared);
                 chunks.append(call.anchor, r.actions);
                 timing.calls.push_back(to_call_timing(call, r));
                 summary.call_ms.push_back(r.times.total);
@@ -240,6 +251,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                                                     int64_t(calls.size()), per_call));
                 }
             }
+            if (next.valid()) next.wait();
             if (result.interrupted) {
                 progress.finish();
                 log.warn("interrupted: episode {} stopped after {} of {} calls; nothing written for it", names[e],

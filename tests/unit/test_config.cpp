@@ -76,11 +76,13 @@ TEST_CASE("the tiny and parity configs load with the geometry they promise") {
     CHECK(tiny.model.dit.head_dim() == 128);
     CHECK(tiny.model.dit.text_dim == tiny.model.t5.dim);
     CHECK(tiny.model.dit.image_dim == tiny.model.clip.width);
-    CHECK(tiny.model.dit.frame_seqlen == 880);
+    CHECK(tiny.model.dit.frame_seqlen == 220);  // (176 / 16) * (320 / 16)
+    CHECK(tiny.model.canvas_height == 176);
+    CHECK(tiny.model.canvas_width == 320);
     CHECK(tiny.model.t5.vocab == 1000);
     CHECK(tiny.model.clip.num_layers == 3);
     CHECK(tiny.model.clip.use_layers == 2);
-    CHECK(tiny.model.vae.base_dim == 8);
+    CHECK(tiny.model.vae.base_dim == 4);
 
     const RunConfig parity = load_run_config(config_path("parity.yaml"));
     CHECK(parity.model.dit.dim == 256);
@@ -161,9 +163,9 @@ TEST_CASE("inconsistent geometries and run settings are rejected with every prob
     CHECK(contains(msg, "dit.text_dim 32 must equal the umT5 width t5.dim 64"));
 
     msg = error_of(
-        [] { parse_run_config(tiny_with("    frame_seqlen: 880", "    frame_seqlen: 800"), "t.yaml"); });
+        [] { parse_run_config(tiny_with("    frame_seqlen: 220", "    frame_seqlen: 800"), "t.yaml"); });
     CHECK(contains(msg, "dit.frame_seqlen 800"));
-    CHECK(contains(msg, "(880)"));
+    CHECK(contains(msg, "(220)"));
 
     msg = error_of([] {
         parse_run_config(

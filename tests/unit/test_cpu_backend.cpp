@@ -2,12 +2,14 @@
 // double-precision loops and closed forms.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "support/test_support.h"
@@ -377,6 +379,205 @@ TEST_CASE("cpu conv3d matches a naive loop with causal padding and strides") {
                     }
         check_close(out, ref, 1e-5, 1e-6);
     }
+}
+
+namespace {
+
+struct ConvCase {
+    int64_t Ci, Co, T, H, W;
+    int k[3], stride[3], pb[3], pa[3];
+    bool bias;
+};
+
+/// The output extents of a conv case.
+std::array<int64_t, 3> conv_out(const ConvCase& c) {
+    const int64_t in[3] = {c.T, c.H, c.W};
+    std::array<int64_t, 3> o{};
+    for (int i = 0; i < 3; ++i) o[size_t(i)] = (in[i] + c.pb[i] + c.pa[i] - c.k[i]) / c.stride[i] + 1;
+    return o;
+}
+
+/// Naive zero-padded convolution in double; `mag` gets each output's sum of |bias| and |x * w| (the scale
+/// of f32 rounding in a long dot product).
+std::vector<double> naive_conv(const ConvCase& c, const float* x, const float* w, const float* bias,
+                               std::vector<double>& mag) {
+    const auto o = conv_out(c);
+    std::vector<double> ref(size_t(c.Co * o[0] * o[1] * o[2]));
+    mag.assign(ref.size(), 0.0);
+    for (int64_t co = 0; co < c.Co; ++co)
+        for (int64_t ot = 0; ot < o[0]; ++ot)
+            for (int64_t oh = 0; oh < o[1]; ++oh)
+                for (int64_t ow = 0; ow < o[2]; ++ow) {
+                    double acc = bias ? bias[co] : 0.0, sum_abs = std::fabs(acc);
+                    for (int64_t ci = 0; ci < c.Ci; ++ci)
+                        for (int64_t a = 0; a < c.k[0]; ++a)
+                            for (int64_t b = 0; b < c.k[1]; ++b)
+                                for (int64_t e = 0; e < c.k[2]; ++e) {
+                                    const int64_t it = ot * c.stride[0] - c.pb[0] + a;
+                                    const int64_t ih = oh * c.stride[1] - c.pb[1] + b;
+                                    const int64_t iw = ow * c.stride[2] - c.pb[2] + e;
+                                    if (it < 0 || it >= c.T || ih < 0 || ih >= c.H || iw < 0 || iw >= c.W) continue;
+                                    const double t = double(x[((ci * c.T + it) * c.H + ih) * c.W + iw]) *
+                                                     w[(((co * c.Ci + ci) * c.k[0] + a) * c.k[1] + b) * c.k[2] + e];
+                                    acc += t;
+                                    sum_abs += std::fabs(t);
+                                }
+                    const size_t i = size_t(((co * o[0] + ot) * o[1] + oh) * o[2] + ow);
+                    ref[i] = acc;
+                    mag[i] = sum_abs;
+                }
+    return ref;
+}
+
+Conv3dParams conv_params(const ConvCase& c) {
+    Conv3dParams p;
+    for (int i = 0; i < 3; ++i) {
+        p.stride[i] = c.stride[i];
+        p.pad_before[i] = c.pb[i];
+        p.pad_after[i] = c.pa[i];
+    }
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("cpu conv3d matches a naive loop for the VAE's kernel shapes, channel counts and widths") {
+    auto be = make_cpu_backend();
+    // Channel counts off the 4-channel tiles, widths off the 8/16-column tiles, the VAE's kernels
+    // (3x3x3 causal, 1x3x3 stride-2 downsample with right/bottom padding, 3x1x1 stride-2 time conv,
+    // 1x1x1 shortcut), a stride-3 width, and wide convs that take the im2col + GEMM path.
+    const ConvCase cases[] = {
+        {4, 4, 4, 6, 40, {3, 3, 3}, {1, 1, 1}, {2, 1, 1}, {0, 1, 1}, true},
+        {3, 5, 3, 5, 21, {3, 3, 3}, {1, 1, 1}, {2, 1, 1}, {0, 1, 1}, true},
+        {8, 3, 1, 4, 37, {3, 3, 3}, {1, 1, 1}, {2, 1, 1}, {0, 1, 1}, false},
+        {5, 6, 2, 7, 19, {1, 3, 3}, {1, 2, 2}, {0, 0, 0}, {0, 1, 1}, true},
+        {6, 6, 5, 3, 9, {3, 1, 1}, {2, 1, 1}, {0, 0, 0}, {0, 0, 0}, true},
+        {7, 9, 2, 3, 17, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}, true},
+        {2, 4, 3, 4, 23, {2, 2, 5}, {1, 2, 3}, {1, 0, 2}, {0, 1, 2}, true},
+        {1, 1, 1, 1, 1, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}, true},
+        {16, 64, 3, 5, 11, {3, 3, 3}, {1, 1, 1}, {2, 1, 1}, {0, 1, 1}, true},
+        {32, 66, 2, 6, 9, {1, 3, 3}, {1, 2, 2}, {0, 0, 0}, {0, 1, 1}, false},
+    };
+    uint64_t seed = 100;
+    for (const ConvCase& c : cases) {
+        CAPTURE(c.Ci);
+        CAPTURE(c.Co);
+        CAPTURE(c.W);
+        Tensor x = host({c.Ci, c.T, c.H, c.W}, ++seed), w = host({c.Co, c.Ci, c.k[0], c.k[1], c.k[2]}, ++seed),
+               bias = host({c.Co}, ++seed);
+        const auto o = conv_out(c);
+        std::vector<double> mag;
+        const std::vector<double> ref = naive_conv(c, f(x), f(w), c.bias ? f(bias) : nullptr, mag);
+        // the backend's choice, then every kernel forced
+        for (int k = 0; k < 4; ++k) {
+            const auto kernel = static_cast<cpu::ConvKernel>(k);
+            CAPTURE(k);
+            Tensor out = Tensor::host({c.Co, o[0], o[1], o[2]}, DType::F32);
+            poison(out);
+            if (kernel == cpu::ConvKernel::Auto) {
+                be->conv3d(conv_params(c), x, w, c.bias ? bias.view() : TensorView{}, out);
+            } else {
+                std::vector<float> scratch;
+                cpu::conv3d_f32(conv_params(c), x, w, c.bias ? f(bias) : nullptr, out, scratch, kernel);
+            }
+            // 1e-5 relative, plus f32 summation error of up to 1e-7 of the summed magnitudes (a few
+            // hundred taps that cancel); a wrong or missing tap is off by ~0.1 or more
+            size_t bad = 0;
+            for (size_t i = 0; i < ref.size(); ++i) {
+                const double d = std::fabs(double(f(out)[i]) - ref[i]);
+                bad += !(d <= 1e-5 * std::fabs(ref[i]) + 1e-6 + 1e-7 * mag[i]);
+            }
+            CHECK(bad == 0);
+        }
+    }
+    MESSAGE("direct conv SIMD kernel (AVX2 + FMA) available: " << cpu::conv_simd_available());
+}
+
+TEST_CASE("cpu conv3d gives the same bits for a frame whatever the clip split and spatial extent around it") {
+    // A causal 3x3x3 conv over 7 frames at once, and over [frames 3..4 | frames 5..6] with the two
+    // history frames supplied instead of padded: output frames 5 and 6 must be bit-identical (the VAE's
+    // chunked encode relies on it).
+    auto be = make_cpu_backend();
+    for (const int64_t C : {int64_t(4), int64_t(64)}) {  // the direct path and the GEMM path (Auto)
+        CAPTURE(C);
+        const int64_t T = 7, H = 9, W = 27;
+        Tensor x = host({C, T, H, W}, 200 + uint64_t(C)), w = host({C, C, 3, 3, 3}, 201), bias = host({C}, 202);
+        Conv3dParams whole;
+        whole.pad_before[0] = 2;
+        whole.pad_before[1] = whole.pad_before[2] = whole.pad_after[1] = whole.pad_after[2] = 1;
+        Tensor full = Tensor::host({C, T, H, W}, DType::F32);
+        be->conv3d(whole, x, w, bias, full);
+
+        Tensor tail = Tensor::host({C, 4, H, W}, DType::F32);  // input frames 3..6
+        be->copy(x.view().slice(1, 3, 4), tail);
+        Conv3dParams chunk = whole;
+        chunk.pad_before[0] = 0;
+        Tensor part = Tensor::host({C, 2, H, W}, DType::F32);
+        be->conv3d(chunk, tail, w, bias, part);
+        size_t differ = 0;
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t t = 0; t < 2; ++t)
+                differ += std::memcmp(f(part) + (c * 2 + t) * H * W, f(full) + (c * T + 5 + t) * H * W,
+                                      size_t(H * W) * sizeof(float)) != 0;
+        CHECK(differ == 0);
+    }
+}
+
+TEST_CASE("cpu copy of permuted, sliced and broadcast views matches direct indexing") {
+    auto be = make_cpu_backend();
+    auto expect_equal = [&](const TensorView& src, auto index) {
+        Tensor dst = Tensor::host(src.shape, src.dtype);
+        be->copy(src, dst);
+        const std::vector<float> got = to_f32_vector(dst);
+        size_t bad = 0;
+        for (int64_t i = 0; i < src.numel(); ++i) bad += got[size_t(i)] != index(i);
+        CHECK(bad == 0);
+    };
+    // channels-first <-> channels-last, with channel counts below and above the 32-element tile
+    for (const int64_t C : {int64_t(3), int64_t(45)}) {
+        const int64_t T = 2, H = 5, W = 7;
+        Tensor x = host({C, T, H, W}, 300 + uint64_t(C));
+        // [C, T, H, W] -> [T, H, W, C]
+        expect_equal(x.view().permute({1, 2, 3, 0}), [&](int64_t i) {
+            const int64_t c = i % C, p = i / C;  // p = (t * H + h) * W + w
+            return f(x)[c * T * H * W + p];
+        });
+        Tensor y = host({T, H, W, C}, 310 + uint64_t(C));
+        // [T, H, W, C] -> [C, T, H, W]
+        expect_equal(y.view().permute({3, 0, 1, 2}), [&](int64_t i) {
+            const int64_t p = i % (T * H * W), c = i / (T * H * W);
+            return f(y)[p * C + c];
+        });
+    }
+    // a slice along an inner dim, then a transpose of a slice
+    Tensor z = host({4, 9, 33}, 320);
+    expect_equal(z.view().slice(1, 2, 5), [&](int64_t i) {
+        const int64_t k = i % 33, j = (i / 33) % 5, b = i / (33 * 5);
+        return f(z)[(b * 9 + j + 2) * 33 + k];
+    });
+    expect_equal(z.view().slice(2, 1, 30).transpose(1, 2), [&](int64_t i) {  // [4, 30, 9]
+        const int64_t j = i % 9, k = (i / 9) % 30, b = i / (9 * 30);
+        return f(z)[(b * 9 + j) * 33 + k + 1];
+    });
+    // nearest x2 upsampling as a stride-0 broadcast view [C, H, 2, W, 2]
+    Tensor u = host({3, 4, 5}, 330);
+    const TensorView up(u.data(), DType::F32, Shape{3, 4, 2, 5, 2}, Shape{20, 5, 0, 1, 0}, Device::cpu());
+    expect_equal(up, [&](int64_t i) {
+        const int64_t w = (i / 2) % 5, h = (i / 20) % 4, c = i / 80;
+        return f(u)[(c * 4 + h) * 5 + w];
+    });
+    // non-float dtypes copy their bits the same way
+    Tensor ints = Tensor::host({6, 11}, DType::I32);
+    for (int64_t i = 0; i < 66; ++i) ints.ptr<int32_t>()[i] = int32_t(i * 7 - 100);
+    Tensor ints_t = Tensor::host({11, 6}, DType::I32);
+    be->copy(ints.view().transpose(0, 1), ints_t);
+    size_t bad = 0;
+    for (int64_t r = 0; r < 11; ++r)
+        for (int64_t c = 0; c < 6; ++c) bad += ints_t.ptr<int32_t>()[r * 6 + c] != int32_t((c * 11 + r) * 7 - 100);
+    CHECK(bad == 0);
+    // and mismatched element counts are still rejected
+    Tensor small = Tensor::host({5}, DType::F32);
+    CHECK_THROWS_AS(be->copy(z.view().slice(1, 2, 5), small), Error);
 }
 
 TEST_CASE("cpu copy converts dtypes from a permuted source and fill sets every element") {

@@ -150,9 +150,9 @@ TEST_CASE("small geometries scale every shape and keep the key layout") {
     CHECK(by_key.at(keys::clip("visual.pos_embedding")) == Shape{1, 257, 64});
     CHECK(by_key.count(keys::clip_block(2) + "mlp.2.bias") == 1);  // 3 stored blocks
     CHECK(by_key.count(keys::clip_block(3) + "mlp.2.bias") == 0);
-    CHECK(by_key.at(keys::vae_encoder_down(6) + "shortcut.weight") == Shape{32, 16, 1, 1, 1});
-    CHECK(by_key.at(keys::vae_decoder_up(3) + "time_conv.weight") == Shape{64, 32, 3, 1, 1});
-    CHECK(by_key.at(keys::vae_decoder("head.2.weight")) == Shape{3, 8, 3, 3, 3});
+    CHECK(by_key.at(keys::vae_encoder_down(6) + "shortcut.weight") == Shape{16, 8, 1, 1, 1});
+    CHECK(by_key.at(keys::vae_decoder_up(3) + "time_conv.weight") == Shape{32, 16, 3, 1, 1});
+    CHECK(by_key.at(keys::vae_decoder("head.2.weight")) == Shape{3, 4, 3, 3, 3});
     // DiT layers: 2 blocks of 31 tensors + 39 others
     CHECK(census(inv).tensors[size_t(Component::Dit)] == 2 * 31 + 39);
 

@@ -129,7 +129,7 @@ TEST_CASE("chunked encode equals one whole-clip causal pass bit for bit") {
 }
 
 TEST_CASE("vae encode matches the literal reference chunk loop in double precision") {
-    VaeConfig wide = tiny_vae_config(8);  // the tiny.yaml width, with one residual block per stage
+    VaeConfig wide = tiny_vae_config(8);  // twice the tiny.yaml width, with one residual block per stage
     wide.num_res_blocks = 1;
     for (const VaeConfig& cfg : {tiny_vae_config(4), wide}) {
         CAPTURE(cfg.base_dim);

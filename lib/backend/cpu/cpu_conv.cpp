@@ -114,14 +114,11 @@ void band_generic(const Geometry& g, const Band& band, const float* wpack, const
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#define DZR_CONV_AVX2 1
 constexpr int64_t kTileAvx2 = 16;  // V8 x 2
 __attribute__((target("avx2,fma"))) void band_avx2(const Geometry& g, const Band& band, const float* wpack,
                                                    const float* bias_pad, const int64_t* col_off, float* out) {
     band_kernel<V8, 2>(g, band, wpack, bias_pad, col_off, out);
-}
-bool have_avx2() {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return yes;
 }
 #endif
 
@@ -162,10 +159,9 @@ void pack_band(const Geometry& g, const float* x, const Band& band, float* slab)
 }
 
 void conv_direct(const Geometry& g, const float* x, const float* w, const float* bias, float* out,
-                 std::vector<float>& scratch) {
-    bool avx2 = false;
-#if defined(__x86_64__) && defined(__GNUC__)
-    avx2 = have_avx2();
+                 std::vector<float>& scratch, bool simd) {
+    const bool avx2 = simd && conv_simd_available();
+#ifdef DZR_CONV_AVX2
     const int64_t tile_w = avx2 ? kTileAvx2 : kTileGeneric;
 #else
     const int64_t tile_w = kTileGeneric;
@@ -211,7 +207,7 @@ void conv_direct(const Geometry& g, const float* x, const float* w, const float*
             band.Hb = (band.rows - 1) * g.sh + g.kh;
             band.slab = slab;
             pack_band(g, x, band, slab);
-#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef DZR_CONV_AVX2
             if (avx2) {
                 band_avx2(g, band, wpack, bias_pad, col_off, out);
                 continue;
@@ -278,8 +274,17 @@ void conv_gemm(const Geometry& g, const float* x, const float* w, const float* b
 
 }  // namespace
 
+bool conv_simd_available() {
+#ifdef DZR_CONV_AVX2
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+#else
+    return false;
+#endif
+}
+
 void conv3d_f32(const Conv3dParams& p, const TensorView& x, const TensorView& w, const float* bias,
-                const TensorView& out, std::vector<float>& scratch) {
+                const TensorView& out, std::vector<float>& scratch, ConvKernel kernel) {
     Geometry g;
     g.Ci = x.dim(0), g.T = x.dim(1), g.H = x.dim(2), g.W = x.dim(3);
     g.Co = w.dim(0), g.kt = w.dim(2), g.kh = w.dim(3), g.kw = w.dim(4);
@@ -297,11 +302,14 @@ void conv3d_f32(const Conv3dParams& p, const TensorView& x, const TensorView& w,
     }
     // NOTE: OpenBLAS wins once both the output channels and the reduction are wide; below that the
     // column matrix costs more than the multiply.
-    const int64_t taps = g.Ci * g.kt * g.kh * g.kw;
-    if (g.Co >= 64 && taps >= 256)
+    if (kernel == ConvKernel::Auto) {
+        const int64_t taps = g.Ci * g.kt * g.kh * g.kw;
+        kernel = g.Co >= 64 && taps >= 256 ? ConvKernel::Gemm : ConvKernel::DirectSimd;
+    }
+    if (kernel == ConvKernel::Gemm)
         conv_gemm(g, px, pw, bias, po, scratch);
     else
-        conv_direct(g, px, pw, bias, po, scratch);
+        conv_direct(g, px, pw, bias, po, scratch, kernel == ConvKernel::DirectSimd);
 }
 
 }  // namespace dzr::cpu
