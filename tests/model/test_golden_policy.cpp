@@ -80,7 +80,8 @@ std::string fnv1a64(const std::vector<std::vector<uint8_t>>& chunks) {
 std::vector<float> strided(const Tensor& t, const Json& slices) {
     const int rank = t.view().rank();
     REQUIRE(int(slices.size()) == rank);
-    std::vector<int64_t> start(size_t(rank)), stop(size_t(rank)), step(size_t(rank)), idx(size_t(rank));
+    const size_t n = size_t(rank);
+    std::vector<int64_t> start(n), stop(n), step(n), idx(n);
     for (int d = 0; d < rank; ++d) {
         start[size_t(d)] = slices[size_t(d)][0];
         stop[size_t(d)] = slices[size_t(d)][1];
