@@ -29,7 +29,8 @@ struct MmaType<bf16> {
         const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<const uint32_t*>(&h);
     }
-    __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};\n"
@@ -43,7 +44,8 @@ struct MmaType<__half> {
         const __half2 h = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<const uint32_t*>(&h);
     }
-    __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};\n"
@@ -57,8 +59,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
     const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -127,7 +133,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(FlashAttentionArgs a) {
         return cur_base + (j - a.hist_len) * cur_tok;
     };
 
-    load_tile<T, D, kBr>(qs, q, [&](int r) -> const T* { return q0 + r < a.lq ? q + (q0 + r) * a.q_tok : nullptr; });
+    load_tile<T, D, kBr>(qs, q,
+                         [&](int r) -> const T* { return q0 + r < a.lq ? q + (q0 + r) * a.q_tok : nullptr; });
     load_tile<T, D, kBc>(ks, q, [&](int r) { return key_row(hk, ck, a.k_tok, r); });
     cp_async_commit();
 
@@ -253,14 +260,17 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(FlashAttentionArgs a) {
     }
 }
 
-bool aligned_elems(int64_t stride, size_t es) { return (size_t(stride) * es) % 16 == 0; }
+bool aligned_elems(int64_t stride, size_t es) {
+    return (size_t(stride) * es) % 16 == 0;
+}
 
 template <typename T, int D>
 cudaError_t launch(const FlashAttentionArgs& a, cudaStream_t stream) {
     const size_t smem = size_t(kBr + 2 * kBc) * D * sizeof(T);
     auto kernel = flash_kernel<T, D>;
     if (smem > 48 * 1024) {
-        const cudaError_t st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        const cudaError_t st =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (st != cudaSuccess) return st;
     }
     const dim3 grid(unsigned((a.lq + kBr - 1) / kBr), unsigned(a.heads));
@@ -273,14 +283,15 @@ cudaError_t launch(const FlashAttentionArgs& a, cudaStream_t stream) {
 bool flash_attention_supported(const FlashAttentionArgs& a) {
     if (a.dtype != DType::BF16 && a.dtype != DType::F16) return false;
     if (a.head_dim != 64 && a.head_dim != 128) return false;
-    if (a.heads <= 0 || a.lq <= 0 || a.hist_len + a.cur_len <= 0 || a.hist_len < 0 || a.cur_len < 0) return false;
+    if (a.heads <= 0 || a.lq <= 0 || a.hist_len + a.cur_len <= 0 || a.hist_len < 0 || a.cur_len < 0)
+        return false;
     if (a.heads > 65535 || (a.lq + kBr - 1) / kBr > int64_t(0x7fffffff)) return false;
     const size_t es = dtype_size(a.dtype);
-    bool ok = aligned16(a.q) && aligned16(a.out) && aligned_elems(a.q_tok, es) && aligned_elems(a.q_head, es) &&
-              aligned_elems(a.o_tok, es) && aligned_elems(a.o_head, es);
+    bool ok = aligned16(a.q) && aligned16(a.out) && aligned_elems(a.q_tok, es) &&
+              aligned_elems(a.q_head, es) && aligned_elems(a.o_tok, es) && aligned_elems(a.o_head, es);
     if (a.cur_len > 0)
-        ok = ok && aligned16(a.k) && aligned16(a.v) && aligned_elems(a.k_tok, es) && aligned_elems(a.k_head, es) &&
-             aligned_elems(a.v_tok, es) && aligned_elems(a.v_head, es);
+        ok = ok && aligned16(a.k) && aligned16(a.v) && aligned_elems(a.k_tok, es) &&
+             aligned_elems(a.k_head, es) && aligned_elems(a.v_tok, es) && aligned_elems(a.v_head, es);
     if (a.hist_len > 0)
         ok = ok && a.table != nullptr && a.block_size > 0 && aligned16(a.hist_k) && aligned16(a.hist_v) &&
              aligned_elems(a.hist_tok, es) && aligned_elems(a.hist_head, es);
@@ -289,7 +300,8 @@ bool flash_attention_supported(const FlashAttentionArgs& a) {
 
 cudaError_t flash_attention(const FlashAttentionArgs& a, cudaStream_t stream) {
     if (!flash_attention_supported(a)) return cudaErrorNotSupported;
-    if (a.dtype == DType::BF16) return a.head_dim == 128 ? launch<bf16, 128>(a, stream) : launch<bf16, 64>(a, stream);
+    if (a.dtype == DType::BF16)
+        return a.head_dim == 128 ? launch<bf16, 128>(a, stream) : launch<bf16, 64>(a, stream);
     return a.head_dim == 128 ? launch<__half, 128>(a, stream) : launch<__half, 64>(a, stream);
 }
 

@@ -8,9 +8,9 @@ namespace dzr::kernels {
 namespace {
 
 template <typename U>
-__global__ void scatter_kernel(KvRows rows, KvPoolLayer pool, const int64_t* slots, int64_t n, int64_t num_slots,
-                               int heads, int units, int64_t row_tok, int64_t row_head, int64_t pool_tok,
-                               int64_t pool_head) {
+__global__ void scatter_kernel(KvRows rows, KvPoolLayer pool, const int64_t* slots, int64_t n,
+                               int64_t num_slots, int heads, int units, int64_t row_tok, int64_t row_head,
+                               int64_t pool_tok, int64_t pool_head) {
     // strides arrive in units of U
     const int64_t per_row = int64_t(heads) * units, total = n * per_row;
     const int64_t step = int64_t(gridDim.x) * blockDim.x;
@@ -25,9 +25,9 @@ __global__ void scatter_kernel(KvRows rows, KvPoolLayer pool, const int64_t* slo
 }
 
 template <typename U>
-__global__ void gather_kernel(KvPoolLayer pool, const int32_t* table, int64_t hist, KvRows cur, int64_t cur_len,
-                              U* out_k, U* out_v, int heads, int units, int64_t pool_tok, int64_t pool_head,
-                              int64_t cur_tok, int64_t cur_head) {
+__global__ void gather_kernel(KvPoolLayer pool, const int32_t* table, int64_t hist, KvRows cur,
+                              int64_t cur_len, U* out_k, U* out_v, int heads, int units, int64_t pool_tok,
+                              int64_t pool_head, int64_t cur_tok, int64_t cur_head) {
     const int64_t per_row = int64_t(heads) * units, total = (hist + cur_len) * per_row;
     const int64_t step = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
@@ -48,7 +48,9 @@ __global__ void gather_kernel(KvPoolLayer pool, const int32_t* table, int64_t hi
     }
 }
 
-bool divides(int64_t elems, size_t esize, size_t unit) { return (size_t(elems) * esize) % unit == 0; }
+bool divides(int64_t elems, size_t esize, size_t unit) {
+    return (size_t(elems) * esize) % unit == 0;
+}
 
 /// Picks the widest unit every address and stride allows, then calls f(U{}) with it.
 template <typename F>
@@ -84,8 +86,9 @@ cudaError_t scatter_kv(const KvRows& rows, const KvPoolLayer& pool, const int64_
                      });
 }
 
-cudaError_t gather_kv(const KvPoolLayer& pool, const int32_t* table, int64_t hist, const KvRows& cur, int64_t cur_len,
-                      void* out_k, void* out_v, int heads, int head_dim, DType dtype, cudaStream_t stream) {
+cudaError_t gather_kv(const KvPoolLayer& pool, const int32_t* table, int64_t hist, const KvRows& cur,
+                      int64_t cur_len, void* out_k, void* out_v, int heads, int head_dim, DType dtype,
+                      cudaStream_t stream) {
     const int64_t rows = hist + cur_len;
     if (rows <= 0 || heads <= 0 || head_dim <= 0) return cudaSuccess;
     const size_t es = dtype_size(dtype);
@@ -95,9 +98,9 @@ cudaError_t gather_kv(const KvPoolLayer& pool, const int32_t* table, int64_t his
                          using U = decltype(unit);
                          const int64_t per = int64_t(sizeof(U) / es);
                          gather_kernel<U><<<grid_for(rows * heads * units, kThreads), kThreads, 0, stream>>>(
-                             pool, table, hist, cur, cur_len, static_cast<U*>(out_k), static_cast<U*>(out_v), heads,
-                             units, pool.token_stride / per, pool.head_stride / per, cur.token_stride / per,
-                             cur.head_stride / per);
+                             pool, table, hist, cur, cur_len, static_cast<U*>(out_k), static_cast<U*>(out_v),
+                             heads, units, pool.token_stride / per, pool.head_stride / per,
+                             cur.token_stride / per, cur.head_stride / per);
                          return cudaGetLastError();
                      });
 }

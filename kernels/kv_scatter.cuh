@@ -35,7 +35,8 @@ cudaError_t scatter_kv(const KvRows& rows, const KvPoolLayer& pool, const int64_
 
 /// out_k/out_v (contiguous [hist + cur, heads, head_dim]) = [pool rows of history token t at block
 /// table[t / block_size], offset t % block_size | current rows]. `table` is a device int32 array.
-cudaError_t gather_kv(const KvPoolLayer& pool, const int32_t* table, int64_t hist, const KvRows& cur, int64_t cur_len,
-                      void* out_k, void* out_v, int heads, int head_dim, DType dtype, cudaStream_t stream);
+cudaError_t gather_kv(const KvPoolLayer& pool, const int32_t* table, int64_t hist, const KvRows& cur,
+                      int64_t cur_len, void* out_k, void* out_v, int heads, int head_dim, DType dtype,
+                      cudaStream_t stream);
 
 }  // namespace dzr::kernels

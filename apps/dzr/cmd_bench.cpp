@@ -250,7 +250,8 @@ int run_attention_bench(const BenchOptions& o) {
     const float scale = 1.f / std::sqrt(float(D));
     const int64_t max_lk = *std::max_element(o.lk.begin(), o.lk.end());
     Tensor q = random_device_tensor(*be, {L, H, D}, bf, 1, 2.f), out = be->alloc({L, H, D}, bf);
-    Tensor k = random_device_tensor(*be, {max_lk, H, D}, bf, 2, 2.f), v = random_device_tensor(*be, {max_lk, H, D}, bf, 3);
+    Tensor k = random_device_tensor(*be, {max_lk, H, D}, bf, 2, 2.f);
+    Tensor v = random_device_tensor(*be, {max_lk, H, D}, bf, 3);
     // paged: history in blocks of `bs` tokens through a reversed table, the current rows separate
     const int64_t max_blocks = (max_lk + bs - 1) / bs + 1;
     Tensor pool_k = random_device_tensor(*be, {max_blocks * bs, H, D}, bf, 4, 2.f);
@@ -259,7 +260,8 @@ int run_attention_bench(const BenchOptions& o) {
     for (int64_t i = 0; i < max_blocks; ++i) table_host.ptr<int32_t>()[i] = int32_t(max_blocks - 1 - i);
     Tensor table = be->alloc({max_blocks}, DType::I32);
     be->upload(table_host, table);
-    Tensor kcur = random_device_tensor(*be, {L, H, D}, bf, 6, 2.f), vcur = random_device_tensor(*be, {L, H, D}, bf, 7);
+    Tensor kcur = random_device_tensor(*be, {L, H, D}, bf, 6, 2.f);
+    Tensor vcur = random_device_tensor(*be, {L, H, D}, bf, 7);
     be->synchronize();
     const auto impl_note = [be] { return std::string(attention_impl_name(be->last_attention_impl())); };
     for (const int64_t lk : o.lk) {
@@ -329,7 +331,8 @@ int run_kv_bench(const BenchOptions& o) {
         const double gib = double(size_t(1) << 30);
         const size_t drop = free0 - free1, target = size_t(13421772800ull);
         std::printf("%-44s %16s %10s\n", "", "bytes", "GiB");
-        std::printf("%-44s %16zu %10.3f\n", "plan: blocks + null block", plan.pool_bytes, double(plan.pool_bytes) / gib);
+        std::printf("%-44s %16zu %10.3f\n", "plan: blocks + null block", plan.pool_bytes,
+                    double(plan.pool_bytes) / gib);
         std::printf("%-44s %16zu %10.3f\n", "plan: scratch", plan.scratch_bytes, double(plan.scratch_bytes) / gib);
         std::printf("%-44s %16zu %10.3f\n", "plan: cross caches", plan.cross_bytes, double(plan.cross_bytes) / gib);
         std::printf("%-44s %16zu %10.3f\n", "plan: total", plan.total_bytes, double(plan.total_bytes) / gib);
@@ -366,16 +369,22 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* ops = cmd->add_subcommand("ops", "Kernels at DreamZero shapes (norms, rope, softmax, gelu, attention)");
     common(ops);
     auto* attention = cmd->add_subcommand(
-        "attention", "Dense attention per implementation (cuDNN SDPA, flash, GEMM) and paged attention (direct, gather)");
+        "attention",
+        "Dense attention per implementation (cuDNN SDPA, flash, GEMM) and paged attention (direct, gather)");
     common(attention);
     attention->add_option("--lq", opts->lq, "query rows")->capture_default_str()->check(CLI::PositiveNumber);
     attention->add_option("--lk", opts->lk, "key lengths")->capture_default_str();
     attention->add_option("--heads", opts->heads, "heads")->capture_default_str()->check(CLI::PositiveNumber);
-    attention->add_option("--head-dim", opts->head_dim, "head dim")->capture_default_str()->check(CLI::PositiveNumber);
-    attention->add_option("--block", opts->block, "paged block tokens")->capture_default_str()->check(CLI::PositiveNumber);
+    attention->add_option("--head-dim", opts->head_dim, "head dim")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    attention->add_option("--block", opts->block, "paged block tokens")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     auto* kv = cmd->add_subcommand("kv", "Allocate one session's KV cache on the GPU; plan bytes vs cudaMemGetInfo");
     kv->add_option("--device", opts->device, "CUDA device (cuda or cuda:N)")->capture_default_str();
-    kv->add_option("--config", opts->config, "run config with the model geometry and kv section")->capture_default_str();
+    kv->add_option("--config", opts->config, "run config with the model geometry and kv section")
+        ->capture_default_str();
 #ifdef DZR_HAVE_CUDA
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });

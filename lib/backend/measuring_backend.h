@@ -43,8 +43,14 @@ public:
                    const TensorView&, const TensorView&) override {}
     void conv3d(const Conv3dParams&, const TensorView&, const TensorView&, const TensorView&,
                 const TensorView&) override {}
-    void paged_attention(const AttentionParams&, const TensorView&, const PagedKvView&, int, const TensorView&,
-                         const TensorView&, const TensorView&) override {}
+    /// Reserves what the CUDA backend's gather path takes: [history | current] K and V rows.
+    void paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
+                         const TensorView& k_cur, const TensorView&, const TensorView&) override {
+        ArenaScope scope(arena_);
+        const Shape rows{history.seq_len + k_cur.dim(0), history.num_heads, history.head_dim};
+        arena_.alloc_view(rows, history.dtype);
+        arena_.alloc_view(rows, history.dtype);
+    }
     void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
                     int64_t) override {}
 

@@ -35,8 +35,8 @@ public:
     void commit() { session_.commit(branch_); }
     void abort() noexcept { session_.abort(); }
 
-    /// The most workspace one attend() takes (the gather path's [history | current] K and V buffers), for
-    /// planning the backend's arena; the kernel path takes none.
+    /// The most workspace one attend() takes (the [history | current] K and V buffers of the gather path and
+    /// of the CUDA kernel path's gather), for planning the backend's arena; the CPU kernel path takes none.
     static size_t attend_workspace_bytes(const KvGeometry& geometry, const KvConfig& config, DType compute_dtype);
 
     int branch() const { return branch_; }

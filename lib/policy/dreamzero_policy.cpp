@@ -164,7 +164,10 @@ DreamZeroPolicy::DreamZeroPolicy(const ModelConfig& model, const WeightSource& w
         kv_session_ = kv_manager_->open_session("policy");
         staging_kv_ = std::make_unique<DitCrossKv>(dit_->make_cross_kv(be_, image_tokens));
         for (int b = 0; b < 2; ++b) {
-            paged_[b] = std::make_unique<PagedSelfAttentionCache>(*kv_session_, b);
+            // NOTE: on CUDA the Kernel path (device block table, paged attention) keeps every layer's
+            // attend() capture-safe; on the CPU the Gather path is bit-exact with the dense reference.
+            paged_[b] = std::make_unique<PagedSelfAttentionCache>(
+                *kv_session_, b, be_.device().is_cuda() ? PagedAttentionPath::Kernel : PagedAttentionPath::Gather);
             branch_kv_[b] = std::make_unique<DitCrossKv>();
             branch_kv_[b]->layers.resize(size_t(d.num_layers));
         }
@@ -424,15 +427,18 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
         for (size_t i = 0; i < state.size(); ++i)
             state_f[i] = be_.compute_dtype() == DType::BF16 ? round_f64_to_bf16(state[i]) : float(state[i]);
         be_.upload(TensorView(state_f.data(), DType::F32, buf_->state.shape()), buf_->state);
+        trace("state", buf_->state);
 
         // The model input: the reference frame on a reset, else the commit clip.
         if (result.reset) {
             be_.upload(TensorView(const_cast<float*>(obs.reference_input.data()), DType::F32, buf_->ref_frame.shape()),
                        buf_->ref_frame);
+            trace("input.video", buf_->ref_frame);
         } else {
             DZR_ASSERT(!obs.clip_input.empty());
             be_.upload(TensorView(const_cast<float*>(obs.clip_input.data()), DType::F32, buf_->clip_video.shape()),
                        buf_->clip_video);
+            trace("input.video", buf_->clip_video);
         }
         sync_phase(result.times.preprocess, phase);
 

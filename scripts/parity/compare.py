@@ -13,7 +13,7 @@ Errors, for dzr's tensor a against the reference's b (same shape):
   max abs = max_i |a_i - b_i|
   max rel = max_i |a_i - b_i| / max(|b_i|, rms(b))      (rms(b) = sqrt(mean(b^2)); a floor that keeps near-zero
                                                           elements from dominating; 0/0 counts as 0)
-A row is "ok" when max rel <= TOL. The gate of a pair is the `actions` rows (normalized action_pred of every
+A row is "ok" when max rel <= TOL. --details also gives each tensor's rel l2 = ||a - b||_2 / ||b||_2. The gate of a pair is the `actions` rows (normalized action_pred of every
 call): the pair passes when all of them are ok. Tensors present in only one file are listed, not compared,
 except where dzr computes a stage once that the reference repeats (text embeddings after call 0) or traces
 less (samples of skipped steps).
@@ -65,6 +65,13 @@ def errors(a, b):
     return float(d.max(initial=0.0)), float(rel.max(initial=0.0))
 
 
+def rel_l2(a, b):
+    """||a - b||_2 / ||b||_2 (details only: a norm-wise companion of the worst-element max rel)."""
+    nb = float(np.linalg.norm(b))
+    d = float(np.linalg.norm(a - b))
+    return d / nb if nb > 0 else (0.0 if d == 0 else float("inf"))
+
+
 def compare_pair(ours, ref):
     rows = {}  # (group, call) -> [max abs, max rel, count, worst stage]
     only_ours, only_ref, shape_mismatch, per_tensor = [], [], [], []
@@ -86,7 +93,7 @@ def compare_pair(ours, ref):
             shape_mismatch.append(f"{name}: dzr {list(a.shape)} vs reference {list(b.shape)}")
             continue
         ea, er = errors(a, b)
-        per_tensor.append((name, a.shape, ea, er))
+        per_tensor.append((name, a.shape, ea, er, rel_l2(a, b)))
         r = rows.setdefault((g, int(call[1:])), [0.0, 0.0, 0, ""])
         if er >= r[1]:
             r[3] = stage
@@ -99,6 +106,8 @@ def state_machine(ours_meta, ref_meta):
     lines = []
     calls = ours_meta.get("calls", [])
     fw = ref_meta.get("forwards", [])
+    if not fw or not calls or "start_frame" not in calls[0]:
+        return lines  # not a dzr-vs-reference pair
     for k, c in enumerate(calls):
         den = [f for f in fw if f["call"] == k and f["kind"] == "denoise"]
         kinds = sorted({f["kind"] for f in fw if f["call"] == k and f["kind"] != "denoise"})
@@ -134,8 +143,8 @@ def main():
         ours, ours_meta = load(ours_path)
         ref, ref_meta = load(ref_path)
         rows, only_ours, only_ref, bad, per_tensor = compare_pair(ours, ref)
-        details += [f"{label}  {name}  {list(shape)}  max abs {fmt(ea)}  max rel {fmt(er)}"
-                    for name, shape, ea, er in per_tensor]
+        details += [f"{label}  {name}  {list(shape)}  max abs {fmt(ea)}  max rel {fmt(er)}  rel l2 {fmt(el)}"
+                    for name, shape, ea, er, el in per_tensor]
         pairs.append(dict(label=label, tol=float(tol), gated=gated, rows=rows, only_ours=only_ours, only_ref=only_ref,
                           bad=bad, sm=state_machine(ours_meta, ref_meta), ours_meta=ours_meta, ref_meta=ref_meta))
 

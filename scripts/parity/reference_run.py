@@ -52,7 +52,7 @@ PATCHES = {
     "fp32": [
         "HEAD.py: the module-level name `torch` is replaced by a proxy whose `bfloat16` is torch.float32, so the "
         "hard-coded bf16 casts run in fp32: encode_prompt's output cast (:545), _ensure_vae_on_device (:553), "
-        "encode_image's bf16 autocast (:564; autocast with float32 disables itself) and zero frames (:568), the "
+        "encode_image's bf16 autocast (:564; a float32 autocast casts to float32 on CUDA and disables itself on the CPU) and zero frames (:568), the "
         "video and state casts in lazy_joint_video_action (:1000-1010) and the noise dtype (:1104-1105)",
         "attention.py / wan2_1_attention.py: flash_attention (the FA2/SDPA entry of the DiT's self- and "
         "cross-attention) casts q, k, v to bf16; replaced by SDPA in the input dtype (same math: scale "

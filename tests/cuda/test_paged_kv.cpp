@@ -31,10 +31,26 @@ namespace {
 
 constexpr double kRtol = 1e-2;
 
-CudaBackend& gpu() {
+CudaBackend* g_backend = nullptr;  // set by UseBackend; the shared one otherwise
+
+CudaBackend& shared_gpu() {
     static std::unique_ptr<Backend> be = make_cuda_backend(0, size_t(2) << 30);
     return dynamic_cast<CudaBackend&>(*be);
 }
+
+/// The backend every helper uses (one stream, so uploads, kernels and downloads stay ordered).
+CudaBackend& gpu() {
+    return g_backend ? *g_backend : shared_gpu();
+}
+
+/// Routes the helpers to another backend for one scope.
+class UseBackend {
+  public:
+    explicit UseBackend(CudaBackend& be) { g_backend = &be; }
+    ~UseBackend() { g_backend = nullptr; }
+    UseBackend(const UseBackend&) = delete;
+    UseBackend& operator=(const UseBackend&) = delete;
+};
 
 Tensor bf16_values(Shape s, uint64_t seed, float lo = -2.f, float hi = 2.f) {
     std::mt19937_64 rng(seed);
@@ -86,7 +102,7 @@ struct TestPool {
     int64_t heads, dim, bs;
     std::vector<BlockId> table;
     int64_t hist;
-    Tensor k_host, v_host;      // [ids * bs, H, D] f32
+    Tensor k_host, v_host;  // [ids * bs, H, D] f32
     Tensor k_dev, v_dev, table_dev;
 
     PagedKvView view(bool device) const {
@@ -105,8 +121,8 @@ struct TestPool {
     }
 };
 
-TestPool make_pool(int64_t heads, int64_t dim, int64_t bs, int64_t ids, std::vector<BlockId> table, int64_t hist,
-                   uint64_t seed) {
+TestPool make_pool(int64_t heads, int64_t dim, int64_t bs, int64_t ids, std::vector<BlockId> table,
+                   int64_t hist, uint64_t seed) {
     TestPool p{heads, dim, bs, std::move(table), hist, {}, {}, {}, {}, {}};
     const int64_t row = heads * dim;
     p.k_host = Tensor::host({ids * bs, heads, dim}, DType::F32);
@@ -133,13 +149,14 @@ const char* paged_name(PagedAttentionImpl i) {
 
 }  // namespace
 
-TEST_CASE("cuda paged attention through a shuffled block table matches the cpu reference and never reads padding") {
+TEST_CASE(
+    "cuda paged attention through a shuffled block table matches the cpu reference and never reads padding") {
     struct Case {
         int64_t heads, dim, bs, hist, cur, lq;
     };
     // block sizes that do and do not divide the kernel's 64-key tiles; histories ending mid-block
-    for (const Case& c : {Case{2, 64, 40, 90, 37, 29}, Case{2, 128, 64, 130, 70, 100}, Case{3, 128, 880, 1000, 65, 70},
-                          Case{1, 64, 16, 0, 33, 9}}) {
+    for (const Case& c : {Case{2, 64, 40, 90, 37, 29}, Case{2, 128, 64, 130, 70, 100},
+                          Case{3, 128, 880, 1000, 65, 70}, Case{1, 64, 16, 0, 33, 9}}) {
         const std::vector<BlockId> table = {4, 1, 3, kNullBlockId, kNullBlockId};
         REQUIRE(c.hist <= 3 * c.bs);
         const TestPool pool = make_pool(c.heads, c.dim, c.bs, 6, table, c.hist, uint64_t(c.bs + c.dim));
@@ -147,11 +164,13 @@ TEST_CASE("cuda paged attention through a shuffled block table matches the cpu r
         const Tensor v = bf16_values({c.cur, c.heads, c.dim}, 7, -1.f, 1.f);
         const float scale = 1.f / std::sqrt(float(c.dim));
         Tensor ref = Tensor::host({c.lq, c.heads, c.dim}, DType::F32);
-        const ContiguousKvView cur_view{k.data(), v.data(), DType::F32, int32_t(c.heads), int32_t(c.dim), 0,
-                                        c.heads * c.dim, c.dim, c.cur};
+        const ContiguousKvView cur_view{k.data(),         v.data(),       DType::F32,
+                                        int32_t(c.heads), int32_t(c.dim), 0,
+                                        c.heads * c.dim,  c.dim,          c.cur};
         paged_attention_cpu(q, pool.view(false), cur_view, 0, scale, ref);
         const Tensor qd = to_device(q), kd = to_device(k), vd = to_device(v);
-        for (PagedAttentionImpl impl : {PagedAttentionImpl::Direct, PagedAttentionImpl::Gather, PagedAttentionImpl::Auto}) {
+        for (PagedAttentionImpl impl :
+             {PagedAttentionImpl::Direct, PagedAttentionImpl::Gather, PagedAttentionImpl::Auto}) {
             CAPTURE(paged_name(impl));
             CAPTURE(c.bs);
             CAPTURE(c.hist);
@@ -160,11 +179,13 @@ TEST_CASE("cuda paged attention through a shuffled block table matches the cpu r
             gpu().paged_attention({scale}, qd, pool.view(true), 0, kd, vd, out);
             double max_abs = 0;
             CHECK(count_bad(to_host(out), ref, &max_abs) == 0);
-            std::printf("paged %-6s H %lld D %lld block %lld history %lld current %lld Lq %lld: max_abs %.3e (ran %s, "
-                        "dense part %s)\n",
-                        paged_name(impl), (long long)c.heads, (long long)c.dim, (long long)c.bs, (long long)c.hist,
-                        (long long)c.cur, (long long)c.lq, max_abs, paged_name(gpu().last_paged_attention_impl()),
-                        attention_impl_name(gpu().last_attention_impl()));
+            std::printf(
+                "paged %-6s H %lld D %lld block %lld history %lld current %lld Lq %lld: max_abs %.3e (ran "
+                "%s, "
+                "dense part %s)\n",
+                paged_name(impl), (long long)c.heads, (long long)c.dim, (long long)c.bs, (long long)c.hist,
+                (long long)c.cur, (long long)c.lq, max_abs, paged_name(gpu().last_paged_attention_impl()),
+                attention_impl_name(gpu().last_attention_impl()));
         }
         gpu().set_paged_attention_impl(PagedAttentionImpl::Auto);
     }
@@ -175,10 +196,12 @@ TEST_CASE("at DreamZero's full window paged attention agrees with dense attentio
     const int64_t H = 40, D = 128, bs = 880, hist = 7 * bs, cur = 1785;
     const std::vector<BlockId> table = {9, 2, 14, 5, 11, 1, 7};
     const TestPool pool = make_pool(H, D, bs, 15, table, hist, 31);
-    const Tensor q = bf16_values({cur, H, D}, 32), k = bf16_values({cur, H, D}, 33), v = bf16_values({cur, H, D}, 34);
+    const Tensor q = bf16_values({cur, H, D}, 32), k = bf16_values({cur, H, D}, 33),
+                 v = bf16_values({cur, H, D}, 34);
     const Tensor qd = to_device(q), kd = to_device(k), vd = to_device(v);
     // dense reference on the GPU: [history rows in order | current rows]
-    Tensor kall = Tensor::host({hist + cur, H, D}, DType::F32), vall = Tensor::host({hist + cur, H, D}, DType::F32);
+    Tensor kall = Tensor::host({hist + cur, H, D}, DType::F32),
+           vall = Tensor::host({hist + cur, H, D}, DType::F32);
     const int64_t row = H * D;
     for (int64_t t = 0; t < hist; ++t) {
         const int64_t slot = int64_t(table[size_t(t / bs)]) * bs + t % bs;
@@ -206,14 +229,15 @@ TEST_CASE("at DreamZero's full window paged attention agrees with dense attentio
 
 TEST_CASE("the cuda scatter leaves the exact committed rows in their pool slots") {
     const int64_t H = 4, D = 128, bs = 8, ids = 5, row = H * D;
-    Tensor pool_k = gpu().alloc({ids * bs, H, D}, DType::BF16), pool_v = gpu().alloc({ids * bs, H, D}, DType::BF16);
+    Tensor pool_k = gpu().alloc({ids * bs, H, D}, DType::BF16),
+           pool_v = gpu().alloc({ids * bs, H, D}, DType::BF16);
     // rows as a strided view: k and v interleaved in one [n, 2, H, D] buffer
     const int64_t n = 12;
     const Tensor kv = bf16_values({n, 2, H, D}, 41);
     const Tensor kvd = to_device(kv);
     const TensorView k(kvd.data(), DType::BF16, Shape{n, H, D}, Shape{2 * row, D, 1}, kvd.device());
-    const TensorView v(static_cast<char*>(kvd.data()) + row * 2, DType::BF16, Shape{n, H, D}, Shape{2 * row, D, 1},
-                       kvd.device());
+    const TensorView v(static_cast<char*>(kvd.data()) + row * 2, DType::BF16, Shape{n, H, D},
+                       Shape{2 * row, D, 1}, kvd.device());
     // rows 0..7 -> block 3, rows 8..9 -> block 1 offsets 6, 7; row 10 pad; row 11 outside the pool
     std::vector<int64_t> slots(static_cast<size_t>(n));
     for (int64_t i = 0; i < 8; ++i) slots[size_t(i)] = 3 * bs + i;
@@ -223,7 +247,7 @@ TEST_CASE("the cuda scatter leaves the exact committed rows in their pool slots"
     const Tensor slots_dev = to_device(slots_host, DType::I64);
     const BlockId table[1] = {kNullBlockId};
     const PagedKvView pool{pool_k.data(), pool_v.data(), DType::BF16, int32_t(H), int32_t(D), int32_t(bs), 0,
-                           bs * row, row, D, table, 1, 0, 0};
+                           bs * row,      row,           D,           table,      1,          0,           0};
     gpu().scatter_kv(pool, 0, slots_dev, k, v, ids * bs);
     const Tensor pk = to_host(pool_k), pv = to_host(pool_v);
     for (int64_t s = 0; s < ids * bs; ++s) {
@@ -299,9 +323,14 @@ void forward_both(const KvGeometry& g, PagedSelfAttentionCache& paged, DenseSelf
 TEST_CASE("paged and dense caches agree on CUDA over DreamZero's 7-call cycle with a window reset") {
     for (PagedAttentionImpl impl : {PagedAttentionImpl::Direct, PagedAttentionImpl::Gather}) {
         CAPTURE(paged_name(impl));
-        gpu().set_paged_attention_impl(impl);
         const KvGeometry g = cycle_geometry();
         const KvConfig c;
+        // a backend whose workspace is exactly what the caches declare for arena planning
+        const size_t declared = std::max(PagedSelfAttentionCache::attend_workspace_bytes(g, c, DType::BF16),
+                                         DenseSelfAttentionCache::workspace_bytes(g, c, DType::BF16));
+        auto owned = make_cuda_backend(0, declared);
+        UseBackend use(dynamic_cast<CudaBackend&>(*owned));
+        gpu().set_paged_attention_impl(impl);
         KvCacheManager m(g, c, kv_session_bytes(g, c), &gpu());
         auto session = m.open_session("cuda cycle");
         PagedSelfAttentionCache paged[2] = {{*session, 0, PagedAttentionPath::Kernel},
@@ -319,21 +348,23 @@ TEST_CASE("paged and dense caches agree on CUDA over DreamZero's 7-call cycle wi
             }
             const bool prefill = csf == 0;
             for (int b = 0; b < 2; ++b) {
-                const KvForwardSpec spec = prefill ? KvForwardSpec::prefill(g) : KvForwardSpec::commit_chunk(g);
+                const KvForwardSpec spec =
+                    prefill ? KvForwardSpec::prefill(g) : KvForwardSpec::commit_chunk(g);
                 forward_both(g, paged[b], dense[b], spec, seed++, prefill ? 0 : (csf - 2) * tpf, worst_bad);
             }
             if (prefill) csf = 1;
             for (int step = 0; step < 2; ++step)
                 for (int b = 0; b < 2; ++b)
-                    forward_both(g, paged[b], dense[b], KvForwardSpec::denoise(g), seed++, csf * tpf, worst_bad);
+                    forward_both(g, paged[b], dense[b], KvForwardSpec::denoise(g), seed++, csf * tpf,
+                                 worst_bad);
             csf += 2;
         }
         CHECK(csf == 7);
         CHECK(worst_bad == 0);
+        CHECK(gpu().workspace().high_water() <= declared);
         session->close();
         CHECK(m.pool().num_free() == m.pool().num_blocks());
     }
-    gpu().set_paged_attention_impl(PagedAttentionImpl::Auto);
 }
 
 TEST_CASE("a committing forward on the cuda kernel path leaves the exact K/V rows in its pool slots") {
@@ -355,11 +386,12 @@ TEST_CASE("a committing forward on the cuda kernel path leaves the exact K/V row
     const int64_t row = g.num_kv_heads * g.head_dim;
     for (int64_t t = 0; t < shape[0]; ++t) {
         const int64_t slot = slots[size_t(t)];
-        CHECK(std::equal(kh.ptr<float>() + t * row, kh.ptr<float>() + (t + 1) * row, pk.ptr<float>() + slot * row));
-        CHECK(std::equal(vh.ptr<float>() + t * row, vh.ptr<float>() + (t + 1) * row, pv.ptr<float>() + slot * row));
+        CHECK(std::equal(kh.ptr<float>() + t * row, kh.ptr<float>() + (t + 1) * row,
+                         pk.ptr<float>() + slot * row));
+        CHECK(std::equal(vh.ptr<float>() + t * row, vh.ptr<float>() + (t + 1) * row,
+                         pv.ptr<float>() + slot * row));
     }
     // layer 0 was not written by this forward's layer-1 call: its slots of this chunk are still zero
     const Tensor pk0 = to_host(m.pool_k(0));
-    for (int64_t t = 0; t < shape[0]; ++t)
-        CHECK(pk0.ptr<float>()[slots[size_t(t)] * row] == 0.f);
+    for (int64_t t = 0; t < shape[0]; ++t) CHECK(pk0.ptr<float>()[slots[size_t(t)] * row] == 0.f);
 }

@@ -441,7 +441,7 @@ TEST_CASE("dzr ckpt make, validate and inspect work through the binary with mean
     r = run_dzr("ckpt inspect '" + ck + "'", tmp);
     CHECK(r.code == 0);
     CHECK(contains(r.out, "text encoder"));
-    CHECK(contains(r.out, "1,982,828"));
+    CHECK(contains(r.out, "1,301,920"));  // VAE base_dim 4: 243,583 of them
 
     r = run_dzr("ckpt validate '" + ck + "' --config '" + config_path("parity.yaml").string() + "'", tmp);
     CHECK(r.code == 1);

@@ -184,6 +184,45 @@ TEST_CASE("cpu activations match their closed forms") {
     }
 }
 
+TEST_CASE("cpu silu and gelu stay accurate over the whole float range and ignore an element's position") {
+    auto be = make_cpu_backend();
+    // a sweep from -100 to 100, past the range where exp(-x) over- or underflows in float
+    const int64_t n = 4003;
+    Tensor x = Tensor::host({n}, DType::F32);
+    for (int64_t i = 0; i < n; ++i) fw(x)[i] = -100.f + 200.f * float(i) / float(n - 1);
+    for (const Activation kind : {Activation::Silu, Activation::GeluTanh}) {
+        CAPTURE(int(kind));
+        Tensor out = Tensor::host({n}, DType::F32);
+        poison(out);
+        be->activation({kind}, x, out);
+        std::vector<double> ref(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            const double v = f(x)[i];
+            ref[size_t(i)] = kind == Activation::Silu
+                                 ? v / (1 + std::exp(-v))
+                                 : 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+        }
+        // relative 1e-6; below ~1e-12 the tanh form itself cancels to zero, and silu may return a tiny
+        // value where exp(-x) leaves the float range
+        check_close(out, ref, 1e-6, 1e-12);
+        // the same values at other offsets (and so other lanes, or the tail) give the same bits
+        for (const int64_t shift : {1, 2, 3}) {
+            Tensor shifted = Tensor::host({n - shift}, DType::F32), shifted_out = Tensor::host({n - shift}, DType::F32);
+            std::memcpy(shifted.data(), f(x) + shift, size_t(n - shift) * sizeof(float));
+            be->activation({kind}, shifted, shifted_out);
+            CHECK(std::memcmp(f(shifted_out), f(out) + shift, size_t(n - shift) * sizeof(float)) == 0);
+        }
+    }
+    // in place, and NaN stays NaN
+    Tensor y = Tensor::host_f32({5}, {0.f, 1.f, -1.f, NAN, 30.f});
+    be->activation({Activation::Silu}, y, y);
+    CHECK(f(y)[0] == 0.f);
+    CHECK(f(y)[1] == doctest::Approx(0.7310585786300049).epsilon(1e-7));
+    CHECK(f(y)[2] == doctest::Approx(-0.2689414213699951).epsilon(1e-7));
+    CHECK(std::isnan(f(y)[3]));
+    CHECK(f(y)[4] == 30.f);
+}
+
 TEST_CASE("cpu layer norm and rms norm match double loops") {
     auto be = make_cpu_backend();
     const int64_t R = 6, C = 37;

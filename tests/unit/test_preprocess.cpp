@@ -180,6 +180,86 @@ TEST_CASE("preprocess_view crops 171x304 at (4, 8) and resizes to 176x320") {
     CHECK_THROWS_AS(resize_bilinear_aa_u8(frame.view(), 10, 20, 171, 304, 176, 320), Error);
 }
 
+TEST_CASE("preprocess_view resizes to a configured view size with an anti-aliased triangle filter") {
+    const RgbImage frame = random_image(kFrameHeight, kFrameWidth, 21);
+    // the default is the reference's 176x320
+    CHECK(ViewSize{} == ViewSize{176, 320});
+    CHECK(preprocess_view(frame.view(), ViewSize{}, "wrist").pixels == preprocess_view(frame.view(), "wrist").pixels);
+    // 88x160 (configs/tiny.yaml): the 171x304 crop at (4, 8) shrinks by ~1.9 with a triangle filter whose
+    // support scales with the shrink factor (torchvision antialias=True), then truncates to uint8
+    const int oh = 88, ow = 160;
+    const RgbImage view = preprocess_view(frame.view(), ViewSize{oh, ow}, "wrist");
+    REQUIRE(view.height == oh);
+    REQUIRE(view.width == ow);
+    auto weights = [](int in, int out, int o) {
+        const double scale = double(in) / out, center = scale * (o + 0.5);
+        std::vector<double> w(static_cast<size_t>(in));
+        double total = 0;
+        for (int i = 0; i < in; ++i) {
+            w[size_t(i)] = std::max(0.0, 1.0 - std::fabs(i + 0.5 - center) / scale);
+            total += w[size_t(i)];
+        }
+        for (double& v : w) v /= total;
+        return w;
+    };
+    int far = 0;
+    for (int y = 0; y < oh; y += 3)
+        for (int x = 0; x < ow; x += 7) {
+            const std::vector<double> wy = weights(kCropHeight, oh, y), wx = weights(kCropWidth, ow, x);
+            for (int c = 0; c < 3; ++c) {
+                double v = 0;
+                for (int i = 0; i < kCropHeight; ++i) {
+                    if (wy[size_t(i)] == 0) continue;
+                    for (int j = 0; j < kCropWidth; ++j)
+                        v += wy[size_t(i)] * wx[size_t(j)] * (frame.at(4 + i, 8 + j, c) / 255.0);
+                }
+                // float arithmetic may land a value that sits on an integer level one level lower
+                const int expect = int(v * 255.0);
+                far += std::abs(int(view.at(y, x, c)) - expect) > 1 ? 1 : 0;
+            }
+        }
+    CHECK(far == 0);
+    CHECK_THROWS_AS(preprocess_view(frame.view(), ViewSize{0, 160}), Error);
+}
+
+TEST_CASE("canvas and model input follow the view size") {
+    const int h = 88, w = 160;
+    RgbImage wrist(h, w), ext1(h, w), ext2(h, w);
+    for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x) {
+            wrist.at(y, x, 0) = uint8_t(x);
+            ext1.at(y, x, 1) = uint8_t(y);
+            ext2.at(y, x, 2) = uint8_t(x + y);
+        }
+    const RgbImage cv = compose_canvas(wrist, ext1, ext2);
+    REQUIRE(cv.height == 2 * h);
+    REQUIRE(cv.width == 2 * w);
+    for (int y = 0; y < h; ++y)
+        for (int x = 0; x < 2 * w; ++x) CHECK(cv.at(y, x, 0) == x / 2);  // wrist, columns doubled
+    for (int y = h; y < 2 * h; ++y)
+        for (int x = 0; x < 2 * w; ++x) {
+            CHECK(cv.at(y, x, 1) == (x < w ? y - h : 0));                          // exterior 1 bottom-left
+            CHECK(cv.at(y, x, 2) == (x < w ? 0 : uint8_t(x - w + y - h)));  // exterior 2 bottom-right
+        }
+    CHECK_THROWS_AS(compose_canvas(wrist, RgbImage(h, w + 1), ext2), Error);
+    CHECK_THROWS_AS(compose_canvas(wrist, ext1, RgbImage(h - 1, w)), Error);
+
+    std::vector<RgbImage> cvs{cv, cv};
+    cvs[1].at(2 * h - 1, 2 * w - 1, 2) = 255;
+    const size_t plane = size_t(4) * h * w;
+    std::vector<float> out(3 * 2 * plane);
+    canvases_to_model_input(cvs, out);
+    CHECK(out[1] == -1.0f);                                // c0 t0 (0, 1): wrist x = 0, value 0
+    CHECK(out[2] == (1.0f / 255.0f - 0.5f) / 0.5f);        // c0 t0 (0, 2): wrist x = 1, value 1
+    CHECK(out[(2 * 2 + 1) * plane + plane - 1] == 1.0f);   // c2 t1 (175, 319)
+    CHECK(out[(2 * 2 + 0) * plane + plane - 1] == (float(uint8_t(159 + 87)) / 255.0f - 0.5f) / 0.5f);  // c2 t0
+    // a canvas of another size, or an output of the 352x640 size, is rejected
+    std::vector<RgbImage> mixed{cv, RgbImage(kCanvasHeight, kCanvasWidth)};
+    CHECK_THROWS_AS(canvases_to_model_input(mixed, out), Error);
+    std::vector<float> big(3 * 2 * size_t(kCanvasHeight) * kCanvasWidth);
+    CHECK_THROWS_AS(canvases_to_model_input(cvs, big), Error);
+}
+
 TEST_CASE("resize_with_pad halves a 360x640 frame with PIL's 1-3-3-1 taps") {
     const RgbImage big = random_image(360, 640, 11);
     const RgbImage out = resize_with_pad(big.view(), kFrameHeight, kFrameWidth);

@@ -1,11 +1,16 @@
-// CPU 3-D convolution (f32). Two paths with the same per-element tap order:
+// CPU 3-D convolution (f32), two paths:
 //  - direct: the input of a band of output rows is packed once into a zero-padded, stride-phase-split
 //    slab, then register tiles of 4 output channels x 16 (or 8) output columns accumulate every tap
-//    with vector loads along the width. Suits the VAE's few-channel convs (tiny configs), where an
-//    im2col GEMM has M = Co of 4..32 and spends its time building the column matrix.
-//  - im2col + sgemm over bands of output rows, for wide convs where OpenBLAS is efficient.
-// NOTE: the direct kernels are compiled twice, for AVX2+FMA (chosen at run time when the CPU has it)
-// and for the baseline ISA; both sum each output element in the same order (bias, then ci, kt, kh, kw).
+//    with vector loads along the width, in the order bias, ci, kt, kh, kw. Suits the VAE's few-channel
+//    convs (tiny configs), where an im2col GEMM has M = Co of 4..32 and spends its time building the
+//    column matrix.
+//  - im2col + sgemm per output frame and band of rows, added to the bias, for wide convs where OpenBLAS
+//    is efficient.
+// NOTE: in both, an output element's summation order depends on the conv's shape only, never on its
+// position or on how many frames a call carries: chunked and whole-clip VAE passes agree bit for bit.
+// Temporal taps that fall on the zero padding are skipped (adding +0 would not change a sum). The
+// direct kernels are compiled for AVX2+FMA (chosen at run time when the CPU has it) and for the
+// baseline ISA; results differ between the two by rounding only.
 #include <cblas.h>
 
 #include <algorithm>
@@ -122,9 +127,9 @@ __attribute__((target("avx2,fma"))) void band_avx2(const Geometry& g, const Band
 }
 #endif
 
-/// Packs input rows for output rows [oh0, oh0 + rows) of output frame ot: slab[ci][ai][hb][phase][q] =
-/// x[ci, it, ih, iw] with it = ot*st - pt + a_lo + ai, ih = (oh0 + hb/...)*..., iw = q*sw + phase - pw,
-/// zero outside the input.
+/// Packs the input of output rows [oh0, oh0 + rows) of output frame ot: slab[ci][ai][hb][phase][q] =
+/// x[ci, it, ih, iw] with it = ot*st - pt + a_lo + ai, ih = oh0*sh - ph + hb, iw = q*sw + phase - pw,
+/// zero outside the input. Tap c of output column ow then reads phase c % sw at q = ow + c / sw.
 void pack_band(const Geometry& g, const float* x, const Band& band, float* slab) {
     const int64_t row_len = g.sw * band.Wq;
     for (int64_t ci = 0; ci < g.Ci; ++ci)
@@ -178,7 +183,7 @@ void conv_direct(const Geometry& g, const float* x, const float* w, const float*
 
     // scratch: [packed weights | padded bias | slab]
     const int64_t wfloats = blocks * taps * kCoBlock;
-    scratch.resize(size_t(wfloats + blocks * kCoBlock + slab_floats + 16));
+    scratch.resize(size_t(wfloats + blocks * kCoBlock + slab_floats));
     float* wpack = scratch.data();
     float* bias_pad = wpack + wfloats;
     float* slab = bias_pad + blocks * kCoBlock;

@@ -5,18 +5,19 @@
 //  - Unified: one CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR node with Q, K, V, O and a by-value scale
 //    (cuDNN >= 9.13.1).
 //  - Composite: S = Q K^T (K described transposed through its strides), S *= scale, softmax as
-//    M = max(S), E = exp(S - M), Z = sum(E), P = E / Z (+ the stats branch M + log Z that the fused engine's
-//    pattern includes), O = P V with P in the input dtype. Intermediates are virtual f32 tensors, so the
-//    fused engine keeps them on chip.
+//    M = max(S), E = exp(S - M), Z = sum(E), P = E / Z, O = P V with P in the input dtype, plus the stats
+//    branch M + log Z (virtual, unused): cuDNN 9.14 offers no engine for the graph without it. Intermediates
+//    are virtual f32 tensors, so the fused engine keeps them on chip.
 // Tensors are [b = 1, H, L, D] views of dzr's [L, H, D] layout: dims {1, H, L, D}, strides {batch, head
 // stride, token stride, 1}.
+//
+// NOTE: fmt's headers are included with two g++ 13 false-positive warnings off, as in cuda_gemm.cpp.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #pragma GCC diagnostic pop
 
 #include "backend/cuda/cuda_attention.h"
@@ -40,12 +41,13 @@ struct CudnnFailure {
 [[noreturn]] void fail(const char* stage, cudnnStatus_t st) {
     char detail[512] = {0};
     cudnnGetLastErrorString(detail, sizeof(detail));
-    throw CudnnFailure{fmt::format("{}: {} ({})", stage, cudnnGetErrorString(st), detail[0] ? detail : "no detail")};
+    throw CudnnFailure{
+        fmt::format("{}: {} ({})", stage, cudnnGetErrorString(st), detail[0] ? detail : "no detail")};
 }
 
 /// Descriptors made while building a plan; all are destroyed with the plan (or on failure).
 class Builder {
-public:
+  public:
     explicit Builder(std::vector<cudnnBackendDescriptor_t>& keep) : keep_(keep) {}
 
     cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type, const char* stage) {
@@ -55,13 +57,13 @@ public:
         keep_.push_back(d);
         return d;
     }
-    static void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
-                    int64_t count, const void* value, const char* stage) {
+    static void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                    cudnnBackendAttributeType_t type, int64_t count, const void* value, const char* stage) {
         const cudnnStatus_t st = cudnnBackendSetAttribute(d, name, type, count, value);
         if (st != CUDNN_STATUS_SUCCESS) fail(stage, st);
     }
-    static void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t v,
-                         const char* stage) {
+    static void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                         cudnnBackendDescriptor_t v, const char* stage) {
         set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, stage);
     }
     static void finalize(cudnnBackendDescriptor_t d, const char* stage) {
@@ -85,7 +87,8 @@ public:
         return t;
     }
 
-    cudnnBackendDescriptor_t matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                                    cudnnBackendDescriptor_t c) {
         const char* stage = "matmul operation";
         cudnnBackendDescriptor_t desc = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR, stage);
         const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
@@ -136,11 +139,13 @@ public:
         return op;
     }
 
-private:
+  private:
     std::vector<cudnnBackendDescriptor_t>& keep_;
 };
 
-cudnnDataType_t cudnn_type(DType t) { return t == DType::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
+cudnnDataType_t cudnn_type(DType t) {
+    return t == DType::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
+}
 
 /// [L, H, D] with (token, head) strides as a cuDNN [1, H, L, D] tensor's strides.
 std::array<int64_t, 4> bhsd_strides(int64_t len, int64_t heads, int64_t tok, int64_t head) {
@@ -185,23 +190,21 @@ std::vector<cudnnBackendDescriptor_t> sdpa_operations(Builder& b, const Attentio
     const auto rows = [&] { return b.tensor(uid++, f32, r_dims, r_strides, true); };
     std::vector<cudnnBackendDescriptor_t> ops;
     const auto s = logits(f32), s_scaled = logits(f32);
-    ops.push_back(b.matmul(q, kt, s));                                           // S = Q K^T
-    ops.push_back(b.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled));         // S *= scale
+    ops.push_back(b.matmul(q, kt, s));                                    // S = Q K^T
+    ops.push_back(b.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled));  // S *= scale
     const auto m = rows();
-    ops.push_back(b.reduction(CUDNN_REDUCE_TENSOR_MAX, s_scaled, m));            // M = rowmax(S)
+    ops.push_back(b.reduction(CUDNN_REDUCE_TENSOR_MAX, s_scaled, m));  // M = rowmax(S)
     const auto centered = logits(f32), e = logits(f32);
-    ops.push_back(b.pointwise(CUDNN_POINTWISE_SUB, s_scaled, m, centered));      // S - M
-    ops.push_back(b.pointwise(CUDNN_POINTWISE_EXP, centered, nullptr, e));       // E = exp(S - M)
+    ops.push_back(b.pointwise(CUDNN_POINTWISE_SUB, s_scaled, m, centered));  // S - M
+    ops.push_back(b.pointwise(CUDNN_POINTWISE_EXP, centered, nullptr, e));   // E = exp(S - M)
     const auto z = rows();
-    ops.push_back(b.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z));                   // Z = rowsum(E)
-    if (g == SdpaGraph::CompositeStats) {
-        const auto log_z = rows(), stats = rows();
-        ops.push_back(b.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, log_z));      // log Z
-        ops.push_back(b.pointwise(CUDNN_POINTWISE_ADD, m, log_z, stats));        // stats = M + log Z
-    }
+    ops.push_back(b.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z));  // Z = rowsum(E)
+    const auto log_z = rows(), stats = rows();
+    ops.push_back(b.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, log_z));  // log Z
+    ops.push_back(b.pointwise(CUDNN_POINTWISE_ADD, m, log_z, stats));    // stats = M + log Z
     const auto p = logits(io);
-    ops.push_back(b.pointwise(CUDNN_POINTWISE_DIV, e, z, p));                    // P = E / Z
-    ops.push_back(b.matmul(p, v, o));                                            // O = P V
+    ops.push_back(b.pointwise(CUDNN_POINTWISE_DIV, e, z, p));  // P = E / Z
+    ops.push_back(b.matmul(p, v, o));                          // O = P V
     return ops;
 }
 
@@ -211,10 +214,8 @@ const char* sdpa_graph_name(SdpaGraph g) {
     switch (g) {
         case SdpaGraph::Unified:
             return "unified";
-        case SdpaGraph::CompositeStats:
+        case SdpaGraph::Composite:
             return "composite";
-        case SdpaGraph::CompositePlain:
-            return "composite (no stats)";
     }
     return "?";
 }
@@ -226,8 +227,8 @@ SdpaPlan::~SdpaPlan() {
 }
 
 SdpaKey sdpa_key(const AttentionCall& c, SdpaGraph g) {
-    return {int64_t(c.dtype), c.lq,     c.lk,     c.heads,  c.d,      c.dv,     c.q_tok,  c.q_head,
-            c.k_tok,          c.k_head, c.v_tok,  c.v_head, c.o_tok,  c.o_head, int64_t(g), 0};
+    return {int64_t(c.dtype), c.lq,     c.lk,    c.heads,  c.d,     c.dv,     c.q_tok,    c.q_head,
+            c.k_tok,          c.k_head, c.v_tok, c.v_head, c.o_tok, c.o_head, int64_t(g), 0};
 }
 
 std::unique_ptr<SdpaPlan> build_sdpa_plan(cudnnHandle_t handle, const AttentionCall& c, SdpaGraph g) {
@@ -250,36 +251,38 @@ std::unique_ptr<SdpaPlan> build_sdpa_plan(cudnnHandle_t handle, const AttentionC
             Builder::set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, stage);
             Builder::finalize(heur, stage);
             int64_t count = 0;
-            cudnnStatus_t st =
-                cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                                         nullptr);
+            cudnnStatus_t st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
             if (st != CUDNN_STATUS_SUCCESS) fail("engine heuristics results", st);
             if (count <= 0) {
                 refusals += fmt::format(" heuristics mode {} offered no engine config;", int(mode));
                 continue;
             }
             std::vector<cudnnBackendDescriptor_t> cfgs;
-            for (int64_t i = 0; i < count; ++i) cfgs.push_back(b.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+            for (int64_t i = 0; i < count; ++i)
+                cfgs.push_back(b.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
             int64_t got = 0;
-            st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
-                                          &got, cfgs.data());
+            st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                          count, &got, cfgs.data());
             if (st != CUDNN_STATUS_SUCCESS) fail("engine configs", st);
             for (int64_t i = 0; i < got; ++i) {
                 cudnnBackendDescriptor_t p = nullptr;
                 st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
                 if (st != CUDNN_STATUS_SUCCESS) fail("execution plan", st);
-                st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+                st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                              &handle);
                 if (st == CUDNN_STATUS_SUCCESS)
                     st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[size_t(i)]);
                 if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(p);
                 int64_t ws = 0;
                 if (st == CUDNN_STATUS_SUCCESS)
-                    st = cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                                  nullptr, &ws);
+                    st = cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                  CUDNN_TYPE_INT64, 1, nullptr, &ws);
                 if (st != CUDNN_STATUS_SUCCESS) {
                     cudnnBackendDestroyDescriptor(p);
-                    refusals += fmt::format(" config {} of mode {}: {};", i, int(mode), cudnnGetErrorString(st));
+                    refusals +=
+                        fmt::format(" config {} of mode {}: {};", i, int(mode), cudnnGetErrorString(st));
                     continue;
                 }
                 plan->plan = p;
@@ -303,11 +306,14 @@ void run_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, const AttentionCa
     void* ptrs[5] = {const_cast<void*>(c.q), const_cast<void*>(c.k), const_cast<void*>(c.v), c.out, &scale};
     cudnnBackendDescriptor_t pack = nullptr;
     DZR_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
-    cudnnStatus_t st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 5, uids);
+    cudnnStatus_t st =
+        cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 5, uids);
     if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 5, ptrs);
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 5,
+                                      ptrs);
     if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
+                                      &workspace);
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(handle, plan.plan, pack);
     cudnnBackendDestroyDescriptor(pack);
@@ -341,7 +347,8 @@ AttentionImpl parse_attention_impl(const std::string& text) {
     for (AttentionImpl i : {AttentionImpl::Auto, AttentionImpl::CudnnUnified, AttentionImpl::CudnnComposite,
                             AttentionImpl::Flash, AttentionImpl::Gemm})
         if (text == attention_impl_name(i)) return i;
-    DZR_THROW("unknown attention implementation '{}' (auto, cudnn-unified, cudnn-composite, flash, gemm)", text);
+    DZR_THROW("unknown attention implementation '{}' (auto, cudnn-unified, cudnn-composite, flash, gemm)",
+              text);
 }
 
 const SdpaPlan* CudaBackend::sdpa_plan(const AttentionCall& c, SdpaGraph g) {
@@ -351,11 +358,12 @@ const SdpaPlan* CudaBackend::sdpa_plan(const AttentionCall& c, SdpaGraph g) {
         auto plan = cuda_detail::build_sdpa_plan(cudnn(), c, g);
         if (plan->ok)
             log()->debug("cuDNN SDPA {} plan for Lq {} Lk {} H {} D {} ({}): {}, workspace {} B",
-                         cuda_detail::sdpa_graph_name(g), c.lq, c.lk, c.heads, c.d, dtype_name(c.dtype), plan->engine,
-                         plan->workspace);
+                         cuda_detail::sdpa_graph_name(g), c.lq, c.lk, c.heads, c.d, dtype_name(c.dtype),
+                         plan->engine, plan->workspace);
         else
             log()->info("cuDNN SDPA {} graph refused for Lq {} Lk {} H {} D {} ({}): {}",
-                        cuda_detail::sdpa_graph_name(g), c.lq, c.lk, c.heads, c.d, dtype_name(c.dtype), plan->error);
+                        cuda_detail::sdpa_graph_name(g), c.lq, c.lk, c.heads, c.d, dtype_name(c.dtype),
+                        plan->error);
         it = sdpa_plans_.emplace(key, std::move(plan)).first;
     }
     return it->second.get();
@@ -370,7 +378,9 @@ bool CudaBackend::try_sdpa(const AttentionCall& c, SdpaGraph g) {
     ArenaScope scope(arena_);
     void* ws = nullptr;
     if (plan->workspace > 0) {
-        if (arena_.capacity() - arena_.used() < size_t(plan->workspace) + Arena::kAlign) return false;
+        // NOTE: no room left in the arena is a refusal (the flash kernel needs none), not an error
+        const size_t need = (size_t(plan->workspace) + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
+        if (arena_.capacity() - arena_.used() < need) return false;
         ws = arena_.alloc(size_t(plan->workspace));
     }
     cuda_detail::run_sdpa_plan(cudnn(), *plan, c, ws);
@@ -397,40 +407,41 @@ bool CudaBackend::try_flash(const AttentionCall& c) {
 AttentionImpl CudaBackend::run_fused_attention(const AttentionCall& c) {
     const AttentionImpl want = attention_impl_;
     const auto cudnn_unified = [&] { return try_sdpa(c, SdpaGraph::Unified); };
-    const auto cudnn_composite = [&] {
-        return try_sdpa(c, SdpaGraph::CompositeStats) || try_sdpa(c, SdpaGraph::CompositePlain);
-    };
+    const auto cudnn_composite = [&] { return try_sdpa(c, SdpaGraph::Composite); };
     if ((want == AttentionImpl::Auto || want == AttentionImpl::CudnnUnified) && cudnn_unified())
         return AttentionImpl::CudnnUnified;
     if ((want == AttentionImpl::Auto || want == AttentionImpl::CudnnComposite) && cudnn_composite())
         return AttentionImpl::CudnnComposite;
-    if ((want == AttentionImpl::Auto || want == AttentionImpl::Flash) && try_flash(c)) return AttentionImpl::Flash;
+    if ((want == AttentionImpl::Auto || want == AttentionImpl::Flash) && try_flash(c))
+        return AttentionImpl::Flash;
     return AttentionImpl::Gemm;
 }
 
-void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& bias, const TensorView& out) {
-    for (const auto& [t, what] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}})
+void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const TensorView& k,
+                            const TensorView& v, const TensorView& bias, const TensorView& out) {
+    for (const auto& [t, what] :
+         {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}})
         check_device_tensor(*t, "attention", what);
     DZR_CHECK(q.rank() == 3 && k.rank() == 3 && v.rank() == 3 && out.rank() == 3,
-              "cuda backend: attention needs [L, H, D] operands: q {} k {} v {} out {}", q.str(), k.str(), v.str(),
-              out.str());
+              "cuda backend: attention needs [L, H, D] operands: q {} k {} v {} out {}", q.str(), k.str(),
+              v.str(), out.str());
     const int64_t Lq = q.dim(0), H = q.dim(1), D = q.dim(2), Lk = k.dim(0), Dv = v.dim(2);
     DZR_CHECK(k.dim(1) == H && v.dim(1) == H && k.dim(2) == D && v.dim(0) == Lk && out.dim(0) == Lq &&
                   out.dim(1) == H && out.dim(2) == Dv,
-              "cuda backend: attention shapes disagree: q {} k {} v {} out {}", q.str(), k.str(), v.str(), out.str());
+              "cuda backend: attention shapes disagree: q {} k {} v {} out {}", q.str(), k.str(), v.str(),
+              out.str());
     const bool f16 = q.dtype == DType::F16;
     DZR_CHECK((cuda_detail::is_float_act(q.dtype) || f16) && k.dtype == q.dtype && v.dtype == q.dtype &&
                   out.dtype == q.dtype,
-              "cuda backend: attention needs q, k, v, out of one dtype (f32, bf16 or f16): {} {} {} {}", q.str(),
-              k.str(), v.str(), out.str());
+              "cuda backend: attention needs q, k, v, out of one dtype (f32, bf16 or f16): {} {} {} {}",
+              q.str(), k.str(), v.str(), out.str());
     for (const TensorView* t : {&q, &k, &v, &out})
         DZR_CHECK(t->strides[2] == 1, "cuda backend: attention needs a unit head-dim stride: {}", t->str());
     if (bias.defined()) {
         check_device_tensor(bias, "attention", "bias");
         DZR_CHECK(bias.dtype == DType::F32 && bias.is_contiguous() && bias.numel() == H * Lq * Lk,
-                  "cuda backend: attention bias {} must be a contiguous f32 [H={}, Lq={}, Lk={}]", bias.str(), H, Lq,
-                  Lk);
+                  "cuda backend: attention bias {} must be a contiguous f32 [H={}, Lq={}, Lk={}]", bias.str(),
+                  H, Lq, Lk);
     }
     DeviceGuard guard(index_);
     // NOTE: the fused paths cover bf16/f16 without bias; f32 and biased attention (umT5's relative
@@ -447,13 +458,15 @@ void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const
         c.scale = p.scale;
         ran = run_fused_attention(c);
         if (ran == AttentionImpl::Gemm && attention_impl_ != AttentionImpl::Auto)
-            DZR_THROW("cuda backend: attention implementation {} cannot run q {} k {} v {} out {} (see the log)",
-                      attention_impl_name(attention_impl_), q.str(), k.str(), v.str(), out.str());
+            DZR_THROW(
+                "cuda backend: attention implementation {} cannot run q {} k {} v {} out {} (see the log)",
+                attention_impl_name(attention_impl_), q.str(), k.str(), v.str(), out.str());
     }
     last_attention_impl_ = ran;
     if (ran != AttentionImpl::Gemm) return;
-    DZR_CHECK(!f16, "cuda backend: no attention path runs f16 q {} (fused paths: D 64/128 flash or cuDNN; the GEMM "
-                    "path is f32/bf16 only)",
+    DZR_CHECK(!f16,
+              "cuda backend: no attention path runs f16 q {} (fused paths: D 64/128 flash or cuDNN; the GEMM "
+              "path is f32/bf16 only)",
               q.str());
     attention_gemm(p, q, k, v, bias, out);
 }

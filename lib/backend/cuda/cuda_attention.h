@@ -29,18 +29,17 @@ struct AttentionCall {
 
 /// The cuDNN operation graph an SDPA plan was built from.
 enum class SdpaGraph : uint8_t {
-    Unified,          // CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR (cuDNN >= 9.13.1)
-    CompositeStats,   // matmul, scale, softmax as max/sub/exp/sum/div with log-sum-exp stats, matmul
-    CompositePlain,   // the same without the (unused) stats branch
+    Unified,    // CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR (cuDNN >= 9.13.1)
+    Composite,  // matmul, scale, softmax as max/sub/exp/sum/div with the log-sum-exp stats branch, matmul
 };
 const char* sdpa_graph_name(SdpaGraph g);
 
 /// A finalized cuDNN execution plan, or the reason cuDNN refused the graph (ok = false).
 struct SdpaPlan {
     bool ok = false;
-    std::string error;         // which stage failed and cuDNN's message
-    int64_t workspace = 0;     // bytes the plan needs per execution
-    std::string engine;        // "engine <global index>" of the chosen config
+    std::string error;                           // which stage failed and cuDNN's message
+    int64_t workspace = 0;                       // bytes the plan needs per execution
+    std::string engine;                          // "engine <global index>" of the chosen config
     std::vector<cudnnBackendDescriptor_t> keep;  // every descriptor, destroyed with the plan (plan last)
     cudnnBackendDescriptor_t plan = nullptr;
 

@@ -21,9 +21,10 @@ using cuda_detail::SdpaGraph;
 namespace {
 
 void check_rows(const TensorView& t, int heads, int head_dim, DType dtype, const char* op, const char* what) {
-    DZR_CHECK(t.rank() == 3 && t.dim(1) == heads && t.dim(2) == head_dim && t.strides[2] == 1 && t.dtype == dtype,
-              "cuda backend: {} {} {} must be {} [L, {}, {}] with a unit head-dim stride", op, what, t.str(),
-              dtype_name(dtype), heads, head_dim);
+    DZR_CHECK(
+        t.rank() == 3 && t.dim(1) == heads && t.dim(2) == head_dim && t.strides[2] == 1 && t.dtype == dtype,
+        "cuda backend: {} {} {} must be {} [L, {}, {}] with a unit head-dim stride", op, what, t.str(),
+        dtype_name(dtype), heads, head_dim);
 }
 
 kernels::KvPoolLayer pool_layer(const PagedKvView& pool, int layer) {
@@ -41,10 +42,11 @@ kernels::KvPoolLayer pool_layer(const PagedKvView& pool, int layer) {
 }  // namespace
 
 void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
-                                  int layer, const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) {
+                                  int layer, const TensorView& k_cur, const TensorView& v_cur,
+                                  const TensorView& out) {
     const char* op = "paged_attention";
-    for (const auto& [t, what] : {std::pair{&q, "q"}, std::pair{&k_cur, "k"}, std::pair{&v_cur, "v"},
-                                  std::pair{&out, "out"}})
+    for (const auto& [t, what] :
+         {std::pair{&q, "q"}, std::pair{&k_cur, "k"}, std::pair{&v_cur, "v"}, std::pair{&out, "out"}})
         check_device_tensor(*t, op, what);
     const int H = history.num_heads, D = history.head_dim;
     const DType dt = history.dtype;
@@ -59,11 +61,13 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
               v_cur.str());
     const int64_t hist = history.seq_len, cur = k_cur.dim(0), lq = q.dim(0), lk = hist + cur;
     DZR_CHECK(hist >= 0 && hist <= int64_t(history.num_table_blocks) * history.block_size &&
-                  history.num_table_blocks <= history.table_width && (hist == 0 || history.block_table != nullptr),
+                  history.num_table_blocks <= history.table_width &&
+                  (hist == 0 || history.block_table != nullptr),
               "cuda backend: {}: seq_len {} needs {} table entries, the table has {} of width {}", op, hist,
               (hist + history.block_size - 1) / std::max(history.block_size, 1), history.num_table_blocks,
               history.table_width);
-    DZR_CHECK(hist == 0 || (history.k_base && history.v_base), "cuda backend: {}: the pool has no storage", op);
+    DZR_CHECK(hist == 0 || (history.k_base && history.v_base), "cuda backend: {}: the pool has no storage",
+              op);
     DeviceGuard guard(index_);
     if (lq == 0) return;
     const size_t es = dtype_size(dt);
@@ -71,7 +75,8 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
         // no keys at all: zeros, as the CPU reference
         for (int64_t h = 0; h < H; ++h)
             DZR_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(out.data) + h * out.strides[1] * int64_t(es),
-                                             size_t(out.strides[0]) * es, 0, size_t(D) * es, size_t(lq), stream_));
+                                             size_t(out.strides[0]) * es, 0, size_t(D) * es, size_t(lq),
+                                             stream_));
         return;
     }
     const kernels::KvPoolLayer pool = pool_layer(history, layer);
@@ -92,7 +97,8 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     direct.k = k_cur.data, direct.k_tok = k_cur.strides[0], direct.k_head = k_cur.strides[1];
     direct.v = v_cur.data, direct.v_tok = v_cur.strides[0], direct.v_head = v_cur.strides[1];
     direct.cur_len = cur;
-    const bool direct_ok = attention_impl_ != AttentionImpl::Gemm && kernels::flash_attention_supported(direct);
+    const bool direct_ok =
+        attention_impl_ != AttentionImpl::Gemm && kernels::flash_attention_supported(direct);
 
     // The gathered call: contiguous [lk, H, D] K and V in the workspace.
     AttentionCall gathered;
@@ -115,7 +121,7 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
         bool cudnn_ok = false;
         if (cudnn_allowed) {
             // plans depend on shapes and strides only; the gathered buffers' addresses do not matter here
-            for (SdpaGraph g : {SdpaGraph::Unified, SdpaGraph::CompositeStats, SdpaGraph::CompositePlain}) {
+            for (SdpaGraph g : {SdpaGraph::Unified, SdpaGraph::Composite}) {
                 if (attention_impl_ == AttentionImpl::CudnnUnified && g != SdpaGraph::Unified) continue;
                 if (attention_impl_ == AttentionImpl::CudnnComposite && g == SdpaGraph::Unified) continue;
                 if (sdpa_plan(gathered, g)->ok) {
@@ -128,10 +134,11 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     }
     last_paged_impl_ = how;
     if (how == PagedAttentionImpl::Direct) {
-        DZR_CHECK(direct_ok,
-                  "cuda backend: {} cannot run directly (the flash kernel needs bf16/f16, head_dim 64 or 128 and "
-                  "16-byte aligned rows): q {} k {} pool head_dim {}",
-                  op, q.str(), k_cur.str(), D);
+        DZR_CHECK(
+            direct_ok,
+            "cuda backend: {} cannot run directly (the flash kernel needs bf16/f16, head_dim 64 or 128 and "
+            "16-byte aligned rows): q {} k {} pool head_dim {}",
+            op, q.str(), k_cur.str(), D);
         DZR_CUDA_CHECK(kernels::flash_attention(direct, stream_));
         last_attention_impl_ = AttentionImpl::Flash;
         return;
@@ -142,10 +149,10 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     const TensorView kall = arena_.alloc_view(Shape{lk, H, D}, dt);
     const TensorView vall = arena_.alloc_view(Shape{lk, H, D}, dt);
     const kernels::KvRows rows{k_cur.data, v_cur.data, k_cur.strides[0], k_cur.strides[1]};
-    DZR_CHECK(k_cur.strides == v_cur.strides, "cuda backend: {} gathers k {} and v {} with one stride set", op,
-              k_cur.str(), v_cur.str());
-    DZR_CUDA_CHECK(kernels::gather_kv(pool, history.block_table, hist, rows, cur, kall.data, vall.data, H, D, dt,
-                                      stream_));
+    DZR_CHECK(k_cur.strides == v_cur.strides, "cuda backend: {} gathers k {} and v {} with one stride set",
+              op, k_cur.str(), v_cur.str());
+    DZR_CUDA_CHECK(kernels::gather_kv(pool, history.block_table, hist, rows, cur, kall.data, vall.data, H, D,
+                                      dt, stream_));
     attention(p, q, kall, vall, TensorView{}, out);
 }
 
@@ -154,18 +161,19 @@ void CudaBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorVie
     const char* op = "scatter_kv";
     for (const auto& [t, what] : {std::pair{&slots, "slots"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
         check_device_tensor(*t, op, what);
-    DZR_CHECK(slots.dtype == DType::I64 && slots.is_contiguous(), "cuda backend: {} slots {} must be contiguous i64",
-              op, slots.str());
+    DZR_CHECK(slots.dtype == DType::I64 && slots.is_contiguous(),
+              "cuda backend: {} slots {} must be contiguous i64", op, slots.str());
     const int64_t n = slots.numel();
     check_rows(k, pool.num_heads, pool.head_dim, pool.dtype, op, "k");
     check_rows(v, pool.num_heads, pool.head_dim, pool.dtype, op, "v");
     DZR_CHECK(k.dim(0) >= n && v.dim(0) >= n && k.strides == v.strides,
-              "cuda backend: {} needs at least {} rows of k {} and v {} with one stride set", op, n, k.str(), v.str());
+              "cuda backend: {} needs at least {} rows of k {} and v {} with one stride set", op, n, k.str(),
+              v.str());
     DZR_CHECK(pool.k_base && pool.v_base, "cuda backend: {}: the pool has no storage", op);
     DeviceGuard guard(index_);
     const kernels::KvRows rows{k.data, v.data, k.strides[0], k.strides[1]};
-    DZR_CUDA_CHECK(kernels::scatter_kv(rows, pool_layer(pool, layer), slots.ptr<const int64_t>(), n, num_slots,
-                                       pool.num_heads, pool.head_dim, pool.dtype, stream_));
+    DZR_CUDA_CHECK(kernels::scatter_kv(rows, pool_layer(pool, layer), slots.ptr<const int64_t>(), n,
+                                       num_slots, pool.num_heads, pool.head_dim, pool.dtype, stream_));
 }
 
 }  // namespace dzr
