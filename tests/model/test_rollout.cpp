@@ -8,6 +8,7 @@
 
 #include "config/run_config.h"
 #include "io/npy.h"
+#include "io/synth_episode.h"
 #include "io/video_reader.h"
 #include "rollout/runner.h"
 #include "support/test_support.h"
@@ -23,10 +24,19 @@ nlohmann::json read_json(const fs::path& p) {
     return nlohmann::json::parse(f);
 }
 
-rollout::RolloutOptions tiny_options(const fs::path& ckpt, const fs::path& out) {
+/// The built-in sample episode; where this build cannot decode mp4 (no OpenCV) the same episode is
+/// regenerated with .npy frames (samples/README.md), as the GPU machine does.
+fs::path sample_episode(const test::TempDir& dir) {
+    if (io::video_io_available()) return test::source_dir() / "samples/episode_000";
+    const fs::path ep = dir / "samples/episode_000";
+    if (!fs::exists(ep)) io::write_synth_episode(ep, io::SynthOptions{});
+    return ep;
+}
+
+rollout::RolloutOptions tiny_options(const fs::path& episode, const fs::path& ckpt, const fs::path& out) {
     rollout::RolloutOptions o;
     o.checkpoint = ckpt;
-    o.episodes = {test::source_dir() / "samples/episode_000"};
+    o.episodes = {episode};
     o.out_dir = out;
     o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
     o.run.rollout.max_chunks = 2;  // 3 calls keep the test short; the 7-call cycle is test_policy's
@@ -47,7 +57,7 @@ TEST_CASE("rollout of the sample episode writes every output with the right shap
     mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
     write_random_checkpoint(cfg.model, mo, dir / "ckpt");
 
-    auto opt = tiny_options(dir / "ckpt", dir / "out1");
+    auto opt = tiny_options(sample_episode(dir), dir / "ckpt", dir / "out1");
     const rollout::RolloutResult r = rollout::run_rollout(opt);
     REQUIRE(r.failed == 0);
     REQUIRE(r.episodes.size() == 1);
@@ -70,7 +80,7 @@ TEST_CASE("rollout of the sample episode writes every output with the right shap
     CHECK(manifest.contains("git_hash"));
 
     // Same inputs and seed: bit-identical actions.
-    auto opt2 = tiny_options(dir / "ckpt", dir / "out2");
+    auto opt2 = tiny_options(sample_episode(dir), dir / "ckpt", dir / "out2");
     opt2.warmup = false;
     rollout::run_rollout(opt2);
     const io::NpyArray again = io::read_npy(dir / "out2/episode_000/actions.npy");
@@ -87,13 +97,13 @@ TEST_CASE("rollout of the sample episode writes every output with the right shap
 
 TEST_CASE("a rollout of an episode with a missing camera fails with a message naming it and writes nothing") {
     test::TempDir dir;
-    fs::copy(test::source_dir() / "samples/episode_000", dir / "ep", fs::copy_options::recursive);
-    fs::remove(dir / "ep/wrist_image_left.mp4");
+    fs::copy(sample_episode(dir), dir / "ep", fs::copy_options::recursive);
+    for (const char* ext : {".mp4", ".npy"}) fs::remove(dir / "ep" / (std::string("wrist_image_left") + ext));
     const auto cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
     MakeOptions mo;
     mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
     write_random_checkpoint(cfg.model, mo, dir / "ckpt");
-    auto opt = tiny_options(dir / "ckpt", dir / "out");
+    auto opt = tiny_options(dir / "ep", dir / "ckpt", dir / "out");
     opt.episodes = {dir / "ep"};
     opt.warmup = false;
     const auto r = rollout::run_rollout(opt);
