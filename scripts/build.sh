@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Configures and builds dzr into BUILD_DIR (default build/). Extra arguments go to cmake.
+# Configures and builds dzr into BUILD_DIR (default build/). Extra arguments go to cmake; TARGETS (space
+# separated) limits what is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -11,4 +12,6 @@ if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
 else
     cmake -S . -B "$BUILD_DIR" "$@" >/dev/null
 fi
-cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"
+targets=()
+for t in ${TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" "${targets[@]}"

@@ -13,7 +13,9 @@ echo "== tests =="
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
 echo "== parser tests under ASan/UBSan =="
-BUILD_DIR=build-asan scripts/build.sh -DDZR_SANITIZE=ON -DDZR_CUDA=OFF -DDZR_OPENCV=OFF \
+# Only what the parser tests need (test_checkpoint also runs the dzr binary).
+TARGETS="dzr_cli unit_test_safetensors unit_test_checkpoint unit_test_config unit_test_npy unit_test_episode" \
+    BUILD_DIR=build-asan scripts/build.sh -DDZR_SANITIZE=ON -DDZR_CUDA=OFF -DDZR_OPENCV=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --output-on-failure -L parser -j "$(nproc)")
