@@ -18,33 +18,13 @@
 #include "model/image_resize.h"
 #include "support/test_support.h"
 #include "weights/weight_source.h"
+#include "support/map_weight_source.h"
 
 using namespace dzr;
+using dzr::test::MapSource;
 
 namespace {
 
-// ---- an in-memory checkpoint ------------------------------------------------------------------------
-class MapSource final : public WeightSource {
-  public:
-    std::map<std::string, Tensor> tensors;
-
-    std::optional<TensorView> find(const std::string& key) const override {
-        auto it = tensors.find(key);
-        if (it == tensors.end()) return std::nullopt;
-        return it->second.view();
-    }
-    std::vector<std::string> keys() const override {
-        std::vector<std::string> out;
-        for (const auto& [k, v] : tensors) out.push_back(k);
-        return out;
-    }
-    std::string location(const std::string&) const override { return "memory"; }
-
-    void put(const std::string& key, Shape shape, uint64_t seed, float lo, float hi) {
-        tensors[key] = Tensor::host_f32(shape, test::random_floats(size_t(shape.numel()), seed, lo, hi));
-    }
-    std::vector<float> get(const std::string& key) const { return to_f32_vector(tensors.at(key)); }
-};
 
 ClipConfig tiny_config() {
     ClipConfig c;

@@ -1,0 +1,36 @@
+#pragma once
+/// An in-memory checkpoint for network tests: key -> host tensor, with random fills.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "support/test_support.h"
+#include "weights/weight_source.h"
+
+namespace dzr::test {
+
+class MapSource final : public WeightSource {
+public:
+    std::map<std::string, Tensor> tensors;
+
+    std::optional<TensorView> find(const std::string& key) const override {
+        auto it = tensors.find(key);
+        if (it == tensors.end()) return std::nullopt;
+        return it->second.view();
+    }
+    std::vector<std::string> keys() const override {
+        std::vector<std::string> out;
+        for (const auto& [k, v] : tensors) out.push_back(k);
+        return out;
+    }
+    std::string location(const std::string&) const override { return "memory"; }
+
+    /// Uniform values in [lo, hi) from `seed`.
+    void put(const std::string& key, Shape shape, uint64_t seed, float lo, float hi) {
+        tensors[key] = Tensor::host_f32(shape, random_floats(size_t(shape.numel()), seed, lo, hi));
+    }
+    std::vector<float> get(const std::string& key) const { return to_f32_vector(tensors.at(key)); }
+};
+
+}  // namespace dzr::test
