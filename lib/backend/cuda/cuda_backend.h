@@ -20,8 +20,13 @@
 
 namespace dzr {
 
+namespace kernels {
+struct GemmFallbackArgs;
+}
+
 namespace cuda_detail {
-struct GemmCall;
+/// One (batched) GEMM as cuBLASLt and our fallback kernel both take it (kernels/gemm_fallback.cuh).
+using GemmCall = kernels::GemmFallbackArgs;
 struct GemmPlan;
 struct ConvPlan;
 struct AttentionCall;

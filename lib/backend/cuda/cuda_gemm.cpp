@@ -171,18 +171,7 @@ void CudaBackend::run_gemm(const GemmCall& c) {
     }
     const GemmPlan* plan = fallback_only_ ? nullptr : &gemm_plan(c);
     if (!plan || !plan->has_algo) {
-        kernels::GemmFallbackArgs g;
-        g.ab_dtype = c.ab_dtype;
-        g.out_dtype = c.out_dtype;
-        g.trans_a = c.trans_a;
-        g.trans_b = c.trans_b;
-        g.M = c.M, g.N = c.N, g.K = c.K, g.batch = c.batch;
-        g.a = c.a, g.lda = c.lda, g.stride_a = c.stride_a;
-        g.b = c.b, g.ldb = c.ldb, g.stride_b = c.stride_b;
-        g.out = c.out, g.ldc = c.ldc, g.stride_c = c.stride_c;
-        g.alpha = c.alpha, g.beta = c.beta;
-        g.bias = c.bias, g.bias_dtype = c.bias_dtype;
-        DZR_CUDA_CHECK(kernels::gemm_fallback(g, stream_));
+        DZR_CUDA_CHECK(kernels::gemm_fallback(c, stream_));
         return;
     }
     if (plan->bias_in_epilogue)

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "kernels/gemm_fallback.cuh"
 
 namespace dzr::cuda_detail {
 
@@ -41,25 +42,6 @@ inline int64_t pointer_alignment(const void* p) {
     return align;
 }
 
-/// One (batched) row-major GEMM: out[i] = alpha * op(a[i]) op(b[i]) + beta * out[i] + bias, with
-/// element (m, k) of op(a) at a[m * lda + k] (a[k * lda + m] when trans_a), (k, n) of op(b) at
-/// b[k * ldb + n] (b[n * ldb + k] when trans_b), (m, n) of out at out[m * ldc + n]; batch i adds
-/// i * stride_{a,b,c} elements (0 broadcasts).
-struct GemmCall {
-    DType ab_dtype = DType::BF16;
-    DType out_dtype = DType::BF16;
-    bool trans_a = false, trans_b = true;
-    int64_t M = 0, N = 0, K = 0, batch = 1;
-    const void* a = nullptr;
-    int64_t lda = 0, stride_a = 0;
-    const void* b = nullptr;
-    int64_t ldb = 0, stride_b = 0;
-    void* out = nullptr;
-    int64_t ldc = 0, stride_c = 0;
-    float alpha = 1.f, beta = 0.f;
-    const void* bias = nullptr;
-    DType bias_dtype = DType::F32;
-};
 
 /// A cuBLASLt matmul set up for one GemmKey. has_algo = false: cuBLASLt offered nothing, the plain
 /// kernel runs instead. bias_in_epilogue = false: the bias dtype differs from the output's, so a
