@@ -126,6 +126,9 @@ def parse_args():
     p.add_argument("--device", default="cuda")
     p.add_argument("--calls", type=int, default=-1, help="run only the first N calls")
     p.add_argument("--no-layers", action="store_true", help="do not dump per-layer DiT outputs")
+    p.add_argument("--trace-ops", metavar="FILE", help="write the aten ops (with dtypes) of the first "
+                   "--trace-calls calls to FILE, one sequence per distinct module (op_trace.py)")
+    p.add_argument("--trace-calls", type=int, default=2)
     return p.parse_args()
 
 
@@ -528,6 +531,11 @@ def main():
     jstat, gstat = stats["state"]["joint_position"], stats["state"]["gripper_position"]
     ajoint, agrip = stats["action"]["joint_position"], stats["action"]["gripper_position"]
     max_state = dc["max_state_dim"]
+    tracer = None
+    if args.trace_ops:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from op_trace import OpTracer
+        tracer = OpTracer(head)
     for k in range(n_calls):
         rec.new_call(k)
         d = inputs / f"call_{k}"
@@ -547,8 +555,18 @@ def main():
             text_attention_mask_negative=text["text_negative_mask"])
         csf_before = head.current_start_frame
         tc = time.time()
+        tracing = tracer is not None and k < args.trace_calls
+        if tracing:
+            tracer.new_call(k)
+            tracer.__enter__()
         with torch.no_grad():
             out = head.lazy_joint_video_action(None, batch)
+        if tracing:
+            tracer.__exit__(None, None, None)
+            if k + 1 == args.trace_calls or k + 1 == n_calls:
+                tracer.remove_hooks()
+                tracer.write(args.trace_ops, f"# reference {args.dtype} on {device}, torch {torch.__version__}")
+                print(f"wrote the op trace {args.trace_ops}", flush=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
         action = out["action_pred"][0].float()
