@@ -5,15 +5,34 @@
 namespace dzr::kernels {
 namespace {
 
-template <ActKind kKind>
+// v rounded to the storage type To and back (the identity for f32).
+template <typename To>
+__device__ __forceinline__ float round_as(float v) {
+    return to_f32(from_f32<To>(v));
+}
+
+// NOTE: each formula is evaluated in the order PyTorch's CUDA kernel evaluates it (float opmath, no
+// fast-math intrinsics), so a bf16 result rounds the same float value PyTorch rounds.
+template <ActKind kKind, typename To>
 __device__ __forceinline__ float act(float v) {
     if constexpr (kKind == ActKind::GeluTanh) {
         // 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
-        return 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+        const float cube = v * v * v;
+        const float inner = 0.7978845608028654f * (v + 0.044715f * cube);
+        return 0.5f * v * (1.f + tanhf(inner));
     } else if constexpr (kKind == ActKind::GeluErf) {
-        return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
+        return v * 0.5f * (1.f + erff(v * 0.7071067811865476f));
     } else if constexpr (kKind == ActKind::Silu) {
         return v / (1.f + expf(-v));
+    } else if constexpr (kKind == ActKind::Sigmoid) {
+        return 1.f / (1.f + expf(-v));
+    } else if constexpr (kKind == ActKind::GeluTanhStepwise) {
+        // umT5's GELU module, one rounding per eager op: 0.5 * x, pow(x, 3), 0.044715 * (.), x + (.),
+        // sqrt(2/pi) * (.), tanh, 1 + (.), product.
+        const float half = round_as<To>(0.5f * v);
+        const float cube = round_as<To>(v * v * v);
+        const float inner = round_as<To>(0.7978845608028654f * round_as<To>(v + round_as<To>(0.044715f * cube)));
+        return half * round_as<To>(1.f + round_as<To>(tanhf(inner)));
     } else {
         return v > 0.f ? v : 0.f;
     }
@@ -27,12 +46,12 @@ __global__ void activation_kernel(const Tx* x, To* out, int64_t n) {
             float t[8];
             Vec8<Tx>::load(x + v * 8, t);
 #pragma unroll
-            for (int k = 0; k < 8; ++k) t[k] = act<kKind>(t[k]);
+            for (int k = 0; k < 8; ++k) t[k] = act<kKind, To>(t[k]);
             Vec8<To>::store(out + v * 8, t);
         }
     } else {
         for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
-            out[i] = from_f32<To>(act<kKind>(to_f32(x[i])));
+            out[i] = from_f32<To>(act<kKind, To>(to_f32(x[i])));
     }
 }
 
@@ -66,6 +85,10 @@ cudaError_t activation(ActKind kind, const void* x, DType tx, void* out, DType t
             return launch<ActKind::Silu>(x, tx, out, to, n, stream);
         case ActKind::Relu:
             return launch<ActKind::Relu>(x, tx, out, to, n, stream);
+        case ActKind::Sigmoid:
+            return launch<ActKind::Sigmoid>(x, tx, out, to, n, stream);
+        case ActKind::GeluTanhStepwise:
+            return launch<ActKind::GeluTanhStepwise>(x, tx, out, to, n, stream);
     }
     return cudaErrorInvalidValue;
 }

@@ -66,8 +66,11 @@ __global__ void rms_norm_kernel(const Tx* x, To* out, int64_t rows, int64_t cols
         float s = 0.f;
         for_row<Tx, kVec>(row, cols, [&](int64_t, float v) { s += v * v; });
         const float inv = rsqrtf(block_sum(s, shared) / float(cols) + eps);
+        // NOTE: x * rsqrt(...) is rounded to the output type before the weight multiply, as Wan's and
+        // umT5's RMSNorm modules do (`norm(x.float()).type_as(x) * weight`): one bf16 rounding more
+        // than a fused formula, and the same value PyTorch rounds.
         map_row<Tx, To, kVec>(row, out + r * cols, cols, [&](int64_t c, float v) {
-            const float y = v * inv;
+            const float y = to_f32(from_f32<To>(v * inv));
             return w.defined() ? y * w[c] : y;
         });
     }

@@ -16,11 +16,12 @@ __global__ void softmax_kernel(const Tx* x, To* out, int64_t rows, int64_t cols,
         mx = block_max(mx, shared);
         float s = 0.f;
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(scale * to_f32(row[c]) - mx);
-        const float inv = 1.f / block_sum(s, shared);
+        const float sum = block_sum(s, shared);
         // NOTE: when out aliases x, each element is read here by the thread that writes it, and the
-        // reductions above finished reading the row before (block_sum ends past a barrier).
+        // reductions above finished reading the row before (block_sum ends past a barrier). A division
+        // (not a multiply by 1/sum) is what PyTorch's softmax does, so a bf16 output rounds the same value.
         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-            orow[c] = from_f32<To>(expf(scale * to_f32(row[c]) - mx) * inv);
+            orow[c] = from_f32<To>(expf(scale * to_f32(row[c]) - mx) / sum);
     }
 }
 

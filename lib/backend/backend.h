@@ -15,6 +15,7 @@
 ///    can be captured into a CUDA graph.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/arena.h"
@@ -48,7 +49,10 @@ struct ScaleParams {
     float beta = 0.0f;
 };
 
-enum class Activation : uint8_t { GeluTanh, GeluErf, Silu, Relu };
+/// GeluTanhStepwise is the tanh GELU written out op by op, 0.5·x · (1 + tanh(√(2/π)·(x + 0.044715·x³))),
+/// as umT5's own GELU module does: on a bf16 backend every one of its eight steps rounds to bf16, as
+/// PyTorch's eager ops do (on f32 it equals GeluTanh up to f32 rounding). Sigmoid is 1 / (1 + e^-x).
+enum class Activation : uint8_t { GeluTanh, GeluErf, Silu, Relu, Sigmoid, GeluTanhStepwise };
 struct ActivationParams {
     Activation kind = Activation::GeluTanh;
 };
@@ -58,9 +62,24 @@ struct LayerNormParams {
     float eps = 1e-5f;
 };
 
-/// RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) [* weight].
+/// RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) [* weight]. On a bf16 output the normalized
+/// value is rounded to bf16 before the weight multiply (Wan/umT5 RMSNorm: `norm(x.float()).type_as(x) * w`).
 struct RmsNormParams {
     float eps = 1e-6f;
+};
+
+/// The Wan VAE's RMS_norm over the last dim (channels-last rows), optionally followed by SiLU:
+/// y = x / max(||x||_2, eps) * scale * weight[c], out = silu ? y / (1 + e^-y) : y.
+/// `eager` picks the rounding points on a bf16/f16 output, mirroring the reference's two regimes:
+///  - false (torch.autocast): the norm runs in f32 and the whole chain rounds once, at the output;
+///  - true (plain bf16 eager ops): ||x|| (f32 sum), max(., eps), the division, * scale, * weight and the
+///    SiLU each round to the output dtype, as PyTorch's bf16 ops do.
+/// On an f32 output both are the same f32 computation. weight [C] is required.
+struct L2NormParams {
+    float eps = 1e-12f;
+    float scale = 1.0f;
+    bool silu = false;
+    bool eager = false;
 };
 
 /// Softmax over the last dim of (scale * x).
@@ -124,6 +143,10 @@ public:
     virtual void fill(const TensorView& dst, float value) = 0;
     /// Wait for all queued work.
     virtual void synchronize() = 0;
+    /// Device memory in use, device-wide (total minus free as the driver reports it: includes the
+    /// context and other processes), in bytes; nullopt where not measured (CPU). Call it between
+    /// forwards only (it may synchronize with the device).
+    virtual std::optional<int64_t> device_memory_in_use() const { return std::nullopt; }
 
     // ---- ops ----------------------------------------------------------------------------------
     virtual void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
@@ -136,6 +159,8 @@ public:
                             const TensorView& bias, const TensorView& out) = 0;
     virtual void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
                           const TensorView& out) = 0;
+    virtual void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
+                         const TensorView& out) = 0;
     virtual void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) = 0;
     virtual void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) = 0;
     virtual void rope(const RopeParams& p, const TensorView& x, const TensorView& table,

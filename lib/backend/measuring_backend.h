@@ -36,6 +36,7 @@ public:
     void layer_norm(const LayerNormParams&, const TensorView&, const TensorView&, const TensorView&,
                     const TensorView&) override {}
     void rms_norm(const RmsNormParams&, const TensorView&, const TensorView&, const TensorView&) override {}
+    void l2_norm(const L2NormParams&, const TensorView&, const TensorView&, const TensorView&) override {}
     void softmax(const SoftmaxParams&, const TensorView&, const TensorView&) override {}
     void reduce(const ReduceParams&, const TensorView&, const TensorView&) override {}
     void rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) override {}

@@ -27,7 +27,10 @@ CategoryLinear CategoryLinear::load(WeightLoader& loader, const std::string& mod
 void CategoryLinear::forward(Backend& be, const TensorView& x, const TensorView& out) const {
     GemmParams p;
     p.trans_b = false;  // W is stored [in, out] and used as x · W
-    be.gemm(p, x, w, b, out);
+    // NOTE: the reference's CategorySpecificLinear is bmm(x, W) + b: two ops, so on bf16 the product is
+    // rounded before the bias is added (a bias epilogue would round once).
+    be.gemm(p, x, w, {}, out);
+    be.add(out, b, out);  // [rows, out] + [out]
 }
 
 StateEncoder::StateEncoder(const DitConfig& cfg, WeightLoader& loader) : hidden_(cfg.hidden_size) {
@@ -58,18 +61,20 @@ void ActionEncoder::forward(Backend& be, const TensorView& action, const TensorV
     check_rows(tau, dim_, "action encoder timestep sinusoid");
     const int64_t A = action.dim(0);
     ArenaScope scope(be.workspace());
-    GemmParams p;
-    p.trans_b = false;
-    // NOTE: W2 · cat[a, τ] = W2[:dim] · a + W2[dim:] · τ; τ is one row shared by every action token,
-    // so its half is one GEMV broadcast over the rows instead of a concatenated [A, 2·dim] input.
-    const TensorView a = be.scratch(Shape{A, dim_});
-    w1_.forward(be, action, a);  // [A, action_dim] -> [A, dim]
+    // NOTE: W2 runs on the concatenation [a, τ] (τ repeated on every row) as one K = 2·dim product, as
+    // the reference does: splitting it into two GEMMs would add a bf16 rounding. Swish is x·sigmoid(x)
+    // as two ops (sigmoid, then the product), again as the reference rounds.
+    const TensorView halves = be.scratch(Shape{2, A, dim_});  // [a | τ repeated] as two planes
+    w1_.forward(be, action, halves.slice(0, 0, 1).reshape(Shape{A, dim_}));  // [A, action_dim] -> [A, dim]
+    const TensorView tau_rows(tau.data, tau.dtype, Shape{A, dim_}, {0, 1}, tau.device);  // τ on every row
+    be.copy(tau_rows, halves.slice(0, 1, 1).reshape(Shape{A, dim_}));
+    const TensorView cat = be.scratch(Shape{A, 2, dim_});
+    be.copy(halves.permute({1, 0, 2}), cat);  // [2, A, dim] -> [A, 2, dim] = cat[a, τ] per row
     const TensorView h = be.scratch(Shape{A, dim_});
-    be.gemm(p, a, w2_.w.view().slice(0, 0, dim_), w2_.b, h);  // [A, dim] -> [A, dim]
-    const TensorView t = be.scratch(Shape{1, dim_});
-    be.gemm(p, tau, w2_.w.view().slice(0, dim_, dim_), {}, t);  // [1, dim] -> [1, dim]
-    be.add(h, t, h);
-    be.activation({Activation::Silu}, h, h);
+    w2_.forward(be, cat.reshape(Shape{A, 2 * dim_}), h);  // [A, 2·dim] -> [A, dim]
+    const TensorView sig = be.scratch(Shape{A, dim_});
+    be.activation({Activation::Sigmoid}, h, sig);
+    be.mul(h, sig, h);
     w3_.forward(be, h, out);  // [A, dim] -> [A, dim]
 }
 

@@ -367,7 +367,10 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
         be.copy(in.y, latent.slice(0, c.out_dim, c.in_dim - c.out_dim));
         const TensorView patches = be.scratch(Shape{Lv, int64_t(c.in_dim) * ph * pw});
         patchify(be, latent, ph, pw, patches);
-        be.linear(patches, patch_.w, patch_.b, s.x.slice(0, 0, Lv));  // [Lv, in·ph·pw] -> [Lv, C]
+        // NOTE: PyTorch's cuDNN convolution rounds its output before adding the bias (two bf16
+        // roundings); a bias epilogue would round once.
+        be.linear(patches, patch_.w, {}, s.x.slice(0, 0, Lv));  // [Lv, in·ph·pw] -> [Lv, C]
+        be.add(s.x.slice(0, 0, Lv), patch_.b, s.x.slice(0, 0, Lv));
     }
     if (opt.trace) opt.trace("patch_embed", -1, s.x.slice(0, 0, Lv));
     if (opt.check_finite) check_finite(be, s.x.slice(0, 0, Lv), "patch embedding", -1);

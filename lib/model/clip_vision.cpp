@@ -80,20 +80,32 @@ size_t ClipVision::forward_workspace_bytes(DType dtype) const {
 
 size_t ClipVision::workspace_bytes(DType dtype) const {
     const size_t s = size_t(cfg_.image_size);
-    return aligned(3 * s * s * dtype_size(dtype)) +
-           std::max(resize_.workspace_bytes(3, dtype), forward_workspace_bytes(dtype));
+    // pixels, then the larger of preprocess (an f32 image unless dtype is f32, then the resize from a frame
+    // in dtype; its bound also covers a dtype output) and forward
+    const size_t prep = (dtype == DType::F32 ? 0 : aligned(3 * s * s * 4)) + resize_.workspace_bytes(3, dtype);
+    return aligned(3 * s * s * dtype_size(dtype)) + std::max(prep, forward_workspace_bytes(dtype));
 }
 
 void ClipVision::preprocess(Backend& be, const TensorView& frame, const TensorView& pixels) const {
     DZR_CHECK(!layers_.empty(), "CLIP: preprocess() on an encoder that was never loaded");
     DZR_CHECK(frame.rank() == 3 && frame.dim(0) == 3, "CLIP: input frame must be [3, {}, {}], got {}",
               resize_.in_height(), resize_.in_width(), frame.str());
-    resize_.apply(be, frame, pixels);  // [3, H, W] -> [3, S, S]
-    // (x·0.5 + 0.5 − mean) / std = x·(0.5 / std) + (0.5 − mean) / std, per channel
+    DZR_CHECK(pixels.rank() == 3 && pixels.dim(0) == 3 && pixels.dim(1) == cfg_.image_size &&
+                  pixels.dim(2) == cfg_.image_size && pixels.dtype == be.compute_dtype() && pixels.is_contiguous(),
+              "CLIP: pixels must be a contiguous {}[3, {}, {}], got {}", dtype_name(be.compute_dtype()),
+              cfg_.image_size, cfg_.image_size, pixels.str());
+    // NOTE: the reference resizes and normalizes in f32 (the bf16 frame converted to f32) and rounds to
+    // the tower's dtype once at the end; each step below is one of its f32 ops, in its order.
+    ArenaScope scope(be.workspace());
+    const TensorView x = pixels.dtype == DType::F32 ? pixels : be.scratch(pixels.shape, DType::F32);
+    resize_.apply(be, frame, x);                      // [3, H, W] -> f32 [3, S, S]
+    be.scale(ScaleParams{0.5f, 0.5f}, x, x);          // x·0.5 + 0.5 (x·0.5 is exact)
     for (int c = 0; c < 3; ++c) {
-        const TensorView ch = pixels.slice(0, c, 1);
-        be.scale(ScaleParams{0.5f / kClipStd[size_t(c)], (0.5f - kClipMean[size_t(c)]) / kClipStd[size_t(c)]},
-                 ch, ch);
+        const TensorView ch = x.slice(0, c, 1);
+        be.scale(ScaleParams{1.0f, -kClipMean[size_t(c)]}, ch, ch);  // − mean
+        // NOTE: / std as · (1 / std): the backends have no division; this differs from the reference's
+        // f32 division by at most an ulp of f32, far below the final bf16 rounding.
+        be.scale(ScaleParams{float(1.0 / double(kClipStd[size_t(c)])), 0.0f}, ch, pixels.slice(0, c, 1));
     }
 }
 

@@ -7,6 +7,10 @@
 /// mean/std. Tower: patch embedding (conv, kernel = stride = patch, no bias), class token, positional
 /// embedding, pre_norm LayerNorm, then the first `use_layers` pre-norm blocks
 /// x += proj(SDPA(LN1(x))), x += fc2(gelu_erf(fc1(LN2(x)))). No post_norm, no head: all tokens out.
+///
+/// Precision (bf16 backend), as the reference under bf16 autocast: the preprocessing runs in f32 from
+/// the bf16 frame and rounds once, to the pixels; the patch GEMM, the positional add, each LayerNorm
+/// (f32 inside), each Linear (bias in the epilogue), the GELU and each residual add round once.
 #include <array>
 #include <cstddef>
 #include <functional>
@@ -37,7 +41,7 @@ class ClipVision {
     ClipVision(WeightLoader& loader, const ClipConfig& cfg, int input_height, int input_width);
 
     /// frame: [3, input_height, input_width] in [-1, 1]; pixels: [3, image_size, image_size], both
-    /// contiguous in the compute dtype.
+    /// contiguous in the compute dtype. The resize and the normalization run in f32 (workspace).
     void preprocess(Backend& be, const TensorView& frame, const TensorView& pixels) const;
     /// pixels (preprocessed): [3, image_size, image_size]; out: [num_tokens, width], compute dtype.
     void forward(Backend& be, const TensorView& pixels, const TensorView& out,

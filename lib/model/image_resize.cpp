@@ -62,7 +62,7 @@ BicubicResize::BicubicResize(Backend& be, int in_height, int in_width, int out_h
 
 size_t BicubicResize::workspace_bytes(int channels, DType dtype) const {
     const size_t c = size_t(channels);
-    size_t bytes = aligned(c * size_t(out_h_) * size_t(in_w_) * 4);  // f32 row pass
+    size_t bytes = aligned(c * size_t(in_h_) * size_t(out_w_) * 4);  // f32 column pass
     if (dtype != DType::F32) {
         bytes += aligned(c * size_t(in_h_) * size_t(in_w_) * 4);    // f32 copy of the input
         bytes += aligned(c * size_t(out_h_) * size_t(out_w_) * 4);  // f32 output before conversion
@@ -86,14 +86,16 @@ void BicubicResize::apply(Backend& be, const TensorView& src, const TensorView& 
         in = be.scratch(src.shape, DType::F32);
         be.copy(src, in);
     }
-    // Rows: tmp[c] = Wy · src[c]   [out_h, in_h] · [in_h, in_w] -> [out_h, in_w] (Wy broadcast over c)
+    // NOTE: x first, then y, the order of PyTorch's kernel (it interpolates four input rows along x, then
+    // combines them along y), so the f32 sums associate the same way.
+    // Columns: tmp = src · Wxᵀ   [C·in_h, in_w] · [in_w, out_w] -> [C·in_h, out_w]
+    const TensorView tmp = be.scratch(Shape{c, in_h_, out_w_}, DType::F32);
+    be.gemm(GemmParams{false, true, 1.0f, 0.0f}, in.reshape(Shape{c * in_h_, in_w_}), wx_,
+            {}, tmp.reshape(Shape{c * in_h_, out_w_}));
+    // Rows: out[c] = Wy · tmp[c]   [out_h, in_h] · [in_h, out_w] -> [out_h, out_w] (Wy broadcast over c)
     const TensorView wy_b(wy_.data(), DType::F32, Shape{c, out_h_, in_h_}, Shape{0, in_h_, 1}, wy_.device());
-    const TensorView tmp = be.scratch(Shape{c, out_h_, in_w_}, DType::F32);
-    be.gemm(GemmParams{false, false, 1.0f, 0.0f}, wy_b, in, {}, tmp);
-    // Columns: out[c] = tmp[c] · Wxᵀ   [out_h, in_w] · [in_w, out_w] -> [out_h, out_w]
-    const TensorView wx_b(wx_.data(), DType::F32, Shape{c, out_w_, in_w_}, Shape{0, in_w_, 1}, wx_.device());
     const TensorView out = dst.dtype == DType::F32 ? dst : be.scratch(dst.shape, DType::F32);
-    be.gemm(GemmParams{false, true, 1.0f, 0.0f}, tmp, wx_b, {}, out);
+    be.gemm(GemmParams{false, false, 1.0f, 0.0f}, wy_b, tmp, {}, out);
     if (out.data != dst.data) be.copy(out, dst);
 }
 

@@ -22,7 +22,7 @@ inline constexpr float kBicubicA = -0.75f;
 std::vector<float> bicubic_weight_matrix(int in_size, int out_size);
 
 /// A bicubic resize between fixed sizes on a backend. The f32 interpolation matrices are uploaded once
-/// at construction; apply() makes two batched f32 GEMMs on workspace buffers (converting a non-f32
+/// at construction; apply() makes two f32 GEMMs (along x, then y) on workspace buffers (converting a non-f32
 /// image to f32 and back, as PyTorch accumulates bicubic taps in f32 for bf16 images).
 class BicubicResize {
   public:

@@ -54,9 +54,9 @@ Umt5Encoder::Umt5Encoder(WeightLoader& loader, const T5Config& cfg) : cfg_(cfg) 
         l.k = loader.require(keys::t5_block(i) + "attn.k.weight", Shape{da, d});
         l.v = loader.require(keys::t5_block(i) + "attn.v.weight", Shape{da, d});
         l.o = loader.require(keys::t5_block(i) + "attn.o.weight", Shape{d, da});
-        // NOTE: f32 on every backend: the bias GEMM and the attention bias are f32.
+        // NOTE: in the compute dtype, as the reference's bias is its bf16 embedding rows.
         l.pos_table = loader.require(keys::t5_block(i) + "pos_embedding.embedding.weight",
-                                     Shape{cfg.num_buckets, cfg.num_heads}, DType::F32);
+                                     Shape{cfg.num_buckets, cfg.num_heads});
         l.norm2 = loader.require(keys::t5_block(i) + "norm2.weight", Shape{d});
         l.gate = loader.require(keys::t5_block(i) + "ffn.gate.0.weight", Shape{f, d});
         l.fc1 = loader.require(keys::t5_block(i) + "ffn.fc1.weight", Shape{f, d});
@@ -71,17 +71,19 @@ Umt5Encoder::Umt5Encoder(WeightLoader& loader, const T5Config& cfg) : cfg_(cfg) 
         for (int64_t k = 0; k < len; ++k)
             p[t5_relative_bucket(k - q, cfg.num_buckets) * len * len + q * len + k] = 1.0f;
     Backend& be = loader.backend();
-    bucket_onehot_ = be.alloc(onehot.shape(), DType::F32);
+    // NOTE: 0 and 1 are exact in bf16, and each bias entry is one table value times 1 summed with zeros,
+    // so the bias GEMM reproduces the table entries exactly in the compute dtype.
+    bucket_onehot_ = be.alloc(onehot.shape(), be.compute_dtype());
     be.upload(onehot, bucket_onehot_);
 }
 
 size_t Umt5Encoder::workspace_bytes(DType dtype) const {
     const size_t es = dtype_size(dtype), len = size_t(cfg_.text_len);
-    return 2 * aligned(len * size_t(cfg_.dim) * es) +         // x, h
-           4 * aligned(len * size_t(cfg_.dim_attn) * es) +    // q, k, v, attention output
-           2 * aligned(len * size_t(cfg_.ffn_dim) * es) +     // gate, fc1
-           aligned(size_t(cfg_.num_heads) * len * len * 4) +  // f32 bias
-           aligned(len * 4);                                  // f32 key mask
+    return 2 * aligned(len * size_t(cfg_.dim) * es) +          // x, h
+           4 * aligned(len * size_t(cfg_.dim_attn) * es) +     // q, k, v, attention output
+           2 * aligned(len * size_t(cfg_.ffn_dim) * es) +      // gate, fc1
+           2 * aligned(size_t(cfg_.num_heads) * len * len * es) +  // bias (then probabilities), logits
+           aligned(len * es);                                  // key mask
 }
 
 void Umt5Encoder::attention_bias(Backend& be, int layer, int num_tokens, const TensorView& out) const {
@@ -90,18 +92,20 @@ void Umt5Encoder::attention_bias(Backend& be, int layer, int num_tokens, const T
     const int64_t len = cfg_.text_len, nh = cfg_.num_heads;
     DZR_CHECK(num_tokens >= 1 && num_tokens <= len, "umT5: number of real tokens must be in [1, {}], got {}",
               len, num_tokens);
-    DZR_CHECK(out.rank() == 3 && out.dim(0) == nh && out.dim(1) == len && out.dim(2) == len &&
-                  out.dtype == DType::F32 && out.is_contiguous(),
-              "umT5: attention bias must be a contiguous f32[{}, {}, {}], got {}", nh, len, len, out.str());
+    const DType dt = be.compute_dtype();
+    DZR_CHECK(out.rank() == 3 && out.dim(0) == nh && out.dim(1) == len && out.dim(2) == len && out.dtype == dt &&
+                  out.is_contiguous(),
+              "umT5: attention bias must be a contiguous {}[{}, {}, {}], got {}", dtype_name(dt), nh, len, len,
+              out.str());
     ArenaScope scope(be.workspace());
     // Relative positions: [B, H]ᵀ · [B, L·L] -> [H, L·L] = [H, L, L]
     be.gemm(GemmParams{true, false, 1.0f, 0.0f}, layers_[size_t(layer)].pos_table, bucket_onehot_, {},
             out.reshape(Shape{nh, len * len}));
     // Key padding mask over the last (key) dim: 0 for real keys, the masked logit for padding.
-    // NOTE: pos_bias + kT5MaskedLogit rounds to exactly kT5MaskedLogit (|pos_bias| is far below half an
-    // ulp of it), which is the reference's masked_fill.
+    // NOTE: pos_bias + kT5MaskedLogit rounds to exactly kT5MaskedLogit in f32 and bf16 (|pos_bias| is far
+    // below half an ulp of it), which is the reference's masked_fill_ of its bias before the logits add.
     if (num_tokens < len) {
-        const TensorView key_mask = be.scratch(Shape{len}, DType::F32);
+        const TensorView key_mask = be.scratch(Shape{len});
         be.fill(key_mask.slice(0, 0, num_tokens), 0.0f);
         be.fill(key_mask.slice(0, num_tokens, len - num_tokens), kT5MaskedLogit);
         be.add(out, key_mask, out);  // [H, L, L] + [L]
@@ -134,7 +138,10 @@ void Umt5Encoder::forward(Backend& be, std::span<const int32_t> ids, int num_tok
     const TensorView att = be.scratch(Shape{len, da});
     const TensorView g = be.scratch(Shape{len, cfg_.ffn_dim});
     const TensorView f = be.scratch(Shape{len, cfg_.ffn_dim});
-    const TensorView bias = be.scratch(Shape{nh, len, len}, DType::F32);
+    const TensorView bias = be.scratch(Shape{nh, len, len});    // the bias, then the probabilities
+    const TensorView logits = be.scratch(Shape{nh, len, len});  // the logits, then logits + bias
+    // Per-head views of the [L, da] projections: [L, da] -> [L, H, hd] -> [H, L, hd] (strides hd, da, 1)
+    const auto heads = [&](const TensorView& t) { return t.reshape(Shape{len, nh, hd}).permute({1, 0, 2}); };
 
     // Token embedding: one row copy per position of the resident [vocab, d] table.
     for (int64_t i = 0; i < len; ++i)
@@ -149,15 +156,21 @@ void Umt5Encoder::forward(Backend& be, std::span<const int32_t> ids, int num_tok
         be.linear(h, l.k, {}, k);
         be.linear(h, l.v, {}, v);
         attention_bias(be, i, num_tokens, bias);
-        // T5 attention has no 1/sqrt(head_dim) scale. [L, da] -> [L, H, hd]
-        be.attention(AttentionParams{1.0f}, q.reshape(Shape{len, nh, hd}), k.reshape(Shape{len, nh, hd}),
-                     v.reshape(Shape{len, nh, hd}), bias, att.reshape(Shape{len, nh, hd}));
+        // NOTE: written out op by op, as the reference's eager attention rounds (on bf16) after each
+        // step: logits = q kᵀ (no 1/sqrt(head_dim) scale in T5), logits + bias, softmax in f32, p v.
+        // [H, L, hd] x [H, L, hd]ᵀ -> [H, L, L]
+        be.gemm(GemmParams{false, true, 1.0f, 0.0f}, heads(q), heads(k), {}, logits);
+        be.add(logits, bias, logits);
+        be.softmax(SoftmaxParams{1.0f}, logits, bias);
+        // [H, L, L] x [H, L, hd] -> [H, L, hd], written through the permuted view into att [L, H·hd]
+        be.gemm(GemmParams{false, false, 1.0f, 0.0f}, bias, heads(v), {}, heads(att));
         be.linear(att, l.o, {}, h);  // [L, da] -> [L, d]
         be.add(x, h, x);
 
         be.rms_norm(norm, x, l.norm2, h);
         be.linear(h, l.gate, {}, g);  // [L, d] -> [L, ffn]
-        be.activation(ActivationParams{Activation::GeluTanh}, g, g);
+        // NOTE: umT5's own GELU module is eight eager ops (eight bf16 roundings), not the fused tanh GELU.
+        be.activation(ActivationParams{Activation::GeluTanhStepwise}, g, g);
         be.linear(h, l.fc1, {}, f);  // [L, d] -> [L, ffn]
         be.mul(f, g, f);
         be.linear(f, l.fc2, {}, h);  // [L, ffn] -> [L, d]

@@ -6,6 +6,11 @@
 /// and no bias; attention has no 1/sqrt(d) scale, a per-layer relative-position bias and a key
 /// padding mask; the FFN is fc2(fc1(x) ⊙ gelu_tanh(gate(x))). A final RMSNorm follows, and rows at
 /// positions >= the number of real tokens are set to zero.
+///
+/// Precision: on a bf16 backend every intermediate the reference's eager bf16 forward rounds is rounded
+/// here too, and nothing else: q kᵀ, (q kᵀ + bias), the softmax probabilities (computed in f32), p v,
+/// each GELU step (Activation::GeluTanhStepwise), the normalized value inside RMSNorm, every Linear
+/// output and every residual add. The relative-position bias is held in the compute dtype.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -50,9 +55,10 @@ class Umt5Encoder {
     void forward(Backend& be, std::span<const int32_t> ids, int num_tokens, const TensorView& out,
                  const TraceFn& trace = {}) const;
 
-    /// The f32 attention bias [num_heads, text_len, text_len] of layer `layer` for a prompt of
-    /// `num_tokens` real tokens: bias[h, q, k] = pos_table[bucket(k − q), h] for k < num_tokens, and
-    /// kT5MaskedLogit for padding keys k >= num_tokens. forward() calls it once per layer.
+    /// The attention bias [num_heads, text_len, text_len] (compute dtype, contiguous) of layer `layer`
+    /// for a prompt of `num_tokens` real tokens: bias[h, q, k] = pos_table[bucket(k − q), h] for
+    /// k < num_tokens, and kT5MaskedLogit for padding keys k >= num_tokens. forward() calls it once per
+    /// layer.
     void attention_bias(Backend& be, int layer, int num_tokens, const TensorView& out) const;
 
     /// Workspace bytes forward() takes (an upper bound including arena alignment).
@@ -65,7 +71,7 @@ class Umt5Encoder {
         Tensor norm1;      // [dim]
         Tensor q, k, v;    // [dim_attn, dim]
         Tensor o;          // [dim, dim_attn]
-        Tensor pos_table;  // f32 [num_buckets, num_heads]
+        Tensor pos_table;  // [num_buckets, num_heads]
         Tensor norm2;      // [dim]
         Tensor gate;       // [ffn_dim, dim]
         Tensor fc1;        // [ffn_dim, dim]
@@ -76,10 +82,10 @@ class Umt5Encoder {
     Tensor token_embedding_;  // [vocab, dim]
     std::vector<Layer> layers_;
     Tensor norm_;  // [dim]
-    // NOTE: the bias of every layer is pos_tableᵀ · onehot: f32 [num_buckets, text_len²] with a 1 at
-    // (bucket(k − q), q·text_len + k). Built once at load (32 MiB at the real 32 × 512²) so a layer's
-    // [H, L, L] bias is one GEMM into reused scratch (64 MiB at the real 64 heads), instead of keeping
-    // 24 precomputed biases (1.5 GiB).
+    // NOTE: the bias of every layer is pos_tableᵀ · onehot: [num_buckets, text_len²] (compute dtype) with
+    // a 1 at (bucket(k − q), q·text_len + k). Built once at load (16 MiB in bf16 at the real 32 × 512²)
+    // so a layer's [H, L, L] bias is one GEMM into reused scratch (32 MiB in bf16 at the real 64 heads),
+    // instead of keeping 24 precomputed biases.
     Tensor bucket_onehot_;
 };
 

@@ -82,7 +82,7 @@ void start_caches(Backend& be, WanVae::Net& net, const NetPlan& plan) {
 /// One chunk through `net`: block outputs alternate between `ping` and `pong`; the returned view
 /// (the head output) lives in one of them.
 TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cached, const TensorView& ping,
-                   const TensorView& pong) {
+                   const TensorView& pong, VaePrecision precision) {
     vae::TemporalCache* caches = cached ? net.caches.data() : nullptr;
     auto cache = [&](int slot) { return caches && slot >= 0 ? caches + slot : nullptr; };
     const TensorView* bufs[2] = {&ping, &pong};
@@ -102,7 +102,9 @@ TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cach
             [&](const auto& b) {
                 using B = std::decay_t<decltype(b)>;
                 if constexpr (std::is_same_v<B, AttentionBlock>)
-                    b.forward(be, cur, out);
+                    b.forward(be, cur, out, precision);
+                else if constexpr (std::is_same_v<B, ResidualBlock>)
+                    b.forward(be, cur, c, out, precision);
                 else
                     b.forward(be, cur, c, out);
             },
@@ -110,7 +112,7 @@ TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cach
         cur = out;
     }
     TensorView out = next(Shape{net.head_conv.out_channels(), cur.dim(1), cur.dim(2), cur.dim(3)});
-    net.head_conv.forward_normed(be, net.head_norm, cur, cache(net.num_caches - 1), out);
+    net.head_conv.forward_normed(be, net.head_norm, cur, cache(net.num_caches - 1), out, precision);
     return out;
 }
 
@@ -277,7 +279,8 @@ Shape WanVae::conditioning_shape(int num_frames, int64_t height, int64_t width) 
     return s;
 }
 
-void WanVae::encode(const TensorView& video, const TensorView& latent, VaeSchedule schedule) {
+void WanVae::encode(const TensorView& video, const TensorView& latent, VaePrecision precision,
+                    VaeSchedule schedule) {
     const Shape lat = latent_shape(video.shape);
     check_io(be_, video, video.shape, "encode", "video");
     check_io(be_, latent, lat, "encode", "latent");
@@ -298,7 +301,7 @@ void WanVae::encode(const TensorView& video, const TensorView& latent, VaeSchedu
         ArenaScope chunk(be_.workspace());
         TensorView x = be_.scratch(Shape{3, frames, H, W});
         be_.copy(video.slice(1, t0, frames), x);
-        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong);  // [2z, frames', h, w]
+        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, precision);  // [2z, frames', h, w]
         TensorView moments = be_.scratch(h.shape);
         conv1_.forward(be_, h, nullptr, moments);
         // mu = moments[:z] (the log-variance half is unused); latent = (mu - mean) * (1 / std), with 1/std
@@ -317,7 +320,8 @@ void WanVae::encode(const TensorView& video, const TensorView& latent, VaeSchedu
     }
 }
 
-void WanVae::encode_conditioning(const TensorView& frame, int num_frames, const TensorView& ys) {
+void WanVae::encode_conditioning(const TensorView& frame, int num_frames, const TensorView& ys,
+                                 VaePrecision precision) {
     DZR_CHECK(frame.rank() == 3 && frame.dim(0) == 3, "vae conditioning: frame must be [3, H, W], got {}",
               frame.str());
     const int64_t H = frame.dim(1), W = frame.dim(2);
@@ -335,7 +339,7 @@ void WanVae::encode_conditioning(const TensorView& frame, int num_frames, const 
         be_.fill(ys.slice(0, c, 1), 0.0f);
         be_.fill(ys.slice(0, c, 1).slice(1, 0, 1), 1.0f);
     }
-    encode(clip, ys.slice(0, kMaskChannels, config_.z_dim));
+    encode(clip, ys.slice(0, kMaskChannels, config_.z_dim), precision);
 }
 
 void WanVae::decode(const TensorView& latent, const TensorView& video, VaeSchedule schedule) {
@@ -368,7 +372,7 @@ void WanVae::decode(const TensorView& latent, const TensorView& video, VaeSchedu
                       latent.slice(0, c, 1).slice(1, k0, frames), zc.slice(0, c, 1));
         TensorView x = be_.scratch(zc.shape);
         conv2_.forward(be_, zc, nullptr, x);
-        const TensorView out = run_net(be_, decoder_, x, chunked, ping, pong);  // [3, frames', H, W]
+        const TensorView out = run_net(be_, decoder_, x, chunked, ping, pong, VaePrecision::Eager);  // [3, frames', H, W]
         vae::clamp_unit(be_, out, out);
         const int64_t vf = out.dim(1);
         DZR_ASSERT(v0 + vf <= vs[1]);

@@ -59,14 +59,20 @@ class WanVae {
     Shape conditioning_shape(int num_frames, int64_t height, int64_t width) const;
 
     /// latent = (mu - mean) / std, mu = the first z_dim channels of conv1(encoder(video)).
-    void encode(const TensorView& video, const TensorView& latent,
+    /// `precision`: the default, Eager, is how the reference encodes the observed clip (encode_video,
+    /// no autocast).
+    void encode(const TensorView& video, const TensorView& latent, VaePrecision precision = VaePrecision::Eager,
                 VaeSchedule schedule = VaeSchedule::Chunked);
 
     /// `ys` of the first-frame conditioning: the encode of [frame, num_frames - 1 zero frames] with a
     /// 4-channel mask prepended (1 at latent frame 0, 0 elsewhere). frame: [3, H, W] in [-1, 1].
-    void encode_conditioning(const TensorView& frame, int num_frames, const TensorView& ys);
+    /// `precision`: the default, Autocast, is how the reference computes `ys` (encode_image runs under
+    /// torch.autocast(bf16)).
+    void encode_conditioning(const TensorView& frame, int num_frames, const TensorView& ys,
+                             VaePrecision precision = VaePrecision::Autocast);
 
-    /// video = clamp(decoder(conv2(latent * std + mean)), -1, 1).
+    /// video = clamp(decoder(conv2(latent * std + mean)), -1, 1). Rounds as plain bf16 eager ops
+    /// (VaePrecision::Eager).
     void decode(const TensorView& latent, const TensorView& video,
                 VaeSchedule schedule = VaeSchedule::Chunked);
 

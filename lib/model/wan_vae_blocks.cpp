@@ -8,10 +8,6 @@
 namespace dzr::vae {
 namespace {
 
-ActivationParams silu() {
-    return ActivationParams{Activation::Silu};
-}
-
 void check_activation(const TensorView& x, const char* what) {
     DZR_CHECK(x.rank() == 4, "vae: {} must be [C, T, H, W], got {}", what, x.str());
 }
@@ -25,8 +21,11 @@ TensorView one_head(const TensorView& cols) {
 /// Assembles the conv input [C, n + T, H, W] = [cache frames | f(x)] channels-first, with f =
 /// SiLU(norm(.)) when norm is given, else identity, and moves the newest kCacheFrames frames of that
 /// sequence into the cache. n = cache->frames (0 without cache).
-void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, TemporalCache* cache,
-              const TensorView& input) {
+/// NOTE: under autocast the reference caches the f32 SiLU output and rounds it at the conv's input
+/// cast; the cache here holds the already rounded conv input, which is the same numbers (a cached
+/// frame is only ever used as conv input).
+void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, VaePrecision precision,
+              TemporalCache* cache, const TensorView& input) {
     ArenaScope scope(be.workspace());
     const int64_t C = x.dim(0), T = x.dim(1), HW = x.dim(2) * x.dim(3);
     const int64_t n = cache ? cache->frames : 0;
@@ -38,9 +37,9 @@ void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, Temp
             TensorView xcl = be.scratch(Shape{T, HW, C});
             to_channels_last(be, x, xcl);
             // [T, HW, C] -> [T*HW, C] rows
-            norm->forward_rows(be, xcl.reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}));
+            norm->forward_rows(be, xcl.reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}), precision,
+                               true);
         }
-        be.activation(silu(), tail, tail);
     } else {
         to_channels_last(be, x, tail);
     }
@@ -112,9 +111,16 @@ void ChannelRmsNorm::load(WeightLoader& loader, const std::string& key, int chan
     gamma_vec_ = gamma_.view().reshape(Shape{channels});  // [C, 1, 1(, 1)] -> [C]
 }
 
-void ChannelRmsNorm::forward_rows(Backend& be, const TensorView& x, const TensorView& out) const {
+void ChannelRmsNorm::forward_rows(Backend& be, const TensorView& x, const TensorView& out,
+                                  VaePrecision precision, bool silu) const {
     DZR_ASSERT(x.cols() == channels_);
-    be.rms_norm(RmsNormParams{eps()}, x, gamma_vec_, out);
+    L2NormParams p;
+    p.eps = kNormEps;
+    // NOTE: the reference's scale is the Python float C ** 0.5, which a tensor op uses as float.
+    p.scale = float(std::sqrt(double(channels_)));
+    p.silu = silu;
+    p.eager = precision == VaePrecision::Eager;
+    be.l2_norm(p, x, gamma_vec_, out);
 }
 
 // ---- CausalConv3d ------------------------------------------------------------------------------
@@ -160,19 +166,19 @@ void CausalConv3d::forward(Backend& be, const TensorView& x, TemporalCache* cach
     }
     ArenaScope scope(be.workspace());
     TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
-    assemble(be, x, nullptr, cache, input);
+    assemble(be, x, nullptr, VaePrecision::Eager, cache, input);
     convolve(be, input, hist - n, 1, out);
 }
 
 void CausalConv3d::forward_normed(Backend& be, const ChannelRmsNorm& norm, const TensorView& x,
-                                  TemporalCache* cache, const TensorView& out) const {
+                                  TemporalCache* cache, const TensorView& out, VaePrecision precision) const {
     check_activation(x, "causal conv input");
     DZR_ASSERT(x.dim(0) == in_ && norm.channels() == in_ && out.dim(0) == out_ && out.dim(1) == x.dim(1));
     DZR_ASSERT(history() > 0 || cache == nullptr);
     const int n = cache ? cache->frames : 0;
     ArenaScope scope(be.workspace());
     TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
-    assemble(be, x, &norm, cache, input);
+    assemble(be, x, &norm, precision, cache, input);
     convolve(be, input, history() - n, 1, out);
 }
 
@@ -190,14 +196,14 @@ void ResidualBlock::load(WeightLoader& loader, const std::string& path, int in_c
     }
 }
 
-void ResidualBlock::forward(Backend& be, const TensorView& x, TemporalCache* caches,
-                            const TensorView& out) const {
+void ResidualBlock::forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out,
+                            VaePrecision precision) const {
     check_activation(x, "residual block input");
     DZR_ASSERT(x.is_contiguous() && out.shape == (Shape{out_channels(), x.dim(1), x.dim(2), x.dim(3)}));
     ArenaScope scope(be.workspace());
     TensorView mid = be.scratch(out.shape);
-    conv1_.forward_normed(be, norm1_, x, caches ? &caches[0] : nullptr, mid);
-    conv2_.forward_normed(be, norm2_, mid, caches ? &caches[1] : nullptr, out);
+    conv1_.forward_normed(be, norm1_, x, caches ? &caches[0] : nullptr, mid, precision);
+    conv2_.forward_normed(be, norm2_, mid, caches ? &caches[1] : nullptr, out, precision);
     if (shortcut_) {
         shortcut_->forward(be, x, nullptr, mid);  // mid is free again: reuse it for the shortcut
         be.add(out, mid, out);
@@ -220,7 +226,8 @@ void AttentionBlock::load(WeightLoader& loader, const std::string& path, int cha
     proj_w2_ = proj_w_.view().reshape(Shape{C, C});    // [C, C, 1, 1] -> [C, C]
 }
 
-void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView& out) const {
+void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView& out,
+                             VaePrecision precision) const {
     check_activation(x, "attention block input");
     const int64_t C = channels_, T = x.dim(1), L = x.dim(2) * x.dim(3);
     DZR_ASSERT(x.dim(0) == C && x.is_contiguous() && out.shape == x.shape);
@@ -230,7 +237,7 @@ void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView&
         ArenaScope tmp(be.workspace());
         TensorView xcl = be.scratch(Shape{T, L, C});
         to_channels_last(be, x, xcl);  // [C, T, H, W] -> [T, L, C]
-        norm_.forward_rows(be, xcl.reshape(Shape{T * L, C}), xn.reshape(Shape{T * L, C}));
+        norm_.forward_rows(be, xcl.reshape(Shape{T * L, C}), xn.reshape(Shape{T * L, C}), precision, false);
     }
     TensorView y = be.scratch(Shape{T, L, C});
     TensorView qkv = be.scratch(Shape{L, 3 * C});
@@ -239,14 +246,19 @@ void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView&
     const AttentionParams attn{float(1.0 / std::sqrt(double(C)))};
     // NOTE: one frame at a time (the reference folds time into the batch): every GEMM has the same
     // shape whatever the chunking, which keeps chunked and whole-clip passes bit-identical on CPU.
+    // The reference's to_qkv and proj are Conv2d 1x1 run by cuDNN, which adds the bias to the rounded
+    // product (two roundings in bf16), hence a GEMM without bias and a separate add, not a GEMM epilogue.
     for (int64_t t = 0; t < T; ++t) {
         // [L, C] x [3C, C]^T -> [L, 3C]; columns [q | k | v]
-        be.linear(xn.slice(0, t, 1).reshape(Shape{L, C}), qkv_w2_, qkv_b_, qkv);
+        be.linear(xn.slice(0, t, 1).reshape(Shape{L, C}), qkv_w2_, TensorView{}, qkv);
+        be.add(qkv, qkv_b_, qkv);
         be.copy(one_head(qkv.slice(1, 0, C)), q);  // [L, C] (row stride 3C) -> [L, 1, C]
         be.attention(attn, q, one_head(qkv.slice(1, C, C)), one_head(qkv.slice(1, 2 * C, C)), TensorView{},
                      o);
         // [L, C] x [C, C]^T -> [L, C]
-        be.linear(o.reshape(Shape{L, C}), proj_w2_, proj_b_, y.slice(0, t, 1).reshape(Shape{L, C}));
+        const TensorView yt = y.slice(0, t, 1).reshape(Shape{L, C});
+        be.linear(o.reshape(Shape{L, C}), proj_w2_, TensorView{}, yt);
+        be.add(yt, proj_b_, yt);
     }
     to_channels_first(be, y, out);  // [T, L, C] -> [C, T, H, W]
     be.add(out, x, out);

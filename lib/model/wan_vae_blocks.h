@@ -21,6 +21,21 @@
 #include "backend/backend.h"
 #include "weights/weight_source.h"
 
+namespace dzr {
+
+/// Where a VAE pass rounds on a bf16 backend. The reference runs its VAE encoder in two regimes
+/// (docs/VAE.md "Precision"); on the f32 CPU backend both are the same computation.
+enum class VaePrecision : uint8_t {
+    /// Under torch.autocast(bf16) (encode_image's `ys` encode): RMS_norm and SiLU run in f32 and round
+    /// once, at the next conv's input cast.
+    Autocast,
+    /// Plain bf16 eager ops (encode_video's clip encode): ||x||, the division, * sqrt(C), * gamma and the
+    /// SiLU each round to bf16.
+    Eager,
+};
+
+}  // namespace dzr
+
 namespace dzr::vae {
 
 /// History frames a causal temporal kernel of size 3 needs (reference CACHE_T).
@@ -33,21 +48,20 @@ struct TemporalCache {
     bool started = false;  ///< resample time convs: the first chunk has passed
 };
 
-/// RMS_norm of the VAE: F.normalize over channels (eps 1e-12) * sqrt(C) * gamma, per voxel.
-/// Implemented as Backend::rms_norm on channels-last rows with eps = 1e-24 / C (see eps()).
+/// RMS_norm of the VAE: F.normalize over channels (eps 1e-12) * sqrt(C) * gamma, per voxel, through
+/// Backend::l2_norm on channels-last rows (with the SiLU that follows it fused where there is one).
 class ChannelRmsNorm {
   public:
     /// gamma is stored [C, 1, 1, 1] (3-D blocks) or [C, 1, 1] (the attention block).
     void load(WeightLoader& loader, const std::string& key, int channels, bool images);
     int channels() const { return channels_; }
-    /// rms_norm computes x / sqrt(sum(x^2)/C + eps) = x * sqrt(C) / sqrt(sum(x^2) + C*eps), and
-    /// F.normalize computes x / max(||x||, 1e-12); with C*eps = 1e-24 = (1e-12)^2 both agree to
-    /// rounding wherever ||x|| >> 1e-12, and both give 0 for an all-zero voxel.
-    float eps() const { return kNormEpsSquared / float(channels_); }
-    /// x, out: [N, C] channels-last rows (contiguous).
-    void forward_rows(Backend& be, const TensorView& x, const TensorView& out) const;
+    /// x, out: [N, C] channels-last rows (contiguous); out = SiLU(norm(x)) with `silu`, else norm(x).
+    /// out may alias x.
+    void forward_rows(Backend& be, const TensorView& x, const TensorView& out, VaePrecision precision,
+                      bool silu) const;
 
-    static constexpr float kNormEpsSquared = 1e-24f;
+    /// F.normalize's eps (the clamp of ||x||).
+    static constexpr float kNormEps = 1e-12f;
 
   private:
     Tensor gamma_;
@@ -71,9 +85,9 @@ class CausalConv3d {
     /// out [Co, T, H, W] = conv(x [Ci, T, H, W]). x may be strided. The cache (if any) provides the
     /// previous frames and receives the last kCacheFrames input frames.
     void forward(Backend& be, const TensorView& x, TemporalCache* cache, const TensorView& out) const;
-    /// Same, on SiLU(norm(x)) (the residual blocks and the heads).
+    /// Same, on SiLU(norm(x)) (the residual blocks and the heads), rounded as `precision` says.
     void forward_normed(Backend& be, const ChannelRmsNorm& norm, const TensorView& x, TemporalCache* cache,
-                        const TensorView& out) const;
+                        const TensorView& out, VaePrecision precision) const;
     /// The raw convolution on an assembled, contiguous input [Ci, T', H, W] with `time_pad` zero
     /// frames before it (none after) and the given time stride; spatial padding as loaded.
     void convolve(Backend& be, const TensorView& input, int time_pad, int time_stride,
@@ -94,7 +108,8 @@ class ResidualBlock {
     int in_channels() const { return conv1_.in_channels(); }
     int out_channels() const { return conv2_.out_channels(); }
     /// x [Ci, T, H, W] -> out [Co, T, H, W]; caches: kNumCaches consecutive entries, or nullptr.
-    void forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out) const;
+    void forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out,
+                 VaePrecision precision) const;
 
   private:
     ChannelRmsNorm norm1_, norm2_;
@@ -103,13 +118,14 @@ class ResidualBlock {
 };
 
 /// Single-head spatial self-attention per frame: RMS over channels, 1x1 qkv, SDPA over the H*W
-/// tokens of the frame (scale 1/sqrt(C)), 1x1 proj, residual (keys norm / to_qkv / proj).
+/// tokens of the frame (scale 1/sqrt(C)), 1x1 proj, residual (keys norm / to_qkv / proj). The 1x1
+/// convs add their bias after the product (two roundings on bf16, as cuDNN's conv + bias add).
 class AttentionBlock {
   public:
     void load(WeightLoader& loader, const std::string& path, int channels);
     int channels() const { return channels_; }
     /// x, out: [C, T, H, W].
-    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
+    void forward(Backend& be, const TensorView& x, const TensorView& out, VaePrecision precision) const;
 
   private:
     ChannelRmsNorm norm_;

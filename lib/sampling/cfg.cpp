@@ -20,8 +20,10 @@ void apply_cfg(Backend& be, const TensorView& v_cond, const TensorView& v_uncond
     DZR_CHECK(out.data != v_uncond.data || out.numel() == 0, "cfg: out must not alias v_uncond");
     const Shape flat{out.numel()};
     const TensorView c = v_cond.reshape(flat), u = v_uncond.reshape(flat), o = out.reshape(flat);
+    // Three eager ops, each rounding on bf16, as the reference's trace shows: sub.Tensor(bf16, bf16),
+    // mul.Tensor(bf16, 5) (a Python scalar, exact), add.Tensor(bf16, bf16).
     be.binary({BinaryOp::Sub}, c, u, o);  // [N] cond - uncond
-    be.scale({scale, 0.f}, o, o);         // [N] * scale
+    be.scale({scale, -0.f}, o, o);        // [N] * scale (beta -0: an exact multiply, sign of zero kept)
     be.add(o, u, o);                      // [N] + uncond
 }
 

@@ -1,4 +1,5 @@
-// FlowUniPC schedule, folded per-step coefficients, the Backend sampler and the literal host port.
+// FlowUniPC schedule, per-step scalars, the Backend sampler (the reference's op sequence) and the
+// literal host port.
 // NOTE: the scalar primitives are evaluated in float32 in the official operation order
 // (alpha = 1 - sigma, lambda = log(alpha) - log(sigma), h, hh = -h, expm1, the 2x2 solve), because
 // the official scheduler keeps its sigmas as float32 tensors and does this arithmetic on 0-dim
@@ -11,6 +12,7 @@
 
 #include "core/arena.h"
 #include "core/error.h"
+#include "core/half.h"
 
 namespace dzr {
 namespace {
@@ -61,22 +63,37 @@ TensorView flat(const TensorView& t) {
     return t.reshape(Shape{t.numel()});
 }  // [...] -> [numel]
 
-// out = sum_k coef_k * t_k over the terms with a non-zero coefficient (zero terms are skipped so
-// unset history buffers are never read). `tmp` is a scratch buffer of out's shape and dtype.
-void linear_combination(Backend& be, const TensorView& out,
-                        std::initializer_list<std::pair<float, TensorView>> terms, const TensorView& tmp) {
-    bool first = true;
-    for (const auto& [coef, t] : terms) {
-        if (coef == 0.f) continue;
-        if (first) {
-            be.scale({coef, 0.f}, t, out);
-            first = false;
+// The scalars of one update from sigma_s0 = sg[s0] to sigma_t = sg[t] (official
+// multistep_uni_{p,c}_bh_update, predict_x0, bh2), in its float32 operation order. `s1` is the source
+// of the step before (order 2 only).
+UniPCUpdate make_update(const std::vector<float>& sg, int t, int s0, int s1, int order, bool corrector) {
+    UniPCUpdate u;
+    u.order = order;
+    const float sigma_t = sg[size_t(t)], sigma_s0 = sg[size_t(s0)];
+    const float alpha_t = 1.f - sigma_t;
+    const float lambda_s0 = lambda_of(sigma_s0);
+    const float h = lambda_of(sigma_t) - lambda_s0;
+    if (order == 2) u.rk = (lambda_of(sg[size_t(s1)]) - lambda_s0) / h;
+    const float hh = -h;
+    const float h_phi_1 = std::expm1(hh);
+    const float b_h = std::expm1(hh);
+    u.ratio = sigma_t / sigma_s0;
+    u.a_phi = alpha_t * h_phi_1;
+    u.a_b = alpha_t * b_h;
+    if (corrector) {
+        if (order == 2) {
+            float b1 = 0.f, b2 = 0.f;
+            corrector_b(hh, h_phi_1, b_h, b1, b2);
+            const Rho2 rho = solve_rhos(u.rk, b1, b2);
+            u.rho0 = rho.r0;
+            u.rho_last = rho.r1;
         } else {
-            be.scale({coef, 0.f}, t, tmp);
-            be.add(out, tmp, out);
+            u.rho_last = 0.5f;  // torch.full((1,), 0.5)
         }
+    } else if (order == 2) {
+        u.rho0 = 0.5f;  // rhos_p: the order-2 shortcut
     }
-    if (first) be.fill(out, 0.f);
+    return u;
 }
 
 }  // namespace
@@ -117,59 +134,10 @@ std::vector<UniPCStep> make_unipc_steps(const FlowSchedule& schedule) {
         UniPCStep& st = steps[size_t(i)];
         st.index = i;
         st.sigma = sg[size_t(i)];
-
-        // ---- corrector (UniC) at step i >= 1, order = the predictor order of step i - 1 ----
-        if (i >= 1) {
-            const int p = predictor_order(i - 1, n);
-            st.corrector_order = p;
-            const float sigma_t = sg[size_t(i)], sigma_s0 = sg[size_t(i - 1)];
-            const float alpha_t = 1.f - sigma_t;
-            const float lambda_t = lambda_of(sigma_t), lambda_s0 = lambda_of(sigma_s0);
-            const float h = lambda_t - lambda_s0;
-            const float hh = -h;
-            const float phi1 = std::expm1(hh);
-            const float b_h = std::expm1(hh);
-            const float a_phi = alpha_t * phi1;
-            const float a_b = alpha_t * b_h;
-            const double ab = a_b;
-            st.corr_last = sigma_t / sigma_s0;
-            if (p == 1) {
-                st.corr_m2 = 0.f;
-                st.corr_m1 = float(-double(a_phi) + ab * 0.5);
-                st.corr_m0 = float(-ab * 0.5);
-            } else {
-                const float lambda_s1 = lambda_of(sg[size_t(i - 2)]);
-                const float r = (lambda_s1 - lambda_s0) / h;
-                float b1 = 0.f, b2 = 0.f;
-                corrector_b(hh, phi1, b_h, b1, b2);
-                const Rho2 rho = solve_rhos(r, b1, b2);
-                st.corr_m2 = float(-ab * double(rho.r0) / double(r));
-                st.corr_m1 = float(-double(a_phi) + ab * double(rho.r0) / double(r) + ab * double(rho.r1));
-                st.corr_m0 = float(-ab * double(rho.r1));
-            }
-        }
-
-        // ---- predictor (UniP) from step i to i + 1 ----
-        const int p = predictor_order(i, n);
-        st.predictor_order = p;
-        const float sigma_t = sg[size_t(i + 1)], sigma_s0 = sg[size_t(i)];
-        const float alpha_t = 1.f - sigma_t;
-        const float h = lambda_of(sigma_t) - lambda_of(sigma_s0);
-        const float hh = -h;
-        const float phi1 = std::expm1(hh);
-        const float b_h = std::expm1(hh);
-        const float a_phi = alpha_t * phi1;
-        const float a_b = alpha_t * b_h;
-        st.pred_c = sigma_t / sigma_s0;
-        if (p == 1) {
-            st.pred_m0 = -a_phi;
-            st.pred_m1 = 0.f;
-        } else {
-            const float r = (lambda_of(sg[size_t(i - 1)]) - lambda_of(sigma_s0)) / h;
-            const double k = double(a_b) * 0.5 / double(r);
-            st.pred_m0 = float(-double(a_phi) + k);
-            st.pred_m1 = float(-k);
-        }
+        // corrector at step i >= 1 (sigma_{i-1} -> sigma_i), with the predictor order of step i - 1
+        if (i >= 1) st.corrector = make_update(sg, i, i - 1, i - 2, predictor_order(i - 1, n), true);
+        // predictor from step i to i + 1
+        st.predictor = make_update(sg, i + 1, i, i - 1, predictor_order(i, n), false);
     }
     return steps;
 }
@@ -186,9 +154,65 @@ FlowUniPC::FlowUniPC(Backend& be, const Shape& sample_shape, DType dtype, const 
               dtype_name(dtype));
     DZR_CHECK(sample_shape.numel() > 0, "FlowUniPC: empty sample shape {}", sample_shape.str());
     const Shape flat_shape{sample_shape.numel()};
-    for (auto& t : corrected_) t = be_.alloc(flat_shape, dtype);
+    corrected_ = be_.alloc(flat_shape, dtype);
     for (auto& t : predictions_) t = be_.alloc(flat_shape, dtype);
 }
+
+namespace {
+
+// The eager ops of one step on flat tensors of the sample dtype. Every op rounds its result to that
+// dtype once (the Backend contract), as a PyTorch eager op does.
+struct StepOps {
+    Backend& be;
+    DType dtype;
+
+    // A scheduler scalar (a 0-dim float32 CUDA tensor in the reference) as it enters an op with a
+    // tensor of the sample dtype: TensorIterator casts it to the common dtype first (bf16).
+    float tensor_scalar(float s) const { return dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(s)) : s; }
+
+    // out = s * t for a value s of the sample dtype.
+    // NOTE: scale computes alpha * x + beta; beta = -0 keeps the product's sign of zero (+0 would
+    // turn -0 into +0), so the op is exactly an IEEE multiply.
+    void mul(float s, const TensorView& t, const TensorView& out) const { be.scale({s, -0.f}, t, out); }
+    // out = s * t, with s a scheduler scalar (mul.Tensor(f32[], bf16[...]))
+    void mul_scalar(float s, const TensorView& t, const TensorView& out) const {
+        mul(tensor_scalar(s), t, out);
+    }
+    // out = t / s, with s a scheduler scalar (div.Tensor(bf16[...], f32[])).
+    // NOTE: computed as t * (1 / s). On bf16 this rounds exactly like the true division: t and
+    // bf16(s) have 8-bit significands, so t / s is never a bf16 rounding midpoint (its odd part
+    // would need >= 9 bits) and is at least ~2^-18 relative away from one, far more than the
+    // float32 error of the reciprocal product (~2^-23). On f32 it is within an ulp of the division.
+    void div_scalar(const TensorView& t, float s, const TensorView& out) const {
+        mul(1.f / tensor_scalar(s), t, out);
+    }
+    void sub(const TensorView& a, const TensorView& b, const TensorView& out) const {
+        be.binary({BinaryOp::Sub}, a, b, out);
+    }
+
+    // x_t_ = sigma_t / sigma_s0 * x - alpha_t * h_phi_1 * m0 (three ops). `tmp` != out.
+    void base(const UniPCUpdate& u, const TensorView& x, const TensorView& m0, const TensorView& out,
+              const TensorView& tmp) const {
+        mul_scalar(u.ratio, x, out);
+        mul_scalar(u.a_phi, m0, tmp);
+        sub(out, tmp, out);
+    }
+
+    // D1 = (m_s1 - m_s0) / rk (two ops)
+    void d1(const UniPCUpdate& u, const TensorView& m_s1, const TensorView& m_s0,
+            const TensorView& out) const {
+        sub(m_s1, m_s0, out);
+        div_scalar(out, u.rk, out);
+    }
+
+    // einsum("k,bkc...->bc...", rhos[:1], D1s): k = 1 at solver order 2, so one elementwise product
+    // (the trace shows mul.Tensor(bf16[1, 1, ...], bf16[..., 1])); the rhos are sample-dtype tensors.
+    void einsum_k1(float rho0, const TensorView& d1, const TensorView& out) const {
+        mul(tensor_scalar(rho0), d1, out);
+    }
+};
+
+}  // namespace
 
 void FlowUniPC::step(const TensorView& velocity, const TensorView& sample) {
     const int i = step_index_;
@@ -204,36 +228,59 @@ void FlowUniPC::step(const TensorView& velocity, const TensorView& sample) {
               "FlowUniPC: sample {} and velocity {} must be contiguous", sample.str(), velocity.str());
 
     ArenaScope scope(be_.workspace());
-    const int64_t n = shape_.numel();
+    const Shape flat_shape{shape_.numel()};
     const TensorView x = flat(sample);
     TensorView v = flat(velocity);
     if (v.dtype != dtype_) {
-        TensorView converted = be_.scratch(Shape{n}, dtype_);
+        const TensorView converted = be_.scratch(flat_shape, dtype_);
         be_.copy(v, converted);
         v = converted;
     }
-    const TensorView tmp = be_.scratch(Shape{n}, dtype_);
+    const TensorView a = be_.scratch(flat_shape, dtype_), b = be_.scratch(flat_shape, dtype_),
+                     d = be_.scratch(flat_shape, dtype_);
     const UniPCStep& s = steps_[size_t(i)];
+    const StepOps op{be_, dtype_};
 
     auto pred = [&](int k) { return predictions_[((k % 3) + 3) % 3].view(); };
-    auto corr = [&](int k) { return corrected_[((k % 2) + 2) % 2].view(); };
-    const TensorView m0 = pred(i), m1 = pred(i - 1), m2 = pred(i - 2);
-    const TensorView c = corr(i), c_prev = corr(i - 1);
+    const TensorView m_i = pred(i), m_prev = pred(i - 1), m_prev2 = pred(i - 2);
+    const TensorView c = corrected_.view();
 
-    // m_i = x_i - sigma_i * v_i   ([n], same rounding as `sample - sigma_t * model_output`)
-    be_.scale({-s.sigma, 0.f}, v, m0);
-    be_.add(m0, x, m0);
+    // convert_model_output: x0_pred = sample - sigma_t * model_output
+    op.mul_scalar(s.sigma, v, a);
+    op.sub(x, a, m_i);
 
-    // corrected sample c_i
-    if (i == 0) {
-        be_.copy(x, c);
+    // multistep_uni_c_bh_update: c_i from last_sample c_{i-1}, m0 = m_{i-1}, model_t = m_i
+    const UniPCUpdate& uc = s.corrector;
+    if (uc.order == 0) {
+        be_.copy(x, c);  // step 0: last_sample = sample
     } else {
-        linear_combination(be_, c, {{s.corr_last, c_prev}, {s.corr_m2, m2}, {s.corr_m1, m1}, {s.corr_m0, m0}},
-                           tmp);
+        if (uc.order == 2) op.d1(uc, m_prev2, m_prev, d);  // D1s
+        op.base(uc, c, m_prev, a, b);                      // x_t_
+        if (uc.order == 2) op.einsum_k1(uc.rho0, d, d);    // corr_res
+        op.sub(m_i, m_prev, b);                            // D1_t = model_t - m0
+        op.mul(op.tensor_scalar(uc.rho_last), b, b);       // rhos_c[-1] * D1_t
+        if (uc.order == 2)
+            be_.add(d, b, b);  // corr_res + ...
+        else
+            be_.scale({1.f, 0.f}, b, b);  // ... + 0 (corr_res is the Python int 0)
+        op.mul_scalar(uc.a_b, b, b);      // alpha_t * B_h * (...)
+        op.sub(a, b, c);                  // x_t = x_t_ - ...
     }
 
-    // x_{i+1}, written over the caller's sample
-    linear_combination(be_, x, {{s.pred_c, c}, {s.pred_m0, m0}, {s.pred_m1, m1}}, tmp);
+    // multistep_uni_p_bh_update: x_{i+1} from c_i, m0 = m_i, m_{i-1}
+    const UniPCUpdate& up = s.predictor;
+    if (up.order == 2) op.d1(up, m_prev, m_i, d);  // D1s
+    op.base(up, c, m_i, a, b);                     // x_t_
+    if (up.order == 2) {
+        op.einsum_k1(up.rho0, d, d);  // pred_res (rhos_p = 0.5)
+        op.mul_scalar(up.a_b, d, d);  // alpha_t * B_h * pred_res
+        op.sub(a, d, x);              // x_t = x_t_ - ...
+    } else {
+        // pred_res is the Python int 0: alpha_t * B_h * 0 is a 0-dim float32 (-0 here), subtracted
+        // from x_t_ (x - z is x + (-z), which turns -0 elements into +0 like the reference).
+        const float z = op.tensor_scalar(up.a_b * 0.f);
+        be_.scale({1.f, -z}, a, x);
+    }
     ++step_index_;
 }
 

@@ -3,18 +3,17 @@
 /// latent and the action chunk (official FlowUniPCMultistepScheduler with solver order 2, "bh2",
 /// predict-x0, lower_order_final, the corrector on at every step after the first, final sigma 0).
 ///
-/// The schedule (sigmas, integer timesteps) and every per-step scalar coefficient are computed on
-/// the host when the sampler is built. A step is then a fixed sequence of Backend scale/add ops on
-/// device tensors with those scalars as op parameters: no host sync and no allocation per step, so
-/// the same code serves the CPU reference and the CUDA path (and a CUDA graph).
+/// The schedule (sigmas, integer timesteps) and every per-step scalar are computed on the host when
+/// the sampler is built, in float32 and in the reference's operation order (the official scheduler
+/// does this arithmetic on 0-dim float32 tensors). A step then executes the reference's elementwise
+/// op sequence literally, one Backend op per eager PyTorch op, on tensors of the sample dtype: on a
+/// bf16 sample every intermediate rounds to bf16 where PyTorch's does (docs/SAMPLING.md §2 lists the
+/// ops). No host sync and no allocation per step, and a fixed op sequence per step index, so the same
+/// code serves the CPU reference and the CUDA path (and a CUDA graph).
 ///
-/// Notation per step i (docs/SAMPLING.md has the derivation):
-///   m_i     = x_i - sigma_i * v_i                                   (x0 prediction)
-///   c_0     = x_0
-///   c_i     = corr_last * c_{i-1} + corr_m2 * m_{i-2} + corr_m1 * m_{i-1} + corr_m0 * m_i   (i >= 1)
-///   x_{i+1} = pred_c * c_i + pred_m0 * m_i + pred_m1 * m_{i-1}
-/// x_i is the (uncorrected) sample the network sees at step i, v_i the velocity used at step i,
-/// c_i the corrected sample (the official `last_sample`).
+/// Notation per step i: x_i is the sample the network sees at step i, v_i the velocity used at step
+/// i, m_i = x_i - sigma_i v_i the x0 prediction, c_i the corrected sample (the official
+/// `last_sample`; c_0 = x_0), x_{i+1} the predictor's output.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -40,29 +39,47 @@ struct FlowSchedule {
 /// with a final 0. Throws dzr::Error for num_steps < 1, shift <= 0 or num_train_timesteps < 2.
 FlowSchedule make_flow_schedule(const FlowUniPCConfig& cfg);
 
-/// The scalar coefficients of one step (see the header comment for the update they define).
-struct UniPCStep {
-    int index = 0;
-    float sigma = 0.f;        ///< sigma_i of the x0 prediction m_i = x_i - sigma * v_i
-    int corrector_order = 0;  ///< 0 at step 0 (no corrector), else 1 or 2
-    float corr_last = 0.f, corr_m2 = 0.f, corr_m1 = 0.f, corr_m0 = 0.f;
-    int predictor_order = 1;  ///< 1 or 2
-    float pred_c = 0.f, pred_m0 = 0.f, pred_m1 = 0.f;
+/// The float32 scalars of one UniC (corrector) or UniP (predictor) update, as the reference computes
+/// them on its 0-dim float32 tensors, between sigma_s0 (the step's source) and sigma_t (its target):
+/// alpha = 1 - sigma, lambda = log(alpha) - log(sigma), h = lambda_t - lambda_s0, hh = -h,
+/// h_phi_1 = B_h = expm1(hh) (bh2).
+struct UniPCUpdate {
+    int order = 0;      ///< 0: no update (the corrector of step 0), else 1 or 2
+    float ratio = 0.f;  ///< sigma_t / sigma_s0
+    float a_phi = 0.f;  ///< alpha_t * h_phi_1
+    float a_b = 0.f;    ///< alpha_t * B_h
+    float rk = 0.f;     ///< order 2: (lambda_s1 - lambda_s0) / h (s1: the source of the step before)
+    float rho0 = 0.f;   ///< order 2: weight of D1 = (m_s1 - m_s0) / rk (predictor 0.5, corrector rhos_c[0])
+    float rho_last = 0.f;  ///< corrector: weight of D1_t = m_t - m_s0 (rhos_c[-1]; 0.5 at order 1)
 };
 
-/// The coefficients of every step of `schedule`. Orders follow the official warm-up and
-/// lower_order_final rule: p_i = min(2, n - i, i + 1); the corrector at step i uses p_{i-1}.
-/// The scalar primitives (alpha, lambda, h, expm1, the 2x2 solve) are evaluated in float32 in the
-/// reference's order; they are combined into the coefficients in double and rounded once.
+/// The scalars of step i: the x0 prediction's sigma_i, the corrector (sigma_{i-1} -> sigma_i) and
+/// the predictor (sigma_i -> sigma_{i+1}).
+struct UniPCStep {
+    int index = 0;
+    float sigma = 0.f;  ///< sigma_i of m_i = x_i - sigma_i * v_i
+    UniPCUpdate corrector;
+    UniPCUpdate predictor;
+};
+
+/// The scalars of every step of `schedule`. Orders follow the official warm-up and
+/// lower_order_final rule: p_i = min(2, n - i, i + 1); the corrector at step i uses p_{i-1}. The
+/// corrector's rhos solve [[1, 1], [rk, 1]] rho = b in float32 as LAPACK does (order 2).
 std::vector<UniPCStep> make_unipc_steps(const FlowSchedule& schedule);
 
-/// The sampler on a Backend. Owns its state (two corrected-sample and three x0-prediction buffers,
-/// allocated once at construction with be.alloc); a step takes only a scratch buffer from the
-/// workspace arena. Two instances (video, action) are independent.
+/// The sampler on a Backend. Owns its state (the corrected sample and three x0-prediction buffers in
+/// the sample dtype, allocated once at construction with be.alloc); a step takes three scratch
+/// buffers from the workspace arena (four when the velocity must be converted). Two instances
+/// (video, action) are independent.
+///
+/// Rounding (bf16 samples, as the reference's eager ops on bf16 tensors): every op rounds its
+/// result once; a scheduler scalar that multiplies a sample tensor (a 0-dim float32 CUDA tensor in the
+/// reference) is rounded to bf16 first; the rhos are bf16 (`.to(x.dtype)`); Python-float constants
+/// stay exact. On f32 samples nothing is rounded beyond float32.
 class FlowUniPC {
   public:
-    /// sample_shape/dtype: the shape and dtype of the sample this instance will step (the state
-    /// uses the same dtype; an f32 state is recommended even on CUDA: the tensors are small).
+    /// sample_shape/dtype: the shape and dtype of the sample this instance will step (the state uses
+    /// the same dtype; bf16 on CUDA rounds like the reference, f32 like its fp32 run).
     FlowUniPC(Backend& be, const Shape& sample_shape, DType dtype, const FlowUniPCConfig& cfg = {});
     FlowUniPC(const FlowUniPC&) = delete;  // copies would share the state buffers
     FlowUniPC& operator=(const FlowUniPC&) = delete;
@@ -70,8 +87,8 @@ class FlowUniPC {
     /// Start a new trajectory at step 0 (no allocation).
     void reset() { step_index_ = 0; }
 
-    /// One step: `velocity` is v_i (any float dtype; converted through scratch when it differs),
-    /// `sample` is x_i on entry and x_{i+1} on return. Steps must be taken in order 0..n-1.
+    /// One step: `velocity` is v_i (any float dtype; converted to the sample dtype through scratch when
+    /// it differs), `sample` is x_i on entry and x_{i+1} on return. Steps must be taken in order 0..n-1.
     void step(const TensorView& velocity, const TensorView& sample);
 
     int step_index() const { return step_index_; }
@@ -88,14 +105,14 @@ class FlowUniPC {
     DType dtype_;
     FlowSchedule schedule_;
     std::vector<UniPCStep> steps_;
-    Tensor corrected_[2];    // c_{i} ping-pong, flat [numel]
+    Tensor corrected_;       // c_{i-1} on entry to step i, c_i after its corrector; flat [numel]
     Tensor predictions_[3];  // m_{i} ring, flat [numel]
     int step_index_ = 0;
 };
 
 /// A literal host port of the official step() on f32 vectors: the same scalar and elementwise
-/// float32 operations in the same order (no folded coefficients). It is the reference the folded
-/// Backend path is tested against, and what a parity run compares with the official dumps.
+/// float32 operations in the same order, as the reference's fp32 run. It is what the Backend
+/// sampler's f32 path is tested against (the goldens check both against the official scheduler).
 class FlowUniPCReference {
   public:
     explicit FlowUniPCReference(const FlowUniPCConfig& cfg = {});

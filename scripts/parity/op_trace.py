@@ -4,8 +4,8 @@ Used by `reference_run.py --trace-ops FILE`. A TorchDispatchMode sees every aten
 inserted its casts, so the trace shows exactly which intermediate results the reference keeps in bf16
 and which in fp32 (the rounding points dzr's bf16 path must mirror to agree with it bit for bit).
 
-Each op is attributed to the innermost module running it; module paths are normalized (`blocks.7` ->
-`blocks.N`) and only the first invocation of each normalized path is kept, so the file lists one op
+Each op is attributed to the innermost module running it; the layer index of repeated blocks is normalized
+(`blocks.7` -> `blocks.N`) and only the first invocation of each normalized path is kept, so the file lists one op
 sequence per distinct module (e.g. one DiT block, one umT5 layer, one VAE residual block).
 """
 import re
@@ -48,7 +48,7 @@ class OpTracer(TorchDispatchMode):
         for name, mod in root.named_modules():
             if not name:
                 continue
-            norm = re.sub(r"\.\d+(?=\.|$)", ".N", name)
+            norm = re.sub(r"(blocks|transformer)\.\d+(?=\.|$)", r"\1.N", name)
             self.handles.append(mod.register_forward_pre_hook(self._enter(norm)))
             self.handles.append(mod.register_forward_hook(self._leave(norm)))
 

@@ -104,11 +104,18 @@ launch() {
         local dt=${r#ref-}
         cmd=("$PYTHON" scripts/parity/reference_run.py --ref "$REF" --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs"
             --out "$WORK/$r.safetensors" --dtype "${dt%-*}" --device "$REF_DEVICE") ;;
-    dzr-cuda-* | dzr-cudadense-*)
+    dzr-cuda-* | dzr-cudadense-* | dzr-cudatorchdnn-*)
         local kv=paged
         [[ $r == dzr-cudadense-* ]] && kv=dense
         cmd=("$DZR" parity run --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs" --out "$WORK/$r.safetensors"
-            --device cuda --dtype bf16 --kv "$kv" --check-finite) ;;
+            --device cuda --dtype bf16 --kv "$kv" --check-finite)
+        # dzr-cudatorchdnn: the same binary on the cuDNN that PyTorch bundles (what the reference runs on),
+        # to separate library-version differences from rounding-point differences.
+        if [[ $r == dzr-cudatorchdnn-* ]]; then
+            local dnn
+            dnn=$("$PYTHON" -c 'import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)
+            cmd=(env "LD_LIBRARY_PATH=$dnn${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${cmd[@]}")
+        fi ;;
     dzr-cpu-*)
         limit=$CPU_TIMEOUT
         cmd=("$DZR" parity run --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs" --out "$WORK/$r.safetensors"
@@ -142,6 +149,8 @@ have $cuda ref-bf16-gpu && args+=(--pair "$(pair cuda-bf16 $cuda ref-bf16-gpu 2e
 have $cuda ref-fp32-gpu && args+=(--info-pair "$(pair dzr-bf16-vs-ref-f32 $cuda ref-fp32-gpu 2e-2)")
 have ref-bf16-gpu ref-fp32-gpu && args+=(--info-pair "$(pair ref-bf16-vs-ref-f32 ref-bf16-gpu ref-fp32-gpu 2e-2)")
 have dzr-cudadense-gpu dzr-cuda-gpu && args+=(--info-pair "$(pair cuda-paged-vs-dense dzr-cuda-gpu dzr-cudadense-gpu 2e-2)")
+have dzr-cudatorchdnn-gpu ref-bf16-gpu &&
+    args+=(--info-pair "$(pair cuda-bf16-torch-cudnn dzr-cudatorchdnn-gpu ref-bf16-gpu 2e-2)")
 if ((${#args[@]})); then
     run compare "$PYTHON" scripts/parity/compare.py "${args[@]}" --out "$OUT/table.txt" --md "$OUT/table.md" \
         --details "$OUT/details.txt"

@@ -255,6 +255,27 @@ TEST_CASE("CLIP preprocessing is the bicubic resize then x*0.5+0.5 and the CLIP 
             worst = std::max(worst, std::abs(want - got[c * 224 * 224 + i]));
         }
     CHECK(worst < 1e-5);
+    // The reference's own f32 op sequence, one rounding per op: mul_(0.5), add_(0.5), sub_(mean),
+    // div_(std). The library multiplies by 1/std (no division op), so it may differ by an ulp, never more;
+    // a fused x·(0.5/std) + (0.5 − mean)/std would not (it loses the low bits where x·0.5 + 0.5 ≈ mean).
+    const auto seq = [&](size_t c, float x) {
+        const float y = x * 0.5f + 0.5f, z = y - float(mean[c]);
+        return z / float(stdv[c]);
+    };
+    const auto fused = [&](size_t c, float x) {
+        const float a = 0.5f / float(stdv[c]), b = (0.5f - float(mean[c])) / float(stdv[c]);
+        return a * x + b;
+    };
+    int beyond_ulp = 0, fused_beyond_ulp = 0;
+    for (size_t c = 0; c < 3; ++c)
+        for (size_t i = 0; i < size_t(224) * 224; ++i) {
+            const float x = r[c * 224 * 224 + i], want = seq(c, x);
+            const float tol = std::ldexp(std::abs(want), -23);
+            beyond_ulp += std::abs(got[c * 224 * 224 + i] - want) > tol ? 1 : 0;
+            fused_beyond_ulp += std::abs(fused(c, x) - want) > tol ? 1 : 0;
+        }
+    CHECK(beyond_ulp == 0);
+    CHECK(fused_beyond_ulp > 0);  // the check above can tell the op order apart
     // A black canvas (-1 everywhere) maps to -mean/std.
     Tensor black = Tensor::host_f32(Shape{3, kCanvasH, kCanvasW},
                                     std::vector<float>(size_t(3) * kCanvasH * kCanvasW, -1.f));

@@ -63,7 +63,7 @@ Tensor chunked_conv(Backend& be, const vae::CausalConv3d& conv, const vae::Chann
         be.copy(x.slice(1, t0, n), xc.view());
         Tensor yc = Tensor::host(Shape{conv.out_channels(), n, H, W}, DType::F32);
         if (norm)
-            conv.forward_normed(be, *norm, xc.view(), &cache, yc.view());
+            conv.forward_normed(be, *norm, xc.view(), &cache, yc.view(), VaePrecision::Eager);
         else
             conv.forward(be, xc.view(), &cache, yc.view());
         all.insert(all.end(), yc.ptr<float>(), yc.ptr<float>() + yc.numel());
@@ -85,14 +85,13 @@ Tensor chunked_conv(Backend& be, const vae::CausalConv3d& conv, const vae::Chann
 
 }  // namespace
 
-TEST_CASE("vae rms norm equals F.normalize over channels times sqrt(C) and gamma") {
+TEST_CASE("vae rms norm equals F.normalize over channels times sqrt(C) and gamma, with and without SiLU") {
     Harness h;
     const int64_t C = 12;
     h.put("n.gamma", Shape{C, 1, 1, 1});
     WeightLoader loader(h.src, *h.be);
     vae::ChannelRmsNorm norm;
     norm.load(loader, "n.gamma", int(C), false);
-    CHECK(norm.eps() == doctest::Approx(1e-24 / 12.0).epsilon(1e-6));
 
     // rows: random, all zero, tiny (norm far below 1e-12), large
     const int64_t N = 6;
@@ -103,22 +102,34 @@ TEST_CASE("vae rms norm equals F.normalize over channels times sqrt(C) and gamma
         x[size_t(3 * C + c)] *= 1e4f;
     }
     Tensor in = Tensor::host_f32(Shape{N, C}, x);
-    Tensor out = Tensor::host(Shape{N, C}, DType::F32);
-    norm.forward_rows(*h.be, in.view(), out.view());
-
     const std::vector<float> g = h.src.values("n.gamma");
-    for (int64_t r = 0; r < N; ++r) {
-        double ss = 0;
-        for (int64_t c = 0; c < C; ++c) ss += double(x[size_t(r * C + c)]) * x[size_t(r * C + c)];
-        const double denom = std::max(std::sqrt(ss), 1e-12);
-        for (int64_t c = 0; c < C; ++c) {
-            const double ref = x[size_t(r * C + c)] / denom * std::sqrt(double(C)) * g[size_t(c)];
-            const float got = out.ptr<float>()[r * C + c];
-            CHECK(std::isfinite(got));
-            CHECK(got == doctest::Approx(ref).epsilon(2e-6).scale(1e-30));
+    for (bool silu : {false, true}) {
+        for (VaePrecision precision : {VaePrecision::Autocast, VaePrecision::Eager}) {
+            CAPTURE(silu);
+            CAPTURE(int(precision));
+            Tensor out = Tensor::host(Shape{N, C}, DType::F32);
+            norm.forward_rows(*h.be, in.view(), out.view(), precision, silu);
+            for (int64_t r = 0; r < N; ++r) {
+                double ss = 0;
+                for (int64_t c = 0; c < C; ++c) ss += double(x[size_t(r * C + c)]) * x[size_t(r * C + c)];
+                const double denom = std::max(std::sqrt(ss), 1e-12);
+                for (int64_t c = 0; c < C; ++c) {
+                    double ref = x[size_t(r * C + c)] / denom * std::sqrt(double(C)) * g[size_t(c)];
+                    if (silu) ref = ref / (1.0 + std::exp(-ref));
+                    const float got = out.ptr<float>()[r * C + c];
+                    CHECK(std::isfinite(got));
+                    CHECK(got == doctest::Approx(ref).epsilon(2e-6).scale(1e-30));
+                }
+            }
+            for (int64_t c = 0; c < C; ++c) CHECK(out.ptr<float>()[C + c] == 0.0f);
         }
     }
-    for (int64_t c = 0; c < C; ++c) CHECK(out.ptr<float>()[C + c] == 0.0f);
+    // in place
+    Tensor io = Tensor::host_f32(Shape{N, C}, x);
+    Tensor sep = Tensor::host(Shape{N, C}, DType::F32);
+    norm.forward_rows(*h.be, in.view(), sep.view(), VaePrecision::Autocast, true);
+    norm.forward_rows(*h.be, io.view(), io.view(), VaePrecision::Autocast, true);
+    CHECK(bit_equal(io.view(), sep.view()));
 }
 
 TEST_CASE("vae attention block matches a naive per-frame single-head attention") {
@@ -134,7 +145,7 @@ TEST_CASE("vae attention block matches a naive per-frame single-head attention")
 
     Tensor x = host_tensor(Shape{C, 3, 3, 5}, 11, -2.f, 2.f);
     Tensor y = Tensor::host(x.shape(), DType::F32);
-    attn.forward(*h.be, x.view(), y.view());
+    attn.forward(*h.be, x.view(), y.view(), VaePrecision::Eager);
     check_close(y, attention_block_ref(vol_from(x.view()), h.src, "a."), 1e-5);
 }
 
@@ -163,7 +174,7 @@ TEST_CASE("causal conv over chunks with a cache equals one causal pass over the 
     }
 
     Tensor whole_normed = Tensor::host(Shape{Co, 9, 4, 6}, DType::F32);
-    conv.forward_normed(*h.be, norm, x.view(), nullptr, whole_normed.view());
+    conv.forward_normed(*h.be, norm, x.view(), nullptr, whole_normed.view(), VaePrecision::Eager);
     const Vol act = silu_ref(rms_ref(vol_from(x.view()), h.src.values("n.gamma")));
     check_close(whole_normed,
                 conv3d_ref(act, h.src.values("c.weight"), h.src.values("c.bias"), Co, {3, 3, 3}, {1, 1, 1},
@@ -189,7 +200,7 @@ TEST_CASE("residual block matches the naive residual with and without a shortcut
 
         Tensor x = host_tensor(Shape{ci, 5, 4, 6}, 31);
         Tensor y = Tensor::host(Shape{co, 5, 4, 6}, DType::F32);
-        block.forward(*h.be, x.view(), nullptr, y.view());
+        block.forward(*h.be, x.view(), nullptr, y.view(), VaePrecision::Eager);
 
         const Vol xv = vol_from(x.view());
         auto conv3 = [&](const Vol& v, const std::string& p, int64_t out) {

@@ -192,6 +192,7 @@ public:
         const int64_t n = x.numel();
         switch (p.kind) {
             case Activation::GeluTanh:
+            case Activation::GeluTanhStepwise:  // f32: the same function (no rounding steps to mirror)
                 // 0.5 v (1 + tanh(u)) = v / (1 + exp(-2u)): the same value, one exp instead of a tanh
                 for (int64_t i = 0; i < n; ++i) {
                     const double v = px[i];
@@ -212,6 +213,9 @@ public:
                 break;
             case Activation::Relu:
                 for (int64_t i = 0; i < n; ++i) po[i] = px[i] > 0.f ? px[i] : 0.f;
+                break;
+            case Activation::Sigmoid:
+                for (int64_t i = 0; i < n; ++i) po[i] = float(1.0 / (1.0 + std::exp(-double(px[i]))));
                 break;
         }
     }
@@ -252,6 +256,26 @@ public:
             for (int64_t c = 0; c < C; ++c) ss += double(px[c]) * px[c];
             const double inv = 1.0 / std::sqrt(ss / double(C) + p.eps);
             for (int64_t c = 0; c < C; ++c) po[c] = float(px[c] * inv * (w ? w[c] : 1.0f));
+        }
+    }
+
+    void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
+                 const TensorView& out) override {
+        unary_check(x, out, "l2_norm");
+        const int64_t R = x.rows(), C = x.cols();
+        const float* w = optional_vec(weight, C, "l2_norm weight");
+        DZR_CHECK(w != nullptr, "cpu backend: l2_norm needs a weight of {} channels", C);
+        // NOTE: f32 has no rounding points to mirror, so `eager` changes nothing here. The steps are the
+        // reference's f32 ops in its order (divide by the clamped norm, * scale, * weight); only the sum of
+        // squares is accumulated in double.
+        for (int64_t r = 0; r < R; ++r) {
+            const float* px = f32(x) + r * C;
+            float* po = f32(out) + r * C;
+            double ss = 0;
+            for (int64_t c = 0; c < C; ++c) ss += double(px[c]) * px[c];
+            const float norm = std::max(float(std::sqrt(ss)), p.eps);
+            for (int64_t c = 0; c < C; ++c) po[c] = px[c] / norm * p.scale * w[c];
+            if (p.silu) silu_f32(po, po, C);
         }
     }
 

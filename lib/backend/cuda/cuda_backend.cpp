@@ -18,6 +18,7 @@
 #include "kernels/reduce.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/softmax.cuh"
+#include "kernels/vae_norm.cuh"
 
 namespace dzr {
 
@@ -285,6 +286,13 @@ void CudaBackend::synchronize() {
     DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+std::optional<int64_t> CudaBackend::device_memory_in_use() const {
+    DeviceGuard guard(index_);
+    size_t free_bytes = 0, total = 0;
+    DZR_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return int64_t(total - free_bytes);
+}
+
 // ---- kernel-backed ops -------------------------------------------------------------------------
 
 void CudaBackend::binary(const BinaryParams& p, const TensorView& a, const TensorView& b, const TensorView& out) {
@@ -341,6 +349,12 @@ void CudaBackend::activation(const ActivationParams& p, const TensorView& x, con
         case Activation::Relu:
             kind = kernels::ActKind::Relu;
             break;
+        case Activation::Sigmoid:
+            kind = kernels::ActKind::Sigmoid;
+            break;
+        case Activation::GeluTanhStepwise:
+            kind = kernels::ActKind::GeluTanhStepwise;
+            break;
     }
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::activation(kind, x.data, x.dtype, out.data, out.dtype, x.numel(), stream_));
@@ -373,6 +387,25 @@ void CudaBackend::rms_norm(const RmsNormParams& p, const TensorView& x, const Te
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::rms_norm(x.data, x.dtype, out.data, out.dtype, x.rows(), C, p.eps,
                                      weight.defined() ? weight.data : nullptr, weight.dtype, stream_));
+}
+
+void CudaBackend::l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
+                          const TensorView& out) {
+    check_device_tensor(x, "l2_norm", "x");
+    check_device_tensor(out, "l2_norm", "out");
+    unary_checks(x, out, "l2_norm");
+    const int64_t C = x.cols();
+    DZR_CHECK(weight.defined(), "cuda backend: l2_norm needs a weight of {} channels", C);
+    check_param(weight, C, "l2_norm", "weight");
+    check_device_tensor(weight, "l2_norm", "weight");
+    kernels::VaeNormArgs a;
+    a.x = x.data, a.tx = x.dtype;
+    a.out = out.data, a.to = out.dtype;
+    a.weight = weight.data, a.tw = weight.dtype;
+    a.rows = x.rows(), a.cols = C;
+    a.eps = p.eps, a.scale = p.scale, a.silu = p.silu, a.eager = p.eager;
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::vae_norm(a, stream_));
 }
 
 void CudaBackend::softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) {

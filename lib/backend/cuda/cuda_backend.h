@@ -78,6 +78,7 @@ public:
     void copy(const TensorView& src, const TensorView& dst) override;
     void fill(const TensorView& dst, float value) override;
     void synchronize() override;
+    std::optional<int64_t> device_memory_in_use() const override;
 
     void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
               const TensorView& out) override;
@@ -88,6 +89,8 @@ public:
                     const TensorView& out) override;
     void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
                   const TensorView& out) override;
+    void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
+                 const TensorView& out) override;
     void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) override;
     void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) override;
     void rope(const RopeParams& p, const TensorView& x, const TensorView& table, const TensorView& out) override;
