@@ -1,7 +1,8 @@
 // `dzr bench gemm|ops|attention|kv`: times the CUDA backend with CUDA events (warm-up, then the median of N
 // timed runs; GEMM inputs rotate over several buffer sets so the 60 MB L2 does not hold them), and measures
-// the KV cache's device memory.
+// the KV cache's device memory. `dzr bench prepare` times the policy's host-side prepare() (any build).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,7 +14,12 @@
 #include "backend/backend.h"
 #include "config/run_config.h"
 #include "core/error.h"
+#include "core/timer.h"
 #include "kv/kv_cache_manager.h"
+#include "policy/dreamzero_policy.h"
+#include "policy/preprocess.h"
+#include "policy/tokenizer.h"
+#include "weights/checkpoint.h"
 
 #ifdef DZR_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -40,7 +46,99 @@ struct BenchOptions {
     std::vector<int64_t> lk = {2665, 4425, 6185, 7945};
     // kv
     std::string config = "configs/dreamzero_droid.yaml";
+    // prepare
+    std::string tokenizer = "tests/data/tokenizer/spiece.model";
+    int threads = 0;
+    int frames = 4;
+    bool reference = false;
 };
+
+/// median, min, mean of host wall times.
+struct HostStats {
+    double median = 0, min = 0, mean = 0;
+};
+
+HostStats host_stats(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    HostStats s;
+    s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    s.min = v.front();
+    for (double x : v) s.mean += x / double(v.size());
+    return s;
+}
+
+/// The pre-ObservationPreprocessor pipeline of prepare(): per-view reference resize (per-channel float
+/// planes), compose_canvas, canvases_to_model_input, one thread.
+void reference_prepare(const Observation& obs, const ModelConfig& model, const Umt5Tokenizer& tok, int T) {
+    const ViewSize view{model.canvas_height / 2, model.canvas_width / 2};
+    auto one = [&](const TensorView& cam, int t) {
+        return resize_bilinear_aa_u8(frame_view(cam, t), center_crop_offset(kFrameHeight, kCropHeight),
+                                     center_crop_offset(kFrameWidth, kCropWidth), kCropHeight, kCropWidth,
+                                     view.height, view.width);
+    };
+    std::vector<RgbImage> canvases;
+    for (int t = 0; t < T; ++t)
+        canvases.push_back(compose_canvas(one(obs.wrist, t), one(obs.exterior_1, t), one(obs.exterior_2, t)));
+    const size_t frame_values = size_t(3) * model.canvas_height * model.canvas_width;
+    std::vector<float> ref(frame_values);
+    canvases_to_model_input(std::span<const RgbImage>(&canvases[size_t(T - 1)], 1), ref);
+    if (T > 1) {
+        std::vector<RgbImage> clip;
+        for (int i : {0, 0, 0, 1, 1, 2, 2, 3, 3}) clip.push_back(canvases[size_t(std::min(i, T - 1))]);
+        std::vector<float> out(frame_values * clip.size());
+        canvases_to_model_input(clip, out);
+    }
+    (void)tokenize_droid_prompts(tok, obs.prompt, model.t5.text_len);
+}
+
+int run_prepare_bench(const BenchOptions& o) {
+    const config::RunConfig cfg = config::load_run_config(o.config);
+    const ModelConfig& model = cfg.model;
+    DZR_CHECK(o.frames == 1 || o.frames == 4, "bench prepare: --frames must be 1 or 4, got {}", o.frames);
+    const Umt5Tokenizer tok(resolve_tokenizer_path(o.tokenizer));
+    const ObservationPreprocessor pre(ViewSize{model.canvas_height / 2, model.canvas_width / 2}, UnitRangeMode::F32,
+                                      o.threads);
+    // Synthetic camera frames (a hash, so no two views or frames are alike).
+    const int T = o.frames;
+    std::array<std::vector<uint8_t>, 3> data;
+    Observation obs;
+    std::array<TensorView*, 3> cams = {&obs.wrist, &obs.exterior_1, &obs.exterior_2};
+    for (size_t v = 0; v < 3; ++v) {
+        data[v].resize(size_t(T) * kFrameHeight * kFrameWidth * 3);
+        for (size_t i = 0; i < data[v].size(); ++i) data[v][i] = uint8_t(((i + v * 7919) * 2654435761u) >> 24);
+        *cams[v] = TensorView(data[v].data(), DType::U8, Shape{T, kFrameHeight, kFrameWidth, 3});
+    }
+    obs.prompt = "pick up the marker and put it in the cup";
+    std::printf("dzr bench prepare: %s, canvas %dx%d, %d frame%s per call x 3 views of %dx%d, %s\n", o.config.c_str(),
+                model.canvas_height, model.canvas_width, T, T == 1 ? "" : "s", kFrameHeight, kFrameWidth,
+                o.reference ? "reference pipeline (1 thread)" : fmt::format("{} threads", pre.threads()).c_str());
+    auto time_it = [&](const std::function<void()>& fn) {
+        for (int i = 0; i < o.warmup; ++i) fn();
+        std::vector<double> ms;
+        for (int i = 0; i < o.iters; ++i) {
+            Timer t;
+            fn();
+            ms.push_back(t.ms());
+        }
+        return host_stats(ms);
+    };
+    const auto print = [&](const char* what, const HostStats& s) {
+        std::printf("%-28s median %8.3f ms   min %8.3f ms   mean %8.3f ms   (%d runs)\n", what, s.median, s.min, s.mean,
+                    o.iters);
+    };
+    if (o.reference) {
+        print("prepare (reference)", time_it([&] { reference_prepare(obs, model, tok, T); }));
+        return 0;
+    }
+    print("prepare", time_it([&] { (void)prepare_observation(obs, model, pre, tok); }));
+    const size_t plane = size_t(model.canvas_height) * size_t(model.canvas_width);
+    std::vector<int> clip;
+    if (T == 4) clip = {0, 0, 0, 1, 1, 2, 2, 3, 3};
+    std::vector<float> ref(3 * plane), out(3 * clip.size() * plane);
+    print("  frames -> model inputs", time_it([&] { pre.run(obs.wrist, obs.exterior_1, obs.exterior_2, T - 1, clip, ref, out); }));
+    print("  prompt tokens", time_it([&] { (void)tokenize_droid_prompts(tok, obs.prompt, model.t5.text_len); }));
+    return 0;
+}
 
 #ifdef DZR_HAVE_CUDA
 
@@ -347,7 +445,8 @@ int run_kv_bench(const BenchOptions& o) {
 #endif  // DZR_HAVE_CUDA
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
-    auto* cmd = app.add_subcommand("bench", "Time the CUDA backend's GEMM, kernels and attention at DreamZero shapes");
+    auto* cmd = app.add_subcommand(
+        "bench", "Time the CUDA backend's GEMM, kernels and attention at DreamZero shapes, and the host-side prepare()");
     cmd->require_subcommand(1);
     auto opts = std::make_shared<BenchOptions>();
     const auto common = [opts](CLI::App* sub) {
@@ -385,6 +484,23 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     kv->add_option("--device", opts->device, "CUDA device (cuda or cuda:N)")->capture_default_str();
     kv->add_option("--config", opts->config, "run config with the model geometry and kv section")
         ->capture_default_str();
+    auto* prepare = cmd->add_subcommand(
+        "prepare", "Host-side prepare() of one call on synthetic frames at a config's geometry (CPU; any build)");
+    prepare->add_option("--config", opts->config, "run config with the model geometry")->capture_default_str();
+    prepare->add_option("--tokenizer", opts->tokenizer, "umT5 spiece.model (or a directory holding it)")
+        ->capture_default_str();
+    prepare->add_option("--threads", opts->threads, "preprocessing threads (0: min(8, hardware threads))")
+        ->capture_default_str();
+    prepare->add_option("--frames", opts->frames, "frames per camera (1: a first call, 4: a commit call)")
+        ->capture_default_str();
+    prepare->add_option("--warmup", opts->warmup, "untimed runs first")->capture_default_str()->check(CLI::NonNegativeNumber);
+    prepare->add_option("--iters", opts->iters, "timed runs (the median is reported)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    prepare->add_flag("--reference", opts->reference,
+                      "time the reference pipeline instead (per-channel float resize, one thread: the code before the "
+                      "fast path)");
+    prepare->callback([&run, opts] { run = [opts] { return run_prepare_bench(*opts); }; });
 #ifdef DZR_HAVE_CUDA
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });

@@ -32,6 +32,7 @@ struct RolloutArgs {
     bool quiet = false;
     bool check_finite = false;
     std::string noise_video, noise_action;
+    bool save_video = false;
 };
 
 extern "C" void on_sigint(int) {
@@ -71,6 +72,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     o.noise_action = a.noise_action;
     o.command_line = argv;
     o.open_video = io::open_video;
+    o.save_video = a.save_video;
+    if (io::video_io_available()) o.write_video = io::write_video_mp4;
 
     std::signal(SIGINT, on_sigint);
     rollout::RolloutResult r = rollout::run_rollout(o);
@@ -114,6 +117,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_flag("--no-plots", args->no_plots, "Do not draw the per-dimension PNG plots");
     cmd->add_flag("--quiet", args->quiet, "No start summary and no progress line");
     cmd->add_flag("--check-finite", args->check_finite, "Check every stage for NaN/Inf (slow; names the stage)");
+    cmd->add_flag("--save-video", args->save_video,
+                  "Decode the predicted video with the VAE decoder and write it next to the observed canvases "
+                  "(predicted_video.mp4 / observed_video.mp4; .npy on builds without OpenCV)");
     cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
     cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });

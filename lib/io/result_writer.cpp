@@ -71,6 +71,16 @@ void ResultWriter::write_png(std::string_view name, const Image& image) {
     written_.emplace_back(name);
 }
 
+void ResultWriter::write_npy(std::string_view name, const TensorView& array) {
+    io::write_npy(file(name), array);
+    written_.emplace_back(name);
+}
+
+void ResultWriter::write_with(std::string_view name, const std::function<void(const fs::path&)>& write) {
+    write(file(name));
+    written_.emplace_back(name);
+}
+
 void ResultWriter::clear_done() {
     std::error_code ec;
     fs::remove(dir_ / std::string(kDoneMarker), ec);

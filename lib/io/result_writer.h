@@ -4,6 +4,7 @@
 /// whole files or none; the done marker is written last and is what --resume looks for.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/tensor.h"
 #include "io/image.h"
 
 namespace dzr::io {
@@ -51,6 +53,11 @@ public:
     void write_json(std::string_view name, const nlohmann::ordered_json& value);
     void write_text(std::string_view name, std::string_view text);
     void write_png(std::string_view name, const Image& image);
+    /// `name` as .npy (a host, contiguous tensor of a dtype NPY has).
+    void write_npy(std::string_view name, const TensorView& array);
+    /// A file that `write` produces atomically at the path it is given (an MP4 encoder, say); recorded
+    /// like the others.
+    void write_with(std::string_view name, const std::function<void(const std::filesystem::path&)>& write);
 
     /// Removes a done marker left by an earlier run, before any file is rewritten.
     void clear_done();

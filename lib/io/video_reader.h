@@ -36,6 +36,9 @@ public:
 
 using VideoOpener = std::function<std::unique_ptr<VideoReader>(const std::filesystem::path&)>;
 
+/// Encodes uint8 RGB frames [T, H, W, 3] at `fps` into a video file, atomically; returns the codec used.
+using VideoWriterFn = std::function<std::string(const std::filesystem::path&, const TensorView&, double fps)>;
+
 /// Opens a video file for decoding. Throws dzr::Error naming the file when it cannot be opened.
 std::unique_ptr<VideoReader> open_video(const std::filesystem::path& path);
 

@@ -1,5 +1,6 @@
 #include "policy/dreamzero_policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -116,6 +117,8 @@ DreamZeroPolicy::DreamZeroPolicy(const ModelConfig& model, const WeightSource& w
     // loading below can already use it.
     if (!measuring_) plan_workspace(weights, tokenizer);
 
+    preprocessor_ = std::make_unique<ObservationPreprocessor>(
+        ViewSize{model_.canvas_height / 2, model_.canvas_width / 2}, options_.unit_range);  // the canvas is 2 x 2 views
     tokenizer_ = std::make_unique<Umt5Tokenizer>(tokenizer);
     DZR_CHECK(tokenizer_->vocab_size() <= model_.t5.vocab,
               "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this checkpoint",
@@ -203,6 +206,15 @@ void DreamZeroPolicy::plan_workspace(const WeightSource& weights, const std::fil
     shadow.step(obs);
     obs.exterior_1 = obs.exterior_2 = obs.wrist = view(4);
     shadow.step(obs);
+    if (options_.video_decode) {
+        DZR_CHECK(model_.vae.has_decoder, "policy: video decoding needs the VAE decoder (model.vae.has_decoder)");
+        // NOTE: the chunked decode's workspace does not depend on the number of latent frames.
+        const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
+        const Tensor latent = mb.alloc(Shape{model_.vae.z_dim, 3, lh, lw}, mb.compute_dtype());
+        const Tensor video = mb.alloc(shadow.vae_->video_shape(latent.shape()), mb.compute_dtype());
+        ArenaScope scope(mb.workspace());
+        shadow.vae_->decode(latent, video);
+    }
     workspace_bytes_ = mb.workspace().high_water() + (size_t(1) << 20);
     be_.reserve_workspace(workspace_bytes_);
 }
@@ -215,6 +227,69 @@ size_t DreamZeroPolicy::kv_bytes() const {
 }
 
 TensorView DreamZeroPolicy::last_video_latent() const { return buf_->x.view(); }
+
+Tensor DreamZeroPolicy::video_prediction() const {
+    const int z = model_.vae.z_dim;
+    const Shape xs = buf_->x.shape();  // [z, 2, h, w]
+    const int64_t f = xs[1], plane = xs[2] * xs[3];
+    // NOTE: step() leaves start_frame_ at 3 exactly when it denoised at start frame 1 (a window's first
+    // call), where the reference prepends the reference frame's latent, ys[4:4+z, 0].
+    const bool with_reference = start_frame_ == 1 + f;
+    Tensor x = Tensor::host(xs, DType::F32);
+    be_.download(buf_->x, x);
+    Tensor out = Tensor::host(Shape{z, f + (with_reference ? 1 : 0), xs[2], xs[3]}, DType::F32);
+    Tensor ys;
+    if (with_reference) {
+        ys = Tensor::host(buf_->ys.shape(), DType::F32);
+        be_.download(buf_->ys, ys);
+    }
+    const int64_t ys_frames = buf_->ys.shape()[1];
+    float* o = out.ptr<float>();
+    for (int c = 0; c < z; ++c) {
+        // [z, f, h, w]: channel c's frames are contiguous; the reference latent comes first.
+        if (with_reference) {
+            const float* src = ys.ptr<float>() + (int64_t(WanVae::kMaskChannels + c) * ys_frames) * plane;
+            o = std::copy(src, src + plane, o);
+        }
+        const float* src = x.ptr<float>() + int64_t(c) * f * plane;
+        o = std::copy(src, src + f * plane, o);
+    }
+    return out;
+}
+
+Tensor DreamZeroPolicy::decode_video(const TensorView& latents) {
+    DZR_CHECK(model_.vae.has_decoder, "decode_video: the checkpoint's VAE was loaded without its decoder");
+    DZR_CHECK(options_.video_decode || measuring_,
+              "decode_video: the policy was built without PolicyOptions::video_decode (no workspace for it)");
+    DZR_CHECK(latents.device.is_cpu() && latents.dtype == DType::F32 && latents.rank() == 4 &&
+                  latents.dim(0) == model_.vae.z_dim && latents.dim(1) >= 1 && latents.dim(2) == model_.canvas_height / 8 &&
+                  latents.dim(3) == model_.canvas_width / 8 && latents.is_contiguous(),
+              "decode_video: latents must be host f32 [{}, K, {}, {}], got {}", model_.vae.z_dim,
+              model_.canvas_height / 8, model_.canvas_width / 8, latents.str());
+    const DType dt = be_.compute_dtype();
+    const Tensor latent = be_.alloc(latents.shape, dt);
+    const Tensor video = be_.alloc(vae_->video_shape(latents.shape), dt);  // [3, T, H, W]
+    be_.upload(latents, latent);
+    {
+        ArenaScope scope(be_.workspace());
+        vae_->decode(latent, video);
+    }
+    Tensor host = Tensor::host(video.shape(), DType::F32);
+    be_.download(video, host);
+    const Shape vs = video.shape();
+    const int64_t T = vs[1], H = vs[2], W = vs[3], plane = H * W;
+    Tensor frames = Tensor::host(Shape{T, H, W, 3}, DType::U8);
+    const float* src = host.ptr<float>();
+    uint8_t* dst = frames.ptr<uint8_t>();
+    // [3, T, H, W] -> [T, H, W, 3]; ((x + 1) * 127.5).clip(0, 255).astype(uint8) in float32.
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t p = 0; p < plane; ++p)
+            for (int64_t c = 0; c < 3; ++c) {
+                const float v = (src[(c * T + t) * plane + p] + 1.0f) * 127.5f;
+                dst[(t * plane + p) * 3 + c] = uint8_t(v > 0.0f ? std::min(v, 255.0f) : 0.0f);  // NaN -> 0
+            }
+    return frames;
+}
 
 std::string DreamZeroPolicy::describe() const {
     return fmt::format("DiT {}x{} ({} heads), umT5 {}x{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} KV {:.2f} GiB, "
@@ -238,6 +313,8 @@ void DreamZeroPolicy::reset() {
 }
 
 void DreamZeroPolicy::trace(std::string_view stage, const TensorView& t) {
+    // NOTE: the override runs first, so that the trace (the parity dump) shows what is consumed.
+    if (override_) override_(stage, call_index_, t);
     if (trace_) trace_(stage, call_index_, t);
 }
 
@@ -345,7 +422,8 @@ void DreamZeroPolicy::forward_branch(int branch, ForwardKind kind, const TensorV
     else dense_[branch]->commit();
 }
 
-PreparedObservation DreamZeroPolicy::prepare(const Observation& obs) const {
+PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
+                                        const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer) {
     Timer timer;
     const int T = int(obs.exterior_1.rank() == 4 ? obs.exterior_1.dim(0) : 0);
     for (const auto* v : {&obs.exterior_1, &obs.exterior_2, &obs.wrist}) {
@@ -355,37 +433,33 @@ PreparedObservation DreamZeroPolicy::prepare(const Observation& obs) const {
     }
     DZR_CHECK(T == 1 || T == 4 || T == 8 || T == 9, "observation: {} frames per camera; a call takes 1, 4, 8 or 9", T);
     DZR_CHECK(!obs.prompt.empty(), "observation: empty prompt");
+    DZR_CHECK(preprocessor.view() == (ViewSize{model.canvas_height / 2, model.canvas_width / 2}),
+              "observation: the preprocessor's view size {}x{} is not half the {}x{} canvas",
+              preprocessor.view().height, preprocessor.view().width, model.canvas_height, model.canvas_width);
 
     PreparedObservation p;
     p.frames = T;
     p.joint_position = obs.joint_position;
     p.gripper_position = obs.gripper_position;
-    // Views -> canvases (host).
-    std::vector<RgbImage> canvases;
-    canvases.reserve(size_t(T));
-    const ViewSize view{model_.canvas_height / 2, model_.canvas_width / 2};  // the canvas is 2 x 2 views
-    for (int t = 0; t < T; ++t) {
-        RgbImage wrist = preprocess_view(frame_view(obs.wrist, t), view, "wrist_image_left");
-        RgbImage e1 = preprocess_view(frame_view(obs.exterior_1, t), view, "exterior_image_1_left");
-        RgbImage e2 = preprocess_view(frame_view(obs.exterior_2, t), view, "exterior_image_2_left");
-        canvases.push_back(compose_canvas(wrist, e1, e2));
-    }
-    // The two possible model inputs; step() uploads the one its reset decision needs.
-    const size_t frame_values = size_t(3) * model_.canvas_height * model_.canvas_width;
+    // Views -> canvases -> the two possible model inputs (host); step() uploads the one its reset
+    // decision needs.
+    const size_t frame_values = size_t(3) * model.canvas_height * model.canvas_width;
     const int ref = (T == 4 || T == 9) ? T - 1 : 0;
-    p.reference_input.resize(frame_values);
-    canvases_to_model_input(std::span<const RgbImage>(&canvases[size_t(ref)], 1), p.reference_input,
-                            options_.unit_range);
+    std::vector<int> clip;
     if (T > 1) {
-        std::vector<RgbImage> clip;
-        for (int i : commit_clip_indices(T, model_.dit.num_frame_per_block)) clip.push_back(canvases[size_t(i)]);
+        clip = commit_clip_indices(T, model.dit.num_frame_per_block);
         DZR_CHECK(int(clip.size()) == kMaxClipFrames, "observation: {} frames give a {}-frame clip", T, clip.size());
-        p.clip_input.resize(frame_values * clip.size());
-        canvases_to_model_input(clip, p.clip_input, options_.unit_range);
     }
-    p.tokens = tokenize_droid_prompts(*tokenizer_, obs.prompt, model_.t5.text_len);
+    p.reference_input.resize(frame_values);
+    p.clip_input.resize(frame_values * clip.size());
+    preprocessor.run(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input, p.clip_input);
+    p.tokens = tokenize_droid_prompts(tokenizer, obs.prompt, model.t5.text_len);
     p.prepare_ms = timer.ms();
     return p;
+}
+
+PreparedObservation DreamZeroPolicy::prepare(const Observation& obs) const {
+    return prepare_observation(obs, model_, *preprocessor_, *tokenizer_);
 }
 
 PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
@@ -458,7 +532,9 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
         if (result.reset) {
             // ---- window start: CLIP + `ys`, then the prefill of the reference latent ---------------
             image_encoder_->encode(be_, buf_->ref_frame, buf_->clip_feats);
-            vae_->encode_conditioning(buf_->ref_frame, model_.num_frames, buf_->ys);
+            // NOTE: the reference encodes ys under torch.autocast(bf16) (f32 norms, one rounding per conv
+            // input) and the commit clip with plain bf16 ops (docs/VAE.md, Precision).
+            vae_->encode_conditioning(buf_->ref_frame, model_.num_frames, buf_->ys, VaePrecision::Autocast);
             trace("clip", buf_->clip_feats);
             trace("ys", buf_->ys);
             check_finite("image encoder", buf_->clip_feats);
@@ -478,7 +554,7 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
             sync_phase(result.times.kv_commit, phase);
         } else {
             // ---- commit the two newest observed latent frames -----------------------------------
-            vae_->encode(buf_->clip_video, buf_->clip_latent);
+            vae_->encode(buf_->clip_video, buf_->clip_latent, VaePrecision::Eager);
             trace("vae.clip", buf_->clip_latent);
             check_finite("VAE encode", buf_->clip_latent);
             sync_phase(result.times.vae_encode, phase);
@@ -512,7 +588,7 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
         double dit_ms = 0;
         Timer dit_timer;
         auto evaluate = [&](const DenoiseStep& s) {
-            if (trace_) {  // the samples the DiT sees at this step (parity dumps)
+            if (trace_ || override_) {  // the samples the DiT sees at this step (parity dumps)
                 trace(fmt::format("sample.video.{}", s.index), buf_->x);
                 trace(fmt::format("sample.action.{}", s.index), buf_->a);
             }

@@ -57,8 +57,8 @@ struct Observation {
 /// runs (the rollout overlaps them).
 struct PreparedObservation {
     int frames = 0;                       ///< T
-    std::vector<float> reference_input;   ///< [3, H, W]: frame T-1 when T is 4 or 9, else frame 0
-    std::vector<float> clip_input;        ///< [3, 9, H, W]: the commit clip (empty when T == 1)
+    HostFloats reference_input;           ///< [3, H, W]: frame T-1 when T is 4 or 9, else frame 0
+    HostFloats clip_input;                ///< [3, 9, H, W]: the commit clip (empty when T == 1)
     PromptTokens tokens;
     std::array<double, 7> joint_position{};
     double gripper_position = 0.0;
@@ -98,6 +98,7 @@ struct PolicyOptions {
     UnitRangeMode unit_range = UnitRangeMode::F32;
     bool check_finite = false;           ///< debug: check every stage (synchronizes) and name the culprit
     size_t free_device_bytes = 0;        ///< for a fractional kv.memory_budget (0 = unknown)
+    bool video_decode = false;           ///< also plan the workspace for decode_video() (needs the decoder)
 };
 
 /// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during
@@ -107,6 +108,12 @@ struct PolicyOptions {
 /// names), "sample.video.<step>" / "sample.action.<step>" (what the DiT sees at an evaluated step),
 /// "velocity.cond.<step>", "velocity.uncond.<step>", "velocity.action.<step>", "x", "actions".
 using PolicyTraceFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
+
+/// Parity diagnostics: (stage, call index, the live buffer on the backend). Called at every policy
+/// stage of PolicyTraceFn except the DiT's "dit.*" internals, right before that stage is traced and
+/// before anything consumes the buffer, so a callback may overwrite it (be.upload into `t`) and the
+/// rest of the call, the trace included, sees the new values. `t` is contiguous.
+using PolicyOverrideFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
 
 class DreamZeroPolicy {
 public:
@@ -134,10 +141,21 @@ public:
     /// The KV memory plan (paged mode) or the dense caches' bytes.
     size_t kv_bytes() const;
     const KvCacheManager* kv_manager() const { return kv_manager_.get(); }
-    /// The predicted latent frames of the last call, [z, f, h, w] on the backend (f = 3 on a window's
-    /// first call: the reference frame's latent, then the 2 predicted frames; else 2).
+    /// The 2 denoised latent frames of the last call, [z, 2, h, w] on the backend.
     TensorView last_video_latent() const;
+    /// The last call's video prediction as the reference returns it (`video_pred`,
+    /// wan_flow_matching_action_tf.py:1311): host f32 [z, f, h, w], f = 3 on a window's first call
+    /// (the reference frame's latent, then the 2 denoised frames), else 2. Downloads (synchronizes):
+    /// call it between calls.
+    Tensor video_prediction() const;
+    /// Decodes video latents (host [z, K, h, w], e.g. an episode's video_prediction()s joined along
+    /// time) with the VAE decoder into host uint8 RGB frames [1 + 4(K - 1), H, W, 3], converted as
+    /// the official server saves them: ((x + 1) * 127.5) clipped to [0, 255], truncated. Needs the
+    /// decoder weights and PolicyOptions::video_decode (the workspace is planned for it); allocates
+    /// the latent and video buffers on the backend, so call it between calls.
+    Tensor decode_video(const TensorView& latents);
     void set_trace(PolicyTraceFn trace) { trace_ = std::move(trace); }
+    void set_override(PolicyOverrideFn override_fn) { override_ = std::move(override_fn); }
     std::string describe() const;
 
 private:
@@ -161,6 +179,7 @@ private:
     Backend& be_;
     bool measuring_ = false;  // this instance runs on a MeasuringBackend (workspace planning)
 
+    std::unique_ptr<ObservationPreprocessor> preprocessor_;  // prepare()'s frames -> model inputs
     std::unique_ptr<Umt5Tokenizer> tokenizer_;
     std::unique_ptr<Umt5Encoder> text_encoder_;
     std::unique_ptr<ClipVision> image_encoder_;
@@ -189,7 +208,13 @@ private:
     int call_index_ = 0;
     int last_latent_frames_ = 0;
     PolicyTraceFn trace_;
+    PolicyOverrideFn override_;
 };
+
+/// DreamZeroPolicy::prepare() without a policy (`dzr bench prepare` times it): validation, the
+/// frames -> model inputs (`preprocessor` at half the canvas size) and the prompt tokens.
+PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
+                                        const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer);
 
 /// A WeightSource of shapes only (no data), from the inventory of a geometry, for workspace planning.
 std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model);

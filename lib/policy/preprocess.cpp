@@ -5,10 +5,19 @@
 #include "policy/preprocess.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -163,6 +172,142 @@ float aa_dot(const float* src, int64_t stride, const float* w, int64_t n, bool f
     return out;
 }
 
+// ---- the fast resize: row kernels ------------------------------------------------------------------
+
+template <bool Fma>
+[[gnu::always_inline]] inline float mac(float a, float b, float acc) {
+    if constexpr (Fma) {
+        return __builtin_fmaf(a, b, acc);
+    } else {
+        return acc + a * b;
+    }
+}
+
+// Horizontal pass of one row: out[e] = rowf[src[e]] * w0[e], then out[e] = mac(rowf[src[e] + 3j], wj[e]).
+// `rowf` is the interleaved RGB row as float, padded with zeros for the padded taps.
+template <bool Fma>
+[[gnu::always_inline]] inline void h_row_impl(const float* __restrict rowf, const int32_t* __restrict src,
+                                              const float* __restrict w, int taps, int n, float* __restrict out) {
+    for (int e = 0; e < n; ++e) out[e] = rowf[src[e]] * w[e];
+    for (int j = 1; j < taps; ++j) {
+        const float* __restrict wj = w + size_t(j) * size_t(n);
+        const int off = 3 * j;
+        for (int e = 0; e < n; ++e) out[e] = mac<Fma>(rowf[src[e] + off], wj[e], out[e]);
+    }
+}
+
+// Vertical pass of one output row: acc[e] = rows[0][e] * w[0], then acc[e] = mac(rows[j][e], w[j]);
+// then (acc * 255) clamped and truncated to uint8 (VideoToNumpy), each pixel written once or twice.
+template <bool Fma>
+[[gnu::always_inline]] inline void v_row_impl(const float* __restrict rows, size_t row_len, const float* w, int taps,
+                                              float* __restrict acc, uint8_t* __restrict out, bool repeat) {
+    const int n = int(row_len);
+    const float w0 = w[0];
+    for (int e = 0; e < n; ++e) acc[e] = rows[e] * w0;
+    for (int j = 1; j < taps; ++j) {
+        const float* __restrict r = rows + size_t(j) * row_len;
+        const float wj = w[j];
+        for (int e = 0; e < n; ++e) acc[e] = mac<Fma>(r[e], wj, acc[e]);
+    }
+    if (!repeat) {
+        for (int e = 0; e < n; ++e) out[e] = uint8_t(std::clamp(acc[e] * 255.0f, 0.f, 255.f));
+    } else {
+        for (int e = 0; e < n; e += 3)
+            for (int c = 0; c < 3; ++c) {
+                const uint8_t v = uint8_t(std::clamp(acc[e + c] * 255.0f, 0.f, 255.f));
+                out[2 * e + c] = v;
+                out[2 * e + 3 + c] = v;
+            }
+    }
+}
+
+using HRowFn = void (*)(const float*, const int32_t*, const float*, int, int, float*);
+using VRowFn = void (*)(const float*, size_t, const float*, int, float*, uint8_t*, bool);
+
+template <bool Fma>
+void h_row_generic(const float* rowf, const int32_t* src, const float* w, int taps, int n, float* out) {
+    h_row_impl<Fma>(rowf, src, w, taps, n, out);
+}
+template <bool Fma>
+void v_row_generic(const float* rows, size_t row_len, const float* w, int taps, float* acc, uint8_t* out, bool repeat) {
+    v_row_impl<Fma>(rows, row_len, w, taps, acc, out, repeat);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// NOTE: the baseline x86-64 target has no FMA instruction, so std::fma is a library call per value; these
+// copies are compiled for AVX2 + FMA and picked at run time. Only the fused variant is built this way: the
+// unfused one must never be contracted into FMAs.
+__attribute__((target("avx2,fma"))) void h_row_avx2(const float* rowf, const int32_t* src, const float* w, int taps,
+                                                     int n, float* out) {
+    h_row_impl<true>(rowf, src, w, taps, n, out);
+}
+__attribute__((target("avx2,fma"))) void v_row_avx2(const float* rows, size_t row_len, const float* w, int taps,
+                                                     float* acc, uint8_t* out, bool repeat) {
+    v_row_impl<true>(rows, row_len, w, taps, acc, out, repeat);
+}
+bool cpu_has_avx2_fma() {
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+}
+#endif
+
+HRowFn pick_h_row(bool fma) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (fma && cpu_has_avx2_fma()) return h_row_avx2;
+#endif
+    return fma ? h_row_generic<true> : h_row_generic<false>;
+}
+VRowFn pick_v_row(bool fma) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (fma && cpu_has_avx2_fma()) return v_row_avx2;
+#endif
+    return fma ? v_row_generic<true> : v_row_generic<false>;
+}
+
+void unit_range_lut(UnitRangeMode mode, float lut[256]) {
+    for (int u = 0; u < 256; ++u) {
+        if (mode == UnitRangeMode::F32) {
+            lut[u] = (float(u) / 255.0f - 0.5f) / 0.5f;
+        } else {
+            // NOTE: on CUDA `x.float() / 255.0` multiplies by the float reciprocal; Normalize then runs in
+            // bf16.
+            const float a = bf16_to_f32(f32_to_bf16(float(u) * (1.0f / 255.0f)));
+            const float b = bf16_to_f32(f32_to_bf16(a - 0.5f));
+            lut[u] = bf16_to_f32(f32_to_bf16(b / 0.5f));
+        }
+    }
+}
+
+/// The frame the crop is taken from: `frame` itself at 180x320, else resize_with_pad into `padded`
+/// (logged once per camera name and size).
+RgbView eval_frame(RgbView frame, std::string_view name, RgbImage& padded) {
+    DZR_CHECK(frame.data != nullptr && frame.height > 0 && frame.width > 0, "preprocess: {} frame is empty", name);
+    if (frame.height == kFrameHeight && frame.width == kFrameWidth) return frame;
+    static std::mutex mu;
+    static std::set<std::string> logged;
+    const std::string key = std::string(name) + ":" + std::to_string(frame.height) + "x" + std::to_string(frame.width);
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (logged.insert(key).second)
+            log()->info("{}: {}x{} frames are resized with padding to {}x{} (openpi resize_with_pad)", name,
+                        frame.height, frame.width, kFrameHeight, kFrameWidth);
+    }
+    padded = resize_with_pad(frame, kFrameHeight, kFrameWidth);
+    return padded.view();
+}
+
+/// One AaResizer per geometry, shared (preprocess_view).
+const AaResizer& cached_resizer(int h, int w, int out_h, int out_w, bool fma) {
+    static std::mutex mu;
+    static std::map<std::tuple<int, int, int, int, bool>, std::unique_ptr<AaResizer>> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    auto& slot = cache[{h, w, out_h, out_w, fma}];
+    if (!slot) slot = std::make_unique<AaResizer>(h, w, out_h, out_w, ResizeOptions{fma});
+    return *slot;
+}
+
+constexpr const char* kViewNames[3] = {"wrist_image_left", "exterior_image_1_left", "exterior_image_2_left"};
+
 }  // namespace
 
 RgbView frame_view(const TensorView& frames, int64_t t) {
@@ -255,29 +400,14 @@ RgbImage preprocess_view(RgbView frame, std::string_view name, const ResizeOptio
 }
 
 RgbImage preprocess_view(RgbView frame, ViewSize size, std::string_view name, const ResizeOptions& opt) {
-    DZR_CHECK(frame.data != nullptr && frame.height > 0 && frame.width > 0, "preprocess: {} frame is empty",
-              name);
     DZR_CHECK(size.height >= 1 && size.width >= 1, "preprocess: {} view size {}x{} is not positive", name,
               size.height, size.width);
     RgbImage padded;
-    RgbView src = frame;
-    if (frame.height != kFrameHeight || frame.width != kFrameWidth) {
-        static std::mutex mu;
-        static std::set<std::string> logged;
-        const std::string key =
-            std::string(name) + ":" + std::to_string(frame.height) + "x" + std::to_string(frame.width);
-        {
-            std::lock_guard<std::mutex> lock(mu);
-            if (logged.insert(key).second)
-                log()->info("{}: {}x{} frames are resized with padding to {}x{} (openpi resize_with_pad)",
-                            name, frame.height, frame.width, kFrameHeight, kFrameWidth);
-        }
-        padded = resize_with_pad(frame, kFrameHeight, kFrameWidth);
-        src = padded.view();
-    }
+    const RgbView src = eval_frame(frame, name, padded);
     const int top = center_crop_offset(kFrameHeight, kCropHeight);
     const int left = center_crop_offset(kFrameWidth, kCropWidth);
-    return resize_bilinear_aa_u8(src, top, left, kCropHeight, kCropWidth, size.height, size.width, opt);
+    return cached_resizer(kCropHeight, kCropWidth, size.height, size.width, opt.fused_multiply_add)
+        .run(src, top, left);
 }
 
 RgbImage compose_canvas(const RgbImage& wrist, const RgbImage& exterior_1, const RgbImage& exterior_2) {
@@ -309,17 +439,7 @@ void canvases_to_model_input(std::span<const RgbImage> canvases, std::span<float
     DZR_CHECK(out.size() == 3 * t_count * plane, "model input: {} canvases of {}x{} need {} output values, got {}",
               t_count, height, width, 3 * t_count * plane, out.size());
     float lut[256];
-    for (int u = 0; u < 256; ++u) {
-        if (mode == UnitRangeMode::F32) {
-            lut[u] = (float(u) / 255.0f - 0.5f) / 0.5f;
-        } else {
-            // NOTE: on CUDA `x.float() / 255.0` multiplies by the float reciprocal; Normalize then runs in
-            // bf16.
-            const float a = bf16_to_f32(f32_to_bf16(float(u) * (1.0f / 255.0f)));
-            const float b = bf16_to_f32(f32_to_bf16(a - 0.5f));
-            lut[u] = bf16_to_f32(f32_to_bf16(b / 0.5f));
-        }
-    }
+    unit_range_lut(mode, lut);
     for (size_t t = 0; t < t_count; ++t) {
         const RgbImage& cv = canvases[t];
         DZR_CHECK(cv.height == height && cv.width == width, "model input: canvas {} is {}x{}, expected {}x{}", t,
@@ -328,6 +448,206 @@ void canvases_to_model_input(std::span<const RgbImage> canvases, std::span<float
         for (size_t p = 0; p < plane; ++p)
             for (size_t c = 0; c < 3; ++c) out[(c * t_count + t) * plane + p] = lut[cv.pixels[p * 3 + c]];
     }
+}
+
+// ---- AaResizer -----------------------------------------------------------------------------------------
+
+AaResizer::AaResizer(int in_height, int in_width, int out_height, int out_width, const ResizeOptions& opt)
+    : in_h_(in_height), in_w_(in_width), out_h_(out_height), out_w_(out_width), fma_(opt.fused_multiply_add) {
+    DZR_CHECK(in_height >= 1 && in_width >= 1 && out_height >= 1 && out_width >= 1,
+              "resize: invalid geometry {}x{} -> {}x{}", in_height, in_width, out_height, out_width);
+    // NOTE: an axis that keeps its size is not resampled by the reference; one tap of weight 1 copies it
+    // exactly (x * 1 == x).
+    const int n = out_w_ * 3;
+    if (out_w_ != in_w_) {
+        const AaAxis ax = torch_aa_axis(in_w_, out_w_);
+        taps_h_ = int(ax.max_interp);
+        src_h_.resize(size_t(n));
+        w_h_.assign(size_t(taps_h_) * size_t(n), 0.f);
+        for (int x = 0; x < out_w_; ++x)
+            for (int c = 0; c < 3; ++c) {
+                const int e = x * 3 + c;
+                src_h_[size_t(e)] = int32_t(ax.xmin[size_t(x)] * 3 + c);
+                for (int64_t j = 0; j < ax.xsize[size_t(x)]; ++j)
+                    w_h_[size_t(j) * size_t(n) + size_t(e)] = ax.w[size_t(x * ax.max_interp + j)];
+            }
+    } else {
+        src_h_.resize(size_t(n));
+        for (int e = 0; e < n; ++e) src_h_[size_t(e)] = e;
+        w_h_.assign(size_t(n), 1.f);
+    }
+    if (out_h_ != in_h_) {
+        const AaAxis ax = torch_aa_axis(in_h_, out_h_);
+        taps_v_ = int(ax.max_interp);
+        src_v_.resize(size_t(out_h_));
+        w_v_.assign(size_t(out_h_) * size_t(taps_v_), 0.f);
+        for (int y = 0; y < out_h_; ++y) {
+            src_v_[size_t(y)] = int32_t(ax.xmin[size_t(y)]);
+            for (int64_t j = 0; j < ax.xsize[size_t(y)]; ++j)
+                w_v_[size_t(y) * size_t(taps_v_) + size_t(j)] = ax.w[size_t(y * ax.max_interp + j)];
+        }
+    } else {
+        src_v_.resize(size_t(out_h_));
+        for (int y = 0; y < out_h_; ++y) src_v_[size_t(y)] = y;
+        w_v_.assign(size_t(out_h_), 1.f);
+    }
+}
+
+void AaResizer::run(RgbView in, int top, int left, uint8_t* out, size_t out_row_stride, bool repeat_columns) const {
+    DZR_CHECK(in.data != nullptr && top >= 0 && left >= 0 && top + in_h_ <= in.height && left + in_w_ <= in.width,
+              "resize: region {}x{} at ({}, {}) is outside the {}x{} frame", in_h_, in_w_, top, left, in.height,
+              in.width);
+    static const auto kByteToUnit = [] {
+        std::array<float, 256> t{};
+        for (int u = 0; u < 256; ++u) t[size_t(u)] = float(u) / 255.0f;  // VideoToTensor: uint8 -> / 255
+        return t;
+    }();
+    const HRowFn h_row = pick_h_row(fma_);
+    const VRowFn v_row = pick_v_row(fma_);
+    const int n = out_w_ * 3;
+    // Per-thread buffers: the float row (zero-padded for the padded taps), the horizontal pass output
+    // (zero rows appended for the padded vertical taps) and one accumulator row.
+    thread_local std::vector<float> rowf, tmp, acc;
+    rowf.resize(size_t(in_w_ + taps_h_) * 3);
+    std::fill(rowf.begin() + ptrdiff_t(in_w_) * 3, rowf.end(), 0.f);
+    tmp.resize(size_t(in_h_ + taps_v_) * size_t(n));
+    std::fill(tmp.begin() + ptrdiff_t(size_t(in_h_) * size_t(n)), tmp.end(), 0.f);
+    acc.resize(size_t(n));
+    for (int y = 0; y < in_h_; ++y) {
+        const uint8_t* row = in.data + (size_t(top + y) * size_t(in.width) + size_t(left)) * 3;
+        for (int k = 0; k < in_w_ * 3; ++k) rowf[size_t(k)] = kByteToUnit[row[k]];
+        h_row(rowf.data(), src_h_.data(), w_h_.data(), taps_h_, n, tmp.data() + size_t(y) * size_t(n));
+    }
+    for (int y = 0; y < out_h_; ++y)
+        v_row(tmp.data() + size_t(src_v_[size_t(y)]) * size_t(n), size_t(n), &w_v_[size_t(y) * size_t(taps_v_)],
+              taps_v_, acc.data(), out + size_t(y) * out_row_stride, repeat_columns);
+}
+
+RgbImage AaResizer::run(RgbView in, int top, int left) const {
+    RgbImage out(out_h_, out_w_);
+    run(in, top, left, out.pixels.data(), size_t(out_w_) * 3);
+    return out;
+}
+
+// ---- parallel_for ------------------------------------------------------------------------------------
+
+void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
+    if (n <= 0) return;
+    const int workers = std::min(n, std::max(1, threads));
+    std::atomic<int> next{0};
+    std::mutex mu;
+    std::exception_ptr error;
+    auto drain = [&] {
+        for (int i; (i = next.fetch_add(1)) < n;) {
+            try {
+                fn(i);
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(mu);
+                if (!error) error = std::current_exception();
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    pool.reserve(size_t(workers - 1));
+    for (int k = 1; k < workers; ++k) {
+        try {
+            pool.emplace_back(drain);
+        } catch (const std::system_error&) {
+            break;  // NOTE: no more threads; the ones running (and this one) finish the work
+        }
+    }
+    drain();
+    for (auto& t : pool) t.join();
+    if (error) std::rethrow_exception(error);
+}
+
+// ---- ObservationPreprocessor ---------------------------------------------------------------------------
+
+ObservationPreprocessor::ObservationPreprocessor(ViewSize view, UnitRangeMode mode, int threads)
+    : view_(view),
+      mode_(mode),
+      threads_(threads > 0 ? threads : int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u))),
+      resizer_(kCropHeight, kCropWidth, view.height, view.width) {
+    unit_range_lut(mode_, lut_);
+}
+
+namespace {
+
+/// Validates the three cameras of a call (same T); returns T.
+int64_t check_cameras(const std::array<const TensorView*, 3>& cams) {
+    for (int v = 0; v < 3; ++v) (void)frame_view(*cams[size_t(v)], 0);
+    const int64_t T = cams[0]->dim(0);
+    for (int v = 1; v < 3; ++v)
+        DZR_CHECK(cams[size_t(v)]->dim(0) == T, "preprocess: {} has {} frames, {} has {}", kViewNames[v],
+                  cams[size_t(v)]->dim(0), kViewNames[0], T);
+    return T;
+}
+
+}  // namespace
+
+void ObservationPreprocessor::view_into(const TensorView& camera, int which, int64_t t, uint8_t* canvas) const {
+    RgbImage padded;
+    const RgbView src = eval_frame(frame_view(camera, t), kViewNames[which], padded);
+    const size_t row = size_t(2) * size_t(view_.width) * 3;  // canvas row bytes (2 views wide)
+    // wrist: top half, columns doubled; exterior 1 bottom-left; exterior 2 bottom-right
+    uint8_t* dst = canvas;
+    if (which != 0) dst += size_t(view_.height) * row + (which == 2 ? size_t(view_.width) * 3 : 0);
+    resizer_.run(src, center_crop_offset(kFrameHeight, kCropHeight), center_crop_offset(kFrameWidth, kCropWidth), dst,
+                 row, which == 0);
+}
+
+void ObservationPreprocessor::canvas(const TensorView& wrist, const TensorView& exterior_1,
+                                     const TensorView& exterior_2, int64_t t, uint8_t* canvas) const {
+    const std::array<const TensorView*, 3> cams = {&wrist, &exterior_1, &exterior_2};
+    check_cameras(cams);
+    for (int v = 0; v < 3; ++v) view_into(*cams[size_t(v)], v, t, canvas);
+}
+
+void ObservationPreprocessor::run(const TensorView& wrist, const TensorView& exterior_1,
+                                  const TensorView& exterior_2, int reference, std::span<const int> clip,
+                                  std::span<float> reference_out, std::span<float> clip_out) const {
+    const std::array<const TensorView*, 3> cams = {&wrist, &exterior_1, &exterior_2};
+    const int64_t T = check_cameras(cams);
+    const int64_t H = 2 * int64_t(view_.height), W = 2 * int64_t(view_.width);
+    const size_t plane = size_t(H * W), canvas_bytes = plane * 3;
+    DZR_CHECK(reference >= 0 && reference < T, "preprocess: reference frame {} of {}", reference, T);
+    for (int f : clip) DZR_CHECK(f >= 0 && f < T, "preprocess: clip frame {} of {}", f, T);
+    DZR_CHECK(reference_out.size() == 3 * plane, "preprocess: the reference input needs {} values, got {}",
+              3 * plane, reference_out.size());
+    DZR_CHECK(clip_out.size() == 3 * clip.size() * plane, "preprocess: a {}-frame clip needs {} values, got {}",
+              clip.size(), 3 * clip.size() * plane, clip_out.size());
+
+    // Canvases of the frames used.
+    std::vector<int> used(size_t(T), 0);
+    used[size_t(reference)] = 1;
+    for (int f : clip) used[size_t(f)] = 1;
+    std::vector<int> frames;
+    for (int t = 0; t < int(T); ++t)
+        if (used[size_t(t)]) frames.push_back(t);
+    std::vector<uint8_t> canvases(frames.size() * canvas_bytes);
+    parallel_for(int(frames.size()) * 3, threads_, [&](int i) {
+        view_into(*cams[size_t(i % 3)], i % 3, frames[size_t(i / 3)], canvases.data() + size_t(i / 3) * canvas_bytes);
+    });
+
+    // [H, W, 3] canvases -> [3, S, H, W] inputs: one task per (canvas, channel), each writing every slot the
+    // canvas fills (the clip repeats frames).
+    const size_t S = clip.size();
+    parallel_for(int(frames.size()) * 3, threads_, [&](int i) {
+        const int k = i / 3, c = i % 3, t = frames[size_t(k)];
+        const uint8_t* cv = canvases.data() + size_t(k) * canvas_bytes + size_t(c);
+        std::vector<float*> dst;
+        for (size_t s = 0; s < S; ++s)
+            if (clip[s] == t) dst.push_back(clip_out.data() + (size_t(c) * S + s) * plane);
+        if (t == reference) dst.push_back(reference_out.data() + size_t(c) * plane);
+        // One read of the canvas, every slot written from it (in cache-sized pieces).
+        constexpr size_t kPiece = 4096;
+        for (size_t p0 = 0; p0 < plane; p0 += kPiece) {
+            const size_t p1 = std::min(plane, p0 + kPiece);
+            float* first = dst[0];
+            for (size_t p = p0; p < p1; ++p) first[p] = lut_[cv[p * 3]];
+            for (size_t d = 1; d < dst.size(); ++d) std::memcpy(dst[d] + p0, first + p0, (p1 - p0) * sizeof(float));
+        }
+    });
 }
 
 }  // namespace dzr

@@ -51,9 +51,10 @@ public:
     int64_t min_frames() const;
     /// "frame [0]; then [a-23, a-16, a-8, a] for a = 23, 47, ..." for logs and manifests.
     std::string describe() const;
+    /// The anchor of 4-frame chunk `chunk` (call chunk + 1), whether or not the episode reaches it.
+    int64_t anchor_of(int64_t chunk) const { return config_.start_frame + config_.first_anchor + chunk * config_.stride; }
 
 private:
-    int64_t anchor_of(int64_t chunk) const { return config_.start_frame + config_.first_anchor + chunk * config_.stride; }
     /// The newest frame chunk `chunk` needs: its anchor (for the state) or its newest offset frame.
     /// Clamping to start_frame never raises it, since every anchor is >= start_frame.
     int64_t last_needed(int64_t chunk) const { return anchor_of(chunk) + std::max<int64_t>(0, config_.offsets.back()); }

@@ -84,6 +84,12 @@ Json TimingReport::to_json() const {
     j["checkpoint_load_ms"] = checkpoint_load_ms;
     j["warmup"] = {{"calls", warmup_calls}, {"total_ms", warmup_ms}};
     j["peak_gpu_memory_bytes"] = peak_gpu_memory_bytes ? Json(*peak_gpu_memory_bytes) : Json(nullptr);
+    if (video) {
+        j["video"] = {{"latent_frames", video->latent_frames}, {"frames", video->frames}, {"fps", video->fps},
+                      {"decode_ms", video->decode_ms}, {"write_ms", video->write_ms}};
+    } else {
+        j["video"] = nullptr;
+    }
     j["phases"] = kPhaseNames;
     Json calls_j = Json::array();
     std::array<std::vector<double>, kNumPhases> phase_values;
@@ -310,7 +316,7 @@ EpisodeSummary summary_from_outputs(const fs::path& dir, const std::string& name
 
 Json summary_json(std::span<const EpisodeSummary> episodes) {
     Json list = Json::array();
-    int64_t ok = 0, failed = 0, skipped = 0;
+    int64_t ok = 0, failed = 0, skipped = 0, interrupted = 0;
     double pooled_sum = 0;
     int64_t pooled_n = 0;
     std::vector<std::pair<std::string, double>> key_sum;
@@ -319,6 +325,7 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
         ok += e.status == "ok";
         failed += e.status == "failed";
         skipped += e.status == "skipped";
+        interrupted += e.status == "interrupted";
         Json j = {{"name", e.name}, {"status", e.status}, {"num_frames", e.num_frames}, {"num_calls", e.num_calls}};
         if (!e.error.empty()) j["error"] = e.error;
         if (e.metrics) {
@@ -344,6 +351,7 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
         list.push_back(j);
     }
     Json totals = {{"episodes", int64_t(episodes.size())}, {"ok", ok}, {"failed", failed}, {"skipped", skipped}};
+    if (interrupted > 0) totals["interrupted"] = interrupted;
     if (pooled_n > 0) {
         totals["overall_mse"] = pooled_sum / double(pooled_n);
         Json keys = Json::object();

@@ -53,12 +53,23 @@ struct TimingStats {
 TimingStats compute_stats(std::span<const double> values);
 double percentile(std::span<const double> sorted, double q);
 
+/// --save-video: the episode's predicted video, decoded once after the last call (not in any call's
+/// total).
+struct VideoTiming {
+    int64_t latent_frames = 0;  ///< K: the calls' video predictions joined along time
+    int64_t frames = 0;         ///< 1 + 4 (K - 1) decoded frames
+    double fps = 0;
+    double decode_ms = 0;       ///< upload, VAE decode, download and the uint8 conversion
+    double write_ms = 0;        ///< the observed canvases and both files
+};
+
 struct TimingReport {
     std::string device;
     double checkpoint_load_ms = 0;
     int64_t warmup_calls = 0;
     double warmup_ms = 0;
     std::optional<int64_t> peak_gpu_memory_bytes;  // null when not measured (CPU)
+    std::optional<VideoTiming> video;              // null without --save-video
     std::vector<CallTiming> calls;
 
     /// Statistics of total_ms over the timed calls.
@@ -143,7 +154,7 @@ Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::
 
 struct EpisodeSummary {
     std::string name;
-    std::string status;  // "ok", "failed" or "skipped" (finished by an earlier run)
+    std::string status;  // "ok", "failed", "skipped" (finished by an earlier run) or "interrupted" (Ctrl-C)
     std::string error;   // the error message when failed
     int64_t num_frames = 0;
     int64_t num_calls = 0;

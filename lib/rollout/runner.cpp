@@ -12,6 +12,7 @@
 #include "io/episode.h"
 #include "io/result_writer.h"
 #include "rollout/frame_schedule.h"
+#include "rollout/predicted_video.h"
 #include "rollout/progress.h"
 #include "weights/checkpoint.h"
 #include "weights/inventory.h"
@@ -101,6 +102,70 @@ double run_warmup(DreamZeroPolicy& policy, int& calls) {
     return t.ms();
 }
 
+/// The next call's frames after `calls[i]` (the schedule's next anchor when `i` is the last call),
+/// clamped to the episode.
+std::vector<int64_t> next_call_frames(const FrameSchedule& schedule, const std::vector<ScheduledCall>& calls, size_t i,
+                                      int64_t num_frames) {
+    std::vector<int64_t> frames;
+    if (i + 1 < calls.size()) {
+        frames = calls[i + 1].frames;
+    } else {
+        // NOTE: call i + 1 is 4-frame chunk i (the first call is not a chunk).
+        const int64_t anchor = schedule.anchor_of(int64_t(i));
+        for (int64_t o : schedule.config().offsets) frames.push_back(anchor + o);
+    }
+    for (int64_t& f : frames) f = std::clamp<int64_t>(f, 0, num_frames - 1);
+    return frames;
+}
+
+/// Decodes the episode's predicted video and writes it and the observed canvases (MP4 or .npy).
+VideoTiming write_predicted_video(DreamZeroPolicy& policy, const VideoAccumulator& acc, const io::Episode& ep,
+                                  const RolloutOptions& opt, io::ResultWriter& writer) {
+    VideoTiming vt;
+    vt.fps = kVideoFps;
+    vt.latent_frames = acc.latent_frames();
+    Timer timer;
+    const Tensor predicted = policy.decode_video(acc.joined());
+    vt.decode_ms = timer.ms();
+    vt.frames = predicted.shape()[0];
+    timer.reset();
+    const ModelConfig& m = policy.model();
+    const Tensor observed = observed_canvases(ep, acc.observed(), ViewSize{m.canvas_height / 2, m.canvas_width / 2});
+    DZR_CHECK(observed.shape() == predicted.shape(), "video: {} predicted frames but {} observed ones",
+              predicted.view().str(), observed.view().str());
+    if (opt.write_video) {
+        for (const auto& [name, frames] : {std::pair{"predicted_video.mp4", &predicted}, std::pair{"observed_video.mp4", &observed}})
+            writer.write_with(name, [&](const std::filesystem::path& p) { opt.write_video(p, frames->view(), vt.fps); });
+    } else {
+        log()->info("video: this build has no video encoder; writing predicted_video.npy and observed_video.npy "
+                    "(uint8 [T, H, W, 3]) in {} instead of MP4s", writer.dir().string());
+        writer.write_npy("predicted_video.npy", predicted.view());
+        writer.write_npy("observed_video.npy", observed.view());
+    }
+    vt.write_ms = timer.ms();
+    return vt;
+}
+
+/// --save-video needs the VAE decoder: a checkpoint whose config says it has none may still hold the
+/// weights; otherwise the error names the missing keys.
+void require_decoder(ModelConfig& model, const Checkpoint& ckpt, const std::filesystem::path& path) {
+    if (model.vae.has_decoder) return;
+    ModelConfig with = model;
+    with.vae.has_decoder = true;
+    std::vector<std::string> missing;
+    for (const auto& w : expected_weights(with))
+        if (w.key.find("vae.model.decoder.") != std::string::npos && !ckpt.find(w.key)) missing.push_back(w.key);
+    if (missing.empty()) {
+        model.vae.has_decoder = true;
+        return;
+    }
+    std::string list;
+    for (size_t i = 0; i < std::min<size_t>(3, missing.size()); ++i) list += (i ? ", " : "") + missing[i];
+    DZR_THROW("--save-video: checkpoint {} has no VAE decoder ({} decoder tensors missing: {}{}); write one with "
+              "model.vae.has_decoder: true (`dzr ckpt make`) or convert the full checkpoint",
+              path.string(), missing.size(), list, missing.size() > 3 ? ", ..." : "");
+}
+
 }  // namespace
 
 RolloutResult run_rollout(const RolloutOptions& opt) {
@@ -128,7 +193,8 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     // ---- checkpoint and policy ------------------------------------------------------------------------
     Timer load_timer;
     Checkpoint ckpt(opt.checkpoint);
-    const ModelConfig& model = ckpt.model_config();
+    ModelConfig model = ckpt.model_config();
+    if (opt.save_video) require_decoder(model, ckpt, opt.checkpoint);
     if (opt.have_config_model) {
         const auto diffs = config::diff_model_configs(opt.run.model, model);
         if (!diffs.empty()) {
@@ -161,6 +227,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     po.kv_mode = opt.kv_mode;
     po.embodiment = opt.run.embodiment;
     po.check_finite = opt.check_finite;
+    po.video_decode = opt.save_video;
     if (!opt.noise_video.empty() || !opt.noise_action.empty()) {
         DZR_CHECK(!opt.noise_video.empty() && !opt.noise_action.empty(),
                   "--noise-video and --noise-action go together");
@@ -168,6 +235,13 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     }
     DreamZeroPolicy policy(model, ckpt, stats, tokenizer, po, *be);
     const double load_ms = load_timer.ms();
+    // Device-wide memory in use, sampled between calls only (after the load, the warm-up, each call
+    // and the video decode); the maximum so far goes into each episode's timing.json.
+    std::optional<int64_t> peak_memory;
+    auto sample_memory = [&] {
+        if (const auto m = be->device_memory_in_use()) peak_memory = std::max(peak_memory.value_or(0), *m);
+    };
+    sample_memory();
 
     if (!opt.quiet) {
         std::fprintf(stderr,
@@ -189,6 +263,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     double warmup_ms = 0;
     if (opt.warmup) {
         warmup_ms = run_warmup(policy, warmup_calls);
+        sample_memory();
         if (!opt.quiet) std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole\n", warmup_calls, warmup_ms / 1e3);
     }
 
@@ -225,6 +300,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             timing.warmup_ms = warmup_ms;
             // NOTE: the host side of call i+1 (frame gathering, preprocessing, tokenization) runs on a
             // second thread while call i runs, so it overlaps the device work.
+            VideoAccumulator video;
             std::array<CallFrames, 2> frames;
             auto prepare_call = [&](size_t i) {
                 Observation obs = make_observation(ep, calls[i], frames[i % 2]);
@@ -242,6 +318,15 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 }
                 if (i + 1 < calls.size()) next = std::async(std::launch::async, prepare_call, i + 1);
                 PolicyCallResult r = policy.step(prepared);
+                sample_memory();
+                if (opt.save_video) {
+                    const Tensor latent = policy.video_prediction();  // [z, 2 or 3, h, w]
+                    const bool with_reference = latent.shape()[1] > policy.model().dit.num_frame_per_block;
+                    const auto next = next_call_frames(schedule, calls, i, ep.num_frames);
+                    const auto observed = observed_frame_indices(video.empty(), with_reference, call.frames.back(), next,
+                                                                 policy.model().dit.num_frame_per_block);
+                    video.add(latent, observed);
+                }
                 chunks.append(call.anchor, r.actions);
                 timing.calls.push_back(to_call_timing(call, r));
                 summary.call_ms.push_back(r.times.total);
@@ -252,17 +337,30 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 }
             }
             if (next.valid()) next.wait();
-            if (result.interrupted) {
+            // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
+            // timing and manifest of the calls it finished and gets no done marker (--resume redoes it).
+            const bool partial = result.interrupted;
+            if (partial) {
                 progress.finish();
-                log.warn("interrupted: episode {} stopped after {} of {} calls; nothing written for it", names[e],
-                         chunks.num_calls(), calls.size());
-                break;
+                summary.status = "interrupted";
+                summary.num_calls = chunks.num_calls();
+                log.warn("interrupted: episode {} stopped after {} of {} calls; {}", names[e], chunks.num_calls(),
+                         calls.size(),
+                         chunks.num_calls() > 0 ? "actions, timing and manifest cover those calls; no done marker"
+                                                : "nothing written for it");
+                if (chunks.num_calls() == 0) {
+                    result.episodes.push_back(std::move(summary));
+                    break;
+                }
             }
-
-            // Outputs: whole files only, the done marker last.
             io::ResultWriter writer(out);
             writer.clear_done();
             writer.write_actions(chunks);
+            if (!partial && opt.save_video && !video.empty()) {
+                timing.video = write_predicted_video(policy, video, ep, opt, writer);
+                sample_memory();
+            }
+            timing.peak_gpu_memory_bytes = peak_memory;
             writer.write_json("timing.json", timing.to_json());
             RunManifest manifest;
             manifest.episode = dirs[e].string();
@@ -292,7 +390,12 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                                   {"prompt", ep.prompt},
                                   {"tokenizer", tokenizer.string()},
                                   {"warnings", ep.warnings}};
+            if (partial) manifest.extra["interrupted"] = {{"calls_done", chunks.num_calls()}, {"calls_scheduled", calls.size()}};
             writer.write_json("manifest.json", manifest.to_json());
+            if (partial) {
+                result.episodes.push_back(std::move(summary));
+                break;
+            }
             if (ep.has_actions()) {
                 summary.metrics = write_metrics(writer, chunks, ep.actions, ep.num_frames, opt.metrics, opt.plots);
             }

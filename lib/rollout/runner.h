@@ -38,6 +38,11 @@ struct RolloutOptions {
     std::filesystem::path noise_video, noise_action;  ///< inject noise from .npy (parity runs)
     std::vector<std::string> command_line;
     io::VideoOpener open_video;                   ///< decodes .mp4 (apps pass io::open_video)
+    /// --save-video: decode each episode's predicted video and write it with the observed canvases.
+    bool save_video = false;
+    /// Encodes the videos as MP4 (apps pass io::write_video_mp4 when the build has video support);
+    /// empty: they are written as uint8 .npy [T, H, W, 3] instead.
+    io::VideoWriterFn write_video;
 };
 
 /// Set from a signal handler: the run stops after the current call and writes no partial episode.

@@ -1,0 +1,183 @@
+// The fast host preprocessing (AaResizer, ObservationPreprocessor, parallel_for) against the
+// operation-by-operation reference (resize_bilinear_aa_u8, compose_canvas, canvases_to_model_input):
+// every byte and every float must be identical, whatever the thread count.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "core/error.h"
+#include "policy/preprocess.h"
+
+using namespace dzr;
+
+namespace {
+
+RgbImage random_image(int h, int w, uint64_t seed) {
+    RgbImage img(h, w);
+    std::mt19937_64 rng(seed);
+    for (auto& p : img.pixels) p = uint8_t(rng() & 0xff);
+    return img;
+}
+
+/// Smooth content with a few hard edges (closer to camera frames than noise; exercises values near
+/// the truncation boundaries).
+RgbImage scene_image(int h, int w, uint64_t seed) {
+    RgbImage img(h, w);
+    std::mt19937_64 rng(seed);
+    const int cx = int(rng() % uint64_t(w)), cy = int(rng() % uint64_t(h));
+    for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x)
+            for (int c = 0; c < 3; ++c) {
+                int v = (x * (c + 1) + y * 2) & 0xff;
+                if ((x - cx) * (x - cx) + (y - cy) * (y - cy) < 400) v = 255 - c * 60;
+                img.at(y, x, c) = uint8_t(v);
+            }
+    return img;
+}
+
+/// The reference pipeline of one view, spelled out with the per-channel float resize.
+RgbImage reference_view(const RgbImage& frame, ViewSize size, bool fma = true) {
+    const RgbImage padded = resize_with_pad(frame.view(), kFrameHeight, kFrameWidth);
+    return resize_bilinear_aa_u8(padded.view(), center_crop_offset(kFrameHeight, kCropHeight),
+                                 center_crop_offset(kFrameWidth, kCropWidth), kCropHeight, kCropWidth, size.height,
+                                 size.width, ResizeOptions{fma});
+}
+
+}  // namespace
+
+TEST_CASE("the fast resize is bit-identical to the reference resize, fused and unfused") {
+    struct Geo {
+        int in_h, in_w, out_h, out_w;
+    };
+    // DROID (up), tiny (down), identity, and mixed directions.
+    for (const Geo g : {Geo{171, 304, 176, 320}, Geo{171, 304, 88, 160}, Geo{40, 50, 40, 50}, Geo{33, 70, 61, 35},
+                        Geo{9, 9, 1, 1}, Geo{1, 7, 5, 2}}) {
+        for (bool fma : {true, false}) {
+            CAPTURE(g.in_h);
+            CAPTURE(g.out_w);
+            CAPTURE(fma);
+            const AaResizer r(g.in_h, g.in_w, g.out_h, g.out_w, ResizeOptions{fma});
+            for (uint64_t seed : {1u, 2u}) {
+                const RgbImage img = seed == 1 ? random_image(g.in_h + 6, g.in_w + 9, seed)
+                                               : scene_image(g.in_h + 6, g.in_w + 9, seed);
+                const RgbImage want =
+                    resize_bilinear_aa_u8(img.view(), 4, 8, g.in_h, g.in_w, g.out_h, g.out_w, ResizeOptions{fma});
+                const RgbImage got = r.run(img.view(), 4, 8);
+                REQUIRE(got.height == want.height);
+                REQUIRE(got.width == want.width);
+                CHECK(got.pixels == want.pixels);
+            }
+        }
+    }
+}
+
+TEST_CASE("the fast resize writes doubled columns into a strided destination") {
+    const RgbImage img = random_image(180, 320, 7);
+    const AaResizer r(kCropHeight, kCropWidth, 88, 160);
+    const RgbImage want = r.run(img.view(), 4, 8);
+    const size_t stride = 400 * 3;
+    std::vector<uint8_t> dst(size_t(88) * stride, 0xAB);
+    r.run(img.view(), 4, 8, dst.data(), stride, true);
+    for (int y = 0; y < 88; ++y) {
+        for (int x = 0; x < 160; ++x)
+            for (int c = 0; c < 3; ++c) {
+                REQUIRE(dst[size_t(y) * stride + size_t(2 * x) * 3 + size_t(c)] == want.at(y, x, c));
+                REQUIRE(dst[size_t(y) * stride + size_t(2 * x + 1) * 3 + size_t(c)] == want.at(y, x, c));
+            }
+        CHECK(dst[size_t(y) * stride + 320 * 3] == 0xAB);  // nothing written past the doubled row
+    }
+    CHECK_THROWS_AS(r.run(img.view(), 10, 8), Error);  // the crop leaves the frame
+}
+
+TEST_CASE("the observation preprocessor reproduces the reference canvases and model inputs") {
+    for (const ViewSize view : {ViewSize{176, 320}, ViewSize{88, 160}}) {
+        for (UnitRangeMode mode : {UnitRangeMode::F32, UnitRangeMode::Bf16Reference}) {
+            for (int threads : {1, 3, 8}) {
+                CAPTURE(view.height);
+                CAPTURE(threads);
+                const int T = 4;
+                // Cameras of 180x320, except exterior 2 at 240x427 (padded first, as preprocess_view does).
+                const std::array<std::pair<int, int>, 3> sizes = {{{180, 320}, {180, 320}, {240, 427}}};
+                std::array<std::vector<uint8_t>, 3> data;
+                std::array<TensorView, 3> cams;
+                std::array<std::vector<RgbImage>, 3> frames;
+                for (int v = 0; v < 3; ++v) {
+                    const auto [h, w] = sizes[size_t(v)];
+                    for (int t = 0; t < T; ++t) {
+                        frames[size_t(v)].push_back(t % 2 ? scene_image(h, w, uint64_t(10 * v + t))
+                                                          : random_image(h, w, uint64_t(10 * v + t)));
+                        const auto& px = frames[size_t(v)].back().pixels;
+                        data[size_t(v)].insert(data[size_t(v)].end(), px.begin(), px.end());
+                    }
+                    cams[size_t(v)] = TensorView(data[size_t(v)].data(), DType::U8, Shape{T, h, w, 3});
+                }
+                // Reference: views -> canvases -> inputs.
+                std::vector<RgbImage> canvases;
+                for (int t = 0; t < T; ++t)
+                    canvases.push_back(compose_canvas(reference_view(frames[0][size_t(t)], view),
+                                                      reference_view(frames[1][size_t(t)], view),
+                                                      reference_view(frames[2][size_t(t)], view)));
+                const std::vector<int> clip = {0, 0, 0, 1, 1, 2, 2, 3, 3};
+                std::vector<RgbImage> clip_canvases;
+                for (int i : clip) clip_canvases.push_back(canvases[size_t(i)]);
+                const size_t plane = size_t(4) * size_t(view.height) * size_t(view.width);
+                std::vector<float> want_ref(3 * plane), want_clip(3 * clip.size() * plane);
+                canvases_to_model_input(std::span<const RgbImage>(&canvases[3], 1), want_ref, mode);
+                canvases_to_model_input(clip_canvases, want_clip, mode);
+
+                const ObservationPreprocessor pre(view, mode, threads);
+                std::vector<float> ref(3 * plane, 7.f), out(3 * clip.size() * plane, 7.f);
+                pre.run(cams[0], cams[1], cams[2], 3, clip, ref, out);
+                CHECK(std::memcmp(ref.data(), want_ref.data(), ref.size() * sizeof(float)) == 0);
+                CHECK(std::memcmp(out.data(), want_clip.data(), out.size() * sizeof(float)) == 0);
+
+                std::vector<uint8_t> cv(plane * 3);
+                pre.canvas(cams[0], cams[1], cams[2], 2, cv.data());
+                CHECK(cv == canvases[2].pixels);
+
+                // A 1-frame call: the reference input only.
+                pre.run(cams[0], cams[1], cams[2], 0, {}, ref, {});
+                std::vector<float> want0(3 * plane);
+                canvases_to_model_input(std::span<const RgbImage>(&canvases[0], 1), want0, mode);
+                CHECK(std::memcmp(ref.data(), want0.data(), ref.size() * sizeof(float)) == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("the observation preprocessor rejects mismatched cameras and output sizes") {
+    std::vector<uint8_t> a(size_t(4) * 180 * 320 * 3), b(size_t(3) * 180 * 320 * 3);
+    const TensorView four(a.data(), DType::U8, Shape{4, 180, 320, 3});
+    const TensorView three(b.data(), DType::U8, Shape{3, 180, 320, 3});
+    const ObservationPreprocessor pre(ViewSize{88, 160}, UnitRangeMode::F32, 2);
+    const size_t plane = size_t(176) * 320;
+    std::vector<float> ref(3 * plane), clip(3 * 9 * plane);
+    const std::vector<int> idx = {0, 0, 0, 1, 1, 2, 2, 3, 3};
+    CHECK_THROWS_WITH_AS(pre.run(four, four, three, 3, idx, ref, clip), doctest::Contains("exterior_image_2_left"), Error);
+    std::vector<float> small(3 * plane - 1);
+    CHECK_THROWS_AS(pre.run(four, four, four, 3, idx, small, clip), Error);
+    CHECK_THROWS_AS(pre.run(four, four, four, 4, idx, ref, clip), Error);  // reference frame out of range
+    const TensorView f32(ref.data(), DType::F32, Shape{1, 88, 160, 3});
+    CHECK_THROWS_AS(pre.run(f32, f32, f32, 0, {}, ref, {}), Error);
+}
+
+TEST_CASE("parallel_for runs every index once and rethrows a task's error") {
+    for (int threads : {1, 2, 5}) {
+        std::vector<std::atomic<int>> hits(37);
+        parallel_for(37, threads, [&](int i) { hits[size_t(i)].fetch_add(1); });
+        for (auto& h : hits) CHECK(h.load() == 1);
+        std::atomic<int> ran{0};
+        CHECK_THROWS_WITH_AS(parallel_for(20, threads,
+                                          [&](int i) {
+                                              ran.fetch_add(1);
+                                              if (i == 11) throw std::runtime_error("task 11 failed");
+                                          }),
+                             "task 11 failed", std::runtime_error);
+        CHECK(ran.load() == 20);  // the other tasks still ran
+    }
+    parallel_for(0, 4, [](int) { FAIL("no task expected"); });
+}
