@@ -88,6 +88,29 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
                         (std::filesystem::path(a.out) / ep.name).string()});
     }
     std::printf("%s", rollout::format_table({"episode", "status", "calls", "median ms", "p90 ms", "mse", "output"}, rows).c_str());
+
+    // Per-phase timing over every timed call of the run (host prepare runs beside the previous call).
+    std::array<std::vector<double>, rollout::kNumPhases> phases;
+    std::vector<double> prepare, totals;
+    for (const auto& ep : r.episodes) {
+        for (int p = 0; p < rollout::kNumPhases; ++p)
+            phases[size_t(p)].insert(phases[size_t(p)].end(), ep.phase_ms[size_t(p)].begin(), ep.phase_ms[size_t(p)].end());
+        prepare.insert(prepare.end(), ep.host_prepare_ms.begin(), ep.host_prepare_ms.end());
+        totals.insert(totals.end(), ep.call_ms.begin(), ep.call_ms.end());
+    }
+    if (!totals.empty()) {
+        std::vector<std::vector<std::string>> prow;
+        const auto add = [&](std::string name, const std::vector<double>& v) {
+            if (v.empty()) return;
+            const auto s = rollout::compute_stats(v);
+            prow.push_back({std::move(name), fmt::format("{:.2f}", s.median), fmt::format("{:.2f}", s.p90),
+                            fmt::format("{:.2f}", s.max)});
+        };
+        for (int p = 0; p < rollout::kNumPhases; ++p) add(std::string(rollout::kPhaseNames[size_t(p)]), phases[size_t(p)]);
+        add("call total", totals);
+        add("host prepare (overlapped)", prepare);
+        std::printf("%s", rollout::format_table({"phase", "median ms", "p90 ms", "max ms"}, prow).c_str());
+    }
     std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
     for (const auto& ep : r.episodes)
         if (ep.status == "failed") std::fprintf(stderr, "dzr: error: episode %s: %s\n", ep.name.c_str(), ep.error.c_str());

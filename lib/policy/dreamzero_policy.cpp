@@ -467,7 +467,7 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
     const int T = obs.frames;
     PolicyCallResult result;
     result.call_index = call_index_;
-    result.times.preprocess = obs.prepare_ms;
+    result.times.host_prepare = obs.prepare_ms;
     Timer total, phase;
     ArenaScope call_scope(be_.workspace());
     try {

@@ -66,11 +66,13 @@ struct PreparedObservation {
 };
 
 /// Wall time of one call's phases in milliseconds (device work is synchronized at phase ends).
-/// `preprocess` is prepare()'s host time plus the upload; with a prefetching caller the host part
-/// overlaps the previous call and is not inside `total`.
+/// `preprocess` is the in-call part of preprocessing (state normalization, the model-input upload);
+/// `host_prepare` is prepare()'s host time (frames -> model inputs, tokens), which a prefetching caller
+/// overlaps with the previous call, so it is not inside `total`.
 struct PhaseTimes {
     double preprocess = 0, text_encoder = 0, image_encoder = 0, vae_encode = 0, kv_commit = 0, dit = 0,
            scheduler = 0, postprocess = 0, total = 0;
+    double host_prepare = 0;
 };
 
 struct PolicyCallResult {

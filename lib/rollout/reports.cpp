@@ -93,20 +93,23 @@ Json TimingReport::to_json() const {
     j["phases"] = kPhaseNames;
     Json calls_j = Json::array();
     std::array<std::vector<double>, kNumPhases> phase_values;
+    std::vector<double> prepare_values;
     for (const auto& c : calls) {
+        if (c.timed) prepare_values.push_back(c.host_prepare_ms);
         Json phases;
         for (int p = 0; p < kNumPhases; ++p) {
             phases[std::string(kPhaseNames[size_t(p)])] = c.phase_ms[size_t(p)];
             if (c.timed) phase_values[size_t(p)].push_back(c.phase_ms[size_t(p)]);
         }
         calls_j.push_back({{"call", c.call}, {"anchor", c.anchor}, {"frames", c.frames}, {"timed", c.timed},
-                           {"total_ms", c.total_ms}, {"phases_ms", phases}});
+                           {"total_ms", c.total_ms}, {"phases_ms", phases}, {"host_prepare_ms", c.host_prepare_ms}});
     }
     j["calls"] = calls_j;
     const TimingStats total = total_stats();
     Json summary = {{"timed_calls", total.count}, {"total_ms", stats_json(total)}};
     for (int p = 0; p < kNumPhases; ++p)
         summary["phases_ms"][std::string(kPhaseNames[size_t(p)])] = stats_json(compute_stats(phase_values[size_t(p)]));
+    summary["host_prepare_ms"] = stats_json(compute_stats(prepare_values));
     j["summary"] = summary;
     return j;
 }
@@ -305,8 +308,16 @@ EpisodeSummary summary_from_outputs(const fs::path& dir, const std::string& name
     if (auto m = load(dir / "metrics.json")) e.metrics = Metrics::from_json(*m, (dir / "metrics.json").string());
     if (auto t = load(dir / "timing.json")) {
         try {
-            for (const auto& c : t->at("calls"))
-                if (c.at("timed").get<bool>()) e.call_ms.push_back(c.at("total_ms").get<double>());
+            for (const auto& c : t->at("calls")) {
+                if (!c.at("timed").get<bool>()) continue;
+                e.call_ms.push_back(c.at("total_ms").get<double>());
+                const Json& ph = c.at("phases_ms");
+                for (int p = 0; p < kNumPhases; ++p) {
+                    const auto it = ph.find(std::string(kPhaseNames[size_t(p)]));
+                    if (it != ph.end()) e.phase_ms[size_t(p)].push_back(it->get<double>());
+                }
+                if (c.contains("host_prepare_ms")) e.host_prepare_ms.push_back(c.at("host_prepare_ms").get<double>());
+            }
         } catch (const Json::exception& ex) {
             DZR_THROW("{}: not a timing report: {}", (dir / "timing.json").string(), ex.what());
         }

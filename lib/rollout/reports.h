@@ -38,6 +38,9 @@ struct CallTiming {
     bool timed = true;
     double total_ms = 0;
     std::array<double, kNumPhases> phase_ms{};
+    /// DreamZeroPolicy::prepare()'s host time; the runner prefetches it during the previous call, so
+    /// it is not part of total_ms.
+    double host_prepare_ms = 0;
 
     double& phase(Phase p) { return phase_ms[size_t(p)]; }
 };
@@ -160,6 +163,8 @@ struct EpisodeSummary {
     int64_t num_calls = 0;
     std::optional<Metrics> metrics;
     std::vector<double> call_ms;  // total_ms of the timed calls
+    std::array<std::vector<double>, kNumPhases> phase_ms;  // per phase, over the timed calls
+    std::vector<double> host_prepare_ms;                   // prepare()'s host time, over the timed calls
 };
 
 /// The summary of an episode finished by an earlier run (for --resume): status "skipped",

@@ -67,6 +67,7 @@ CallTiming to_call_timing(const ScheduledCall& call, const PolicyCallResult& r) 
     t.frames = call.frames;
     t.total_ms = r.times.total;
     t.phase(Phase::Preprocess) = r.times.preprocess;
+    t.host_prepare_ms = r.times.host_prepare;
     t.phase(Phase::TextEncoder) = r.times.text_encoder;
     t.phase(Phase::ImageEncoder) = r.times.image_encoder;
     t.phase(Phase::VaeEncode) = r.times.vae_encode;
@@ -330,6 +331,11 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 chunks.append(call.anchor, r.actions);
                 timing.calls.push_back(to_call_timing(call, r));
                 summary.call_ms.push_back(r.times.total);
+                {
+                    const CallTiming& ct = timing.calls.back();
+                    for (int p = 0; p < kNumPhases; ++p) summary.phase_ms[size_t(p)].push_back(ct.phase_ms[size_t(p)]);
+                    summary.host_prepare_ms.push_back(ct.host_prepare_ms);
+                }
                 if (!opt.quiet) {
                     const double per_call = episode_timer.seconds() / double(call.index + 1);
                     progress.update(format_progress(int64_t(e) + 1, int64_t(dirs.size()), names[e], call.index + 1,
