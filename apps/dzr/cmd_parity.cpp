@@ -8,7 +8,9 @@
 //                seeded generator (the reference's generate_noise is replaced to return it).
 //   run          runs DreamZeroPolicy on those inputs with the injected noise and writes the traced
 //                stages of every call into one .safetensors file (f32), named as the reference
-//                harness names them.
+//                harness names them. With --inject-from FILE (a reference dump) the stages matching
+//                --inject (default: the encoder outputs) are replaced by FILE's tensors before the
+//                policy consumes them, so the DiT and sampler run on the reference's conditioning.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -49,6 +52,8 @@ constexpr const char* kCameras[3] = {"exterior_image_1_left", "exterior_image_2_
 constexpr const char* kDefaultDump =
     R"(^(input\.video|state|text\.(pos|neg)|clip|ys|vae\.clip|noise\.(video|action)|sample\.|velocity\.|x$|actions$))"
     R"(|^dit\..*\.(layer_out\.[0-9]+|head|action_velocity)$)";
+/// Stages injected by default: every encoder output the DiT and sampler consume (umT5, CLIP, VAE).
+constexpr const char* kDefaultInject = R"(^(text\.(pos|neg)|clip|ys|vae\.clip)$)";
 
 struct MakeInputsArgs {
     std::string ckpt;
@@ -68,6 +73,8 @@ struct RunArgs {
     std::string kv = "paged";
     std::string config;
     std::string dump = kDefaultDump;
+    std::string inject_from;
+    std::string inject = kDefaultInject;
     int calls = -1;
     bool check_finite = false;
 };
@@ -259,6 +266,57 @@ class StageCollector {
     std::map<std::string, Tensor> tensors_;
 };
 
+/// Replaces the policy's tensor at every stage matching `pattern` (and every call) with the tensor
+/// "c<call>.<stage>" of a dump file, converted to the compute dtype. A stage the policy computes in a
+/// call but the file lacks, or a shape mismatch, is an error.
+class StageInjector {
+  public:
+    StageInjector(Backend& be, const fs::path& file, const std::string& pattern)
+        : be_(be), file_(SafetensorsFile::open(file)), pattern_(pattern) {
+        try {
+            re_ = std::regex(pattern);
+        } catch (const std::regex_error& e) {
+            DZR_THROW("--inject '{}': not a valid regex ({})", pattern, e.what());
+        }
+        // NOTE: a pattern that selects nothing in the file would silently turn injection off.
+        int matching = 0;
+        for (const auto& e : file_->entries()) {
+            const size_t dot = e.name.find('.');
+            if (e.name.size() > 1 && e.name[0] == 'c' && dot != std::string::npos &&
+                std::regex_search(e.name.substr(dot + 1), re_))
+                ++matching;
+        }
+        DZR_CHECK(matching > 0, "--inject-from {}: no tensor c<call>.<stage> has a stage matching --inject '{}'",
+                  file.string(), pattern);
+    }
+
+    void operator()(std::string_view stage, int call, const TensorView& t) {
+        const std::string s(stage);
+        if (!std::regex_search(s, re_)) return;
+        const std::string name = fmt::format("c{}.{}", call, s);
+        const std::optional<TensorView> src = file_->find(name);
+        DZR_CHECK(src.has_value(), "--inject-from {}: no tensor {}: dzr computes stage {} in call {} (--inject '{}')",
+                  file_->path().string(), name, s, call, pattern_);
+        DZR_CHECK(src->dtype == DType::F32 || src->dtype == DType::BF16 || src->dtype == DType::F16,
+                  "--inject-from {}: tensor {} is {}, expected a float tensor", file_->path().string(), name,
+                  dtype_name(src->dtype));
+        DZR_CHECK(src->shape == t.shape, "--inject-from {}: stage {} of call {}: the file's tensor {} is {} but dzr's is {}",
+                  file_->path().string(), s, call, name, src->shape.str(), t.shape.str());
+        DZR_ASSERT(t.is_contiguous());
+        be_.upload(*src, t);
+        injected_.push_back(name);
+    }
+
+    const std::vector<std::string>& injected() const { return injected_; }
+
+  private:
+    Backend& be_;
+    std::shared_ptr<SafetensorsFile> file_;
+    std::string pattern_;
+    std::regex re_;
+    std::vector<std::string> injected_;
+};
+
 io::NpyArray read_checked(const fs::path& p, io::NpyDType dtype, const std::vector<int64_t>& shape) {
     io::NpyArray a = io::read_npy(p);
     DZR_CHECK(a.dtype() == dtype && a.shape() == shape, "{}: expected {} {}, found {}", p.string(),
@@ -316,6 +374,11 @@ int run_parity(const RunArgs& a) {
     DreamZeroPolicy policy(m, ckpt, ckpt.statistics(run_cfg.embodiment), tok_path, po, *be);
     StageCollector collect(*be, a.dump);
     policy.set_trace([&collect](std::string_view stage, int call, const TensorView& t) { collect(stage, call, t); });
+    std::unique_ptr<StageInjector> inject;
+    if (!a.inject_from.empty()) {
+        inject = std::make_unique<StageInjector>(*be, a.inject_from, a.inject);
+        policy.set_override([&inject](std::string_view stage, int call, const TensorView& t) { (*inject)(stage, call, t); });
+    }
     std::fprintf(stderr, "dzr parity run: %s on %s, load %.1f s\n  %s\n", a.ckpt.c_str(), be->name().c_str(),
                  load.ms() / 1e3, policy.describe().c_str());
 
@@ -356,7 +419,7 @@ int run_parity(const RunArgs& a) {
 
     std::vector<std::pair<std::string, TensorView>> out;
     for (const auto& [name, t] : collect.tensors()) out.emplace_back(name, t.view());
-    const Json meta{{"producer", "dzr parity run"},
+    Json meta{{"producer", "dzr parity run"},
                     {"device", device.str()},
                     {"backend", be->name()},
                     {"dtype", dtype_name(dtype)},
@@ -364,6 +427,12 @@ int run_parity(const RunArgs& a) {
                     {"checkpoint", fs::absolute(a.ckpt).string()},
                     {"inputs", fs::absolute(in).string()},
                     {"calls", per_call}};
+    if (inject) {
+        meta["inject_from"] = fs::absolute(a.inject_from).string();
+        meta["inject"] = a.inject;
+        meta["injected"] = inject->injected();
+        std::fprintf(stderr, "  injected %zu tensors from %s\n", inject->injected().size(), a.inject_from.c_str());
+    }
     fs::path out_path(a.out);
     if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path());
     write_safetensors(out_path, out, {{"parity", meta.dump()}});
@@ -395,6 +464,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     r->add_option("--kv", ra->kv, "KV cache: paged or dense")->capture_default_str();
     r->add_option("--config", ra->config, "Run config for the sampling and kv settings (default: built-in)");
     r->add_option("--dump", ra->dump, "Regex of the stage names to write (searched)")->capture_default_str();
+    r->add_option("--inject-from", ra->inject_from,
+                  "Reference dump (.safetensors, c<call>.<stage>) whose tensors replace dzr's at the --inject stages");
+    r->add_option("--inject", ra->inject, "Regex of the stage names (without c<call>.) to inject (searched)")
+        ->capture_default_str();
     r->add_option("--calls", ra->calls, "Run only the first N calls (-1: all)")->capture_default_str();
     r->add_flag("--check-finite", ra->check_finite, "Check every stage for NaN/Inf");
     r->callback([&run, ra] { run = [ra] { return run_parity(*ra); }; });

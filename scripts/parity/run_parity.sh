@@ -18,6 +18,7 @@
 #   BUILD_DIR=build-parity-device JOBS=$(nproc) DZR_CUDA_ARCHS=90a DZR_BIN=(use this dzr, skip the build)
 #   GPU_RUNS="ref-fp32-cpu ref-bf16-gpu ref-fp32-gpu dzr-cuda-gpu dzr-cudadense-gpu" (in parallel with
 #   dzr-cpu-cpu) CPU_RUN=1 CPU_TIMEOUT=200 RUN_TIMEOUT=240
+#   INJECT_RUN=1 (after the others: dzr-cudainject-gpu, dzr CUDA bf16 on ref-bf16-gpu's encoder outputs)
 #   PYTHON=python3 REF_DEVICE=cuda (cpu: try the plumbing on a machine without a GPU, fp32 runs only)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,6 +34,7 @@ JOBS=${JOBS:-$(nproc)}
 PYTHON=${PYTHON:-python3}
 GPU_RUNS=${GPU_RUNS:-ref-fp32-cpu ref-bf16-gpu ref-fp32-gpu dzr-cuda-gpu dzr-cudadense-gpu}
 CPU_RUN=${CPU_RUN:-1}
+INJECT_RUN=${INJECT_RUN:-1}
 CPU_TIMEOUT=${CPU_TIMEOUT:-200}
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 REF_DEVICE=${REF_DEVICE:-cuda}
@@ -82,6 +84,7 @@ if [[ -z "${DZR_BIN:-}" ]]; then
             -DDZR_OPENCV=OFF
         run build-cpu cmake --build "$BUILD_DIR-cpu" --target dzr_cli -j "$JOBS"
         DZR=$BUILD_DIR-cpu/bin/dzr
+        INJECT_RUN=0
         GPU_RUNS=$(tr ' ' '\n' <<<"$GPU_RUNS" | grep -v '^dzr-cuda' | tr '\n' ' ')
     fi
 fi
@@ -95,7 +98,8 @@ run ckpt-cpu "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --to
 run inputs "$DZR" parity make-inputs --ckpt "$WORK/ckpt-gpu" --out "$WORK/inputs" --calls "$CALLS"
 
 # Every run in parallel: the GPU ones are small next to an H200, and dzr's CPU run uses the cores.
-# NAME = ref-<fp32|bf16>-<ckpt> | dzr-cuda-<ckpt> (paged KV) | dzr-cudadense-<ckpt> | dzr-cpu-<ckpt>.
+# NAME = ref-<fp32|bf16>-<ckpt> | dzr-cuda-<ckpt> (paged KV) | dzr-cudadense-<ckpt> | dzr-cpu-<ckpt>
+# | dzr-cudainject-<ckpt> (paged KV, on the encoder outputs of ref-bf16-<ckpt>'s dump; launched after it).
 # Each leaves $WORK/NAME.rc.
 launch() {
     local r=$1 ck=${1##*-} limit=$RUN_TIMEOUT cmd=()
@@ -104,11 +108,14 @@ launch() {
         local dt=${r#ref-}
         cmd=("$PYTHON" scripts/parity/reference_run.py --ref "$REF" --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs"
             --out "$WORK/$r.safetensors" --dtype "${dt%-*}" --device "$REF_DEVICE") ;;
-    dzr-cuda-* | dzr-cudadense-* | dzr-cudatorchdnn-*)
+    dzr-cuda-* | dzr-cudadense-* | dzr-cudatorchdnn-* | dzr-cudainject-*)
         local kv=paged
         [[ $r == dzr-cudadense-* ]] && kv=dense
         cmd=("$DZR" parity run --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs" --out "$WORK/$r.safetensors"
             --device cuda --dtype bf16 --kv "$kv" --check-finite)
+        # dzr-cudainject: text, CLIP, ys and the commit latents replaced by the bf16 reference's, so that
+        # only the DiT and the sampler differ.
+        [[ $r == dzr-cudainject-* ]] && cmd+=(--inject-from "$WORK/ref-bf16-$ck.safetensors")
         # dzr-cudatorchdnn: the same binary on the cuDNN that PyTorch bundles (what the reference runs on),
         # to separate library-version differences from rounding-point differences.
         if [[ $r == dzr-cudatorchdnn-* ]]; then
@@ -136,6 +143,15 @@ for r in $runs; do
     rc=$(cat "$WORK/$r.rc" 2>/dev/null || echo "none")
     [[ "$rc" == 0 ]] || failed+=("$r (exit $rc)")
 done
+# dzr on the reference's conditioning needs ref-bf16-gpu's dump, so it starts only now.
+rm -f "$WORK/dzr-cudainject-gpu.safetensors" "$WORK/dzr-cudainject-gpu.rc"
+if ((INJECT_RUN)) && [[ " $runs " == *" ref-bf16-gpu "* && $(cat "$WORK/ref-bf16-gpu.rc" 2>/dev/null) == 0 ]]; then
+    say "run: dzr-cudainject-gpu (on ref-bf16-gpu's text, CLIP, ys and VAE outputs)"
+    launch dzr-cudainject-gpu
+    wait
+    rc=$(cat "$WORK/dzr-cudainject-gpu.rc" 2>/dev/null || echo "none")
+    [[ "$rc" == 0 ]] || failed+=("dzr-cudainject-gpu (exit $rc)")
+fi
 
 say "compare"
 have() { [[ -f "$WORK/$1.safetensors" && -f "$WORK/$2.safetensors" ]]; }
@@ -151,6 +167,8 @@ have ref-bf16-gpu ref-fp32-gpu && args+=(--info-pair "$(pair ref-bf16-vs-ref-f32
 have dzr-cudadense-gpu dzr-cuda-gpu && args+=(--info-pair "$(pair cuda-paged-vs-dense dzr-cuda-gpu dzr-cudadense-gpu 2e-2)")
 have dzr-cudatorchdnn-gpu ref-bf16-gpu &&
     args+=(--info-pair "$(pair cuda-bf16-torch-cudnn dzr-cudatorchdnn-gpu ref-bf16-gpu 2e-2)")
+# DiT + sampler alone: the encoder stages read 0 there by construction.
+have dzr-cudainject-gpu ref-bf16-gpu && args+=(--info-pair "$(pair dit-only-bf16 dzr-cudainject-gpu ref-bf16-gpu 2e-2)")
 if ((${#args[@]})); then
     run compare "$PYTHON" scripts/parity/compare.py "${args[@]}" --out "$OUT/table.txt" --md "$OUT/table.md" \
         --details "$OUT/details.txt"
