@@ -129,6 +129,9 @@ def parse_args():
     p.add_argument("--trace-ops", metavar="FILE", help="write the aten ops (with dtypes) of the first "
                    "--trace-calls calls to FILE, one sequence per distinct module (op_trace.py)")
     p.add_argument("--trace-calls", type=int, default=2)
+    p.add_argument("--sub-stages", action="store_true",
+                   help="also dump per-layer DiT internals of the first forward of each kind and branch "
+                        "(patch_embed, self_attn_in, v, self_attn, cross_attn, ffn: dzr's CausalDit trace names)")
     return p.parse_args()
 
 
@@ -320,6 +323,36 @@ def load_checkpoint(head, ckpt):
 
 # ---- recording ---------------------------------------------------------------------------------------
 
+def self_install_sub_stages(rec, head):
+    """Hooks dumping the per-layer internals dzr's CausalDit traces, for the first forward (n = 0) of each
+    kind and branch: the DiT input after the patch embedding [Lv, C], and per block i the self-attention
+    input (modulated norm) [L, C], v [L, H, D], the self-attention output after o [L, C], the
+    cross-attention output after o [L, C] and the FFN output before its gate [L, C]."""
+
+    def first():
+        return rec.prefix is not None and rec.current.get("n") == 0
+
+    def put(name, t):
+        if first():
+            rec.put(f"{rec.prefix}.{name}", t)
+
+    head.model.patch_embedding.register_forward_hook(
+        lambda m, a, out: put("patch_embed", out[0].flatten(1).transpose(0, 1)))
+    for i, block in enumerate(head.model.blocks):
+        nh = block.self_attn.num_heads
+
+        def sa_in(m, args, kwargs, i=i):
+            x = args[0] if args else kwargs["x"]
+            put(f"self_attn_in.{i}", x[0])
+
+        block.self_attn.register_forward_pre_hook(sa_in, with_kwargs=True)
+        block.self_attn.v.register_forward_hook(
+            lambda m, a, out, i=i, nh=nh: put(f"v.{i}", out[0].reshape(out.shape[1], nh, -1)))
+        block.self_attn.o.register_forward_hook(lambda m, a, out, i=i: put(f"self_attn.{i}", out[0]))
+        block.cross_attn.o.register_forward_hook(lambda m, a, out, i=i: put(f"cross_attn.{i}", out[0]))
+        block.ffn.register_forward_hook(lambda m, a, out, i=i: put(f"ffn.{i}", out[0]))
+
+
 class Recorder:
     def __init__(self, frame_seqlen, num_frames, dump_layers):
         self.tensors = {}
@@ -328,6 +361,8 @@ class Recorder:
         self.frame_seqlen, self.num_frames, self.dump_layers = frame_seqlen, num_frames, dump_layers
         self.call = -1
         self.prefix = None
+        self.current = {}
+        self.sub_stages = False
 
     def new_call(self, k):
         self.call = k
@@ -437,6 +472,8 @@ class Recorder:
 
             block.register_forward_hook(block_hook)
         head.model.head.register_forward_hook(lambda m, a, out: rec.put(f"{rec.prefix}.head", out[0]))
+        if rec.sub_stages:
+            self_install_sub_stages(rec, head)
 
         real_step = mods.UNIPC.FlowUniPCMultistepScheduler.step
 
@@ -508,6 +545,7 @@ def main():
     noise_video = torch.from_numpy(np.load(inputs / "noise_video.npy"))
     noise_action = torch.from_numpy(np.load(inputs / "noise_action.npy"))
     rec = Recorder(dc["frame_seqlen"], hc["num_frames"], not args.no_layers)
+    rec.sub_stages = args.sub_stages
 
     def generate_noise(shape, seed=None, device=None, dtype=None):
         shape = tuple(shape)
