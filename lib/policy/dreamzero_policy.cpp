@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <thread>
 
 #include "backend/measuring_backend.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "kv/dense_self_attention_cache.h"
@@ -459,7 +461,26 @@ PreparedObservation prepare_observation(const Observation& obs, const ModelConfi
 }
 
 PreparedObservation DreamZeroPolicy::prepare(const Observation& obs) const {
-    return prepare_observation(obs, model_, *preprocessor_, *tokenizer_);
+    Timer timer;
+    PreparedObservation p = prepare_observation(obs, model_, *preprocessor_, *tokenizer_);
+    if (be_.compute_dtype() == DType::BF16) {
+        // NOTE: the f32 -> bf16 rounding of the model inputs happens here, on the caller's (prefetch)
+        // thread, instead of inside step()'s upload: the values are the ones the upload would produce.
+        const auto to_bf16 = [](const HostFloats& src, auto& dst) {
+            dst.resize(src.size());
+            constexpr int kParts = 8;
+            const size_t n = src.size(), per = (n + kParts - 1) / kParts;
+            const int threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, unsigned(kParts)));
+            parallel_for(kParts, threads, [&](int part) {
+                const size_t begin = std::min(n, size_t(part) * per), end = std::min(n, begin + per);
+                for (size_t i = begin; i < end; ++i) dst[i] = f32_to_bf16(src[i]);
+            });
+        };
+        to_bf16(p.reference_input, p.reference_input_bf16);
+        to_bf16(p.clip_input, p.clip_input_bf16);
+        p.prepare_ms = timer.ms();  // prepare_observation's time plus the conversion
+    }
+    return p;
 }
 
 PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
@@ -505,13 +526,23 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
 
         // The model input: the reference frame on a reset, else the commit clip.
         if (result.reset) {
-            be_.upload(TensorView(const_cast<float*>(obs.reference_input.data()), DType::F32, buf_->ref_frame.shape()),
-                       buf_->ref_frame);
+            if (!obs.reference_input_bf16.empty() && buf_->ref_frame.dtype() == DType::BF16)
+                be_.upload(TensorView(const_cast<uint16_t*>(obs.reference_input_bf16.data()), DType::BF16,
+                                      buf_->ref_frame.shape()),
+                           buf_->ref_frame);
+            else
+                be_.upload(TensorView(const_cast<float*>(obs.reference_input.data()), DType::F32, buf_->ref_frame.shape()),
+                           buf_->ref_frame);
             trace("input.video", buf_->ref_frame);
         } else {
             DZR_ASSERT(!obs.clip_input.empty());
-            be_.upload(TensorView(const_cast<float*>(obs.clip_input.data()), DType::F32, buf_->clip_video.shape()),
-                       buf_->clip_video);
+            if (!obs.clip_input_bf16.empty() && buf_->clip_video.dtype() == DType::BF16)
+                be_.upload(TensorView(const_cast<uint16_t*>(obs.clip_input_bf16.data()), DType::BF16,
+                                      buf_->clip_video.shape()),
+                           buf_->clip_video);
+            else
+                be_.upload(TensorView(const_cast<float*>(obs.clip_input.data()), DType::F32, buf_->clip_video.shape()),
+                           buf_->clip_video);
             trace("input.video", buf_->clip_video);
         }
         sync_phase(result.times.preprocess, phase);

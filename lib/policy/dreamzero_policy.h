@@ -59,6 +59,10 @@ struct PreparedObservation {
     int frames = 0;                       ///< T
     HostFloats reference_input;           ///< [3, H, W]: frame T-1 when T is 4 or 9, else frame 0
     HostFloats clip_input;                ///< [3, 9, H, W]: the commit clip (empty when T == 1)
+    /// The same two inputs already rounded to bf16 (as bits), filled by DreamZeroPolicy::prepare() when
+    /// the backend computes in bf16, so the call uploads half the bytes and converts nothing; empty
+    /// otherwise. Same values as converting reference_input / clip_input (f32_to_bf16 per element).
+    std::vector<uint16_t, UninitAllocator<uint16_t>> reference_input_bf16, clip_input_bf16;
     PromptTokens tokens;
     std::array<double, 7> joint_position{};
     double gripper_position = 0.0;
