@@ -131,6 +131,7 @@ int run_prepare_bench(const BenchOptions& o) {
         return 0;
     }
     print("prepare", time_it([&] { (void)prepare_observation(obs, model, pre, tok); }));
+    print("prepare (bf16 inputs)", time_it([&] { (void)prepare_observation(obs, model, pre, tok, true); }));
     const size_t plane = size_t(model.canvas_height) * size_t(model.canvas_width);
     std::vector<int> clip;
     if (T == 4) clip = {0, 0, 0, 1, 1, 2, 2, 3, 3};

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <thread>
 
 #include "backend/measuring_backend.h"
 #include "core/error.h"
@@ -425,7 +424,8 @@ void DreamZeroPolicy::forward_branch(int branch, ForwardKind kind, const TensorV
 }
 
 PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
-                                        const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer) {
+                                        const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer,
+                                        bool bf16_inputs) {
     Timer timer;
     const int T = int(obs.exterior_1.rank() == 4 ? obs.exterior_1.dim(0) : 0);
     for (const auto* v : {&obs.exterior_1, &obs.exterior_2, &obs.wrist}) {
@@ -452,35 +452,25 @@ PreparedObservation prepare_observation(const Observation& obs, const ModelConfi
         clip = commit_clip_indices(T, model.dit.num_frame_per_block);
         DZR_CHECK(int(clip.size()) == kMaxClipFrames, "observation: {} frames give a {}-frame clip", T, clip.size());
     }
-    p.reference_input.resize(frame_values);
-    p.clip_input.resize(frame_values * clip.size());
-    preprocessor.run(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input, p.clip_input);
+    if (bf16_inputs) {
+        p.reference_input_bf16.resize(frame_values);
+        p.clip_input_bf16.resize(frame_values * clip.size());
+        preprocessor.run_bf16(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input_bf16,
+                              p.clip_input_bf16);
+    } else {
+        p.reference_input.resize(frame_values);
+        p.clip_input.resize(frame_values * clip.size());
+        preprocessor.run(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input, p.clip_input);
+    }
     p.tokens = tokenize_droid_prompts(tokenizer, obs.prompt, model.t5.text_len);
     p.prepare_ms = timer.ms();
     return p;
 }
 
 PreparedObservation DreamZeroPolicy::prepare(const Observation& obs) const {
-    Timer timer;
-    PreparedObservation p = prepare_observation(obs, model_, *preprocessor_, *tokenizer_);
-    if (be_.compute_dtype() == DType::BF16) {
-        // NOTE: the f32 -> bf16 rounding of the model inputs happens here, on the caller's (prefetch)
-        // thread, instead of inside step()'s upload: the values are the ones the upload would produce.
-        const auto to_bf16 = [](const HostFloats& src, auto& dst) {
-            dst.resize(src.size());
-            constexpr int kParts = 8;
-            const size_t n = src.size(), per = (n + kParts - 1) / kParts;
-            const int threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, unsigned(kParts)));
-            parallel_for(kParts, threads, [&](int part) {
-                const size_t begin = std::min(n, size_t(part) * per), end = std::min(n, begin + per);
-                for (size_t i = begin; i < end; ++i) dst[i] = f32_to_bf16(src[i]);
-            });
-        };
-        to_bf16(p.reference_input, p.reference_input_bf16);
-        to_bf16(p.clip_input, p.clip_input_bf16);
-        p.prepare_ms = timer.ms();  // prepare_observation's time plus the conversion
-    }
-    return p;
+    // NOTE: on a bf16 backend the inputs are rounded to bf16 here, on the caller's (prefetch) thread, in
+    // the same pass that builds them: step() then uploads without converting.
+    return prepare_observation(obs, model_, *preprocessor_, *tokenizer_, be_.compute_dtype() == DType::BF16);
 }
 
 PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
@@ -526,7 +516,9 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
 
         // The model input: the reference frame on a reset, else the commit clip.
         if (result.reset) {
-            if (!obs.reference_input_bf16.empty() && buf_->ref_frame.dtype() == DType::BF16)
+            DZR_CHECK(!obs.reference_input_bf16.empty() || !obs.reference_input.empty(),
+                      "policy: the prepared observation has no reference-frame input");
+            if (!obs.reference_input_bf16.empty())
                 be_.upload(TensorView(const_cast<uint16_t*>(obs.reference_input_bf16.data()), DType::BF16,
                                       buf_->ref_frame.shape()),
                            buf_->ref_frame);
@@ -535,8 +527,9 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
                            buf_->ref_frame);
             trace("input.video", buf_->ref_frame);
         } else {
-            DZR_ASSERT(!obs.clip_input.empty());
-            if (!obs.clip_input_bf16.empty() && buf_->clip_video.dtype() == DType::BF16)
+            DZR_CHECK(!obs.clip_input_bf16.empty() || !obs.clip_input.empty(),
+                      "policy: the prepared observation of a {}-frame call has no clip input", T);
+            if (!obs.clip_input_bf16.empty())
                 be_.upload(TensorView(const_cast<uint16_t*>(obs.clip_input_bf16.data()), DType::BF16,
                                       buf_->clip_video.shape()),
                            buf_->clip_video);

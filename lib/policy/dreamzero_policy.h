@@ -57,12 +57,11 @@ struct Observation {
 /// runs (the rollout overlaps them).
 struct PreparedObservation {
     int frames = 0;                       ///< T
+    /// The model inputs in f32 (CPU backend) or, when the backend computes in bf16, in bf16 only (the bits
+    /// of f32_to_bf16 of the f32 values: the call uploads half the bytes and converts nothing).
     HostFloats reference_input;           ///< [3, H, W]: frame T-1 when T is 4 or 9, else frame 0
     HostFloats clip_input;                ///< [3, 9, H, W]: the commit clip (empty when T == 1)
-    /// The same two inputs already rounded to bf16 (as bits), filled by DreamZeroPolicy::prepare() when
-    /// the backend computes in bf16, so the call uploads half the bytes and converts nothing; empty
-    /// otherwise. Same values as converting reference_input / clip_input (f32_to_bf16 per element).
-    std::vector<uint16_t, UninitAllocator<uint16_t>> reference_input_bf16, clip_input_bf16;
+    std::vector<uint16_t, UninitAllocator<uint16_t>> reference_input_bf16, clip_input_bf16;  ///< same, bf16
     PromptTokens tokens;
     std::array<double, 7> joint_position{};
     double gripper_position = 0.0;
@@ -218,9 +217,12 @@ private:
 };
 
 /// DreamZeroPolicy::prepare() without a policy (`dzr bench prepare` times it): validation, the
-/// frames -> model inputs (`preprocessor` at half the canvas size) and the prompt tokens.
+/// frames -> model inputs (`preprocessor` at half the canvas size) and the prompt tokens. With
+/// `bf16_inputs` the model inputs are written as bf16 only (reference_input_bf16 / clip_input_bf16),
+/// as a bf16 backend uploads them; else as f32 only.
 PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
-                                        const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer);
+                                        const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer,
+                                        bool bf16_inputs = false);
 
 /// A WeightSource of shapes only (no data), from the inventory of a geometry, for workspace planning.
 std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model);

@@ -569,6 +569,7 @@ ObservationPreprocessor::ObservationPreprocessor(ViewSize view, UnitRangeMode mo
       threads_(threads > 0 ? threads : int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u))),
       resizer_(kCropHeight, kCropWidth, view.height, view.width) {
     unit_range_lut(mode_, lut_);
+    for (int i = 0; i < 256; ++i) lut_bf16_[i] = f32_to_bf16(lut_[i]);
 }
 
 namespace {
@@ -606,6 +607,19 @@ void ObservationPreprocessor::canvas(const TensorView& wrist, const TensorView& 
 void ObservationPreprocessor::run(const TensorView& wrist, const TensorView& exterior_1,
                                   const TensorView& exterior_2, int reference, std::span<const int> clip,
                                   std::span<float> reference_out, std::span<float> clip_out) const {
+    run_impl<float>(wrist, exterior_1, exterior_2, reference, clip, reference_out, clip_out, lut_);
+}
+
+void ObservationPreprocessor::run_bf16(const TensorView& wrist, const TensorView& exterior_1,
+                                       const TensorView& exterior_2, int reference, std::span<const int> clip,
+                                       std::span<uint16_t> reference_out, std::span<uint16_t> clip_out) const {
+    run_impl<uint16_t>(wrist, exterior_1, exterior_2, reference, clip, reference_out, clip_out, lut_bf16_);
+}
+
+template <typename Elem>
+void ObservationPreprocessor::run_impl(const TensorView& wrist, const TensorView& exterior_1,
+                                       const TensorView& exterior_2, int reference, std::span<const int> clip,
+                                       std::span<Elem> reference_out, std::span<Elem> clip_out, const Elem* lut) const {
     const std::array<const TensorView*, 3> cams = {&wrist, &exterior_1, &exterior_2};
     const int64_t T = check_cameras(cams);
     const int64_t H = 2 * int64_t(view_.height), W = 2 * int64_t(view_.width);
@@ -635,7 +649,7 @@ void ObservationPreprocessor::run(const TensorView& wrist, const TensorView& ext
     parallel_for(int(frames.size()) * 3, threads_, [&](int i) {
         const int k = i / 3, c = i % 3, t = frames[size_t(k)];
         const uint8_t* cv = canvases.data() + size_t(k) * canvas_bytes + size_t(c);
-        std::vector<float*> dst;
+        std::vector<Elem*> dst;
         for (size_t s = 0; s < S; ++s)
             if (clip[s] == t) dst.push_back(clip_out.data() + (size_t(c) * S + s) * plane);
         if (t == reference) dst.push_back(reference_out.data() + size_t(c) * plane);
@@ -643,9 +657,9 @@ void ObservationPreprocessor::run(const TensorView& wrist, const TensorView& ext
         constexpr size_t kPiece = 4096;
         for (size_t p0 = 0; p0 < plane; p0 += kPiece) {
             const size_t p1 = std::min(plane, p0 + kPiece);
-            float* first = dst[0];
-            for (size_t p = p0; p < p1; ++p) first[p] = lut_[cv[p * 3]];
-            for (size_t d = 1; d < dst.size(); ++d) std::memcpy(dst[d] + p0, first + p0, (p1 - p0) * sizeof(float));
+            Elem* first = dst[0];
+            for (size_t p = p0; p < p1; ++p) first[p] = lut[cv[p * 3]];
+            for (size_t d = 1; d < dst.size(); ++d) std::memcpy(dst[d] + p0, first + p0, (p1 - p0) * sizeof(Elem));
         }
     });
 }

@@ -171,8 +171,16 @@ public:
     /// `clip` is not empty) `clip_out` [3, clip.size(), H, W] from canvases clip[0], clip[1], ...
     void run(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
              std::span<const int> clip, std::span<float> reference_out, std::span<float> clip_out) const;
+    /// The same inputs rounded to bf16 (the bits of f32_to_bf16 of each value above), written directly:
+    /// what a bf16 backend uploads, without an f32 pass.
+    void run_bf16(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
+                  std::span<const int> clip, std::span<uint16_t> reference_out, std::span<uint16_t> clip_out) const;
 
 private:
+    template <typename Elem>
+    void run_impl(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
+                  std::span<const int> clip, std::span<Elem> reference_out, std::span<Elem> clip_out,
+                  const Elem* lut) const;
     /// View `which` (0 wrist, 1 exterior 1, 2 exterior 2) of frame t into its place on `canvas`.
     void view_into(const TensorView& camera, int which, int64_t t, uint8_t* canvas) const;
 
@@ -181,6 +189,7 @@ private:
     int threads_;
     AaResizer resizer_;
     float lut_[256];
+    uint16_t lut_bf16_[256];  // f32_to_bf16(lut_[i])
 };
 
 /// One camera view through the eval transform: resize_with_pad to 180x320 when the size differs

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "policy/preprocess.h"
 
 using namespace dzr;
@@ -134,6 +135,14 @@ TEST_CASE("the observation preprocessor reproduces the reference canvases and mo
                 pre.run(cams[0], cams[1], cams[2], 3, clip, ref, out);
                 CHECK(std::memcmp(ref.data(), want_ref.data(), ref.size() * sizeof(float)) == 0);
                 CHECK(std::memcmp(out.data(), want_clip.data(), out.size() * sizeof(float)) == 0);
+
+                // The bf16 outputs are the bf16 roundings of the f32 ones, element for element.
+                std::vector<uint16_t> ref16(3 * plane, 7), out16(3 * clip.size() * plane, 7);
+                pre.run_bf16(cams[0], cams[1], cams[2], 3, clip, ref16, out16);
+                size_t bad16 = 0;
+                for (size_t i = 0; i < ref16.size(); ++i) bad16 += ref16[i] != f32_to_bf16(want_ref[i]);
+                for (size_t i = 0; i < out16.size(); ++i) bad16 += out16[i] != f32_to_bf16(want_clip[i]);
+                CHECK(bad16 == 0);
 
                 std::vector<uint8_t> cv(plane * 3);
                 pre.canvas(cams[0], cams[1], cams[2], 2, cv.data());
