@@ -98,6 +98,7 @@ TEST_CASE("timing report lists every call and summarizes only the timed ones") {
         c.total_ms = 100.0 * (i + 1);
         c.phase(Phase::Dit) = 80.0 * (i + 1);
         c.phase(Phase::Postprocess) = 1;
+        c.host_prepare_ms = 2.0 * (i + 1);  // overlapped host work: reported, not in total_ms
         r.calls.push_back(c);
     }
     const json j = r.to_json();
@@ -114,6 +115,9 @@ TEST_CASE("timing report lists every call and summarizes only the timed ones") {
     CHECK(j["summary"]["total_ms"]["max"] == 300.0);
     CHECK(j["summary"]["total_ms"]["median"] == 200.0);
     CHECK(j["summary"]["phases_ms"]["dit"]["mean"] == doctest::Approx(160.0));
+    CHECK(j["calls"][2]["host_prepare_ms"] == 6.0);
+    CHECK(j["summary"]["host_prepare_ms"]["max"] == 6.0);  // call 3 (8 ms) is not timed
+    CHECK(j["summary"]["host_prepare_ms"]["median"] == 4.0);
     r.peak_gpu_memory_bytes = int64_t(1) << 35;
     CHECK(r.to_json()["peak_gpu_memory_bytes"] == (int64_t(1) << 35));
 }
@@ -255,14 +259,14 @@ TEST_CASE("result writer writes every file atomically and the done marker last")
 
 TEST_CASE("summary pools MSE over compared steps and quotes CSV fields") {
     Fixture f;
-    EpisodeSummary a{"ep_a", "ok", "", 100, 5, compute_metrics(f.pred, f.gt, 5), {100, 200, 300}};
+    EpisodeSummary a{"ep_a", "ok", "", 100, 5, compute_metrics(f.pred, f.gt, 5), {100, 200, 300}, {}, {}};
     Metrics mb;
     mb.overall_mse = 4.0;
     mb.per_key = {{"joint_position", 2.0}, {"gripper_position", 18.0}};
     mb.compared_steps = 2;
-    EpisodeSummary b{"ep_b", "ok", "", 30, 2, mb, {400}};
-    EpisodeSummary c{"ep, c", "failed", "ep_c/wrist_image_left.mp4: truncated, \"frame 7\"", 0, 0, std::nullopt, {}};
-    EpisodeSummary d{"ep_d", "skipped", "", 10, 1, std::nullopt, {}};
+    EpisodeSummary b{"ep_b", "ok", "", 30, 2, mb, {400}, {}, {}};
+    EpisodeSummary c{"ep, c", "failed", "ep_c/wrist_image_left.mp4: truncated, \"frame 7\"", 0, 0, std::nullopt, {}, {}, {}};
+    EpisodeSummary d{"ep_d", "skipped", "", 10, 1, std::nullopt, {}, {}, {}};
     const std::vector<EpisodeSummary> eps = {a, b, c, d};
     const json j = summary_json(eps);
     CHECK(j["totals"]["episodes"] == 4);
@@ -298,6 +302,8 @@ TEST_CASE("summary of a finished episode reloads its metrics and timed calls for
         CallTiming c;
         c.call = i;
         c.total_ms = 10.0 * (i + 1);
+        c.phase(Phase::Dit) = 5.0 * (i + 1);
+        c.host_prepare_ms = 1.0 + i;
         c.timed = i != 1;
         t.calls.push_back(c);
     }
@@ -311,6 +317,8 @@ TEST_CASE("summary of a finished episode reloads its metrics and timed calls for
     REQUIRE(e.metrics.has_value());
     CHECK(e.metrics->overall_mse == doctest::Approx(m.overall_mse));
     CHECK(e.call_ms == std::vector<double>{10.0, 30.0});
+    CHECK(e.phase_ms[size_t(Phase::Dit)] == std::vector<double>{5.0, 15.0});
+    CHECK(e.host_prepare_ms == std::vector<double>{1.0, 3.0});
     io::write_file_atomic(w.dir() / "timing.json", "{\"calls\": [{\"total_ms\": 1}]}");
     CHECK_THROWS_WITH_AS(summary_from_outputs(w.dir(), "ep"), doctest::Contains("timing.json: not a timing report"),
                          Error);
