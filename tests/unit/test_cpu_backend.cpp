@@ -155,7 +155,9 @@ TEST_CASE("cpu activations match their closed forms") {
     } cases[] = {{Activation::GeluTanh, 0.8411919906082768},
                  {Activation::GeluErf, 0.8413447460685429},
                  {Activation::Silu, 0.7310585786300049},
-                 {Activation::Relu, 1.0}};
+                 {Activation::Relu, 1.0},
+                 {Activation::Sigmoid, 0.7310585786300049},
+                 {Activation::GeluTanhStepwise, 0.8411919906082768}};
     for (const auto& c : cases) {
         CAPTURE(int(c.kind));
         Tensor out = Tensor::host(x.shape(), DType::F32);
@@ -166,7 +168,11 @@ TEST_CASE("cpu activations match their closed forms") {
             const double v = f(x)[i];
             switch (c.kind) {
                 case Activation::GeluTanh:
+                case Activation::GeluTanhStepwise:  // f32: the same function (its bf16 steps round on CUDA only)
                     ref[size_t(i)] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+                    break;
+                case Activation::Sigmoid:
+                    ref[size_t(i)] = 1 / (1 + std::exp(-v));
                     break;
                 case Activation::GeluErf:
                     ref[size_t(i)] = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
