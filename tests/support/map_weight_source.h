@@ -2,9 +2,11 @@
 /// An in-memory checkpoint for network tests: key -> host tensor, with random fills.
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "support/test_support.h"
 #include "weights/weight_source.h"
 
@@ -30,7 +32,19 @@ public:
     void put(const std::string& key, Shape shape, uint64_t seed, float lo, float hi) {
         tensors[key] = Tensor::host_f32(shape, random_floats(size_t(shape.numel()), seed, lo, hi));
     }
-    std::vector<float> get(const std::string& key) const { return to_f32_vector(tensors.at(key)); }
+    /// Uniform values in [lo, hi) drawn from a generator shared by a sequence of puts.
+    void put(const std::string& key, Shape shape, std::mt19937_64& rng, float lo, float hi) {
+        std::uniform_real_distribution<float> d(lo, hi);
+        std::vector<float> v(size_t(shape.numel()));
+        for (auto& x : v) x = d(rng);
+        tensors[key] = Tensor::host_f32(shape, v);
+    }
+    std::vector<float> values(const std::string& key) const {
+        auto it = tensors.find(key);
+        DZR_CHECK(it != tensors.end(), "test source has no tensor {}", key);
+        return to_f32_vector(it->second.view());
+    }
+    std::vector<float> get(const std::string& key) const { return values(key); }
 };
 
 }  // namespace dzr::test

@@ -18,6 +18,7 @@
 #include "core/tensor.h"
 #include "kv/self_attention_cache.h"
 #include "weights/model_config.h"
+#include "support/map_weight_source.h"
 #include "weights/weight_source.h"
 
 namespace dzr::test {
@@ -49,31 +50,7 @@ inline constexpr int kTinyLatentH = 4;
 inline constexpr int kTinyLatentW = 8;
 inline constexpr int kTinyImageTokens = 5;
 
-/// A WeightSource over host f32 tensors held in a map.
-class MapWeightSource final : public WeightSource {
-  public:
-    std::map<std::string, Tensor> tensors;
-
-    std::optional<TensorView> find(const std::string& key) const override {
-        auto it = tensors.find(key);
-        if (it == tensors.end()) return std::nullopt;
-        return it->second.view();
-    }
-    std::vector<std::string> keys() const override {
-        std::vector<std::string> out;
-        for (const auto& [k, v] : tensors) out.push_back(k);
-        return out;
-    }
-    std::string location(const std::string&) const override { return "memory"; }
-
-    void put(const std::string& key, Shape shape, std::mt19937_64& rng, float lo, float hi) {
-        std::uniform_real_distribution<float> d(lo, hi);
-        std::vector<float> v(size_t(shape.numel()));
-        for (auto& x : v) x = d(rng);
-        tensors[key] = Tensor::host_f32(shape, v);
-    }
-    std::vector<float> values(const std::string& key) const { return to_f32_vector(tensors.at(key).view()); }
-};
+using MapWeightSource = MapSource;
 
 /// Random DiT weights under the checkpoint key names of dreamzero-reference.md §4.2 (typed here
 /// on purpose, independently of the library's key helper). Scales keep activations O(1).

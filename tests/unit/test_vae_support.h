@@ -24,35 +24,14 @@
 #include "support/test_support.h"
 #include "weights/inventory.h"
 #include "weights/model_config.h"
+#include "support/map_weight_source.h"
 #include "weights/weight_source.h"
 
 namespace dzr::test {
 
 // ---- weights -------------------------------------------------------------------------------------
 
-/// A WeightSource over tensors held in a map (host f32, or data-less views for measuring).
-class VaeWeightSource final : public WeightSource {
-  public:
-    std::map<std::string, Tensor> tensors;
-
-    std::optional<TensorView> find(const std::string& key) const override {
-        auto it = tensors.find(key);
-        if (it == tensors.end()) return std::nullopt;
-        return it->second.view();
-    }
-    std::vector<std::string> keys() const override {
-        std::vector<std::string> out;
-        for (const auto& kv : tensors) out.push_back(kv.first);
-        return out;
-    }
-    std::string location(const std::string&) const override { return "memory"; }
-
-    std::vector<float> values(const std::string& key) const {
-        auto it = tensors.find(key);
-        DZR_CHECK(it != tensors.end(), "test source has no tensor {}", key);
-        return to_f32_vector(it->second.view());
-    }
-};
+using VaeWeightSource = MapSource;  // host f32, or data-less views for measuring
 
 /// The VAE rows of the weights inventory for this geometry.
 inline std::vector<ExpectedWeight> vae_inventory(const VaeConfig& vae) {
