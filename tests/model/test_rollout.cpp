@@ -11,18 +11,15 @@
 #include "io/synth_episode.h"
 #include "io/video_reader.h"
 #include "rollout/runner.h"
+#include "support/json_file.h"
 #include "support/test_support.h"
 #include "weights/random_checkpoint.h"
 
 using namespace dzr;
 namespace fs = std::filesystem;
+using test::read_json;
 
 namespace {
-
-nlohmann::json read_json(const fs::path& p) {
-    std::ifstream f(p);
-    return nlohmann::json::parse(f);
-}
 
 /// The built-in sample episode; where this build cannot decode mp4 (no OpenCV) the same episode is
 /// regenerated with .npy frames (samples/README.md), as the GPU machine does.

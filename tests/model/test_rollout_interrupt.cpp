@@ -20,18 +20,15 @@
 #include "io/npy.h"
 #include "io/result_writer.h"
 #include "io/synth_episode.h"
+#include "support/json_file.h"
 #include "support/test_support.h"
 #include "weights/random_checkpoint.h"
 
 using namespace dzr;
 namespace fs = std::filesystem;
+using test::read_json;
 
 namespace {
-
-nlohmann::json read_json(const fs::path& p) {
-    std::ifstream f(p);
-    return nlohmann::json::parse(f);
-}
 
 /// A child process with its stderr on a pipe.
 struct Child {

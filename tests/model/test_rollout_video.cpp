@@ -14,18 +14,15 @@
 #include "io/video_reader.h"
 #include "rollout/predicted_video.h"
 #include "rollout/runner.h"
+#include "support/json_file.h"
 #include "support/test_support.h"
 #include "weights/random_checkpoint.h"
 
 using namespace dzr;
 namespace fs = std::filesystem;
+using test::read_json;
 
 namespace {
-
-nlohmann::json read_json(const fs::path& p) {
-    std::ifstream f(p);
-    return nlohmann::json::parse(f);
-}
 
 fs::path synth_episode(const test::TempDir& dir) {
     const fs::path ep = dir / "episode_000";
