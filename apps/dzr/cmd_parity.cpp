@@ -31,6 +31,7 @@
 #include "core/timer.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
+#include "io/synth_episode.h"
 #include "policy/dreamzero_policy.h"
 #include "policy/preprocess.h"
 #include "policy/tokenizer.h"
@@ -81,33 +82,6 @@ struct RunArgs {
 
 // ---- synthetic content ------------------------------------------------------------------------------
 
-uint32_t mix32(uint32_t x) {  // lowbias32 (a public-domain integer hash)
-    x ^= x >> 16;
-    x *= 0x7feb352dU;
-    x ^= x >> 15;
-    x *= 0x846ca68bU;
-    x ^= x >> 16;
-    return x;
-}
-
-/// Frame `index` of camera `camera` ([180, 320, 3] appended to `out`): a per-camera colour gradient,
-/// a square and a bar that move with the frame index, and a low-amplitude hashed texture, so that
-/// every call, frame and camera differs and every canvas pixel carries signal.
-void synth_frame(int camera, int index, std::vector<uint8_t>& out) {
-    const int H = kFrameHeight, W = kFrameWidth;
-    const int sx = (37 * index + 90 * camera) % (W - 48), sy = (23 * index + 50 * camera) % (H - 48);
-    const int bar = (11 * index + 60 * camera) % W;
-    for (int y = 0; y < H; ++y)
-        for (int x = 0; x < W; ++x)
-            for (int c = 0; c < 3; ++c) {
-                int v = (x * (90 + 30 * c)) / W + (y * (60 + 40 * camera)) / H + 20 * c + 15 * camera;
-                if (x >= sx && x < sx + 48 && y >= sy && y < sy + 48) v = 230 - 70 * c - 20 * camera;
-                if (std::abs(x - bar) < 6) v = 40 + 60 * c;
-                v += int(mix32(uint32_t(((index * 3 + camera) * H + y) * W + x) * 3u + uint32_t(c)) % 13u) - 6;
-                out.push_back(uint8_t(std::clamp(v, 0, 255)));
-            }
-}
-
 /// The episode frame indices of call k: frame 0 for the first call, then the rollout's 4 offsets
 /// [-23, -16, -8, 0] before anchor 24k (dreamzero-reference.md §1.2).
 std::vector<int> call_frames(int k) {
@@ -153,7 +127,7 @@ int run_make_inputs(const MakeInputsArgs& a) {
         fs::create_directories(dir);
         std::vector<std::vector<uint8_t>> cams(3);
         for (int c = 0; c < 3; ++c) {
-            for (int f : frames) synth_frame(c, f, cams[size_t(c)]);
+            for (int f : frames) io::append_parity_frame(c, f, kFrameHeight, kFrameWidth, cams[size_t(c)]);
             io::write_npy(dir / (std::string(kCameras[c]) + ".npy"), io::NpyDType::U1,
                           {T, kFrameHeight, kFrameWidth, 3}, cams[size_t(c)].data());
         }

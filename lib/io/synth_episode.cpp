@@ -244,4 +244,27 @@ std::vector<std::string> write_synth_episode(const fs::path& dir, const SynthOpt
     return files;
 }
 
+void append_parity_frame(int camera, int index, int height, int width, std::vector<uint8_t>& out) {
+    const auto mix32 = [](uint32_t x) {  // lowbias32 (a public-domain integer hash)
+        x ^= x >> 16;
+        x *= 0x7feb352dU;
+        x ^= x >> 15;
+        x *= 0x846ca68bU;
+        x ^= x >> 16;
+        return x;
+    };
+    const int H = height, W = width;
+    const int sx = (37 * index + 90 * camera) % (W - 48), sy = (23 * index + 50 * camera) % (H - 48);
+    const int bar = (11 * index + 60 * camera) % W;
+    for (int y = 0; y < H; ++y)
+        for (int x = 0; x < W; ++x)
+            for (int c = 0; c < 3; ++c) {
+                int v = (x * (90 + 30 * c)) / W + (y * (60 + 40 * camera)) / H + 20 * c + 15 * camera;
+                if (x >= sx && x < sx + 48 && y >= sy && y < sy + 48) v = 230 - 70 * c - 20 * camera;
+                if (std::abs(x - bar) < 6) v = 40 + 60 * c;
+                v += int(mix32(uint32_t(((index * 3 + camera) * H + y) * W + x) * 3u + uint32_t(c)) % 13u) - 6;
+                out.push_back(uint8_t(std::clamp(v, 0, 255)));
+            }
+}
+
 }  // namespace dzr::io

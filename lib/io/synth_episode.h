@@ -41,6 +41,12 @@ SynthEpisode make_synth_episode(const SynthOptions& options);
 /// gripper_position.npy, actions.npy and episode.yaml. Returns the names of the files written.
 std::vector<std::string> write_synth_episode(const std::filesystem::path& dir, const SynthOptions& options);
 
+/// Frame `index` of camera `camera` of the parity inputs (`dzr parity make-inputs`, the CI golden test),
+/// [height, width, 3] uint8 appended to `out`: a per-camera colour gradient, a square and a bar that move
+/// with the frame index, and a low-amplitude hashed texture (lowbias32), so that every call, frame and
+/// camera differs and every canvas pixel carries signal.
+void append_parity_frame(int camera, int index, int height, int width, std::vector<uint8_t>& out);
+
 /// episode.yaml text with a prompt, an fps and an optional leading comment line.
 std::string episode_yaml_text(const std::string& prompt, double fps, const std::string& comment = {});
 

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "config/run_config.h"
+#include "io/synth_episode.h"
 #include "policy/dreamzero_policy.h"
 #include "policy/preprocess.h"
 #include "policy/tokenizer.h"
@@ -42,32 +43,6 @@ double max_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
         worst = std::max(worst, den > 0 ? d / den : (d > 0 ? INFINITY : 0.0));
     }
     return worst;
-}
-
-/// The synthetic frames of `dzr parity make-inputs` (apps/dzr/cmd_parity.cpp, synth_frame), restated
-/// here; the fixture's per-call FNV-1a digests catch any drift between the two.
-uint32_t mix32(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x7feb352dU;
-    x ^= x >> 15;
-    x *= 0x846ca68bU;
-    x ^= x >> 16;
-    return x;
-}
-
-void synth_frame(int camera, int index, std::vector<uint8_t>& out) {
-    const int H = kFrameHeight, W = kFrameWidth;
-    const int sx = (37 * index + 90 * camera) % (W - 48), sy = (23 * index + 50 * camera) % (H - 48);
-    const int bar = (11 * index + 60 * camera) % W;
-    for (int y = 0; y < H; ++y)
-        for (int x = 0; x < W; ++x)
-            for (int c = 0; c < 3; ++c) {
-                int v = (x * (90 + 30 * c)) / W + (y * (60 + 40 * camera)) / H + 20 * c + 15 * camera;
-                if (x >= sx && x < sx + 48 && y >= sy && y < sy + 48) v = 230 - 70 * c - 20 * camera;
-                if (std::abs(x - bar) < 6) v = 40 + 60 * c;
-                v += int(mix32(uint32_t(((index * 3 + camera) * H + y) * W + x) * 3u + uint32_t(c)) % 13u) - 6;
-                out.push_back(uint8_t(std::clamp(v, 0, 255)));
-            }
 }
 
 std::string fnv1a64(const std::vector<std::vector<uint8_t>>& chunks) {
@@ -181,7 +156,9 @@ Run run_policy(const Golden& g, const WeightSource& weights, const Checkpoint& c
         const int T = c.at("frames");
         std::vector<std::vector<uint8_t>> frames(3);
         for (int cam = 0; cam < 3; ++cam)
-            for (int index : c.at("frame_indices")) synth_frame(cam, index, frames[size_t(cam)]);
+            // The frames of `dzr parity make-inputs`; the fixture's per-call FNV-1a digests catch any drift.
+            for (int index : c.at("frame_indices"))
+                io::append_parity_frame(cam, index, kFrameHeight, kFrameWidth, frames[size_t(cam)]);
         INFO("call ", k);
         REQUIRE(fnv1a64(frames) == c.at("frames_fnv1a64").get<std::string>());
         Observation obs;
