@@ -6,7 +6,6 @@
 
 #include "backend/measuring_backend.h"
 #include "core/error.h"
-#include "core/half.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "kv/dense_self_attention_cache.h"

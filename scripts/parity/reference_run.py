@@ -323,7 +323,7 @@ def load_checkpoint(head, ckpt):
 
 # ---- recording ---------------------------------------------------------------------------------------
 
-def self_install_sub_stages(rec, head):
+def install_sub_stages(rec, head):
     """Hooks dumping the per-layer internals dzr's CausalDit traces, for the first forward (n = 0) of each
     kind and branch: the DiT input after the patch embedding [Lv, C], and per block i the self-attention
     input (modulated norm) [L, C], v [L, H, D], the self-attention output after o [L, C], the
@@ -473,7 +473,7 @@ class Recorder:
             block.register_forward_hook(block_hook)
         head.model.head.register_forward_hook(lambda m, a, out: rec.put(f"{rec.prefix}.head", out[0]))
         if rec.sub_stages:
-            self_install_sub_stages(rec, head)
+            install_sub_stages(rec, head)
 
         real_step = mods.UNIPC.FlowUniPCMultistepScheduler.step
 

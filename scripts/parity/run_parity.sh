@@ -108,21 +108,14 @@ launch() {
         local dt=${r#ref-}
         cmd=("$PYTHON" scripts/parity/reference_run.py --ref "$REF" --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs"
             --out "$WORK/$r.safetensors" --dtype "${dt%-*}" --device "$REF_DEVICE") ;;
-    dzr-cuda-* | dzr-cudadense-* | dzr-cudatorchdnn-* | dzr-cudainject-*)
+    dzr-cuda-* | dzr-cudadense-* | dzr-cudainject-*)
         local kv=paged
         [[ $r == dzr-cudadense-* ]] && kv=dense
         cmd=("$DZR" parity run --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs" --out "$WORK/$r.safetensors"
             --device cuda --dtype bf16 --kv "$kv" --check-finite)
         # dzr-cudainject: text, CLIP, ys and the commit latents replaced by the bf16 reference's, so that
         # only the DiT and the sampler differ.
-        [[ $r == dzr-cudainject-* ]] && cmd+=(--inject-from "$WORK/ref-bf16-$ck.safetensors")
-        # dzr-cudatorchdnn: the same binary on the cuDNN that PyTorch bundles (what the reference runs on),
-        # to separate library-version differences from rounding-point differences.
-        if [[ $r == dzr-cudatorchdnn-* ]]; then
-            local dnn
-            dnn=$("$PYTHON" -c 'import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)
-            cmd=(env "LD_LIBRARY_PATH=$dnn${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${cmd[@]}")
-        fi ;;
+        [[ $r == dzr-cudainject-* ]] && cmd+=(--inject-from "$WORK/ref-bf16-$ck.safetensors") ;;
     dzr-cpu-*)
         limit=$CPU_TIMEOUT
         cmd=("$DZR" parity run --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs" --out "$WORK/$r.safetensors"
@@ -165,8 +158,6 @@ have $cuda ref-bf16-gpu && args+=(--pair "$(pair cuda-bf16 $cuda ref-bf16-gpu 2e
 have $cuda ref-fp32-gpu && args+=(--info-pair "$(pair dzr-bf16-vs-ref-f32 $cuda ref-fp32-gpu 2e-2)")
 have ref-bf16-gpu ref-fp32-gpu && args+=(--info-pair "$(pair ref-bf16-vs-ref-f32 ref-bf16-gpu ref-fp32-gpu 2e-2)")
 have dzr-cudadense-gpu dzr-cuda-gpu && args+=(--info-pair "$(pair cuda-paged-vs-dense dzr-cuda-gpu dzr-cudadense-gpu 2e-2)")
-have dzr-cudatorchdnn-gpu ref-bf16-gpu &&
-    args+=(--info-pair "$(pair cuda-bf16-torch-cudnn dzr-cudatorchdnn-gpu ref-bf16-gpu 2e-2)")
 # DiT + sampler alone: the encoder stages read 0 there by construction.
 have dzr-cudainject-gpu ref-bf16-gpu && args+=(--info-pair "$(pair dit-only-bf16 dzr-cudainject-gpu ref-bf16-gpu 2e-2)")
 if ((${#args[@]})); then
