@@ -130,8 +130,10 @@ int run_prepare_bench(const BenchOptions& o) {
         print("prepare (reference)", time_it([&] { reference_prepare(obs, model, tok, T); }));
         return 0;
     }
-    print("prepare", time_it([&] { (void)prepare_observation(obs, model, pre, tok); }));
-    print("prepare (bf16 inputs)", time_it([&] { (void)prepare_observation(obs, model, pre, tok, true); }));
+    // NOTE: each run hands its buffers to the next, as the rollout does (DreamZeroPolicy::recycle).
+    PreparedObservation kept;
+    print("prepare", time_it([&] { kept = prepare_observation(obs, model, pre, tok, false, &kept); }));
+    print("prepare (bf16 inputs)", time_it([&] { kept = prepare_observation(obs, model, pre, tok, true, &kept); }));
     const size_t plane = size_t(model.canvas_height) * size_t(model.canvas_width);
     std::vector<int> clip;
     if (T == 4) clip = {0, 0, 0, 1, 1, 2, 2, 3, 3};

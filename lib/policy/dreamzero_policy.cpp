@@ -424,7 +424,7 @@ void DreamZeroPolicy::forward_branch(int branch, ForwardKind kind, const TensorV
 
 PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
                                         const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer,
-                                        bool bf16_inputs) {
+                                        bool bf16_inputs, PreparedObservation* reuse) {
     Timer timer;
     const int T = int(obs.exterior_1.rank() == 4 ? obs.exterior_1.dim(0) : 0);
     for (const auto* v : {&obs.exterior_1, &obs.exterior_2, &obs.wrist}) {
@@ -439,6 +439,7 @@ PreparedObservation prepare_observation(const Observation& obs, const ModelConfi
               preprocessor.view().height, preprocessor.view().width, model.canvas_height, model.canvas_width);
 
     PreparedObservation p;
+    if (reuse) p = std::move(*reuse);
     p.frames = T;
     p.joint_position = obs.joint_position;
     p.gripper_position = obs.gripper_position;
@@ -451,15 +452,21 @@ PreparedObservation prepare_observation(const Observation& obs, const ModelConfi
         clip = commit_clip_indices(T, model.dit.num_frame_per_block);
         DZR_CHECK(int(clip.size()) == kMaxClipFrames, "observation: {} frames give a {}-frame clip", T, clip.size());
     }
+    // NOTE: the unused dtype's inputs are emptied (capacity kept): step() uploads whichever is filled.
     if (bf16_inputs) {
+        p.reference_input.clear();
+        p.clip_input.clear();
         p.reference_input_bf16.resize(frame_values);
         p.clip_input_bf16.resize(frame_values * clip.size());
         preprocessor.run_bf16(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input_bf16,
-                              p.clip_input_bf16);
+                              p.clip_input_bf16, &p.canvas_scratch);
     } else {
+        p.reference_input_bf16.clear();
+        p.clip_input_bf16.clear();
         p.reference_input.resize(frame_values);
         p.clip_input.resize(frame_values * clip.size());
-        preprocessor.run(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input, p.clip_input);
+        preprocessor.run(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input, p.clip_input,
+                         &p.canvas_scratch);
     }
     p.tokens = tokenize_droid_prompts(tokenizer, obs.prompt, model.t5.text_len);
     p.prepare_ms = timer.ms();
@@ -469,7 +476,30 @@ PreparedObservation prepare_observation(const Observation& obs, const ModelConfi
 PreparedObservation DreamZeroPolicy::prepare(const Observation& obs) const {
     // NOTE: on a bf16 backend the inputs are rounded to bf16 here, on the caller's (prefetch) thread, in
     // the same pass that builds them: step() then uploads without converting.
-    return prepare_observation(obs, model_, *preprocessor_, *tokenizer_, be_.compute_dtype() == DType::BF16);
+    PreparedObservation reuse;
+    {
+        std::lock_guard<std::mutex> lock(spare_mu_);
+        if (!spare_.empty()) {
+            reuse = std::move(spare_.back());
+            spare_.pop_back();
+        }
+    }
+    return prepare_observation(obs, model_, *preprocessor_, *tokenizer_, be_.compute_dtype() == DType::BF16,
+                               &reuse);
+}
+
+void DreamZeroPolicy::recycle(PreparedObservation&& used) const {
+    // NOTE: two sets cover a prefetching caller (one being prepared while one steps); more would only hold
+    // memory.
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    if (spare_.size() < 2) spare_.push_back(std::move(used));
+}
+
+PolicyCallResult DreamZeroPolicy::step(const Observation& obs) {
+    PreparedObservation prepared = prepare(obs);
+    PolicyCallResult result = step(prepared);
+    recycle(std::move(prepared));
+    return result;
 }
 
 PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {

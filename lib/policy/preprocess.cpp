@@ -606,20 +606,22 @@ void ObservationPreprocessor::canvas(const TensorView& wrist, const TensorView& 
 
 void ObservationPreprocessor::run(const TensorView& wrist, const TensorView& exterior_1,
                                   const TensorView& exterior_2, int reference, std::span<const int> clip,
-                                  std::span<float> reference_out, std::span<float> clip_out) const {
-    run_impl<float>(wrist, exterior_1, exterior_2, reference, clip, reference_out, clip_out, lut_);
+                                  std::span<float> reference_out, std::span<float> clip_out, Scratch* scratch) const {
+    run_impl<float>(wrist, exterior_1, exterior_2, reference, clip, reference_out, clip_out, lut_, scratch);
 }
 
 void ObservationPreprocessor::run_bf16(const TensorView& wrist, const TensorView& exterior_1,
                                        const TensorView& exterior_2, int reference, std::span<const int> clip,
-                                       std::span<uint16_t> reference_out, std::span<uint16_t> clip_out) const {
-    run_impl<uint16_t>(wrist, exterior_1, exterior_2, reference, clip, reference_out, clip_out, lut_bf16_);
+                                       std::span<uint16_t> reference_out, std::span<uint16_t> clip_out,
+                                       Scratch* scratch) const {
+    run_impl<uint16_t>(wrist, exterior_1, exterior_2, reference, clip, reference_out, clip_out, lut_bf16_, scratch);
 }
 
 template <typename Elem>
 void ObservationPreprocessor::run_impl(const TensorView& wrist, const TensorView& exterior_1,
                                        const TensorView& exterior_2, int reference, std::span<const int> clip,
-                                       std::span<Elem> reference_out, std::span<Elem> clip_out, const Elem* lut) const {
+                                       std::span<Elem> reference_out, std::span<Elem> clip_out, const Elem* lut,
+                                       Scratch* scratch) const {
     const std::array<const TensorView*, 3> cams = {&wrist, &exterior_1, &exterior_2};
     const int64_t T = check_cameras(cams);
     const int64_t H = 2 * int64_t(view_.height), W = 2 * int64_t(view_.width);
@@ -638,7 +640,10 @@ void ObservationPreprocessor::run_impl(const TensorView& wrist, const TensorView
     std::vector<int> frames;
     for (int t = 0; t < int(T); ++t)
         if (used[size_t(t)]) frames.push_back(t);
-    std::vector<uint8_t> canvases(frames.size() * canvas_bytes);
+    // NOTE: every canvas byte is written below (the views tile the canvas), so the scratch is not cleared.
+    Scratch own;
+    Scratch& canvases = scratch ? *scratch : own;
+    canvases.resize(frames.size() * canvas_bytes);
     parallel_for(int(frames.size()) * 3, threads_, [&](int i) {
         view_into(*cams[size_t(i % 3)], i % 3, frames[size_t(i / 3)], canvases.data() + size_t(i / 3) * canvas_bytes);
     });

@@ -167,20 +167,26 @@ public:
     /// first, as preprocess_view does) into `canvas` (2h x 2w x 3 bytes).
     void canvas(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int64_t t,
                 uint8_t* canvas) const;
+    /// Host bytes for the canvases of one call; a caller that keeps one across calls saves the allocation
+    /// (and the page faults of fresh memory) every call.
+    using Scratch = std::vector<uint8_t, UninitAllocator<uint8_t>>;
     /// The model inputs of one call: `reference_out` [3, H, W] from canvas `reference`, and (when
     /// `clip` is not empty) `clip_out` [3, clip.size(), H, W] from canvases clip[0], clip[1], ...
+    /// `scratch` (optional) holds the canvases.
     void run(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
-             std::span<const int> clip, std::span<float> reference_out, std::span<float> clip_out) const;
+             std::span<const int> clip, std::span<float> reference_out, std::span<float> clip_out,
+             Scratch* scratch = nullptr) const;
     /// The same inputs rounded to bf16 (the bits of f32_to_bf16 of each value above), written directly:
     /// what a bf16 backend uploads, without an f32 pass.
     void run_bf16(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
-                  std::span<const int> clip, std::span<uint16_t> reference_out, std::span<uint16_t> clip_out) const;
+                  std::span<const int> clip, std::span<uint16_t> reference_out, std::span<uint16_t> clip_out,
+                  Scratch* scratch = nullptr) const;
 
 private:
     template <typename Elem>
     void run_impl(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
                   std::span<const int> clip, std::span<Elem> reference_out, std::span<Elem> clip_out,
-                  const Elem* lut) const;
+                  const Elem* lut, Scratch* scratch) const;
     /// View `which` (0 wrist, 1 exterior 1, 2 exterior 2) of frame t into its place on `canvas`.
     void view_into(const TensorView& camera, int which, int64_t t, uint8_t* canvas) const;
 

@@ -319,6 +319,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 }
                 if (i + 1 < calls.size()) next = std::async(std::launch::async, prepare_call, i + 1);
                 PolicyCallResult r = policy.step(prepared);
+                policy.recycle(std::move(prepared));
                 sample_memory();
                 if (opt.save_video) {
                     const Tensor latent = policy.video_prediction();  // [z, 2 or 3, h, w]

@@ -11,7 +11,10 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "policy/dreamzero_policy.h"
 #include "policy/preprocess.h"
+#include "policy/tokenizer.h"
+#include "support/test_support.h"
 
 using namespace dzr;
 
@@ -144,6 +147,19 @@ TEST_CASE("the observation preprocessor reproduces the reference canvases and mo
                 for (size_t i = 0; i < out16.size(); ++i) bad16 += out16[i] != f32_to_bf16(want_clip[i]);
                 CHECK(bad16 == 0);
 
+                // A reused scratch holding stale bytes (as a recycled call's would) changes nothing: every
+                // canvas byte is written before it is read.
+                ObservationPreprocessor::Scratch scratch(5 * plane * 3, uint8_t(0xAB));
+                std::vector<float> ref_s(3 * plane, 7.f), out_s(3 * clip.size() * plane, 7.f);
+                pre.run(cams[0], cams[1], cams[2], 3, clip, ref_s, out_s, &scratch);
+                CHECK(std::memcmp(ref_s.data(), want_ref.data(), ref_s.size() * sizeof(float)) == 0);
+                CHECK(std::memcmp(out_s.data(), want_clip.data(), out_s.size() * sizeof(float)) == 0);
+                std::fill(scratch.begin(), scratch.end(), uint8_t(0x55));
+                std::vector<uint16_t> ref16_s(3 * plane, 7), out16_s(3 * clip.size() * plane, 7);
+                pre.run_bf16(cams[0], cams[1], cams[2], 3, clip, ref16_s, out16_s, &scratch);
+                CHECK(ref16_s == ref16);
+                CHECK(out16_s == out16);
+
                 std::vector<uint8_t> cv(plane * 3);
                 pre.canvas(cams[0], cams[1], cams[2], 2, cv.data());
                 CHECK(cv == canvases[2].pixels);
@@ -189,4 +205,50 @@ TEST_CASE("parallel_for runs every index once and rethrows a task's error") {
         CHECK(ran.load() == 20);  // the other tasks still ran
     }
     parallel_for(0, 4, [](int) { FAIL("no task expected"); });
+}
+
+TEST_CASE("prepare_observation takes over a recycled observation's buffers and writes the same inputs") {
+    const ModelConfig model;  // the DROID geometry: 352x640 canvas
+    const ObservationPreprocessor pre(ViewSize{model.canvas_height / 2, model.canvas_width / 2});
+    const Umt5Tokenizer tok(test::data_dir() / "tokenizer");
+    const auto observation = [](std::vector<uint8_t>& data, int T, uint64_t seed) {
+        data.clear();
+        for (int t = 0; t < 3 * T; ++t) {
+            const RgbImage img = random_image(180, 320, seed + uint64_t(t));
+            data.insert(data.end(), img.pixels.begin(), img.pixels.end());
+        }
+        Observation obs;
+        const size_t cam = size_t(T) * 180 * 320 * 3;
+        obs.exterior_1 = TensorView(data.data(), DType::U8, Shape{T, 180, 320, 3});
+        obs.exterior_2 = TensorView(data.data() + cam, DType::U8, Shape{T, 180, 320, 3});
+        obs.wrist = TensorView(data.data() + 2 * cam, DType::U8, Shape{T, 180, 320, 3});
+        obs.prompt = "pick up the cube";
+        return obs;
+    };
+    std::vector<uint8_t> a, b;
+    const Observation first = observation(a, 4, 1), second = observation(b, 4, 100);
+    for (const bool bf16 : {true, false}) {
+        CAPTURE(bf16);
+        const PreparedObservation fresh = prepare_observation(second, model, pre, tok, bf16);
+        PreparedObservation used = prepare_observation(first, model, pre, tok, bf16);
+        const void* clip_buffer = bf16 ? static_cast<const void*>(used.clip_input_bf16.data())
+                                       : static_cast<const void*>(used.clip_input.data());
+        const void* scratch_buffer = used.canvas_scratch.data();
+        const PreparedObservation again = prepare_observation(second, model, pre, tok, bf16, &used);
+        // the same memory, now holding the second observation's inputs
+        CHECK((bf16 ? static_cast<const void*>(again.clip_input_bf16.data())
+                    : static_cast<const void*>(again.clip_input.data())) == clip_buffer);
+        CHECK(again.canvas_scratch.data() == scratch_buffer);
+        CHECK(again.frames == 4);
+        CHECK(again.reference_input_bf16 == fresh.reference_input_bf16);
+        CHECK(again.clip_input_bf16 == fresh.clip_input_bf16);
+        CHECK(again.reference_input.size() == fresh.reference_input.size());
+        CHECK(again.clip_input.size() == fresh.clip_input.size());
+        CHECK(std::memcmp(again.reference_input.data(), fresh.reference_input.data(),
+                          fresh.reference_input.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(again.clip_input.data(), fresh.clip_input.data(), fresh.clip_input.size() * sizeof(float)) ==
+              0);
+        CHECK(again.tokens.positive.ids == fresh.tokens.positive.ids);
+        CHECK((bf16 ? again.reference_input.empty() : again.reference_input_bf16.empty()));
+    }
 }

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Kernel-level attention (and Linear) check against PyTorch: one bf16 attention per case through torch's SDPA backends
+(cuDNN, flash, efficient, math) and through every dzr CUDA implementation (`dzr parity attention`), then a
+table of how many output elements differ and by how much. The DiT's bf16 parity gap starts at its attention
+(docs/PARITY.md); this says which dzr implementation, if any, reproduces the reference's kernel bit for bit. The
+same for bf16 Linear layers (F.linear, i.e. cuBLASLt addmm with a bias epilogue, vs `dzr parity linear`).
+
+Usage (GPU machine): attention_probe.py --dzr build/bin/dzr --work /tmp/attn --out OUT [--cudnn-log]
+With --cudnn-log, cuDNN's API log (CUDNN_LOGLEVEL_DBG=3) and the frontend's log of each side go to OUT, so
+the operation graphs and the engine configs chosen can be compared. Each side runs in its own process (the
+logging variables are read when cuDNN loads). DZR_LD_LIBRARY_PATH, when set, is prepended to dzr's
+LD_LIBRARY_PATH (e.g. PyTorch's bundled cuDNN, to run both sides on one cuDNN build).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+# (name, Lq, Lk, heads, head_dim, amplitude of q and k): the DiT's self- and cross-attention shapes at the
+# parity geometry, and the real model's head count for one case.
+CASES = [
+    ("self_880", 880, 880, 2, 128, 3.0),
+    ("self_1760x2640", 1760, 2640, 2, 128, 3.0),
+    ("cross_text_880x512", 880, 512, 2, 128, 3.0),
+    ("cross_img_880x257", 880, 257, 2, 128, 3.0),
+    ("self_880_soft", 880, 880, 2, 128, 1.0),
+    ("real_1785x2665_h40", 1785, 2665, 40, 128, 3.0),
+]
+# (name, M, K, N, bias): the DiT's Linear shapes at the parity geometry and one of the real model's
+LINEARS = [
+    ("qkvo_880x256x256", 880, 256, 256, True),
+    ("text_512x64x256", 512, 64, 256, True),
+    ("ffn_up_880x256x512", 880, 256, 512, True),
+    ("ffn_down_880x512x256", 880, 512, 256, True),
+    ("q_1760x256x256", 1760, 256, 256, True),
+    ("real_1785x5120x5120", 1785, 5120, 5120, True),
+    ("nobias_880x256x256", 880, 256, 256, False),
+]
+TORCH_BACKENDS = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+
+
+def torch_side(work, cases):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    info = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
+    for name, lq, lk, h, d, amp in cases:
+        # [1, L, H, D] buffers viewed as [1, H, L, D], as the reference's attention passes them
+        q = (torch.randn(1, lq, h, d, device="cuda") * amp).bfloat16()
+        k = (torch.randn(1, lk, h, d, device="cuda") * amp).bfloat16()
+        v = torch.randn(1, lk, h, d, device="cuda").bfloat16()
+        for t, tag in ((q, "q"), (k, "k"), (v, "v")):
+            np.save(os.path.join(work, f"{name}.{tag}.npy"), t[0].float().cpu().numpy())
+        for be in TORCH_BACKENDS:
+            try:
+                with torch.no_grad(), sdpa_kernel(getattr(SDPBackend, be)):
+                    o = torch.nn.functional.scaled_dot_product_attention(
+                        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+                torch.cuda.synchronize()
+                np.save(os.path.join(work, f"{name}.torch_{be}.npy"), o.transpose(1, 2)[0].float().cpu().numpy())
+            except Exception as e:  # a backend that refuses the shape
+                info[f"{name}.{be}"] = f"refused: {e}"[:300]
+    for name, m, k, n, bias in LINEARS:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        w = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
+        b = (torch.randn(n, device="cuda") * 0.1).bfloat16() if bias else None
+        for t, tag in ((x, "x"), (w, "w"), (b, "b")):
+            if t is not None:
+                np.save(os.path.join(work, f"lin_{name}.{tag}.npy"), t.float().cpu().numpy())
+        with torch.no_grad():
+            o = torch.nn.functional.linear(x, w, b)
+        np.save(os.path.join(work, f"lin_{name}.torch.npy"), o.float().cpu().numpy())
+    return info
+
+
+def compare(a, b):
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    n = int((diff > 0).sum())
+    rel_l2 = float(np.linalg.norm(diff) / max(np.linalg.norm(b.astype(np.float64)), 1e-30))
+    return n, a.size, float(diff.max()), rel_l2
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dzr", required=True)
+    ap.add_argument("--work", default="/tmp/dzr-attention-probe")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cudnn-log", action="store_true")
+    ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    args = ap.parse_args()
+    cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
+    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+
+    if args.torch_only:
+        print(json.dumps(torch_side(args.work, cases)))
+        return 0
+
+    def env_for(side):
+        env = dict(os.environ)
+        if args.cudnn_log:
+            env.update(CUDNN_LOGLEVEL_DBG="3", CUDNN_LOGDEST_DBG=os.path.join(args.out, f"cudnn_{side}.log"),
+                       CUDNN_FRONTEND_LOG_INFO="1",
+                       CUDNN_FRONTEND_LOG_FILE=os.path.join(args.out, f"cudnn_frontend_{side}.log"))
+        return env
+
+    r = subprocess.run([sys.executable, __file__, "--dzr", args.dzr, "--work", args.work, "--out", args.out,
+                        "--torch-only", "--cases", ",".join(c[0] for c in cases)],
+                       env=env_for("torch"), capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stdout, r.stderr, file=sys.stderr)
+        return 1
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"torch {info['torch']}, cuDNN {info['cudnn']}")
+    denv = env_for("dzr")
+    if os.environ.get("DZR_LD_LIBRARY_PATH"):
+        denv["LD_LIBRARY_PATH"] = os.environ["DZR_LD_LIBRARY_PATH"] + ":" + denv.get("LD_LIBRARY_PATH", "")
+    rows = []
+    for name, lq, lk, h, d, amp in cases:
+        outdir = os.path.join(args.work, f"{name}.dzr")
+        r = subprocess.run([args.dzr, "--log-level", "debug", "parity", "attention",
+                            "--q", os.path.join(args.work, f"{name}.q.npy"),
+                            "--k", os.path.join(args.work, f"{name}.k.npy"),
+                            "--v", os.path.join(args.work, f"{name}.v.npy"), "--out", outdir],
+                           env=denv, capture_output=True, text=True)
+        with open(os.path.join(args.out, f"dzr_{name}.log"), "w") as f:
+            f.write(r.stdout + r.stderr)
+        if r.returncode != 0:
+            print(f"{name}: dzr failed:\n{r.stdout}{r.stderr}")
+            continue
+        for ref_be in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+            ref_path = os.path.join(args.work, f"{name}.torch_{ref_be}.npy")
+            if not os.path.exists(ref_path):
+                rows.append((name, "-", ref_be, info.get(f"{name}.{ref_be}", "missing")))
+                continue
+            ref = np.load(ref_path)
+            others = [("dzr " + f[2:-4], os.path.join(outdir, f)) for f in sorted(os.listdir(outdir))]
+            others += [("torch " + b, os.path.join(args.work, f"{name}.torch_{b}.npy"))
+                       for b in TORCH_BACKENDS if b != ref_be]
+            for label, path in others:
+                if not os.path.exists(path):
+                    continue
+                n, total, mx, l2 = compare(np.load(path), ref)
+                rows.append((name, label, ref_be, f"{n:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+    for name, m, k, n, bias in LINEARS:
+        base = os.path.join(args.work, f"lin_{name}")
+        cmd = [args.dzr, "parity", "linear", "--x", base + ".x.npy", "--w", base + ".w.npy", "--out", base + ".dzr.npy"]
+        if bias:
+            cmd += ["--b", base + ".b.npy"]
+        r = subprocess.run(cmd, env=denv, capture_output=True, text=True)
+        if r.returncode != 0:
+            rows.append((f"linear {name}", "dzr", "F.linear", "failed: " + (r.stdout + r.stderr)[-300:]))
+            continue
+        n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), np.load(base + ".torch.npy"))
+        rows.append((f"linear {name}", "dzr linear", "F.linear",
+                     f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+    with open(os.path.join(args.out, "attention_probe.txt"), "w") as f:
+        for row in rows:
+            line = f"{row[0]:22s} {row[1]:24s} vs torch {row[2]:20s} {row[3]}"
+            print(line)
+            f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
