@@ -7,8 +7,9 @@
 //                umT5 token ids and masks of both CFG branches, and the initial noise drawn by dzr's
 //                seeded generator (the reference's generate_noise is replaced to return it).
 //   attention    runs one bf16 attention (q, k, v from .npy) through each CUDA attention implementation and
-//                writes the outputs; `linear` does the same for one bf16 Linear: the kernel-level checks
-//                against PyTorch (scripts/parity/attention_probe.py).
+//                writes the outputs; `linear` and `conv3d` do the same for one bf16 Linear or conv3d: the
+//                kernel-level checks
+//                against PyTorch (scripts/parity/kernel_probe.py).
 //   run          runs DreamZeroPolicy on those inputs with the injected noise and writes the traced
 //                stages of every call into one .safetensors file (f32), named as the reference
 //                harness names them. With --inject-from FILE (a reference dump) the stages matching
@@ -100,6 +101,14 @@ struct LinearArgs {
     std::string x, w, b;
     std::string out;
     std::string device = "cuda";
+};
+
+struct Conv3dArgs {
+    std::string x, w, b;
+    std::string out;
+    std::string device = "cuda";
+    std::vector<int> stride = {1, 1, 1}, pad_before = {0, 0, 0}, pad_after = {0, 0, 0};
+    bool frames_2d = false;
 };
 
 // ---- synthetic content ------------------------------------------------------------------------------
@@ -536,6 +545,50 @@ int run_linear(const LinearArgs& a) {
 #endif
 }
 
+int run_conv3d(const Conv3dArgs& a) {
+#ifdef DZR_HAVE_CUDA
+    const io::NpyArray xa = read_bf16_values(a.x, "x", 4, "[Ci, T, H, W]"),
+                       wa = read_bf16_values(a.w, "w", 5, "[Co, Ci, kt, kh, kw]");
+    std::optional<io::NpyArray> ba;
+    if (!a.b.empty()) ba = read_bf16_values(a.b, "b", 1, "[Co]");
+    DZR_CHECK(a.stride.size() == 3 && a.pad_before.size() == 3 && a.pad_after.size() == 3,
+              "conv3d: --stride, --pad-before and --pad-after take 3 values each");
+    Conv3dParams p;
+    p.frames_2d = a.frames_2d;
+    int64_t o[3];
+    for (int i = 0; i < 3; ++i) {
+        p.stride[i] = a.stride[size_t(i)], p.pad_before[i] = a.pad_before[size_t(i)];
+        p.pad_after[i] = a.pad_after[size_t(i)];
+        DZR_CHECK(p.stride[i] >= 1, "conv3d: strides must be >= 1");
+        o[i] = (xa.dim(i + 1) + p.pad_before[i] + p.pad_after[i] - wa.dim(i + 2)) / p.stride[i] + 1;
+    }
+    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(1) << 30);
+    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    DZR_CHECK(be != nullptr, "parity conv3d needs a CUDA device (--device cuda:N)");
+    const auto upload = [&](const io::NpyArray& host) {
+        Tensor t = be->alloc(Shape(host.shape()), DType::BF16);
+        be->upload(host.to_tensor(), t);
+        return t;
+    };
+    const Tensor x = upload(xa), w = upload(wa);
+    Tensor b;
+    if (ba) b = upload(*ba);
+    const int64_t Co = wa.dim(0);
+    Tensor out = be->alloc({Co, o[0], o[1], o[2]}, DType::BF16);
+    be->conv3d(p, x, w, ba ? b.view() : TensorView{}, out);
+    Tensor host = Tensor::host({Co, o[0], o[1], o[2]}, DType::F32);
+    be->download(out, host);
+    io::write_npy(a.out, host.view());
+    std::printf("conv3d on %s: x %s w %s -> [%lld, %lld, %lld, %lld] %s\n", be->name().c_str(),
+                xa.shape_str().c_str(), wa.shape_str().c_str(), (long long)Co, (long long)o[0], (long long)o[1],
+                (long long)o[2], a.out.c_str());
+    return 0;
+#else
+    (void)a;
+    DZR_THROW("dzr parity conv3d needs a CUDA build (-DDZR_CUDA=ON)");
+#endif
+}
+
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* cmd = app.add_subcommand("parity", "Parity harness against the official implementation (docs/PARITY.md)");
     cmd->require_subcommand(1);
@@ -587,6 +640,19 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     l->add_option("--out", li->out, "Output .npy (float32 [M, N])")->required();
     l->add_option("--device", li->device, "CUDA device")->capture_default_str();
     l->callback([&run, li] { run = [li] { return run_linear(*li); }; });
+
+    auto cv = std::make_shared<Conv3dArgs>();
+    auto* c = cmd->add_subcommand("conv3d", "Run one bf16 conv3d (the backend's op) from .npy operands on CUDA");
+    c->add_option("--x", cv->x, "float32 [Ci, T, H, W] holding bf16 values")->required();
+    c->add_option("--w", cv->w, "float32 [Co, Ci, kt, kh, kw] holding bf16 values")->required();
+    c->add_option("--b", cv->b, "float32 [Co] holding bf16 values (optional)");
+    c->add_option("--out", cv->out, "Output .npy (float32 [Co, To, Ho, Wo])")->required();
+    c->add_option("--stride", cv->stride, "t h w")->expected(3)->capture_default_str();
+    c->add_option("--pad-before", cv->pad_before, "t h w")->expected(3)->capture_default_str();
+    c->add_option("--pad-after", cv->pad_after, "t h w")->expected(3)->capture_default_str();
+    c->add_flag("--frames-2d", cv->frames_2d, "Run as a Conv2d over the frames (Conv3dParams::frames_2d)");
+    c->add_option("--device", cv->device, "CUDA device")->capture_default_str();
+    c->callback([&run, cv] { run = [cv] { return run_conv3d(*cv); }; });
 });
 
 }  // namespace

@@ -111,6 +111,10 @@ struct Conv3dParams {
     int stride[3] = {1, 1, 1};
     int pad_before[3] = {0, 0, 0};
     int pad_after[3] = {0, 0, 0};
+    /// A PyTorch Conv2d applied to every frame (kernel, stride and padding 1/0 in time): the same sum, but
+    /// the CUDA backend runs cuDNN's 2-D convolution over the frames as a batch, as PyTorch does, whose
+    /// kernels round differently from a (1, kh, kw) 3-D convolution in bf16. The CPU backend ignores it.
+    bool frames_2d = false;
 };
 
 class Backend {

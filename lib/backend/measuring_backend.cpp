@@ -28,4 +28,21 @@ void MeasuringBackend::copy(const TensorView& src, const TensorView& dst) {
     DZR_CHECK(src.numel() == dst.numel() && dst.is_contiguous(), "measuring copy: {} -> {}", src.str(), dst.str());
 }
 
+void MeasuringBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView&, const TensorView&,
+                              const TensorView& out) {
+    if (x.rank() != 4 || out.rank() != 4) return;
+    ArenaScope scope(arena_);
+    bool symmetric = true;
+    Shape padded{x.dim(0), x.dim(1), x.dim(2), x.dim(3)};
+    for (int i = 0; i < 3; ++i) {
+        symmetric = symmetric && p.pad_before[i] == p.pad_after[i];
+        padded[i + 1] += p.pad_before[i] + p.pad_after[i];
+    }
+    if (!symmetric) arena_.alloc_view(padded, x.dtype);
+    if (p.frames_2d) {
+        arena_.alloc_view(symmetric ? x.shape : padded, x.dtype);
+        arena_.alloc_view(out.shape, out.dtype);
+    }
+}
+
 }  // namespace dzr

@@ -42,8 +42,10 @@ public:
     void rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) override {}
     void attention(const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
                    const TensorView&, const TensorView&) override {}
-    void conv3d(const Conv3dParams&, const TensorView&, const TensorView&, const TensorView&,
-                const TensorView&) override {}
+    /// Reserves what the CUDA backend's cuDNN path takes besides cuDNN's own workspace: the padded input
+    /// (asymmetric padding), and for frames_2d the input and output transposed to frames.
+    void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView&,
+                const TensorView& out) override;
     /// Reserves what the CUDA backend's gather path takes: [history | current] K and V rows.
     void paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
                          const TensorView& k_cur, const TensorView&, const TensorView&) override {

@@ -89,7 +89,7 @@ CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, 
 
     using keys::dit;
     const Tensor pwt = loader.require(dit("patch_embedding.weight"), Shape{C, cfg.in_dim, pt, ph, pw});
-    patch_.w = reshaped(pwt, Shape{C, int64_t(cfg.in_dim) * ph * pw});  // [C, in, 1, ph, pw] -> [C, in·ph·pw]
+    patch_.w = pwt;  // [C, in, pt, ph, pw]: the Conv3d weight as it is
     patch_.b = loader.require(dit("patch_embedding.bias"), Shape{C});
     text_emb1_ = load_linear(loader, dit("text_embedding.0"), cfg.text_dim, C);
     text_emb2_ = load_linear(loader, dit("text_embedding.2"), C, C);
@@ -360,17 +360,19 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
     s.rope_video = rope_.video(in.start_frame, int(f));
     if (has_regs) s.rope_registers = rope_.registers((in.start_frame - 1) / c.num_frame_per_block);
 
-    {  // patch embedding: Conv3d(in_dim -> C, kernel = stride = (1, ph, pw)) as patchify + GEMM
+    {  // patch embedding: the Conv3d(in_dim -> C, kernel = stride = (1, ph, pw)) itself, then [C, Lv] -> rows
+        // NOTE: a convolution, not patchify + GEMM: in bf16 the two sum the products in different orders,
+        // and cuDNN's convolution is what PyTorch runs (bit-identical on the H200, scripts/parity/
+        // kernel_probe.py); it rounds the product, then the bias add rounds.
         ArenaScope tmp(be.workspace());
         const TensorView latent = be.scratch(Shape{c.in_dim, f, lat_h, lat_w});
         be.copy(in.x, latent.slice(0, 0, c.out_dim));  // channels [x (16) | y (20)]
         be.copy(in.y, latent.slice(0, c.out_dim, c.in_dim - c.out_dim));
-        const TensorView patches = be.scratch(Shape{Lv, int64_t(c.in_dim) * ph * pw});
-        patchify(be, latent, ph, pw, patches);
-        // NOTE: PyTorch's cuDNN convolution rounds its output before adding the bias (two bf16
-        // roundings); a bias epilogue would round once.
-        be.linear(patches, patch_.w, {}, s.x.slice(0, 0, Lv));  // [Lv, in·ph·pw] -> [Lv, C]
-        be.add(s.x.slice(0, 0, Lv), patch_.b, s.x.slice(0, 0, Lv));
+        const TensorView emb = be.scratch(Shape{C, f, grid_h_, grid_w_});
+        Conv3dParams conv;
+        conv.stride[1] = ph, conv.stride[2] = pw;
+        be.conv3d(conv, latent, patch_.w, patch_.b, emb);
+        be.copy(emb.reshape(Shape{C, Lv}).permute({1, 0}), s.x.slice(0, 0, Lv));  // [C, Lv] -> [Lv, C]
     }
     if (opt.trace) opt.trace("patch_embed", -1, s.x.slice(0, 0, Lv));
     if (opt.check_finite) check_finite(be, s.x.slice(0, 0, Lv), "patch embedding", -1);

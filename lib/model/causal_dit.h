@@ -140,7 +140,7 @@ class CausalDit {
     int head_dim_ = 0;
     DType dtype_ = DType::F32;  // the loading backend's compute dtype (weights and activations)
 
-    Linear patch_;  // w [dim, in_dim·ph·pw] (the Conv3d weight flattened), b [dim]
+    Linear patch_;  // the Conv3d: w [dim, in_dim, pt, ph, pw], b [dim]
     Linear text_emb1_, text_emb2_;
     Linear time_emb1_, time_emb2_;
     Linear time_proj_;  // [6·dim, dim]

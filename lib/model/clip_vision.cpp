@@ -122,13 +122,16 @@ void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView
               "CLIP: output must be a contiguous {}[{}, {}], got {}", dtype_name(dt), t, w, out.str());
 
     ArenaScope scope(be.workspace());
-    // Patch embedding as a GEMM: [3, g, p, g, p] -> [g, g, 3, p, p] = [g·g, 3·p·p] patches,
-    // then [g·g, 3·p·p] · [w, 3·p·p]ᵀ -> [g·g, w] into token rows 1.. (row 0 is the class token).
-    const TensorView patches = be.scratch(Shape{g * g, 3 * p * p});
-    be.copy(pixels.reshape(Shape{3, g, p, g, p}).permute({1, 3, 0, 2, 4}),
-            patches.reshape(Shape{g, g, 3, p, p}));
+    // Patch embedding: the reference's Conv2d(3, w, p, stride p, no bias), run as one (cuDNN's convolution
+    // sums in another order than patchify + GEMM, which shows in bf16), [w, g·g] -> token rows 1.. (row 0
+    // is the class token).
+    const TensorView grid = be.scratch(Shape{w, 1, g, g});
+    Conv3dParams conv;
+    conv.frames_2d = true;
+    conv.stride[1] = conv.stride[2] = int(p);
+    be.conv3d(conv, pixels.reshape(Shape{3, 1, s, s}), patch_w_.view().reshape(Shape{w, 3, 1, p, p}), {}, grid);
     const TensorView emb = be.scratch(Shape{t, w});
-    be.linear(patches, patch_w_.view().reshape(Shape{w, 3 * p * p}), {}, emb.slice(0, 1, g * g));
+    be.copy(grid.reshape(Shape{w, g * g}).permute({1, 0}), emb.slice(0, 1, g * g));
     be.copy(cls_.view().reshape(Shape{1, w}), emb.slice(0, 0, 1));
     be.add(emb, pos_.view().reshape(Shape{t, w}), emb);
     const LayerNormParams ln{cfg_.eps};
@@ -136,23 +139,21 @@ void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView
     if (trace) trace("clip.pre_norm", -1, out);
 
     const TensorView h = be.scratch(Shape{t, w});
-    const TensorView q = be.scratch(Shape{t, w});
-    const TensorView k = be.scratch(Shape{t, w});
-    const TensorView v = be.scratch(Shape{t, w});
+    const TensorView qkv = be.scratch(Shape{t, 3 * w});
+    // [t, 3w] columns [q | k | v] -> [t, H, hd] views with row stride 3w (as the reference's view + unbind)
+    const auto heads = [&](int64_t j) {
+        const TensorView cols = qkv.slice(1, j * w, w);
+        return TensorView(cols.data, cols.dtype, Shape{t, nh, hd}, Shape{3 * w, hd, 1}, cols.device);
+    };
     const TensorView att = be.scratch(Shape{t, w});
     const TensorView mlp = be.scratch(Shape{t, cfg_.mlp_dim});
     const AttentionParams attn{float(1.0 / std::sqrt(double(hd)))};
     for (size_t i = 0; i < layers_.size(); ++i) {
         const Layer& l = layers_[i];
         be.layer_norm(ln, out, l.norm1_w, l.norm1_b, h);
-        // to_qkv rows are [q | k | v]: three GEMMs on row slices of the weight keep q, k, v contiguous.
-        // [t, w] -> [t, w] each
-        be.linear(h, l.qkv_w.view().slice(0, 0, w), l.qkv_b.view().slice(0, 0, w), q);
-        be.linear(h, l.qkv_w.view().slice(0, w, w), l.qkv_b.view().slice(0, w, w), k);
-        be.linear(h, l.qkv_w.view().slice(0, 2 * w, w), l.qkv_b.view().slice(0, 2 * w, w), v);
-        // [t, w] -> [t, H, hd]
-        be.attention(attn, q.reshape(Shape{t, nh, hd}), k.reshape(Shape{t, nh, hd}),
-                     v.reshape(Shape{t, nh, hd}), {}, att.reshape(Shape{t, nh, hd}));
+        // to_qkv as the reference runs it: one GEMM [t, w] -> [t, 3w] (one N = 3w product, not three)
+        be.linear(h, l.qkv_w, l.qkv_b, qkv);
+        be.attention(attn, heads(0), heads(1), heads(2), {}, att.reshape(Shape{t, nh, hd}));
         be.linear(att, l.proj_w, l.proj_b, h);  // [t, w] -> [t, w]
         be.add(out, h, out);
         be.layer_norm(ln, out, l.norm2_w, l.norm2_b, h);

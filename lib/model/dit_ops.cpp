@@ -4,20 +4,6 @@
 
 namespace dzr {
 
-void patchify(Backend& be, const TensorView& latent, int ph, int pw, const TensorView& out) {
-    DZR_CHECK(latent.rank() == 4 && latent.is_contiguous(),
-              "patchify: expected a contiguous latent [C, f, H, W], got {}", latent.str());
-    const int64_t C = latent.dim(0), f = latent.dim(1), H = latent.dim(2), W = latent.dim(3);
-    DZR_CHECK(ph > 0 && pw > 0 && H % ph == 0 && W % pw == 0,
-              "patchify: latent {}x{} is not divisible by the patch size {}x{}", H, W, ph, pw);
-    const int64_t gh = H / ph, gw = W / pw;
-    DZR_CHECK(out.rank() == 2 && out.dim(0) == f * gh * gw && out.dim(1) == C * ph * pw,
-              "patchify: output {} should be [{}, {}]", out.str(), f * gh * gw, C * ph * pw);
-    // [C, f, H, W] -> [C, f, gh, ph, gw, pw] -> [f, gh, gw, C, ph, pw] = [L, C·ph·pw]
-    const TensorView src = latent.reshape(Shape{C, f, gh, ph, gw, pw}).permute({1, 2, 4, 0, 3, 5});
-    be.copy(src, out.reshape(Shape{f, gh, gw, C, ph, pw}));
-}
-
 void unpatchify(Backend& be, const TensorView& tokens, int frames, int gh, int gw, int ph, int pw,
                 const TensorView& out) {
     DZR_CHECK(tokens.rank() == 2 && tokens.is_contiguous() && tokens.dim(0) == int64_t(frames) * gh * gw &&

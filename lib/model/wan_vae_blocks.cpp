@@ -222,45 +222,50 @@ void AttentionBlock::load(WeightLoader& loader, const std::string& path, int cha
     qkv_b_ = loader.require(path + "to_qkv.bias", Shape{3 * C});
     proj_w_ = loader.require(path + "proj.weight", Shape{C, C, 1, 1});
     proj_b_ = loader.require(path + "proj.bias", Shape{C});
-    qkv_w2_ = qkv_w_.view().reshape(Shape{3 * C, C});  // [3C, C, 1, 1] -> [3C, C]
-    proj_w2_ = proj_w_.view().reshape(Shape{C, C});    // [C, C, 1, 1] -> [C, C]
+    qkv_w5_ = qkv_w_.view().reshape(Shape{3 * C, C, 1, 1, 1});  // Conv2d 1x1 as a conv3d with kt = 1
+    proj_w5_ = proj_w_.view().reshape(Shape{C, C, 1, 1, 1});
 }
 
 void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView& out,
                              VaePrecision precision) const {
     check_activation(x, "attention block input");
-    const int64_t C = channels_, T = x.dim(1), L = x.dim(2) * x.dim(3);
+    const int64_t C = channels_, T = x.dim(1), H = x.dim(2), W = x.dim(3), L = H * W;
     DZR_ASSERT(x.dim(0) == C && x.is_contiguous() && out.shape == x.shape);
     ArenaScope scope(be.workspace());
-    TensorView xn = be.scratch(Shape{T, L, C});
+    // The reference folds time into the batch: norm over channels, to_qkv and proj as Conv2d 1x1 over the
+    // (b t) frames (run here as such: cuDNN rounds them unlike a GEMM, and adds the bias to the rounded
+    // product), SDPA per frame on [hw, 3c] rows.
+    const TensorView cf = be.scratch(Shape{C, T, H, W});  // channels-first conv input
     {
         ArenaScope tmp(be.workspace());
-        TensorView xcl = be.scratch(Shape{T, L, C});
+        const TensorView xcl = be.scratch(Shape{T, L, C});
+        const TensorView xn = be.scratch(Shape{T, L, C});
         to_channels_last(be, x, xcl);  // [C, T, H, W] -> [T, L, C]
         norm_.forward_rows(be, xcl.reshape(Shape{T * L, C}), xn.reshape(Shape{T * L, C}), precision, false);
+        be.copy(xn.reshape(Shape{T, H, W, C}).permute({3, 0, 1, 2}), cf);
     }
-    TensorView y = be.scratch(Shape{T, L, C});
-    TensorView qkv = be.scratch(Shape{L, 3 * C});
-    TensorView q = be.scratch(Shape{L, 1, C});
-    TensorView o = be.scratch(Shape{L, 1, C});
-    const AttentionParams attn{float(1.0 / std::sqrt(double(C)))};
-    // NOTE: one frame at a time (the reference folds time into the batch): every GEMM has the same
-    // shape whatever the chunking, which keeps chunked and whole-clip passes bit-identical on CPU.
-    // The reference's to_qkv and proj are Conv2d 1x1 run by cuDNN, which adds the bias to the rounded
-    // product (two roundings in bf16), hence a GEMM without bias and a separate add, not a GEMM epilogue.
-    for (int64_t t = 0; t < T; ++t) {
-        // [L, C] x [3C, C]^T -> [L, 3C]; columns [q | k | v]
-        be.linear(xn.slice(0, t, 1).reshape(Shape{L, C}), qkv_w2_, TensorView{}, qkv);
-        be.add(qkv, qkv_b_, qkv);
-        be.copy(one_head(qkv.slice(1, 0, C)), q);  // [L, C] (row stride 3C) -> [L, 1, C]
-        be.attention(attn, q, one_head(qkv.slice(1, C, C)), one_head(qkv.slice(1, 2 * C, C)), TensorView{},
-                     o);
-        // [L, C] x [C, C]^T -> [L, C]
-        const TensorView yt = y.slice(0, t, 1).reshape(Shape{L, C});
-        be.linear(o.reshape(Shape{L, C}), proj_w2_, TensorView{}, yt);
-        be.add(yt, proj_b_, yt);
+    Conv3dParams conv;
+    conv.frames_2d = true;
+    const TensorView qkv = be.scratch(Shape{3 * C, T, H, W});
+    be.conv3d(conv, cf, qkv_w5_, qkv_b_, qkv);
+    const TensorView y = be.scratch(Shape{T, L, C});
+    {
+        ArenaScope tmp(be.workspace());
+        const TensorView rows = be.scratch(Shape{L, 3 * C});
+        const TensorView q = be.scratch(Shape{L, 1, C});
+        const TensorView o = be.scratch(Shape{L, 1, C});
+        const AttentionParams attn{float(1.0 / std::sqrt(double(C)))};
+        const TensorView frames = qkv.reshape(Shape{3 * C, T, L}).permute({1, 2, 0});  // [T, L, 3C]
+        for (int64_t t = 0; t < T; ++t) {
+            be.copy(frames.slice(0, t, 1), rows.reshape(Shape{1, L, 3 * C}));  // columns [q | k | v]
+            be.copy(one_head(rows.slice(1, 0, C)), q);  // [L, C] (row stride 3C) -> [L, 1, C]
+            be.attention(attn, q, one_head(rows.slice(1, C, C)), one_head(rows.slice(1, 2 * C, C)), TensorView{},
+                         o);
+            be.copy(o.reshape(Shape{L, C}), y.slice(0, t, 1).reshape(Shape{L, C}));
+        }
     }
-    to_channels_first(be, y, out);  // [T, L, C] -> [C, T, H, W]
+    be.copy(y.reshape(Shape{T, H, W, C}).permute({3, 0, 1, 2}), cf);  // [T, L, C] -> [C, T, H, W]
+    be.conv3d(conv, cf, proj_w5_, proj_b_, out);
     be.add(out, x, out);
 }
 
@@ -313,6 +318,7 @@ Shape Resample::output_shape(const Shape& in, bool first) const {
 
 void Resample::spatial(Backend& be, const TensorView& x, const TensorView& out) const {
     Conv3dParams p;
+    p.frames_2d = true;  // the reference's Conv2d over (b t) frames
     if (mode_ == ResampleMode::Down2d || mode_ == ResampleMode::Down3d) {
         // ZeroPad2d((0, 1, 0, 1)) then Conv2d(3, stride 2)
         p.stride[1] = p.stride[2] = 2;

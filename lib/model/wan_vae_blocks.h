@@ -130,7 +130,7 @@ class AttentionBlock {
   private:
     ChannelRmsNorm norm_;
     Tensor qkv_w_, qkv_b_, proj_w_, proj_b_;
-    TensorView qkv_w2_, proj_w2_;  // [3C, C], [C, C]
+    TensorView qkv_w5_, proj_w5_;  // [3C, C, 1, 1, 1], [C, C, 1, 1, 1]
     int channels_ = 0;
 };
 

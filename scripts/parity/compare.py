@@ -13,7 +13,7 @@ Errors, for dzr's tensor a against the reference's b (same shape):
   max abs = max_i |a_i - b_i|
   max rel = max_i |a_i - b_i| / max(|b_i|, rms(b))      (rms(b) = sqrt(mean(b^2)); a floor that keeps near-zero
                                                           elements from dominating; 0/0 counts as 0)
-A row is "ok" when max rel <= TOL. --details also gives each tensor's rel l2 = ||a - b||_2 / ||b||_2. The gate of a pair is the `actions` rows (normalized action_pred of every
+A row is "ok" when max rel <= TOL. --details also gives each tensor's rel l2 = ||a - b||_2 / ||b||_2 and the fraction of its elements that differ at all. The gate of a pair is the `actions` rows (normalized action_pred of every
 call): the pair passes when all of them are ok. Tensors present in only one file are listed, not compared,
 except where dzr computes a stage once that the reference repeats (text embeddings after call 0) or traces
 less (samples of skipped steps).
@@ -93,7 +93,7 @@ def compare_pair(ours, ref):
             shape_mismatch.append(f"{name}: dzr {list(a.shape)} vs reference {list(b.shape)}")
             continue
         ea, er = errors(a, b)
-        per_tensor.append((name, a.shape, ea, er, rel_l2(a, b)))
+        per_tensor.append((name, a.shape, ea, er, rel_l2(a, b), float(np.count_nonzero(a != b)) / max(a.size, 1)))
         r = rows.setdefault((g, int(call[1:])), [0.0, 0.0, 0, ""])
         if er >= r[1]:
             r[3] = stage
@@ -143,8 +143,8 @@ def main():
         ours, ours_meta = load(ours_path)
         ref, ref_meta = load(ref_path)
         rows, only_ours, only_ref, bad, per_tensor = compare_pair(ours, ref)
-        details += [f"{label}  {name}  {list(shape)}  max abs {fmt(ea)}  max rel {fmt(er)}  rel l2 {fmt(el)}"
-                    for name, shape, ea, er, el in per_tensor]
+        details += [f"{label}  {name}  {list(shape)}  max abs {fmt(ea)}  max rel {fmt(er)}  rel l2 {fmt(el)}  "
+                    f"differ {nd:.2e}" for name, shape, ea, er, el, nd in per_tensor]
         pairs.append(dict(label=label, tol=float(tol), gated=gated, rows=rows, only_ours=only_ours, only_ref=only_ref,
                           bad=bad, sm=state_machine(ours_meta, ref_meta), ours_meta=ours_meta, ref_meta=ref_meta))
 

@@ -326,8 +326,9 @@ def load_checkpoint(head, ckpt):
 def install_sub_stages(rec, head):
     """Hooks dumping the per-layer internals dzr's CausalDit traces, for the first forward (n = 0) of each
     kind and branch: the DiT input after the patch embedding [Lv, C], and per block i the self-attention
-    input (modulated norm) [L, C], v [L, H, D], the self-attention output after o [L, C], the
-    cross-attention output after o [L, C] and the FFN output before its gate [L, C]."""
+    input (modulated norm) [L, C], the roped q and k and v [L, H, D], the self-attention output after o
+    [L, C], the cross-attention output after o [L, C] and the FFN output before its gate [L, C]; and the time
+    embedding and projection at the first row of each timestep group (time_e [G, C], time_e0 [G, 6, C])."""
 
     def first():
         return rec.prefix is not None and rec.current.get("n") == 0
@@ -338,6 +339,18 @@ def install_sub_stages(rec, head):
 
     head.model.patch_embedding.register_forward_hook(
         lambda m, a, out: put("patch_embed", out[0].flatten(1).transpose(0, 1)))
+    fs = rec.frame_seqlen
+
+    def group_rows(t):
+        # dzr evaluates the time embedding once per timestep group: the video row, then (when the forward
+        # carries action/state registers after the video tokens) the first register row.
+        L = t.shape[1]
+        lv = L - L % fs
+        return t[0, [0] + ([lv] if lv < L else [])]
+
+    head.model.time_embedding.register_forward_hook(lambda m, a, out: put("time_e", group_rows(out)))
+    head.model.time_projection.register_forward_hook(
+        lambda m, a, out: put("time_e0", group_rows(out).unflatten(-1, (6, -1))))
     for i, block in enumerate(head.model.blocks):
         nh = block.self_attn.num_heads
 
@@ -346,6 +359,13 @@ def install_sub_stages(rec, head):
             put(f"self_attn_in.{i}", x[0])
 
         block.self_attn.register_forward_pre_hook(sa_in, with_kwargs=True)
+
+        def qk(m, args, i=i):
+            # the roped q and k as the first forward's (single, cache-less) attention call gets them
+            put(f"q.{i}", args[0][0])
+            put(f"k.{i}", args[1][0])
+
+        block.self_attn.attn.register_forward_pre_hook(qk)
         block.self_attn.v.register_forward_hook(
             lambda m, a, out, i=i, nh=nh: put(f"v.{i}", out[0].reshape(out.shape[1], nh, -1)))
         block.self_attn.o.register_forward_hook(lambda m, a, out, i=i: put(f"self_attn.{i}", out[0]))

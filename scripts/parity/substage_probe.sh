@@ -14,7 +14,7 @@ PYTHON=${PYTHON:-python3}
 mkdir -p "$WORK" "$OUT"
 DUMP='^(input\.video|state|text\.(pos|neg)|clip|ys|vae\.clip|noise\.(video|action)|sample\.|velocity\.|x$|actions$)'
 DUMP+='|^dit\..*\.(layer_out\.[0-9]+|head|action_velocity)$'
-DUMP+='|^dit\.[a-z]+\.(pos|neg)\.0\.(patch_embed|(self_attn_in|v|self_attn|cross_attn|ffn)\.[0-9]+)$'
+DUMP+='|^dit\.[a-z]+\.(pos|neg)\.0\.(patch_embed|time_e0?|(self_attn_in|q|k|v|self_attn|cross_attn|ffn)\.[0-9]+)$'
 "$DZR" ckpt make --config "$CONFIG" --seed 1 --dtype f32 --tokenizer tests/data/tokenizer/spiece.model \
     --out "$WORK/ckpt" --force >/dev/null || exit 1
 "$DZR" parity make-inputs --ckpt "$WORK/ckpt" --out "$WORK/inputs" --calls 1 >/dev/null || exit 1

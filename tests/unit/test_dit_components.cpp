@@ -1,5 +1,5 @@
 // Components of the causal DiT against closed forms and naive loops: RoPE tables, timestep
-// sinusoids, patch embedding as a GEMM, unpatchify, the action/state heads, and loading.
+// sinusoids, unpatchify, the action/state heads, and loading.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -154,38 +154,6 @@ TEST_CASE("timestep tables hold both sinusoids for every integer timestep and re
     }
     CHECK_THROWS_WITH_AS(tables.dit(1000), doctest::Contains("timestep 1000"), Error);
     CHECK_THROWS_WITH_AS(tables.action(-1), doctest::Contains("timestep -1"), Error);
-}
-
-TEST_CASE("patch embedding as patchify plus GEMM equals the strided conv3d") {
-    auto be = make_cpu_backend();
-    const int Ci = 36, Co = 16, f = 2, H = 4, W = 8;
-    std::vector<float> x = random_floats(size_t(Ci * f * H * W), 1);
-    std::vector<float> w = random_floats(size_t(Co * Ci * 4), 2);
-    std::vector<float> b = random_floats(size_t(Co), 3);
-    std::vector<float> conv(size_t(Co * f * (H / 2) * (W / 2)));
-    Conv3dParams p;
-    p.stride[0] = 1;
-    p.stride[1] = 2;
-    p.stride[2] = 2;
-    be->conv3d(p, f32_view(x, Shape{Ci, f, H, W}), f32_view(w, Shape{Co, Ci, 1, 2, 2}),
-               f32_view(b, Shape{Co}), f32_view(conv, Shape{Co, f, H / 2, W / 2}));
-
-    const int L = f * (H / 2) * (W / 2);
-    std::vector<float> patches(size_t(L * Ci * 4)), tokens(size_t(L * Co));
-    patchify(*be, f32_view(x, Shape{Ci, f, H, W}), 2, 2, f32_view(patches, Shape{L, Ci * 4}));
-    be->linear(f32_view(patches, Shape{L, Ci * 4}), f32_view(w, Shape{Co, Ci * 4}), f32_view(b, Shape{Co}),
-               f32_view(tokens, Shape{L, Co}));
-    // token (fi, hi, wi) = row (fi·2 + hi)·4 + wi of the flattened conv output
-    for (int co = 0; co < Co; ++co)
-        for (int t = 0; t < L; ++t)
-            REQUIRE(tokens[size_t(t * Co + co)] == doctest::Approx(conv[size_t(co * L + t)]).epsilon(1e-5));
-}
-
-TEST_CASE("patchify rejects a latent not divisible by the patch") {
-    auto be = make_cpu_backend();
-    std::vector<float> x(36 * 5 * 8), out(36 * 4 * 10);
-    CHECK_THROWS_WITH_AS(patchify(*be, f32_view(x, Shape{36, 1, 5, 8}), 2, 2, f32_view(out, Shape{10, 144})),
-                         doctest::Contains("not divisible"), Error);
 }
 
 TEST_CASE("unpatchify matches a naive loop over (p, q, r, c) with c fastest") {

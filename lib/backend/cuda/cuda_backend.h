@@ -122,11 +122,14 @@ public:
 private:
     void run_gemm(const cuda_detail::GemmCall& call);
     cuda_detail::GemmPlan& gemm_plan(const cuda_detail::GemmCall& call);
-    cuda_detail::ConvPlan& conv_plan(const std::string& key, DType dtype, const int64_t x_dims[5],
+    cuda_detail::ConvPlan& conv_plan(const std::string& key, DType dtype, int nd, const int64_t x_dims[5],
                                      const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
                                      const int stride[3]);
-    void build_conv_plan(cuda_detail::ConvPlan& plan, const std::string& key, DType dtype, const int64_t x_dims[5],
-                         const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3]);
+    /// nd = 5: a conv3d on [N, C, T, H, W]; nd = 4: a conv2d on [N, C, H, W] (dims, pad and stride use
+    /// their first nd resp. nd - 2 entries).
+    void build_conv_plan(cuda_detail::ConvPlan& plan, const std::string& key, DType dtype, int nd,
+                         const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
+                         const int stride[3]);
     cudnnHandle_t cudnn();
     void attention_gemm(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& bias, const TensorView& out);

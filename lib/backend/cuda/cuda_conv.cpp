@@ -1,6 +1,8 @@
 // conv3d through cuDNN's convolution API on NCDHW (N = 1), with the algorithm chosen once per shape.
 // cuDNN pads symmetrically only, so asymmetric (causal) padding is materialized into a workspace
-// buffer first. Shapes cuDNN has no algorithm for run dzr's direct kernel.
+// buffer first. With Conv3dParams::frames_2d the frames go through cuDNN's 2-D convolution as a batch
+// ([T, C, H, W], transposed into the workspace and back), as PyTorch runs a Conv2d over (b t) frames.
+// Shapes cuDNN has no algorithm for run dzr's direct kernel.
 #include <fmt/format.h>
 
 #include "backend/cuda/cuda_backend.h"
@@ -18,23 +20,24 @@ namespace {
 
 cudnnDataType_t cudnn_type(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
 
-void set_tensor(cudnnTensorDescriptor_t desc, DType t, const int64_t dims[5]) {
+/// A packed (row-major) tensor of nd = 4 or 5 dims.
+void set_tensor(cudnnTensorDescriptor_t desc, DType t, int nd, const int64_t dims[5]) {
     int d[5], s[5];
-    for (int i = 0; i < 5; ++i) d[i] = int(dims[i]);
-    s[4] = 1;
-    for (int i = 3; i >= 0; --i) s[i] = s[i + 1] * d[i + 1];
-    DZR_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc, cudnn_type(t), 5, d, s));
+    for (int i = 0; i < nd; ++i) d[i] = int(dims[i]);
+    s[nd - 1] = 1;
+    for (int i = nd - 2; i >= 0; --i) s[i] = s[i + 1] * d[i + 1];
+    DZR_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc, cudnn_type(t), nd, d, s));
 }
 
 }  // namespace
 
-ConvPlan& CudaBackend::conv_plan(const std::string& key, DType dtype, const int64_t x_dims[5], const int64_t w_dims[5],
-                                 const int64_t y_dims[5], const int pad[3], const int stride[3]) {
+ConvPlan& CudaBackend::conv_plan(const std::string& key, DType dtype, int nd, const int64_t x_dims[5],
+                                 const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3]) {
     auto it = conv_plans_.find(key);
     if (it != conv_plans_.end()) return *it->second;
     auto plan = std::make_unique<ConvPlan>();
     try {
-        build_conv_plan(*plan, key, dtype, x_dims, w_dims, y_dims, pad, stride);
+        build_conv_plan(*plan, key, dtype, nd, x_dims, w_dims, y_dims, pad, stride);
     } catch (const Error& e) {
         // NOTE: a cuDNN that cannot describe or plan this convolution must not stop the run: the direct
         // kernel computes the same thing, slower, and the warning says so.
@@ -44,29 +47,29 @@ ConvPlan& CudaBackend::conv_plan(const std::string& key, DType dtype, const int6
     return *conv_plans_.emplace(key, std::move(plan)).first->second;
 }
 
-void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType dtype, const int64_t x_dims[5],
-                                  const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
-                                  const int stride[3]) {
+void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType dtype, int nd,
+                                  const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5],
+                                  const int pad[3], const int stride[3]) {
     cudnnHandle_t handle = cudnn();
     DZR_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan.x));
     DZR_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan.y));
     DZR_CUDNN_CHECK(cudnnCreateFilterDescriptor(&plan.w));
     DZR_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&plan.conv));
-    set_tensor(plan.x, dtype, x_dims);
-    set_tensor(plan.y, dtype, y_dims);
+    set_tensor(plan.x, dtype, nd, x_dims);
+    set_tensor(plan.y, dtype, nd, y_dims);
     int wd[5];
-    for (int i = 0; i < 5; ++i) wd[i] = int(w_dims[i]);
-    DZR_CUDNN_CHECK(cudnnSetFilterNdDescriptor(plan.w, cudnn_type(dtype), CUDNN_TENSOR_NCHW, 5, wd));
+    for (int i = 0; i < nd; ++i) wd[i] = int(w_dims[i]);
+    DZR_CUDNN_CHECK(cudnnSetFilterNdDescriptor(plan.w, cudnn_type(dtype), CUDNN_TENSOR_NCHW, nd, wd));
     const int dilation[3] = {1, 1, 1};
-    DZR_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(plan.conv, 3, pad, stride, dilation, CUDNN_CROSS_CORRELATION,
-                                                    CUDNN_DATA_FLOAT));
+    DZR_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(plan.conv, nd - 2, pad, stride, dilation,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     // NOTE: f32 convolutions stay on FMA math so cuDNN cannot pick TF32 tensor-core kernels.
     const cudnnMathType_t math = dtype == DType::F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
     DZR_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, math));
 
     int out_dims[5] = {};
-    DZR_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(plan.conv, plan.x, plan.w, 5, out_dims));
-    for (int i = 0; i < 5; ++i)
+    DZR_CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(plan.conv, plan.x, plan.w, nd, out_dims));
+    for (int i = 0; i < nd; ++i)
         DZR_CHECK(out_dims[i] == y_dims[i], "cuda backend: conv3d: cuDNN computes output dim {} = {}, expected {}", i,
                   out_dims[i], y_dims[i]);
 
@@ -124,6 +127,11 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
         DZR_CHECK(cuda_detail::is_float_act(bias.dtype) && bias.is_contiguous() && bias.numel() == Co,
                   "cuda backend: conv3d bias {} must be a contiguous f32 or bf16 vector of {}", bias.str(), Co);
     }
+    const bool frames_2d = p.frames_2d;
+    DZR_CHECK(!frames_2d || (k[0] == 1 && p.stride[0] == 1 && p.pad_before[0] == 0 && p.pad_after[0] == 0),
+              "cuda backend: conv3d as per-frame 2-D convolutions needs a temporal kernel of 1, temporal stride 1 and no "
+              "temporal padding: w {}",
+              w.str());
     if (out.numel() == 0) return;
     DeviceGuard guard(index_);
     ArenaScope scope(arena_);
@@ -148,15 +156,32 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
         const int64_t w_dims[5] = {Co, Ci, k[0], k[1], k[2]};
         const int64_t y_dims[5] = {1, Co, o[0], o[1], o[2]};
         const std::string key =
-            fmt::format("{} x[{},{},{},{}] w[{},{},{},{}] pad[{},{},{}] stride[{},{},{}]", dtype_name(x.dtype), Ci,
-                        x_dims[2], x_dims[3], x_dims[4], Co, k[0], k[1], k[2], pad[0], pad[1], pad[2], p.stride[0],
-                        p.stride[1], p.stride[2]);
-        ConvPlan& plan = conv_plan(key, x.dtype, x_dims, w_dims, y_dims, pad, p.stride);
+            fmt::format("{}{} x[{},{},{},{}] w[{},{},{},{}] pad[{},{},{}] stride[{},{},{}]", frames_2d ? "2d " : "",
+                        dtype_name(x.dtype), Ci, x_dims[2], x_dims[3], x_dims[4], Co, k[0], k[1], k[2], pad[0],
+                        pad[1], pad[2], p.stride[0], p.stride[1], p.stride[2]);
+        // 2-D: [Ci, T, H, W] -> [T, Ci, H, W] frames, a [T, Co, Ho, Wo] result, transposed back below
+        const int64_t T = x_dims[2], frame_elems = Ci * x_dims[3] * x_dims[4], out_elems = Co * o[1] * o[2];
+        const int64_t x4[5] = {T, Ci, x_dims[3], x_dims[4], 0}, w4[5] = {Co, Ci, k[1], k[2], 0},
+                      y4[5] = {T, Co, o[1], o[2], 0};
+        const int pad2[3] = {pad[1], pad[2], 0}, stride2[3] = {p.stride[1], p.stride[2], 1};
+        ConvPlan& plan = frames_2d ? conv_plan(key, x.dtype, 4, x4, w4, y4, pad2, stride2)
+                                   : conv_plan(key, x.dtype, 5, x_dims, w_dims, y_dims, pad, p.stride);
         if (plan.has_algo) {
+            void* dst = out.data;
+            if (frames_2d) {
+                const size_t es = dtype_size(x.dtype);
+                void* frames = arena_.alloc(size_t(T * frame_elems) * es);
+                const TensorView in(const_cast<void*>(src), x.dtype, Shape{Ci, T, x_dims[3], x_dims[4]}, x.device);
+                copy(in.permute({1, 0, 2, 3}), TensorView(frames, x.dtype, Shape{T, Ci, x_dims[3], x_dims[4]}, x.device));
+                src = frames;
+                dst = arena_.alloc(size_t(T * out_elems) * es);
+            }
             void* ws = plan.workspace_bytes > 0 ? arena_.alloc(plan.workspace_bytes) : nullptr;
             const float alpha = 1.f, beta = 0.f;
             const cudnnStatus_t st = cudnnConvolutionForward(cudnn(), &alpha, plan.x, src, plan.w, w.data, plan.conv,
-                                                             plan.algo, ws, plan.workspace_bytes, &beta, plan.y, out.data);
+                                                             plan.algo, ws, plan.workspace_bytes, &beta, plan.y, dst);
+            if (st == CUDNN_STATUS_SUCCESS && frames_2d)
+                copy(TensorView(dst, x.dtype, Shape{T, Co, o[1], o[2]}, x.device).permute({1, 0, 2, 3}), out);
             if (st == CUDNN_STATUS_SUCCESS) {
                 if (bias.defined())
                     DZR_CUDA_CHECK(kernels::channel_bias(out.data, out.dtype, Co, o[0] * o[1] * o[2], bias.data,

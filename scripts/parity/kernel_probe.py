@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Kernel-level attention (and Linear) check against PyTorch: one bf16 attention per case through torch's SDPA backends
+"""Kernel-level checks against PyTorch: one bf16 attention per case through torch's SDPA backends
 (cuDNN, flash, efficient, math) and through every dzr CUDA implementation (`dzr parity attention`), then a
 table of how many output elements differ and by how much. The DiT's bf16 parity gap starts at its attention
 (docs/PARITY.md); this says which dzr implementation, if any, reproduces the reference's kernel bit for bit. The
-same for bf16 Linear layers (F.linear, i.e. cuBLASLt addmm with a bias epilogue, vs `dzr parity linear`).
+same for bf16 Linear layers (F.linear, i.e. cuBLASLt addmm with a bias epilogue, vs `dzr parity linear`) and
+conv3d (F.conv3d after F.pad, as the DiT's patch embedding and the VAE's causal convolutions run, vs
+`dzr parity conv3d`, and for the patch embedding also dzr's patchify + GEMM + bias add).
 
 Usage (GPU machine): attention_probe.py --dzr build/bin/dzr --work /tmp/attn --out OUT [--cudnn-log]
 With --cudnn-log, cuDNN's API log (CUDNN_LOGLEVEL_DBG=3) and the frontend's log of each side go to OUT, so
@@ -38,6 +40,22 @@ LINEARS = [
     ("q_1760x256x256", 1760, 256, 256, True),
     ("real_1785x5120x5120", 1785, 5120, 5120, True),
     ("nobias_880x256x256", 880, 256, 256, False),
+]
+# (name, x [Ci, T, H, W], Co, kernel, stride, pad_before (t, h, w), pad_after, patchify check)
+CONVS = [
+    ("patch_embed_1x44x80", (36, 1, 44, 80), 256, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), True),
+    ("patch_embed_2x44x80", (36, 2, 44, 80), 256, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), True),
+    ("patch_embed_real_2x44x80", (36, 2, 44, 80), 5120, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), True),
+    ("vae_conv_in_1x352x640", (3, 1, 352, 640), 96, (3, 3, 3), (1, 1, 1), (2, 1, 1), (0, 1, 1), False),
+    ("vae_res_96_3x88x160", (96, 3, 88, 160), 96, (3, 3, 3), (1, 1, 1), (2, 1, 1), (0, 1, 1), False),
+    ("vae_time_conv_384_4x44x80", (384, 4, 44, 80), 768, (3, 1, 1), (1, 1, 1), (2, 0, 0), (0, 0, 0), False),
+    # the VAE's spatial downsampling is a Conv2d per frame after ZeroPad2d((0, 1, 0, 1)): run as conv2d on the
+    # torch side
+    ("vae_down2d_96_2x352x640", (96, 2, 352, 640), 96, (1, 3, 3), (1, 2, 2), (0, 0, 0), (0, 1, 1), "2d"),
+    ("vae_up2d_192_2x88x160", (192, 2, 88, 160), 96, (1, 3, 3), (1, 1, 1), (0, 1, 1), (0, 1, 1), "2d"),
+    ("vae_attn_qkv_384_1x44x80", (384, 1, 44, 80), 1152, (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0), "2d"),
+    ("vae_attn_proj_384_4x44x80", (384, 4, 44, 80), 384, (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0), "2d"),
+    ("clip_patch_1x224x224", (3, 1, 224, 224), 1280, (1, 14, 14), (1, 14, 14), (0, 0, 0), (0, 0, 0), "2d"),
 ]
 TORCH_BACKENDS = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 
@@ -74,7 +92,32 @@ def torch_side(work, cases):
         with torch.no_grad():
             o = torch.nn.functional.linear(x, w, b)
         np.save(os.path.join(work, f"lin_{name}.torch.npy"), o.float().cpu().numpy())
+    for name, xs, co, ks, st, pb, pa, _ in CONVS:
+        ci = xs[0]
+        x = torch.randn(*xs, device="cuda").bfloat16()
+        w = (torch.randn(co, ci, *ks, device="cuda") / (ci * ks[0] * ks[1] * ks[2]) ** 0.5).bfloat16()
+        b = (torch.randn(co, device="cuda") * 0.1).bfloat16()
+        for t, tag in ((x, "x"), (w, "w"), (b, "b")):
+            np.save(os.path.join(work, f"conv_{name}.{tag}.npy"), t.float().cpu().numpy())
+        with torch.no_grad():
+            if _ == "2d" and pb == pa:  # Conv2d(padding=...): cuDNN pads
+                o = torch.nn.functional.conv2d(x.transpose(0, 1).contiguous(), w[:, :, 0], b, stride=st[1:],
+                                               padding=pb[1:]).transpose(0, 1)
+            elif _ == "2d":  # ZeroPad2d, then Conv2d
+                xp = torch.nn.functional.pad(x.transpose(0, 1), (pb[2], pa[2], pb[1], pa[1]))
+                o = torch.nn.functional.conv2d(xp, w[:, :, 0], b, stride=st[1:]).transpose(0, 1)
+            else:
+                xp = torch.nn.functional.pad(x[None], (pb[2], pa[2], pb[1], pa[1], pb[0], pa[0]))
+                o = torch.nn.functional.conv3d(xp, w, b, stride=st)[0]
+        np.save(os.path.join(work, f"conv_{name}.torch.npy"), o.float().cpu().numpy())
     return info
+
+
+def bf16_round(a):
+    """float32 -> the nearest bf16 (ties to even), as float32."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
 
 
 def compare(a, b):
@@ -159,7 +202,40 @@ def main():
         n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), np.load(base + ".torch.npy"))
         rows.append((f"linear {name}", "dzr linear", "F.linear",
                      f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
-    with open(os.path.join(args.out, "attention_probe.txt"), "w") as f:
+    for name, xs, co, ks, st, pb, pa, patchify in CONVS:
+        base = os.path.join(args.work, f"conv_{name}")
+        ref = np.load(base + ".torch.npy")
+        r = subprocess.run([args.dzr, "--log-level", "debug", "parity", "conv3d", "--x", base + ".x.npy", "--w",
+                            base + ".w.npy", "--b", base + ".b.npy", "--out", base + ".dzr.npy", "--stride",
+                            *map(str, st), "--pad-before", *map(str, pb), "--pad-after", *map(str, pa)]
+                           + (["--frames-2d"] if patchify == "2d" else []),
+                           env=denv, capture_output=True, text=True)
+        with open(os.path.join(args.out, f"dzr_conv_{name}.log"), "w") as f:
+            f.write(r.stdout + r.stderr)
+        if r.returncode != 0:
+            rows.append((f"conv {name}", "dzr conv3d", "F.conv3d", "failed: " + (r.stdout + r.stderr)[-300:]))
+        else:
+            n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), ref)
+            rows.append((f"conv {name}", "dzr conv3d", "F.conv3d",
+                         f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+        if patchify is True:
+            # the DiT's patch embedding: patchify [L, Ci*kh*kw] (channel, then kernel row, then column), a GEMM
+            # without bias (rounded), then the bias add (rounded)
+            x, w, b = np.load(base + ".x.npy"), np.load(base + ".w.npy"), np.load(base + ".b.npy")
+            ci, t, h, wd = x.shape
+            kh, kw = ks[1], ks[2]
+            p = x.reshape(ci, t, h // kh, kh, wd // kw, kw).transpose(1, 2, 4, 0, 3, 5).reshape(-1, ci * kh * kw)
+            np.save(base + ".patches.npy", np.ascontiguousarray(p))
+            np.save(base + ".w2.npy", np.ascontiguousarray(w.reshape(co, -1)))
+            r = subprocess.run([args.dzr, "parity", "linear", "--x", base + ".patches.npy", "--w", base + ".w2.npy",
+                                "--out", base + ".gemm.npy"], env=denv, capture_output=True, text=True)
+            if r.returncode == 0:
+                g = bf16_round(np.load(base + ".gemm.npy") + b[None, :])  # [L, Co]
+                g = g.reshape(t, h // kh, wd // kw, co).transpose(3, 0, 1, 2)
+                n_, total, mx, l2 = compare(g, ref)
+                rows.append((f"conv {name}", "dzr patchify+gemm", "F.conv3d",
+                             f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+    with open(os.path.join(args.out, "kernel_probe.txt"), "w") as f:
         for row in rows:
             line = f"{row[0]:22s} {row[1]:24s} vs torch {row[2]:20s} {row[3]}"
             print(line)
