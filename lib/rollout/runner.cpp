@@ -94,6 +94,16 @@ double run_warmup(DreamZeroPolicy& policy, int& calls) {
         policy.step(obs);
         ++calls;
     }
+    // NOTE: the rollout prepares call i + 1 while call i steps, so it holds two sets of host buffers; the
+    // sequential warm-up left one. A second set now keeps the first timed 4-frame call from allocating
+    // (and page-faulting) ~3 MB of fresh memory.
+    {
+        TensorView v(buf.data(), DType::U8, Shape{4, 180, 320, 3});
+        obs.exterior_1 = obs.exterior_2 = obs.wrist = v;
+        PreparedObservation a = policy.prepare(obs), b = policy.prepare(obs);
+        policy.recycle(std::move(a));
+        policy.recycle(std::move(b));
+    }
     policy.reset();
     if (const KvCacheManager* m = policy.kv_manager()) {
         DZR_CHECK(m->pool().num_free() == m->plan().num_blocks,
