@@ -58,6 +58,92 @@ __global__ void layer_norm_kernel(const Tx* x, To* out, int64_t rows, int64_t co
     }
 }
 
+// ---- LayerNorm in PyTorch's arithmetic order ------------------------------------------------------
+// PyTorch's CUDA LayerNorm (its vectorized kernel: rows with a width divisible by 4, which every LayerNorm
+// here has) computes the statistics with a Welford recurrence in a fixed order: a block of 4 warps, thread
+// t folding in elements 4t..4t+3, 4(t+128).., one at a time; then the lanes of each warp merged by a
+// shuffle-down tree, then the 4 warps pairwise (2+3 into 0+1, then 1 into 0). In bf16 the result rounds
+// differently from a two-pass mean/variance in some elements, so dzr's CUDA LayerNorm follows the same
+// order and the same floating-point expressions (below, written so nvcc contracts them as in PyTorch's
+// build: no fast math, default FMA contraction).
+constexpr int kLnWarps = 4, kLnVec = 4;
+
+struct Welford {
+    float mean = 0.f, m2 = 0.f, count = 0.f;
+};
+
+__device__ __forceinline__ Welford welford_push(Welford w, float v) {
+    const float delta = v - w.mean;
+    const float count = w.count + 1.f;
+    const float mean = w.mean + delta * (1.f / count);
+    return {mean, w.m2 + delta * (v - mean), count};
+}
+
+// `own` absorbs `other` (the operand order matters for rounding).
+__device__ __forceinline__ Welford welford_merge(Welford own, Welford other) {
+    const float delta = own.mean - other.mean;
+    const float count = other.count + own.count;
+    if (!(count > 0.f)) return {0.f, 0.f, count};
+    const float inv = 1.f / count;
+    const float w_other = other.count * inv;
+    const float w_own = own.count * inv;
+    const float mean = w_other * other.mean + w_own * own.mean;
+    const float m2 = other.m2 + own.m2 + delta * delta * other.count * w_own;
+    return {mean, m2, count};
+}
+
+template <typename Tx, typename To>
+__global__ void __launch_bounds__(kWarp * kLnWarps)
+    layer_norm_welford_kernel(const Tx* x, To* out, int64_t rows, int cols, float eps, ParamPtr w, ParamPtr b) {
+    __shared__ float part[3 * kLnWarps];
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int groups = cols / kLnVec;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const Tx* row = x + r * int64_t(cols);
+        Welford s;
+        for (int g = int(threadIdx.x); g < groups; g += kWarp * kLnWarps)
+#pragma unroll
+            for (int k = 0; k < kLnVec; ++k) s = welford_push(s, to_f32(row[g * kLnVec + k]));
+        for (int o = kWarp / 2; o > 0; o >>= 1) {
+            Welford t;
+            t.mean = __shfl_down_sync(0xffffffffu, s.mean, o);
+            t.m2 = __shfl_down_sync(0xffffffffu, s.m2, o);
+            t.count = __shfl_down_sync(0xffffffffu, s.count, o);
+            s = welford_merge(s, t);
+        }
+        for (int half = kLnWarps / 2; half > 0; half /= 2) {
+            if (lane == 0 && warp >= half && warp < 2 * half) {
+                const int slot = warp - half;
+                part[2 * slot] = s.mean;
+                part[2 * slot + 1] = s.m2;
+                part[2 * kLnWarps + slot] = s.count;
+            }
+            __syncthreads();
+            if (lane == 0 && warp < half) s = welford_merge(s, Welford{part[2 * warp], part[2 * warp + 1],
+                                                                       part[2 * kLnWarps + warp]});
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            part[0] = s.mean;
+            part[1] = s.m2 / float(cols);
+        }
+        __syncthreads();
+        const float mean = part[0], var = part[1];
+        __syncthreads();  // NOTE: `part` is rewritten by the next row
+        const float rstd = rsqrtf(var + eps);
+        To* orow = out + r * int64_t(cols);
+        for (int c = int(threadIdx.x); c < cols; c += blockDim.x) {
+            const float v = to_f32(row[c]);
+            float y;
+            if (w.defined() && b.defined()) y = w[c] * (rstd * (v - mean)) + b[c];
+            else if (w.defined()) y = w[c] * (rstd * (v - mean));
+            else if (b.defined()) y = (rstd * (v - mean)) + b[c];
+            else y = rstd * (v - mean);
+            orow[c] = from_f32<To>(y);
+        }
+    }
+}
+
 template <typename Tx, typename To, bool kVec>
 __global__ void rms_norm_kernel(const Tx* x, To* out, int64_t rows, int64_t cols, float eps, ParamPtr w) {
     __shared__ float shared[kWarp];
@@ -86,12 +172,17 @@ cudaError_t layer_norm(const void* x, DType tx, void* out, DType to, int64_t row
     const bool vec = cols % 8 == 0 && aligned16(x) && aligned16(out);
     const int threads = row_block_threads(cols);
     const ParamPtr w{weight, tw == DType::BF16}, b{bias, tb == DType::BF16};
+    // PyTorch's order whenever its vectorized kernel would run (width divisible by 4, below 2^24)
+    const bool torch_order = cols % kLnVec == 0 && cols < (int64_t(1) << 24);
     return dispatch_float2(tx, to, [&](auto xi, auto xo) {
         using Tx = decltype(xi);
         using To = decltype(xo);
         const auto* px = static_cast<const Tx*>(x);
         auto* po = static_cast<To*>(out);
-        if (vec)
+        if (torch_order)
+            layer_norm_welford_kernel<Tx, To>
+                <<<row_grid(rows), kWarp * kLnWarps, 0, stream>>>(px, po, rows, int(cols), eps, w, b);
+        else if (vec)
             layer_norm_kernel<Tx, To, true><<<row_grid(rows), threads, 0, stream>>>(px, po, rows, cols, eps, w, b);
         else
             layer_norm_kernel<Tx, To, false><<<row_grid(rows), threads, 0, stream>>>(px, po, rows, cols, eps, w, b);

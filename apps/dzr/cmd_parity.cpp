@@ -7,7 +7,7 @@
 //                umT5 token ids and masks of both CFG branches, and the initial noise drawn by dzr's
 //                seeded generator (the reference's generate_noise is replaced to return it).
 //   attention    runs one bf16 attention (q, k, v from .npy) through each CUDA attention implementation and
-//                writes the outputs; `linear` and `conv3d` do the same for one bf16 Linear or conv3d: the
+//                writes the outputs; `linear`, `conv3d` and `op` (norms, activations) do the same: the
 //                kernel-level checks
 //                against PyTorch (scripts/parity/kernel_probe.py).
 //   run          runs DreamZeroPolicy on those inputs with the injected noise and writes the traced
@@ -109,6 +109,14 @@ struct Conv3dArgs {
     std::string device = "cuda";
     std::vector<int> stride = {1, 1, 1}, pad_before = {0, 0, 0}, pad_after = {0, 0, 0};
     bool frames_2d = false;
+};
+
+struct OpArgs {
+    std::string op;
+    std::string x, w, b;
+    std::string out;
+    std::string device = "cuda";
+    float eps = 1e-6f;
 };
 
 // ---- synthetic content ------------------------------------------------------------------------------
@@ -589,6 +597,46 @@ int run_conv3d(const Conv3dArgs& a) {
 #endif
 }
 
+int run_op(const OpArgs& a) {
+#ifdef DZR_HAVE_CUDA
+    const io::NpyArray xa = read_bf16_values(a.x, "x", 2, "[rows, cols]");
+    const int64_t cols = xa.dim(1);
+    std::optional<io::NpyArray> wa, ba;
+    if (!a.w.empty()) wa = read_bf16_values(a.w, "w", 1, "[cols]");
+    if (!a.b.empty()) ba = read_bf16_values(a.b, "b", 1, "[cols]");
+    for (const auto* p : {&wa, &ba})
+        DZR_CHECK(!*p || (*p)->dim(0) == cols, "op: weight/bias {} do not match {} columns", (*p)->shape_str(), cols);
+    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(256) << 20);
+    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    DZR_CHECK(be != nullptr, "parity op needs a CUDA device (--device cuda:N)");
+    const auto upload = [&](const io::NpyArray& host) {
+        Tensor t = be->alloc(Shape(host.shape()), DType::BF16);
+        be->upload(host.to_tensor(), t);
+        return t;
+    };
+    const Tensor x = upload(xa);
+    Tensor w, b;
+    if (wa) w = upload(*wa);
+    if (ba) b = upload(*ba);
+    const TensorView wv = wa ? w.view() : TensorView{}, bv = ba ? b.view() : TensorView{};
+    Tensor out = be->alloc(Shape(xa.shape()), DType::BF16);
+    if (a.op == "layer_norm") be->layer_norm({a.eps}, x, wv, bv, out);
+    else if (a.op == "rms_norm") be->rms_norm({a.eps}, x, wv, out);
+    else if (a.op == "gelu_tanh") be->activation({Activation::GeluTanh}, x, out);
+    else if (a.op == "gelu_erf") be->activation({Activation::GeluErf}, x, out);
+    else if (a.op == "silu") be->activation({Activation::Silu}, x, out);
+    else DZR_THROW("op: unknown op '{}' (layer_norm, rms_norm, gelu_tanh, gelu_erf, silu)", a.op);
+    Tensor host = Tensor::host(Shape(xa.shape()), DType::F32);
+    be->download(out, host);
+    io::write_npy(a.out, host.view());
+    std::printf("%s on %s: %s -> %s\n", a.op.c_str(), be->name().c_str(), xa.shape_str().c_str(), a.out.c_str());
+    return 0;
+#else
+    (void)a;
+    DZR_THROW("dzr parity op needs a CUDA build (-DDZR_CUDA=ON)");
+#endif
+}
+
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* cmd = app.add_subcommand("parity", "Parity harness against the official implementation (docs/PARITY.md)");
     cmd->require_subcommand(1);
@@ -653,6 +701,17 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     c->add_flag("--frames-2d", cv->frames_2d, "Run as a Conv2d over the frames (Conv3dParams::frames_2d)");
     c->add_option("--device", cv->device, "CUDA device")->capture_default_str();
     c->callback([&run, cv] { run = [cv] { return run_conv3d(*cv); }; });
+
+    auto oa = std::make_shared<OpArgs>();
+    auto* o = cmd->add_subcommand("op", "Run one bf16 row op (norm or activation) from .npy operands on CUDA");
+    o->add_option("--op", oa->op, "layer_norm, rms_norm, gelu_tanh, gelu_erf or silu")->required();
+    o->add_option("--x", oa->x, "float32 [rows, cols] holding bf16 values")->required();
+    o->add_option("--w", oa->w, "norm weight, float32 [cols] holding bf16 values");
+    o->add_option("--b", oa->b, "LayerNorm bias, float32 [cols] holding bf16 values");
+    o->add_option("--eps", oa->eps, "norm epsilon")->capture_default_str();
+    o->add_option("--out", oa->out, "Output .npy (float32 [rows, cols])")->required();
+    o->add_option("--device", oa->device, "CUDA device")->capture_default_str();
+    o->callback([&run, oa] { run = [oa] { return run_op(*oa); }; });
 });
 
 }  // namespace

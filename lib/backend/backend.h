@@ -94,8 +94,10 @@ struct ReduceParams {
 
 /// Rotary embedding on interleaved channel pairs: for token t and pair j,
 /// (x[2j], x[2j+1]) <- (x[2j] c - x[2j+1] s, x[2j] s + x[2j+1] c) with (c, s) = table[t, j].
-/// x: [L, H, D] (D even), table: f32 [L, D/2, 2] holding (cos, sin). The same rotation applies to
-/// every head. Pairs beyond table's second dim are left unchanged (partial RoPE).
+/// x: [L, H, D] (D even), table: f32 [L, D/2, 2] holding (cos, sin) in f32, or f32 [L, D/2, 4] holding
+/// (cos_hi, cos_lo, sin_hi, sin_lo) double-float pairs, with which the rotation is computed in double
+/// and rounded to f32 before the output dtype (the reference's complex128 RoPE and its cast). The same
+/// rotation applies to every head. Pairs beyond table's second dim are left unchanged (partial RoPE).
 struct RopeParams {};
 
 /// Dense non-causal attention: out = softmax(scale * q k^T + bias) v per head.

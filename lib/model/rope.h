@@ -24,11 +24,15 @@ VideoRopeSplit video_rope_split(int head_dim);
 /// θ of pair `pair` in a band of `dims` channels: 1 / theta^(2·pair / dims).
 double rope_frequency(int pair, int dims, double theta = kRopeTheta);
 
-/// Host f32 [frames·grid_h·grid_w, head_dim/2, 2] for video tokens in (frame, row, column) order;
+/// Floats per (token, pair) entry of dzr's RoPE tables: cos and sin, each as a double-float (hi, lo) pair
+/// (Backend::rope's double-precision table format: the reference rotates in complex128).
+inline constexpr int kRopeEntry = 4;
+
+/// Host f32 [frames·grid_h·grid_w, head_dim/2, 4] for video tokens in (frame, row, column) order;
 /// the temporal position of frame fi is first_frame + fi.
 std::vector<float> video_rope_table(int head_dim, int first_frame, int frames, int grid_h, int grid_w);
 
-/// Host f32 [num_action + num_state, head_dim/2, 2] for the register tokens of block index k:
+/// Host f32 [num_action + num_state, head_dim/2, 4] for the register tokens of block index k:
 /// 1-D RoPE over all pairs (θ over head_dim) at position k·num_action + a for action token a and
 /// k·num_state + s for state token s.
 std::vector<float> register_rope_table(int head_dim, int block_index, int num_action, int num_state);

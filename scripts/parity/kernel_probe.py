@@ -57,6 +57,19 @@ CONVS = [
     ("vae_attn_proj_384_4x44x80", (384, 4, 44, 80), 384, (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0), "2d"),
     ("clip_patch_1x224x224", (3, 1, 224, 224), 1280, (1, 14, 14), (1, 14, 14), (0, 0, 0), (0, 0, 0), "2d"),
 ]
+# (name, op, rows, cols, weight, bias, eps): the DiT's norms and activations at the parity and the real width
+OPS = [
+    ("ln_880x256", "layer_norm", 880, 256, False, False, 1e-6),
+    ("ln_affine_880x256", "layer_norm", 880, 256, True, True, 1e-6),
+    ("ln_1785x5120", "layer_norm", 1785, 5120, False, False, 1e-6),
+    ("ln_img_257x1280", "layer_norm", 257, 1280, True, True, 1e-5),
+    ("rms_880x256", "rms_norm", 880, 256, True, False, 1e-6),
+    ("rms_1785x5120", "rms_norm", 1785, 5120, True, False, 1e-6),
+    ("rms_512x256", "rms_norm", 512, 256, True, False, 1e-6),
+    ("gelu_tanh_880x512", "gelu_tanh", 880, 512, False, False, 0.0),
+    ("gelu_erf_257x5120", "gelu_erf", 257, 5120, False, False, 0.0),
+    ("silu_880x256", "silu", 880, 256, False, False, 0.0),
+]
 TORCH_BACKENDS = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 
 
@@ -92,6 +105,27 @@ def torch_side(work, cases):
         with torch.no_grad():
             o = torch.nn.functional.linear(x, w, b)
         np.save(os.path.join(work, f"lin_{name}.torch.npy"), o.float().cpu().numpy())
+    F = torch.nn.functional
+    for name, op, nrows, cols, has_w, has_b, eps in OPS:
+        x = (torch.randn(nrows, cols, device="cuda") * 2 + 0.3).bfloat16()
+        w = (1 + 0.2 * torch.randn(cols, device="cuda")).bfloat16() if has_w else None
+        b = (0.1 * torch.randn(cols, device="cuda")).bfloat16() if has_b else None
+        for t, tag in ((x, "x"), (w, "w"), (b, "b")):
+            if t is not None:
+                np.save(os.path.join(work, f"op_{name}.{tag}.npy"), t.float().cpu().numpy())
+        with torch.no_grad():
+            if op == "layer_norm":
+                o = F.layer_norm(x, (cols,), w, b, eps)
+            elif op == "rms_norm":  # the reference's WanRMSNorm / T5 norm: norm(x.float()).type_as(x) * weight
+                xf = x.float()
+                o = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).type_as(x) * w
+            elif op == "gelu_tanh":
+                o = F.gelu(x, approximate="tanh")
+            elif op == "gelu_erf":
+                o = F.gelu(x)
+            else:
+                o = F.silu(x)
+        np.save(os.path.join(work, f"op_{name}.torch.npy"), o.float().cpu().numpy())
     for name, xs, co, ks, st, pb, pa, _ in CONVS:
         ci = xs[0]
         x = torch.randn(*xs, device="cuda").bfloat16()
@@ -134,9 +168,14 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--cudnn-log", action="store_true")
     ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--cases", default="", help="comma-separated attention case names (default: all)")
+    ap.add_argument("--skip", default="", help="comma-separated groups to skip: linear, op, conv")
     args = ap.parse_args()
     cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    for group, table in (("linear", LINEARS), ("op", OPS), ("conv", CONVS)):
+        if group in skip:
+            table.clear()
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
 
@@ -153,7 +192,7 @@ def main():
         return env
 
     r = subprocess.run([sys.executable, __file__, "--dzr", args.dzr, "--work", args.work, "--out", args.out,
-                        "--torch-only", "--cases", ",".join(c[0] for c in cases)],
+                        "--torch-only", "--cases", ",".join(c[0] for c in cases) or "none", "--skip", args.skip],
                        env=env_for("torch"), capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stdout, r.stderr, file=sys.stderr)
@@ -202,6 +241,20 @@ def main():
         n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), np.load(base + ".torch.npy"))
         rows.append((f"linear {name}", "dzr linear", "F.linear",
                      f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+    for name, op, nrows, cols, has_w, has_b, eps in OPS:
+        base = os.path.join(args.work, f"op_{name}")
+        cmd = [args.dzr, "parity", "op", "--op", op, "--x", base + ".x.npy", "--eps", repr(eps), "--out",
+               base + ".dzr.npy"]
+        if has_w:
+            cmd += ["--w", base + ".w.npy"]
+        if has_b:
+            cmd += ["--b", base + ".b.npy"]
+        r = subprocess.run(cmd, env=denv, capture_output=True, text=True)
+        if r.returncode != 0:
+            rows.append((f"op {name}", "dzr op", "torch", "failed: " + (r.stdout + r.stderr)[-300:]))
+            continue
+        n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), np.load(base + ".torch.npy"))
+        rows.append((f"op {name}", f"dzr {op}", "torch", f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
     for name, xs, co, ks, st, pb, pa, patchify in CONVS:
         base = os.path.join(args.work, f"conv_{name}")
         ref = np.load(base + ".torch.npy")

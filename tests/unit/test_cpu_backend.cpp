@@ -335,6 +335,36 @@ TEST_CASE("cpu rope rotates interleaved pairs and leaves pairs past the table un
     check_close(x, ref, 1e-6, 1e-7);
 }
 
+TEST_CASE("cpu rope with a double-float table rotates in double and rounds once to f32") {
+    auto be = make_cpu_backend();
+    const int64_t L = 4, H = 3, D = 8, P = 4;
+    Tensor x = host({L, H, D}, 12);
+    std::vector<float> tab(size_t(L * P * 4));
+    std::vector<double> cosv(size_t(L * P)), sinv(size_t(L * P));
+    for (int64_t i = 0; i < L * P; ++i) {
+        const double ang = 0.37 * double(i + 1);
+        const double c = std::cos(ang), s = std::sin(ang);
+        float* e = &tab[size_t(i * 4)];
+        e[0] = float(c), e[1] = float(c - double(e[0])), e[2] = float(s), e[3] = float(s - double(e[2]));
+        cosv[size_t(i)] = double(e[0]) + double(e[1]);
+        sinv[size_t(i)] = double(e[2]) + double(e[3]);
+    }
+    Tensor table = Tensor::host_f32({L, P, 4}, tab);
+    Tensor out = Tensor::host({L, H, D}, DType::F32);
+    poison(out);
+    be->rope({}, x, table, out);
+    size_t bad = 0;
+    for (int64_t l = 0; l < L; ++l)
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t j = 0; j < P; ++j) {
+                const int64_t o = (l * H + h) * D + 2 * j;
+                const double x0 = f(x)[o], x1 = f(x)[o + 1], c = cosv[size_t(l * P + j)], s = sinv[size_t(l * P + j)];
+                bad += f(out)[o] != float(x0 * c - x1 * s);
+                bad += f(out)[o + 1] != float(x0 * s + x1 * c);
+            }
+    CHECK(bad == 0);
+}
+
 TEST_CASE("cpu attention matches a naive loop on strided q, k, v with a bias") {
     auto be = make_cpu_backend();
     const int64_t Lq = 5, Lk = 7, H = 2, D = 4;

@@ -24,17 +24,19 @@ TensorView f32_view(std::vector<float>& v, Shape s) {
 }
 
 /// (cos, sin) stored for token t, pair j of a [L, P, 2] table.
-std::pair<float, float> entry(const std::vector<float>& table, int pairs, int t, int j) {
-    const size_t i = (size_t(t) * pairs + size_t(j)) * 2;
-    return {table[i], table[i + 1]};
+/// (cos, sin) of a table entry: double-float pairs (hi + lo).
+std::pair<double, double> entry(const std::vector<float>& table, int pairs, int t, int j) {
+    const size_t i = (size_t(t) * pairs + size_t(j)) * kRopeEntry;
+    return {double(table[i]) + double(table[i + 1]), double(table[i + 2]) + double(table[i + 3])};
 }
 
 void check_angle(const std::vector<float>& table, int pairs, int t, int j, double angle) {
     CAPTURE(t);
     CAPTURE(j);
     const auto [c, s] = entry(table, pairs, t, j);
-    CHECK(c == doctest::Approx(std::cos(angle)).epsilon(1e-6));
-    CHECK(s == doctest::Approx(std::sin(angle)).epsilon(1e-6));
+    // hi + lo carries ~48 bits of the double: far closer than f32 (which alone is off by up to 3e-8)
+    CHECK(std::abs(c - std::cos(angle)) < 1e-13);
+    CHECK(std::abs(s - std::sin(angle)) < 1e-13);
 }
 
 }  // namespace
@@ -55,7 +57,7 @@ TEST_CASE("video rope table rotates time, row and column bands by their own freq
     // head_dim 128: pairs 0..21 time (44 dims), 22..42 rows (42 dims), 43..63 columns (42 dims)
     const int first = 3, frames = 2, gh = 2, gw = 3, P = 64;
     const std::vector<float> t = video_rope_table(128, first, frames, gh, gw);
-    REQUIRE(t.size() == size_t(frames * gh * gw * P * 2));
+    REQUIRE(t.size() == size_t(frames * gh * gw * P * kRopeEntry));
     // token (fi=1, hi=1, wi=2) = 1·6 + 1·3 + 2 = 11; its time position is first + 1 = 4
     check_angle(t, P, 11, 0, 4.0);
     check_angle(t, P, 11, 1, 4.0 * std::pow(10000.0, -2.0 / 44.0));
@@ -80,8 +82,8 @@ TEST_CASE("video rope table rotates time, row and column bands by their own freq
             else
                 a = wi * std::pow(10000.0, -2.0 * (j - 43) / 42.0);
             const auto [c, s] = entry(t, P, tok, j);
-            REQUIRE(std::abs(c - std::cos(a)) < 1e-6);
-            REQUIRE(std::abs(s - std::sin(a)) < 1e-6);
+            REQUIRE(std::abs(c - std::cos(a)) < 1e-13);
+            REQUIRE(std::abs(s - std::sin(a)) < 1e-13);
         }
     }
 }
@@ -89,7 +91,7 @@ TEST_CASE("video rope table rotates time, row and column bands by their own freq
 TEST_CASE("register rope table puts action a at 24k + a and the state at k over all pairs") {
     const int k = 2, P = 64;
     const std::vector<float> t = register_rope_table(128, k, 24, 1);
-    REQUIRE(t.size() == size_t(25 * P * 2));
+    REQUIRE(t.size() == size_t(25 * P * kRopeEntry));
     check_angle(t, P, 5, 0, 53.0);
     check_angle(t, P, 5, 7, 53.0 * std::pow(10000.0, -14.0 / 128.0));
     check_angle(t, P, 23, 63, 71.0 * std::pow(10000.0, -126.0 / 128.0));

@@ -305,19 +305,27 @@ public:
         require_f32(table, "rope", "table");
         DZR_CHECK(x.rank() == 3, "cpu backend: rope needs x [L, H, D], got {}", x.str());
         const int64_t L = x.dim(0), H = x.dim(1), D = x.dim(2);
-        DZR_CHECK(table.rank() == 3 && table.dim(0) == L && table.dim(2) == 2 && table.dim(1) * 2 <= D,
+        DZR_CHECK(table.rank() == 3 && table.dim(0) == L && (table.dim(2) == 2 || table.dim(2) == 4) &&
+                      table.dim(1) * 2 <= D,
                   "cpu backend: rope table {} does not fit x {}", table.str(), x.str());
-        const int64_t P = table.dim(1);
+        const int64_t P = table.dim(1), E = table.dim(2);
         for (int64_t l = 0; l < L; ++l) {
-            const float* cs = f32(table) + l * P * 2;
+            const float* cs = f32(table) + l * P * E;
             for (int64_t h = 0; h < H; ++h) {
                 const float* px = f32(x) + (l * H + h) * D;
                 float* po = f32(out) + (l * H + h) * D;
                 for (int64_t j = 0; j < P; ++j) {
-                    const float c = cs[2 * j], s = cs[2 * j + 1];
+                    const float* e = cs + E * j;
                     const float x0 = px[2 * j], x1 = px[2 * j + 1];
-                    po[2 * j] = x0 * c - x1 * s;
-                    po[2 * j + 1] = x0 * s + x1 * c;
+                    if (E == 4) {  // double-float cos/sin: rotate in double, round once to f32
+                        const double c = double(e[0]) + double(e[1]), s = double(e[2]) + double(e[3]);
+                        po[2 * j] = float(double(x0) * c - double(x1) * s);
+                        po[2 * j + 1] = float(double(x0) * s + double(x1) * c);
+                    } else {
+                        const float c = e[0], s = e[1];
+                        po[2 * j] = x0 * c - x1 * s;
+                        po[2 * j + 1] = x0 * s + x1 * c;
+                    }
                 }
                 if (po != px)
                     for (int64_t d = 2 * P; d < D; ++d) po[d] = px[d];

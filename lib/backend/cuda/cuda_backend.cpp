@@ -446,12 +446,12 @@ void CudaBackend::rope(const RopeParams&, const TensorView& x, const TensorView&
     const int64_t L = x.dim(0), H = x.dim(1), D = x.dim(2);
     DZR_CHECK(D % 2 == 0, "cuda backend: rope needs an even head dim, got {}", x.str());
     DZR_CHECK(table.dtype == DType::F32 && table.is_contiguous() && table.rank() == 3 && table.dim(0) == L &&
-                  table.dim(2) == 2 && table.dim(1) * 2 <= D,
-              "cuda backend: rope table {} must be a contiguous f32 [L={}, P<={}, 2]", table.str(), L, D / 2);
+                  (table.dim(2) == 2 || table.dim(2) == 4) && table.dim(1) * 2 <= D,
+              "cuda backend: rope table {} must be a contiguous f32 [L={}, P<={}, 2 or 4]", table.str(), L, D / 2);
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::rope(x.data, x.dtype, x.strides[0], x.strides[1], out.data, out.dtype, out.strides[0],
                                  out.strides[1], L, H, D, static_cast<const float*>(table.data), table.dim(1),
-                                 stream_));
+                                 table.dim(2) == 4, stream_));
 }
 
 // ---- factory -----------------------------------------------------------------------------------
