@@ -135,9 +135,11 @@ __global__ void __launch_bounds__(kWarp * kLnWarps)
         for (int c = int(threadIdx.x); c < cols; c += blockDim.x) {
             const float v = to_f32(row[c]);
             float y;
-            if (w.defined() && b.defined()) y = w[c] * (rstd * (v - mean)) + b[c];
+            // NOTE: the fused multiply-adds are explicit: they are what nvcc's default contraction makes of
+            // PyTorch's `gamma * (rstd * (x - mean)) + beta` (bit-identical on the H200, kernel_probe.py).
+            if (w.defined() && b.defined()) y = __fmaf_rn(w[c], rstd * (v - mean), b[c]);
             else if (w.defined()) y = w[c] * (rstd * (v - mean));
-            else if (b.defined()) y = (rstd * (v - mean)) + b[c];
+            else if (b.defined()) y = __fmaf_rn(rstd, v - mean, b[c]);
             else y = rstd * (v - mean);
             orow[c] = from_f32<To>(y);
         }
