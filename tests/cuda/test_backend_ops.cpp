@@ -289,12 +289,21 @@ Tensor dreamzero_rope_table() {
     return t;
 }
 
-Stats run_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t P, bool in_place, bool dreamzero_table) {
+Stats run_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t P, bool in_place, bool dreamzero_table,
+               bool double_table = false) {
     Tensor x = h.input({L, H, D}, -2.f, 2.f);
     Tensor table;
     if (dreamzero_table) {
         table = dreamzero_rope_table();
         REQUIRE(table.shape()[0] == L);
+    } else if (double_table) {  // (cos_hi, cos_lo, sin_hi, sin_lo): both backends rotate in double
+        table = Tensor::host({L, P, 4}, DType::F32);
+        std::uniform_real_distribution<double> ang(-M_PI, M_PI);
+        float* e = table.ptr<float>();
+        for (int64_t i = 0; i < L * P; ++i, e += 4) {
+            const double a = ang(h.rng()), c = std::cos(a), s = std::sin(a);
+            e[0] = float(c), e[1] = float(c - double(e[0])), e[2] = float(s), e[3] = float(s - double(e[2]));
+        }
     } else {
         table = Tensor::host({L, P, 2}, DType::F32);
         std::uniform_real_distribution<double> ang(-M_PI, M_PI);
@@ -639,6 +648,10 @@ std::vector<OpCase> make_cases() {
         add("rope", "[9, 3, 128] partial 44 pairs (scalar path)", dt,
             [](Harness& h) { return run_rope(h, 9, 3, 128, 44, false, false); });
         add("rope", "[33, 4, 64] in place", dt, [](Harness& h) { return run_rope(h, 33, 4, 64, 32, true, false); });
+        add("rope", "[880, 2, 128] double-float table (vector path)", dt,
+            [](Harness& h) { return run_rope(h, 880, 2, 128, 64, false, false, true); });
+        add("rope", "[9, 3, 128] double-float table, partial 44 pairs (scalar path)", dt,
+            [](Harness& h) { return run_rope(h, 9, 3, 128, 44, false, false, true); });
 
         // attention
         add("attention", "Lq37 Lk53 H3 D64", dt, [](Harness& h) { return run_attention(h, {37, 53, 3, 64}); });
