@@ -11,12 +11,14 @@ CONFIG=${CONFIG:-configs/parity.yaml}
 WORK=${WORK:-/tmp/dzr-probe}
 OUT=${OUT:-$WORK/out}
 PYTHON=${PYTHON:-python3}
+# NOTE: a machine kept warm between calls still has the last probe's checkpoint and inputs
+rm -rf "$WORK/ckpt" "$WORK/inputs"
 mkdir -p "$WORK" "$OUT"
 DUMP='^(input\.video|state|text\.(pos|neg)|clip|ys|vae\.clip|noise\.(video|action)|sample\.|velocity\.|x$|actions$)'
 DUMP+='|^dit\..*\.(layer_out\.[0-9]+|head|action_velocity)$'
 DUMP+='|^dit\.[a-z]+\.(pos|neg)\.0\.(patch_embed|time_e0?|(self_attn_in|q|k|v|self_attn|cross_attn|ffn)\.[0-9]+)$'
 "$DZR" ckpt make --config "$CONFIG" --seed 1 --dtype f32 --tokenizer tests/data/tokenizer/spiece.model \
-    --out "$WORK/ckpt" --force >/dev/null || exit 1
+    --out "$WORK/ckpt" >/dev/null || exit 1
 "$DZR" parity make-inputs --ckpt "$WORK/ckpt" --out "$WORK/inputs" --calls 1 >/dev/null || exit 1
 "$PYTHON" scripts/parity/reference_run.py --ref .ref/dreamzero --ckpt "$WORK/ckpt" --inputs "$WORK/inputs" \
     --out "$WORK/ref.safetensors" --dtype bf16 --device cuda --sub-stages >"$OUT/ref.log" 2>&1 || exit 1
