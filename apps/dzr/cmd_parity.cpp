@@ -6,10 +6,7 @@
 //                the canvases dzr's preprocessing makes of them (the reference head is fed these), the
 //                umT5 token ids and masks of both CFG branches, and the initial noise drawn by dzr's
 //                seeded generator (the reference's generate_noise is replaced to return it).
-//   attention    runs one bf16 attention (q, k, v from .npy) through each CUDA attention implementation and
-//                writes the outputs; `linear`, `conv3d` and `op` (norms, activations) do the same: the
-//                kernel-level checks
-//                against PyTorch (scripts/parity/kernel_probe.py).
+//   attention, linear, conv3d, op: one bf16 op on .npy operands through the CUDA backend (parity_kernels.cpp).
 //   run          runs DreamZeroPolicy on those inputs with the injected noise and writes the traced
 //                stages of every call into one .safetensors file (f32), named as the reference
 //                harness names them. With --inject-from FILE (a reference dump) the stages matching
@@ -30,6 +27,7 @@
 #include <vector>
 
 #include "apps/dzr/command.h"
+#include "apps/dzr/parity_kernels.h"
 #include "config/run_config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -43,10 +41,6 @@
 #include "sampling/noise.h"
 #include "weights/checkpoint.h"
 #include "weights/safetensors.h"
-
-#ifdef DZR_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace dzr::app {
 namespace {
@@ -87,36 +81,6 @@ struct RunArgs {
     std::string inject = kDefaultInject;
     int calls = -1;
     bool check_finite = false;
-};
-
-struct AttentionArgs {
-    std::string q, k, v;
-    std::string out;
-    std::string device = "cuda";
-    float scale = 0.f;  // 0: 1/sqrt(head dim)
-    std::vector<std::string> impls = {"cudnn-unified", "cudnn-composite", "flash", "gemm"};
-};
-
-struct LinearArgs {
-    std::string x, w, b;
-    std::string out;
-    std::string device = "cuda";
-};
-
-struct Conv3dArgs {
-    std::string x, w, b;
-    std::string out;
-    std::string device = "cuda";
-    std::vector<int> stride = {1, 1, 1}, pad_before = {0, 0, 0}, pad_after = {0, 0, 0};
-    bool frames_2d = false;
-};
-
-struct OpArgs {
-    std::string op;
-    std::string x, w, b;
-    std::string out;
-    std::string device = "cuda";
-    float eps = 1e-6f;
 };
 
 // ---- synthetic content ------------------------------------------------------------------------------
@@ -453,190 +417,6 @@ int run_parity(const RunArgs& a) {
     return 0;
 }
 
-// ---- attention ---------------------------------------------------------------------------------------
-
-/// An operand holding bf16 values as float32 (as PyTorch writes a bf16 tensor converted to f32); anything
-/// else would be rounded silently, so it is an error.
-io::NpyArray read_bf16_values(const std::string& path, const char* what, int rank, const char* layout) {
-    io::NpyArray a = io::read_npy(path);
-    DZR_CHECK(a.dtype() == io::NpyDType::F4 && a.rank() == rank, "{}: {} must be float32 {}, got {}", path, what,
-              layout, a.describe());
-    const float* p = a.ptr<float>();
-    for (int64_t i = 0; i < a.numel(); ++i) {
-        uint32_t bits = 0;
-        std::memcpy(&bits, &p[i], 4);
-        DZR_CHECK((bits & 0xffffu) == 0 && std::isfinite(p[i]),
-                  "{}: element {} ({}) is not a finite bf16 value; write the bf16 tensor converted to float32", path,
-                  i, p[i]);
-    }
-    return a;
-}
-
-/// q/k/v of one attention: f32 [L, H, D] whose values are bf16 numbers (as PyTorch writes a bf16 tensor
-/// converted to f32); anything else would be rounded silently, so it is an error.
-io::NpyArray read_bf16_operand(const std::string& path, const char* what) {
-    return read_bf16_values(path, what, 3, "[L, heads, head_dim]");
-}
-
-int run_attention(const AttentionArgs& a) {
-#ifdef DZR_HAVE_CUDA
-    const io::NpyArray qa = read_bf16_operand(a.q, "q"), ka = read_bf16_operand(a.k, "k"),
-                       va = read_bf16_operand(a.v, "v");
-    const int64_t lq = qa.dim(0), heads = qa.dim(1), d = qa.dim(2), lk = ka.dim(0), dv = va.dim(2);
-    DZR_CHECK(ka.dim(1) == heads && va.dim(1) == heads && ka.dim(2) == d && va.dim(0) == lk,
-              "attention: shapes disagree: q {} k {} v {}", qa.shape_str(), ka.shape_str(), va.shape_str());
-    std::vector<AttentionImpl> impls;
-    for (const std::string& name : a.impls) impls.push_back(parse_attention_impl(name));
-    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(1) << 30);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
-    DZR_CHECK(be != nullptr, "parity attention needs a CUDA device (--device cuda:N)");
-    const auto upload = [&](const io::NpyArray& host) {
-        Tensor t = be->alloc({host.dim(0), host.dim(1), host.dim(2)}, DType::BF16);
-        be->upload(host.to_tensor(), t);
-        return t;
-    };
-    const Tensor q = upload(qa), k = upload(ka), v = upload(va);
-    Tensor out = be->alloc({lq, heads, dv}, DType::BF16);
-    Tensor host = Tensor::host({lq, heads, dv}, DType::F32);
-    const float scale = a.scale > 0 ? a.scale : 1.f / std::sqrt(float(d));
-    const fs::path dir(a.out);
-    fs::create_directories(dir);
-    std::printf("attention on %s: q [%lld, %lld, %lld], k/v [%lld, ...], scale %.9g\n", be->name().c_str(),
-                (long long)lq, (long long)heads, (long long)d, (long long)lk, double(scale));
-    for (const AttentionImpl impl : impls) {
-        be->set_attention_impl(impl);
-        be->fill(out, 0.f);
-        be->attention({scale}, q, k, v, {}, out);
-        be->download(out, host);
-        const fs::path file = dir / fmt::format("o_{}.npy", attention_impl_name(impl));
-        io::write_npy(file, host.view());
-        std::printf("  %-16s ran %-16s -> %s\n", attention_impl_name(impl),
-                    attention_impl_name(be->last_attention_impl()), file.string().c_str());
-    }
-    return 0;
-#else
-    (void)a;
-    DZR_THROW("dzr parity attention needs a CUDA build (-DDZR_CUDA=ON)");
-#endif
-}
-
-int run_linear(const LinearArgs& a) {
-#ifdef DZR_HAVE_CUDA
-    const io::NpyArray xa = read_bf16_values(a.x, "x", 2, "[M, K]"), wa = read_bf16_values(a.w, "w", 2, "[N, K]");
-    std::optional<io::NpyArray> ba;
-    if (!a.b.empty()) ba = read_bf16_values(a.b, "b", 1, "[N]");
-    const int64_t M = xa.dim(0), K = xa.dim(1), N = wa.dim(0);
-    DZR_CHECK(wa.dim(1) == K && (!ba || ba->dim(0) == N), "linear: shapes disagree: x {} w {} b {}", xa.shape_str(),
-              wa.shape_str(), ba ? ba->shape_str() : "-");
-    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(256) << 20);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
-    DZR_CHECK(be != nullptr, "parity linear needs a CUDA device (--device cuda:N)");
-    const auto upload = [&](const io::NpyArray& host) {
-        Tensor t = be->alloc(Shape(host.shape()), DType::BF16);
-        be->upload(host.to_tensor(), t);
-        return t;
-    };
-    const Tensor x = upload(xa), w = upload(wa);
-    Tensor b;
-    if (ba) b = upload(*ba);
-    Tensor out = be->alloc({M, N}, DType::BF16);
-    be->linear(x, w, ba ? b.view() : TensorView{}, out);
-    Tensor host = Tensor::host({M, N}, DType::F32);
-    be->download(out, host);
-    io::write_npy(a.out, host.view());
-    std::printf("linear on %s: [%lld, %lld] x [%lld, %lld]^T%s -> %s\n", be->name().c_str(), (long long)M,
-                (long long)K, (long long)N, (long long)K, ba ? " + b" : "", a.out.c_str());
-    return 0;
-#else
-    (void)a;
-    DZR_THROW("dzr parity linear needs a CUDA build (-DDZR_CUDA=ON)");
-#endif
-}
-
-int run_conv3d(const Conv3dArgs& a) {
-#ifdef DZR_HAVE_CUDA
-    const io::NpyArray xa = read_bf16_values(a.x, "x", 4, "[Ci, T, H, W]"),
-                       wa = read_bf16_values(a.w, "w", 5, "[Co, Ci, kt, kh, kw]");
-    std::optional<io::NpyArray> ba;
-    if (!a.b.empty()) ba = read_bf16_values(a.b, "b", 1, "[Co]");
-    DZR_CHECK(a.stride.size() == 3 && a.pad_before.size() == 3 && a.pad_after.size() == 3,
-              "conv3d: --stride, --pad-before and --pad-after take 3 values each");
-    Conv3dParams p;
-    p.frames_2d = a.frames_2d;
-    int64_t o[3];
-    for (int i = 0; i < 3; ++i) {
-        p.stride[i] = a.stride[size_t(i)], p.pad_before[i] = a.pad_before[size_t(i)];
-        p.pad_after[i] = a.pad_after[size_t(i)];
-        DZR_CHECK(p.stride[i] >= 1, "conv3d: strides must be >= 1");
-        o[i] = (xa.dim(i + 1) + p.pad_before[i] + p.pad_after[i] - wa.dim(i + 2)) / p.stride[i] + 1;
-    }
-    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(1) << 30);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
-    DZR_CHECK(be != nullptr, "parity conv3d needs a CUDA device (--device cuda:N)");
-    const auto upload = [&](const io::NpyArray& host) {
-        Tensor t = be->alloc(Shape(host.shape()), DType::BF16);
-        be->upload(host.to_tensor(), t);
-        return t;
-    };
-    const Tensor x = upload(xa), w = upload(wa);
-    Tensor b;
-    if (ba) b = upload(*ba);
-    const int64_t Co = wa.dim(0);
-    Tensor out = be->alloc({Co, o[0], o[1], o[2]}, DType::BF16);
-    be->conv3d(p, x, w, ba ? b.view() : TensorView{}, out);
-    Tensor host = Tensor::host({Co, o[0], o[1], o[2]}, DType::F32);
-    be->download(out, host);
-    io::write_npy(a.out, host.view());
-    std::printf("conv3d on %s: x %s w %s -> [%lld, %lld, %lld, %lld] %s\n", be->name().c_str(),
-                xa.shape_str().c_str(), wa.shape_str().c_str(), (long long)Co, (long long)o[0], (long long)o[1],
-                (long long)o[2], a.out.c_str());
-    return 0;
-#else
-    (void)a;
-    DZR_THROW("dzr parity conv3d needs a CUDA build (-DDZR_CUDA=ON)");
-#endif
-}
-
-int run_op(const OpArgs& a) {
-#ifdef DZR_HAVE_CUDA
-    const io::NpyArray xa = read_bf16_values(a.x, "x", 2, "[rows, cols]");
-    const int64_t cols = xa.dim(1);
-    std::optional<io::NpyArray> wa, ba;
-    if (!a.w.empty()) wa = read_bf16_values(a.w, "w", 1, "[cols]");
-    if (!a.b.empty()) ba = read_bf16_values(a.b, "b", 1, "[cols]");
-    for (const auto* p : {&wa, &ba})
-        DZR_CHECK(!*p || (*p)->dim(0) == cols, "op: weight/bias {} do not match {} columns", (*p)->shape_str(), cols);
-    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(256) << 20);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
-    DZR_CHECK(be != nullptr, "parity op needs a CUDA device (--device cuda:N)");
-    const auto upload = [&](const io::NpyArray& host) {
-        Tensor t = be->alloc(Shape(host.shape()), DType::BF16);
-        be->upload(host.to_tensor(), t);
-        return t;
-    };
-    const Tensor x = upload(xa);
-    Tensor w, b;
-    if (wa) w = upload(*wa);
-    if (ba) b = upload(*ba);
-    const TensorView wv = wa ? w.view() : TensorView{}, bv = ba ? b.view() : TensorView{};
-    Tensor out = be->alloc(Shape(xa.shape()), DType::BF16);
-    if (a.op == "layer_norm") be->layer_norm({a.eps}, x, wv, bv, out);
-    else if (a.op == "rms_norm") be->rms_norm({a.eps}, x, wv, out);
-    else if (a.op == "gelu_tanh") be->activation({Activation::GeluTanh}, x, out);
-    else if (a.op == "gelu_erf") be->activation({Activation::GeluErf}, x, out);
-    else if (a.op == "silu") be->activation({Activation::Silu}, x, out);
-    else DZR_THROW("op: unknown op '{}' (layer_norm, rms_norm, gelu_tanh, gelu_erf, silu)", a.op);
-    Tensor host = Tensor::host(Shape(xa.shape()), DType::F32);
-    be->download(out, host);
-    io::write_npy(a.out, host.view());
-    std::printf("%s on %s: %s -> %s\n", a.op.c_str(), be->name().c_str(), xa.shape_str().c_str(), a.out.c_str());
-    return 0;
-#else
-    (void)a;
-    DZR_THROW("dzr parity op needs a CUDA build (-DDZR_CUDA=ON)");
-#endif
-}
-
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* cmd = app.add_subcommand("parity", "Parity harness against the official implementation (docs/PARITY.md)");
     cmd->require_subcommand(1);
@@ -669,49 +449,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     r->add_flag("--check-finite", ra->check_finite, "Check every stage for NaN/Inf");
     r->callback([&run, ra] { run = [ra] { return run_parity(*ra); }; });
 
-    auto at = std::make_shared<AttentionArgs>();
-    auto* t = cmd->add_subcommand("attention", "Run one bf16 attention from .npy operands through each CUDA implementation");
-    t->add_option("--q", at->q, "float32 [Lq, heads, head_dim] holding bf16 values")->required();
-    t->add_option("--k", at->k, "float32 [Lk, heads, head_dim] holding bf16 values")->required();
-    t->add_option("--v", at->v, "float32 [Lk, heads, head_dim_v] holding bf16 values")->required();
-    t->add_option("--out", at->out, "Directory for o_<implementation>.npy (float32 [Lq, heads, head_dim_v])")->required();
-    t->add_option("--scale", at->scale, "Softmax scale (default 1/sqrt(head_dim))");
-    t->add_option("--impls", at->impls, "Implementations to run")->capture_default_str();
-    t->add_option("--device", at->device, "CUDA device")->capture_default_str();
-    t->callback([&run, at] { run = [at] { return run_attention(*at); }; });
-
-    auto li = std::make_shared<LinearArgs>();
-    auto* l = cmd->add_subcommand("linear", "Run one bf16 Linear (x w^T + b) from .npy operands on CUDA");
-    l->add_option("--x", li->x, "float32 [M, K] holding bf16 values")->required();
-    l->add_option("--w", li->w, "float32 [N, K] holding bf16 values")->required();
-    l->add_option("--b", li->b, "float32 [N] holding bf16 values (optional)");
-    l->add_option("--out", li->out, "Output .npy (float32 [M, N])")->required();
-    l->add_option("--device", li->device, "CUDA device")->capture_default_str();
-    l->callback([&run, li] { run = [li] { return run_linear(*li); }; });
-
-    auto cv = std::make_shared<Conv3dArgs>();
-    auto* c = cmd->add_subcommand("conv3d", "Run one bf16 conv3d (the backend's op) from .npy operands on CUDA");
-    c->add_option("--x", cv->x, "float32 [Ci, T, H, W] holding bf16 values")->required();
-    c->add_option("--w", cv->w, "float32 [Co, Ci, kt, kh, kw] holding bf16 values")->required();
-    c->add_option("--b", cv->b, "float32 [Co] holding bf16 values (optional)");
-    c->add_option("--out", cv->out, "Output .npy (float32 [Co, To, Ho, Wo])")->required();
-    c->add_option("--stride", cv->stride, "t h w")->expected(3)->capture_default_str();
-    c->add_option("--pad-before", cv->pad_before, "t h w")->expected(3)->capture_default_str();
-    c->add_option("--pad-after", cv->pad_after, "t h w")->expected(3)->capture_default_str();
-    c->add_flag("--frames-2d", cv->frames_2d, "Run as a Conv2d over the frames (Conv3dParams::frames_2d)");
-    c->add_option("--device", cv->device, "CUDA device")->capture_default_str();
-    c->callback([&run, cv] { run = [cv] { return run_conv3d(*cv); }; });
-
-    auto oa = std::make_shared<OpArgs>();
-    auto* o = cmd->add_subcommand("op", "Run one bf16 row op (norm or activation) from .npy operands on CUDA");
-    o->add_option("--op", oa->op, "layer_norm, rms_norm, gelu_tanh, gelu_erf or silu")->required();
-    o->add_option("--x", oa->x, "float32 [rows, cols] holding bf16 values")->required();
-    o->add_option("--w", oa->w, "norm weight, float32 [cols] holding bf16 values");
-    o->add_option("--b", oa->b, "LayerNorm bias, float32 [cols] holding bf16 values");
-    o->add_option("--eps", oa->eps, "norm epsilon")->capture_default_str();
-    o->add_option("--out", oa->out, "Output .npy (float32 [rows, cols])")->required();
-    o->add_option("--device", oa->device, "CUDA device")->capture_default_str();
-    o->callback([&run, oa] { run = [oa] { return run_op(*oa); }; });
+    add_parity_kernel_commands(*cmd, run);
 });
 
 }  // namespace
