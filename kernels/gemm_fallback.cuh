@@ -27,6 +27,7 @@ struct GemmFallbackArgs {
     float alpha = 1.f, beta = 0.f;
     const void* bias = nullptr;
     DType bias_dtype = DType::F32;
+    bool batched = false;  ///< a rank-3 Backend::gemm call (the CUDA backend's BatchedGemmImpl applies)
 };
 
 cudaError_t gemm_fallback(const GemmFallbackArgs& args, cudaStream_t stream);

@@ -1,5 +1,5 @@
-// `dzr parity attention|linear|conv3d|op` (parity_kernels.h). Every operand is read and checked first (in any
-// build: a bad file gets its error before a device is needed), then the op runs on the CUDA backend.
+// `dzr parity attention|linear|conv3d|bmm|op` (parity_kernels.h). Every operand is read and checked first (in
+// any build: a bad file gets its error before a device is needed), then the op runs on the CUDA backend.
 #include "apps/dzr/parity_kernels.h"
 
 #include <fmt/format.h>
@@ -46,6 +46,14 @@ struct Conv3dArgs {
     std::string device = "cuda";
     std::vector<int> stride = {1, 1, 1}, pad_before = {0, 0, 0}, pad_after = {0, 0, 0};
     bool frames_2d = false;
+};
+
+struct BmmArgs {
+    std::string a, b;
+    bool b_transposed = false;
+    std::string out;
+    std::string device = "cuda";
+    std::string impl = "lt";
 };
 
 struct OpArgs {
@@ -183,6 +191,34 @@ int run_conv3d(const Conv3dArgs& a) {
     return 0;
 }
 
+int run_bmm(const BmmArgs& a) {
+    const io::NpyArray aa = read_bf16_values(a.a, "a", 3, "[batch, M, K]"),
+                       ba = read_bf16_values(a.b, "b", 3, a.b_transposed ? "[batch, N, K]" : "[batch, K, N]");
+    const int64_t B = aa.dim(0), M = aa.dim(1), K = aa.dim(2), N = a.b_transposed ? ba.dim(1) : ba.dim(2);
+    DZR_CHECK(ba.dim(0) == B && (a.b_transposed ? ba.dim(2) : ba.dim(1)) == K,
+              "bmm: shapes disagree: a {} b {}{}", aa.shape_str(), ba.shape_str(),
+              a.b_transposed ? " (transposed)" : "");
+    DZR_CHECK(a.impl == "lt" || a.impl == "cublas", "bmm: --impl must be lt or cublas, got '{}'", a.impl);
+#ifdef DZR_HAVE_CUDA
+    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(256) << 20);
+    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    DZR_CHECK(be != nullptr, "parity bmm needs a CUDA device (--device cuda:N)");
+    be->set_batched_gemm_impl(a.impl == "cublas" ? BatchedGemmImpl::Cublas : BatchedGemmImpl::Lt);
+    const Tensor x = upload_bf16(*be, aa), y = upload_bf16(*be, ba);
+    Tensor out = be->alloc({B, M, N}, DType::BF16);
+    GemmParams p;
+    p.trans_b = a.b_transposed;
+    be->gemm(p, x, y, {}, out);
+    write_output(*be, out, a.out);
+    std::printf("bmm (%s) on %s: a %s b %s%s -> %s\n", a.impl.c_str(), be->name().c_str(),
+                aa.shape_str().c_str(), ba.shape_str().c_str(), a.b_transposed ? "^T" : "", a.out.c_str());
+    return 0;
+#else
+    (void)M, (void)N;
+    DZR_THROW("dzr parity bmm needs a CUDA build (-DDZR_CUDA=ON)");
+#endif
+}
+
 constexpr const char* kOps = "layer_norm, rms_norm, gelu_tanh, gelu_erf, silu";
 
 int run_op(const OpArgs& a) {
@@ -260,6 +296,20 @@ void add_parity_kernel_commands(CLI::App& parity, std::function<int()>& run) {
     c->add_flag("--frames-2d", cv->frames_2d, "Run as a Conv2d over the frames (Conv3dParams::frames_2d)");
     c->add_option("--device", cv->device, "CUDA device")->capture_default_str();
     c->callback([&run, cv] { run = [cv] { return run_conv3d(*cv); }; });
+
+    auto bm = std::make_shared<BmmArgs>();
+    auto* m =
+        cmd->add_subcommand("bmm", "Run one bf16 batched GEMM (torch.bmm: a @ b) from .npy operands on CUDA");
+    m->add_option("--a", bm->a, "float32 [batch, M, K] holding bf16 values")->required();
+    m->add_option("--b", bm->b,
+                  "float32 [batch, K, N] (or [batch, N, K] with --b-transposed) holding bf16 values")
+        ->required();
+    m->add_flag("--b-transposed", bm->b_transposed, "b is stored [batch, N, K] and used transposed");
+    m->add_option("--impl", bm->impl, "lt (cuBLASLt) or cublas (cublasGemmStridedBatchedEx)")
+        ->capture_default_str();
+    m->add_option("--out", bm->out, "Output .npy (float32 [batch, M, N])")->required();
+    m->add_option("--device", bm->device, "CUDA device")->capture_default_str();
+    m->callback([&run, bm] { run = [bm] { return run_bmm(*bm); }; });
 
     auto oa = std::make_shared<OpArgs>();
     auto* o =

@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""Kernel-level checks against PyTorch: one bf16 attention per case through torch's SDPA backends
-(cuDNN, flash, efficient, math) and through every dzr CUDA implementation (`dzr parity attention`), then a
-table of how many output elements differ and by how much. The DiT's bf16 parity gap starts at its attention
-(docs/PARITY.md); this says which dzr implementation, if any, reproduces the reference's kernel bit for bit. The
-same for bf16 Linear layers (F.linear, i.e. cuBLASLt addmm with a bias epilogue, vs `dzr parity linear`) and
-conv3d (F.conv3d after F.pad, as the DiT's patch embedding and the VAE's causal convolutions run, vs
-`dzr parity conv3d`, and for the patch embedding also dzr's patchify + GEMM + bias add).
+"""Kernel-level checks against PyTorch: one bf16 op per case, run by torch as the reference calls it and by
+dzr's CUDA backend (`dzr parity attention|linear|conv3d|bmm|op`) on the same operands, then a table of how many
+output elements differ and by how much (docs/PARITY.md). Groups:
+  attention  torch's SDPA backends (cuDNN, flash, efficient, math) vs every dzr attention implementation
+  linear     F.linear (cuBLASLt addmm with a bias epilogue)
+  bmm        torch.bmm vs dzr's batched GEMM through cuBLASLt and through cuBLAS (BatchedGemmImpl)
+  op         LayerNorm, RMSNorm (the reference's formula), GELU (tanh, erf), SiLU
+  conv       F.conv3d / F.conv2d as the DiT's and CLIP's patch embeddings and the VAE's convolutions run
+             (for the patch embedding also dzr's former patchify + GEMM + bias add)
 
-Usage (GPU machine): attention_probe.py --dzr build/bin/dzr --work /tmp/attn --out OUT [--cudnn-log]
-With --cudnn-log, cuDNN's API log (CUDNN_LOGLEVEL_DBG=3) and the frontend's log of each side go to OUT, so
-the operation graphs and the engine configs chosen can be compared. Each side runs in its own process (the
-logging variables are read when cuDNN loads). DZR_LD_LIBRARY_PATH, when set, is prepended to dzr's
-LD_LIBRARY_PATH (e.g. PyTorch's bundled cuDNN, to run both sides on one cuDNN build).
+Usage (GPU machine): kernel_probe.py --dzr build/bin/dzr --out OUT [--cases A,B | --cases none]
+[--skip linear,bmm,op,conv] [--cudnn-log]. With --cudnn-log, cuDNN's API log (CUDNN_LOGLEVEL_DBG=3) and the
+frontend's log of each side go to OUT, so the operation graphs and engine configs can be compared. Each side runs
+in its own process (the logging variables are read when cuDNN loads). DZR_LD_LIBRARY_PATH, when set, is
+prepended to dzr's LD_LIBRARY_PATH (e.g. PyTorch's bundled cuDNN, to run both sides on one cuDNN build).
 """
 import argparse
 import json
@@ -70,6 +72,17 @@ OPS = [
     ("gelu_erf_257x5120", "gelu_erf", 257, 5120, False, False, 0.0),
     ("silu_880x256", "silu", 880, 256, False, False, 0.0),
 ]
+# (name, batch, M, K, N, b stored transposed): torch.bmm as the umT5 attention (einsum -> bmm over the heads)
+# and the action/state encoders' CategorySpecificLinear (bmm over a batch of 1) run it
+BMMS = [
+    ("umt5_logits_h2_512x64x512", 2, 512, 64, 512, True),
+    ("umt5_pv_h2_512x512x64", 2, 512, 512, 64, False),
+    ("umt5_real_logits_h64_512x64x512", 64, 512, 64, 512, True),
+    ("umt5_real_pv_h64_512x512x64", 64, 512, 512, 64, False),
+    ("action_w1_1x24x32x256", 1, 24, 32, 256, False),
+    ("action_w2_1x24x512x256", 1, 24, 512, 256, False),
+    ("state_1x1x64x256", 1, 1, 64, 256, False),
+]
 TORCH_BACKENDS = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 
 
@@ -105,6 +118,14 @@ def torch_side(work, cases):
         with torch.no_grad():
             o = torch.nn.functional.linear(x, w, b)
         np.save(os.path.join(work, f"lin_{name}.torch.npy"), o.float().cpu().numpy())
+    for name, bsz, m, k, n, bt in BMMS:
+        a = torch.randn(bsz, m, k, device="cuda").bfloat16()
+        b = (torch.randn(bsz, n, k, device="cuda") if bt else torch.randn(bsz, k, n, device="cuda")).bfloat16()
+        np.save(os.path.join(work, f"bmm_{name}.a.npy"), a.float().cpu().numpy())
+        np.save(os.path.join(work, f"bmm_{name}.b.npy"), b.float().cpu().numpy())
+        with torch.no_grad():
+            o = torch.bmm(a, b.transpose(1, 2) if bt else b)
+        np.save(os.path.join(work, f"bmm_{name}.torch.npy"), o.float().cpu().numpy())
     F = torch.nn.functional
     for name, op, nrows, cols, has_w, has_b, eps in OPS:
         x = (torch.randn(nrows, cols, device="cuda") * 2 + 0.3).bfloat16()
@@ -169,11 +190,11 @@ def main():
     ap.add_argument("--cudnn-log", action="store_true")
     ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cases", default="", help="comma-separated attention case names (default: all)")
-    ap.add_argument("--skip", default="", help="comma-separated groups to skip: linear, op, conv")
+    ap.add_argument("--skip", default="", help="comma-separated groups to skip: linear, op, conv, bmm")
     args = ap.parse_args()
     cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     skip = set(filter(None, args.skip.split(",")))
-    for group, table in (("linear", LINEARS), ("op", OPS), ("conv", CONVS)):
+    for group, table in (("linear", LINEARS), ("op", OPS), ("conv", CONVS), ("bmm", BMMS)):
         if group in skip:
             table.clear()
     os.makedirs(args.work, exist_ok=True)
@@ -241,6 +262,18 @@ def main():
         n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), np.load(base + ".torch.npy"))
         rows.append((f"linear {name}", "dzr linear", "F.linear",
                      f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+    for name, bsz, m, k, n, bt in BMMS:
+        base = os.path.join(args.work, f"bmm_{name}")
+        ref = np.load(base + ".torch.npy")
+        for impl in ("lt", "cublas"):
+            out = f"{base}.{impl}.npy"
+            r = subprocess.run([args.dzr, "parity", "bmm", "--a", base + ".a.npy", "--b", base + ".b.npy", "--impl", impl,
+                                "--out", out] + (["--b-transposed"] if bt else []), env=denv, capture_output=True, text=True)
+            if r.returncode != 0:
+                rows.append((f"bmm {name}", f"dzr {impl}", "torch.bmm", "failed: " + (r.stdout + r.stderr)[-300:]))
+                continue
+            n_, total, mx, l2 = compare(np.load(out), ref)
+            rows.append((f"bmm {name}", f"dzr {impl}", "torch.bmm", f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
     for name, op, nrows, cols, has_w, has_b, eps in OPS:
         base = os.path.join(args.work, f"op_{name}")
         cmd = [args.dzr, "parity", "op", "--op", op, "--x", base + ".x.npy", "--eps", repr(eps), "--out",

@@ -166,6 +166,7 @@ struct GemmSpec {
     int64_t batch = 0;              // > 0: rank-3 operands
     bool broadcast_b = false;       // b's batch stride is 0
     bool fallback = false;          // dzr's plain kernel instead of cuBLASLt
+    bool cublas = false;            // batched through cuBLAS (BatchedGemmImpl::Cublas) instead of cuBLASLt
 };
 
 Stats run_gemm(Harness& h, const GemmSpec& g) {
@@ -204,8 +205,10 @@ Stats run_gemm(Harness& h, const GemmSpec& g) {
     p.alpha = g.alpha;
     p.beta = g.beta;
     gpu().set_fallback_only(g.fallback);
+    gpu().set_batched_gemm_impl(g.cublas ? BatchedGemmImpl::Cublas : BatchedGemmImpl::Lt);
     gpu().gemm(p, a_dev, b_dev, bias_dev, out_dev);
     gpu().set_fallback_only(false);
+    gpu().set_batched_gemm_impl(BatchedGemmImpl::Lt);
     cpu().gemm(p, a_cpu, b_cpu, g.bias ? bias.view() : TensorView{}, ref);
     return h.compare(out_dev, ref);
 }
@@ -519,6 +522,14 @@ std::vector<OpCase> make_cases() {
             add("gemm", "batch 3, b broadcast (batch stride 0)", dt, [g](Harness& h) { return run_gemm(h, g); });
             g.broadcast_b = false, g.ta = true, g.tb = false;
             add("gemm", "batch 3, trans_a, no trans_b", dt, [g](Harness& h) { return run_gemm(h, g); });
+            if (dt == DType::BF16) {  // cuBLAS's strided-batched GEMM (bf16 only), as torch.bmm runs it
+                g.cublas = true;
+                add("gemm", "batch 3 through cuBLAS, trans_a, no trans_b", dt,
+                    [g](Harness& h) { return run_gemm(h, g); });
+                g.ta = false, g.tb = true, g.broadcast_b = true, g.bias = true, g.bias_dtype = dt, g.pad_cols = 5;
+                add("gemm", "batch 3 through cuBLAS, b broadcast, strided rows, bias", dt,
+                    [g](Harness& h) { return run_gemm(h, g); });
+            }
         }
         {
             GemmSpec g{9, 11, 0};

@@ -129,6 +129,7 @@ CudaBackend::~CudaBackend() {
     sdpa_plans_.clear();  // NOTE: the plans hold cuDNN descriptors made with the handle destroyed below
     if (cudnn_) cudnnDestroy(cudnn_);
     if (cublas_) cublasLtDestroy(cublas_);
+    if (blas_) cublasDestroy(blas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (workspace_base_) cudaFree(workspace_base_);
     for (int i = 0; i < 2; ++i) {

@@ -7,6 +7,7 @@
 /// forward can be captured into a CUDA graph once every shape has run once (the first call of a shape
 /// builds its cuBLASLt/cuDNN plan, and the first conv3d creates the cuDNN handle).
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -45,6 +46,12 @@ enum class AttentionImpl : uint8_t { Auto, CudnnUnified, CudnnComposite, Flash, 
 const char* attention_impl_name(AttentionImpl impl);
 /// "auto", "cudnn-unified", "cudnn-composite", "flash", "gemm"; throws dzr::Error otherwise.
 AttentionImpl parse_attention_impl(const std::string& text);
+
+/// Which library runs batched GEMMs (rank-3 Backend::gemm calls): cuBLASLt (as every other GEMM), or cuBLAS's
+/// cublasGemmStridedBatchedEx, which is what PyTorch's torch.bmm calls for bf16 (its default BLAS backend).
+/// The two can pick kernels that sum in different orders. Lt is the default; scripts/parity/kernel_probe.py
+/// compares both against torch.bmm.
+enum class BatchedGemmImpl : uint8_t { Lt, Cublas };
 
 /// How Backend::paged_attention runs: Direct = the flash kernel reads the history through the device
 /// block table; Gather = one kernel copies [history | current] into the workspace, then the dense
@@ -108,6 +115,8 @@ public:
     AttentionImpl attention_impl() const { return attention_impl_; }
     /// The implementation that ran the last attention (dense, or the dense part of a gathered paged call).
     AttentionImpl last_attention_impl() const { return last_attention_impl_; }
+    void set_batched_gemm_impl(BatchedGemmImpl impl) { batched_impl_ = impl; }
+    BatchedGemmImpl batched_gemm_impl() const { return batched_impl_; }
     void set_paged_attention_impl(PagedAttentionImpl impl) { paged_impl_ = impl; }
     /// Direct or Gather: how the last paged_attention ran.
     PagedAttentionImpl last_paged_attention_impl() const { return last_paged_impl_; }
@@ -131,6 +140,10 @@ private:
                          const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
                          const int stride[3]);
     cudnnHandle_t cudnn();
+    /// The cuBLAS handle for BatchedGemmImpl::Cublas, made on first use (stream, workspace and math mode set).
+    cublasHandle_t blas();
+    /// Runs a batched GEMM through cublasGemmStridedBatchedEx; false when the call is not one it takes.
+    bool run_gemm_cublas(const cuda_detail::GemmCall& c);
     void attention_gemm(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& bias, const TensorView& out);
     const cuda_detail::SdpaPlan* sdpa_plan(const cuda_detail::AttentionCall& c, cuda_detail::SdpaGraph g);
@@ -142,6 +155,7 @@ private:
     int index_ = 0;
     cudaStream_t stream_ = nullptr;
     cublasLtHandle_t cublas_ = nullptr;
+    cublasHandle_t blas_ = nullptr;
     void* cublas_workspace_ = nullptr;
     cudnnHandle_t cudnn_ = nullptr;
     void* workspace_base_ = nullptr;
@@ -156,6 +170,7 @@ private:
     AttentionImpl attention_impl_ = AttentionImpl::Auto;
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl paged_impl_ = PagedAttentionImpl::Auto;
+    BatchedGemmImpl batched_impl_ = BatchedGemmImpl::Lt;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
 };
 

@@ -161,6 +161,46 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
     return *gemm_plans_.emplace(key, std::move(plan)).first->second;
 }
 
+cublasHandle_t CudaBackend::blas() {
+    if (!blas_) {
+        DZR_CUBLAS_CHECK(cublasCreate(&blas_));
+        DZR_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+        // NOTE: the same 32 MiB as cuBLASLt's (both run in stream order) and the default math mode, as
+        // PyTorch's handle for bf16 (reduced-precision reductions allowed).
+        DZR_CUBLAS_CHECK(cublasSetWorkspace(blas_, cublas_workspace_, kCublasWorkspaceBytes));
+        DZR_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+    }
+    return blas_;
+}
+
+bool CudaBackend::run_gemm_cublas(const GemmCall& c) {
+    // NOTE: bf16 in and out with an f32 compute type, what torch.bmm runs; the bias (none in PyTorch's bmm) is
+    // added after, as the non-epilogue path does.
+    if (c.ab_dtype != DType::BF16 || c.out_dtype != DType::BF16) return false;
+    const auto fits = [](int64_t v) { return v <= int64_t(INT32_MAX); };
+    if (!fits(c.M) || !fits(c.N) || !fits(c.K) || !fits(c.batch) || !fits(c.lda) || !fits(c.ldb) || !fits(c.ldc))
+        return false;
+    // Row-major out[M, N] = a · b is column-major out^T[N, M] = b^T · a^T: cuBLAS's A is our b, its B our a.
+    const cublasOperation_t op_a = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const float alpha = c.alpha, beta = c.beta;
+    // NOTE: a stored matrix of one row may carry any row stride; cuBLAS wants ld >= its column-major rows.
+    const auto ld = [](int64_t stored, int64_t rows_rm, int64_t cols_rm) {
+        return int(rows_rm <= 1 ? std::max(stored, cols_rm) : stored);
+    };
+    const int ldb = ld(c.ldb, c.trans_b ? c.N : c.K, c.trans_b ? c.K : c.N);
+    const int lda = ld(c.lda, c.trans_a ? c.K : c.M, c.trans_a ? c.M : c.K);
+    const int ldc = ld(c.ldc, c.M, c.N);
+    DZR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), op_a, op_b, int(c.N), int(c.M), int(c.K), &alpha, c.b,
+                                                CUDA_R_16BF, ldb, c.stride_b, c.a, CUDA_R_16BF, lda, c.stride_a,
+                                                &beta, c.out, CUDA_R_16BF, ldc, c.stride_c, int(c.batch),
+                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP));
+    if (c.bias)
+        DZR_CUDA_CHECK(kernels::rows_epilogue(c.out, c.out_dtype, c.batch, c.M, c.N, c.ldc, c.stride_c, false, 0.f,
+                                              c.bias, c.bias_dtype, stream_));
+    return true;
+}
+
 void CudaBackend::run_gemm(const GemmCall& c) {
     if (c.M == 0 || c.N == 0 || c.batch == 0) return;
     if (c.K == 0) {
@@ -169,6 +209,8 @@ void CudaBackend::run_gemm(const GemmCall& c) {
                                               c.bias, c.bias_dtype, stream_));
         return;
     }
+    if (c.batched && batched_impl_ == BatchedGemmImpl::Cublas && !fallback_only_ && c.K > 0 && run_gemm_cublas(c))
+        return;
     const GemmPlan* plan = fallback_only_ ? nullptr : &gemm_plan(c);
     if (!plan || !plan->has_algo) {
         DZR_CUDA_CHECK(kernels::gemm_fallback(c, stream_));
@@ -222,6 +264,7 @@ void CudaBackend::gemm(const GemmParams& p, const TensorView& a, const TensorVie
     c.trans_a = p.trans_a;
     c.trans_b = p.trans_b;
     c.M = M, c.N = N, c.K = K, c.batch = batch;
+    c.batched = r == 3;
     c.a = a.data, c.lda = std::max<int64_t>(a.strides[-2], 1), c.stride_a = batch_stride(a);
     c.b = b.data, c.ldb = std::max<int64_t>(b.strides[-2], 1), c.stride_b = batch_stride(b);
     c.out = out.data, c.ldc = std::max<int64_t>(out.strides[-2], 1), c.stride_c = batch_stride(out);
