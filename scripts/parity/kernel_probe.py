@@ -185,7 +185,7 @@ def compare(a, b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dzr", required=True)
-    ap.add_argument("--work", default="/tmp/dzr-attention-probe")
+    ap.add_argument("--work", default="/tmp/dzr-kernel-probe")
     ap.add_argument("--out", required=True)
     ap.add_argument("--cudnn-log", action="store_true")
     ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
