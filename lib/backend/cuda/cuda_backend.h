@@ -115,7 +115,8 @@ public:
     AttentionImpl attention_impl() const { return attention_impl_; }
     /// The implementation that ran the last attention (dense, or the dense part of a gathered paged call).
     AttentionImpl last_attention_impl() const { return last_attention_impl_; }
-    void set_batched_gemm_impl(BatchedGemmImpl impl) { batched_impl_ = impl; }
+    /// Choosing Cublas creates the cuBLAS handle now, not inside a forward.
+    void set_batched_gemm_impl(BatchedGemmImpl impl);
     BatchedGemmImpl batched_gemm_impl() const { return batched_impl_; }
     void set_paged_attention_impl(PagedAttentionImpl impl) { paged_impl_ = impl; }
     /// Direct or Gather: how the last paged_attention ran.

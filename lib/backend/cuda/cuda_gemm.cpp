@@ -161,6 +161,14 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
     return *gemm_plans_.emplace(key, std::move(plan)).first->second;
 }
 
+void CudaBackend::set_batched_gemm_impl(BatchedGemmImpl impl) {
+    if (impl == BatchedGemmImpl::Cublas) {
+        DeviceGuard guard(index_);
+        blas();
+    }
+    batched_impl_ = impl;
+}
+
 cublasHandle_t CudaBackend::blas() {
     if (!blas_) {
         DZR_CUBLAS_CHECK(cublasCreate(&blas_));
