@@ -43,14 +43,15 @@ LINEARS = [
     ("real_1785x5120x5120", 1785, 5120, 5120, True),
     ("nobias_880x256x256", 880, 256, 256, False),
 ]
-# (name, x [Ci, T, H, W], Co, kernel, stride, pad_before (t, h, w), pad_after, patchify check)
+# (name, x [Ci, T, H, W], Co, kernel, stride, pad_before (t, h, w), pad_after, mode): mode "3d" is a Conv3d,
+# "3d+gemm" also checks dzr's former patchify + GEMM, "2d" a Conv2d over the frames (--frames-2d)
 CONVS = [
-    ("patch_embed_1x44x80", (36, 1, 44, 80), 256, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), True),
-    ("patch_embed_2x44x80", (36, 2, 44, 80), 256, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), True),
-    ("patch_embed_real_2x44x80", (36, 2, 44, 80), 5120, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), True),
-    ("vae_conv_in_1x352x640", (3, 1, 352, 640), 96, (3, 3, 3), (1, 1, 1), (2, 1, 1), (0, 1, 1), False),
-    ("vae_res_96_3x88x160", (96, 3, 88, 160), 96, (3, 3, 3), (1, 1, 1), (2, 1, 1), (0, 1, 1), False),
-    ("vae_time_conv_384_4x44x80", (384, 4, 44, 80), 768, (3, 1, 1), (1, 1, 1), (2, 0, 0), (0, 0, 0), False),
+    ("patch_embed_1x44x80", (36, 1, 44, 80), 256, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), "3d+gemm"),
+    ("patch_embed_2x44x80", (36, 2, 44, 80), 256, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), "3d+gemm"),
+    ("patch_embed_real_2x44x80", (36, 2, 44, 80), 5120, (1, 2, 2), (1, 2, 2), (0, 0, 0), (0, 0, 0), "3d+gemm"),
+    ("vae_conv_in_1x352x640", (3, 1, 352, 640), 96, (3, 3, 3), (1, 1, 1), (2, 1, 1), (0, 1, 1), "3d"),
+    ("vae_res_96_3x88x160", (96, 3, 88, 160), 96, (3, 3, 3), (1, 1, 1), (2, 1, 1), (0, 1, 1), "3d"),
+    ("vae_time_conv_384_4x44x80", (384, 4, 44, 80), 768, (3, 1, 1), (1, 1, 1), (2, 0, 0), (0, 0, 0), "3d"),
     # the VAE's spatial downsampling is a Conv2d per frame after ZeroPad2d((0, 1, 0, 1)): run as conv2d on the
     # torch side
     ("vae_down2d_96_2x352x640", (96, 2, 352, 640), 96, (1, 3, 3), (1, 2, 2), (0, 0, 0), (0, 1, 1), "2d"),
@@ -86,6 +87,13 @@ BMMS = [
 TORCH_BACKENDS = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 
 
+def save(work, prefix, **tensors):
+    """Each torch tensor (None skipped) as WORK/PREFIX.NAME.npy in float32 (bf16 values convert exactly)."""
+    for tag, t in tensors.items():
+        if t is not None:
+            np.save(os.path.join(work, f"{prefix}.{tag}.npy"), t.float().cpu().numpy())
+
+
 def torch_side(work, cases):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -97,8 +105,7 @@ def torch_side(work, cases):
         q = (torch.randn(1, lq, h, d, device="cuda") * amp).bfloat16()
         k = (torch.randn(1, lk, h, d, device="cuda") * amp).bfloat16()
         v = torch.randn(1, lk, h, d, device="cuda").bfloat16()
-        for t, tag in ((q, "q"), (k, "k"), (v, "v")):
-            np.save(os.path.join(work, f"{name}.{tag}.npy"), t[0].float().cpu().numpy())
+        save(work, name, q=q[0], k=k[0], v=v[0])
         for be in TORCH_BACKENDS:
             try:
                 with torch.no_grad(), sdpa_kernel(getattr(SDPBackend, be)):
@@ -112,28 +119,20 @@ def torch_side(work, cases):
         x = torch.randn(m, k, device="cuda").bfloat16()
         w = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
         b = (torch.randn(n, device="cuda") * 0.1).bfloat16() if bias else None
-        for t, tag in ((x, "x"), (w, "w"), (b, "b")):
-            if t is not None:
-                np.save(os.path.join(work, f"lin_{name}.{tag}.npy"), t.float().cpu().numpy())
         with torch.no_grad():
             o = torch.nn.functional.linear(x, w, b)
-        np.save(os.path.join(work, f"lin_{name}.torch.npy"), o.float().cpu().numpy())
+        save(work, f"lin_{name}", x=x, w=w, b=b, torch=o)
     for name, bsz, m, k, n, bt in BMMS:
         a = torch.randn(bsz, m, k, device="cuda").bfloat16()
         b = (torch.randn(bsz, n, k, device="cuda") if bt else torch.randn(bsz, k, n, device="cuda")).bfloat16()
-        np.save(os.path.join(work, f"bmm_{name}.a.npy"), a.float().cpu().numpy())
-        np.save(os.path.join(work, f"bmm_{name}.b.npy"), b.float().cpu().numpy())
         with torch.no_grad():
             o = torch.bmm(a, b.transpose(1, 2) if bt else b)
-        np.save(os.path.join(work, f"bmm_{name}.torch.npy"), o.float().cpu().numpy())
+        save(work, f"bmm_{name}", a=a, b=b, torch=o)
     F = torch.nn.functional
     for name, op, nrows, cols, has_w, has_b, eps in OPS:
         x = (torch.randn(nrows, cols, device="cuda") * 2 + 0.3).bfloat16()
         w = (1 + 0.2 * torch.randn(cols, device="cuda")).bfloat16() if has_w else None
         b = (0.1 * torch.randn(cols, device="cuda")).bfloat16() if has_b else None
-        for t, tag in ((x, "x"), (w, "w"), (b, "b")):
-            if t is not None:
-                np.save(os.path.join(work, f"op_{name}.{tag}.npy"), t.float().cpu().numpy())
         with torch.no_grad():
             if op == "layer_norm":
                 o = F.layer_norm(x, (cols,), w, b, eps)
@@ -146,25 +145,23 @@ def torch_side(work, cases):
                 o = F.gelu(x)
             else:
                 o = F.silu(x)
-        np.save(os.path.join(work, f"op_{name}.torch.npy"), o.float().cpu().numpy())
-    for name, xs, co, ks, st, pb, pa, _ in CONVS:
+        save(work, f"op_{name}", x=x, w=w, b=b, torch=o)
+    for name, xs, co, ks, st, pb, pa, mode in CONVS:
         ci = xs[0]
         x = torch.randn(*xs, device="cuda").bfloat16()
         w = (torch.randn(co, ci, *ks, device="cuda") / (ci * ks[0] * ks[1] * ks[2]) ** 0.5).bfloat16()
         b = (torch.randn(co, device="cuda") * 0.1).bfloat16()
-        for t, tag in ((x, "x"), (w, "w"), (b, "b")):
-            np.save(os.path.join(work, f"conv_{name}.{tag}.npy"), t.float().cpu().numpy())
         with torch.no_grad():
-            if _ == "2d" and pb == pa:  # Conv2d(padding=...): cuDNN pads
+            if mode == "2d" and pb == pa:  # Conv2d(padding=...): cuDNN pads
                 o = torch.nn.functional.conv2d(x.transpose(0, 1).contiguous(), w[:, :, 0], b, stride=st[1:],
                                                padding=pb[1:]).transpose(0, 1)
-            elif _ == "2d":  # ZeroPad2d, then Conv2d
+            elif mode == "2d":  # ZeroPad2d, then Conv2d
                 xp = torch.nn.functional.pad(x.transpose(0, 1), (pb[2], pa[2], pb[1], pa[1]))
                 o = torch.nn.functional.conv2d(xp, w[:, :, 0], b, stride=st[1:]).transpose(0, 1)
             else:
                 xp = torch.nn.functional.pad(x[None], (pb[2], pa[2], pb[1], pa[1], pb[0], pa[0]))
                 o = torch.nn.functional.conv3d(xp, w, b, stride=st)[0]
-        np.save(os.path.join(work, f"conv_{name}.torch.npy"), o.float().cpu().numpy())
+        save(work, f"conv_{name}", x=x, w=w, b=b, torch=o)
     return info
 
 
@@ -180,6 +177,11 @@ def compare(a, b):
     n = int((diff > 0).sum())
     rel_l2 = float(np.linalg.norm(diff) / max(np.linalg.norm(b.astype(np.float64)), 1e-30))
     return n, a.size, float(diff.max()), rel_l2
+
+
+def describe(a, b):
+    n, total, mx, l2 = compare(a, b)
+    return f"{n:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"
 
 
 def main():
@@ -224,6 +226,18 @@ def main():
     if os.environ.get("DZR_LD_LIBRARY_PATH"):
         denv["LD_LIBRARY_PATH"] = os.environ["DZR_LD_LIBRARY_PATH"] + ":" + denv.get("LD_LIBRARY_PATH", "")
     rows = []
+
+    def check(case, label, ref_label, cmd, out, ref, log=None):
+        """Runs dzr's command and adds a row comparing its output file with `ref` (or the failure)."""
+        r = subprocess.run([args.dzr] + cmd, env=denv, capture_output=True, text=True)
+        if log:
+            with open(log, "w") as f:
+                f.write(r.stdout + r.stderr)
+        if r.returncode != 0:
+            rows.append((case, label, ref_label, "failed: " + (r.stdout + r.stderr)[-300:]))
+            return
+        rows.append((case, label, ref_label, describe(np.load(out), ref)))
+
     for name, lq, lk, h, d, amp in cases:
         outdir = os.path.join(args.work, f"{name}.dzr")
         r = subprocess.run([args.dzr, "--log-level", "debug", "parity", "attention",
@@ -248,65 +262,37 @@ def main():
             for label, path in others:
                 if not os.path.exists(path):
                     continue
-                n, total, mx, l2 = compare(np.load(path), ref)
-                rows.append((name, label, ref_be, f"{n:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+                rows.append((name, label, ref_be, describe(np.load(path), ref)))
     for name, m, k, n, bias in LINEARS:
         base = os.path.join(args.work, f"lin_{name}")
-        cmd = [args.dzr, "parity", "linear", "--x", base + ".x.npy", "--w", base + ".w.npy", "--out", base + ".dzr.npy"]
-        if bias:
-            cmd += ["--b", base + ".b.npy"]
-        r = subprocess.run(cmd, env=denv, capture_output=True, text=True)
-        if r.returncode != 0:
-            rows.append((f"linear {name}", "dzr", "F.linear", "failed: " + (r.stdout + r.stderr)[-300:]))
-            continue
-        n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), np.load(base + ".torch.npy"))
-        rows.append((f"linear {name}", "dzr linear", "F.linear",
-                     f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+        check(f"linear {name}", "dzr linear", "F.linear",
+              ["parity", "linear", "--x", base + ".x.npy", "--w", base + ".w.npy", "--out", base + ".dzr.npy"]
+              + (["--b", base + ".b.npy"] if bias else []), base + ".dzr.npy", np.load(base + ".torch.npy"))
     for name, bsz, m, k, n, bt in BMMS:
         base = os.path.join(args.work, f"bmm_{name}")
         ref = np.load(base + ".torch.npy")
         for impl in ("lt", "cublas"):
             out = f"{base}.{impl}.npy"
-            r = subprocess.run([args.dzr, "parity", "bmm", "--a", base + ".a.npy", "--b", base + ".b.npy", "--impl", impl,
-                                "--out", out] + (["--b-transposed"] if bt else []), env=denv, capture_output=True, text=True)
-            if r.returncode != 0:
-                rows.append((f"bmm {name}", f"dzr {impl}", "torch.bmm", "failed: " + (r.stdout + r.stderr)[-300:]))
-                continue
-            n_, total, mx, l2 = compare(np.load(out), ref)
-            rows.append((f"bmm {name}", f"dzr {impl}", "torch.bmm", f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+            check(f"bmm {name}", f"dzr {impl}", "torch.bmm",
+                  ["parity", "bmm", "--a", base + ".a.npy", "--b", base + ".b.npy", "--impl", impl, "--out", out]
+                  + (["--b-transposed"] if bt else []), out, ref)
     for name, op, nrows, cols, has_w, has_b, eps in OPS:
         base = os.path.join(args.work, f"op_{name}")
-        cmd = [args.dzr, "parity", "op", "--op", op, "--x", base + ".x.npy", "--eps", repr(eps), "--out",
-               base + ".dzr.npy"]
-        if has_w:
-            cmd += ["--w", base + ".w.npy"]
-        if has_b:
-            cmd += ["--b", base + ".b.npy"]
-        r = subprocess.run(cmd, env=denv, capture_output=True, text=True)
-        if r.returncode != 0:
-            rows.append((f"op {name}", "dzr op", "torch", "failed: " + (r.stdout + r.stderr)[-300:]))
-            continue
-        n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), np.load(base + ".torch.npy"))
-        rows.append((f"op {name}", f"dzr {op}", "torch", f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
-    for name, xs, co, ks, st, pb, pa, patchify in CONVS:
+        check(f"op {name}", f"dzr {op}", "torch",
+              ["parity", "op", "--op", op, "--x", base + ".x.npy", "--eps", repr(eps), "--out", base + ".dzr.npy"]
+              + (["--w", base + ".w.npy"] if has_w else []) + (["--b", base + ".b.npy"] if has_b else []),
+              base + ".dzr.npy", np.load(base + ".torch.npy"))
+    for name, xs, co, ks, st, pb, pa, mode in CONVS:
         base = os.path.join(args.work, f"conv_{name}")
         ref = np.load(base + ".torch.npy")
-        r = subprocess.run([args.dzr, "--log-level", "debug", "parity", "conv3d", "--x", base + ".x.npy", "--w",
-                            base + ".w.npy", "--b", base + ".b.npy", "--out", base + ".dzr.npy", "--stride",
-                            *map(str, st), "--pad-before", *map(str, pb), "--pad-after", *map(str, pa)]
-                           + (["--frames-2d"] if patchify == "2d" else []),
-                           env=denv, capture_output=True, text=True)
-        with open(os.path.join(args.out, f"dzr_conv_{name}.log"), "w") as f:
-            f.write(r.stdout + r.stderr)
-        if r.returncode != 0:
-            rows.append((f"conv {name}", "dzr conv3d", "F.conv3d", "failed: " + (r.stdout + r.stderr)[-300:]))
-        else:
-            n_, total, mx, l2 = compare(np.load(base + ".dzr.npy"), ref)
-            rows.append((f"conv {name}", "dzr conv3d", "F.conv3d",
-                         f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
-        if patchify is True:
-            # the DiT's patch embedding: patchify [L, Ci*kh*kw] (channel, then kernel row, then column), a GEMM
-            # without bias (rounded), then the bias add (rounded)
+        check(f"conv {name}", "dzr conv3d", "F.conv3d",
+              ["--log-level", "debug", "parity", "conv3d", "--x", base + ".x.npy", "--w", base + ".w.npy", "--b",
+               base + ".b.npy", "--out", base + ".dzr.npy", "--stride", *map(str, st), "--pad-before", *map(str, pb),
+               "--pad-after", *map(str, pa)] + (["--frames-2d"] if mode == "2d" else []),
+              base + ".dzr.npy", ref, log=os.path.join(args.out, f"dzr_conv_{name}.log"))
+        if mode == "3d+gemm":
+            # the DiT's former patch embedding: patchify [L, Ci*kh*kw] (channel, then kernel row, then column),
+            # a GEMM without bias (rounded), then the bias add (rounded)
             x, w, b = np.load(base + ".x.npy"), np.load(base + ".w.npy"), np.load(base + ".b.npy")
             ci, t, h, wd = x.shape
             kh, kw = ks[1], ks[2]
@@ -318,9 +304,7 @@ def main():
             if r.returncode == 0:
                 g = bf16_round(np.load(base + ".gemm.npy") + b[None, :])  # [L, Co]
                 g = g.reshape(t, h // kh, wd // kw, co).transpose(3, 0, 1, 2)
-                n_, total, mx, l2 = compare(g, ref)
-                rows.append((f"conv {name}", "dzr patchify+gemm", "F.conv3d",
-                             f"{n_:8d}/{total} differ  max abs {mx:.3e}  rel l2 {l2:.3e}"))
+                rows.append((f"conv {name}", "dzr patchify+gemm", "F.conv3d", describe(g, ref)))
     with open(os.path.join(args.out, "kernel_probe.txt"), "w") as f:
         for row in rows:
             line = f"{row[0]:22s} {row[1]:24s} vs torch {row[2]:20s} {row[3]}"
