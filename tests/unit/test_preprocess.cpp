@@ -14,19 +14,14 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "policy/preprocess.h"
+#include "support/rgb_images.h"
 #include "support/test_support.h"
 #include "weights/safetensors.h"
 
 using namespace dzr;
+using test::random_image;
 
 namespace {
-
-RgbImage random_image(int h, int w, uint64_t seed) {
-    RgbImage img(h, w);
-    std::mt19937_64 rng(seed);
-    for (auto& p : img.pixels) p = uint8_t(rng() & 0xff);
-    return img;
-}
 
 // Naive bilinear with half-pixel centres and edge clamping (align_corners=False), in double.
 double naive_bilinear(const RgbImage& img, int top, int left, int h, int w, int oh, int ow, int y, int x,

@@ -14,18 +14,13 @@
 #include "policy/dreamzero_policy.h"
 #include "policy/preprocess.h"
 #include "policy/tokenizer.h"
+#include "support/rgb_images.h"
 #include "support/test_support.h"
 
 using namespace dzr;
+using test::random_image;
 
 namespace {
-
-RgbImage random_image(int h, int w, uint64_t seed) {
-    RgbImage img(h, w);
-    std::mt19937_64 rng(seed);
-    for (auto& p : img.pixels) p = uint8_t(rng() & 0xff);
-    return img;
-}
 
 /// Smooth content with a few hard edges (closer to camera frames than noise; exercises values near
 /// the truncation boundaries).
