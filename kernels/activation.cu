@@ -29,8 +29,10 @@ __device__ __forceinline__ float act(float v) {
     } else if constexpr (kKind == ActKind::GeluTanhStepwise) {
         // umT5's GELU module, one rounding per eager op: 0.5 * x, pow(x, 3), 0.044715 * (.), x + (.),
         // sqrt(2/pi) * (.), tanh, 1 + (.), product.
+        // NOTE: PyTorch's CUDA pow(x, 3) is `base * base * base` in the tensor's own type (PowKernel.cu), so
+        // on bf16 the square rounds before the third factor: two roundings, not one.
         const float half = round_as<To>(0.5f * v);
-        const float cube = round_as<To>(v * v * v);
+        const float cube = round_as<To>(round_as<To>(v * v) * v);
         const float inner = round_as<To>(0.7978845608028654f * round_as<To>(v + round_as<To>(0.044715f * cube)));
         return half * round_as<To>(1.f + round_as<To>(tanhf(inner)));
     } else {

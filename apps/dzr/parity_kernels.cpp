@@ -203,7 +203,7 @@ int run_bmm(const BmmArgs& a) {
     auto owned = make_cuda_backend(parse_device(a.device).index, size_t(256) << 20);
     auto* be = dynamic_cast<CudaBackend*>(owned.get());
     DZR_CHECK(be != nullptr, "parity bmm needs a CUDA device (--device cuda:N)");
-    be->set_batched_gemm_impl(a.impl == "cublas" ? BatchedGemmImpl::Cublas : BatchedGemmImpl::Lt);
+    be->set_plain_gemm_impl(parse_plain_gemm_impl(a.impl));
     const Tensor x = upload_bf16(*be, aa), y = upload_bf16(*be, ba);
     Tensor out = be->alloc({B, M, N}, DType::BF16);
     GemmParams p;
@@ -219,12 +219,13 @@ int run_bmm(const BmmArgs& a) {
 #endif
 }
 
-constexpr const char* kOps = "layer_norm, rms_norm, gelu_tanh, gelu_erf, silu";
+constexpr const char* kOps = "layer_norm, rms_norm, gelu_tanh, gelu_erf, gelu_t5, silu, sigmoid, softmax";
 
 int run_op(const OpArgs& a) {
     const bool norm = a.op == "layer_norm" || a.op == "rms_norm";
-    DZR_CHECK(norm || a.op == "gelu_tanh" || a.op == "gelu_erf" || a.op == "silu", "op: unknown op '{}' ({})",
-              a.op, kOps);
+    const bool known = norm || a.op == "gelu_tanh" || a.op == "gelu_erf" || a.op == "gelu_t5" || a.op == "silu" ||
+                       a.op == "sigmoid" || a.op == "softmax";
+    DZR_CHECK(known, "op: unknown op '{}' ({})", a.op, kOps);
     DZR_CHECK(norm || (a.w.empty() && a.b.empty()), "op: {} takes no --w or --b", a.op);
     DZR_CHECK(a.op != "rms_norm" || a.b.empty(), "op: rms_norm takes no --b");
     const io::NpyArray xa = read_bf16_values(a.x, "x", 2, "[rows, cols]");
@@ -249,6 +250,12 @@ int run_op(const OpArgs& a) {
         be->activation({Activation::GeluTanh}, x, out);
     else if (a.op == "gelu_erf")
         be->activation({Activation::GeluErf}, x, out);
+    else if (a.op == "gelu_t5")  // umT5's own GELU module, op by op
+        be->activation({Activation::GeluTanhStepwise}, x, out);
+    else if (a.op == "sigmoid")
+        be->activation({Activation::Sigmoid}, x, out);
+    else if (a.op == "softmax")  // over the last dim, f32 statistics, as F.softmax(x.float(), -1) then bf16
+        be->softmax({1.0f}, x, out);
     else
         be->activation({Activation::Silu}, x, out);
     write_output(*be, out, a.out);
@@ -305,7 +312,8 @@ void add_parity_kernel_commands(CLI::App& parity, std::function<int()>& run) {
                   "float32 [batch, K, N] (or [batch, N, K] with --b-transposed) holding bf16 values")
         ->required();
     m->add_flag("--b-transposed", bm->b_transposed, "b is stored [batch, N, K] and used transposed");
-    m->add_option("--impl", bm->impl, "lt (cuBLASLt) or cublas (cublasGemmStridedBatchedEx)")
+    m->add_option("--impl", bm->impl,
+                  "lt (cuBLASLt) or cublas (cublasGemmEx for one batch, cublasGemmStridedBatchedEx otherwise)")
         ->capture_default_str();
     m->add_option("--out", bm->out, "Output .npy (float32 [batch, M, N])")->required();
     m->add_option("--device", bm->device, "CUDA device")->capture_default_str();
@@ -314,7 +322,7 @@ void add_parity_kernel_commands(CLI::App& parity, std::function<int()>& run) {
     auto oa = std::make_shared<OpArgs>();
     auto* o =
         cmd->add_subcommand("op", "Run one bf16 row op (norm or activation) from .npy operands on CUDA");
-    o->add_option("--op", oa->op, "layer_norm, rms_norm, gelu_tanh, gelu_erf or silu")->required();
+    o->add_option("--op", oa->op, kOps)->required();
     o->add_option("--x", oa->x, "float32 [rows, cols] holding bf16 values")->required();
     o->add_option("--w", oa->w, "norm weight, float32 [cols] holding bf16 values");
     o->add_option("--b", oa->b, "LayerNorm bias, float32 [cols] holding bf16 values");

@@ -386,7 +386,11 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
         const TensorView state = be.scratch(Shape{S, c.max_state_dim});
         be.copy(r.state, state);
         state_encoder_.forward(be, state, s.x.slice(0, Lv + A, S));
-        if (opt.trace) opt.trace("registers", -1, s.x.slice(0, Lv, A + S));
+        if (opt.trace) {
+            opt.trace("action_tokens", -1, s.x.slice(0, Lv, A));
+            opt.trace("state_tokens", -1, s.x.slice(0, Lv + A, S));
+            opt.trace("registers", -1, s.x.slice(0, Lv, A + S));
+        }
         if (opt.check_finite) check_finite(be, s.x.slice(0, Lv, A + S), "register tokens", -1);
     }
 

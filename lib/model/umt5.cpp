@@ -80,7 +80,7 @@ Umt5Encoder::Umt5Encoder(WeightLoader& loader, const T5Config& cfg) : cfg_(cfg) 
 size_t Umt5Encoder::workspace_bytes(DType dtype) const {
     const size_t es = dtype_size(dtype), len = size_t(cfg_.text_len);
     return 2 * aligned(len * size_t(cfg_.dim) * es) +          // x, h
-           4 * aligned(len * size_t(cfg_.dim_attn) * es) +     // q, k, v, attention output
+           5 * aligned(len * size_t(cfg_.dim_attn) * es) +     // q, k, v, attention output per head and merged
            2 * aligned(len * size_t(cfg_.ffn_dim) * es) +      // gate, fc1
            2 * aligned(size_t(cfg_.num_heads) * len * len * es) +  // bias (then probabilities), logits
            aligned(len * es);                                  // key mask
@@ -136,6 +136,7 @@ void Umt5Encoder::forward(Backend& be, std::span<const int32_t> ids, int num_tok
     const TensorView k = be.scratch(Shape{len, da});
     const TensorView v = be.scratch(Shape{len, da});
     const TensorView att = be.scratch(Shape{len, da});
+    const TensorView att_heads = be.scratch(Shape{nh, len, hd});  // P·V as the batched GEMM writes it
     const TensorView g = be.scratch(Shape{len, cfg_.ffn_dim});
     const TensorView f = be.scratch(Shape{len, cfg_.ffn_dim});
     const TensorView bias = be.scratch(Shape{nh, len, len});    // the bias, then the probabilities
@@ -162,8 +163,11 @@ void Umt5Encoder::forward(Backend& be, std::span<const int32_t> ids, int num_tok
         be.gemm(GemmParams{false, true, 1.0f, 0.0f}, heads(q), heads(k), {}, logits);
         be.add(logits, bias, logits);
         be.softmax(SoftmaxParams{1.0f}, logits, bias);
-        // [H, L, L] x [H, L, hd] -> [H, L, hd], written through the permuted view into att [L, H·hd]
-        be.gemm(GemmParams{false, false, 1.0f, 0.0f}, bias, heads(v), {}, heads(att));
+        // [H, L, L] x [H, L, hd] -> [H, L, hd], then merged into att [L, H·hd]
+        // NOTE: into a contiguous [H, L, hd] first, as the reference's einsum -> bmm writes it, so the GEMM
+        // library sees the same output layout (and so picks the same kernel) as PyTorch's call.
+        be.gemm(GemmParams{false, false, 1.0f, 0.0f}, bias, heads(v), {}, att_heads);
+        be.copy(att_heads.permute({1, 0, 2}), att.reshape(Shape{len, nh, hd}));  // [H, L, hd] -> [L, H, hd]
         be.linear(att, l.o, {}, h);  // [L, da] -> [L, d]
         be.add(x, h, x);
 

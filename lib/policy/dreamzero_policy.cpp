@@ -334,9 +334,20 @@ void DreamZeroPolicy::sync_phase(double& slot, Timer& timer) {
     timer.reset();
 }
 
-void DreamZeroPolicy::encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out) {
+void DreamZeroPolicy::encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out,
+                                  const char* branch) {
     std::vector<int32_t> ids32(ids.begin(), ids.end());
-    text_encoder_->forward(be_, ids32, int(length), out);
+    text_encoder_->forward(be_, ids32, int(length), out, encoder_trace(fmt::format("umt5.{}.", branch)));
+}
+
+std::function<void(const char*, int, const TensorView&)> DreamZeroPolicy::encoder_trace(std::string prefix) {
+    if (!trace_) return {};
+    // "umt5.embed" -> "<prefix>embed", "clip.layer_out" (layer 0) -> "<prefix>layer_out.0"
+    return [this, prefix = std::move(prefix)](const char* name, int layer, const TensorView& t) {
+        std::string_view n(name);
+        if (const size_t dot = n.find('.'); dot != std::string_view::npos) n.remove_prefix(dot + 1);
+        trace_(layer < 0 ? prefix + std::string(n) : fmt::format("{}{}.{}", prefix, n, layer), call_index_, t);
+    };
 }
 
 void DreamZeroPolicy::populate_text_cross() {
@@ -571,8 +582,8 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
 
         // ---- text: per prompt, both branches -------------------------------------------------------
         if (!text_ready_) {
-            encode_text(tokens.positive.ids, tokens.positive.length, buf_->text_pos);
-            encode_text(tokens.negative.ids, tokens.negative.length, buf_->text_neg);
+            encode_text(tokens.positive.ids, tokens.positive.length, buf_->text_pos, "pos");
+            encode_text(tokens.negative.ids, tokens.negative.length, buf_->text_neg, "neg");
             trace("text.pos", buf_->text_pos);
             trace("text.neg", buf_->text_neg);
             check_finite("text encoder", buf_->text_pos);
@@ -584,7 +595,7 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
         const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
         if (result.reset) {
             // ---- window start: CLIP + `ys`, then the prefill of the reference latent ---------------
-            image_encoder_->encode(be_, buf_->ref_frame, buf_->clip_feats);
+            image_encoder_->encode(be_, buf_->ref_frame, buf_->clip_feats, encoder_trace("clip."));
             // NOTE: the reference encodes ys under torch.autocast(bf16) (f32 norms, one rounding per conv
             // input) and the commit clip with plain bf16 ops (docs/VAE.md, Precision).
             vae_->encode_conditioning(buf_->ref_frame, model_.num_frames, buf_->ys, VaePrecision::Autocast);

@@ -113,7 +113,8 @@ struct PolicyOptions {
 /// else the commit clip), "state", "text.pos", "text.neg", "clip", "ys", "vae.clip", "noise.video",
 /// "noise.action", "dit.<prefill|commit|denoise>.<pos|neg>.<name>[.<layer>]" (CausalDit's trace
 /// names), "sample.video.<step>" / "sample.action.<step>" (what the DiT sees at an evaluated step),
-/// "velocity.cond.<step>", "velocity.uncond.<step>", "velocity.action.<step>", "x", "actions".
+/// "velocity.cond.<step>", "velocity.uncond.<step>", "velocity.action.<step>", "x", "actions", and the
+/// encoders' internals "umt5.<pos|neg>.<name>[.<layer>]" and "clip.<name>[.<layer>]" (their trace names).
 using PolicyTraceFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
 
 /// Parity diagnostics: (stage, call index, the live buffer on the backend). Called at every policy
@@ -174,7 +175,10 @@ private:
     enum class ForwardKind : uint8_t { Prefill, Commit, Denoise };
 
     void plan_workspace(const WeightSource& weights, const std::filesystem::path& tokenizer);
-    void encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out);
+    /// branch: "pos" or "neg" (the trace names' "umt5.<branch>." prefix)
+    void encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out, const char* branch);
+    /// The encoders' trace hook under `prefix` (empty without a trace): their internals as policy stages.
+    std::function<void(const char*, int, const TensorView&)> encoder_trace(std::string prefix);
     void populate_text_cross();
     void populate_image_cross();
     void forward_branch(int branch, ForwardKind kind, const TensorView& x, const TensorView& y, int start_frame,

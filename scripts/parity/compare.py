@@ -32,7 +32,8 @@ import sys
 import numpy as np
 from safetensors import safe_open
 
-GROUPS = ["input.video", "state", "text.pos", "text.neg", "clip", "ys", "vae.clip", "noise.video", "noise.action",
+GROUPS = ["input.video", "state", "umt5.internal", "text.pos", "text.neg", "clip.internal", "clip", "ys", "vae.clip",
+          "noise.video", "noise.action",
           "dit.prefill", "dit.commit", "dit.denoise", "velocity.cond", "velocity.uncond", "velocity.action",
           "sample.video", "sample.action", "x", "actions", "actions_robot"]
 GATE = "actions"
@@ -45,6 +46,10 @@ def group_of(stage):
     m = re.match(r"(velocity\.(cond|uncond|action)|sample\.(video|action))\.\d+$", stage)
     if m:
         return m.group(1)
+    if stage.startswith("umt5."):  # the encoders' internals (sub-stage dumps)
+        return "umt5.internal"
+    if stage.startswith("clip."):
+        return "clip.internal"
     return stage if stage in GROUPS else None
 
 
@@ -85,7 +90,7 @@ def compare_pair(ours, ref):
             continue
         if name not in ours:
             # NOTE: dzr encodes the text once per prompt and traces the samples of evaluated steps only.
-            if not (stage.startswith("text.") and call != "c0") and not stage.startswith("sample."):
+            if not (stage.startswith(("text.", "umt5.")) and call != "c0") and not stage.startswith("sample."):
                 only_ref.append(name)
             continue
         a, b = ours[name], ref[name]

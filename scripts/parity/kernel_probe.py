@@ -17,6 +17,7 @@ prepended to dzr's LD_LIBRARY_PATH (e.g. PyTorch's bundled cuDNN, to run both si
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ CASES = [
     ("cross_img_880x257", 880, 257, 2, 128, 3.0),
     ("self_880_soft", 880, 880, 2, 128, 1.0),
     ("real_1785x2665_h40", 1785, 2665, 40, 128, 3.0),
+    ("clip_257_h16_d80", 257, 257, 16, 80, 1.0),  # CLIP ViT-H/14: 16 heads of 80
 ]
 # (name, M, K, N, bias): the DiT's Linear shapes at the parity geometry and one of the real model's
 LINEARS = [
@@ -42,6 +44,24 @@ LINEARS = [
     ("q_1760x256x256", 1760, 256, 256, True),
     ("real_1785x5120x5120", 1785, 5120, 5120, True),
     ("nobias_880x256x256", 880, 256, 256, False),
+    # umT5's bias-free Linears (F.linear without a bias runs torch.mm): parity widths and the real ones
+    ("t5_q_512x64x64", 512, 64, 64, False),
+    ("t5_ffn_512x64x128", 512, 64, 128, False),
+    ("t5_fc2_512x128x64", 512, 128, 64, False),
+    ("t5_real_q_512x4096x4096", 512, 4096, 4096, False),
+    ("t5_real_ffn_512x4096x10240", 512, 4096, 10240, False),
+    ("t5_real_fc2_512x10240x4096", 512, 10240, 4096, False),
+]
+# (name, M, K, N, rows): a Linear with bias that the reference runs on M rows (one per token: the DiT's time
+# embedding and projection) and dzr on the distinct rows only; compared on those rows
+LINEAR_ROWS = [
+    ("time_emb0_1785x256x256", 1785, 256, 256, (0, 1760)),
+    ("time_proj_1785x256x1536", 1785, 256, 1536, (0, 1760)),
+    ("time_emb0_880x256x256", 880, 256, 256, (0,)),
+    ("time_proj_880x256x1536", 880, 256, 1536, (0,)),
+    ("real_time_emb0_1785x256x5120", 1785, 256, 5120, (0, 1760)),
+    ("real_time_emb2_1785x5120x5120", 1785, 5120, 5120, (0, 1760)),
+    ("real_time_proj_1785x5120x30720", 1785, 5120, 30720, (0, 1760)),
 ]
 # (name, x [Ci, T, H, W], Co, kernel, stride, pad_before (t, h, w), pad_after, mode): mode "3d" is a Conv3d,
 # "3d+gemm" also checks dzr's former patchify + GEMM, "2d" a Conv2d over the frames (--frames-2d)
@@ -72,6 +92,12 @@ OPS = [
     ("gelu_tanh_880x512", "gelu_tanh", 880, 512, False, False, 0.0),
     ("gelu_erf_257x5120", "gelu_erf", 257, 5120, False, False, 0.0),
     ("silu_880x256", "silu", 880, 256, False, False, 0.0),
+    ("sigmoid_24x256", "sigmoid", 24, 256, False, False, 0.0),
+    ("gelu_t5_512x128", "gelu_t5", 512, 128, False, False, 0.0),
+    ("gelu_t5_512x10240", "gelu_t5", 512, 10240, False, False, 0.0),
+    ("softmax_t5_1024x512", "softmax", 1024, 512, False, False, 0.0),
+    ("softmax_1000x100", "softmax", 1000, 100, False, False, 0.0),
+    ("softmax_64x2048", "softmax", 64, 2048, False, False, 0.0),
 ]
 # (name, batch, M, K, N, b stored transposed): torch.bmm as the umT5 attention (einsum -> bmm over the heads)
 # and the action/state encoders' CategorySpecificLinear (bmm over a batch of 1) run it
@@ -85,6 +111,7 @@ BMMS = [
     ("state_1x1x64x256", 1, 1, 64, 256, False),
 ]
 TORCH_BACKENDS = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+GEMM_IMPLS = ("lt", "cublas")  # dzr's PlainGemmImpl for bias-free GEMMs (DZR_PLAIN_GEMM)
 
 
 def save(work, prefix, **tensors):
@@ -106,6 +133,18 @@ def torch_side(work, cases):
         k = (torch.randn(1, lk, h, d, device="cuda") * amp).bfloat16()
         v = torch.randn(1, lk, h, d, device="cuda").bfloat16()
         save(work, name, q=q[0], k=k[0], v=v[0])
+        # the backend PyTorch picks itself, on the layout the reference passes: one [B, L, H*D] tensor per
+        # operand (CLIP: chunks of one to_qkv output) rearranged "b s (n d) -> b n s d" (a strided view)
+        qkv = torch.cat([t.reshape(1, t.shape[1], h * d) for t in (q, k, v)], dim=-1) if lq == lk else None
+        if qkv is not None:
+            qv, kv, vv = qkv.chunk(3, dim=-1)
+        else:
+            qv, kv, vv = (t.reshape(1, t.shape[1], h * d) for t in (q, k, v))
+        with torch.no_grad():
+            o = torch.nn.functional.scaled_dot_product_attention(
+                *(t.unflatten(-1, (h, d)).transpose(1, 2) for t in (qv, kv, vv)))
+        torch.cuda.synchronize()
+        np.save(os.path.join(work, f"{name}.torch_DEFAULT.npy"), o.transpose(1, 2)[0].float().cpu().numpy())
         for be in TORCH_BACKENDS:
             try:
                 with torch.no_grad(), sdpa_kernel(getattr(SDPBackend, be)):
@@ -122,6 +161,14 @@ def torch_side(work, cases):
         with torch.no_grad():
             o = torch.nn.functional.linear(x, w, b)
         save(work, f"lin_{name}", x=x, w=w, b=b, torch=o)
+    for name, m, k, n, rows in LINEAR_ROWS:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        w = (torch.randn(n, k, device="cuda") / k ** 0.5).bfloat16()
+        b = (torch.randn(n, device="cuda") * 0.1).bfloat16()
+        with torch.no_grad():
+            o = torch.nn.functional.linear(x, w, b)
+        idx = list(rows)
+        save(work, f"linrows_{name}", x=x[idx], w=w, b=b, torch=o[idx])
     for name, bsz, m, k, n, bt in BMMS:
         a = torch.randn(bsz, m, k, device="cuda").bfloat16()
         b = (torch.randn(bsz, n, k, device="cuda") if bt else torch.randn(bsz, k, n, device="cuda")).bfloat16()
@@ -143,6 +190,14 @@ def torch_side(work, cases):
                 o = F.gelu(x, approximate="tanh")
             elif op == "gelu_erf":
                 o = F.gelu(x)
+            elif op == "gelu_t5":  # umT5's GELU module (wan_video_text_encoder.py), eager ops on bf16
+                o = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+            elif op == "sigmoid":
+                o = torch.sigmoid(x)
+            elif op == "softmax":  # umT5's attention: logits + bias (padded keys at the bf16 minimum), f32 softmax
+                x = (torch.randn(nrows, cols, device="cuda") * 3).bfloat16()
+                x[nrows // 2:, cols - cols // 5:] = torch.finfo(torch.bfloat16).min
+                o = F.softmax(x.float(), dim=-1).type_as(x)
             else:
                 o = F.silu(x)
         save(work, f"op_{name}", x=x, w=w, b=b, torch=o)
@@ -196,7 +251,7 @@ def main():
     args = ap.parse_args()
     cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     skip = set(filter(None, args.skip.split(",")))
-    for group, table in (("linear", LINEARS), ("op", OPS), ("conv", CONVS), ("bmm", BMMS)):
+    for group, table in (("linear", LINEARS), ("linear", LINEAR_ROWS), ("op", OPS), ("conv", CONVS), ("bmm", BMMS)):
         if group in skip:
             table.clear()
     os.makedirs(args.work, exist_ok=True)
@@ -250,7 +305,7 @@ def main():
         if r.returncode != 0:
             print(f"{name}: dzr failed:\n{r.stdout}{r.stderr}")
             continue
-        for ref_be in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+        for ref_be in ("DEFAULT", "CUDNN_ATTENTION", "FLASH_ATTENTION"):
             ref_path = os.path.join(args.work, f"{name}.torch_{ref_be}.npy")
             if not os.path.exists(ref_path):
                 rows.append((name, "-", ref_be, info.get(f"{name}.{ref_be}", "missing")))
@@ -263,15 +318,29 @@ def main():
                 if not os.path.exists(path):
                     continue
                 rows.append((name, label, ref_be, describe(np.load(path), ref)))
+    def linear(label, base, bias, impl=None):
+        env_impl = denv.get("DZR_PLAIN_GEMM")
+        if impl:
+            denv["DZR_PLAIN_GEMM"] = impl
+        out = base + f".dzr_{impl or 'default'}.npy"
+        check(label, f"dzr linear{' ' + impl if impl else ''}", "F.linear",
+              ["parity", "linear", "--x", base + ".x.npy", "--w", base + ".w.npy", "--out", out]
+              + (["--b", base + ".b.npy"] if bias else []), out, np.load(base + ".torch.npy"))
+        if env_impl is None:
+            denv.pop("DZR_PLAIN_GEMM", None)
+        else:
+            denv["DZR_PLAIN_GEMM"] = env_impl
+
     for name, m, k, n, bias in LINEARS:
         base = os.path.join(args.work, f"lin_{name}")
-        check(f"linear {name}", "dzr linear", "F.linear",
-              ["parity", "linear", "--x", base + ".x.npy", "--w", base + ".w.npy", "--out", base + ".dzr.npy"]
-              + (["--b", base + ".b.npy"] if bias else []), base + ".dzr.npy", np.load(base + ".torch.npy"))
+        for impl in ((None,) if bias else GEMM_IMPLS):  # the setting applies to bias-free GEMMs only
+            linear(f"linear {name}", base, bias, impl)
+    for name, m, k, n, rows in LINEAR_ROWS:
+        linear(f"rows {name}", os.path.join(args.work, f"linrows_{name}"), True)
     for name, bsz, m, k, n, bt in BMMS:
         base = os.path.join(args.work, f"bmm_{name}")
         ref = np.load(base + ".torch.npy")
-        for impl in ("lt", "cublas"):
+        for impl in GEMM_IMPLS:
             out = f"{base}.{impl}.npy"
             check(f"bmm {name}", f"dzr {impl}", "torch.bmm",
                   ["parity", "bmm", "--a", base + ".a.npy", "--b", base + ".b.npy", "--impl", impl, "--out", out]

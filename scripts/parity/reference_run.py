@@ -361,9 +361,10 @@ def install_sub_stages(rec, head):
         block.self_attn.register_forward_pre_hook(sa_in, with_kwargs=True)
 
         def qk(m, args, i=i):
-            # the roped q and k as the first forward's (single, cache-less) attention call gets them
+            # the roped q and k as the attention call gets them; k's last Lq rows are this forward's own
+            # tokens (before them: the cached history, which a denoising forward attends to)
             put(f"q.{i}", args[0][0])
-            put(f"k.{i}", args[1][0])
+            put(f"k.{i}", args[1][0][-args[0].shape[1]:])
 
         block.self_attn.attn.register_forward_pre_hook(qk)
         block.self_attn.v.register_forward_hook(
@@ -371,6 +372,28 @@ def install_sub_stages(rec, head):
         block.self_attn.o.register_forward_hook(lambda m, a, out, i=i: put(f"self_attn.{i}", out[0]))
         block.cross_attn.o.register_forward_hook(lambda m, a, out, i=i: put(f"cross_attn.{i}", out[0]))
         block.ffn.register_forward_hook(lambda m, a, out, i=i: put(f"ffn.{i}", out[0]))
+        # the residual stream after the self-attention (norm3's input) and after the cross-attention (norm2's)
+        block.norm3.register_forward_pre_hook(lambda m, a, i=i: put(f"x_self.{i}", a[0][0]))
+        block.norm2.register_forward_pre_hook(lambda m, a, i=i: put(f"x_cross.{i}", a[0][0]))
+    # the register tokens of a denoising forward: action encoder [A, C], state encoder [S, C]
+    head.model.action_encoder.register_forward_hook(lambda m, a, out: put("action_tokens", out[0]))
+    head.model.state_encoder.register_forward_hook(lambda m, a, out: put("state_tokens", out[0]))
+
+    # The encoders' internals under dzr's trace names: umT5 per branch (the first encode of a call is the
+    # prompt, the second the negative prompt), CLIP's input pixels, pre-norm and block outputs.
+    def text_branch():
+        return "pos" if rec.text == 0 else "neg"
+
+    te = head.text_encoder
+    te.token_embedding.register_forward_hook(lambda m, a, out: rec.put(f"umt5.{text_branch()}.embed", out[0]))
+    for i, block in enumerate(te.blocks):
+        block.register_forward_hook(
+            lambda m, a, out, i=i: rec.put(f"umt5.{text_branch()}.layer_out.{i}", out[0]))
+    visual = head.image_encoder.model.visual
+    visual.register_forward_pre_hook(lambda m, a: rec.put("clip.pixels", a[0][0]))
+    visual.pre_norm.register_forward_hook(lambda m, a, out: rec.put("clip.pre_norm", out[0]))
+    for i, block in enumerate(visual.transformer):
+        block.register_forward_hook(lambda m, a, out, i=i: rec.put(f"clip.layer_out.{i}", out[0]))
 
 
 class Recorder:

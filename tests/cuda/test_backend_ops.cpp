@@ -166,7 +166,7 @@ struct GemmSpec {
     int64_t batch = 0;              // > 0: rank-3 operands
     bool broadcast_b = false;       // b's batch stride is 0
     bool fallback = false;          // dzr's plain kernel instead of cuBLASLt
-    bool cublas = false;            // batched through cuBLAS (BatchedGemmImpl::Cublas) instead of cuBLASLt
+    bool cublas = false;            // bias-free through cuBLAS (PlainGemmImpl::Cublas) instead of cuBLASLt
 };
 
 Stats run_gemm(Harness& h, const GemmSpec& g) {
@@ -205,10 +205,11 @@ Stats run_gemm(Harness& h, const GemmSpec& g) {
     p.alpha = g.alpha;
     p.beta = g.beta;
     gpu().set_fallback_only(g.fallback);
-    gpu().set_batched_gemm_impl(g.cublas ? BatchedGemmImpl::Cublas : BatchedGemmImpl::Lt);
+    const PlainGemmImpl plain_before = gpu().plain_gemm_impl();
+    gpu().set_plain_gemm_impl(g.cublas ? PlainGemmImpl::Cublas : PlainGemmImpl::Lt);
     gpu().gemm(p, a_dev, b_dev, bias_dev, out_dev);
     gpu().set_fallback_only(false);
-    gpu().set_batched_gemm_impl(BatchedGemmImpl::Lt);
+    gpu().set_plain_gemm_impl(plain_before);
     cpu().gemm(p, a_cpu, b_cpu, g.bias ? bias.view() : TensorView{}, ref);
     return h.compare(out_dev, ref);
 }
@@ -522,13 +523,24 @@ std::vector<OpCase> make_cases() {
             add("gemm", "batch 3, b broadcast (batch stride 0)", dt, [g](Harness& h) { return run_gemm(h, g); });
             g.broadcast_b = false, g.ta = true, g.tb = false;
             add("gemm", "batch 3, trans_a, no trans_b", dt, [g](Harness& h) { return run_gemm(h, g); });
-            if (dt == DType::BF16) {  // cuBLAS's strided-batched GEMM (bf16 only), as torch.bmm runs it
+            if (dt == DType::BF16) {  // bias-free GEMMs through cuBLAS (bf16 only), as torch.mm / torch.bmm run
                 g.cublas = true;
                 add("gemm", "batch 3 through cuBLAS, trans_a, no trans_b", dt,
                     [g](Harness& h) { return run_gemm(h, g); });
-                g.ta = false, g.tb = true, g.broadcast_b = true, g.bias = true, g.bias_dtype = dt, g.pad_cols = 5;
-                add("gemm", "batch 3 through cuBLAS, b broadcast, strided rows, bias", dt,
+                g.ta = false, g.tb = true, g.broadcast_b = true, g.pad_cols = 5;
+                add("gemm", "batch 3 through cuBLAS, b broadcast, strided rows", dt,
                     [g](Harness& h) { return run_gemm(h, g); });
+                g.bias = true, g.bias_dtype = dt;
+                add("gemm", "batch 3 with a bias under the cuBLAS setting (cuBLASLt runs it)", dt,
+                    [g](Harness& h) { return run_gemm(h, g); });
+                GemmSpec one{24, 40, 32};  // CategorySpecificLinear: x [1, A, in] · W [1, in, out]
+                one.cublas = true, one.batch = 1;
+                add("gemm", "batch 1 through cuBLAS (cublasGemmEx)", dt, [one](Harness& h) { return run_gemm(h, one); });
+                one.batch = 0, one.M = 1;  // the state token: one row (degenerate leading dimensions)
+                add("gemm", "M1 through cuBLAS (one row)", dt, [one](Harness& h) { return run_gemm(h, one); });
+                one.M = 17, one.tb = true, one.pad_cols = 3;
+                add("gemm", "M17 trans_b strided rows through cuBLAS", dt,
+                    [one](Harness& h) { return run_gemm(h, one); });
             }
         }
         {

@@ -62,7 +62,7 @@ TEST_CASE("dzr parity kernel commands reject bad operands with one message namin
     const std::vector<Case> cases = {
         {"op --op layer_norm --x " + not_bf16.string() + o, {not_bf16.string(), "element 0", "not a finite bf16"}},
         {"op --op layer_norm --x " + (dir / "missing.npy").string() + o, {"missing.npy"}},
-        {"op --op softmax --x " + good2.string() + o, {"unknown op 'softmax'"}},
+        {"op --op swiglu --x " + good2.string() + o, {"unknown op 'swiglu'"}},
         {"op --op gelu_tanh --x " + good2.string() + " --w " + good1.string() + o, {"takes no --w"}},
         {"op --op layer_norm --x " + good2.string() + " --w " + rank1.string() + o, {"do not match 8 columns"}},
         {"linear --x " + good2.string() + " --w " + rank1.string() + o, {rank1.string(), "w must be float32 [N, K]"}},

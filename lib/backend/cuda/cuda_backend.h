@@ -47,11 +47,17 @@ const char* attention_impl_name(AttentionImpl impl);
 /// "auto", "cudnn-unified", "cudnn-composite", "flash", "gemm"; throws dzr::Error otherwise.
 AttentionImpl parse_attention_impl(const std::string& text);
 
-/// Which library runs batched GEMMs (rank-3 Backend::gemm calls): cuBLASLt (as every other GEMM), or cuBLAS's
-/// cublasGemmStridedBatchedEx, which is what PyTorch's torch.bmm calls for bf16 (its default BLAS backend).
-/// The two can pick kernels that sum in different orders. Lt is the default; scripts/parity/kernel_probe.py
-/// compares both against torch.bmm.
-enum class BatchedGemmImpl : uint8_t { Lt, Cublas };
+/// Which library runs the bf16 GEMMs that carry no bias (Backend::gemm without a bias vector: what PyTorch runs
+/// as torch.mm, a bias-free F.linear or torch.bmm): cuBLASLt (as the GEMMs with a bias, PyTorch's addmm), or the
+/// cuBLAS calls PyTorch's default BLAS backend makes for them: cublasGemmEx for one matrix (torch.bmm with a
+/// batch of 1 included), cublasGemmStridedBatchedEx for a batch. The two libraries can pick kernels that sum in
+/// different orders. Initially from the environment variable DZR_PLAIN_GEMM (lt | cublas); see
+/// kPlainGemmDefault for the default. scripts/parity/kernel_probe.py compares both against torch.
+enum class PlainGemmImpl : uint8_t { Lt, Cublas };
+inline constexpr PlainGemmImpl kPlainGemmDefault = PlainGemmImpl::Lt;
+const char* plain_gemm_impl_name(PlainGemmImpl impl);
+/// "lt", "cublas"; throws dzr::Error otherwise.
+PlainGemmImpl parse_plain_gemm_impl(const std::string& text);
 
 /// How Backend::paged_attention runs: Direct = the flash kernel reads the history through the device
 /// block table; Gather = one kernel copies [history | current] into the workspace, then the dense
@@ -116,8 +122,8 @@ public:
     /// The implementation that ran the last attention (dense, or the dense part of a gathered paged call).
     AttentionImpl last_attention_impl() const { return last_attention_impl_; }
     /// Choosing Cublas creates the cuBLAS handle now, not inside a forward.
-    void set_batched_gemm_impl(BatchedGemmImpl impl);
-    BatchedGemmImpl batched_gemm_impl() const { return batched_impl_; }
+    void set_plain_gemm_impl(PlainGemmImpl impl);
+    PlainGemmImpl plain_gemm_impl() const { return plain_impl_; }
     void set_paged_attention_impl(PagedAttentionImpl impl) { paged_impl_ = impl; }
     /// Direct or Gather: how the last paged_attention ran.
     PagedAttentionImpl last_paged_attention_impl() const { return last_paged_impl_; }
@@ -141,9 +147,10 @@ private:
                          const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
                          const int stride[3]);
     cudnnHandle_t cudnn();
-    /// The cuBLAS handle for BatchedGemmImpl::Cublas, made on first use (stream, workspace and math mode set).
+    /// The cuBLAS handle for PlainGemmImpl::Cublas, made when that is chosen (stream, workspace and math mode set).
     cublasHandle_t blas();
-    /// Runs a batched GEMM through cublasGemmStridedBatchedEx; false when the call is not one it takes.
+    /// Runs a bias-free bf16 GEMM through cuBLAS as PyTorch does (cublasGemmEx for one matrix,
+    /// cublasGemmStridedBatchedEx for a batch); false when the call is not one it takes.
     bool run_gemm_cublas(const cuda_detail::GemmCall& c);
     void attention_gemm(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& bias, const TensorView& out);
@@ -171,7 +178,7 @@ private:
     AttentionImpl attention_impl_ = AttentionImpl::Auto;
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl paged_impl_ = PagedAttentionImpl::Auto;
-    BatchedGemmImpl batched_impl_ = BatchedGemmImpl::Lt;
+    PlainGemmImpl plain_impl_ = PlainGemmImpl::Lt;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
 };
 

@@ -161,12 +161,22 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
     return *gemm_plans_.emplace(key, std::move(plan)).first->second;
 }
 
-void CudaBackend::set_batched_gemm_impl(BatchedGemmImpl impl) {
-    if (impl == BatchedGemmImpl::Cublas) {
+const char* plain_gemm_impl_name(PlainGemmImpl impl) {
+    return impl == PlainGemmImpl::Cublas ? "cublas" : "lt";
+}
+
+PlainGemmImpl parse_plain_gemm_impl(const std::string& text) {
+    if (text == "lt") return PlainGemmImpl::Lt;
+    if (text == "cublas") return PlainGemmImpl::Cublas;
+    DZR_THROW("unknown bias-free GEMM implementation '{}' (DZR_PLAIN_GEMM: lt or cublas)", text);
+}
+
+void CudaBackend::set_plain_gemm_impl(PlainGemmImpl impl) {
+    if (impl == PlainGemmImpl::Cublas) {
         DeviceGuard guard(index_);
         blas();
     }
-    batched_impl_ = impl;
+    plain_impl_ = impl;
 }
 
 cublasHandle_t CudaBackend::blas() {
@@ -182,30 +192,42 @@ cublasHandle_t CudaBackend::blas() {
 }
 
 bool CudaBackend::run_gemm_cublas(const GemmCall& c) {
-    // NOTE: bf16 in and out with an f32 compute type, what torch.bmm runs; the bias (none in PyTorch's bmm) is
-    // added after, as the non-epilogue path does.
-    if (c.ab_dtype != DType::BF16 || c.out_dtype != DType::BF16) return false;
+    // NOTE: bf16 in and out with an f32 compute type and no bias, as PyTorch runs torch.mm / torch.bmm.
+    if (c.ab_dtype != DType::BF16 || c.out_dtype != DType::BF16 || c.bias) return false;
     const auto fits = [](int64_t v) { return v <= int64_t(INT32_MAX); };
     if (!fits(c.M) || !fits(c.N) || !fits(c.K) || !fits(c.batch) || !fits(c.lda) || !fits(c.ldb) || !fits(c.ldc))
         return false;
-    // Row-major out[M, N] = a · b is column-major out^T[N, M] = b^T · a^T: cuBLAS's A is our b, its B our a.
+    // Row-major out[M, N] = a · b is column-major out^T[N, M] = b^T · a^T: cuBLAS's A is our b, its B our a,
+    // m = N, n = M.
     const cublasOperation_t op_a = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int64_t m = c.N, n = c.M, k = c.K;
+    int64_t lda = c.ldb, ldb = c.lda, ldc = c.ldc;
+    // NOTE: PyTorch's leading-dimension adjustment for degenerate shapes (_cublasAdjustLdLevel3), so that the
+    // call cuBLAS sees (and the kernel it picks) is the same.
+    if (n <= 1) ldc = std::max<int64_t>(m, 1);
+    if (op_a == CUBLAS_OP_T) {
+        if (m <= 1) lda = std::max<int64_t>(k, 1);
+    } else if (k <= 1) {
+        lda = std::max<int64_t>(m, 1);
+    }
+    if (op_b == CUBLAS_OP_T) {
+        if (k <= 1) ldb = std::max<int64_t>(n, 1);
+    } else if (n <= 1) {
+        ldb = std::max<int64_t>(k, 1);
+    }
     const float alpha = c.alpha, beta = c.beta;
-    // NOTE: a stored matrix of one row may carry any row stride; cuBLAS wants ld >= its column-major rows.
-    const auto ld = [](int64_t stored, int64_t rows_rm, int64_t cols_rm) {
-        return int(rows_rm <= 1 ? std::max(stored, cols_rm) : stored);
-    };
-    const int ldb = ld(c.ldb, c.trans_b ? c.N : c.K, c.trans_b ? c.K : c.N);
-    const int lda = ld(c.lda, c.trans_a ? c.K : c.M, c.trans_a ? c.M : c.K);
-    const int ldc = ld(c.ldc, c.M, c.N);
-    DZR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), op_a, op_b, int(c.N), int(c.M), int(c.K), &alpha, c.b,
-                                                CUDA_R_16BF, ldb, c.stride_b, c.a, CUDA_R_16BF, lda, c.stride_a,
-                                                &beta, c.out, CUDA_R_16BF, ldc, c.stride_c, int(c.batch),
+    if (c.batch == 1) {
+        // NOTE: torch.bmm with one batch calls the single-matrix GEMM (baddbmm_out_cuda_impl), as torch.mm does.
+        DZR_CUBLAS_CHECK(cublasGemmEx(blas(), op_a, op_b, int(m), int(n), int(k), &alpha, c.b, CUDA_R_16BF, int(lda),
+                                      c.a, CUDA_R_16BF, int(ldb), &beta, c.out, CUDA_R_16BF, int(ldc),
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP));
+        return true;
+    }
+    DZR_CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas(), op_a, op_b, int(m), int(n), int(k), &alpha, c.b, CUDA_R_16BF,
+                                                int(lda), c.stride_b, c.a, CUDA_R_16BF, int(ldb), c.stride_a, &beta,
+                                                c.out, CUDA_R_16BF, int(ldc), c.stride_c, int(c.batch),
                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP));
-    if (c.bias)
-        DZR_CUDA_CHECK(kernels::rows_epilogue(c.out, c.out_dtype, c.batch, c.M, c.N, c.ldc, c.stride_c, false, 0.f,
-                                              c.bias, c.bias_dtype, stream_));
     return true;
 }
 
@@ -217,8 +239,7 @@ void CudaBackend::run_gemm(const GemmCall& c) {
                                               c.bias, c.bias_dtype, stream_));
         return;
     }
-    if (c.batched && batched_impl_ == BatchedGemmImpl::Cublas && !fallback_only_ && c.K > 0 && run_gemm_cublas(c))
-        return;
+    if (plain_impl_ == PlainGemmImpl::Cublas && !fallback_only_ && run_gemm_cublas(c)) return;
     const GemmPlan* plan = fallback_only_ ? nullptr : &gemm_plan(c);
     if (!plan || !plan->has_algo) {
         DZR_CUDA_CHECK(kernels::gemm_fallback(c, stream_));

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# One device command of the bf16 exactness work (docs/PARITY.md), in steps that reuse what a warm machine
+# still has: `build` (Release, CUDA, no OpenCV, sm_90a, every target; skipped when the binary exists and
+# FORCE_BUILD is unset), `tests` (ctest -L cuda), `parity` (run_parity.sh: reference bf16, dzr CUDA bf16, dzr
+# on the reference's conditioning), `variants` (dzr CUDA bf16 again on the same inputs under each setting in
+# VARIANTS, each compared with the reference bf16 dump of `parity`), `probe` (kernel_probe.py), `trace` (the
+# reference's aten-op trace of its first two calls) and `substage` (substage_probe.sh: the DiT's and the
+# encoders' internals on both sides). The device tool returns at most 8 files, so everything each step writes
+# goes into one archive, $OUT/<step>.tar.gz, and a short summary is printed last.
+#
+# Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
+# Settings: BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
+#   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80")
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/dzr-round-out}
+BUILD_DIR=${BUILD_DIR:-build-parity-device}
+WORK=${WORK:-/tmp/dzr-round}
+STEPS=${STEPS:-build tests parity variants probe trace substage}
+VARIANTS=${VARIANTS:-DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas}
+export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
+mkdir -p "$OUT" "$WORK"
+DZR=$BUILD_DIR/bin/dzr
+failed=()
+t0=$SECONDS
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+say() { printf '\n== %s (%d s) ==\n' "$*" $((SECONDS - t0)); }
+check() { (($1 == 0)) || failed+=("$2 (exit $1)"); }
+pack() { (cd "$WORK/$1" 2>/dev/null && tar -czf "$OUT/$1.tar.gz" . 2>/dev/null); }
+
+if want build; then
+    say "build"
+    mkdir -p "$WORK/build"
+    if [[ -x "$DZR" && -z "${FORCE_BUILD:-}" ]]; then
+        echo "kept the existing $DZR"
+        cmake --build "$BUILD_DIR" -j "$(nproc)" >"$WORK/build/build.log" 2>&1
+    else
+        gen=()
+        command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+        cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDZR_CUDA=ON -DDZR_OPENCV=OFF \
+            -DCMAKE_CUDA_ARCHITECTURES=90a >"$WORK/build/configure.log" 2>&1 &&
+            cmake --build "$BUILD_DIR" -j "$(nproc)" >"$WORK/build/build.log" 2>&1
+    fi
+    check $? build
+    grep -E "error" "$WORK/build/build.log" | head -20
+    git log -1 --format='dzr commit %h %s' 2>/dev/null
+fi
+
+if want tests; then
+    say "cuda tests"
+    mkdir -p "$WORK/tests"
+    ctest --test-dir "$BUILD_DIR" -L cuda --output-on-failure --timeout 300 >"$WORK/tests/ctest-cuda.log" 2>&1
+    check $? "cuda tests"
+    tail -n 12 "$WORK/tests/ctest-cuda.log"
+    pack tests
+fi
+
+P=$WORK/parity-work
+if want parity; then
+    say "parity (reference bf16, dzr CUDA bf16, dzr on the reference's conditioning)"
+    mkdir -p "$WORK/parity"
+    DZR_BIN=$DZR WORK=$P GPU_RUNS="${GPU_RUNS:-ref-bf16-gpu dzr-cuda-gpu}" CPU_RUN=${CPU_RUN:-0} RUN_TIMEOUT=240 \
+        OUT="$WORK/parity" bash scripts/parity/run_parity.sh >"$WORK/parity/parity.log" 2>&1
+    check $? parity
+    grep -E "^(cpu-f32|cuda-bf16|dit-only|dzr-bf16|ref-bf16)|^  call|failed" "$WORK/parity/parity.log"
+    pack parity
+fi
+
+if want variants; then
+    say "variants: $VARIANTS"
+    mkdir -p "$WORK/variants"
+    for v in $VARIANTS; do
+        tag=${v//[^A-Za-z0-9_.-]/_}
+        env "$v" "$DZR" parity run --ckpt "$P/ckpt-gpu" --inputs "$P/inputs" --out "$WORK/variants/$tag.safetensors" \
+            --device cuda --dtype bf16 --check-finite >"$WORK/variants/$tag.log" 2>&1
+        check $? "variant $v"
+        python3 scripts/parity/compare.py --info-pair "$tag=$WORK/variants/$tag.safetensors:$P/ref-bf16-gpu.safetensors:2e-2" \
+            --details "$WORK/variants/$tag.details.txt" >"$WORK/variants/$tag.table.txt" 2>&1
+        echo "-- $v"
+        # the worst max rel of each stage over the calls
+        awk 'NF >= 6 && $2 ~ /^[0-9]+$/ { if (!($1 in m) || $5 + 0 > m[$1] + 0) m[$1] = $5 }
+             END { for (k in m) printf "  %-16s %s\n", k, m[k] }' "$WORK/variants/$tag.table.txt" | sort
+        grep -E "informational" "$WORK/variants/$tag.table.txt"
+        rm -f "$WORK/variants/$tag.safetensors"
+    done
+    pack variants
+fi
+
+if want probe; then
+    say "kernel probe"
+    mkdir -p "$WORK/probe"
+    # shellcheck disable=SC2086
+    python3 scripts/parity/kernel_probe.py --dzr "$DZR" --out "$WORK/probe" --work /tmp/dzr-kernel-probe \
+        ${PROBE_ARGS:-} >"$WORK/probe/probe.log" 2>&1
+    check $? probe
+    grep -vE " 0/[0-9]+ differ" "$WORK/probe/probe.log" | grep -E "DEFAULT|linear|rows|bmm|op |conv|failed" | cut -c1-160
+    echo "(rows with 0 differing elements not shown; all in probe.tar.gz)"
+    pack probe
+fi
+
+if want trace; then
+    say "reference op trace (bf16, first two calls)"
+    mkdir -p "$WORK/trace"
+    T=$WORK/trace-work
+    rm -rf "$T" && mkdir -p "$T"
+    "$DZR" ckpt make --config configs/parity.yaml --seed 1 --dtype f32 --tokenizer tests/data/tokenizer/spiece.model \
+        --out "$T/ckpt" >/dev/null && "$DZR" parity make-inputs --ckpt "$T/ckpt" --out "$T/inputs" --calls 2 >/dev/null &&
+        python3 scripts/parity/reference_run.py --ref .ref/dreamzero --ckpt "$T/ckpt" --inputs "$T/inputs" \
+            --out "$T/ref.safetensors" --dtype bf16 --device cuda --calls 2 --trace-ops "$WORK/trace/ops.txt" \
+            --trace-calls 2 >"$WORK/trace/ref.log" 2>&1
+    check $? trace
+    grep -nE "scaled_dot_product|_attention" "$WORK/trace/ops.txt" | sort -u -t'(' -k1,1 | head -20
+    pack trace
+fi
+
+if want substage; then
+    say "sub-stage probe (DiT and encoder internals)"
+    mkdir -p "$WORK/substage"
+    DZR_BIN=$DZR OUT="$WORK/substage" WORK=$WORK/substage-work bash scripts/parity/substage_probe.sh \
+        >"$WORK/substage/probe.log" 2>&1
+    check $? substage
+    awk '{for(i=1;i<=NF;i++) if($i=="differ"){print $2, $(i+1); break}}' "$WORK/substage/details.txt" |
+        grep -E "\.(prefill|denoise)\.pos\.0\.|umt5\.pos|clip\." | head -80
+    pack substage
+fi
+
+say "summary"
+if ((${#failed[@]})); then printf 'failed: %s\n' "${failed[@]}"; else echo "every step passed"; fi
+((${#failed[@]} == 0))
