@@ -11,6 +11,8 @@ __device__ __forceinline__ float apply(BinOp op, float x, float y) {
             return x + y;
         case BinOp::Sub:
             return x - y;
+        case BinOp::Div:
+            return x / y;  // IEEE division (nvcc's default -prec-div), as PyTorch's div kernel
         default:
             return x * y;
     }

@@ -9,7 +9,7 @@
 
 namespace dzr::kernels {
 
-enum class BinOp : uint8_t { Add, Sub, Mul };
+enum class BinOp : uint8_t { Add, Sub, Mul, Div };
 
 /// out[i] = a[i] op b[i % nb] for i < n (nb divides n; nb == 1 broadcasts a scalar). All contiguous;
 /// out may alias a.

@@ -166,6 +166,73 @@ __global__ void rms_norm_kernel(const Tx* x, To* out, int64_t rows, int64_t cols
 
 unsigned row_grid(int64_t rows) { return unsigned(rows < (int64_t(1) << 20) ? rows : (int64_t(1) << 20)); }
 
+// ---- RMSNorm in PyTorch's order -----------------------------------------------------------------------
+//
+// The reference computes `x.float().pow(2).mean(-1, keepdim=True)` with PyTorch's generic CUDA reduction
+// (Reduce.cuh, MeanOps), then `+ eps`, `rsqrt`, `x * r`, the cast and the weight product as separate kernels.
+// For a contiguous [rows, cols] input with rows >= 16 and cols of at most 8160, that reduction gives each row
+// one warp and no cross-warp or cross-block step (block 32 x 16, input split over the 32 lanes); what a lane
+// adds, and in which order, is:
+//   cols >= 128 ("vectorize along input", 4-wide): four partial sums, the i-th over the elements 4v + i for
+//     v = lane, lane + 32, ... (4v + 3 < cols; cols % 4 == 0 here, so no head or tail), combined
+//     ((s0 + s1) + s2) + s3;
+//   cols < 128 (vt0 = 4 unrolled): four partial sums, the i-th over lane + 32 i + 128 k, the last partial
+//     rounds (tail) filling s0, s1, ... in order; combined the same way;
+// then the lanes by shuffle-down with offsets 16, 8, 4, 2, 1, and the mean as sum * (rows / (rows * cols))
+// in float (MeanOps::project). Every step is one rounded f32 operation (no contraction across them).
+constexpr int kRmsTorchBlock = 128;  // 4 rows per block
+
+bool rms_torch_order(int64_t rows, int64_t cols) {
+    if (rows < 16 || cols > 8160) return false;  // block height 16, fewer than 256 values per lane
+    if (cols >= 128) return cols % 4 == 0;       // the vectorized path without a misaligned head
+    return cols >= 32;                           // a full warp of lanes
+}
+
+template <typename Tx, typename To>
+__global__ void __launch_bounds__(kRmsTorchBlock)
+    rms_norm_torch_kernel(const Tx* x, To* out, int64_t rows, int cols, float factor, float eps, ParamPtr w) {
+    const int lane = int(threadIdx.x) % kWarp;
+    const int64_t r = int64_t(blockIdx.x) * (kRmsTorchBlock / kWarp) + threadIdx.x / kWarp;
+    const bool live = r < rows;  // every lane takes part in the shuffles
+    const Tx* row = x + (live ? r : 0) * int64_t(cols);
+    const auto sq = [&](int c) {
+        const float v = to_f32(row[c]);
+        return __fmul_rn(v, v);
+    };
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    if (live) {
+        if (cols >= 128) {
+            for (int v = lane; 4 * v + 3 < cols; v += kWarp) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) s[i] = __fadd_rn(s[i], sq(4 * v + i));
+            }
+        } else {
+            int idx = lane;
+            for (; idx + 3 * kWarp < cols; idx += 4 * kWarp) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) s[i] = __fadd_rn(s[i], sq(idx + i * kWarp));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (idx >= cols) break;
+                s[i] = __fadd_rn(s[i], sq(idx));
+                idx += kWarp;
+            }
+        }
+    }
+    float sum = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[1]), s[2]), s[3]);
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffu, sum, off));
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    if (!live) return;
+    const float inv = rsqrtf(__fadd_rn(__fmul_rn(sum, factor), eps));
+    To* orow = out + r * int64_t(cols);
+    for (int c = lane; c < cols; c += kWarp) {
+        const float y = to_f32(from_f32<To>(__fmul_rn(to_f32(row[c]), inv)));  // `.type_as(x)`
+        orow[c] = from_f32<To>(w.defined() ? __fmul_rn(y, w[c]) : y);
+    }
+}
+
 }  // namespace
 
 cudaError_t layer_norm(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
@@ -203,7 +270,14 @@ cudaError_t rms_norm(const void* x, DType tx, void* out, DType to, int64_t rows,
         using To = decltype(xo);
         const auto* px = static_cast<const Tx*>(x);
         auto* po = static_cast<To*>(out);
-        if (vec)
+        if (rms_torch_order(rows, cols)) {
+            // MeanOps' factor: float(outputs) / numel, in float as PyTorch computes it
+            const float factor = float(rows) / float(rows * cols);
+            const int64_t blocks = (rows + kRmsTorchBlock / kWarp - 1) / (kRmsTorchBlock / kWarp);
+            if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
+            rms_norm_torch_kernel<Tx, To>
+                <<<unsigned(blocks), kRmsTorchBlock, 0, stream>>>(px, po, rows, int(cols), factor, eps, w);
+        } else if (vec)
             rms_norm_kernel<Tx, To, true><<<row_grid(rows), threads, 0, stream>>>(px, po, rows, cols, eps, w);
         else
             rms_norm_kernel<Tx, To, false><<<row_grid(rows), threads, 0, stream>>>(px, po, rows, cols, eps, w);

@@ -1,6 +1,6 @@
 #pragma once
 /// The Wan VAE's RMS_norm (F.normalize over channels * scale * gamma), optionally fused with the SiLU
-/// after it, over the last dim of contiguous [rows, cols] channels-last rows. One warp per row; the
+/// after it, over the last dim of contiguous [rows, cols] channels-last rows, in PyTorch's summation order; the
 /// sum of squares is accumulated in f32. Backend::l2_norm documents the two rounding modes.
 #include <cuda_runtime.h>
 

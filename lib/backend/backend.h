@@ -38,7 +38,7 @@ struct GemmParams {
 
 /// Elementwise binary op with broadcasting of b over a's leading dims: b has a's shape, or b's shape
 /// equals a trailing part of a's shape (e.g. a [R, C] and b [C]), or b is a single element.
-enum class BinaryOp : uint8_t { Add, Sub, Mul };
+enum class BinaryOp : uint8_t { Add, Sub, Mul, Div };
 struct BinaryParams {
     BinaryOp op = BinaryOp::Add;
 };
@@ -175,6 +175,13 @@ public:
                            const TensorView& v, const TensorView& bias, const TensorView& out) = 0;
     virtual void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                         const TensorView& out) = 0;
+    /// Bicubic resize of an f32 image [C, H, W] -> f32 [C, h, w] (both contiguous) in the arithmetic of
+    /// PyTorch's kernel for this device, where the backend has one; false where it does not (the caller then
+    /// resizes with its interpolation matrices, model/image_resize.h).
+    virtual bool resize_bicubic(const TensorView& src, const TensorView& dst) {
+        (void)src, (void)dst;
+        return false;
+    }
 
     // ---- paged KV cache ops (kv_view.h); the base implementations throw "not supported" ----------
     /// Non-causal attention of q over [history rows through the block table | current rows], per head:

@@ -57,6 +57,9 @@ ClipVision::ClipVision(WeightLoader& loader, const ClipConfig& cfg, int input_he
         l.fc2_b = loader.require(keys::clip_block(i) + "mlp.2.bias", Shape{w});
     }
     resize_ = BicubicResize(loader.backend(), input_height, input_width, cfg.image_size, cfg.image_size);
+    Backend& be = loader.backend();
+    std_ = be.alloc(Shape{3}, DType::F32);
+    be.upload(Tensor::host_f32(Shape{3}, {kClipStd[0], kClipStd[1], kClipStd[2]}), std_);
 }
 
 std::vector<std::string> ClipVision::skipped_keys(const ClipConfig& cfg) {
@@ -103,9 +106,9 @@ void ClipVision::preprocess(Backend& be, const TensorView& frame, const TensorVi
     for (int c = 0; c < 3; ++c) {
         const TensorView ch = x.slice(0, c, 1);
         be.scale(ScaleParams{1.0f, -kClipMean[size_t(c)]}, ch, ch);  // − mean
-        // NOTE: / std as · (1 / std): the backends have no division; this differs from the reference's
-        // f32 division by at most an ulp of f32, far below the final bf16 rounding.
-        be.scale(ScaleParams{float(1.0 / double(kClipStd[size_t(c)])), 0.0f}, ch, pixels.slice(0, c, 1));
+        // NOTE: a division, as the reference's (a product with 1 / std would differ by an f32 ulp, and
+        // sometimes flip the final bf16 rounding)
+        be.binary(BinaryParams{BinaryOp::Div}, ch, std_.view().slice(0, c, 1), pixels.slice(0, c, 1));
     }
 }
 

@@ -26,8 +26,9 @@
 namespace dzr {
 
 /// CLIP image statistics (hard-coded in the reference's transforms).
-inline constexpr std::array<float, 3> kClipMean = {0.48145466f, 0.4578275f, 0.40821073f};
-inline constexpr std::array<float, 3> kClipStd = {0.26862954f, 0.26130258f, 0.27577711f};
+// NOTE: the Python floats of the reference's transform rounded to float32 (decimal -> double -> float).
+inline constexpr std::array<float, 3> kClipMean = {float(0.48145466), float(0.4578275), float(0.40821073)};
+inline constexpr std::array<float, 3> kClipStd = {float(0.26862954), float(0.26130258), float(0.27577711)};
 
 class ClipVision {
   public:
@@ -78,6 +79,7 @@ class ClipVision {
     Tensor cls_;      // [1, 1, width]
     Tensor pos_;      // [1, num_tokens, width]
     Tensor pre_norm_w_, pre_norm_b_;
+    Tensor std_;  // f32 [3] on the backend: the divisors of the input normalization
     std::vector<Layer> layers_;  // the first use_layers blocks
 };
 

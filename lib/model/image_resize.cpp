@@ -86,6 +86,12 @@ void BicubicResize::apply(Backend& be, const TensorView& src, const TensorView& 
         in = be.scratch(src.shape, DType::F32);
         be.copy(src, in);
     }
+    const TensorView out = dst.dtype == DType::F32 ? dst : be.scratch(dst.shape, DType::F32);
+    // A backend with PyTorch's own kernel arithmetic (CUDA) resizes directly, bit for bit as the reference.
+    if (be.resize_bicubic(in, out)) {
+        if (out.data != dst.data) be.copy(out, dst);
+        return;
+    }
     // NOTE: x first, then y, the order of PyTorch's kernel (it interpolates four input rows along x, then
     // combines them along y), so the f32 sums associate the same way.
     // Columns: tmp = src · Wxᵀ   [C·in_h, in_w] · [in_w, out_w] -> [C·in_h, out_w]
@@ -94,7 +100,6 @@ void BicubicResize::apply(Backend& be, const TensorView& src, const TensorView& 
             {}, tmp.reshape(Shape{c * in_h_, out_w_}));
     // Rows: out[c] = Wy · tmp[c]   [out_h, in_h] · [in_h, out_w] -> [out_h, out_w] (Wy broadcast over c)
     const TensorView wy_b(wy_.data(), DType::F32, Shape{c, out_h_, in_h_}, Shape{0, in_h_, 1}, wy_.device());
-    const TensorView out = dst.dtype == DType::F32 ? dst : be.scratch(dst.shape, DType::F32);
     be.gemm(GemmParams{false, false, 1.0f, 0.0f}, wy_b, tmp, {}, out);
     if (out.data != dst.data) be.copy(out, dst);
 }

@@ -576,6 +576,14 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_binary(h, BinaryOp::Mul, {4, 6, 16}, {1, 6, 16}, false, false); });
         add("binary", "mul [3, 11] * scalar", dt,
             [](Harness& h) { return run_binary(h, BinaryOp::Mul, {3, 11}, {1}, false, false); });
+        add("binary", "div [3, 50176] / [1] (CLIP's per-channel std)", dt, [](Harness& h) {
+            Tensor a = h.input({3, 50176}), b = h.input({1}, 0.2f, 0.3f);  // a divisor away from zero
+            const TensorView ad = h.dev(a), bd = h.dev(b), od = h.dev_out({3, 50176});
+            Tensor ref = Harness::cpu_out({3, 50176});
+            gpu().binary({BinaryOp::Div}, ad, bd, od);
+            cpu().binary({BinaryOp::Div}, a, b, ref);
+            return h.compare(od, ref);
+        });
         add_big("binary", "add in place [1785, 5120] + [5120]", dt,
             [](Harness& h) { return run_binary(h, BinaryOp::Add, {1785, 5120}, {5120}, false, true); });
         if (dt == DType::BF16)

@@ -118,7 +118,8 @@ TEST_CASE("cpu binary ops broadcast a trailing shape and a scalar") {
         BinaryOp op;
     };
     for (const Case& c : {Case{{2, 3, 4}, BinaryOp::Sub}, Case{{3, 4}, BinaryOp::Add}, Case{{1, 3, 4}, BinaryOp::Mul},
-                          Case{{4}, BinaryOp::Mul}, Case{{1}, BinaryOp::Add}}) {
+                          Case{{4}, BinaryOp::Mul}, Case{{1}, BinaryOp::Add}, Case{{3, 4}, BinaryOp::Div},
+                          Case{{1}, BinaryOp::Div}}) {
         CAPTURE(c.bshape.str());
         Tensor b = host(c.bshape, 5);
         Tensor out = Tensor::host({2, 3, 4}, DType::F32);
@@ -127,7 +128,10 @@ TEST_CASE("cpu binary ops broadcast a trailing shape and a scalar") {
         std::vector<double> ref(24);
         for (int64_t i = 0; i < 24; ++i) {
             const double x = f(a)[i], y = f(b)[i % b.numel()];
-            ref[size_t(i)] = c.op == BinaryOp::Add ? x + y : c.op == BinaryOp::Sub ? x - y : x * y;
+            ref[size_t(i)] = c.op == BinaryOp::Add   ? x + y
+                             : c.op == BinaryOp::Sub ? x - y
+                             : c.op == BinaryOp::Mul ? x * y
+                                                     : x / y;
         }
         check_close(out, ref, 1e-7, 0);  // one f32 rounding of the exact result
     }

@@ -418,6 +418,9 @@ private:
             case BinaryOp::Mul:
                 for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i];
                 break;
+            case BinaryOp::Div:
+                for (int64_t i = 0; i < n; ++i) o[i] = a[i] / b[i];
+                break;
         }
     }
 
@@ -431,6 +434,9 @@ private:
                 break;
             case BinaryOp::Mul:
                 for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b;
+                break;
+            case BinaryOp::Div:
+                for (int64_t i = 0; i < n; ++i) o[i] = a[i] / b;
                 break;
         }
     }

@@ -17,6 +17,7 @@
 #include "kernels/norm.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/resize.cuh"
 #include "kernels/softmax.cuh"
 #include "kernels/vae_norm.cuh"
 
@@ -308,7 +309,8 @@ void CudaBackend::binary(const BinaryParams& p, const TensorView& a, const Tenso
     DZR_CHECK(broadcastable(a, b), "cuda backend: binary cannot broadcast {} onto {}", b.str(), a.str());
     const auto op = p.op == BinaryOp::Add   ? kernels::BinOp::Add
                     : p.op == BinaryOp::Sub ? kernels::BinOp::Sub
-                                            : kernels::BinOp::Mul;
+                    : p.op == BinaryOp::Mul ? kernels::BinOp::Mul
+                                            : kernels::BinOp::Div;
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::binary(op, a.data, a.dtype, b.data, b.dtype, out.data, out.dtype, a.numel(), b.numel(),
                                    stream_));
@@ -409,6 +411,22 @@ void CudaBackend::l2_norm(const L2NormParams& p, const TensorView& x, const Tens
     a.eps = p.eps, a.scale = p.scale, a.silu = p.silu, a.eager = p.eager;
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::vae_norm(a, stream_));
+}
+
+bool CudaBackend::resize_bicubic(const TensorView& src, const TensorView& dst) {
+    check_device_tensor(src, "resize_bicubic", "src");
+    check_device_tensor(dst, "resize_bicubic", "dst");
+    DZR_CHECK(src.rank() == 3 && dst.rank() == 3 && src.dim(0) == dst.dim(0) && src.dtype == DType::F32 &&
+                  dst.dtype == DType::F32 && src.is_contiguous() && dst.is_contiguous(),
+              "cuda backend: resize_bicubic needs contiguous f32 [C, H, W] images of one C: {} -> {}", src.str(),
+              dst.str());
+    DZR_CHECK(src.dim(1) <= INT32_MAX && src.dim(2) <= INT32_MAX && dst.dim(1) <= INT32_MAX && dst.dim(2) <= INT32_MAX,
+              "cuda backend: resize_bicubic image too large: {} -> {}", src.str(), dst.str());
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::resize_bicubic(static_cast<const float*>(src.data), static_cast<float*>(dst.data),
+                                           src.dim(0), int(src.dim(1)), int(src.dim(2)), int(dst.dim(1)),
+                                           int(dst.dim(2)), stream_));
+    return true;
 }
 
 void CudaBackend::softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) {
