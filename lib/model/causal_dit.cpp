@@ -399,6 +399,10 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
         const TensorView sinusoid = be.scratch(Shape{s.groups, c.freq_dim});
         be.copy(sin_video, sinusoid.slice(0, 0, 1));
         if (has_regs) be.copy(sin_regs, sinusoid.slice(0, 1, 1));
+        if (opt.trace) {
+            opt.trace("time_sin", -1, sinusoid);
+            if (has_regs) opt.trace("action_tau", -1, tau);
+        }
         const TensorView hidden = be.scratch(Shape{s.groups, C});
         be.linear(sinusoid, time_emb1_.w, time_emb1_.b, hidden);  // [G, freq_dim] -> [G, C]
         be.activation({Activation::Silu}, hidden, hidden);

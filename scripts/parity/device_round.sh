@@ -59,8 +59,9 @@ P=$WORK/parity-work
 if want parity; then
     say "parity (reference bf16, dzr CUDA bf16, dzr on the reference's conditioning)"
     mkdir -p "$WORK/parity"
-    DZR_BIN=$DZR WORK=$P GPU_RUNS="${GPU_RUNS:-ref-bf16-gpu dzr-cuda-gpu}" CPU_RUN=${CPU_RUN:-0} RUN_TIMEOUT=240 \
-        OUT="$WORK/parity" bash scripts/parity/run_parity.sh >"$WORK/parity/parity.log" 2>&1
+    # NOTE: OUT first: in one command's assignments a later one sees the earlier ones (WORK=$P)
+    OUT="$WORK/parity" DZR_BIN=$DZR WORK=$P GPU_RUNS="${GPU_RUNS:-ref-bf16-gpu dzr-cuda-gpu}" CPU_RUN=${CPU_RUN:-0} \
+        RUN_TIMEOUT=240 bash scripts/parity/run_parity.sh >"$WORK/parity/parity.log" 2>&1
     check $? parity
     grep -E "^(cpu-f32|cuda-bf16|dit-only|dzr-bf16|ref-bf16)|^  call|failed" "$WORK/parity/parity.log"
     pack parity
@@ -116,11 +117,12 @@ fi
 if want substage; then
     say "sub-stage probe (DiT and encoder internals)"
     mkdir -p "$WORK/substage"
-    DZR_BIN=$DZR OUT="$WORK/substage" WORK=$WORK/substage-work bash scripts/parity/substage_probe.sh \
-        >"$WORK/substage/probe.log" 2>&1
+    DZR_BIN=$DZR OUT="$WORK/substage" WORK=$WORK/substage-work FORWARDS=${FORWARDS:-0} \
+        bash scripts/parity/substage_probe.sh >"$WORK/substage/probe.log" 2>&1
     check $? substage
     awk '{for(i=1;i<=NF;i++) if($i=="differ"){print $2, $(i+1); break}}' "$WORK/substage/details.txt" |
-        grep -E "\.(prefill|denoise)\.pos\.0\.|umt5\.pos|clip\." | head -80
+        grep -vE " 0\.00e\+00$" | head -80
+    echo "(tensors with no differing element not shown)"
     pack substage
 fi
 

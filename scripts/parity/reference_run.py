@@ -129,6 +129,8 @@ def parse_args():
     p.add_argument("--trace-ops", metavar="FILE", help="write the aten ops (with dtypes) of the first "
                    "--trace-calls calls to FILE, one sequence per distinct module (op_trace.py)")
     p.add_argument("--trace-calls", type=int, default=2)
+    p.add_argument("--sub-stage-forwards", default="0",
+                   help="with --sub-stages: the forwards (n, per kind and branch) whose internals are dumped")
     p.add_argument("--sub-stages", action="store_true",
                    help="also dump per-layer DiT internals of the first forward of each kind and branch "
                         "(patch_embed, self_attn_in, v, self_attn, cross_attn, ffn: dzr's CausalDit trace names)")
@@ -331,7 +333,7 @@ def install_sub_stages(rec, head):
     embedding and projection at the first row of each timestep group (time_e [G, C], time_e0 [G, 6, C])."""
 
     def first():
-        return rec.prefix is not None and rec.current.get("n") == 0
+        return rec.prefix is not None and rec.current.get("n") in rec.sub_stage_forwards
 
     def put(name, t):
         if first():
@@ -349,6 +351,12 @@ def install_sub_stages(rec, head):
         return t[0, [0] + ([lv] if lv < L else [])]
 
     head.model.time_embedding.register_forward_hook(lambda m, a, out: put("time_e", group_rows(out)))
+    # the timestep sinusoid the time embedding is fed (in the activation dtype), per timestep group
+    head.model.time_embedding.register_forward_pre_hook(
+        lambda m, a: put("time_sin", a[0][[0] + ([int(a[0].shape[0]) - 1] if a[0].shape[0] % fs else [])]))
+    # the action timestep sinusoid as the action encoder uses it (cast to the activation dtype), first row
+    head.model.action_encoder.pos_encoding.register_forward_hook(
+        lambda m, a, out: put("action_tau", out[0, :1].to(head.model.action_encoder.W1.W.dtype)))
     head.model.time_projection.register_forward_hook(
         lambda m, a, out: put("time_e0", group_rows(out).unflatten(-1, (6, -1))))
     for i, block in enumerate(head.model.blocks):
@@ -406,6 +414,7 @@ class Recorder:
         self.prefix = None
         self.current = {}
         self.sub_stages = False
+        self.sub_stage_forwards = {0}
 
     def new_call(self, k):
         self.call = k
@@ -589,6 +598,7 @@ def main():
     noise_action = torch.from_numpy(np.load(inputs / "noise_action.npy"))
     rec = Recorder(dc["frame_seqlen"], hc["num_frames"], not args.no_layers)
     rec.sub_stages = args.sub_stages
+    rec.sub_stage_forwards = {int(n) for n in args.sub_stage_forwards.split(",")}
 
     def generate_noise(shape, seed=None, device=None, dtype=None):
         shape = tuple(shape)
