@@ -93,6 +93,32 @@ constexpr int kThreads = 256;
 
 }  // namespace
 
+namespace {
+
+template <typename To>
+__global__ void sin_cos_table_kernel(float step, int64_t rows, int64_t half, To* out) {
+    const int64_t n = rows * half;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t t = i / half, j = i % half;
+        // NOTE: one rounded f32 operation per step, as the reference's tensor ops: −j · step, exp, t · e, sin, cos
+        const float e = expf(__fmul_rn(-float(j), step));
+        const float arg = __fmul_rn(float(t), e);
+        out[t * 2 * half + j] = from_f32<To>(sinf(arg));
+        out[t * 2 * half + half + j] = from_f32<To>(cosf(arg));
+    }
+}
+
+}  // namespace
+
+cudaError_t sin_cos_table(float step, int64_t rows, int64_t half, void* out, DType to, cudaStream_t stream) {
+    if (rows == 0 || half == 0) return cudaSuccess;
+    return dispatch_float(to, [&](auto o) {
+        using To = decltype(o);
+        sin_cos_table_kernel<To><<<grid_for(rows * half, 256), 256, 0, stream>>>(step, rows, half, static_cast<To*>(out));
+        return cudaGetLastError();
+    });
+}
+
 cudaError_t binary(BinOp op, const void* a, DType ta, const void* b, DType tb, void* out, DType to, int64_t n,
                    int64_t nb, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;

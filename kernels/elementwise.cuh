@@ -11,6 +11,10 @@ namespace dzr::kernels {
 
 enum class BinOp : uint8_t { Add, Sub, Mul, Div };
 
+/// out [rows, 2·half]: sin(t · expf(−j · step)) then cos(...) per row t, in f32 with the device's expf, sinf and
+/// cosf (as PyTorch evaluates the action encoder's sinusoid on the GPU), stored in out's dtype.
+cudaError_t sin_cos_table(float step, int64_t rows, int64_t half, void* out, DType to, cudaStream_t stream);
+
 /// out[i] = a[i] op b[i % nb] for i < n (nb divides n; nb == 1 broadcasts a scalar). All contiguous;
 /// out may alias a.
 cudaError_t binary(BinOp op, const void* a, DType ta, const void* b, DType tb, void* out, DType to, int64_t n,

@@ -1,5 +1,8 @@
 #include "backend/backend.h"
 
+#include <cmath>
+#include <vector>
+
 #include "core/error.h"
 
 namespace dzr {
@@ -7,6 +10,20 @@ namespace dzr {
 void Backend::paged_attention(const AttentionParams&, const TensorView&, const PagedKvView&, int, const TensorView&,
                               const TensorView&, const TensorView&) {
     DZR_THROW("backend {} has no paged attention", name());
+}
+
+void Backend::sin_cos_table(float step, const TensorView& out) {
+    DZR_CHECK(out.rank() == 2 && out.dim(1) % 2 == 0 && out.is_contiguous(),
+              "sin_cos_table: output must be a contiguous [T, 2·half], got {}", out.str());
+    const int64_t rows = out.dim(0), half = out.dim(1) / 2;
+    std::vector<float> host(size_t(rows * 2 * half));
+    for (int64_t t = 0; t < rows; ++t)
+        for (int64_t j = 0; j < half; ++j) {
+            const float arg = float(t) * std::exp(-float(j) * step);
+            host[size_t(t * 2 * half + j)] = std::sin(arg);
+            host[size_t(t * 2 * half + half + j)] = std::cos(arg);
+        }
+    upload(TensorView(host.data(), DType::F32, out.shape), out);
 }
 
 void Backend::scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&, int64_t) {

@@ -182,6 +182,12 @@ public:
         (void)src, (void)dst;
         return false;
     }
+    /// A table of sinusoids, out: [T, 2·half]: out[t, j] = sin(t · e_j), out[t, half + j] = cos(t · e_j) with
+    /// e_j = exp(−j · step), each step one f32 operation (−j · step, exp, t · e_j, sin / cos), then stored in
+    /// out's dtype. The reference evaluates this (the action encoder's timestep encoding) on its device, so a
+    /// device backend computes it with the device's f32 exp/sin/cos; this default computes it on the host
+    /// (std::exp, std::sin, std::cos in float) and uploads it. For tables built at load, not in a forward.
+    virtual void sin_cos_table(float step, const TensorView& out);
 
     // ---- paged KV cache ops (kv_view.h); the base implementations throw "not supported" ----------
     /// Non-causal attention of q over [history rows through the block table | current rows], per head:

@@ -47,17 +47,18 @@ std::vector<float> action_timestep_sinusoid(int dim, float t) {
 
 TimestepTables::TimestepTables(Backend& be, int dit_dim, int action_dim) {
     std::vector<float> d(size_t(kNumTrainTimesteps) * dit_dim);
-    std::vector<float> a(size_t(kNumTrainTimesteps) * action_dim);
     for (int t = 0; t < kNumTrainTimesteps; ++t) {
         const std::vector<double> s = dit_timestep_sinusoid(dit_dim, double(t));
         for (int j = 0; j < dit_dim; ++j) d[size_t(t) * dit_dim + j] = float(s[size_t(j)]);
-        const std::vector<float> as = action_timestep_sinusoid(action_dim, float(t));
-        std::copy(as.begin(), as.end(), a.begin() + ptrdiff_t(size_t(t) * action_dim));
     }
     dit_ = be.alloc(Shape{kNumTrainTimesteps, dit_dim}, be.compute_dtype());
     be.upload(TensorView(d.data(), DType::F32, dit_.shape()), dit_);
+    // NOTE: the action sinusoid is f32 arithmetic that the reference runs on its device; the backend
+    // evaluates it with that device's exp/sin/cos (on CUDA, bit for bit the reference's; on the CPU the
+    // host's, which is action_timestep_sinusoid()).
+    check_even(action_dim, "action timestep");
     action_ = be.alloc(Shape{kNumTrainTimesteps, action_dim}, be.compute_dtype());
-    be.upload(TensorView(a.data(), DType::F32, action_.shape()), action_);
+    be.sin_cos_table(std::log(10000.0f) / float(action_dim / 2), action_);
 }
 
 TensorView TimestepTables::dit(int64_t t) const {

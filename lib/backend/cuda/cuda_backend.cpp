@@ -429,6 +429,15 @@ bool CudaBackend::resize_bicubic(const TensorView& src, const TensorView& dst) {
     return true;
 }
 
+void CudaBackend::sin_cos_table(float step, const TensorView& out) {
+    check_device_tensor(out, "sin_cos_table", "out");
+    require_float(out, "sin_cos_table", "out");
+    DZR_CHECK(out.rank() == 2 && out.dim(1) % 2 == 0 && out.is_contiguous(),
+              "cuda backend: sin_cos_table output must be a contiguous [T, 2·half], got {}", out.str());
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::sin_cos_table(step, out.dim(0), out.dim(1) / 2, out.data, out.dtype, stream_));
+}
+
 void CudaBackend::softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) {
     check_device_tensor(x, "softmax", "x");
     check_device_tensor(out, "softmax", "out");

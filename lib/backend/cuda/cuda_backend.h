@@ -103,6 +103,7 @@ public:
     void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
                   const TensorView& out) override;
     bool resize_bicubic(const TensorView& src, const TensorView& dst) override;
+    void sin_cos_table(float step, const TensorView& out) override;
     void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
                  const TensorView& out) override;
     void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) override;
