@@ -82,7 +82,7 @@ void start_caches(Backend& be, WanVae::Net& net, const NetPlan& plan) {
 /// One chunk through `net`: block outputs alternate between `ping` and `pong`; the returned view
 /// (the head output) lives in one of them.
 TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cached, const TensorView& ping,
-                   const TensorView& pong, VaePrecision precision) {
+                   const TensorView& pong, VaePrecision precision, const WanVae::TraceFn& trace = {}) {
     vae::TemporalCache* caches = cached ? net.caches.data() : nullptr;
     auto cache = [&](int slot) { return caches && slot >= 0 ? caches + slot : nullptr; };
     const TensorView* bufs[2] = {&ping, &pong};
@@ -94,6 +94,7 @@ TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cach
     };
     TensorView cur = next(Shape{net.conv_in.out_channels(), x.dim(1), x.dim(2), x.dim(3)});
     net.conv_in.forward(be, x, cache(0), cur);
+    if (trace) trace("vae.conv_in", -1, cur);
     for (size_t i = 0; i < net.blocks.size(); ++i) {
         vae::TemporalCache* c = cache(net.cache_slot[i]);
         const bool first = c == nullptr || !c->started;
@@ -110,9 +111,11 @@ TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cach
             },
             net.blocks[i]);
         cur = out;
+        if (trace) trace("vae.block", int(i), cur);
     }
     TensorView out = next(Shape{net.head_conv.out_channels(), cur.dim(1), cur.dim(2), cur.dim(3)});
     net.head_conv.forward_normed(be, net.head_norm, cur, cache(net.num_caches - 1), out, precision);
+    if (trace) trace("vae.head", -1, out);
     return out;
 }
 
@@ -301,7 +304,8 @@ void WanVae::encode(const TensorView& video, const TensorView& latent, VaePrecis
         ArenaScope chunk(be_.workspace());
         TensorView x = be_.scratch(Shape{3, frames, H, W});
         be_.copy(video.slice(1, t0, frames), x);
-        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, precision);  // [2z, frames', h, w]
+        // [2z, frames', h, w]; the first chunk traced (parity diagnostics)
+        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, precision, t0 == 0 ? trace_ : TraceFn{});
         TensorView moments = be_.scratch(h.shape);
         conv1_.forward(be_, h, nullptr, moments);
         // mu = moments[:z] (the log-variance half is unused); latent = (mu - mean) * (1 / std), with 1/std

@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 /// The Wan2.1 causal 3-D VAE (prefix action_head.vae.model.): encoder + conv1 (video -> normalized
 /// latent), conv2 + decoder (latent -> video). dreamzero-reference.md §2.3, §2.4; docs/VAE.md.
 ///
@@ -76,6 +77,12 @@ class WanVae {
     void decode(const TensorView& latent, const TensorView& video,
                 VaeSchedule schedule = VaeSchedule::Chunked);
 
+    /// Parity diagnostics: the encoder's first temporal chunk of every encode, block by block: "vae.conv_in",
+    /// "vae.block" (layer = block index: the reference's downsamples[i], then middle[i - #downsamples]),
+    /// "vae.head" ([C, frames, H, W] channels-first). Empty: no tracing.
+    using TraceFn = std::function<void(const char* name, int layer, const TensorView& t)>;
+    void set_trace(TraceFn trace) { trace_ = std::move(trace); }
+
     /// Internal: one causal stack (encoder or decoder): an input conv, blocks, RMS + SiLU + conv head.
     struct Net {
         using Block = std::variant<vae::ResidualBlock, vae::AttentionBlock, vae::Resample>;
@@ -97,6 +104,7 @@ class WanVae {
     int spatial_factor_ = 8;
     Net encoder_, decoder_;
     vae::CausalConv3d conv1_, conv2_;
+    TraceFn trace_;
 };
 
 }  // namespace dzr

@@ -334,6 +334,12 @@ void DreamZeroPolicy::sync_phase(double& slot, Timer& timer) {
     timer.reset();
 }
 
+void DreamZeroPolicy::set_trace(PolicyTraceFn trace) {
+    trace_ = std::move(trace);
+    // the VAE encoder's first chunk, block by block ("vae.conv_in", "vae.block.<i>", "vae.head")
+    if (vae_) vae_->set_trace(trace_ ? encoder_trace("vae.") : WanVae::TraceFn{});
+}
+
 void DreamZeroPolicy::encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out,
                                   const char* branch) {
     std::vector<int32_t> ids32(ids.begin(), ids.end());

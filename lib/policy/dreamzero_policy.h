@@ -114,7 +114,8 @@ struct PolicyOptions {
 /// "noise.action", "dit.<prefill|commit|denoise>.<pos|neg>.<name>[.<layer>]" (CausalDit's trace
 /// names), "sample.video.<step>" / "sample.action.<step>" (what the DiT sees at an evaluated step),
 /// "velocity.cond.<step>", "velocity.uncond.<step>", "velocity.action.<step>", "x", "actions", and the
-/// encoders' internals "umt5.<pos|neg>.<name>[.<layer>]" and "clip.<name>[.<layer>]" (their trace names).
+/// encoders' internals "umt5.<pos|neg>.<name>[.<layer>]", "clip.<name>[.<layer>]" and the VAE encoder's first
+/// chunk "vae.conv_in", "vae.block.<i>", "vae.head" (their trace names).
 using PolicyTraceFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
 
 /// Parity diagnostics: (stage, call index, the live buffer on the backend). Called at every policy
@@ -166,7 +167,7 @@ public:
     /// decoder weights and PolicyOptions::video_decode (the workspace is planned for it); allocates
     /// the latent and video buffers on the backend, so call it between calls.
     Tensor decode_video(const TensorView& latents);
-    void set_trace(PolicyTraceFn trace) { trace_ = std::move(trace); }
+    void set_trace(PolicyTraceFn trace);
     void set_override(PolicyOverrideFn override_fn) { override_ = std::move(override_fn); }
     std::string describe() const;
 

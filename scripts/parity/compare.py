@@ -32,7 +32,8 @@ import sys
 import numpy as np
 from safetensors import safe_open
 
-GROUPS = ["input.video", "state", "umt5.internal", "text.pos", "text.neg", "clip.internal", "clip", "ys", "vae.clip",
+GROUPS = ["input.video", "state", "umt5.internal", "text.pos", "text.neg", "clip.internal", "clip", "vae.internal", "ys",
+          "vae.clip",
           "noise.video", "noise.action",
           "dit.prefill", "dit.commit", "dit.denoise", "velocity.cond", "velocity.uncond", "velocity.action",
           "sample.video", "sample.action", "x", "actions", "actions_robot"]
@@ -50,6 +51,8 @@ def group_of(stage):
         return "umt5.internal"
     if stage.startswith("clip."):
         return "clip.internal"
+    if stage.startswith("vae."):
+        return "vae.internal"
     return stage if stage in GROUPS else None
 
 

@@ -129,6 +129,8 @@ def parse_args():
     p.add_argument("--trace-ops", metavar="FILE", help="write the aten ops (with dtypes) of the first "
                    "--trace-calls calls to FILE, one sequence per distinct module (op_trace.py)")
     p.add_argument("--trace-calls", type=int, default=2)
+    p.add_argument("--vae-internals", action="store_true",
+                   help="with --sub-stages: also the VAE encoder's block outputs of each encode's first chunk (large)")
     p.add_argument("--sub-stage-forwards", default="0",
                    help="with --sub-stages: the forwards (n, per kind and branch) whose internals are dumped")
     p.add_argument("--sub-stages", action="store_true",
@@ -397,6 +399,22 @@ def install_sub_stages(rec, head):
     for i, block in enumerate(te.blocks):
         block.register_forward_hook(
             lambda m, a, out, i=i: rec.put(f"umt5.{text_branch()}.layer_out.{i}", out[0]))
+    # The VAE encoder's first temporal chunk of each encode (dzr: vae.conv_in, vae.block.<i> = downsamples[i]
+    # then middle[i - len(downsamples)], vae.head), [C, frames, H, W]
+    enc = head.vae.model.encoder
+
+    def vae_put(name):
+        def hook(m, a, out):
+            if f"c{rec.call}.{name}" not in rec.tensors:
+                rec.put(name, out[0])
+        return hook
+
+    if rec.vae_internals:
+        enc.conv1.register_forward_hook(vae_put("vae.conv_in"))
+        blocks = list(enc.downsamples) + list(enc.middle)
+        for i, block in enumerate(blocks):
+            block.register_forward_hook(vae_put(f"vae.block.{i}"))
+        enc.head.register_forward_hook(vae_put("vae.head"))
     visual = head.image_encoder.model.visual
     visual.register_forward_pre_hook(lambda m, a: rec.put("clip.pixels", a[0][0]))
     visual.pre_norm.register_forward_hook(lambda m, a, out: rec.put("clip.pre_norm", out[0]))
@@ -415,6 +433,7 @@ class Recorder:
         self.current = {}
         self.sub_stages = False
         self.sub_stage_forwards = {0}
+        self.vae_internals = False
 
     def new_call(self, k):
         self.call = k
@@ -599,6 +618,7 @@ def main():
     rec = Recorder(dc["frame_seqlen"], hc["num_frames"], not args.no_layers)
     rec.sub_stages = args.sub_stages
     rec.sub_stage_forwards = {int(n) for n in args.sub_stage_forwards.split(",")}
+    rec.vae_internals = args.vae_internals
 
     def generate_noise(shape, seed=None, device=None, dtype=None):
         shape = tuple(shape)

@@ -20,11 +20,13 @@ FORWARDS=${FORWARDS:-0}  # the forwards (n per kind and branch) whose internals 
 DUMP+="|^dit\\.[a-z]+\\.(pos|neg)\\.(${FORWARDS//,/|})\\.(patch_embed|time_e0?|time_sin|action_tau|action_tokens|state_tokens"
 DUMP+='|(self_attn_in|q|k|v|self_attn|x_self|cross_attn|x_cross|ffn)\.[0-9]+)$'
 DUMP+='|^(umt5|clip)\.'
+[[ "${VAE_DUMP:-0}" == 1 ]] && DUMP+='|^vae\.(conv_in|block\.[0-9]+|head)$'
 "$DZR" ckpt make --config "$CONFIG" --seed 1 --dtype f32 --tokenizer tests/data/tokenizer/spiece.model \
     --out "$WORK/ckpt" >/dev/null || exit 1
-"$DZR" parity make-inputs --ckpt "$WORK/ckpt" --out "$WORK/inputs" --calls 1 >/dev/null || exit 1
+"$DZR" parity make-inputs --ckpt "$WORK/ckpt" --out "$WORK/inputs" --calls "${CALLS:-1}" >/dev/null || exit 1
 "$PYTHON" scripts/parity/reference_run.py --ref .ref/dreamzero --ckpt "$WORK/ckpt" --inputs "$WORK/inputs" \
     --out "$WORK/ref.safetensors" --dtype bf16 --device cuda --sub-stages --sub-stage-forwards "$FORWARDS" \
+    $([[ "${VAE_DUMP:-0}" == 1 ]] && echo --vae-internals) \
     >"$OUT/ref.log" 2>&1 || exit 1
 "$DZR" parity run --ckpt "$WORK/ckpt" --inputs "$WORK/inputs" --out "$WORK/ours.safetensors" --device cuda \
     --dtype bf16 --dump "$DUMP" --inject-from "$WORK/ref.safetensors" >"$OUT/dzr.log" 2>&1 || exit 1
