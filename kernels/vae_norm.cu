@@ -101,7 +101,9 @@ int vae_norm_group(int64_t rows, int64_t cols) {
     int bw = std::min(dim0_pow2, kWarp);
     const int bh = std::min(dim1_pow2, max_threads / bw);
     const bool split = cols >= std::min(bh * 16, 256);
-    return split ? bh : 1;
+    // NOTE: more than a warp of threads per output (fewer than 16 outputs with many channels) would need a
+    // shared-memory tree; such shapes do not occur in the VAE, and a warp's tree is used for them instead.
+    return split ? std::min(bh, kWarp) : 1;
 }
 
 cudaError_t vae_norm(const VaeNormArgs& a, cudaStream_t stream) {
@@ -128,6 +130,7 @@ cudaError_t vae_norm(const VaeNormArgs& a, cudaStream_t stream) {
                 case 4: return launch(vae_norm_kernel<Tx, To, kE, kS, 4>, 4);
                 case 8: return launch(vae_norm_kernel<Tx, To, kE, kS, 8>, 8);
                 case 16: return launch(vae_norm_kernel<Tx, To, kE, kS, 16>, 16);
+                case 32: return launch(vae_norm_kernel<Tx, To, kE, kS, 32>, 32);
                 default: return cudaErrorInvalidValue;
             }
         };

@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kv/block_table.h"
+#include "model/image_resize.h"
 #include "support/test_support.h"
 
 DZR_TEST_REQUIRES_GPU()
@@ -645,6 +646,36 @@ std::vector<OpCase> make_cases() {
         add_big("l2_norm", "VAE stage 0 [4 x 352 x 640, 96] autocast + SiLU", dt,
             [](Harness& h) { return run_l2_norm(h, 4 * 352 * 640, 96, false, true); });
 
+        // resize_bicubic (f32 images): PyTorch's kernel arithmetic on CUDA against the CPU's interpolation matrices
+        if (dt == DType::F32) {
+            add("resize_bicubic", "[3, 352, 640] -> [3, 224, 224] (CLIP's input)", dt, [](Harness& h) {
+                Tensor x = h.input({3, 352, 640});
+                const TensorView xd = h.dev(x), od = h.dev_out({3, 224, 224});
+                Tensor ref = Harness::cpu_out({3, 224, 224});
+                REQUIRE(gpu().resize_bicubic(xd, od));
+                BicubicResize(cpu(), 352, 640, 224, 224).apply(cpu(), x, ref);
+                return h.compare(od, ref);
+            });
+            add("resize_bicubic", "[2, 9, 13] -> [2, 20, 7] (up along y, down along x, border taps)", dt,
+                [](Harness& h) {
+                    Tensor x = h.input({2, 9, 13});
+                    const TensorView xd = h.dev(x), od = h.dev_out({2, 20, 7});
+                    Tensor ref = Harness::cpu_out({2, 20, 7});
+                    REQUIRE(gpu().resize_bicubic(xd, od));
+                    BicubicResize(cpu(), 9, 13, 20, 7).apply(cpu(), x, ref);
+                    return h.compare(od, ref);
+                });
+        }
+        // sin_cos_table: the device's expf/sinf/cosf against the host's
+        add("sin_cos_table", "[1000, 256] (the action encoder's timestep sinusoid)", dt, [](Harness& h) {
+            const float step = std::log(10000.0f) / 128.0f;
+            const TensorView od = h.dev_out({1000, 256});
+            Tensor ref = Harness::cpu_out({1000, 256});
+            gpu().sin_cos_table(step, od);
+            cpu().sin_cos_table(step, ref);
+            return h.compare(od, ref);
+        });
+
         // softmax
         add("softmax", "[7, 3] scale 1", dt, [](Harness& h) {
             return run_unary(h, {7, 3}, -3.f, 3.f, [](Backend& be, const TensorView& x, const TensorView& o) {
@@ -862,7 +893,8 @@ TEST_CASE("every backend op has at least one parity case") {
     const std::set<std::string> expected = {"alloc",   "upload",  "download",   "copy",       "fill",
                                             "gemm",    "binary",  "scale",      "activation", "layer_norm",
                                             "rms_norm", "l2_norm", "softmax", "reduce",     "rope",       "attention",
-                                            "conv3d",  "paged_attention", "scatter_kv"};
+                                            "conv3d",  "paged_attention", "scatter_kv", "resize_bicubic",
+                                            "sin_cos_table"};
     CHECK(declared == expected);
     std::set<std::string> covered;
     for (const OpCase& c : make_cases()) covered.insert(c.op);
