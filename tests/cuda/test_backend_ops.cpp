@@ -654,7 +654,8 @@ std::vector<OpCase> make_cases() {
                 Tensor ref = Harness::cpu_out({3, 224, 224});
                 REQUIRE(gpu().resize_bicubic(xd, od));
                 BicubicResize(cpu(), 352, 640, 224, 224).apply(cpu(), x, ref);
-                return h.compare(od, ref);
+                // NOTE: PyTorch's fused multiply-adds against the CPU's GEMM sums: an f32 ulp or two apart
+                return h.compare(od, ref, 5e-5);
             });
             add("resize_bicubic", "[2, 9, 13] -> [2, 20, 7] (up along y, down along x, border taps)", dt,
                 [](Harness& h) {
@@ -663,17 +664,19 @@ std::vector<OpCase> make_cases() {
                     Tensor ref = Harness::cpu_out({2, 20, 7});
                     REQUIRE(gpu().resize_bicubic(xd, od));
                     BicubicResize(cpu(), 9, 13, 20, 7).apply(cpu(), x, ref);
-                    return h.compare(od, ref);
+                    return h.compare(od, ref, 5e-5);
                 });
         }
         // sin_cos_table: the device's expf/sinf/cosf against the host's
-        add("sin_cos_table", "[1000, 256] (the action encoder's timestep sinusoid)", dt, [](Harness& h) {
+        add("sin_cos_table", "[1000, 256] (the action encoder's timestep sinusoid)", dt, [dt](Harness& h) {
             const float step = std::log(10000.0f) / 128.0f;
             const TensorView od = h.dev_out({1000, 256});
             Tensor ref = Harness::cpu_out({1000, 256});
             gpu().sin_cos_table(step, od);
             cpu().sin_cos_table(step, ref);
-            return h.compare(od, ref);
+            // NOTE: the device's and the host's expf differ by an ulp at some j; times t up to 999 that moves the
+            // sine's argument by up to an ulp of 999 (6.1e-5), so the tolerance is that, not f32 rounding
+            return h.compare(od, ref, dt == DType::F32 ? 2e-4 : kRtolBf16);
         });
 
         // softmax
