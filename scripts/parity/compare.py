@@ -41,6 +41,8 @@ GATE = "actions"
 
 
 def group_of(stage):
+    if stage in GROUPS:  # before the prefixes below: "vae.clip" is a stage, not a VAE internal
+        return stage
     m = re.match(r"dit\.(prefill|commit|denoise)\.", stage)
     if m:
         return f"dit.{m.group(1)}"
@@ -51,7 +53,7 @@ def group_of(stage):
         return "umt5.internal"
     if stage.startswith("clip."):
         return "clip.internal"
-    if stage.startswith("vae."):
+    if re.match(r"vae\.(conv_in|block\.\d+|head)$", stage):
         return "vae.internal"
     return stage if stage in GROUPS else None
 

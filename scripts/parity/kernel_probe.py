@@ -34,6 +34,7 @@ CASES = [
     ("self_880_soft", 880, 880, 2, 128, 1.0),
     ("real_1785x2665_h40", 1785, 2665, 40, 128, 3.0),
     ("clip_257_h16_d80", 257, 257, 16, 80, 1.0),  # CLIP ViT-H/14: 16 heads of 80
+    ("vae_mid_3520_h1_d384", 3520, 3520, 1, 384, 1.0),  # the VAE's mid-block attention (44x80 tokens, one head)
 ]
 # (name, M, K, N, bias): the DiT's Linear shapes at the parity geometry and one of the real model's
 LINEARS = [
