@@ -145,6 +145,27 @@ cudaError_t dispatch_float2(DType a, DType b, F&& f) {
     return dispatch_float(a, [&](auto ta) { return dispatch_float(b, [&](auto tb) { return f(ta, tb); }); });
 }
 
+/// One thread's share of a sum in the order of PyTorch's generic reduction (Reduce.cuh thread_reduce_impl,
+/// vt0 = 4): four partial sums, the i-th over value(idx + i·stride + 4k·stride) from idx = first while
+/// idx + 3·stride < end, the last partial round (tail) filling sums 0, 1, ... in order, then ((s0 + s1) + s2) + s3.
+/// Every add is a rounded f32 add (no contraction).
+template <typename F>
+__device__ __forceinline__ float torch_thread_sum(int64_t first, int64_t stride, int64_t end, F&& value) {
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    int64_t idx = first;
+    for (; idx + 3 * stride < end; idx += 4 * stride) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = __fadd_rn(s[i], value(idx + i * stride));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (idx >= end) break;
+        s[i] = __fadd_rn(s[i], value(idx));
+        idx += stride;
+    }
+    return __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[1]), s[2]), s[3]);
+}
+
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = int64_t(1) << 20) {
     int64_t b = (n + threads - 1) / threads;
     if (b < 1) b = 1;

@@ -199,28 +199,17 @@ __global__ void __launch_bounds__(kRmsTorchBlock)
         const float v = to_f32(row[c]);
         return __fmul_rn(v, v);
     };
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    if (live) {
-        if (cols >= 128) {
-            for (int v = lane; 4 * v + 3 < cols; v += kWarp) {
+    float sum = 0.f;
+    if (live && cols >= 128) {
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int v = lane; 4 * v + 3 < cols; v += kWarp) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) s[i] = __fadd_rn(s[i], sq(4 * v + i));
-            }
-        } else {
-            int idx = lane;
-            for (; idx + 3 * kWarp < cols; idx += 4 * kWarp) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) s[i] = __fadd_rn(s[i], sq(idx + i * kWarp));
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                if (idx >= cols) break;
-                s[i] = __fadd_rn(s[i], sq(idx));
-                idx += kWarp;
-            }
+            for (int i = 0; i < 4; ++i) s[i] = __fadd_rn(s[i], sq(4 * v + i));
         }
+        sum = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[1]), s[2]), s[3]);
+    } else if (live) {
+        sum = torch_thread_sum(lane, kWarp, cols, [&](int64_t c) { return sq(int(c)); });
     }
-    float sum = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[1]), s[2]), s[3]);
 #pragma unroll
     for (int off = kWarp / 2; off > 0; off /= 2) sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffu, sum, off));
     sum = __shfl_sync(0xffffffffu, sum, 0);

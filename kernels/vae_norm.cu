@@ -40,21 +40,7 @@ __global__ void __launch_bounds__(kBlock)
         const float v = to_f32(row[c]);
         return __fmul_rn(v, v);
     };
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    if (live) {
-        int64_t idx = y;
-        for (; idx + 3 * G < cols; idx += 4 * G) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] = __fadd_rn(s[i], sq(idx + i * G));
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            if (idx >= cols) break;
-            s[i] = __fadd_rn(s[i], sq(idx));
-            idx += G;
-        }
-    }
-    float ss = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[1]), s[2]), s[3]);
+    float ss = live ? torch_thread_sum(y, G, cols, sq) : 0.f;
 #pragma unroll
     for (int off = G / 2; off > 0; off /= 2) ss = __fadd_rn(ss, __shfl_down_sync(0xffffffffu, ss, off, G));
     if constexpr (G > 1) ss = __shfl_sync(0xffffffffu, ss, 0, G);

@@ -225,6 +225,17 @@ Stats run_binary(Harness& h, BinaryOp op, Shape as, Shape bs, bool mixed_b, bool
     return h.compare(od, ref);
 }
 
+/// A bicubic resize [C, H, W] -> [C, h, w]: the CUDA kernel against the CPU's interpolation matrices.
+Stats run_resize(Harness& h, int64_t C, int H, int W, int oh, int ow) {
+    Tensor x = h.input({C, H, W});
+    const TensorView xd = h.dev(x), od = h.dev_out({C, oh, ow});
+    Tensor ref = Harness::cpu_out({C, oh, ow});
+    REQUIRE(gpu().resize_bicubic(xd, od));
+    BicubicResize(cpu(), H, W, oh, ow).apply(cpu(), x, ref);
+    // NOTE: PyTorch's fused multiply-adds against the CPU's GEMM sums: an f32 ulp or two apart
+    return h.compare(od, ref, 5e-5);
+}
+
 Stats run_unary(Harness& h, Shape s, float lo, float hi,
                 const std::function<void(Backend&, const TensorView&, const TensorView&)>& op) {
     Tensor x = h.input(s, lo, hi);
@@ -648,24 +659,10 @@ std::vector<OpCase> make_cases() {
 
         // resize_bicubic (f32 images): PyTorch's kernel arithmetic on CUDA against the CPU's interpolation matrices
         if (dt == DType::F32) {
-            add("resize_bicubic", "[3, 352, 640] -> [3, 224, 224] (CLIP's input)", dt, [](Harness& h) {
-                Tensor x = h.input({3, 352, 640});
-                const TensorView xd = h.dev(x), od = h.dev_out({3, 224, 224});
-                Tensor ref = Harness::cpu_out({3, 224, 224});
-                REQUIRE(gpu().resize_bicubic(xd, od));
-                BicubicResize(cpu(), 352, 640, 224, 224).apply(cpu(), x, ref);
-                // NOTE: PyTorch's fused multiply-adds against the CPU's GEMM sums: an f32 ulp or two apart
-                return h.compare(od, ref, 5e-5);
-            });
+            add("resize_bicubic", "[3, 352, 640] -> [3, 224, 224] (CLIP's input)", dt,
+                [](Harness& h) { return run_resize(h, 3, 352, 640, 224, 224); });
             add("resize_bicubic", "[2, 9, 13] -> [2, 20, 7] (up along y, down along x, border taps)", dt,
-                [](Harness& h) {
-                    Tensor x = h.input({2, 9, 13});
-                    const TensorView xd = h.dev(x), od = h.dev_out({2, 20, 7});
-                    Tensor ref = Harness::cpu_out({2, 20, 7});
-                    REQUIRE(gpu().resize_bicubic(xd, od));
-                    BicubicResize(cpu(), 9, 13, 20, 7).apply(cpu(), x, ref);
-                    return h.compare(od, ref, 5e-5);
-                });
+                [](Harness& h) { return run_resize(h, 2, 9, 13, 20, 7); });
         }
         // sin_cos_table: the device's expf/sinf/cosf against the host's
         add("sin_cos_table", "[1000, 256] (the action encoder's timestep sinusoid)", dt, [dt](Harness& h) {
