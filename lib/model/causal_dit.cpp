@@ -389,7 +389,6 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
         if (opt.trace) {
             opt.trace("action_tokens", -1, s.x.slice(0, Lv, A));
             opt.trace("state_tokens", -1, s.x.slice(0, Lv + A, S));
-            opt.trace("registers", -1, s.x.slice(0, Lv, A + S));
         }
         if (opt.check_finite) check_finite(be, s.x.slice(0, Lv, A + S), "register tokens", -1);
     }

@@ -55,7 +55,7 @@ def group_of(stage):
         return "clip.internal"
     if re.match(r"vae\.(conv_in|block\.\d+|head)$", stage):
         return "vae.internal"
-    return stage if stage in GROUPS else None
+    return None
 
 
 def load(path):

@@ -360,7 +360,8 @@ TEST_CASE("the trace hook sees every layer's stages") {
     }
     CHECK(o.traces["patch_embed"][-1].size() == size_t(fx.cfg.frame_seqlen * fx.cfg.dim));
     CHECK(o.traces["head"][-1].size() == size_t(fx.cfg.frame_seqlen * 4 * fx.cfg.out_dim));
-    CHECK(o.traces.count("registers") == 0);
+    CHECK(o.traces.count("action_tokens") == 0);  // a prefill carries no register tokens
+    CHECK(o.traces.count("state_tokens") == 0);
 }
 
 namespace {

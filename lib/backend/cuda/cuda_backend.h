@@ -55,7 +55,6 @@ AttentionImpl parse_attention_impl(const std::string& text);
 /// kPlainGemmDefault for the default. scripts/parity/kernel_probe.py compares both against torch.
 enum class PlainGemmImpl : uint8_t { Lt, Cublas };
 inline constexpr PlainGemmImpl kPlainGemmDefault = PlainGemmImpl::Lt;
-const char* plain_gemm_impl_name(PlainGemmImpl impl);
 /// "lt", "cublas"; throws dzr::Error otherwise.
 PlainGemmImpl parse_plain_gemm_impl(const std::string& text);
 

@@ -161,10 +161,6 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
     return *gemm_plans_.emplace(key, std::move(plan)).first->second;
 }
 
-const char* plain_gemm_impl_name(PlainGemmImpl impl) {
-    return impl == PlainGemmImpl::Cublas ? "cublas" : "lt";
-}
-
 PlainGemmImpl parse_plain_gemm_impl(const std::string& text) {
     if (text == "lt") return PlainGemmImpl::Lt;
     if (text == "cublas") return PlainGemmImpl::Cublas;
