@@ -31,7 +31,7 @@ struct AttentionArgs {
     std::string out;
     std::string device = "cuda";
     float scale = 0.f;  // 0: 1/sqrt(head dim)
-    std::vector<std::string> impls = {"cudnn-unified", "cudnn-composite", "flash", "gemm"};
+    std::vector<std::string> impls = {"cudnn-unified", "cudnn-composite", "flash", "mem-efficient", "gemm"};
 };
 
 struct LinearArgs {
@@ -117,7 +117,8 @@ int run_attention(const AttentionArgs& a) {
     DZR_CHECK(be != nullptr, "parity attention needs a CUDA device (--device cuda:N)");
     const Tensor q = upload_bf16(*be, qa), k = upload_bf16(*be, ka), v = upload_bf16(*be, va);
     Tensor out = be->alloc({lq, heads, dv}, DType::BF16);
-    const float scale = a.scale > 0 ? a.scale : 1.f / std::sqrt(float(d));
+    // the default as PyTorch's SDPA computes it: 1 / sqrt(d) in double, then rounded to float
+    const float scale = a.scale > 0 ? a.scale : float(1.0 / std::sqrt(double(d)));
     std::printf("attention on %s: q [%lld, %lld, %lld], k/v [%lld, ...], scale %.9g\n", be->name().c_str(),
                 (long long)lq, (long long)heads, (long long)d, (long long)lk, double(scale));
     for (const AttentionImpl impl : impls) {

@@ -136,6 +136,7 @@ void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView
     const TensorView emb = be.scratch(Shape{t, w});
     be.copy(grid.reshape(Shape{w, g * g}).permute({1, 0}), emb.slice(0, 1, g * g));
     be.copy(cls_.view().reshape(Shape{1, w}), emb.slice(0, 0, 1));
+    if (trace) trace("clip.patch_embed", -1, emb.slice(0, 1, g * g));
     be.add(emb, pos_.view().reshape(Shape{t, w}), emb);
     const LayerNormParams ln{cfg_.eps};
     be.layer_norm(ln, emb, pre_norm_w_, pre_norm_b_, out);  // `out` carries the residual stream from here

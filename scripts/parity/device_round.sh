@@ -10,7 +10,8 @@
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
 # Settings: BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
-#   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80")
+#   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80"), MEMEFF_VARIANTS
+#   (kernel_probe.py: the diagnostic variants of the memory-efficient-order kernel, e.g. "0,1,2")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dzr-round-out}
@@ -96,6 +97,7 @@ if want probe; then
     check $? probe
     grep -vE " 0/[0-9]+ differ" "$WORK/probe/probe.log" | grep -E "DEFAULT|linear|rows|bmm|op |conv|failed" | cut -c1-160
     echo "(rows with 0 differing elements not shown; all in probe.tar.gz)"
+    grep -E "mem-efficient" "$WORK/probe/probe.log" | cut -c1-160
     pack probe
 fi
 

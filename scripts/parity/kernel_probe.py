@@ -35,6 +35,9 @@ CASES = [
     ("real_1785x2665_h40", 1785, 2665, 40, 128, 3.0),
     ("clip_257_h16_d80", 257, 257, 16, 80, 1.0),  # CLIP ViT-H/14: 16 heads of 80
     ("vae_mid_3520_h1_d384", 3520, 3520, 1, 384, 1.0),  # the VAE's mid-block attention (44x80 tokens, one head)
+    # torch's memory-efficient backend (head dims above 256): one key block, partial blocks, two heads
+    ("memeff_200x100_h1_d384", 200, 100, 1, 384, 1.0),
+    ("memeff_777x1000_h2_d320", 777, 1000, 2, 320, 3.0),
 ]
 # (name, M, K, N, bias): the DiT's Linear shapes at the parity geometry and one of the real model's
 LINEARS = [
@@ -311,6 +314,22 @@ def main():
             print(f"{name}: dzr failed:\n{r.stdout}{r.stderr}")
             if not os.path.isdir(outdir):
                 continue
+        # MEMEFF_VARIANTS=0,1,...: the diagnostic variants of dzr's memory-efficient kernel against torch's choice
+        variants = [v for v in os.environ.get("MEMEFF_VARIANTS", "").split(",") if v] if d > 128 else []
+        ref_default = os.path.join(args.work, f"{name}.torch_DEFAULT.npy")
+        for var in variants:
+            vdir = f"{outdir}_v{var}"
+            venv = dict(denv, DZR_MEMEFF_VARIANT=var)
+            r = subprocess.run([args.dzr, "parity", "attention", "--impls", "mem-efficient",
+                                "--q", os.path.join(args.work, f"{name}.q.npy"),
+                                "--k", os.path.join(args.work, f"{name}.k.npy"),
+                                "--v", os.path.join(args.work, f"{name}.v.npy"), "--out", vdir],
+                               env=venv, capture_output=True, text=True)
+            out = os.path.join(vdir, "o_mem-efficient.npy")
+            if r.returncode != 0 or not os.path.exists(out):
+                rows.append((name, f"dzr mem-efficient v{var}", "DEFAULT", "failed: " + (r.stdout + r.stderr)[-300:]))
+            else:
+                rows.append((name, f"dzr mem-efficient v{var}", "DEFAULT", describe(np.load(out), np.load(ref_default))))
         for ref_be in ("DEFAULT", "CUDNN_ATTENTION", "FLASH_ATTENTION"):
             ref_path = os.path.join(args.work, f"{name}.torch_{ref_be}.npy")
             if not os.path.exists(ref_path):

@@ -333,6 +333,7 @@ def install_sub_stages(rec, head):
     input (modulated norm) [L, C], the roped q and k and v [L, H, D], the self-attention output after o
     [L, C], the cross-attention output after o [L, C] and the FFN output before its gate [L, C]; and the time
     embedding and projection at the first row of each timestep group (time_e [G, C], time_e0 [G, 6, C])."""
+    import torch
 
     def first():
         return rec.prefix is not None and rec.current.get("n") in rec.sub_stage_forwards
@@ -417,6 +418,16 @@ def install_sub_stages(rec, head):
         enc.head.register_forward_hook(vae_put("vae.head"))
     visual = head.image_encoder.model.visual
     visual.register_forward_pre_hook(lambda m, a: rec.put("clip.pixels", a[0][0]))
+    # the patch convolution's output [w, g, g] as dzr's token rows [g*g, w], and the layout of its input
+    def clip_conv_in(m, a):
+        x = a[0]
+        print(f"clip conv input, call {rec.call}: {tuple(x.shape)} strides {x.stride()} {x.dtype} contiguous "
+              f"{x.is_contiguous()} channels_last {x.is_contiguous(memory_format=torch.channels_last)}; weight "
+              f"strides {m.weight.stride()}", flush=True)
+
+    visual.patch_embedding.register_forward_pre_hook(clip_conv_in)
+    visual.patch_embedding.register_forward_hook(
+        lambda m, a, out: rec.put("clip.patch_embed", out[0].flatten(1).t()))
     visual.pre_norm.register_forward_hook(lambda m, a, out: rec.put("clip.pre_norm", out[0]))
     for i, block in enumerate(visual.transformer):
         block.register_forward_hook(lambda m, a, out, i=i: rec.put(f"clip.layer_out.{i}", out[0]))

@@ -242,6 +242,49 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("the memory-efficient-order kernel matches the cpu reference above head dim 128, and auto takes it above 256") {
+    // The VAE's mid-block shape (one head of 384 over 44 x 80 tokens, q, k, v slices of one buffer as the
+    // reference's to_qkv output), a single key block, partial query and key blocks with two heads, f16.
+    const std::vector<std::pair<Shape4, DType>> cases = {
+        {{3520, 3520, 1, 384, true}, DType::BF16},
+        {{200, 100, 1, 384}, DType::BF16},
+        {{777, 1000, 2, 320}, DType::BF16},
+        {{65, 300, 1, 136}, DType::BF16},  // just above 128: runs when forced, auto keeps cuDNN
+        {{90, 333, 2, 384}, DType::F16},
+    };
+    uint64_t seed = 601;
+    for (const auto& [s, t] : cases) {
+        CAPTURE(case_name(s, t));
+        const Operands o = make_operands(s, t, seed += 10);
+        Tensor ref = Tensor::host({s.lq, s.heads, s.d}, DType::F32);
+        cpu().attention({1.f / std::sqrt(float(s.d))}, o.qc, o.kc, o.vc, {}, ref);
+        for (AttentionImpl impl : {AttentionImpl::MemEfficient, AttentionImpl::Auto}) {
+            CAPTURE(attention_impl_name(impl));
+            const Tensor out = poisoned_out(s, t);
+            std::string why;
+            REQUIRE_MESSAGE(run_impl(impl, o, s, t, out, why), why);
+            const AttentionImpl ran = gpu().last_attention_impl();
+            if (impl == AttentionImpl::MemEfficient || s.d > 256)
+                CHECK(ran == AttentionImpl::MemEfficient);
+            else
+                CHECK(ran != AttentionImpl::MemEfficient);
+            const Compare c = compare(to_host(out), ref);
+            std::printf("%-16s %-44s %10.3e %10.3e %s (ran %s)\n", attention_impl_name(impl), case_name(s, t).c_str(),
+                        c.max_abs, c.rms_ref, c.bad == 0 ? "ok" : fmt::format("FAIL ({} of {})", c.bad, c.n).c_str(),
+                        attention_impl_name(ran));
+            CHECK(c.bad == 0);
+        }
+    }
+    // head dims of 128 and below are PyTorch's other tiles: the kernel refuses them
+    const Shape4 small{16, 16, 1, 128};
+    const Operands o = make_operands(small, DType::BF16, 99);
+    const Tensor out = poisoned_out(small, DType::BF16);
+    gpu().set_attention_impl(AttentionImpl::MemEfficient);
+    CHECK_THROWS_AS(gpu().attention({0.1f}, o.q, o.k, o.v, {}, out), Error);
+    gpu().set_attention_impl(AttentionImpl::Auto);
+    CHECK(parse_attention_impl("mem-efficient") == AttentionImpl::MemEfficient);
+}
+
 TEST_CASE("f32 and biased attention keep the GEMM path and still match the cpu reference") {
     const Shape4 s{33, 45, 2, 64};
     for (bool biased : {false, true}) {

@@ -298,7 +298,7 @@ TEST_CASE("CLIP encode is preprocess then the tower and fits the workspace it re
     CHECK(f.be->workspace().high_water() <= need);
     CHECK(f.be->workspace().used() == 0);
     CHECK(stages ==
-          std::vector<std::string>{"clip.pixels", "clip.pre_norm", "clip.layer_out", "clip.layer_out"});
+          std::vector<std::string>{"clip.pixels", "clip.patch_embed", "clip.pre_norm", "clip.layer_out", "clip.layer_out"});
 
     Tensor px = Tensor::host(Shape{3, 224, 224}, DType::F32);
     clip.preprocess(*f.be, fr, px);

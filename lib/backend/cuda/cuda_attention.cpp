@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "core/log.h"
 #include "kernels/attention.cuh"
+#include "kernels/attention_memeff.cuh"
 
 namespace dzr {
 
@@ -337,6 +338,8 @@ const char* attention_impl_name(AttentionImpl impl) {
             return "cudnn-composite";
         case AttentionImpl::Flash:
             return "flash";
+        case AttentionImpl::MemEfficient:
+            return "mem-efficient";
         case AttentionImpl::Gemm:
             return "gemm";
     }
@@ -345,10 +348,11 @@ const char* attention_impl_name(AttentionImpl impl) {
 
 AttentionImpl parse_attention_impl(const std::string& text) {
     for (AttentionImpl i : {AttentionImpl::Auto, AttentionImpl::CudnnUnified, AttentionImpl::CudnnComposite,
-                            AttentionImpl::Flash, AttentionImpl::Gemm})
+                            AttentionImpl::Flash, AttentionImpl::MemEfficient, AttentionImpl::Gemm})
         if (text == attention_impl_name(i)) return i;
-    DZR_THROW("unknown attention implementation '{}' (auto, cudnn-unified, cudnn-composite, flash, gemm)",
-              text);
+    DZR_THROW(
+        "unknown attention implementation '{}' (auto, cudnn-unified, cudnn-composite, flash, mem-efficient, gemm)",
+        text);
 }
 
 const SdpaPlan* CudaBackend::sdpa_plan(const AttentionCall& c, SdpaGraph g) {
@@ -404,8 +408,30 @@ bool CudaBackend::try_flash(const AttentionCall& c) {
     return true;
 }
 
+bool CudaBackend::try_mem_efficient(const AttentionCall& c) {
+    kernels::MemEffAttentionArgs a;
+    a.dtype = c.dtype;
+    a.heads = int(c.heads);
+    a.lq = c.lq, a.lk = c.lk;
+    a.d = int(c.d), a.dv = int(c.dv);
+    a.scale = c.scale;
+    a.q = c.q, a.q_tok = c.q_tok, a.q_head = c.q_head;
+    a.k = c.k, a.k_tok = c.k_tok, a.k_head = c.k_head;
+    a.v = c.v, a.v_tok = c.v_tok, a.v_head = c.v_head;
+    a.out = c.out, a.o_tok = c.o_tok, a.o_head = c.o_head;
+    a.variant = mem_eff_variant_;
+    if (c.heads > 65535 || c.d > 512 || c.dv > 512 || !kernels::mem_eff_attention_supported(a)) return false;
+    DZR_CUDA_CHECK(kernels::mem_eff_attention(a, stream_));
+    return true;
+}
+
 AttentionImpl CudaBackend::run_fused_attention(const AttentionCall& c) {
     const AttentionImpl want = attention_impl_;
+    // NOTE: PyTorch's SDPA runs head dims above 256 on its memory-efficient backend (its cuDNN and flash
+    // backends refuse them); dzr's cuDNN would run them in another order.
+    if ((want == AttentionImpl::MemEfficient || (want == AttentionImpl::Auto && std::max(c.d, c.dv) > 256)) &&
+        try_mem_efficient(c))
+        return AttentionImpl::MemEfficient;
     const auto cudnn_unified = [&] { return try_sdpa(c, SdpaGraph::Unified); };
     const auto cudnn_composite = [&] { return try_sdpa(c, SdpaGraph::Composite); };
     if ((want == AttentionImpl::Auto || want == AttentionImpl::CudnnUnified) && cudnn_unified())

@@ -40,11 +40,14 @@ using GemmKey = std::array<int64_t, 24>;
 }  // namespace cuda_detail
 
 /// Which implementation runs Backend::attention (bf16/f16 without bias; f32 and biased attention always take
-/// the GEMM path). Auto tries cuDNN's unified SDPA node, then cuDNN's composite SDPA graph, then dzr's
-/// flash kernel (head_dim 64/128), then the GEMM path; a forced choice throws when it cannot run the call.
-enum class AttentionImpl : uint8_t { Auto, CudnnUnified, CudnnComposite, Flash, Gemm };
+/// the GEMM path). Auto follows PyTorch's SDPA choice on the H200: above a head dim of 256 (where PyTorch's
+/// cuDNN and flash backends refuse) dzr's kernel in the order of PyTorch's memory-efficient backend
+/// (kernels/attention_memeff.cuh); otherwise cuDNN's unified SDPA node, then cuDNN's composite SDPA graph,
+/// then dzr's flash kernel (head_dim 64/128), then the GEMM path. A forced choice throws when it cannot run
+/// the call.
+enum class AttentionImpl : uint8_t { Auto, CudnnUnified, CudnnComposite, Flash, MemEfficient, Gemm };
 const char* attention_impl_name(AttentionImpl impl);
-/// "auto", "cudnn-unified", "cudnn-composite", "flash", "gemm"; throws dzr::Error otherwise.
+/// "auto", "cudnn-unified", "cudnn-composite", "flash", "mem-efficient", "gemm"; throws dzr::Error otherwise.
 AttentionImpl parse_attention_impl(const std::string& text);
 
 /// Which library runs the bf16 GEMMs that carry no bias (Backend::gemm without a bias vector: what PyTorch runs
@@ -158,6 +161,7 @@ private:
     const cuda_detail::SdpaPlan* sdpa_plan(const cuda_detail::AttentionCall& c, cuda_detail::SdpaGraph g);
     bool try_sdpa(const cuda_detail::AttentionCall& c, cuda_detail::SdpaGraph g);
     bool try_flash(const cuda_detail::AttentionCall& c);
+    bool try_mem_efficient(const cuda_detail::AttentionCall& c);
     AttentionImpl run_fused_attention(const cuda_detail::AttentionCall& c);
     void check_device_tensor(const TensorView& t, const char* op, const char* what) const;
 
@@ -178,6 +182,7 @@ private:
     std::map<cuda_detail::SdpaKey, std::unique_ptr<cuda_detail::SdpaPlan>> sdpa_plans_;
     AttentionImpl attention_impl_ = AttentionImpl::Auto;
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
+    int mem_eff_variant_ = 0;  // DZR_MEMEFF_VARIANT: a diagnostic for the kernel probe
     PagedAttentionImpl paged_impl_ = PagedAttentionImpl::Auto;
     PlainGemmImpl plain_impl_ = PlainGemmImpl::Lt;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
