@@ -5,7 +5,7 @@
 // chunks; the f32 output accumulator of the 32 rows lives in shared memory (PyTorch keeps it in global
 // memory; the values are the same).
 //
-// MMA fragment layouts (PTX ISA, m16n8k16, g = lane / 4, t = lane % 4):
+// MMA fragment layouts (PTX ISA, m16n8k16 as loaded; each runs as two m16n8k8, g = lane / 4, t = lane % 4):
 //   A (16x16, row): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..2t+9), a3 = (g+8, 2t+8..)
 //   B (16x8, col):  b0 = (k = 2t..2t+1, n = g), b1 = (k = 2t+8..2t+9, n = g)
 //   C (16x8):       c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
@@ -36,24 +36,31 @@ constexpr float kLog2e = 1.4426950408889634074f;
 
 template <typename T>
 struct Mma;
+// NOTE: m16n8k8, PyTorch's instruction shape for 16-bit types (chosen to cover sm_75): a 16-wide k step is
+// two accumulating k8 MMAs, lower k first, which round unlike one k16 MMA. The operands are the k16
+// fragments: the k8 halves are {a0, a1} with b0, then {a2, a3} with b1.
 template <>
 struct Mma<bf16> {
+    __device__ __forceinline__ static void k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(b));
+    }
     __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        k8(c, a[0], a[1], b0);
+        k8(c, a[2], a[3], b1);
     }
 };
 template <>
 struct Mma<__half> {
+    __device__ __forceinline__ static void k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a0), "r"(a1), "r"(b));
+    }
     __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        k8(c, a[0], a[1], b0);
+        k8(c, a[2], a[3], b1);
     }
 };
 

@@ -5,13 +5,14 @@
 /// read in PyTorch's kernel_forward.h, not copied). PyTorch's SDPA picks that backend when its flash and
 /// cuDNN backends refuse the head dim (the Wan VAE's mid-block attention: one head of 384), so a
 /// bit-identical bf16 VAE needs this order:
-///  - S = Q K^T per 128-key block as a chain of mma.sync m16n8k16 steps over the head dim (f32 accumulator),
+///  - S = Q K^T per 128-key block as a chain of mma.sync m16n8k8 steps over the head dim (PyTorch's
+///    instruction shape for 16-bit types) (f32 accumulator),
 ///    then S * scale, then * log2(e), each rounded;
 ///  - the running row max over the block's valid keys; the previous max's correction exp2(m' - m) scales the
 ///    running sum; P = exp2(S - m) in f32, rounded to the input dtype for P V;
 ///  - the row sum of P in the thread order of the MMA layout: each thread's 8 columns of a 32-key warp tile in
 ///    sequence, the 4 threads of a row by butterfly, the 4 warp tiles in order, added to the running sum;
-///  - O_block = P V per 128-column chunk as a chain of m16n8k16 steps over the keys, combined with the f32
+///  - O_block = P V per 128-column chunk as a chain of m16n8k8 steps over the keys, combined with the f32
 ///    accumulator as o = o_block + r * o (one FMA; r the max correction), the last block scaled by 1 / sum.
 /// Non-causal, no bias, no dropout.
 #include <cuda_runtime.h>

@@ -46,6 +46,7 @@ struct Conv3dArgs {
     std::string device = "cuda";
     std::vector<int> stride = {1, 1, 1}, pad_before = {0, 0, 0}, pad_after = {0, 0, 0};
     bool frames_2d = false;
+    bool channels_last = false;
 };
 
 struct BmmArgs {
@@ -167,6 +168,8 @@ int run_conv3d(const Conv3dArgs& a) {
               ba ? ba->shape_str() : "-");
     Conv3dParams p;
     p.frames_2d = a.frames_2d;
+    DZR_CHECK(!a.channels_last || a.frames_2d, "conv3d: --channels-last needs --frames-2d");
+    p.channels_last = a.channels_last;
     int64_t o[3];
     for (int i = 0; i < 3; ++i) {
         p.stride[i] = a.stride[size_t(i)], p.pad_before[i] = a.pad_before[size_t(i)];
@@ -302,6 +305,8 @@ void add_parity_kernel_commands(CLI::App& parity, std::function<int()>& run) {
     c->add_option("--pad-before", cv->pad_before, "t h w")->expected(3)->capture_default_str();
     c->add_option("--pad-after", cv->pad_after, "t h w")->expected(3)->capture_default_str();
     c->add_flag("--frames-2d", cv->frames_2d, "Run as a Conv2d over the frames (Conv3dParams::frames_2d)");
+    c->add_flag("--channels-last", cv->channels_last,
+                "With --frames-2d: on channels-last frames (Conv3dParams::channels_last)");
     c->add_option("--device", cv->device, "CUDA device")->capture_default_str();
     c->callback([&run, cv] { run = [cv] { return run_conv3d(*cv); }; });
 

@@ -117,6 +117,10 @@ struct Conv3dParams {
     /// the CUDA backend runs cuDNN's 2-D convolution over the frames as a batch, as PyTorch does, whose
     /// kernels round differently from a (1, kh, kw) 3-D convolution in bf16. The CPU backend ignores it.
     bool frames_2d = false;
+    /// With frames_2d: the 2-D convolution runs on channels-last (NHWC) frames and a channels-last weight, as
+    /// PyTorch's cuDNN convolution does for a channels-last input (its kernels sum in another order). The CPU
+    /// backend ignores it.
+    bool channels_last = false;
 };
 
 class Backend {

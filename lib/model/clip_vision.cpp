@@ -112,8 +112,8 @@ void ClipVision::preprocess(Backend& be, const TensorView& frame, const TensorVi
     }
 }
 
-void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView& out,
-                         const TraceFn& trace) const {
+void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView& out, const TraceFn& trace,
+                         bool channels_last) const {
     DZR_CHECK(!layers_.empty(), "CLIP: forward() on an encoder that was never loaded");
     const DType dt = be.compute_dtype();
     const int64_t s = cfg_.image_size, p = cfg_.patch_size, g = s / p, w = cfg_.width, t = cfg_.num_tokens();
@@ -131,6 +131,7 @@ void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView
     const TensorView grid = be.scratch(Shape{w, 1, g, g});
     Conv3dParams conv;
     conv.frames_2d = true;
+    conv.channels_last = channels_last;
     conv.stride[1] = conv.stride[2] = int(p);
     be.conv3d(conv, pixels.reshape(Shape{3, 1, s, s}), patch_w_.view().reshape(Shape{w, 3, 1, p, p}), {}, grid);
     const TensorView emb = be.scratch(Shape{t, w});
@@ -169,13 +170,13 @@ void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView
     }
 }
 
-void ClipVision::encode(Backend& be, const TensorView& frame, const TensorView& out,
-                        const TraceFn& trace) const {
+void ClipVision::encode(Backend& be, const TensorView& frame, const TensorView& out, const TraceFn& trace,
+                        bool channels_last) const {
     ArenaScope scope(be.workspace());
     const TensorView pixels = be.scratch(Shape{3, cfg_.image_size, cfg_.image_size});
     preprocess(be, frame, pixels);
     if (trace) trace("clip.pixels", -1, pixels);
-    forward(be, pixels, out, trace);
+    forward(be, pixels, out, trace, channels_last);
 }
 
 }  // namespace dzr

@@ -45,10 +45,15 @@ class ClipVision {
     /// contiguous in the compute dtype. The resize and the normalization run in f32 (workspace).
     void preprocess(Backend& be, const TensorView& frame, const TensorView& pixels) const;
     /// pixels (preprocessed): [3, image_size, image_size]; out: [num_tokens, width], compute dtype.
-    void forward(Backend& be, const TensorView& pixels, const TensorView& out,
-                 const TraceFn& trace = {}) const;
+    /// channels_last: the patch convolution runs on channels-last pixels (Conv3dParams::channels_last), as the
+    /// reference's does when its frame is a slice of a multi-frame clip: that slice is channels-last in
+    /// memory, the resize and normalization keep the layout, and PyTorch then runs cuDNN's NHWC convolution,
+    /// which sums in another order (docs/PARITY.md). A single-frame call's frame is contiguous.
+    void forward(Backend& be, const TensorView& pixels, const TensorView& out, const TraceFn& trace = {},
+                 bool channels_last = false) const;
     /// preprocess() then forward().
-    void encode(Backend& be, const TensorView& frame, const TensorView& out, const TraceFn& trace = {}) const;
+    void encode(Backend& be, const TensorView& frame, const TensorView& out, const TraceFn& trace = {},
+                bool channels_last = false) const;
 
     /// Workspace bytes encode() takes (an upper bound including arena alignment); forward() and
     /// preprocess() take less.

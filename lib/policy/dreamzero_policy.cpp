@@ -601,7 +601,9 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
         const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
         if (result.reset) {
             // ---- window start: CLIP + `ys`, then the prefill of the reference latent ---------------
-            image_encoder_->encode(be_, buf_->ref_frame, buf_->clip_feats, encoder_trace("clip."));
+            // NOTE: the reference's frame is channels-last in memory when the call has several frames (a slice
+            // of the clip), and PyTorch then runs CLIP's patch convolution as an NHWC one
+            image_encoder_->encode(be_, buf_->ref_frame, buf_->clip_feats, encoder_trace("clip."), T > 1);
             // NOTE: the reference encodes ys under torch.autocast(bf16) (f32 norms, one rounding per conv
             // input) and the commit clip with plain bf16 ops (docs/VAE.md, Precision).
             vae_->encode_conditioning(buf_->ref_frame, model_.num_frames, buf_->ys, VaePrecision::Autocast);

@@ -83,6 +83,8 @@ CONVS = [
     ("vae_attn_qkv_384_1x44x80", (384, 1, 44, 80), 1152, (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0), "2d"),
     ("vae_attn_proj_384_4x44x80", (384, 4, 44, 80), 384, (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0), "2d"),
     ("clip_patch_1x224x224", (3, 1, 224, 224), 1280, (1, 14, 14), (1, 14, 14), (0, 0, 0), (0, 0, 0), "2d"),
+    # CLIP's patch embedding (no bias) on a channels-last input: the reference's frame at a reset inside a rollout
+    ("clip_patch_cl_1x224x224", (3, 1, 224, 224), 1280, (1, 14, 14), (1, 14, 14), (0, 0, 0), (0, 0, 0), "2d_cl"),
 ]
 # (name, op, rows, cols, weight, bias, eps): the DiT's norms and activations at the parity and the real width
 OPS = [
@@ -215,7 +217,11 @@ def torch_side(work, cases):
         w = (torch.randn(co, ci, *ks, device="cuda") / (ci * ks[0] * ks[1] * ks[2]) ** 0.5).bfloat16()
         b = (torch.randn(co, device="cuda") * 0.1).bfloat16()
         with torch.no_grad():
-            if mode == "2d" and pb == pa:  # Conv2d(padding=...): cuDNN pads
+            if mode == "2d_cl":  # no bias, the input channels-last (torch makes the weight channels-last too)
+                b = None
+                xc = x.transpose(0, 1).contiguous(memory_format=torch.channels_last)
+                o = torch.nn.functional.conv2d(xc, w[:, :, 0], None, stride=st[1:]).transpose(0, 1)
+            elif mode == "2d" and pb == pa:  # Conv2d(padding=...): cuDNN pads
                 o = torch.nn.functional.conv2d(x.transpose(0, 1).contiguous(), w[:, :, 0], b, stride=st[1:],
                                                padding=pb[1:]).transpose(0, 1)
             elif mode == "2d":  # ZeroPad2d, then Conv2d
@@ -379,10 +385,12 @@ def main():
     for name, xs, co, ks, st, pb, pa, mode in CONVS:
         base = os.path.join(args.work, f"conv_{name}")
         ref = np.load(base + ".torch.npy")
+        bias = [] if mode == "2d_cl" else ["--b", base + ".b.npy"]
+        flags = {"2d": ["--frames-2d"], "2d_cl": ["--frames-2d", "--channels-last"]}.get(mode, [])
         check(f"conv {name}", "dzr conv3d", "F.conv3d",
-              ["--log-level", "debug", "parity", "conv3d", "--x", base + ".x.npy", "--w", base + ".w.npy", "--b",
-               base + ".b.npy", "--out", base + ".dzr.npy", "--stride", *map(str, st), "--pad-before", *map(str, pb),
-               "--pad-after", *map(str, pa)] + (["--frames-2d"] if mode == "2d" else []),
+              ["--log-level", "debug", "parity", "conv3d", "--x", base + ".x.npy", "--w", base + ".w.npy"] + bias +
+              ["--out", base + ".dzr.npy", "--stride", *map(str, st), "--pad-before", *map(str, pb),
+               "--pad-after", *map(str, pa)] + flags,
               base + ".dzr.npy", ref, log=os.path.join(args.out, f"dzr_conv_{name}.log"))
         if mode == "3d+gemm":
             # the DiT's former patch embedding: patchify [L, Ci*kh*kw] (channel, then kernel row, then column),

@@ -395,12 +395,15 @@ struct ConvSpec {
     int pa[3] = {0, 0, 0};
     bool bias = true;
     bool fallback = false;
+    bool frames_2d = false, channels_last = false;
 };
 
 Stats run_conv(Harness& h, const ConvSpec& c) {
     Tensor x = h.input({c.Ci, c.T, c.H, c.W}), w = h.input({c.Co, c.Ci, c.kt, c.kh, c.kw}, -0.3f, 0.3f);
     Tensor bias = c.bias ? h.input({c.Co}) : Tensor();
     Conv3dParams p;
+    p.frames_2d = c.frames_2d;
+    p.channels_last = c.channels_last;
     const int64_t in[3] = {c.T, c.H, c.W}, k[3] = {c.kt, c.kh, c.kw};
     int64_t o[3];
     for (int i = 0; i < 3; ++i) {
@@ -750,6 +753,24 @@ std::vector<OpCase> make_cases() {
             c.stride[1] = c.stride[2] = 2;
             add("conv3d", "patch embedding Ci16 Co32 [2, 22, 40] k(1,2,2) stride (1,2,2)", dt,
                 [c](Harness& h) { return run_conv(h, c); });
+        }
+        for (const bool cl : {false, true}) {
+            // 2-D convolutions over the frames: CLIP's patch embedding (no bias) and a padded 3x3 one
+            ConvSpec c{3, 32, 2, 28, 28, 1, 14, 14};
+            c.stride[1] = c.stride[2] = 14;
+            c.bias = false;
+            c.frames_2d = true;
+            c.channels_last = cl;
+            add("conv3d", cl ? "2-D channels-last frames, CLIP-like patch Ci3 Co32 [2, 28, 28] k14 stride 14"
+                             : "2-D frames, CLIP-like patch Ci3 Co32 [2, 28, 28] k14 stride 14",
+                dt, [c](Harness& h) { return run_conv(h, c); });
+            ConvSpec d{8, 6, 3, 9, 13, 1, 3, 3};
+            d.pb[1] = d.pa[1] = d.pb[2] = d.pa[2] = 1;
+            d.frames_2d = true;
+            d.channels_last = cl;
+            add("conv3d", cl ? "2-D channels-last frames Ci8 Co6 [3, 9, 13] k3 padding 1"
+                             : "2-D frames Ci8 Co6 [3, 9, 13] k3 padding 1",
+                dt, [d](Harness& h) { return run_conv(h, d); });
         }
         {
             ConvSpec c{32, 32, 3, 44, 80, 3, 3, 3};

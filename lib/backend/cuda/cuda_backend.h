@@ -144,12 +144,12 @@ private:
     cuda_detail::GemmPlan& gemm_plan(const cuda_detail::GemmCall& call);
     cuda_detail::ConvPlan& conv_plan(const std::string& key, DType dtype, int nd, const int64_t x_dims[5],
                                      const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
-                                     const int stride[3]);
+                                     const int stride[3], bool nhwc = false);
     /// nd = 5: a conv3d on [N, C, T, H, W]; nd = 4: a conv2d on [N, C, H, W] (dims, pad and stride use
-    /// their first nd resp. nd - 2 entries).
+    /// their first nd resp. nd - 2 entries). nhwc: input, output and filter are channels-last in memory.
     void build_conv_plan(cuda_detail::ConvPlan& plan, const std::string& key, DType dtype, int nd,
                          const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
-                         const int stride[3]);
+                         const int stride[3], bool nhwc);
     cudnnHandle_t cudnn();
     /// The cuBLAS handle for PlainGemmImpl::Cublas, made when that is chosen (stream, workspace and math mode set).
     cublasHandle_t blas();

@@ -20,24 +20,36 @@ namespace {
 
 cudnnDataType_t cudnn_type(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
 
-/// A packed (row-major) tensor of nd = 4 or 5 dims.
-void set_tensor(cudnnTensorDescriptor_t desc, DType t, int nd, const int64_t dims[5]) {
-    int d[5], s[5];
+/// A packed tensor of nd = 4 or 5 dims (N, C, spatial...): row-major, or channels-last (N, spatial..., C in
+/// memory) when `nhwc`.
+void set_tensor(cudnnTensorDescriptor_t desc, DType t, int nd, const int64_t dims[5], bool nhwc = false) {
+    int d[5] = {}, s[5] = {};
     for (int i = 0; i < nd; ++i) d[i] = int(dims[i]);
-    s[nd - 1] = 1;
-    for (int i = nd - 2; i >= 0; --i) s[i] = s[i + 1] * d[i + 1];
+    if (nhwc) {
+        s[1] = 1;
+        int acc = d[1];
+        for (int i = nd - 1; i >= 2; --i) {
+            s[i] = acc;
+            acc *= d[i];
+        }
+        s[0] = acc;
+    } else {
+        s[nd - 1] = 1;
+        for (int i = nd - 2; i >= 0; --i) s[i] = s[i + 1] * d[i + 1];
+    }
     DZR_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc, cudnn_type(t), nd, d, s));
 }
 
 }  // namespace
 
 ConvPlan& CudaBackend::conv_plan(const std::string& key, DType dtype, int nd, const int64_t x_dims[5],
-                                 const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3]) {
+                                 const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3],
+                                 bool nhwc) {
     auto it = conv_plans_.find(key);
     if (it != conv_plans_.end()) return *it->second;
     auto plan = std::make_unique<ConvPlan>();
     try {
-        build_conv_plan(*plan, key, dtype, nd, x_dims, w_dims, y_dims, pad, stride);
+        build_conv_plan(*plan, key, dtype, nd, x_dims, w_dims, y_dims, pad, stride, nhwc);
     } catch (const Error& e) {
         // NOTE: a cuDNN that cannot describe or plan this convolution must not stop the run: the direct
         // kernel computes the same thing, slower, and the warning says so.
@@ -49,17 +61,18 @@ ConvPlan& CudaBackend::conv_plan(const std::string& key, DType dtype, int nd, co
 
 void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType dtype, int nd,
                                   const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5],
-                                  const int pad[3], const int stride[3]) {
+                                  const int pad[3], const int stride[3], bool nhwc) {
     cudnnHandle_t handle = cudnn();
     DZR_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan.x));
     DZR_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan.y));
     DZR_CUDNN_CHECK(cudnnCreateFilterDescriptor(&plan.w));
     DZR_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&plan.conv));
-    set_tensor(plan.x, dtype, nd, x_dims);
-    set_tensor(plan.y, dtype, nd, y_dims);
+    set_tensor(plan.x, dtype, nd, x_dims, nhwc);
+    set_tensor(plan.y, dtype, nd, y_dims, nhwc);
     int wd[5];
     for (int i = 0; i < nd; ++i) wd[i] = int(w_dims[i]);
-    DZR_CUDNN_CHECK(cudnnSetFilterNdDescriptor(plan.w, cudnn_type(dtype), CUDNN_TENSOR_NCHW, nd, wd));
+    DZR_CUDNN_CHECK(cudnnSetFilterNdDescriptor(plan.w, cudnn_type(dtype), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                               nd, wd));
     const int dilation[3] = {1, 1, 1};
     DZR_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(plan.conv, nd - 2, pad, stride, dilation,
                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
@@ -127,7 +140,8 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
         DZR_CHECK(cuda_detail::is_float_act(bias.dtype) && bias.is_contiguous() && bias.numel() == Co,
                   "cuda backend: conv3d bias {} must be a contiguous f32 or bf16 vector of {}", bias.str(), Co);
     }
-    const bool frames_2d = p.frames_2d;
+    const bool frames_2d = p.frames_2d, nhwc = p.frames_2d && p.channels_last;
+    DZR_CHECK(!p.channels_last || frames_2d, "cuda backend: conv3d: channels_last needs frames_2d");
     DZR_CHECK(!frames_2d || (k[0] == 1 && p.stride[0] == 1 && p.pad_before[0] == 0 && p.pad_after[0] == 0),
               "cuda backend: conv3d as per-frame 2-D convolutions needs a temporal kernel of 1, temporal stride 1 and no "
               "temporal padding: w {}",
@@ -156,7 +170,8 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
         const int64_t w_dims[5] = {Co, Ci, k[0], k[1], k[2]};
         const int64_t y_dims[5] = {1, Co, o[0], o[1], o[2]};
         const std::string key =
-            fmt::format("{}{} x[{},{},{},{}] w[{},{},{},{}] pad[{},{},{}] stride[{},{},{}]", frames_2d ? "2d " : "",
+            fmt::format("{}{} x[{},{},{},{}] w[{},{},{},{}] pad[{},{},{}] stride[{},{},{}]",
+                        nhwc ? "2d nhwc " : frames_2d ? "2d " : "",
                         dtype_name(x.dtype), Ci, x_dims[2], x_dims[3], x_dims[4], Co, k[0], k[1], k[2], pad[0],
                         pad[1], pad[2], p.stride[0], p.stride[1], p.stride[2]);
         // 2-D: [Ci, T, H, W] -> [T, Ci, H, W] frames, a [T, Co, Ho, Wo] result, transposed back below
@@ -164,23 +179,36 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
         const int64_t x4[5] = {T, Ci, x_dims[3], x_dims[4], 0}, w4[5] = {Co, Ci, k[1], k[2], 0},
                       y4[5] = {T, Co, o[1], o[2], 0};
         const int pad2[3] = {pad[1], pad[2], 0}, stride2[3] = {p.stride[1], p.stride[2], 1};
-        ConvPlan& plan = frames_2d ? conv_plan(key, x.dtype, 4, x4, w4, y4, pad2, stride2)
+        ConvPlan& plan = frames_2d ? conv_plan(key, x.dtype, 4, x4, w4, y4, pad2, stride2, nhwc)
                                    : conv_plan(key, x.dtype, 5, x_dims, w_dims, y_dims, pad, p.stride);
         if (plan.has_algo) {
             void* dst = out.data;
+            const void* wsrc = w.data;
             if (frames_2d) {
+                // [Ci, T, H, W] -> frames [T, Ci, H, W], or [T, H, W, Ci] with the weight as [Co, kh, kw, Ci]
                 const size_t es = dtype_size(x.dtype);
+                const int64_t H = x_dims[3], W = x_dims[4];
                 void* frames = arena_.alloc(size_t(T * frame_elems) * es);
-                const TensorView in(const_cast<void*>(src), x.dtype, Shape{Ci, T, x_dims[3], x_dims[4]}, x.device);
-                copy(in.permute({1, 0, 2, 3}), TensorView(frames, x.dtype, Shape{T, Ci, x_dims[3], x_dims[4]}, x.device));
+                const TensorView in(const_cast<void*>(src), x.dtype, Shape{Ci, T, H, W}, x.device);
+                if (nhwc) {
+                    copy(in.permute({1, 2, 3, 0}), TensorView(frames, x.dtype, Shape{T, H, W, Ci}, x.device));
+                    void* wl = arena_.alloc(size_t(w.numel()) * es);
+                    copy(w.reshape(Shape{Co, Ci, k[1], k[2]}).permute({0, 2, 3, 1}),
+                         TensorView(wl, w.dtype, Shape{Co, k[1], k[2], Ci}, w.device));
+                    wsrc = wl;
+                } else {
+                    copy(in.permute({1, 0, 2, 3}), TensorView(frames, x.dtype, Shape{T, Ci, H, W}, x.device));
+                }
                 src = frames;
                 dst = arena_.alloc(size_t(T * out_elems) * es);
             }
             void* ws = plan.workspace_bytes > 0 ? arena_.alloc(plan.workspace_bytes) : nullptr;
             const float alpha = 1.f, beta = 0.f;
-            const cudnnStatus_t st = cudnnConvolutionForward(cudnn(), &alpha, plan.x, src, plan.w, w.data, plan.conv,
+            const cudnnStatus_t st = cudnnConvolutionForward(cudnn(), &alpha, plan.x, src, plan.w, wsrc, plan.conv,
                                                              plan.algo, ws, plan.workspace_bytes, &beta, plan.y, dst);
-            if (st == CUDNN_STATUS_SUCCESS && frames_2d)
+            if (st == CUDNN_STATUS_SUCCESS && nhwc)
+                copy(TensorView(dst, x.dtype, Shape{T, o[1], o[2], Co}, x.device).permute({3, 0, 1, 2}), out);
+            else if (st == CUDNN_STATUS_SUCCESS && frames_2d)
                 copy(TensorView(dst, x.dtype, Shape{T, Co, o[1], o[2]}, x.device).permute({1, 0, 2, 3}), out);
             if (st == CUDNN_STATUS_SUCCESS) {
                 if (bias.defined())
