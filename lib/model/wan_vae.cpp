@@ -1,6 +1,7 @@
 #include "model/wan_vae.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
@@ -304,8 +305,17 @@ void WanVae::encode(const TensorView& video, const TensorView& latent, VaePrecis
         ArenaScope chunk(be_.workspace());
         TensorView x = be_.scratch(Shape{3, frames, H, W});
         be_.copy(video.slice(1, t0, frames), x);
-        // [2z, frames', h, w]; the first chunk traced (parity diagnostics)
-        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, precision, t0 == 0 ? trace_ : TraceFn{});
+        // [2z, frames', h, w]; the first chunk traced, and the second as "vae.chunk1.<name>" (parity diagnostics)
+        TraceFn chunk_trace;
+        if (trace_ && t0 == 0) {
+            chunk_trace = trace_;
+        } else if (trace_ && t0 == 1) {
+            chunk_trace = [this](const char* name, int layer, const TensorView& t) {
+                const char* dot = std::strchr(name, '.');
+                trace_(("vae.chunk1." + std::string(dot ? dot + 1 : name)).c_str(), layer, t);
+            };
+        }
+        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, precision, chunk_trace);
         TensorView moments = be_.scratch(h.shape);
         conv1_.forward(be_, h, nullptr, moments);
         // mu = moments[:z] (the log-variance half is unused); latent = (mu - mean) * (1 / std), with 1/std

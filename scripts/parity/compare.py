@@ -53,7 +53,7 @@ def group_of(stage):
         return "umt5.internal"
     if stage.startswith("clip."):
         return "clip.internal"
-    if re.match(r"vae\.(conv_in|block\.\d+|head)$", stage):
+    if re.match(r"vae\.(chunk1\.)?(conv_in|block\.\d+|head)$", stage):
         return "vae.internal"
     return None
 

@@ -400,14 +400,20 @@ def install_sub_stages(rec, head):
     for i, block in enumerate(te.blocks):
         block.register_forward_hook(
             lambda m, a, out, i=i: rec.put(f"umt5.{text_branch()}.layer_out.{i}", out[0]))
-    # The VAE encoder's first temporal chunk of each encode (dzr: vae.conv_in, vae.block.<i> = downsamples[i]
-    # then middle[i - len(downsamples)], vae.head), [C, frames, H, W]
+    # The VAE encoder's first two temporal chunks of each encode (dzr: vae.conv_in, vae.block.<i> =
+    # downsamples[i] then middle[i - len(downsamples)], vae.head; the second chunk as vae.chunk1.*),
+    # [C, frames, H, W]
     enc = head.vae.model.encoder
 
     def vae_put(name):
+        # the first chunk under `name`, the second under vae.chunk1.<rest>
+        second = "vae.chunk1." + name[len("vae."):]
+
         def hook(m, a, out):
             if f"c{rec.call}.{name}" not in rec.tensors:
                 rec.put(name, out[0])
+            elif f"c{rec.call}.{second}" not in rec.tensors:
+                rec.put(second, out[0])
         return hook
 
     if rec.vae_internals:

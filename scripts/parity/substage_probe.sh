@@ -20,7 +20,7 @@ FORWARDS=${FORWARDS:-0}  # the forwards (n per kind and branch) whose internals 
 DUMP+="|^dit\\.[a-z]+\\.(pos|neg)\\.(${FORWARDS//,/|})\\.(patch_embed|time_e0?|time_sin|action_tau|action_tokens|state_tokens"
 DUMP+='|(self_attn_in|q|k|v|self_attn|x_self|cross_attn|x_cross|ffn)\.[0-9]+)$'
 DUMP+='|^(umt5|clip)\.'
-[[ "${VAE_DUMP:-0}" == 1 ]] && DUMP+='|^vae\.(conv_in|block\.[0-9]+|head)$'
+[[ "${VAE_DUMP:-0}" == 1 ]] && DUMP+='|^vae\.(chunk1\.)?(conv_in|block\.[0-9]+|head)$'
 "$DZR" ckpt make --config "$CONFIG" --seed 1 --dtype f32 --tokenizer tests/data/tokenizer/spiece.model \
     --out "$WORK/ckpt" >/dev/null || exit 1
 "$DZR" parity make-inputs --ckpt "$WORK/ckpt" --out "$WORK/inputs" --calls "${CALLS:-1}" >/dev/null || exit 1
