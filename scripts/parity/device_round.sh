@@ -10,6 +10,7 @@
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
 # Settings: BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
+#   PARITY_CALLS=7 (the parity step's calls; CALLS is the sub-stage probe's)
 #   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80"), MEMEFF_VARIANTS
 #   (kernel_probe.py: the diagnostic variants of the memory-efficient-order kernel, e.g. "0,1,2")
 set -uo pipefail
@@ -61,7 +62,7 @@ if want parity; then
     say "parity (reference bf16, dzr CUDA bf16, dzr on the reference's conditioning)"
     mkdir -p "$WORK/parity"
     # NOTE: OUT first: in one command's assignments a later one sees the earlier ones (WORK=$P)
-    OUT="$WORK/parity" DZR_BIN=$DZR WORK=$P GPU_RUNS="${GPU_RUNS:-ref-bf16-gpu dzr-cuda-gpu}" CPU_RUN=${CPU_RUN:-0} \
+    OUT="$WORK/parity" DZR_BIN=$DZR WORK=$P GPU_RUNS="${GPU_RUNS:-ref-bf16-gpu dzr-cuda-gpu}" CPU_RUN=${CPU_RUN:-0} CALLS=${PARITY_CALLS:-7} \
         RUN_TIMEOUT=240 bash scripts/parity/run_parity.sh >"$WORK/parity/parity.log" 2>&1
     check $? parity
     grep -E "^(cpu-f32|cuda-bf16|dit-only|dzr-bf16|ref-bf16)|^  call|failed" "$WORK/parity/parity.log"

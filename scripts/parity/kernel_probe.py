@@ -401,11 +401,20 @@ def main():
         ref = np.load(base + ".torch.npy")
         bias = [] if mode == "2d_cl" else ["--b", base + ".b.npy"]
         flags = {"2d": ["--frames-2d"], "2d_cl": ["--frames-2d", "--channels-last"]}.get(mode, [])
-        check(f"conv {name}", "dzr conv3d", "F.conv3d",
-              ["--log-level", "debug", "parity", "conv3d", "--x", base + ".x.npy", "--w", base + ".w.npy"] + bias +
-              ["--out", base + ".dzr.npy", "--stride", *map(str, st), "--pad-before", *map(str, pb),
-               "--pad-after", *map(str, pa)] + flags,
-              base + ".dzr.npy", ref, log=os.path.join(args.out, f"dzr_conv_{name}.log"))
+        # cuDNN's graph API with PyTorch's engine choice (dzr's default), then the legacy API's v7 heuristics
+        for api in ("graph", "legacy"):
+            out = base + f".dzr_{api}.npy"
+            env_api = denv.get("DZR_CONV_API")
+            denv["DZR_CONV_API"] = api
+            check(f"conv {name}", f"dzr conv3d {api}", "F.conv3d",
+                  ["--log-level", "debug", "parity", "conv3d", "--x", base + ".x.npy", "--w", base + ".w.npy"] + bias +
+                  ["--out", out, "--stride", *map(str, st), "--pad-before", *map(str, pb),
+                   "--pad-after", *map(str, pa)] + flags,
+                  out, ref, log=os.path.join(args.out, f"dzr_conv_{name}_{api}.log"))
+            if env_api is None:
+                denv.pop("DZR_CONV_API")
+            else:
+                denv["DZR_CONV_API"] = env_api
         if mode == "3d+gemm":
             # the DiT's former patch embedding: patchify [L, Ci*kh*kw] (channel, then kernel row, then column),
             # a GEMM without bias (rounded), then the bias add (rounded)

@@ -28,7 +28,7 @@ DUMP+='|^(umt5|clip)\.'
     --out "$WORK/ref.safetensors" --dtype bf16 --device cuda --sub-stages --sub-stage-forwards "$FORWARDS" \
     $([[ "${VAE_DUMP:-0}" == 1 ]] && echo --vae-internals) \
     >"$OUT/ref.log" 2>&1 || exit 1
-"$DZR" parity run --ckpt "$WORK/ckpt" --inputs "$WORK/inputs" --out "$WORK/ours.safetensors" --device cuda \
+"$DZR" --log-level debug parity run --ckpt "$WORK/ckpt" --inputs "$WORK/inputs" --out "$WORK/ours.safetensors" --device cuda \
     --dtype bf16 --dump "$DUMP" --inject-from "$WORK/ref.safetensors" >"$OUT/dzr.log" 2>&1 || exit 1
 "$PYTHON" scripts/parity/compare.py --info-pair "probe=$WORK/ours.safetensors:$WORK/ref.safetensors:2e-2" \
     --details "$OUT/details.txt" >"$OUT/table.txt" 2>&1

@@ -5,6 +5,10 @@
 // Shapes cuDNN has no algorithm for run dzr's direct kernel.
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_internal.h"
 #include "core/log.h"
@@ -40,6 +44,200 @@ void set_tensor(cudnnTensorDescriptor_t desc, DType t, int nd, const int64_t dim
     DZR_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc, cudnn_type(t), nd, d, s));
 }
 
+/// A failed graph-API call while planning: the legacy API plans the convolution instead.
+struct GraphFailure {
+    std::string what;
+};
+
+void graph_check(cudnnStatus_t st, const char* what) {
+    if (st != CUDNN_STATUS_SUCCESS) throw GraphFailure{fmt::format("{}: {}", what, cudnnGetErrorString(st))};
+}
+
+/// Descriptors made while building a graph plan; all are destroyed with the plan.
+class GraphBuilder {
+  public:
+    explicit GraphBuilder(std::vector<cudnnBackendDescriptor_t>& keep) : keep_(keep) {}
+
+    cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
+        cudnnBackendDescriptor_t d = nullptr;
+        graph_check(cudnnBackendCreateDescriptor(type, &d), "create descriptor");
+        keep_.push_back(d);
+        return d;
+    }
+    static void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                    int64_t count, const void* value) {
+        graph_check(cudnnBackendSetAttribute(d, name, type, count, value), "set attribute");
+    }
+    static void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t v) {
+        set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+    }
+
+    /// A packed tensor as set_tensor describes it (NC... or channels-last), 16-byte aligned.
+    cudnnBackendDescriptor_t tensor(int64_t uid, DType t, int nd, const int64_t dims[5], bool nhwc) {
+        int64_t d[5] = {}, st[5] = {};
+        for (int i = 0; i < nd; ++i) d[i] = dims[i];
+        if (nhwc) {
+            st[1] = 1;
+            int64_t acc = d[1];
+            for (int i = nd - 1; i >= 2; --i) {
+                st[i] = acc;
+                acc *= d[i];
+            }
+            st[0] = acc;
+        } else {
+            st[nd - 1] = 1;
+            for (int i = nd - 2; i >= 0; --i) st[i] = st[i + 1] * d[i + 1];
+        }
+        cudnnBackendDescriptor_t desc = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+        const cudnnDataType_t type = cudnn_type(t);
+        const int64_t align = 16;
+        set(desc, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+        set(desc, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, nd, d);
+        set(desc, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, nd, st);
+        set(desc, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+        set(desc, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+        graph_check(cudnnBackendFinalize(desc), "tensor descriptor");
+        return desc;
+    }
+
+  private:
+    std::vector<cudnnBackendDescriptor_t>& keep_;
+};
+
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+
+/// The engine's global index and whether it carries `note` (a config whose engine cannot be read counts as
+/// carrying it, so it is skipped).
+bool engine_has_note(cudnnBackendDescriptor_t cfg, cudnnBackendNumericalNote_t note, int64_t* index) {
+    cudnnBackendDescriptor_t engine = nullptr;
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return true;
+    int64_t n = 0;
+    bool has = true;
+    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) ==
+        CUDNN_STATUS_SUCCESS) {
+        cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+        int64_t count = 0;
+        if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes) == CUDNN_STATUS_SUCCESS) {
+            has = false;
+            for (int64_t i = 0; i < count; ++i) has = has || notes[i] == note;
+        }
+        if (index) cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, index);
+    }
+    cudnnBackendDestroyDescriptor(engine);
+    return has;
+}
+
+/// The convolution as a one-node operation graph, planned as PyTorch's cuDNN convolution plans it without
+/// benchmarking (aten/src/ATen/native/cudnn/Conv_v8.cpp, read, not copied): the engine configs of heuristics
+/// mode INSTANT, then those of the fallback list, without the configs whose engines down-convert their inputs
+/// (and, for f32, without tensor-core ones: TF32 stays off), and the first that finalizes within the
+/// workspace limit is taken. Throws GraphFailure when none does.
+void build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, int nd, const int64_t x_dims[5],
+                           const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3],
+                           bool nhwc, size_t ws_limit) {
+    GraphBuilder b(plan.keep);
+    const cudnnBackendDescriptor_t x = b.tensor(kUidX, dtype, nd, x_dims, nhwc);
+    const cudnnBackendDescriptor_t w = b.tensor(kUidW, dtype, nd, w_dims, nhwc);
+    const cudnnBackendDescriptor_t y = b.tensor(kUidY, dtype, nd, y_dims, nhwc);
+
+    const int64_t sd = nd - 2;
+    int64_t pads[3] = {}, strides[3] = {}, dilations[3] = {1, 1, 1};
+    for (int i = 0; i < sd; ++i) pads[i] = pad[i], strides[i] = stride[i];
+    cudnnBackendDescriptor_t conv = b.make(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    GraphBuilder::set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+    GraphBuilder::set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+    GraphBuilder::set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &sd);
+    GraphBuilder::set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, sd, dilations);
+    GraphBuilder::set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, sd, strides);
+    GraphBuilder::set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, sd, pads);
+    GraphBuilder::set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, sd, pads);
+    graph_check(cudnnBackendFinalize(conv), "convolution descriptor");
+
+    cudnnBackendDescriptor_t op = b.make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+    const float alpha = 1.f, beta = 0.f;
+    GraphBuilder::set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x);
+    GraphBuilder::set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w);
+    GraphBuilder::set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y);
+    GraphBuilder::set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
+    GraphBuilder::set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+    GraphBuilder::set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+    graph_check(cudnnBackendFinalize(op), "convolution operation");
+
+    cudnnBackendDescriptor_t graph = b.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    GraphBuilder::set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    GraphBuilder::set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op);
+    graph_check(cudnnBackendFinalize(graph), "operation graph");
+
+    std::string refusals;
+    for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_INSTANT, CUDNN_HEUR_MODE_FALLBACK}) {
+        cudnnBackendDescriptor_t heur = b.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+        GraphBuilder::set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+        GraphBuilder::set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode);
+        if (cudnnBackendFinalize(heur) != CUDNN_STATUS_SUCCESS) continue;  // e.g. no fallback list
+        int64_t count = 0;
+        if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                     nullptr) != CUDNN_STATUS_SUCCESS ||
+            count <= 0)
+            continue;
+        std::vector<cudnnBackendDescriptor_t> cfgs;
+        for (int64_t i = 0; i < count; ++i) cfgs.push_back(b.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+        int64_t got = 0;
+        graph_check(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
+                                             &got, cfgs.data()),
+                    "engine configs");
+        for (int64_t i = 0; i < got; ++i) {
+            int64_t index = -1;
+            if (engine_has_note(cfgs[size_t(i)], CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS, &index)) continue;
+            if (dtype == DType::F32 && engine_has_note(cfgs[size_t(i)], CUDNN_NUMERICAL_NOTE_TENSOR_CORE, nullptr))
+                continue;
+            cudnnBackendDescriptor_t p = nullptr;
+            cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
+            if (st != CUDNN_STATUS_SUCCESS) continue;
+            st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+            if (st == CUDNN_STATUS_SUCCESS)
+                st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                              1, &cfgs[size_t(i)]);
+            if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(p);
+            int64_t ws = 0, n = 0;
+            if (st == CUDNN_STATUS_SUCCESS)
+                st = cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws);
+            if (st != CUDNN_STATUS_SUCCESS || size_t(ws) > ws_limit) {
+                if (st == CUDNN_STATUS_SUCCESS)
+                    refusals += fmt::format(" engine {} needs {} B of workspace ({} B free);", index, ws, ws_limit);
+                cudnnBackendDestroyDescriptor(p);
+                continue;
+            }
+            plan.graph = p;
+            plan.workspace_bytes = size_t(ws);
+            plan.engine = fmt::format("engine {} (heuristics mode {}, config {} of {}){}", index, int(heur_mode), i,
+                                      got, refusals.empty() ? "" : "; skipped:" + refusals);
+            plan.has_algo = true;
+            return;
+        }
+    }
+    throw GraphFailure{"no engine config finalized" + refusals};
+}
+
+void run_graph_conv_plan(cudnnHandle_t handle, const ConvPlan& plan, const void* x, const void* w, void* y,
+                         void* workspace) {
+    const int64_t uids[3] = {kUidX, kUidW, kUidY};
+    void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), y};
+    cudnnBackendDescriptor_t pack = nullptr;
+    DZR_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
+    cudnnStatus_t st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(handle, plan.graph, pack);
+    cudnnBackendDestroyDescriptor(pack);
+    DZR_CUDNN_CHECK(st);
+}
+
 }  // namespace
 
 ConvPlan& CudaBackend::conv_plan(const std::string& key, DType dtype, int nd, const int64_t x_dims[5],
@@ -63,6 +261,29 @@ void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType 
                                   const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5],
                                   const int pad[3], const int stride[3], bool nhwc) {
     cudnnHandle_t handle = cudnn();
+    const size_t ws_limit = arena_.measuring() ? SIZE_MAX : arena_.capacity() - arena_.used();
+    // NOTE: the graph API with PyTorch's engine choice first (its kernels are the ones the reference runs);
+    // DZR_CONV_API=legacy takes the legacy API's v7 heuristics instead (a diagnostic)
+    const char* api = std::getenv("DZR_CONV_API");
+    if (!(api && std::string(api) == "legacy")) {
+        try {
+            build_graph_conv_plan(plan, handle, dtype, nd, x_dims, w_dims, y_dims, pad, stride, nhwc, ws_limit);
+            // NOTE: an engine skipped for want of workspace changes the arithmetic against PyTorch's choice
+            if (plan.engine.find("skipped") != std::string::npos)
+                log()->info("cuDNN conv plan for {}: {}, workspace {} B", key, plan.engine, plan.workspace_bytes);
+            else
+                log()->debug("cuDNN conv plan for {}: graph API, {}, workspace {} B", key, plan.engine,
+                             plan.workspace_bytes);
+            return;
+        } catch (const GraphFailure& f) {
+            if (plan.graph) cudnnBackendDestroyDescriptor(plan.graph);
+            plan.graph = nullptr;
+            for (auto it = plan.keep.rbegin(); it != plan.keep.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
+            plan.keep.clear();
+            plan.has_algo = false;
+            log()->info("cuDNN graph API cannot plan conv {}: {}; using the legacy API", key, f.what);
+        }
+    }
     DZR_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan.x));
     DZR_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan.y));
     DZR_CUDNN_CHECK(cudnnCreateFilterDescriptor(&plan.w));
@@ -91,7 +312,6 @@ void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType 
     int returned = 0;
     const cudnnStatus_t st =
         cudnnGetConvolutionForwardAlgorithm_v7(handle, plan.x, plan.w, plan.conv, plan.y, kRequested, &returned, perf);
-    const size_t ws_limit = arena_.measuring() ? SIZE_MAX : arena_.capacity() - arena_.used();
     for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < returned && !plan.has_algo; ++i) {
         if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > ws_limit) continue;
         if (dtype == DType::F32 && perf[i].mathType != CUDNN_FMA_MATH && perf[i].mathType != CUDNN_DEFAULT_MATH)
@@ -110,6 +330,9 @@ void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType 
     if (!plan.has_algo)
         log()->warn("cuDNN has no conv3d algorithm for {} ({}); using the direct kernel", key,
                     st == CUDNN_STATUS_SUCCESS ? "none fits" : cudnnGetErrorString(st));
+    else
+        log()->debug("cuDNN conv plan for {}: legacy API, algorithm {}, workspace {} B", key, int(plan.algo),
+                     plan.workspace_bytes);
 }
 
 void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
@@ -204,8 +427,28 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
             }
             void* ws = plan.workspace_bytes > 0 ? arena_.alloc(plan.workspace_bytes) : nullptr;
             const float alpha = 1.f, beta = 0.f;
-            const cudnnStatus_t st = cudnnConvolutionForward(cudnn(), &alpha, plan.x, src, plan.w, wsrc, plan.conv,
-                                                             plan.algo, ws, plan.workspace_bytes, &beta, plan.y, dst);
+            cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+            if (plan.graph) {
+                // NOTE: the plan declares 16-byte aligned operands; a view at an odd offset goes through an
+                // aligned copy (arena buffers are aligned)
+                const size_t es = dtype_size(x.dtype);
+                const auto aligned_copy = [&](const void* p, size_t bytes) -> const void* {
+                    if (cuda_detail::pointer_alignment(p) >= 16) return p;
+                    void* a = arena_.alloc(bytes);
+                    DZR_CUDA_CHECK(cudaMemcpyAsync(a, p, bytes, cudaMemcpyDeviceToDevice, stream_));
+                    return a;
+                };
+                src = aligned_copy(src, size_t(Ci * x_dims[2] * x_dims[3] * x_dims[4]) * es);
+                wsrc = aligned_copy(wsrc, size_t(w.numel()) * es);
+                void* y = dst;
+                const size_t y_bytes = size_t(out.numel()) * es;
+                if (cuda_detail::pointer_alignment(dst) < 16) y = arena_.alloc(y_bytes);
+                run_graph_conv_plan(cudnn(), plan, src, wsrc, y, ws);
+                if (y != dst) DZR_CUDA_CHECK(cudaMemcpyAsync(dst, y, y_bytes, cudaMemcpyDeviceToDevice, stream_));
+            } else {
+                st = cudnnConvolutionForward(cudnn(), &alpha, plan.x, src, plan.w, wsrc, plan.conv, plan.algo, ws,
+                                             plan.workspace_bytes, &beta, plan.y, dst);
+            }
             if (st == CUDNN_STATUS_SUCCESS && nhwc)
                 copy(TensorView(dst, x.dtype, Shape{T, o[1], o[2], Co}, x.device).permute({3, 0, 1, 2}), out);
             else if (st == CUDNN_STATUS_SUCCESS && frames_2d)

@@ -6,6 +6,8 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -67,10 +69,15 @@ struct GemmPlan {
 /// cuDNN descriptors and the chosen algorithm for one conv3d shape. has_algo = false: the direct
 /// kernel runs instead.
 struct ConvPlan {
+    // the legacy API's descriptors and algorithm (used when `graph` is null)
     cudnnTensorDescriptor_t x = nullptr, y = nullptr;
     cudnnFilterDescriptor_t w = nullptr;
     cudnnConvolutionDescriptor_t conv = nullptr;
     cudnnConvolutionFwdAlgo_t algo{};
+    // the graph API's execution plan, chosen as PyTorch's cuDNN convolution chooses (cuda_conv.cpp)
+    cudnnBackendDescriptor_t graph = nullptr;
+    std::vector<cudnnBackendDescriptor_t> keep;  // the graph's descriptors, destroyed after the plan
+    std::string engine;                          // which config was taken (logs)
     size_t workspace_bytes = 0;
     bool has_algo = false;
 
@@ -82,6 +89,8 @@ struct ConvPlan {
         if (y) cudnnDestroyTensorDescriptor(y);
         if (w) cudnnDestroyFilterDescriptor(w);
         if (conv) cudnnDestroyConvolutionDescriptor(conv);
+        if (graph) cudnnBackendDestroyDescriptor(graph);
+        for (auto it = keep.rbegin(); it != keep.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
     }
 };
 
