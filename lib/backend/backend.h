@@ -179,6 +179,15 @@ public:
                            const TensorView& v, const TensorView& bias, const TensorView& out) = 0;
     virtual void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                         const TensorView& out) = 0;
+    /// Workspace bytes conv3d takes for these shapes beyond its own buffers (the library's scratch), planning the
+    /// call now if needed: the CUDA backend fixes the cuDNN engine PyTorch would pick without a workspace limit,
+    /// so a workspace planned with this (MeasuringBackend) always leaves room for it. Only shapes and dtypes of
+    /// the views are read. 0 where there is none.
+    virtual size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                          const TensorView& out) {
+        (void)p, (void)x, (void)w, (void)out;
+        return 0;
+    }
     /// Bicubic resize of an f32 image [C, H, W] -> f32 [C, h, w] (both contiguous) in the arithmetic of
     /// PyTorch's kernel for this device, where the backend has one; false where it does not (the caller then
     /// resizes with its interpolation matrices, model/image_resize.h).

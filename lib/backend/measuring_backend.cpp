@@ -14,8 +14,8 @@ Tensor MeasuringBackend::shape_only(Shape shape, DType dtype) {
 
 // NOTE: the arena sits on the fake address too (not a null measuring arena), so that slicing
 // activation views never does arithmetic on null pointers.
-MeasuringBackend::MeasuringBackend(DType compute_dtype)
-    : dtype_(compute_dtype), arena_(reinterpret_cast<void*>(uintptr_t(1) << 46), size_t(1) << 45, Device::cpu()),
+MeasuringBackend::MeasuringBackend(DType compute_dtype, Backend* planner)
+    : planner_(planner), dtype_(compute_dtype), arena_(reinterpret_cast<void*>(uintptr_t(1) << 46), size_t(1) << 45, Device::cpu()),
       next_alloc_(uintptr_t(1) << 44) {}
 
 Tensor MeasuringBackend::alloc(Shape shape, DType dtype) {
@@ -28,7 +28,7 @@ void MeasuringBackend::copy(const TensorView& src, const TensorView& dst) {
     DZR_CHECK(src.numel() == dst.numel() && dst.is_contiguous(), "measuring copy: {} -> {}", src.str(), dst.str());
 }
 
-void MeasuringBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView&, const TensorView&,
+void MeasuringBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView&,
                               const TensorView& out) {
     if (x.rank() != 4 || out.rank() != 4) return;
     ArenaScope scope(arena_);
@@ -42,6 +42,11 @@ void MeasuringBackend::conv3d(const Conv3dParams& p, const TensorView& x, const 
     if (p.frames_2d) {
         arena_.alloc_view(symmetric ? x.shape : padded, x.dtype);
         arena_.alloc_view(out.shape, out.dtype);
+        if (p.channels_last) arena_.alloc_view(w.shape, w.dtype);  // the channels-last weight
+    }
+    if (planner_) {
+        const size_t ws = planner_->conv3d_workspace_bytes(p, x, w, out);
+        if (ws > 0) arena_.alloc(ws);
     }
 }
 

@@ -10,7 +10,9 @@ namespace dzr {
 
 class MeasuringBackend final : public Backend {
 public:
-    explicit MeasuringBackend(DType compute_dtype);
+    /// planner: the backend that will run the calls, asked for the library workspace of its convolutions
+    /// (Backend::conv3d_workspace_bytes); may be null.
+    explicit MeasuringBackend(DType compute_dtype, Backend* planner = nullptr);
 
     /// A fake address for data-less tensors: never dereferenced, but arithmetic on it is defined.
     static void* fake_address();
@@ -58,6 +60,7 @@ public:
                     int64_t) override {}
 
 private:
+    Backend* planner_ = nullptr;
     DType dtype_;
     Arena arena_;
     uintptr_t next_alloc_ = 0;

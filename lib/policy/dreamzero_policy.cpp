@@ -189,7 +189,9 @@ DreamZeroPolicy::~DreamZeroPolicy() = default;
 
 void DreamZeroPolicy::plan_workspace(const WeightSource& weights, const std::filesystem::path& tokenizer) {
     (void)weights;
-    MeasuringBackend mb(be_.compute_dtype());
+    // NOTE: the real backend plans each convolution as the calls are measured (cuDNN's engine as PyTorch picks
+    // it, whatever its workspace), so the workspace holds what those engines take
+    MeasuringBackend mb(be_.compute_dtype(), &be_);
     auto shapes = make_shape_only_weights(model_);
     PolicyOptions o = options_;
     o.check_finite = false;

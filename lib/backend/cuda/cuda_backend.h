@@ -115,6 +115,8 @@ public:
                    const TensorView& bias, const TensorView& out) override;
     void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                 const TensorView& out) override;
+    size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                  const TensorView& out) override;
     void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
                          const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
@@ -144,12 +146,12 @@ private:
     cuda_detail::GemmPlan& gemm_plan(const cuda_detail::GemmCall& call);
     cuda_detail::ConvPlan& conv_plan(const std::string& key, DType dtype, int nd, const int64_t x_dims[5],
                                      const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
-                                     const int stride[3], bool nhwc = false);
+                                     const int stride[3], bool nhwc, size_t ws_limit);
     /// nd = 5: a conv3d on [N, C, T, H, W]; nd = 4: a conv2d on [N, C, H, W] (dims, pad and stride use
     /// their first nd resp. nd - 2 entries). nhwc: input, output and filter are channels-last in memory.
     void build_conv_plan(cuda_detail::ConvPlan& plan, const std::string& key, DType dtype, int nd,
                          const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
-                         const int stride[3], bool nhwc);
+                         const int stride[3], bool nhwc, size_t ws_limit);
     cudnnHandle_t cudnn();
     /// The cuBLAS handle for PlainGemmImpl::Cublas, made when that is chosen (stream, workspace and math mode set).
     cublasHandle_t blas();

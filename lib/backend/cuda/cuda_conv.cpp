@@ -5,6 +5,7 @@
 // Shapes cuDNN has no algorithm for run dzr's direct kernel.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -242,12 +243,12 @@ void run_graph_conv_plan(cudnnHandle_t handle, const ConvPlan& plan, const void*
 
 ConvPlan& CudaBackend::conv_plan(const std::string& key, DType dtype, int nd, const int64_t x_dims[5],
                                  const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3],
-                                 bool nhwc) {
+                                 bool nhwc, size_t ws_limit) {
     auto it = conv_plans_.find(key);
     if (it != conv_plans_.end()) return *it->second;
     auto plan = std::make_unique<ConvPlan>();
     try {
-        build_conv_plan(*plan, key, dtype, nd, x_dims, w_dims, y_dims, pad, stride, nhwc);
+        build_conv_plan(*plan, key, dtype, nd, x_dims, w_dims, y_dims, pad, stride, nhwc, ws_limit);
     } catch (const Error& e) {
         // NOTE: a cuDNN that cannot describe or plan this convolution must not stop the run: the direct
         // kernel computes the same thing, slower, and the warning says so.
@@ -259,9 +260,8 @@ ConvPlan& CudaBackend::conv_plan(const std::string& key, DType dtype, int nd, co
 
 void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType dtype, int nd,
                                   const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5],
-                                  const int pad[3], const int stride[3], bool nhwc) {
+                                  const int pad[3], const int stride[3], bool nhwc, size_t ws_limit) {
     cudnnHandle_t handle = cudnn();
-    const size_t ws_limit = arena_.measuring() ? SIZE_MAX : arena_.capacity() - arena_.used();
     // NOTE: the graph API with PyTorch's engine choice first (its kernels are the ones the reference runs);
     // DZR_CONV_API=legacy takes the legacy API's v7 heuristics instead (a diagnostic)
     const char* api = std::getenv("DZR_CONV_API");
@@ -335,6 +335,67 @@ void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType 
                      plan.workspace_bytes);
 }
 
+namespace {
+
+/// What cuDNN is given for one conv3d call: the (padded) input, weight and output dims as 5-D [N, C, T, H, W]
+/// and, for frames_2d, as 4-D frames [T, C, H, W]; the padding cuDNN applies; the plan key.
+struct ConvGeometry {
+    bool symmetric = true;
+    int64_t x_dims[5] = {}, w_dims[5] = {}, y_dims[5] = {};
+    int pad[3] = {};
+    int64_t x4[5] = {}, w4[5] = {}, y4[5] = {};
+    int pad2[3] = {}, stride2[3] = {};
+    std::string key;
+};
+
+ConvGeometry conv_geometry(const Conv3dParams& p, DType dt, int64_t Ci, int64_t Co, const int64_t in[3],
+                           const int64_t k[3], const int64_t o[3]) {
+    const bool frames_2d = p.frames_2d, nhwc = p.frames_2d && p.channels_last;
+    ConvGeometry g;
+    for (int i = 0; i < 3; ++i) g.symmetric = g.symmetric && p.pad_before[i] == p.pad_after[i];
+    const int64_t x_dims[5] = {1, Ci, in[0], in[1], in[2]};
+    std::copy(x_dims, x_dims + 5, g.x_dims);
+    for (int i = 0; i < 3; ++i) {
+        g.pad[i] = g.symmetric ? p.pad_before[i] : 0;
+        if (!g.symmetric) g.x_dims[i + 2] = in[i] + p.pad_before[i] + p.pad_after[i];
+    }
+    const int64_t w_dims[5] = {Co, Ci, k[0], k[1], k[2]}, y_dims[5] = {1, Co, o[0], o[1], o[2]};
+    std::copy(w_dims, w_dims + 5, g.w_dims);
+    std::copy(y_dims, y_dims + 5, g.y_dims);
+    g.key = fmt::format("{}{} x[{},{},{},{}] w[{},{},{},{}] pad[{},{},{}] stride[{},{},{}]",
+                        nhwc ? "2d nhwc " : frames_2d ? "2d " : "", dtype_name(dt), Ci, g.x_dims[2], g.x_dims[3],
+                        g.x_dims[4], Co, k[0], k[1], k[2], g.pad[0], g.pad[1], g.pad[2], p.stride[0], p.stride[1],
+                        p.stride[2]);
+    const int64_t T = g.x_dims[2];
+    const int64_t x4[5] = {T, Ci, g.x_dims[3], g.x_dims[4], 0}, w4[5] = {Co, Ci, k[1], k[2], 0},
+                  y4[5] = {T, Co, o[1], o[2], 0};
+    std::copy(x4, x4 + 5, g.x4);
+    std::copy(w4, w4 + 5, g.w4);
+    std::copy(y4, y4 + 5, g.y4);
+    g.pad2[0] = g.pad[1], g.pad2[1] = g.pad[2];
+    g.stride2[0] = p.stride[1], g.stride2[1] = p.stride[2], g.stride2[2] = 1;
+    return g;
+}
+
+}  // namespace
+
+size_t CudaBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                           const TensorView& out) {
+    if (fallback_only_ || x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
+        !cuda_detail::is_float_act(x.dtype))
+        return 0;
+    int64_t in[3], k[3], o[3];
+    for (int i = 0; i < 3; ++i) in[i] = x.dim(i + 1), k[i] = w.dim(i + 2), o[i] = out.dim(i + 1);
+    const ConvGeometry g = conv_geometry(p, x.dtype, x.dim(0), w.dim(0), in, k, o);
+    DeviceGuard guard(index_);
+    // NOTE: planned without a workspace limit, as PyTorch (whose allocator serves any size) would choose
+    ConvPlan& plan = p.frames_2d ? conv_plan(g.key, x.dtype, 4, g.x4, g.w4, g.y4, g.pad2, g.stride2,
+                                             p.channels_last, SIZE_MAX)
+                                 : conv_plan(g.key, x.dtype, 5, g.x_dims, g.w_dims, g.y_dims, g.pad, p.stride, false,
+                                             SIZE_MAX);
+    return plan.has_algo ? (plan.workspace_bytes + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign : 0;
+}
+
 void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                          const TensorView& out) {
     for (const auto& [t, what] : {std::pair{&x, "x"}, std::pair{&w, "w"}, std::pair{&out, "out"}}) {
@@ -376,34 +437,21 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
     bool done = false;
     if (!fallback_only_ && Ci > 0) {
         // cuDNN pads symmetrically: asymmetric padding is applied by copying into a padded buffer.
-        bool symmetric = true;
-        for (int i = 0; i < 3; ++i) symmetric = symmetric && p.pad_before[i] == p.pad_after[i];
+        const ConvGeometry g = conv_geometry(p, x.dtype, Ci, Co, in, k, o);
+        const int64_t* x_dims = g.x_dims;
         const void* src = x.data;
-        int64_t x_dims[5] = {1, Ci, in[0], in[1], in[2]};
-        int pad[3] = {p.pad_before[0], p.pad_before[1], p.pad_before[2]};
-        if (!symmetric) {
-            for (int i = 0; i < 3; ++i) {
-                x_dims[i + 2] = in[i] + p.pad_before[i] + p.pad_after[i];
-                pad[i] = 0;
-            }
+        if (!g.symmetric) {
             void* padded = arena_.alloc(size_t(Ci * x_dims[2] * x_dims[3] * x_dims[4]) * dtype_size(x.dtype));
             DZR_CUDA_CHECK(kernels::pad3d(x.data, padded, x.dtype, Ci, in, p.pad_before, p.pad_after, stream_));
             src = padded;
         }
-        const int64_t w_dims[5] = {Co, Ci, k[0], k[1], k[2]};
-        const int64_t y_dims[5] = {1, Co, o[0], o[1], o[2]};
-        const std::string key =
-            fmt::format("{}{} x[{},{},{},{}] w[{},{},{},{}] pad[{},{},{}] stride[{},{},{}]",
-                        nhwc ? "2d nhwc " : frames_2d ? "2d " : "",
-                        dtype_name(x.dtype), Ci, x_dims[2], x_dims[3], x_dims[4], Co, k[0], k[1], k[2], pad[0],
-                        pad[1], pad[2], p.stride[0], p.stride[1], p.stride[2]);
+        const std::string& key = g.key;
         // 2-D: [Ci, T, H, W] -> [T, Ci, H, W] frames, a [T, Co, Ho, Wo] result, transposed back below
         const int64_t T = x_dims[2], frame_elems = Ci * x_dims[3] * x_dims[4], out_elems = Co * o[1] * o[2];
-        const int64_t x4[5] = {T, Ci, x_dims[3], x_dims[4], 0}, w4[5] = {Co, Ci, k[1], k[2], 0},
-                      y4[5] = {T, Co, o[1], o[2], 0};
-        const int pad2[3] = {pad[1], pad[2], 0}, stride2[3] = {p.stride[1], p.stride[2], 1};
-        ConvPlan& plan = frames_2d ? conv_plan(key, x.dtype, 4, x4, w4, y4, pad2, stride2, nhwc)
-                                   : conv_plan(key, x.dtype, 5, x_dims, w_dims, y_dims, pad, p.stride);
+        const size_t free_ws = arena_.measuring() ? SIZE_MAX : arena_.capacity() - arena_.used();
+        ConvPlan& plan = frames_2d ? conv_plan(key, x.dtype, 4, g.x4, g.w4, g.y4, g.pad2, g.stride2, nhwc, free_ws)
+                                   : conv_plan(key, x.dtype, 5, g.x_dims, g.w_dims, g.y_dims, g.pad, p.stride, false,
+                                               free_ws);
         if (plan.has_algo) {
             void* dst = out.data;
             const void* wsrc = w.data;
