@@ -895,8 +895,9 @@ std::set<std::string> declared_backend_ops() {
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();
+    // conv3d_workspace_bytes is a planning query, tested below
     const std::set<std::string> not_ops = {"device", "name", "compute_dtype", "workspace", "reserve_workspace",
-                                           "synchronize", "device_memory_in_use"};
+                                           "synchronize", "device_memory_in_use", "conv3d_workspace_bytes"};
     std::set<std::string> ops;
     const std::regex decl(R"(virtual\s+[\w:<>&\s]+?[\s&*](\w+)\s*\()");
     for (auto it = std::sregex_iterator(text.begin(), text.end(), decl); it != std::sregex_iterator(); ++it) {
@@ -970,6 +971,46 @@ TEST_CASE("every cuda op matches the cpu reference within tolerance") {
         std::printf("%-11s %12s %12s\n", op.c_str(), get(DType::F32).c_str(), get(DType::BF16).c_str());
     }
     std::fflush(stdout);
+}
+
+TEST_CASE("a conv3d planned through conv3d_workspace_bytes runs its unlimited engine in a workspace of that size") {
+    // The VAE encoder's first residual convolution on a 4-frame chunk: its first cuDNN engine needs ~435 MB of
+    // workspace (H200, cuDNN 9.14). A backend whose workspace holds the padded input plus what the query reports
+    // must run the same engine, bit for bit, as one with room to spare.
+    const int64_t Ci = 96, T = 4, H = 352, W = 640;
+    Conv3dParams p;
+    p.pad_before[0] = 2;
+    p.pad_before[1] = p.pad_after[1] = p.pad_before[2] = p.pad_after[2] = 1;
+    std::mt19937_64 rng(77);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    Tensor xh = Tensor::host({Ci, T, H, W}, DType::F32), wh = Tensor::host({Ci, Ci, 3, 3, 3}, DType::F32);
+    for (int64_t i = 0; i < xh.numel(); ++i) xh.ptr<float>()[i] = bf16_to_f32(f32_to_bf16(dist(rng)));
+    for (int64_t i = 0; i < wh.numel(); ++i) wh.ptr<float>()[i] = bf16_to_f32(f32_to_bf16(0.05f * dist(rng)));
+    const size_t padded = size_t(Ci * (T + 2) * (H + 2) * (W + 2)) * 2;
+    const auto run = [&](Backend& be, bool plan_first) {
+        Tensor x = be.alloc({Ci, T, H, W}, DType::BF16), w = be.alloc({Ci, Ci, 3, 3, 3}, DType::BF16);
+        Tensor out = be.alloc({Ci, T, H, W}, DType::BF16);
+        be.upload(xh, x);
+        be.upload(wh, w);
+        if (plan_first) {
+            const size_t ws = be.conv3d_workspace_bytes(p, x, w, out);
+            std::printf("conv3d_workspace_bytes: %zu B\n", ws);
+            be.reserve_workspace(padded + ws + 2 * Arena::kAlign);
+        }
+        be.conv3d(p, x, w, {}, out);
+        Tensor host = Tensor::host(out.shape(), DType::F32);
+        be.download(out, host);
+        return host;
+    };
+    auto roomy = make_cuda_backend(0, size_t(4) << 30);
+    const Tensor ref = run(*roomy, false);
+    auto planned = make_cuda_backend(0, size_t(64) << 20);
+    const Tensor got = run(*planned, true);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) differ += ref.ptr<float>()[i] != got.ptr<float>()[i];
+    CHECK(differ == 0);
+    // the CPU backend has no library workspace
+    CHECK(cpu().conv3d_workspace_bytes(p, xh, wh, xh) == 0);
 }
 
 TEST_CASE("cuda backend rejects mismatched operands with a dzr::Error") {
