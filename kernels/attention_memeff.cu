@@ -10,12 +10,9 @@
 //   B (16x8, col):  b0 = (k = 2t..2t+1, n = g), b1 = (k = 2t+8..2t+9, n = g)
 //   C (16x8):       c0, c1 = (g, 2t..2t+1), c2, c3 = (g+8, 2t..2t+1)
 //
-// Variant bits (diagnostic; 0 is the arithmetic that matched PyTorch on the H200, docs/PARITY.md):
-//   1: exp2 of fma(s, log2e, -m) instead of exp2(round(s * log2e) - m)
-//   2: last block o = fma(beta, o, round(alpha * o_block)); 4: round(alpha * o_block) + round(beta * o)
-//      (default: fma(alpha, o_block, round(beta * o)))
-//   8: middle blocks o = o_block + round(r * o) (default: fma(r, o, o_block))
-//  16: alpha = an approximate 1 / sum (__fdividef) instead of the IEEE division
+// The arithmetic where PyTorch's compiled code contracts or rounds (each checked against its kernel on the H200,
+// docs/PARITY.md): exp2(round(s * log2e) - m) (not an FMA), the middle blocks' o = fma(r, o, o_block), the last
+// block's o = fma(alpha, o_block, round(alpha * r * o)) with alpha = 1 / sum an IEEE division.
 #include <cfloat>
 
 #include "kernels/attention_memeff.cuh"
@@ -120,8 +117,6 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
     const T* kg = static_cast<const T*>(a.k) + head * a.k_head;
     const T* vg = static_cast<const T*>(a.v) + head * a.v_head;
     T* og = static_cast<T*>(a.out) + q0 * a.o_tok + head * a.o_head;
-    const bool exp_fused = a.variant & 1, last_fma_beta = a.variant & 2, last_unfused = a.variant & 4,
-               middle_unfused = a.variant & 8, approx_div = a.variant & 16;
 
     if (tid < kRows) {
         s_prime[tid] = 0.f;
@@ -216,8 +211,7 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
                         const int col = warp * 32 + nt * 8 + 2 * t + c;
-                        const float arg = exp_fused ? __fmaf_rn(s[mt][nt][2 * h + c], kLog2e, -m)
-                                                    : __fsub_rn(sl[mt][nt][2 * h + c], m);
+                        const float arg = __fsub_rn(sl[mt][nt][2 * h + c], m);
                         const float p = col < nkeys ? exp2f(arg) : 0.f;
                         total = __fadd_rn(total, p);
                         ps[row * p_ld + col] = from_f32<T>(p);
@@ -275,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
                 for (int h = 0; h < 2; ++h) {
                     const int row = mt * 16 + h * 8 + g;
                     const float sum = s_prime[row] == 0.f ? 1.f : s_prime[row];
-                    const float alpha = approx_div ? __fdividef(1.f, sum) : __fdiv_rn(1.f, sum);
+                    const float alpha = __fdiv_rn(1.f, sum);
                     const float r = out_rescale[row];
 #pragma unroll
                     for (int nt = 0; nt < 4; ++nt)
@@ -289,15 +283,10 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
                             if (first) {
                                 res = last ? __fmul_rn(alpha, acc) : acc;
                             } else if (!last) {
-                                res = middle_unfused ? __fadd_rn(acc, __fmul_rn(r, prev)) : __fmaf_rn(r, prev, acc);
+                                res = __fmaf_rn(r, prev, acc);
                             } else {
                                 const float beta = __fmul_rn(alpha, r);
-                                if (last_fma_beta)
-                                    res = __fmaf_rn(beta, prev, __fmul_rn(alpha, acc));
-                                else if (last_unfused)
-                                    res = __fadd_rn(__fmul_rn(alpha, acc), __fmul_rn(beta, prev));
-                                else
-                                    res = __fmaf_rn(alpha, acc, __fmul_rn(beta, prev));
+                                res = __fmaf_rn(alpha, acc, __fmul_rn(beta, prev));
                             }
                             if (last) {
                                 if (row < rows_valid) og[row * a.o_tok + col] = from_f32<T>(res);

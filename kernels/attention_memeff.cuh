@@ -38,9 +38,6 @@ struct MemEffAttentionArgs {
     int64_t v_tok = 0, v_head = 0;
     void* out = nullptr;
     int64_t o_tok = 0, o_head = 0;
-    /// Diagnostic (DZR_MEMEFF_VARIANT, for scripts/parity/kernel_probe.py): 0 is PyTorch's arithmetic as
-    /// measured; the bits select alternatives of its contractions (see attention_memeff.cu).
-    int variant = 0;
 };
 
 /// True when the kernel runs these arguments: bf16/f16; max(d, dv) > 128 (PyTorch runs another tile below);

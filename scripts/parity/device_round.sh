@@ -11,8 +11,7 @@
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
 # Settings: BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
 #   PARITY_CALLS=7 (the parity step's calls; CALLS is the sub-stage probe's)
-#   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80"), MEMEFF_VARIANTS
-#   (kernel_probe.py: the diagnostic variants of the memory-efficient-order kernel, e.g. "0,1,2")
+#   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dzr-round-out}

@@ -334,22 +334,6 @@ def main():
             print(f"{name}: dzr failed:\n{r.stdout}{r.stderr}")
             if not os.path.isdir(outdir):
                 continue
-        # MEMEFF_VARIANTS=0,1,...: the diagnostic variants of dzr's memory-efficient kernel against torch's choice
-        variants = [v for v in os.environ.get("MEMEFF_VARIANTS", "").split(",") if v] if d > 128 else []
-        ref_default = os.path.join(args.work, f"{name}.torch_DEFAULT.npy")
-        for var in variants:
-            vdir = f"{outdir}_v{var}"
-            venv = dict(denv, DZR_MEMEFF_VARIANT=var)
-            r = subprocess.run([args.dzr, "parity", "attention", "--impls", "mem-efficient",
-                                "--q", os.path.join(args.work, f"{name}.q.npy"),
-                                "--k", os.path.join(args.work, f"{name}.k.npy"),
-                                "--v", os.path.join(args.work, f"{name}.v.npy"), "--out", vdir],
-                               env=venv, capture_output=True, text=True)
-            out = os.path.join(vdir, "o_mem-efficient.npy")
-            if r.returncode != 0 or not os.path.exists(out):
-                rows.append((name, f"dzr mem-efficient v{var}", "DEFAULT", "failed: " + (r.stdout + r.stderr)[-300:]))
-            else:
-                rows.append((name, f"dzr mem-efficient v{var}", "DEFAULT", describe(np.load(out), np.load(ref_default))))
         for ref_be in ("DEFAULT", "CUDNN_ATTENTION", "FLASH_ATTENTION"):
             ref_path = os.path.join(args.work, f"{name}.torch_{ref_be}.npy")
             if not os.path.exists(ref_path):

@@ -419,7 +419,6 @@ bool CudaBackend::try_mem_efficient(const AttentionCall& c) {
     a.k = c.k, a.k_tok = c.k_tok, a.k_head = c.k_head;
     a.v = c.v, a.v_tok = c.v_tok, a.v_head = c.v_head;
     a.out = c.out, a.o_tok = c.o_tok, a.o_head = c.o_head;
-    a.variant = mem_eff_variant_;
     if (c.heads > 65535 || c.d > 512 || c.dv > 512 || !kernels::mem_eff_attention_supported(a)) return false;
     DZR_CUDA_CHECK(kernels::mem_eff_attention(a, stream_));
     return true;

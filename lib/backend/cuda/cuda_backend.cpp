@@ -118,7 +118,6 @@ CudaBackend::CudaBackend(int index, size_t workspace_bytes) : index_(index) {
     }
     reserve_workspace(workspace_bytes == 0 ? kDefaultWorkspaceBytes : workspace_bytes);
     if (const char* impl = std::getenv("DZR_ATTENTION"); impl && *impl) attention_impl_ = parse_attention_impl(impl);
-    if (const char* v = std::getenv("DZR_MEMEFF_VARIANT"); v && *v) mem_eff_variant_ = std::atoi(v);
     const char* plain = std::getenv("DZR_PLAIN_GEMM");
     set_plain_gemm_impl(plain && *plain ? parse_plain_gemm_impl(plain) : kPlainGemmDefault);
 }

@@ -184,7 +184,6 @@ private:
     std::map<cuda_detail::SdpaKey, std::unique_ptr<cuda_detail::SdpaPlan>> sdpa_plans_;
     AttentionImpl attention_impl_ = AttentionImpl::Auto;
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
-    int mem_eff_variant_ = 0;  // DZR_MEMEFF_VARIANT: a diagnostic for the kernel probe
     PagedAttentionImpl paged_impl_ = PagedAttentionImpl::Auto;
     PlainGemmImpl plain_impl_ = PlainGemmImpl::Lt;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
