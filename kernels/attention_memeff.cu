@@ -12,7 +12,7 @@
 //
 // The arithmetic where PyTorch's compiled code contracts or rounds (each checked against its kernel on the H200,
 // docs/PARITY.md): exp2(round(s * log2e) - m) (not an FMA), the middle blocks' o = fma(r, o, o_block), the last
-// block's o = fma(alpha, o_block, round(alpha * r * o)) with alpha = 1 / sum an IEEE division.
+// block's o = fma(alpha, o_block, round(round(alpha * r) * o)) with alpha = 1 / sum an IEEE division.
 #include <cfloat>
 
 #include "kernels/attention_memeff.cuh"

@@ -25,23 +25,29 @@ namespace {
 
 cudnnDataType_t cudnn_type(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
 
-/// A packed tensor of nd = 4 or 5 dims (N, C, spatial...): row-major, or channels-last (N, spatial..., C in
-/// memory) when `nhwc`.
-void set_tensor(cudnnTensorDescriptor_t desc, DType t, int nd, const int64_t dims[5], bool nhwc = false) {
-    int d[5] = {}, s[5] = {};
-    for (int i = 0; i < nd; ++i) d[i] = int(dims[i]);
+/// Strides of a packed tensor of nd = 4 or 5 dims (N, C, spatial...): row-major, or channels-last (N,
+/// spatial..., C in memory) when `nhwc`.
+void packed_strides(int nd, const int64_t dims[5], bool nhwc, int64_t strides[5]) {
     if (nhwc) {
-        s[1] = 1;
-        int acc = d[1];
+        strides[1] = 1;
+        int64_t acc = dims[1];
         for (int i = nd - 1; i >= 2; --i) {
-            s[i] = acc;
-            acc *= d[i];
+            strides[i] = acc;
+            acc *= dims[i];
         }
-        s[0] = acc;
+        strides[0] = acc;
     } else {
-        s[nd - 1] = 1;
-        for (int i = nd - 2; i >= 0; --i) s[i] = s[i + 1] * d[i + 1];
+        strides[nd - 1] = 1;
+        for (int i = nd - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
     }
+}
+
+/// A packed tensor (packed_strides) for the legacy API.
+void set_tensor(cudnnTensorDescriptor_t desc, DType t, int nd, const int64_t dims[5], bool nhwc = false) {
+    int64_t st[5] = {};
+    packed_strides(nd, dims, nhwc, st);
+    int d[5] = {}, s[5] = {};
+    for (int i = 0; i < nd; ++i) d[i] = int(dims[i]), s[i] = int(st[i]);
     DZR_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc, cudnn_type(t), nd, d, s));
 }
 
@@ -73,22 +79,11 @@ class GraphBuilder {
         set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
     }
 
-    /// A packed tensor as set_tensor describes it (NC... or channels-last), 16-byte aligned.
+    /// A packed tensor (packed_strides), 16-byte aligned.
     cudnnBackendDescriptor_t tensor(int64_t uid, DType t, int nd, const int64_t dims[5], bool nhwc) {
         int64_t d[5] = {}, st[5] = {};
         for (int i = 0; i < nd; ++i) d[i] = dims[i];
-        if (nhwc) {
-            st[1] = 1;
-            int64_t acc = d[1];
-            for (int i = nd - 1; i >= 2; --i) {
-                st[i] = acc;
-                acc *= d[i];
-            }
-            st[0] = acc;
-        } else {
-            st[nd - 1] = 1;
-            for (int i = nd - 2; i >= 0; --i) st[i] = st[i + 1] * d[i + 1];
-        }
+        packed_strides(nd, d, nhwc, st);
         cudnnBackendDescriptor_t desc = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
         const cudnnDataType_t type = cudnn_type(t);
         const int64_t align = 16;
