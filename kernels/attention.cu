@@ -260,10 +260,6 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(FlashAttentionArgs a) {
     }
 }
 
-bool aligned_elems(int64_t stride, size_t es) {
-    return (size_t(stride) * es) % 16 == 0;
-}
-
 template <typename T, int D>
 cudaError_t launch(const FlashAttentionArgs& a, cudaStream_t stream) {
     const size_t smem = size_t(kBr + 2 * kBc) * D * sizeof(T);
@@ -287,14 +283,14 @@ bool flash_attention_supported(const FlashAttentionArgs& a) {
         return false;
     if (a.heads > 65535 || (a.lq + kBr - 1) / kBr > int64_t(0x7fffffff)) return false;
     const size_t es = dtype_size(a.dtype);
-    bool ok = aligned16(a.q) && aligned16(a.out) && aligned_elems(a.q_tok, es) &&
-              aligned_elems(a.q_head, es) && aligned_elems(a.o_tok, es) && aligned_elems(a.o_head, es);
+    bool ok = aligned16(a.q) && aligned16(a.out) && aligned16_stride(a.q_tok, es) &&
+              aligned16_stride(a.q_head, es) && aligned16_stride(a.o_tok, es) && aligned16_stride(a.o_head, es);
     if (a.cur_len > 0)
-        ok = ok && aligned16(a.k) && aligned16(a.v) && aligned_elems(a.k_tok, es) &&
-             aligned_elems(a.k_head, es) && aligned_elems(a.v_tok, es) && aligned_elems(a.v_head, es);
+        ok = ok && aligned16(a.k) && aligned16(a.v) && aligned16_stride(a.k_tok, es) &&
+             aligned16_stride(a.k_head, es) && aligned16_stride(a.v_tok, es) && aligned16_stride(a.v_head, es);
     if (a.hist_len > 0)
         ok = ok && a.table != nullptr && a.block_size > 0 && aligned16(a.hist_k) && aligned16(a.hist_v) &&
-             aligned_elems(a.hist_tok, es) && aligned_elems(a.hist_head, es);
+             aligned16_stride(a.hist_tok, es) && aligned16_stride(a.hist_head, es);
     return ok;
 }
 

@@ -14,6 +14,7 @@
 // docs/PARITY.md): exp2(round(s * log2e) - m) (not an FMA), the middle blocks' o = fma(r, o, o_block), the last
 // block's o = fma(alpha, o_block, round(round(alpha * r) * o)) with alpha = 1 / sum an IEEE division.
 #include <cfloat>
+#include <type_traits>
 
 #include "kernels/attention_memeff.cuh"
 #include "kernels/common.cuh"
@@ -32,28 +33,16 @@ constexpr int kPad = 8;  // row padding of the shared tiles (elements)
 constexpr float kLog2e = 1.4426950408889634074f;
 
 template <typename T>
-struct Mma;
-// NOTE: m16n8k8, PyTorch's instruction shape for 16-bit types (chosen to cover sm_75): a 16-wide k step is
-// two accumulating k8 MMAs, lower k first, which round unlike one k16 MMA. The operands are the k16
-// fragments: the k8 halves are {a0, a1} with b0, then {a2, a3} with b1.
-template <>
-struct Mma<bf16> {
+struct Mma {
     __device__ __forceinline__ static void k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a0), "r"(a1), "r"(b));
-    }
-    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        k8(c, a[0], a[1], b0);
-        k8(c, a[2], a[3], b1);
-    }
-};
-template <>
-struct Mma<__half> {
-    __device__ __forceinline__ static void k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a0), "r"(a1), "r"(b));
+        if constexpr (std::is_same_v<T, bf16>)
+            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                         : "r"(a0), "r"(a1), "r"(b));
+        else
+            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                         : "r"(a0), "r"(a1), "r"(b));
     }
     __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
         k8(c, a[0], a[1], b0);
@@ -299,8 +288,6 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
     }
 }
 
-bool aligned_elems(int64_t stride, size_t es) { return (size_t(stride) * es) % 16 == 0; }
-
 size_t smem_bytes(const MemEffAttentionArgs& a) {
     const size_t dp = size_t(a.d + kDimStep - 1) / kDimStep * kDimStep;
     const size_t dvp = size_t(a.dv + kCols - 1) / kCols * kCols;
@@ -329,10 +316,10 @@ bool mem_eff_attention_supported(const MemEffAttentionArgs& a) {
     if (a.heads <= 0 || a.heads > 65535 || a.lq <= 0 || a.lk <= 0 || a.lk > int64_t(0x7fffffff)) return false;
     if ((a.lq + kRows - 1) / kRows > int64_t(0x7fffffff)) return false;
     const size_t es = dtype_size(a.dtype);
-    return aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) && aligned_elems(a.q_tok, es) &&
-           aligned_elems(a.q_head, es) && aligned_elems(a.k_tok, es) && aligned_elems(a.k_head, es) &&
-           aligned_elems(a.v_tok, es) && aligned_elems(a.v_head, es) && aligned_elems(a.o_tok, es) &&
-           aligned_elems(a.o_head, es);
+    return aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) && aligned16_stride(a.q_tok, es) &&
+           aligned16_stride(a.q_head, es) && aligned16_stride(a.k_tok, es) && aligned16_stride(a.k_head, es) &&
+           aligned16_stride(a.v_tok, es) && aligned16_stride(a.v_head, es) && aligned16_stride(a.o_tok, es) &&
+           aligned16_stride(a.o_head, es);
 }
 
 cudaError_t mem_eff_attention(const MemEffAttentionArgs& a, cudaStream_t stream) {

@@ -118,6 +118,8 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+/// A stride of `stride` elements of `es` bytes keeps 16-byte alignment.
+inline bool aligned16_stride(int64_t stride, size_t es) { return (size_t(stride) * es) % 16 == 0; }
 
 /// Threads per block for a one-block-per-row kernel over `cols` columns, 8 per thread.
 inline int row_block_threads(int64_t cols) {

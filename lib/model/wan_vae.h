@@ -1,5 +1,4 @@
 #pragma once
-#include <functional>
 /// The Wan2.1 causal 3-D VAE (prefix action_head.vae.model.): encoder + conv1 (video -> normalized
 /// latent), conv2 + decoder (latent -> video). dreamzero-reference.md §2.3, §2.4; docs/VAE.md.
 ///
@@ -9,6 +8,7 @@
 /// encode/decode); see docs/VAE.md for the workspace each call needs. One WanVae runs one call at a
 /// time (the temporal caches of a call are per instance).
 #include <array>
+#include <functional>
 #include <variant>
 #include <vector>
 
@@ -77,9 +77,10 @@ class WanVae {
     void decode(const TensorView& latent, const TensorView& video,
                 VaeSchedule schedule = VaeSchedule::Chunked);
 
-    /// Parity diagnostics: the encoder's first temporal chunk of every encode, block by block: "vae.conv_in",
-    /// "vae.block" (layer = block index: the reference's downsamples[i], then middle[i - #downsamples]),
-    /// "vae.head" ([C, frames, H, W] channels-first). Empty: no tracing.
+    /// Parity diagnostics: the encoder's first two temporal chunks of every encode, block by block:
+    /// "vae.conv_in", "vae.block" (layer = block index: the reference's downsamples[i], then
+    /// middle[i - #downsamples]), "vae.head" ([C, frames, H, W] channels-first); the second chunk's as
+    /// "vae.chunk1.<name>". Empty: no tracing.
     using TraceFn = std::function<void(const char* name, int layer, const TensorView& t)>;
     void set_trace(TraceFn trace) { trace_ = std::move(trace); }
 

@@ -115,7 +115,7 @@ struct PolicyOptions {
 /// names), "sample.video.<step>" / "sample.action.<step>" (what the DiT sees at an evaluated step),
 /// "velocity.cond.<step>", "velocity.uncond.<step>", "velocity.action.<step>", "x", "actions", and the
 /// encoders' internals "umt5.<pos|neg>.<name>[.<layer>]", "clip.<name>[.<layer>]" and the VAE encoder's first
-/// chunk "vae.conv_in", "vae.block.<i>", "vae.head" (their trace names).
+/// chunk "vae.conv_in", "vae.block.<i>", "vae.head" and second chunk "vae.chunk1.*" (their trace names).
 using PolicyTraceFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
 
 /// Parity diagnostics: (stage, call index, the live buffer on the backend). Called at every policy

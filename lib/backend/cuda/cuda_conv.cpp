@@ -102,34 +102,35 @@ class GraphBuilder {
 
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
-/// The engine's global index and whether it carries `note` (a config whose engine cannot be read counts as
-/// carrying it, so it is skipped).
-bool engine_has_note(cudnnBackendDescriptor_t cfg, cudnnBackendNumericalNote_t note, int64_t* index) {
+/// The numerical notes of a config's engine as a bit mask (bit n: cudnnBackendNumericalNote_t n; every bit set
+/// when the engine cannot be read, so such a config is skipped), and its global index.
+uint32_t engine_notes(cudnnBackendDescriptor_t cfg, int64_t* index) {
     cudnnBackendDescriptor_t engine = nullptr;
-    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return true;
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return ~0u;
     int64_t n = 0;
-    bool has = true;
+    uint32_t mask = ~0u;
     if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) ==
         CUDNN_STATUS_SUCCESS) {
         cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
         int64_t count = 0;
         if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                      CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes) == CUDNN_STATUS_SUCCESS) {
-            has = false;
-            for (int64_t i = 0; i < count; ++i) has = has || notes[i] == note;
+            mask = 0;
+            for (int64_t i = 0; i < count; ++i) mask |= 1u << unsigned(notes[i]);
         }
-        if (index) cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, index);
+        cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, index);
     }
     cudnnBackendDestroyDescriptor(engine);
-    return has;
+    return mask;
 }
 
 /// The convolution as a one-node operation graph, planned as PyTorch's cuDNN convolution plans it without
 /// benchmarking (aten/src/ATen/native/cudnn/Conv_v8.cpp, read, not copied): the engine configs of heuristics
 /// mode INSTANT, then those of the fallback list, without the configs whose engines down-convert their inputs
 /// (and, for f32, without tensor-core ones: TF32 stays off), and the first that finalizes within the
-/// workspace limit is taken. Throws GraphFailure when none does.
-void build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, int nd, const int64_t x_dims[5],
+/// workspace limit is taken; returns whether an earlier one was skipped for want of workspace. Throws
+/// GraphFailure when none does.
+bool build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, int nd, const int64_t x_dims[5],
                            const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3],
                            bool nhwc, size_t ws_limit) {
     GraphBuilder b(plan.keep);
@@ -186,9 +187,9 @@ void build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, in
                     "engine configs");
         for (int64_t i = 0; i < got; ++i) {
             int64_t index = -1;
-            if (engine_has_note(cfgs[size_t(i)], CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS, &index)) continue;
-            if (dtype == DType::F32 && engine_has_note(cfgs[size_t(i)], CUDNN_NUMERICAL_NOTE_TENSOR_CORE, nullptr))
-                continue;
+            const uint32_t notes = engine_notes(cfgs[size_t(i)], &index);
+            if (notes & (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) continue;
+            if (dtype == DType::F32 && (notes & (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE))) continue;
             cudnnBackendDescriptor_t p = nullptr;
             cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
             if (st != CUDNN_STATUS_SUCCESS) continue;
@@ -211,7 +212,7 @@ void build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, in
             plan.engine = fmt::format("engine {} (heuristics mode {}, config {} of {}){}", index, int(heur_mode), i,
                                       got, refusals.empty() ? "" : "; skipped:" + refusals);
             plan.has_algo = true;
-            return;
+            return !refusals.empty();
         }
     }
     throw GraphFailure{"no engine config finalized" + refusals};
@@ -262,9 +263,8 @@ void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType 
     const char* api = std::getenv("DZR_CONV_API");
     if (!(api && std::string(api) == "legacy")) {
         try {
-            build_graph_conv_plan(plan, handle, dtype, nd, x_dims, w_dims, y_dims, pad, stride, nhwc, ws_limit);
             // NOTE: an engine skipped for want of workspace changes the arithmetic against PyTorch's choice
-            if (plan.engine.find("skipped") != std::string::npos)
+            if (build_graph_conv_plan(plan, handle, dtype, nd, x_dims, w_dims, y_dims, pad, stride, nhwc, ws_limit))
                 log()->info("cuDNN conv plan for {}: {}, workspace {} B", key, plan.engine, plan.workspace_bytes);
             else
                 log()->debug("cuDNN conv plan for {}: graph API, {}, workspace {} B", key, plan.engine,
