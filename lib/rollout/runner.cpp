@@ -177,33 +177,56 @@ void require_decoder(ModelConfig& model, const Checkpoint& ckpt, const std::file
               path.string(), missing.size(), list, missing.size() > 3 ? ", ..." : "");
 }
 
-}  // namespace
-
-RolloutResult run_rollout(const RolloutOptions& opt) {
-    RolloutResult result;
-    auto& log = *dzr::log();
-    DZR_CHECK(!opt.episodes.empty(), "no episodes given");
-    DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
-
-    // ---- episodes first (cheap errors before the expensive load) -------------------------------------
+/// The episodes of a run, resolved from the given paths, with their output names.
+struct EpisodePlan {
     std::vector<std::filesystem::path> dirs;
+    std::vector<std::string> names;
+};
+
+EpisodePlan plan_episodes(const RolloutOptions& opt) {
+    EpisodePlan plan;
     for (const auto& e : opt.episodes) {
         auto found = io::list_episodes(e);
-        dirs.insert(dirs.end(), found.begin(), found.end());
+        plan.dirs.insert(plan.dirs.end(), found.begin(), found.end());
     }
-    DZR_CHECK(!dirs.empty(), "no episode directories found in the given paths");
-    const std::vector<std::string> names = io::unique_episode_names(dirs);
+    DZR_CHECK(!plan.dirs.empty(), "no episode directories found in the given paths");
+    plan.names = io::unique_episode_names(plan.dirs);
+    return plan;
+}
 
+FrameSchedule make_frame_schedule(const config::RolloutConfig& r) {
     FrameScheduleConfig sc;
-    sc.start_frame = opt.run.rollout.start_frame;
-    sc.stride = opt.run.rollout.stride;
-    sc.offsets.assign(opt.run.rollout.offsets.begin(), opt.run.rollout.offsets.end());
-    sc.max_chunks = opt.run.rollout.max_chunks > 0 ? opt.run.rollout.max_chunks : -1;
-    const FrameSchedule schedule(sc);
+    sc.start_frame = r.start_frame;
+    sc.stride = r.stride;
+    sc.offsets.assign(r.offsets.begin(), r.offsets.end());
+    sc.max_chunks = r.max_chunks > 0 ? r.max_chunks : -1;
+    return FrameSchedule(sc);
+}
 
-    // ---- checkpoint and policy ------------------------------------------------------------------------
+/// What the run loaded once: the checkpoint, the backend and the policy, and what the reports say of them.
+struct LoadedRun {
+    std::unique_ptr<Checkpoint> ckpt;
+    std::filesystem::path tokenizer;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<DreamZeroPolicy> policy;
+    double load_ms = 0;
+    int warmup_calls = 0;
+    double warmup_ms = 0;
+    /// Device-wide memory in use, sampled between calls only (after the load, the warm-up, each call and
+    /// the video decode); the maximum so far goes into each episode's timing.json.
+    std::optional<int64_t> peak_memory;
+
+    void sample_memory() {
+        if (const auto m = backend->device_memory_in_use()) peak_memory = std::max(peak_memory.value_or(0), *m);
+    }
+};
+
+/// Opens and checks the checkpoint against the run's geometry and builds the policy on the run's device.
+LoadedRun load_run(const RolloutOptions& opt) {
+    LoadedRun run;
     Timer load_timer;
-    Checkpoint ckpt(opt.checkpoint);
+    run.ckpt = std::make_unique<Checkpoint>(opt.checkpoint);
+    const Checkpoint& ckpt = *run.ckpt;
     ModelConfig model = ckpt.model_config();
     if (opt.save_video) require_decoder(model, ckpt, opt.checkpoint);
     if (opt.have_config_model) {
@@ -221,17 +244,16 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     DZR_CHECK(ckpt.has_metadata(), "checkpoint {}: experiment_cfg/metadata.json is missing (q01/q99 statistics)",
               opt.checkpoint.string());
     const EmbodimentStatistics& stats = ckpt.statistics(opt.run.embodiment);
-    std::filesystem::path tokenizer;
     if (!opt.tokenizer.empty()) {
-        tokenizer = resolve_tokenizer_path(opt.tokenizer);
+        run.tokenizer = resolve_tokenizer_path(opt.tokenizer);
     } else {
         DZR_CHECK(ckpt.tokenizer_path().has_value(),
                   "checkpoint {} has no umT5 tokenizer (spiece.model); give one with --tokenizer",
                   opt.checkpoint.string());
-        tokenizer = *ckpt.tokenizer_path();
+        run.tokenizer = *ckpt.tokenizer_path();
     }
 
-    std::unique_ptr<Backend> be = make_backend(opt.device);
+    run.backend = make_backend(opt.device);
     PolicyOptions po;
     po.sampling = opt.run.sampling;
     po.kv = opt.run.kv;
@@ -244,16 +266,128 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                   "--noise-video and --noise-action go together");
         po.noise = load_noise_npy(opt.noise_video, opt.noise_action);
     }
-    DreamZeroPolicy policy(model, ckpt, stats, tokenizer, po, *be);
-    const double load_ms = load_timer.ms();
-    // Device-wide memory in use, sampled between calls only (after the load, the warm-up, each call
-    // and the video decode); the maximum so far goes into each episode's timing.json.
-    std::optional<int64_t> peak_memory;
-    auto sample_memory = [&] {
-        if (const auto m = be->device_memory_in_use()) peak_memory = std::max(peak_memory.value_or(0), *m);
-    };
-    sample_memory();
+    run.policy = std::make_unique<DreamZeroPolicy>(model, ckpt, stats, run.tokenizer, po, *run.backend);
+    run.load_ms = load_timer.ms();
+    run.sample_memory();
+    return run;
+}
 
+/// The manifest.json of one episode: what ran, with which settings.
+RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const FrameSchedule& schedule,
+                          const std::filesystem::path& episode_dir, const io::Episode& ep,
+                          std::chrono::system_clock::time_point run_start) {
+    RunManifest manifest;
+    manifest.episode = episode_dir.string();
+    manifest.checkpoint = opt.checkpoint.string();
+    manifest.overrides = opt.overrides;
+    manifest.seed = opt.run.sampling.seed;
+    manifest.device = opt.device.str();
+    manifest.command_line = opt.command_line;
+    manifest.start_time = iso8601_utc(run_start);
+    manifest.config = Json{{"sampling",
+                            {{"num_inference_steps", opt.run.sampling.num_inference_steps},
+                             {"sigma_shift", opt.run.sampling.sigma_shift},
+                             {"cfg_scale", opt.run.sampling.cfg_scale},
+                             {"num_dit_steps", opt.run.sampling.num_dit_steps},
+                             {"dynamic_schedule", opt.run.sampling.dynamic_schedule},
+                             {"seed", opt.run.sampling.seed}}},
+                           {"kv",
+                            {{"mode", opt.kv_mode == KvMode::Paged ? "paged" : "dense"},
+                             {"window_frames", opt.run.kv.window_frames},
+                             {"sink_frames", opt.run.kv.sink_frames},
+                             {"frames_per_block", opt.run.kv.frames_per_block},
+                             {"reset_at_boundary", opt.run.kv.reset_at_boundary}}},
+                           {"rollout", {{"schedule", schedule.describe()}}},
+                           {"embodiment", opt.run.embodiment},
+                           {"config_file", opt.run.source.string()}};
+    manifest.extra = Json{{"policy", run.policy->describe()},
+                          {"prompt", ep.prompt},
+                          {"tokenizer", run.tokenizer.string()},
+                          {"warnings", ep.warnings}};
+    return manifest;
+}
+
+/// What one episode's calls produced, before anything is written.
+struct EpisodeRun {
+    io::ActionChunks chunks;
+    TimingReport timing;
+    VideoAccumulator video;
+    std::vector<ScheduledCall> calls;
+    bool interrupted = false;
+};
+
+/// Runs the calls of one episode (the host side of call i + 1 prepared on a second thread while call i runs)
+/// and fills the summary's timings as it goes.
+EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const FrameSchedule& schedule,
+                             const io::Episode& ep, EpisodeSummary& summary, ProgressLine& progress,
+                             int64_t episode_number, int64_t num_episodes) {
+    DreamZeroPolicy& policy = *run.policy;
+    EpisodeRun er;
+    er.calls = schedule.calls(ep.num_frames);
+    const std::vector<ScheduledCall>& calls = er.calls;
+    policy.reset();
+    er.timing.device = opt.device.str();
+    er.timing.checkpoint_load_ms = run.load_ms;
+    er.timing.warmup_calls = run.warmup_calls;
+    er.timing.warmup_ms = run.warmup_ms;
+    std::array<CallFrames, 2> frames;
+    auto prepare_call = [&](size_t i) {
+        Observation obs = make_observation(ep, calls[i], frames[i % 2]);
+        return policy.prepare(obs);
+    };
+    std::future<PreparedObservation> next;
+    if (!calls.empty()) next = std::async(std::launch::async, prepare_call, size_t(0));
+    Timer episode_timer;
+    for (size_t i = 0; i < calls.size(); ++i) {
+        const ScheduledCall& call = calls[i];
+        PreparedObservation prepared = next.get();
+        if (interrupt_flag().load()) {
+            er.interrupted = true;
+            break;
+        }
+        if (i + 1 < calls.size()) next = std::async(std::launch::async, prepare_call, i + 1);
+        PolicyCallResult r = policy.step(prepared);
+        policy.recycle(std::move(prepared));
+        run.sample_memory();
+        if (opt.save_video) {
+            const Tensor latent = policy.video_prediction();  // [z, 2 or 3, h, w]
+            const bool with_reference = latent.shape()[1] > policy.model().dit.num_frame_per_block;
+            const auto next_frames = next_call_frames(schedule, calls, i, ep.num_frames);
+            const auto observed = observed_frame_indices(er.video.empty(), with_reference, call.frames.back(),
+                                                         next_frames, policy.model().dit.num_frame_per_block);
+            er.video.add(latent, observed);
+        }
+        er.chunks.append(call.anchor, r.actions);
+        er.timing.calls.push_back(to_call_timing(call, r));
+        summary.call_ms.push_back(r.times.total);
+        const CallTiming& ct = er.timing.calls.back();
+        for (int p = 0; p < kNumPhases; ++p) summary.phase_ms[size_t(p)].push_back(ct.phase_ms[size_t(p)]);
+        summary.host_prepare_ms.push_back(ct.host_prepare_ms);
+        if (!opt.quiet) {
+            const double per_call = episode_timer.seconds() / double(call.index + 1);
+            progress.update(format_progress(episode_number, num_episodes, summary.name, call.index + 1,
+                                            int64_t(calls.size()), per_call));
+        }
+    }
+    if (next.valid()) next.wait();
+    return er;
+}
+
+}  // namespace
+
+RolloutResult run_rollout(const RolloutOptions& opt) {
+    RolloutResult result;
+    auto& log = *dzr::log();
+    DZR_CHECK(!opt.episodes.empty(), "no episodes given");
+    DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
+
+    // ---- episodes first (cheap errors before the expensive load) -------------------------------------
+    const EpisodePlan plan = plan_episodes(opt);
+    const FrameSchedule schedule = make_frame_schedule(opt.run.rollout);
+
+    // ---- checkpoint and policy ------------------------------------------------------------------------
+    LoadedRun run = load_run(opt);
+    DreamZeroPolicy& policy = *run.policy;
     if (!opt.quiet) {
         std::fprintf(stderr,
                      "dzr rollout\n"
@@ -263,166 +397,90 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                      "  schedule    %s\n"
                      "  episodes    %zu -> %s\n"
                      "  load        %.1f s\n",
-                     opt.checkpoint.string().c_str(), ckpt.shards().size(),
-                     config::format_bytes(ckpt.tensor_bytes()).c_str(), policy.describe().c_str(),
-                     opt.device.str().c_str(), be->name().c_str(), schedule.describe().c_str(), dirs.size(),
-                     opt.out_dir.string().c_str(), load_ms / 1e3);
+                     opt.checkpoint.string().c_str(), run.ckpt->shards().size(),
+                     config::format_bytes(run.ckpt->tensor_bytes()).c_str(), policy.describe().c_str(),
+                     opt.device.str().c_str(), run.backend->name().c_str(), schedule.describe().c_str(),
+                     plan.dirs.size(), opt.out_dir.string().c_str(), run.load_ms / 1e3);
     }
 
     // ---- warm-up ------------------------------------------------------------------------------------------
-    int warmup_calls = 0;
-    double warmup_ms = 0;
     if (opt.warmup) {
-        warmup_ms = run_warmup(policy, warmup_calls);
-        sample_memory();
-        if (!opt.quiet) std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole\n", warmup_calls, warmup_ms / 1e3);
+        run.warmup_ms = run_warmup(policy, run.warmup_calls);
+        run.sample_memory();
+        if (!opt.quiet)
+            std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole\n", run.warmup_calls, run.warmup_ms / 1e3);
     }
 
     // ---- episodes ---------------------------------------------------------------------------------------
     std::filesystem::create_directories(opt.out_dir);
     ProgressLine progress(stderr, opt.quiet ? ProgressLine::Mode::Plain : ProgressLine::Mode::Auto);
     const auto run_start = std::chrono::system_clock::now();
-    for (size_t e = 0; e < dirs.size() && !result.interrupted; ++e) {
-        const std::filesystem::path out = opt.out_dir / names[e];
+    const int64_t num_episodes = int64_t(plan.dirs.size());
+    for (size_t e = 0; e < plan.dirs.size() && !result.interrupted; ++e) {
+        const std::string& name = plan.names[e];
+        const std::filesystem::path out = opt.out_dir / name;
         if (opt.resume && io::ResultWriter::is_done(out)) {
-            result.episodes.push_back(summary_from_outputs(out, names[e]));
-            log.info("episode {}: finished by an earlier run, skipped (--resume)", names[e]);
+            result.episodes.push_back(summary_from_outputs(out, name));
+            log.info("episode {}: finished by an earlier run, skipped (--resume)", name);
             continue;
         }
         EpisodeSummary summary;
-        summary.name = names[e];
+        summary.name = name;
         try {
             io::EpisodeOptions eo;
             eo.allow_truncate = opt.allow_truncate;
             eo.min_frames = schedule.min_frames();
             eo.prompt = opt.prompt;
             eo.open_video = opt.open_video;
-            const io::Episode ep = io::read_episode(dirs[e], eo);
-            const std::vector<ScheduledCall> calls = schedule.calls(ep.num_frames);
+            const io::Episode ep = io::read_episode(plan.dirs[e], eo);
             summary.num_frames = ep.num_frames;
-            summary.num_calls = int64_t(calls.size());
+            summary.num_calls = int64_t(schedule.calls(ep.num_frames).size());
 
-            policy.reset();
-            io::ActionChunks chunks;
-            TimingReport timing;
-            timing.device = opt.device.str();
-            timing.checkpoint_load_ms = load_ms;
-            timing.warmup_calls = warmup_calls;
-            timing.warmup_ms = warmup_ms;
-            // NOTE: the host side of call i+1 (frame gathering, preprocessing, tokenization) runs on a
-            // second thread while call i runs, so it overlaps the device work.
-            VideoAccumulator video;
-            std::array<CallFrames, 2> frames;
-            auto prepare_call = [&](size_t i) {
-                Observation obs = make_observation(ep, calls[i], frames[i % 2]);
-                return policy.prepare(obs);
-            };
-            std::future<PreparedObservation> next;
-            if (!calls.empty()) next = std::async(std::launch::async, prepare_call, size_t(0));
-            Timer episode_timer;
-            for (size_t i = 0; i < calls.size(); ++i) {
-                const ScheduledCall& call = calls[i];
-                PreparedObservation prepared = next.get();
-                if (interrupt_flag().load()) {
-                    result.interrupted = true;
-                    break;
-                }
-                if (i + 1 < calls.size()) next = std::async(std::launch::async, prepare_call, i + 1);
-                PolicyCallResult r = policy.step(prepared);
-                policy.recycle(std::move(prepared));
-                sample_memory();
-                if (opt.save_video) {
-                    const Tensor latent = policy.video_prediction();  // [z, 2 or 3, h, w]
-                    const bool with_reference = latent.shape()[1] > policy.model().dit.num_frame_per_block;
-                    const auto next = next_call_frames(schedule, calls, i, ep.num_frames);
-                    const auto observed = observed_frame_indices(video.empty(), with_reference, call.frames.back(), next,
-                                                                 policy.model().dit.num_frame_per_block);
-                    video.add(latent, observed);
-                }
-                chunks.append(call.anchor, r.actions);
-                timing.calls.push_back(to_call_timing(call, r));
-                summary.call_ms.push_back(r.times.total);
-                {
-                    const CallTiming& ct = timing.calls.back();
-                    for (int p = 0; p < kNumPhases; ++p) summary.phase_ms[size_t(p)].push_back(ct.phase_ms[size_t(p)]);
-                    summary.host_prepare_ms.push_back(ct.host_prepare_ms);
-                }
-                if (!opt.quiet) {
-                    const double per_call = episode_timer.seconds() / double(call.index + 1);
-                    progress.update(format_progress(int64_t(e) + 1, int64_t(dirs.size()), names[e], call.index + 1,
-                                                    int64_t(calls.size()), per_call));
-                }
-            }
-            if (next.valid()) next.wait();
+            EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, int64_t(e) + 1, num_episodes);
+            result.interrupted = er.interrupted;
             // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
             // timing and manifest of the calls it finished and gets no done marker (--resume redoes it).
-            const bool partial = result.interrupted;
+            const bool partial = er.interrupted;
             if (partial) {
                 progress.finish();
                 summary.status = "interrupted";
-                summary.num_calls = chunks.num_calls();
-                log.warn("interrupted: episode {} stopped after {} of {} calls; {}", names[e], chunks.num_calls(),
-                         calls.size(),
-                         chunks.num_calls() > 0 ? "actions, timing and manifest cover those calls; no done marker"
-                                                : "nothing written for it");
-                if (chunks.num_calls() == 0) {
+                summary.num_calls = er.chunks.num_calls();
+                log.warn("interrupted: episode {} stopped after {} of {} calls; {}", name, er.chunks.num_calls(),
+                         er.calls.size(),
+                         er.chunks.num_calls() > 0 ? "actions, timing and manifest cover those calls; no done marker"
+                                                   : "nothing written for it");
+                if (er.chunks.num_calls() == 0) {
                     result.episodes.push_back(std::move(summary));
                     break;
                 }
             }
             io::ResultWriter writer(out);
             writer.clear_done();
-            writer.write_actions(chunks);
-            if (!partial && opt.save_video && !video.empty()) {
-                timing.video = write_predicted_video(policy, video, ep, opt, writer);
-                sample_memory();
+            writer.write_actions(er.chunks);
+            if (!partial && opt.save_video && !er.video.empty()) {
+                er.timing.video = write_predicted_video(policy, er.video, ep, opt, writer);
+                run.sample_memory();
             }
-            timing.peak_gpu_memory_bytes = peak_memory;
-            writer.write_json("timing.json", timing.to_json());
-            RunManifest manifest;
-            manifest.episode = dirs[e].string();
-            manifest.checkpoint = opt.checkpoint.string();
-            manifest.overrides = opt.overrides;
-            manifest.seed = opt.run.sampling.seed;
-            manifest.device = opt.device.str();
-            manifest.command_line = opt.command_line;
-            manifest.start_time = iso8601_utc(run_start);
-            manifest.config = Json{{"sampling",
-                                    {{"num_inference_steps", opt.run.sampling.num_inference_steps},
-                                     {"sigma_shift", opt.run.sampling.sigma_shift},
-                                     {"cfg_scale", opt.run.sampling.cfg_scale},
-                                     {"num_dit_steps", opt.run.sampling.num_dit_steps},
-                                     {"dynamic_schedule", opt.run.sampling.dynamic_schedule},
-                                     {"seed", opt.run.sampling.seed}}},
-                                   {"kv",
-                                    {{"mode", opt.kv_mode == KvMode::Paged ? "paged" : "dense"},
-                                     {"window_frames", opt.run.kv.window_frames},
-                                     {"sink_frames", opt.run.kv.sink_frames},
-                                     {"frames_per_block", opt.run.kv.frames_per_block},
-                                     {"reset_at_boundary", opt.run.kv.reset_at_boundary}}},
-                                   {"rollout", {{"schedule", schedule.describe()}}},
-                                   {"embodiment", opt.run.embodiment},
-                                   {"config_file", opt.run.source.string()}};
-            manifest.extra = Json{{"policy", policy.describe()},
-                                  {"prompt", ep.prompt},
-                                  {"tokenizer", tokenizer.string()},
-                                  {"warnings", ep.warnings}};
-            if (partial) manifest.extra["interrupted"] = {{"calls_done", chunks.num_calls()}, {"calls_scheduled", calls.size()}};
+            er.timing.peak_gpu_memory_bytes = run.peak_memory;
+            writer.write_json("timing.json", er.timing.to_json());
+            RunManifest manifest = make_manifest(opt, run, schedule, plan.dirs[e], ep, run_start);
+            if (partial)
+                manifest.extra["interrupted"] = {{"calls_done", er.chunks.num_calls()}, {"calls_scheduled", er.calls.size()}};
             writer.write_json("manifest.json", manifest.to_json());
             if (partial) {
                 result.episodes.push_back(std::move(summary));
                 break;
             }
             if (ep.has_actions()) {
-                summary.metrics = write_metrics(writer, chunks, ep.actions, ep.num_frames, opt.metrics, opt.plots);
+                summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plots);
             }
-            writer.mark_done(Json{{"num_frames", ep.num_frames}, {"num_calls", chunks.num_calls()}});
+            writer.mark_done(Json{{"num_frames", ep.num_frames}, {"num_calls", er.chunks.num_calls()}});
             summary.status = "ok";
             progress.finish();
             if (!opt.quiet) {
-                const TimingStats s = timing.total_stats();
-                std::fprintf(stderr, "episode %s: %lld calls, median %.1f ms/call -> %s\n", names[e].c_str(),
-                             (long long)chunks.num_calls(), s.median, out.string().c_str());
+                const TimingStats s = er.timing.total_stats();
+                std::fprintf(stderr, "episode %s: %lld calls, median %.1f ms/call -> %s\n", name.c_str(),
+                             (long long)er.chunks.num_calls(), s.median, out.string().c_str());
             }
         } catch (const Interrupted&) {
             throw;
@@ -431,7 +489,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.status = "failed";
             summary.error = err.what();
             ++result.failed;
-            log.error("episode {}: {}", names[e], err.what());
+            log.error("episode {}: {}", name, err.what());
         }
         result.episodes.push_back(std::move(summary));
     }
