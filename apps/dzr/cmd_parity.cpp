@@ -38,7 +38,7 @@
 #include "policy/dreamzero_policy.h"
 #include "policy/preprocess.h"
 #include "policy/tokenizer.h"
-#include "sampling/noise.h"
+#include "rollout/noise_files.h"
 #include "weights/checkpoint.h"
 #include "weights/safetensors.h"
 

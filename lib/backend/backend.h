@@ -20,7 +20,7 @@
 
 #include "core/arena.h"
 #include "core/tensor.h"
-#include "kv/kv_view.h"
+#include "backend/kv_view.h"
 
 namespace dzr {
 

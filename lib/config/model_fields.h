@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "weights/model_config.h"
+#include "config/model_config.h"
 
 namespace dzr::config {
 

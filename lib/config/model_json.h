@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "config/model_fields.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 
 namespace dzr::config {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "kv/kv_config.h"
-#include "weights/model_config.h"
+#include "config/kv_config.h"
+#include "config/model_config.h"
 
 namespace dzr::config {
 
@@ -38,7 +38,7 @@ struct RolloutConfig {
 struct RunConfig {
     ModelConfig model;
     SamplingConfig sampling;
-    KvConfig kv;  // dzr::KvConfig (lib/kv/kv_config.h)
+    KvConfig kv;  // dzr::KvConfig (lib/config/kv_config.h)
     RolloutConfig rollout;
     std::string embodiment = "oxe_droid";
     std::string description;

@@ -1,7 +1,7 @@
 #include "kv/block_pool.h"
 
 #include "core/error.h"
-#include "kv/kv_config.h"
+#include "config/kv_config.h"
 
 namespace dzr {
 

@@ -11,10 +11,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace dzr {
+#include "backend/kv_view.h"
 
-using BlockId = int32_t;
-inline constexpr BlockId kNullBlockId = 0;
+namespace dzr {
 
 class BlockPool {
 public:

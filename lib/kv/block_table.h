@@ -14,11 +14,9 @@
 #include <vector>
 
 #include "kv/block_pool.h"
-#include "kv/kv_config.h"
+#include "config/kv_config.h"
 
 namespace dzr {
-
-inline constexpr int64_t kPadSlot = -1;
 
 class BlockTable {
 public:

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
-#include "kv/kv_config.h"
+#include "config/kv_config.h"
 #include "kv/self_attention_cache.h"
 
 namespace dzr {

@@ -22,9 +22,9 @@
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
 #include "kv/cross_attention_cache.h"
-#include "kv/kv_config.h"
+#include "config/kv_config.h"
 #include "kv/kv_sizing.h"
-#include "kv/kv_view.h"
+#include "backend/kv_view.h"
 
 namespace dzr {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kv/kv_config.h"
+#include "config/kv_config.h"
 
 namespace dzr {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "weights/weight_source.h"
 
 namespace dzr {

@@ -22,7 +22,7 @@
 #include "model/action_heads.h"
 #include "model/embeddings.h"
 #include "model/rope.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "weights/weight_source.h"
 
 namespace dzr {

@@ -20,7 +20,7 @@
 #include "backend/backend.h"
 #include "core/tensor.h"
 #include "model/image_resize.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "weights/weight_source.h"
 
 namespace dzr {

@@ -19,7 +19,7 @@
 
 #include "backend/backend.h"
 #include "core/tensor.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "weights/weight_source.h"
 
 namespace dzr {

@@ -14,7 +14,7 @@
 
 #include "backend/backend.h"
 #include "model/wan_vae_blocks.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "weights/weight_source.h"
 
 namespace dzr {

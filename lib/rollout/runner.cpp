@@ -13,6 +13,7 @@
 #include "io/result_writer.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/predicted_video.h"
+#include "rollout/noise_files.h"
 #include "rollout/progress.h"
 #include "weights/checkpoint.h"
 #include "weights/inventory.h"

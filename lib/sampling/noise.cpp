@@ -5,7 +5,6 @@
 #include <numbers>
 
 #include "core/error.h"
-#include "io/npy.h"
 
 namespace dzr {
 namespace {
@@ -106,21 +105,6 @@ void FixedNoise::fill(NoiseKind kind, int64_t, const Shape& shape, std::span<flo
     DZR_CHECK(out.size() == values.size(), "noise ({}): buffer of {} values for {} noise of {} values",
               origin_, out.size(), kind_name(kind), values.size());
     std::copy(values.begin(), values.end(), out.begin());
-}
-
-std::unique_ptr<NoiseSource> load_noise_npy(const std::filesystem::path& video_npy,
-                                            const std::filesystem::path& action_npy) {
-    const io::NpyArray video = io::read_npy(video_npy);
-    const io::NpyArray action = io::read_npy(action_npy);
-    DZR_CHECK(io::npy_dtype_is_float(video.dtype()) && io::npy_dtype_is_float(action.dtype()),
-              "noise: {} is {} and {} is {}; float arrays expected", video_npy.string(), video.describe(),
-              action_npy.string(), action.describe());
-    DZR_CHECK(
-        video.rank() >= 1 && video.rank() <= kMaxDims && action.rank() >= 1 && action.rank() <= kMaxDims,
-        "noise: {} {} / {} {}: ranks 1..{} expected", video_npy.string(), video.shape_str(),
-        action_npy.string(), action.shape_str(), kMaxDims);
-    return std::make_unique<FixedNoise>(Shape(video.shape()), video.to_f32(), Shape(action.shape()),
-                                        action.to_f32(), video_npy.string() + " and " + action_npy.string());
 }
 
 void upload_noise(Backend& be, NoiseSource& source, NoiseKind kind, int64_t call_index,

@@ -77,11 +77,6 @@ class FixedNoise final : public NoiseSource {
     std::string origin_;
 };
 
-/// Noise dumped by the reference as two .npy files (float32/float64/float16; e.g. video [1, 16, 2, 44, 80]
-/// and action [1, 24, 32]), used for every call. Errors name the file.
-std::unique_ptr<NoiseSource> load_noise_npy(const std::filesystem::path& video_npy,
-                                            const std::filesystem::path& action_npy);
-
 /// Generate the noise of `kind` for `call_index` on the host and upload it into `dst` (converting to
 /// dst's dtype, i.e. rounding to the compute dtype). dst must be contiguous.
 void upload_noise(Backend& be, NoiseSource& source, NoiseKind kind, int64_t call_index,

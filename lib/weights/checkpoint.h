@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "weights/safetensors.h"
 #include "weights/weight_source.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "weights/weight_source.h"
 
 namespace dzr {

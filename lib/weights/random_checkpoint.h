@@ -13,7 +13,7 @@
 
 #include "core/dtype.h"
 #include "weights/inventory.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 
 namespace dzr {
 

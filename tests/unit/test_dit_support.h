@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "kv/self_attention_cache.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "support/map_weight_source.h"
 #include "weights/weight_source.h"
 

@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "kv/dense_self_attention_cache.h"
 #include "kv/kv_cache_manager.h"
-#include "kv/paged_attention.h"
+#include "backend/cpu/cpu_paged_attention.h"
 #include "kv/paged_self_attention_cache.h"
 #include "support/test_support.h"
 

@@ -5,9 +5,9 @@
 #include <string>
 
 #include "core/error.h"
-#include "kv/kv_config.h"
+#include "config/kv_config.h"
 #include "kv/kv_sizing.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 
 using namespace dzr;
 

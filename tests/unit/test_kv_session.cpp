@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "kv/kv_cache_manager.h"
 #include "support/test_support.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 
 using namespace dzr;
 

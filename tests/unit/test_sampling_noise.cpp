@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "io/npy.h"
-#include "sampling/noise.h"
+#include "rollout/noise_files.h"
 #include "support/test_support.h"
 
 using namespace dzr;

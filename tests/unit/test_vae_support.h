@@ -23,7 +23,7 @@
 #include "model/wan_vae.h"
 #include "support/test_support.h"
 #include "weights/inventory.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 #include "support/map_weight_source.h"
 #include "weights/weight_source.h"
 

@@ -12,7 +12,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "core/convert.h"
 #include "core/error.h"
-#include "kv/paged_attention.h"
+#include "backend/cpu/cpu_paged_attention.h"
 
 namespace dzr {
 namespace {

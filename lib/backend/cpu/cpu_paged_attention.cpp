@@ -1,11 +1,11 @@
-#include "kv/paged_attention.h"
+#include "backend/cpu/cpu_paged_attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/error.h"
-#include "kv/block_table.h"
+#include "backend/kv_view.h"
 
 namespace dzr {
 

@@ -13,9 +13,14 @@
 #include <type_traits>
 
 #include "core/dtype.h"
-#include "kv/block_pool.h"
 
 namespace dzr {
+
+/// A KV block id (kv::BlockPool hands them out); block 0 is the null block that pads block tables.
+using BlockId = int32_t;
+inline constexpr BlockId kNullBlockId = 0;
+/// A slot (block_id * block_size + offset) that scatter_kv skips: the padding rows of a slot mapping.
+inline constexpr int64_t kPadSlot = -1;
 
 struct PagedKvView {
     void* k_base;                  // element 0 of block 0 of layer 0 (pool K)

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
-#include "kv/kv_view.h"
+#include "backend/kv_view.h"
 
 namespace dzr {
 

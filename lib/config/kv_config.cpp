@@ -1,4 +1,4 @@
-#include "kv/kv_config.h"
+#include "config/kv_config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "weights/model_config.h"
+#include "config/model_config.h"
 
 namespace dzr {
 
