@@ -1,6 +1,7 @@
-// `dzr bench gemm|ops|attention|kv`: times the CUDA backend with CUDA events (warm-up, then the median of N
+// `dzr bench gemm|ops|attention|kv`: times a GPU backend with its stream's events (warm-up, then the median of N
 // timed runs; GEMM inputs rotate over several buffer sets so the 60 MB L2 does not hold them), and measures
-// the KV cache's device memory. `dzr bench prepare` times the policy's host-side prepare() (any build).
+// the KV cache's device memory. Everything goes through the Backend interface (no CUDA headers here).
+// `dzr bench prepare` times the policy's host-side prepare() (any build).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -20,13 +21,6 @@
 #include "policy/preprocess.h"
 #include "policy/tokenizer.h"
 #include "weights/checkpoint.h"
-
-#ifdef DZR_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "backend/cuda/cuda_backend.h"
-#include "kernels/kv_scatter.cuh"
-#endif
 
 namespace dzr::app {
 namespace {
@@ -143,33 +137,25 @@ int run_prepare_bench(const BenchOptions& o) {
     return 0;
 }
 
-#ifdef DZR_HAVE_CUDA
-
 struct Timing {
     double median_ms = 0, min_ms = 0, mean_ms = 0;
 };
 
-/// Times f(i) for i in [0, iters) with one event pair per run, after `warmup` untimed runs.
+/// Times f(i) for i in [0, iters) with one event pair per run on the backend's stream, after `warmup` untimed runs.
 template <typename F>
-Timing time_on_stream(cudaStream_t stream, int warmup, int iters, F&& f) {
+Timing time_on_stream(Backend& be, int warmup, int iters, F&& f) {
     for (int i = 0; i < warmup; ++i) f(i);
-    std::vector<cudaEvent_t> ev(size_t(2 * iters));
-    for (auto& e : ev)
-        if (cudaEventCreate(&e) != cudaSuccess) DZR_THROW("bench: cudaEventCreate failed");
+    Stream& stream = be.stream();
+    std::vector<std::unique_ptr<Event>> ev;
+    for (int i = 0; i < 2 * iters; ++i) ev.push_back(stream.make_event());
     for (int i = 0; i < iters; ++i) {
-        cudaEventRecord(ev[size_t(2 * i)], stream);
+        stream.record(*ev[size_t(2 * i)]);
         f(warmup + i);
-        cudaEventRecord(ev[size_t(2 * i + 1)], stream);
+        stream.record(*ev[size_t(2 * i + 1)]);
     }
-    const cudaError_t st = cudaStreamSynchronize(stream);
-    if (st != cudaSuccess) DZR_THROW("bench: the timed runs failed: {}", cudaGetErrorString(st));
+    stream.synchronize();
     std::vector<double> ms(static_cast<size_t>(iters));
-    for (int i = 0; i < iters; ++i) {
-        float t = 0;
-        cudaEventElapsedTime(&t, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
-        ms[size_t(i)] = t;
-    }
-    for (auto& e : ev) cudaEventDestroy(e);
+    for (int i = 0; i < iters; ++i) ms[size_t(i)] = stream.elapsed_ms(*ev[size_t(2 * i)], *ev[size_t(2 * i + 1)]);
     Timing out;
     out.mean_ms = 0;
     for (double v : ms) out.mean_ms += v / double(iters);
@@ -177,6 +163,27 @@ Timing time_on_stream(cudaStream_t stream, int warmup, int iters, F&& f) {
     out.min_ms = ms.front();
     out.median_ms = iters % 2 ? ms[size_t(iters / 2)] : 0.5 * (ms[size_t(iters / 2 - 1)] + ms[size_t(iters / 2)]);
     return out;
+}
+
+/// A GPU backend for a bench: the device must be one whose stream times device work.
+std::unique_ptr<Backend> make_gpu_backend(const std::string& device, size_t workspace_bytes, const char* what) {
+    const Device d = parse_device(device);
+    DZR_CHECK(d.is_cuda(), "bench {} needs a GPU (--device cuda:N), got {}", what, device);
+    BackendOptions bo = apply_env_overrides({});
+    bo.workspace_bytes = workspace_bytes;
+    return make_backend(d, bo);
+}
+
+void set_attention(Backend& be, AttentionImpl impl) {
+    CudaBackendOptions o = be.cuda_options();
+    o.attention = impl;
+    be.set_cuda_options(o);
+}
+
+void set_paged_attention(Backend& be, PagedAttentionImpl impl) {
+    CudaBackendOptions o = be.cuda_options();
+    o.paged_attention = impl;
+    be.set_cuda_options(o);
 }
 
 /// Uniform values in [-1, 1) from a small LCG (benchmarks need non-zero data, not good randomness).
@@ -204,7 +211,7 @@ struct GemmShape {
     int64_t m, n, k;
 };
 
-void bench_one_gemm(CudaBackend& be, const BenchOptions& o, const GemmShape& s, DType dt, DType out_dt) {
+void bench_one_gemm(Backend& be, const BenchOptions& o, const GemmShape& s, DType dt, DType out_dt) {
     const int sets = std::max(1, o.sets);
     std::vector<Tensor> a, w, out;
     for (int i = 0; i < sets; ++i) {
@@ -213,7 +220,7 @@ void bench_one_gemm(CudaBackend& be, const BenchOptions& o, const GemmShape& s, 
         out.push_back(be.alloc({s.m, s.n}, out_dt));
     }
     be.synchronize();
-    const Timing t = time_on_stream(be.stream(), o.warmup, o.iters, [&](int i) {
+    const Timing t = time_on_stream(be, o.warmup, o.iters, [&](int i) {
         const size_t j = size_t(i % sets);
         be.linear(a[j], w[j], {}, out[j]);  // out[M, N] = a[M, K] · w[N, K]^T
     });
@@ -225,9 +232,8 @@ void bench_one_gemm(CudaBackend& be, const BenchOptions& o, const GemmShape& s, 
 }
 
 int run_gemm_bench(const BenchOptions& o) {
-    auto owned = make_backend(parse_device(o.device));
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
-    DZR_CHECK(be != nullptr, "bench gemm needs a CUDA device (--device cuda:N)");
+    auto owned = make_gpu_backend(o.device, 0, "gemm");
+    Backend* be = owned.get();
     const DType dt = parse_dtype(o.dtype);
     const DType out_dt = o.out_dtype.empty() ? dt : parse_dtype(o.out_dtype);
     std::printf("dzr bench gemm on %s: cuBLASLt, fp32 accumulation, CUDA events, %d warm-up + median of %d, "
@@ -248,8 +254,8 @@ int run_gemm_bench(const BenchOptions& o) {
 }
 
 int run_ops_bench(const BenchOptions& o) {
-    auto owned = make_cuda_backend(parse_device(o.device).index, size_t(5) << 30);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    auto owned = make_gpu_backend(o.device, size_t(5) << 30, "ops");
+    Backend* be = owned.get();
     const DType bf = DType::BF16;
     std::printf("dzr bench ops on %s: CUDA events, %d warm-up + median of %d; GB/s counts bytes read + written once\n",
                 be->name().c_str(), o.warmup, o.iters);
@@ -262,46 +268,44 @@ int run_ops_bench(const BenchOptions& o) {
     {
         const size_t bytes = size_t(1) << 30;
         Tensor src = be->alloc({int64_t(bytes / 2)}, bf), dst = be->alloc({int64_t(bytes / 2)}, bf);
-        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) {
-            cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, be->stream());
-        });
-        report("cudaMemcpy d2d 1 GiB (ceiling)", 2.0 * double(bytes), t);
+        const Timing t = time_on_stream(*be, o.warmup, o.iters, [&](int) { be->copy(src, dst); });
+        report("copy bf16 1 GiB, same dtype (ceiling)", 2.0 * double(bytes), t);
     }
     {
         Tensor x = random_device_tensor(*be, {L, C}, bf, 1), w = random_device_tensor(*be, {C}, bf, 2);
         Tensor out = be->alloc({L, C}, bf);
-        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->rms_norm({1e-6f}, x, w, out); });
+        const Timing t = time_on_stream(*be, o.warmup, o.iters, [&](int) { be->rms_norm({1e-6f}, x, w, out); });
         report("rms_norm bf16 [1785, 5120] * w", 2.0 * 2 * L * C + 2 * C, t);
         const Timing t2 =
-            time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->layer_norm({1e-6f}, x, {}, {}, out); });
+            time_on_stream(*be, o.warmup, o.iters, [&](int) { be->layer_norm({1e-6f}, x, {}, {}, out); });
         report("layer_norm bf16 [1785, 5120] no affine", 2.0 * 2 * L * C, t2);
         Tensor b = random_device_tensor(*be, {C}, bf, 3);
         const Timing t3 =
-            time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->add(x, b, out); });
+            time_on_stream(*be, o.warmup, o.iters, [&](int) { be->add(x, b, out); });
         report("binary add bf16 [1785, 5120] + [5120]", 2.0 * 2 * L * C + 2 * C, t3);
         Tensor xf = be->alloc({L, C}, DType::F32);
-        const Timing t4 = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->copy(xf, out); });
+        const Timing t4 = time_on_stream(*be, o.warmup, o.iters, [&](int) { be->copy(xf, out); });
         report("copy f32 -> bf16 [1785, 5120]", 6.0 * L * C, t4);
         // x [L, C] viewed as [C, L] (strides [1, C]) -> out as a contiguous [C, L]
-        const Timing t5 = time_on_stream(be->stream(), o.warmup, o.iters,
+        const Timing t5 = time_on_stream(*be, o.warmup, o.iters,
                                          [&](int) { be->copy(x.view().transpose(0, 1), out.view().reshape({C, L})); });
         report("copy bf16 transpose [5120, 1785] (strided)", 4.0 * L * C, t5);
     }
     {
         Tensor x = random_device_tensor(*be, {L, H, D}, bf, 4), out = be->alloc({L, H, D}, bf);
         Tensor table = random_device_tensor(*be, {L, D / 2, 2}, DType::F32, 5);
-        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->rope({}, x, table, out); });
+        const Timing t = time_on_stream(*be, o.warmup, o.iters, [&](int) { be->rope({}, x, table, out); });
         report("rope bf16 [1785, 40, 128], 64 pairs", 2.0 * 2 * L * H * D + 4.0 * L * D, t);
     }
     {
         const int64_t rows = 8 * L, cols = 7945;
         Tensor x = random_device_tensor(*be, {rows, cols}, DType::F32, 6, 8.f), out = be->alloc({rows, cols}, bf);
-        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) { be->softmax({1.f}, x, out); });
+        const Timing t = time_on_stream(*be, o.warmup, o.iters, [&](int) { be->softmax({1.f}, x, out); });
         report("softmax f32 -> bf16 [14280, 7945]", 6.0 * double(rows) * double(cols), t);
     }
     {
         Tensor x = random_device_tensor(*be, {L, F}, bf, 7, 4.f), out = be->alloc({L, F}, bf);
-        const Timing t = time_on_stream(be->stream(), o.warmup, o.iters,
+        const Timing t = time_on_stream(*be, o.warmup, o.iters,
                                         [&](int) { be->activation({Activation::GeluTanh}, x, out); });
         report("gelu_tanh bf16 [1785, 13824]", 2.0 * 2 * L * F, t);
     }
@@ -310,11 +314,11 @@ int run_ops_bench(const BenchOptions& o) {
         const int64_t Lk = 7945;
         Tensor q = random_device_tensor(*be, {L, H, D}, bf, 8), k = random_device_tensor(*be, {Lk, H, D}, bf, 9);
         Tensor v = random_device_tensor(*be, {Lk, H, D}, bf, 10), out = be->alloc({L, H, D}, bf);
-        be->set_attention_impl(AttentionImpl::Gemm);  // this row times the GEMM path; see `dzr bench attention`
-        const Timing t = time_on_stream(be->stream(), 2, std::max(3, o.iters / 5), [&](int) {
+        set_attention(*be, AttentionImpl::Gemm);  // this row times the GEMM path; see `dzr bench attention`
+        const Timing t = time_on_stream(*be, 2, std::max(3, o.iters / 5), [&](int) {
             be->attention({1.f / std::sqrt(float(D))}, q, k, v, {}, out);
         });
-        be->set_attention_impl(AttentionImpl::Auto);
+        set_attention(*be, AttentionImpl::Auto);
         const double flop = 4.0 * double(L) * double(Lk) * double(D) * double(H);
         report("attention bf16 Lq1785 Lk7945 H40 D128 (GEMM-softmax-GEMM)", 2.0 * 2 * (2 * L + 2 * Lk) * H * D, t,
                fmt::format("({:.1f} TFLOP/s)", flop / (t.median_ms * 1e-3) / 1e12));
@@ -324,13 +328,13 @@ int run_ops_bench(const BenchOptions& o) {
 
 /// One timed attention variant: median ms and TFLOP/s (4 * Lq * Lk * D * H), or why it could not run.
 void report_attention(const char* label, int64_t lk, const BenchOptions& o, const std::function<void()>& f,
-                      cudaStream_t stream, const std::function<std::string()>& note) {
+                      Backend& be, const std::function<std::string()>& note) {
     const double flop = 4.0 * double(o.lq) * double(lk) * double(o.head_dim) * double(o.heads);
     std::string ran;
     try {
         f();  // first call: builds plans, fails early when the variant cannot run
         ran = note();
-        const Timing t = time_on_stream(stream, o.warmup, o.iters, [&](int) { f(); });
+        const Timing t = time_on_stream(be, o.warmup, o.iters, [&](int) { f(); });
         std::printf("%-34s %6lld %9.4f %9.4f %9.1f  %s\n", label, (long long)lk, t.median_ms, t.min_ms,
                     flop / (t.median_ms * 1e-3) / 1e12, ran.c_str());
     } catch (const Error& e) {
@@ -340,8 +344,8 @@ void report_attention(const char* label, int64_t lk, const BenchOptions& o, cons
 }
 
 int run_attention_bench(const BenchOptions& o) {
-    auto owned = make_cuda_backend(parse_device(o.device).index, size_t(6) << 30);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    auto owned = make_gpu_backend(o.device, size_t(6) << 30, "attention");
+    Backend* be = owned.get();
     const DType bf = DType::BF16;
     const int64_t L = o.lq, H = o.heads, D = o.head_dim, bs = o.block;
     std::printf("dzr bench attention on %s: bf16, Lq %lld, %lld heads x %lld, CUDA events, %d warm-up + median of "
@@ -364,17 +368,17 @@ int run_attention_bench(const BenchOptions& o) {
     Tensor kcur = random_device_tensor(*be, {L, H, D}, bf, 6, 2.f);
     Tensor vcur = random_device_tensor(*be, {L, H, D}, bf, 7);
     be->synchronize();
-    const auto impl_note = [be] { return std::string(attention_impl_name(be->last_attention_impl())); };
+    const auto impl_note = [be] { return be->last_attention_impl(); };
     for (const int64_t lk : o.lk) {
         const TensorView kv = k.view().slice(0, 0, lk), vv = v.view().slice(0, 0, lk);
         for (AttentionImpl impl : {AttentionImpl::CudnnUnified, AttentionImpl::CudnnComposite, AttentionImpl::Flash,
                                    AttentionImpl::Gemm}) {
-            be->set_attention_impl(impl);
+            set_attention(*be, impl);
             const std::string label = fmt::format("dense {}", attention_impl_name(impl));
-            report_attention(label.c_str(), lk, o, [&] { be->attention({scale}, q, kv, vv, {}, out); }, be->stream(),
+            report_attention(label.c_str(), lk, o, [&] { be->attention({scale}, q, kv, vv, {}, out); }, *be,
                              impl_note);
         }
-        be->set_attention_impl(AttentionImpl::Auto);
+        set_attention(*be, AttentionImpl::Auto);
         const int64_t hist = lk - L;
         if (hist < 0) continue;
         PagedKvView view{};
@@ -386,27 +390,13 @@ int run_attention_bench(const BenchOptions& o) {
         view.num_table_blocks = int32_t((hist + bs - 1) / bs);
         view.seq_len = hist;
         for (PagedAttentionImpl impl : {PagedAttentionImpl::Direct, PagedAttentionImpl::Gather}) {
-            be->set_paged_attention_impl(impl);
+            set_paged_attention(*be, impl);
             const char* label = impl == PagedAttentionImpl::Direct ? "paged direct (flash, block table)"
                                                                    : "paged gather + dense auto";
             report_attention(label, lk, o, [&] { be->paged_attention({scale}, q, view, 0, kcur, vcur, out); },
-                             be->stream(), impl_note);
+                             *be, impl_note);
         }
-        be->set_paged_attention_impl(PagedAttentionImpl::Auto);
-        // the gather kernel alone: history through the table + current rows -> contiguous [Lk, H, D] K and V
-        {
-            ArenaScope scope(be->workspace());
-            const TensorView kall = be->scratch({lk, H, D}), vall = be->scratch({lk, H, D});
-            const kernels::KvPoolLayer pool{pool_k.data(), pool_v.data(), H * D, D, int32_t(bs)};
-            const kernels::KvRows cur{kcur.data(), vcur.data(), H * D, D};
-            const Timing t = time_on_stream(be->stream(), o.warmup, o.iters, [&](int) {
-                kernels::gather_kv(pool, table.ptr<const int32_t>(), hist, cur, L, kall.data, vall.data, int(H),
-                                   int(D), bf, be->stream());
-            });
-            const double bytes = 2.0 * 2.0 * double(lk) * double(H * D) * 2.0;  // K and V, read + write, bf16
-            std::printf("%-34s %6lld %9.4f %9.4f %9s  %.1f GB/s\n", "  of which the gather kernel", (long long)lk,
-                        t.median_ms, t.min_ms, "-", bytes / (t.median_ms * 1e-3) / 1e9);
-        }
+        set_paged_attention(*be, PagedAttentionImpl::Auto);
     }
     return 0;
 }
@@ -415,37 +405,34 @@ int run_kv_bench(const BenchOptions& o) {
     const config::RunConfig cfg = config::load_run_config(o.config);
     const KvGeometry g = KvGeometry::from_model(cfg.model, DType::BF16, 2);
     const KvMemoryPlan plan = plan_kv_memory(g, cfg.kv, kv_session_bytes(g, cfg.kv));
-    auto owned = make_cuda_backend(parse_device(o.device).index, size_t(64) << 20);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
+    auto owned = make_gpu_backend(o.device, size_t(64) << 20, "kv");
+    Backend* be = owned.get();
     std::printf("dzr bench kv on %s: %s, bf16, %d CFG branches, one session (memory_budget auto)\n",
                 be->name().c_str(), o.config.c_str(), g.num_branches);
     std::printf("geometry: %d layers, %d heads x %d, %d tokens/frame, window %d frames, chunk %d\n", g.num_layers,
                 g.num_kv_heads, g.head_dim, g.tokens_per_frame, cfg.kv.window_frames, g.chunk_frames);
     std::printf("%s\n", plan.summary().c_str());
     be->synchronize();
-    size_t free0 = 0, total = 0, free1 = 0;
-    DZR_CHECK(cudaMemGetInfo(&free0, &total) == cudaSuccess, "bench kv: cudaMemGetInfo failed");
+    const size_t used0 = size_t(be->device_memory_in_use().value_or(0));
     {
         KvCacheManager manager(g, cfg.kv, plan, be);
         be->synchronize();
-        DZR_CHECK(cudaMemGetInfo(&free1, &total) == cudaSuccess, "bench kv: cudaMemGetInfo failed");
+        const size_t used1 = size_t(be->device_memory_in_use().value_or(0));
         const double gib = double(size_t(1) << 30);
-        const size_t drop = free0 - free1, target = size_t(13421772800ull);
+        const size_t drop = used1 - used0, target = size_t(13421772800ull);
         std::printf("%-44s %16s %10s\n", "", "bytes", "GiB");
         std::printf("%-44s %16zu %10.3f\n", "plan: blocks + null block", plan.pool_bytes,
                     double(plan.pool_bytes) / gib);
         std::printf("%-44s %16zu %10.3f\n", "plan: scratch", plan.scratch_bytes, double(plan.scratch_bytes) / gib);
         std::printf("%-44s %16zu %10.3f\n", "plan: cross caches", plan.cross_bytes, double(plan.cross_bytes) / gib);
         std::printf("%-44s %16zu %10.3f\n", "plan: total", plan.total_bytes, double(plan.total_bytes) / gib);
-        std::printf("%-44s %16zu %10.3f\n", "measured: cudaMemGetInfo free drop", drop, double(drop) / gib);
+        std::printf("%-44s %16zu %10.3f\n", "measured: device memory in use, growth", drop, double(drop) / gib);
         std::printf("%-44s %16zu %10.3f\n", "target (issue)", target, double(target) / gib);
         std::printf("measured - plan: %+lld bytes; %s the 12.5 GiB target\n",
                     (long long)drop - (long long)plan.total_bytes, drop <= target ? "within" : "OVER");
     }
     return 0;
 }
-
-#endif  // DZR_HAVE_CUDA
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* cmd = app.add_subcommand(
@@ -504,23 +491,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
                       "time the reference pipeline instead (per-channel float resize, one thread: the code before the "
                       "fast path)");
     prepare->callback([&run, opts] { run = [opts] { return run_prepare_bench(*opts); }; });
-#ifdef DZR_HAVE_CUDA
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });
     attention->callback([&run, opts] { run = [opts] { return run_attention_bench(*opts); }; });
     kv->callback([&run, opts] { run = [opts] { return run_kv_bench(*opts); }; });
-#else
-    const auto unavailable = [&run] {
-        run = [] {
-            DZR_THROW("dzr bench needs the CUDA backend; this dzr was built with -DDZR_CUDA=OFF");
-            return 1;
-        };
-    };
-    gemm->callback(unavailable);
-    ops->callback(unavailable);
-    attention->callback(unavailable);
-    kv->callback(unavailable);
-#endif
 });
 
 }  // namespace

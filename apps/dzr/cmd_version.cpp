@@ -12,11 +12,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     cmd->callback([&run] {
         run = [] {
             std::printf("dzr %s (%s)\n", DZR_VERSION, DZR_GIT_HASH);
-#ifdef DZR_HAVE_CUDA
-            std::printf("cuda backend: built; device present: %s\n", cuda_device_available() ? "yes" : "no");
-#else
-            std::printf("cuda backend: not built\n");
-#endif
+            if (cuda_backend_built())
+                std::printf("cuda backend: built; device present: %s\n", cuda_device_available() ? "yes" : "no");
+            else
+                std::printf("cuda backend: not built\n");
 #ifdef DZR_HAVE_OPENCV
             std::printf("video decoding: OpenCV\n");
 #else

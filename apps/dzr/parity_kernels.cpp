@@ -17,10 +17,6 @@
 #include "core/error.h"
 #include "io/npy.h"
 
-#ifdef DZR_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
-
 namespace dzr::app {
 namespace {
 
@@ -110,12 +106,10 @@ int run_attention(const AttentionArgs& a) {
     const int64_t lq = qa.dim(0), heads = qa.dim(1), d = qa.dim(2), lk = ka.dim(0), dv = va.dim(2);
     DZR_CHECK(ka.dim(1) == heads && va.dim(1) == heads && ka.dim(2) == d && va.dim(0) == lk,
               "attention: shapes disagree: q {} k {} v {}", qa.shape_str(), ka.shape_str(), va.shape_str());
-#ifdef DZR_HAVE_CUDA
     std::vector<AttentionImpl> impls;
     for (const std::string& name : a.impls) impls.push_back(parse_attention_impl(name));
     auto owned = make_cuda_backend(parse_device(a.device).index, size_t(1) << 30);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
-    DZR_CHECK(be != nullptr, "parity attention needs a CUDA device (--device cuda:N)");
+    Backend* be = owned.get();
     const Tensor q = upload_bf16(*be, qa), k = upload_bf16(*be, ka), v = upload_bf16(*be, va);
     Tensor out = be->alloc({lq, heads, dv}, DType::BF16);
     // the default as PyTorch's SDPA computes it: 1 / sqrt(d) in double, then rounded to float
@@ -123,7 +117,9 @@ int run_attention(const AttentionArgs& a) {
     std::printf("attention on %s: q [%lld, %lld, %lld], k/v [%lld, ...], scale %.9g\n", be->name().c_str(),
                 (long long)lq, (long long)heads, (long long)d, (long long)lk, double(scale));
     for (const AttentionImpl impl : impls) {
-        be->set_attention_impl(impl);
+        CudaBackendOptions co = be->cuda_options();
+        co.attention = impl;
+        be->set_cuda_options(co);
         be->fill(out, 0.f);
         try {
             be->attention({scale}, q, k, v, {}, out);
@@ -133,14 +129,10 @@ int run_attention(const AttentionArgs& a) {
         }
         const fs::path file = fs::path(a.out) / fmt::format("o_{}.npy", attention_impl_name(impl));
         write_output(*be, out, file);
-        std::printf("  %-16s ran %-16s -> %s\n", attention_impl_name(impl),
-                    attention_impl_name(be->last_attention_impl()), file.string().c_str());
+        std::printf("  %-16s ran %-16s -> %s\n", attention_impl_name(impl), be->last_attention_impl().c_str(),
+                    file.string().c_str());
     }
     return 0;
-#else
-    (void)lq, (void)dv;
-    DZR_THROW("dzr parity attention needs a CUDA build (-DDZR_CUDA=ON)");
-#endif
 }
 
 int run_linear(const LinearArgs& a) {
@@ -208,11 +200,11 @@ int run_bmm(const BmmArgs& a) {
               "bmm: shapes disagree: a {} b {}{}", aa.shape_str(), ba.shape_str(),
               a.b_transposed ? " (transposed)" : "");
     DZR_CHECK(a.impl == "lt" || a.impl == "cublas", "bmm: --impl must be lt or cublas, got '{}'", a.impl);
-#ifdef DZR_HAVE_CUDA
-    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(256) << 20);
-    auto* be = dynamic_cast<CudaBackend*>(owned.get());
-    DZR_CHECK(be != nullptr, "parity bmm needs a CUDA device (--device cuda:N)");
-    be->set_plain_gemm_impl(parse_plain_gemm_impl(a.impl));
+    BackendOptions bo;
+    bo.workspace_bytes = size_t(256) << 20;
+    bo.cuda.plain_gemm = parse_plain_gemm_impl(a.impl);
+    auto owned = make_cuda_backend(parse_device(a.device).index, bo);
+    Backend* be = owned.get();
     const Tensor x = upload_bf16(*be, aa), y = upload_bf16(*be, ba);
     Tensor out = be->alloc({B, M, N}, DType::BF16);
     GemmParams p;
@@ -222,10 +214,6 @@ int run_bmm(const BmmArgs& a) {
     std::printf("bmm (%s) on %s: a %s b %s%s -> %s\n", a.impl.c_str(), be->name().c_str(),
                 aa.shape_str().c_str(), ba.shape_str().c_str(), a.b_transposed ? "^T" : "", a.out.c_str());
     return 0;
-#else
-    (void)M, (void)N;
-    DZR_THROW("dzr parity bmm needs a CUDA build (-DDZR_CUDA=ON)");
-#endif
 }
 
 constexpr const char* kOps = "layer_norm, rms_norm, gelu_tanh, gelu_erf, gelu_t5, silu, sigmoid, softmax";

@@ -7,9 +7,17 @@
 
 namespace dzr {
 
+void Stream::begin_capture() { DZR_THROW("this stream cannot capture graphs"); }
+
+std::unique_ptr<Graph> Stream::end_capture() { DZR_THROW("this stream cannot capture graphs"); }
+
 void Backend::paged_attention(const AttentionParams&, const TensorView&, const PagedKvView&, int, const TensorView&,
                               const TensorView&, const TensorView&) {
     DZR_THROW("backend {} has no paged attention", name());
+}
+
+void Backend::resize_bicubic(const TensorView&, const TensorView&) {
+    DZR_THROW("backend {} has no device bicubic resize (capabilities().resize_bicubic)", name());
 }
 
 void Backend::sin_cos_table(float step, const TensorView& out) {
@@ -30,13 +38,21 @@ void Backend::scatter_kv(const PagedKvView&, int, const TensorView&, const Tenso
     DZR_THROW("backend {} has no KV scatter", name());
 }
 
-std::unique_ptr<Backend> make_backend(const Device& device, size_t workspace_bytes) {
-    if (device.is_cpu()) return make_cpu_backend(workspace_bytes);
-    return make_cuda_backend(device.index, workspace_bytes);
+std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& options) {
+    if (device.is_cpu()) return make_cpu_backend(options);
+    return make_cuda_backend(device.index, options);
+}
+
+bool cuda_backend_built() {
+#ifdef DZR_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
 }
 
 #ifndef DZR_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int, size_t) {
+std::unique_ptr<Backend> make_cuda_backend(int, const BackendOptions&) {
     DZR_THROW("this dzr was built without CUDA (-DDZR_CUDA=OFF); use --device cpu");
 }
 

@@ -1,7 +1,11 @@
 #pragma once
-/// The compute interface every model forward goes through. One method per op family, each with a
-/// typed params struct. CpuBackend is the fp32 reference (OpenBLAS); CudaBackend runs bf16 with fp32
-/// accumulation (cuBLASLt, cuDNN, kernels/). Model code never branches on the backend.
+/// The compute interface every model forward goes through, in three parts:
+///  - DeviceContext: allocation (persistent tensors, the workspace arena), memory information, capabilities;
+///  - Stream: the ordered queue of work on that device: host transfers, events, synchronization, graph capture;
+///  - Backend: the ops, one method per op family with a typed params struct, queued on the backend's stream.
+/// CpuBackend is the fp32 reference (OpenBLAS); CudaBackend runs bf16 with fp32 accumulation (cuBLASLt, cuDNN,
+/// kernels/). A backend's Numerics mode (options.h) is fixed when it is made. Model code never branches on the
+/// backend.
 ///
 /// Conventions for every op:
 ///  - Tensors are TensorViews on this backend's device. Inputs may be strided where an op says so;
@@ -11,16 +15,17 @@
 ///  - The CPU backend computes in f32 and accepts f32 tensors only (plus the dtype conversions of
 ///    copy/upload/download). The CUDA backend accepts f32 and bf16 for every float op, with fp32
 ///    accumulation inside; GEMM inputs must share a dtype.
-///  - No op allocates or synchronizes with the host (except synchronize/download/upload), so a forward
-///    can be captured into a CUDA graph.
+///  - No op allocates or synchronizes with the host (except Stream::synchronize/download and upload of a
+///    strided host source), so a forward can be captured into a CUDA graph.
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "backend/kv_view.h"
+#include "backend/options.h"
 #include "core/arena.h"
 #include "core/tensor.h"
-#include "backend/kv_view.h"
 
 namespace dzr {
 
@@ -70,16 +75,16 @@ struct RmsNormParams {
 
 /// The Wan VAE's RMS_norm over the last dim (channels-last rows), optionally followed by SiLU:
 /// y = x / max(||x||_2, eps) * scale * weight[c], out = silu ? y / (1 + e^-y) : y.
-/// `eager` picks the rounding points on a bf16/f16 output, mirroring the reference's two regimes:
-///  - false (torch.autocast): the norm runs in f32 and the whole chain rounds once, at the output;
-///  - true (plain bf16 eager ops): ||x|| (f32 sum), max(., eps), the division, * scale, * weight and the
+/// On a bf16/f16 output the backend's autocast state (Backend::autocast) picks the rounding points, mirroring the
+/// reference's two regimes:
+///  - autocast (torch.autocast): the norm runs in f32 and the whole chain rounds once, at the output;
+///  - no autocast (plain bf16 eager ops): ||x|| (f32 sum), max(., eps), the division, * scale, * weight and the
 ///    SiLU each round to the output dtype, as PyTorch's bf16 ops do.
 /// On an f32 output both are the same f32 computation. weight [C] is required.
 struct L2NormParams {
     float eps = 1e-12f;
     float scale = 1.0f;
     bool silu = false;
-    bool eager = false;
 };
 
 /// Softmax over the last dim of (scale * x).
@@ -123,40 +128,125 @@ struct Conv3dParams {
     bool channels_last = false;
 };
 
-class Backend {
+/// What a backend can do beyond the ops every backend has.
+struct Capabilities {
+    /// resize_bicubic runs in the arithmetic of PyTorch's kernel for this device (else the caller resizes
+    /// with its interpolation matrices, model/image_resize.h).
+    bool resize_bicubic = false;
+    /// paged_attention and scatter_kv (the paged KV cache's device path).
+    bool paged_kv = false;
+    /// Stream::record/elapsed_ms measure device time; false: host time of synchronous work (CPU).
+    bool device_events = false;
+    /// Stream::begin_capture / end_capture (CUDA graphs).
+    bool graphs = false;
+    /// E4M3 (FP8) GEMMs: sm_89 and later.
+    bool fp8 = false;
+    /// Compute capability x 10 (90 = Hopper); 0 on the CPU.
+    int compute_capability = 0;
+    /// Allocations are fake and ops compute nothing (MeasuringBackend: workspace planning).
+    bool measuring = false;
+};
+
+/// Allocation and memory information of one device.
+class DeviceContext {
 public:
-    virtual ~Backend() = default;
-
+    virtual ~DeviceContext() = default;
     virtual Device device() const = 0;
-    virtual std::string name() const = 0;
-    /// The dtype activations and weights use on this backend (CPU: f32, CUDA: bf16).
-    virtual DType compute_dtype() const = 0;
-
-    // ---- memory -------------------------------------------------------------------------------
     /// Persistent allocation (weights, KV pool), zero-filled. May allocate device memory.
     virtual Tensor alloc(Shape shape, DType dtype) = 0;
     /// The workspace arena forwards take activations from (see Arena).
     virtual Arena& workspace() = 0;
     /// (Re)create the workspace with the given capacity in bytes. Not for use inside a forward.
     virtual void reserve_workspace(size_t bytes) = 0;
-    /// A contiguous activation buffer from the workspace.
-    TensorView scratch(Shape shape, DType dtype) { return workspace().alloc_view(shape, dtype); }
-    TensorView scratch(Shape shape) { return scratch(shape, compute_dtype()); }
+    /// Device memory in use, device-wide (total minus free as the driver reports it: includes the context and
+    /// other processes), in bytes; nullopt where not measured (CPU). Call it between forwards only.
+    virtual std::optional<int64_t> memory_in_use() const { return std::nullopt; }
+    virtual Capabilities capabilities() const = 0;
+};
 
-    /// Host -> device copy, converting dtype (src any float or integer dtype, contiguous host view).
+/// A point in a stream's work. Made by Stream::make_event (outside a forward: it may allocate), recorded by
+/// Stream::record (inside one: it does not).
+class Event {
+public:
+    virtual ~Event() = default;
+};
+
+/// A captured sequence of a stream's work, replayed as one launch.
+class Graph {
+public:
+    virtual ~Graph() = default;
+    virtual void launch() = 0;
+};
+
+/// The ordered queue of work on one device. Ops of a Backend run on its stream, in call order.
+class Stream {
+public:
+    virtual ~Stream() = default;
+    /// Host -> device copy, converting dtype (src any float or integer dtype; a strided host source is packed
+    /// first, on the host).
     virtual void upload(const TensorView& host_src, const TensorView& dst) = 0;
     /// Device -> host copy, converting dtype; synchronizes.
     virtual void download(const TensorView& src, const TensorView& host_dst) = 0;
+    /// Wait for all queued work.
+    virtual void synchronize() = 0;
+    /// A new event (for record); may allocate, so make events before the calls that record them.
+    virtual std::unique_ptr<Event> make_event() = 0;
+    /// Marks the current point of the stream's work.
+    virtual void record(Event& e) = 0;
+    /// Later work of this stream waits for `e` (recorded on any stream of the same or a peer device).
+    virtual void wait(const Event& e) = 0;
+    /// Milliseconds between two recorded events; waits for `to` to complete.
+    virtual double elapsed_ms(const Event& from, const Event& to) = 0;
+    /// Graph capture (Capabilities::graphs): the stream's work between begin_capture and end_capture is recorded,
+    /// not run, and end_capture returns it as a Graph. Throws where unsupported.
+    virtual void begin_capture();
+    virtual std::unique_ptr<Graph> end_capture();
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+
+    virtual std::string name() const = 0;
+    /// The dtype activations and weights use on this backend (CPU: f32, CUDA: bf16).
+    virtual DType compute_dtype() const = 0;
+    virtual DeviceContext& context() = 0;
+    virtual const DeviceContext& context() const = 0;
+    virtual Stream& stream() = 0;
+    Numerics numerics() const { return numerics_; }
+
+    // ---- the device and the stream, for the common calls ---------------------------------------
+    Device device() const { return context().device(); }
+    Capabilities capabilities() const { return context().capabilities(); }
+    Tensor alloc(Shape shape, DType dtype) { return context().alloc(shape, dtype); }
+    Arena& workspace() { return context().workspace(); }
+    void reserve_workspace(size_t bytes) { context().reserve_workspace(bytes); }
+    std::optional<int64_t> device_memory_in_use() const { return context().memory_in_use(); }
+    /// A contiguous activation buffer from the workspace.
+    TensorView scratch(Shape shape, DType dtype) { return workspace().alloc_view(shape, dtype); }
+    TensorView scratch(Shape shape) { return scratch(shape, compute_dtype()); }
+    void upload(const TensorView& host_src, const TensorView& dst) { stream().upload(host_src, dst); }
+    void download(const TensorView& src, const TensorView& host_dst) { stream().download(src, host_dst); }
+    void synchronize() { stream().synchronize(); }
+
+    // ---- autocast --------------------------------------------------------------------------------
+    /// While an AutocastScope is open, a bf16/f16 backend computes the norm chains that torch.autocast promotes
+    /// (l2_norm with its SiLU) in f32 and rounds once, at the output; outside, they round after each step as
+    /// plain eager bf16 ops do. An f32 backend computes both in f32. Reference numerics honour it; fast
+    /// numerics may round once either way.
+    bool autocast() const { return autocast_; }
+
+    // ---- implementation choices (CUDA; other backends have one implementation per op) ----------------
+    /// Replaces the CUDA implementation choices made at creation (benches and parity probes compare them).
+    virtual void set_cuda_options(const CudaBackendOptions& options) { (void)options; }
+    virtual CudaBackendOptions cuda_options() const { return {}; }
+    /// The implementation that ran the last attention call (attention_impl_name), "" where there is one.
+    virtual std::string last_attention_impl() const { return ""; }
+
     /// Device copy, converting dtype; src may be strided (any permutation), dst contiguous.
     virtual void copy(const TensorView& src, const TensorView& dst) = 0;
     /// Set every element of a contiguous tensor to value.
     virtual void fill(const TensorView& dst, float value) = 0;
-    /// Wait for all queued work.
-    virtual void synchronize() = 0;
-    /// Device memory in use, device-wide (total minus free as the driver reports it: includes the
-    /// context and other processes), in bytes; nullopt where not measured (CPU). Call it between
-    /// forwards only (it may synchronize with the device).
-    virtual std::optional<int64_t> device_memory_in_use() const { return std::nullopt; }
 
     // ---- ops ----------------------------------------------------------------------------------
     virtual void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
@@ -179,22 +269,25 @@ public:
                            const TensorView& v, const TensorView& bias, const TensorView& out) = 0;
     virtual void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                         const TensorView& out) = 0;
-    /// Workspace bytes conv3d takes for these shapes beyond its own buffers (the library's scratch), planning the
-    /// call now if needed: the CUDA backend fixes the cuDNN engine PyTorch would pick without a workspace limit,
-    /// so a workspace planned with this (MeasuringBackend) always leaves room for it. Only shapes and dtypes of
-    /// the views are read. 0 where there is none.
+    /// Workspace bytes conv3d takes from the arena for these shapes (its padded or re-laid-out operands and the
+    /// library's scratch), planning the call now if needed: the CUDA backend fixes the cuDNN engine PyTorch would
+    /// pick without a workspace limit, so a workspace planned with this (MeasuringBackend) always leaves room for
+    /// it. Only shapes and dtypes of the views are read. 0 where there is none.
     virtual size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                           const TensorView& out) {
         (void)p, (void)x, (void)w, (void)out;
         return 0;
     }
-    /// Bicubic resize of an f32 image [C, H, W] -> f32 [C, h, w] (both contiguous) in the arithmetic of
-    /// PyTorch's kernel for this device, where the backend has one; false where it does not (the caller then
-    /// resizes with its interpolation matrices, model/image_resize.h).
-    virtual bool resize_bicubic(const TensorView& src, const TensorView& dst) {
-        (void)src, (void)dst;
-        return false;
+    /// Workspace bytes paged_attention takes from the arena for this history and these current rows (shapes
+    /// only). 0 where there is none.
+    virtual size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) {
+        (void)history, (void)k_cur;
+        return 0;
     }
+    /// Bicubic resize of an f32 image [C, H, W] -> f32 [C, h, w] (both contiguous) in the arithmetic of PyTorch's
+    /// kernel for this device. Only where capabilities().resize_bicubic; the base implementation throws (callers
+    /// resize with their interpolation matrices elsewhere, model/image_resize.h).
+    virtual void resize_bicubic(const TensorView& src, const TensorView& dst);
     /// A table of sinusoids, out: [T, 2·half]: out[t, j] = sin(t · e_j), out[t, half + j] = cos(t · e_j) with
     /// e_j = exp(−j · step), each step one f32 operation (−j · step, exp, t · e_j, sin / cos), then stored in
     /// out's dtype. The reference evaluates this (the action encoder's timestep encoding) on its device, so a
@@ -226,15 +319,49 @@ public:
     void mul(const TensorView& a, const TensorView& b, const TensorView& out) {
         binary({BinaryOp::Mul}, a, b, out);
     }
+
+protected:
+    explicit Backend(Numerics numerics = Numerics::Reference) : numerics_(numerics) {}
+
+private:
+    friend class AutocastScope;
+    Numerics numerics_;
+    bool autocast_ = false;
 };
 
-/// The fp32 reference backend (OpenBLAS). `threads` = 0 leaves OpenBLAS's default.
-std::unique_ptr<Backend> make_cpu_backend(size_t workspace_bytes = 0);
-/// The CUDA backend on device `index`. Throws dzr::Error when built without CUDA or no GPU exists.
-std::unique_ptr<Backend> make_cuda_backend(int index = 0, size_t workspace_bytes = 0);
-/// Backend for a device string ("cpu", "cuda", "cuda:1").
-std::unique_ptr<Backend> make_backend(const Device& device, size_t workspace_bytes = 0);
+/// Sets a backend's autocast state for its lifetime, then restores the previous one (torch.autocast's scope).
+class AutocastScope {
+public:
+    AutocastScope(Backend& be, bool enabled) : be_(be), prev_(be.autocast_) { be.autocast_ = enabled; }
+    ~AutocastScope() { be_.autocast_ = prev_; }
+    AutocastScope(const AutocastScope&) = delete;
+    AutocastScope& operator=(const AutocastScope&) = delete;
 
+private:
+    Backend& be_;
+    bool prev_;
+};
+
+/// The fp32 reference backend (OpenBLAS).
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options = {});
+/// The CUDA backend on device `index`. Throws dzr::Error when built without CUDA or no GPU exists.
+std::unique_ptr<Backend> make_cuda_backend(int index = 0, const BackendOptions& options = {});
+/// The same with default options but for the workspace (tests, benches).
+inline std::unique_ptr<Backend> make_cpu_backend(size_t workspace_bytes) {
+    BackendOptions o;
+    o.workspace_bytes = workspace_bytes;
+    return make_cpu_backend(o);
+}
+inline std::unique_ptr<Backend> make_cuda_backend(int index, size_t workspace_bytes) {
+    BackendOptions o;
+    o.workspace_bytes = workspace_bytes;
+    return make_cuda_backend(index, o);
+}
+/// Backend for a device ("cpu", "cuda:1"), with `options` as given (apply_env_overrides is the caller's choice).
+std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& options = {});
+
+/// True when dzr was built with the CUDA backend (-DDZR_CUDA=ON).
+bool cuda_backend_built();
 /// True when dzr was built with CUDA and at least one device is visible.
 bool cuda_device_available();
 

@@ -9,19 +9,38 @@ namespace dzr {
 void* MeasuringBackend::fake_address() { return reinterpret_cast<void*>(uintptr_t(1) << 44); }
 
 Tensor MeasuringBackend::shape_only(Shape shape, DType dtype) {
-    return Tensor(nullptr, TensorView(fake_address(), dtype, shape, Device::cpu()));
+    return Tensor(nullptr, TensorView(fake_address(), dtype, shape, dzr::Device::cpu()));
 }
 
 // NOTE: the arena sits on the fake address too (not a null measuring arena), so that slicing
 // activation views never does arithmetic on null pointers.
-MeasuringBackend::MeasuringBackend(DType compute_dtype, Backend* planner)
-    : planner_(planner), dtype_(compute_dtype), arena_(reinterpret_cast<void*>(uintptr_t(1) << 46), size_t(1) << 45, Device::cpu()),
+MeasuringBackend::Device::Device(Backend* planner)
+    : planner_(planner),
+      arena_(reinterpret_cast<void*>(uintptr_t(1) << 46), size_t(1) << 45, dzr::Device::cpu()),
       next_alloc_(uintptr_t(1) << 44) {}
 
-Tensor MeasuringBackend::alloc(Shape shape, DType dtype) {
+Tensor MeasuringBackend::Device::alloc(Shape shape, DType dtype) {
     void* p = reinterpret_cast<void*>(next_alloc_);
     next_alloc_ += (size_t(shape.numel()) * dtype_size(dtype) + 255) / 256 * 256 + 256;
-    return Tensor(nullptr, TensorView(p, dtype, shape, Device::cpu()));
+    return Tensor(nullptr, TensorView(p, dtype, shape, dzr::Device::cpu()));
+}
+
+Capabilities MeasuringBackend::Device::capabilities() const {
+    // NOTE: the planner's capabilities, so the measured calls take the paths the real ones will take
+    Capabilities c = planner_ ? planner_->capabilities() : Capabilities{};
+    c.measuring = true;
+    c.graphs = false;
+    return c;
+}
+
+MeasuringBackend::MeasuringBackend(DType compute_dtype, Backend* planner)
+    : Backend(planner ? planner->numerics() : Numerics::Reference), planner_(planner), dtype_(compute_dtype),
+      device_(planner) {}
+
+void MeasuringBackend::touch(size_t bytes) {
+    if (bytes == 0) return;
+    ArenaScope scope(device_.workspace());
+    device_.workspace().alloc(bytes);
 }
 
 void MeasuringBackend::copy(const TensorView& src, const TensorView& dst) {
@@ -30,24 +49,12 @@ void MeasuringBackend::copy(const TensorView& src, const TensorView& dst) {
 
 void MeasuringBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView&,
                               const TensorView& out) {
-    if (x.rank() != 4 || out.rank() != 4) return;
-    ArenaScope scope(arena_);
-    bool symmetric = true;
-    Shape padded{x.dim(0), x.dim(1), x.dim(2), x.dim(3)};
-    for (int i = 0; i < 3; ++i) {
-        symmetric = symmetric && p.pad_before[i] == p.pad_after[i];
-        padded[i + 1] += p.pad_before[i] + p.pad_after[i];
-    }
-    if (!symmetric) arena_.alloc_view(padded, x.dtype);
-    if (p.frames_2d) {
-        arena_.alloc_view(symmetric ? x.shape : padded, x.dtype);
-        arena_.alloc_view(out.shape, out.dtype);
-        if (p.channels_last) arena_.alloc_view(w.shape, w.dtype);  // the channels-last weight
-    }
-    if (planner_) {
-        const size_t ws = planner_->conv3d_workspace_bytes(p, x, w, out);
-        if (ws > 0) arena_.alloc(ws);
-    }
+    if (planner_) touch(planner_->conv3d_workspace_bytes(p, x, w, out));
+}
+
+void MeasuringBackend::paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
+                                       const TensorView& k_cur, const TensorView&, const TensorView&) {
+    if (planner_) touch(planner_->paged_attention_workspace_bytes(history, k_cur));
 }
 
 }  // namespace dzr

@@ -1,7 +1,9 @@
 #pragma once
 /// A Backend that computes nothing and only measures: allocations return views of a fake, never
 /// dereferenced address, and the workspace arena records its high-water mark. Running a model's
-/// forwards on it (with shape-only weights) sizes the real backend's workspace at load.
+/// forwards on it (with shape-only weights) sizes the real backend's workspace at load: every op that takes
+/// workspace of its own (a convolution's cuDNN scratch, a paged attention's gathered rows) asks the backend
+/// that will run the calls (the planner) how much, so nothing here mirrors another backend's internals.
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -10,8 +12,8 @@ namespace dzr {
 
 class MeasuringBackend final : public Backend {
 public:
-    /// planner: the backend that will run the calls, asked for the library workspace of its convolutions
-    /// (Backend::conv3d_workspace_bytes); may be null.
+    /// planner: the backend that will run the calls, asked for the workspace of its ops (may be null: the ops'
+    /// own workspace is then not counted).
     explicit MeasuringBackend(DType compute_dtype, Backend* planner = nullptr);
 
     /// A fake address for data-less tensors: never dereferenced, but arithmetic on it is defined.
@@ -19,18 +21,14 @@ public:
     /// A data-less tensor of the given shape (for shape-only weight sources).
     static Tensor shape_only(Shape shape, DType dtype);
 
-    Device device() const override { return Device::cpu(); }
     std::string name() const override { return "measuring"; }
     DType compute_dtype() const override { return dtype_; }
-    /// Distinct fake addresses per allocation, so aliasing checks see distinct tensors.
-    Tensor alloc(Shape shape, DType dtype) override;
-    Arena& workspace() override { return arena_; }
-    void reserve_workspace(size_t) override {}
-    void upload(const TensorView&, const TensorView&) override {}
-    void download(const TensorView&, const TensorView&) override {}
+    DeviceContext& context() override { return device_; }
+    const DeviceContext& context() const override { return device_; }
+    Stream& stream() override { return stream_; }
+
     void copy(const TensorView& src, const TensorView& dst) override;
     void fill(const TensorView&, float) override {}
-    void synchronize() override {}
     void gemm(const GemmParams&, const TensorView&, const TensorView&, const TensorView&, const TensorView&) override {}
     void binary(const BinaryParams&, const TensorView&, const TensorView&, const TensorView&) override {}
     void scale(const ScaleParams&, const TensorView&, const TensorView&) override {}
@@ -44,26 +42,49 @@ public:
     void rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) override {}
     void attention(const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
                    const TensorView&, const TensorView&) override {}
-    /// Reserves what the CUDA backend's cuDNN path takes besides cuDNN's own workspace: the padded input
-    /// (asymmetric padding), and for frames_2d the input and output transposed to frames.
+    void resize_bicubic(const TensorView&, const TensorView&) override {}
     void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView&,
                 const TensorView& out) override;
-    /// Reserves what the CUDA backend's gather path takes: [history | current] K and V rows.
     void paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
-                         const TensorView& k_cur, const TensorView&, const TensorView&) override {
-        ArenaScope scope(arena_);
-        const Shape rows{history.seq_len + k_cur.dim(0), history.num_heads, history.head_dim};
-        arena_.alloc_view(rows, history.dtype);
-        arena_.alloc_view(rows, history.dtype);
-    }
+                         const TensorView& k_cur, const TensorView&, const TensorView&) override;
     void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
                     int64_t) override {}
 
 private:
+    /// Fake allocations at distinct addresses; an arena on a fake address.
+    class Device final : public DeviceContext {
+    public:
+        Device(Backend* planner);
+        dzr::Device device() const override { return dzr::Device::cpu(); }
+        Tensor alloc(Shape shape, DType dtype) override;
+        Arena& workspace() override { return arena_; }
+        void reserve_workspace(size_t) override {}
+        Capabilities capabilities() const override;
+
+    private:
+        Backend* planner_;
+        Arena arena_;
+        uintptr_t next_alloc_ = 0;
+    };
+    /// Nothing is queued; events measure nothing.
+    class Queue final : public Stream {
+    public:
+        void upload(const TensorView&, const TensorView&) override {}
+        void download(const TensorView&, const TensorView&) override {}
+        void synchronize() override {}
+        std::unique_ptr<Event> make_event() override { return std::make_unique<Event>(); }
+        void record(Event&) override {}
+        void wait(const Event&) override {}
+        double elapsed_ms(const Event&, const Event&) override { return 0.0; }
+    };
+
+    /// Takes `bytes` of the arena and gives them back (an op's transient workspace).
+    void touch(size_t bytes);
+
     Backend* planner_ = nullptr;
     DType dtype_;
-    Arena arena_;
-    uintptr_t next_alloc_ = 0;
+    Device device_;
+    Queue stream_;
 };
 
 }  // namespace dzr

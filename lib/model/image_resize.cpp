@@ -88,7 +88,8 @@ void BicubicResize::apply(Backend& be, const TensorView& src, const TensorView& 
     }
     const TensorView out = dst.dtype == DType::F32 ? dst : be.scratch(dst.shape, DType::F32);
     // A backend with PyTorch's own kernel arithmetic (CUDA) resizes directly, bit for bit as the reference.
-    if (be.resize_bicubic(in, out)) {
+    if (be.capabilities().resize_bicubic) {
+        be.resize_bicubic(in, out);
         if (out.data != dst.data) be.copy(out, dst);
         return;
     }

@@ -83,7 +83,7 @@ void start_caches(Backend& be, WanVae::Net& net, const NetPlan& plan) {
 /// One chunk through `net`: block outputs alternate between `ping` and `pong`; the returned view
 /// (the head output) lives in one of them.
 TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cached, const TensorView& ping,
-                   const TensorView& pong, VaePrecision precision, const WanVae::TraceFn& trace = {}) {
+                   const TensorView& pong, const WanVae::TraceFn& trace = {}) {
     vae::TemporalCache* caches = cached ? net.caches.data() : nullptr;
     auto cache = [&](int slot) { return caches && slot >= 0 ? caches + slot : nullptr; };
     const TensorView* bufs[2] = {&ping, &pong};
@@ -104,9 +104,9 @@ TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cach
             [&](const auto& b) {
                 using B = std::decay_t<decltype(b)>;
                 if constexpr (std::is_same_v<B, AttentionBlock>)
-                    b.forward(be, cur, out, precision);
+                    b.forward(be, cur, out);
                 else if constexpr (std::is_same_v<B, ResidualBlock>)
-                    b.forward(be, cur, c, out, precision);
+                    b.forward(be, cur, c, out);
                 else
                     b.forward(be, cur, c, out);
             },
@@ -115,7 +115,7 @@ TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cach
         if (trace) trace("vae.block", int(i), cur);
     }
     TensorView out = next(Shape{net.head_conv.out_channels(), cur.dim(1), cur.dim(2), cur.dim(3)});
-    net.head_conv.forward_normed(be, net.head_norm, cur, cache(net.num_caches - 1), out, precision);
+    net.head_conv.forward_normed(be, net.head_norm, cur, cache(net.num_caches - 1), out);
     if (trace) trace("vae.head", -1, out);
     return out;
 }
@@ -285,6 +285,9 @@ Shape WanVae::conditioning_shape(int num_frames, int64_t height, int64_t width) 
 
 void WanVae::encode(const TensorView& video, const TensorView& latent, VaePrecision precision,
                     VaeSchedule schedule) {
+    // NOTE: the reference's two regimes of the encoder (docs/VAE.md "Precision") are the backend's autocast
+    // state, as they are torch.autocast's in the reference
+    AutocastScope autocast(be_, precision == VaePrecision::Autocast);
     const Shape lat = latent_shape(video.shape);
     check_io(be_, video, video.shape, "encode", "video");
     check_io(be_, latent, lat, "encode", "latent");
@@ -315,7 +318,7 @@ void WanVae::encode(const TensorView& video, const TensorView& latent, VaePrecis
                 trace_(("vae.chunk1." + std::string(dot ? dot + 1 : name)).c_str(), layer, t);
             };
         }
-        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, precision, chunk_trace);
+        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, chunk_trace);
         TensorView moments = be_.scratch(h.shape);
         conv1_.forward(be_, h, nullptr, moments);
         // mu = moments[:z] (the log-variance half is unused); latent = (mu - mean) * (1 / std), with 1/std
@@ -357,6 +360,7 @@ void WanVae::encode_conditioning(const TensorView& frame, int num_frames, const 
 }
 
 void WanVae::decode(const TensorView& latent, const TensorView& video, VaeSchedule schedule) {
+    AutocastScope eager(be_, false);  // the reference decodes with plain bf16 eager ops
     DZR_CHECK(config_.has_decoder,
               "vae decode: the VAE was loaded without its decoder (has_decoder = false)");
     const Shape vs = video_shape(latent.shape);
@@ -386,7 +390,7 @@ void WanVae::decode(const TensorView& latent, const TensorView& video, VaeSchedu
                       latent.slice(0, c, 1).slice(1, k0, frames), zc.slice(0, c, 1));
         TensorView x = be_.scratch(zc.shape);
         conv2_.forward(be_, zc, nullptr, x);
-        const TensorView out = run_net(be_, decoder_, x, chunked, ping, pong, VaePrecision::Eager);  // [3, frames', H, W]
+        const TensorView out = run_net(be_, decoder_, x, chunked, ping, pong);  // [3, frames', H, W], eager
         vae::clamp_unit(be_, out, out);
         const int64_t vf = out.dim(1);
         DZR_ASSERT(v0 + vf <= vs[1]);

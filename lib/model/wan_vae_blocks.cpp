@@ -24,7 +24,7 @@ TensorView one_head(const TensorView& cols) {
 /// NOTE: under autocast the reference caches the f32 SiLU output and rounds it at the conv's input
 /// cast; the cache here holds the already rounded conv input, which is the same numbers (a cached
 /// frame is only ever used as conv input).
-void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, VaePrecision precision,
+void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm,
               TemporalCache* cache, const TensorView& input) {
     ArenaScope scope(be.workspace());
     const int64_t C = x.dim(0), T = x.dim(1), HW = x.dim(2) * x.dim(3);
@@ -37,8 +37,7 @@ void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, VaeP
             TensorView xcl = be.scratch(Shape{T, HW, C});
             to_channels_last(be, x, xcl);
             // [T, HW, C] -> [T*HW, C] rows
-            norm->forward_rows(be, xcl.reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}), precision,
-                               true);
+            norm->forward_rows(be, xcl.reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}), true);
         }
     } else {
         to_channels_last(be, x, tail);
@@ -111,15 +110,13 @@ void ChannelRmsNorm::load(WeightLoader& loader, const std::string& key, int chan
     gamma_vec_ = gamma_.view().reshape(Shape{channels});  // [C, 1, 1(, 1)] -> [C]
 }
 
-void ChannelRmsNorm::forward_rows(Backend& be, const TensorView& x, const TensorView& out,
-                                  VaePrecision precision, bool silu) const {
+void ChannelRmsNorm::forward_rows(Backend& be, const TensorView& x, const TensorView& out, bool silu) const {
     DZR_ASSERT(x.cols() == channels_);
     L2NormParams p;
     p.eps = kNormEps;
     // NOTE: the reference's scale is the Python float C ** 0.5, which a tensor op uses as float.
     p.scale = float(std::sqrt(double(channels_)));
     p.silu = silu;
-    p.eager = precision == VaePrecision::Eager;
     be.l2_norm(p, x, gamma_vec_, out);
 }
 
@@ -166,19 +163,19 @@ void CausalConv3d::forward(Backend& be, const TensorView& x, TemporalCache* cach
     }
     ArenaScope scope(be.workspace());
     TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
-    assemble(be, x, nullptr, VaePrecision::Eager, cache, input);
+    assemble(be, x, nullptr, cache, input);
     convolve(be, input, hist - n, 1, out);
 }
 
 void CausalConv3d::forward_normed(Backend& be, const ChannelRmsNorm& norm, const TensorView& x,
-                                  TemporalCache* cache, const TensorView& out, VaePrecision precision) const {
+                                  TemporalCache* cache, const TensorView& out) const {
     check_activation(x, "causal conv input");
     DZR_ASSERT(x.dim(0) == in_ && norm.channels() == in_ && out.dim(0) == out_ && out.dim(1) == x.dim(1));
     DZR_ASSERT(history() > 0 || cache == nullptr);
     const int n = cache ? cache->frames : 0;
     ArenaScope scope(be.workspace());
     TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
-    assemble(be, x, &norm, precision, cache, input);
+    assemble(be, x, &norm, cache, input);
     convolve(be, input, history() - n, 1, out);
 }
 
@@ -196,14 +193,13 @@ void ResidualBlock::load(WeightLoader& loader, const std::string& path, int in_c
     }
 }
 
-void ResidualBlock::forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out,
-                            VaePrecision precision) const {
+void ResidualBlock::forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out) const {
     check_activation(x, "residual block input");
     DZR_ASSERT(x.is_contiguous() && out.shape == (Shape{out_channels(), x.dim(1), x.dim(2), x.dim(3)}));
     ArenaScope scope(be.workspace());
     TensorView mid = be.scratch(out.shape);
-    conv1_.forward_normed(be, norm1_, x, caches ? &caches[0] : nullptr, mid, precision);
-    conv2_.forward_normed(be, norm2_, mid, caches ? &caches[1] : nullptr, out, precision);
+    conv1_.forward_normed(be, norm1_, x, caches ? &caches[0] : nullptr, mid);
+    conv2_.forward_normed(be, norm2_, mid, caches ? &caches[1] : nullptr, out);
     if (shortcut_) {
         shortcut_->forward(be, x, nullptr, mid);  // mid is free again: reuse it for the shortcut
         be.add(out, mid, out);
@@ -226,8 +222,7 @@ void AttentionBlock::load(WeightLoader& loader, const std::string& path, int cha
     proj_w5_ = proj_w_.view().reshape(Shape{C, C, 1, 1, 1});
 }
 
-void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView& out,
-                             VaePrecision precision) const {
+void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView& out) const {
     check_activation(x, "attention block input");
     const int64_t C = channels_, T = x.dim(1), H = x.dim(2), W = x.dim(3), L = H * W;
     DZR_ASSERT(x.dim(0) == C && x.is_contiguous() && out.shape == x.shape);
@@ -241,7 +236,7 @@ void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView&
         const TensorView xcl = be.scratch(Shape{T, L, C});
         const TensorView xn = be.scratch(Shape{T, L, C});
         to_channels_last(be, x, xcl);  // [C, T, H, W] -> [T, L, C]
-        norm_.forward_rows(be, xcl.reshape(Shape{T * L, C}), xn.reshape(Shape{T * L, C}), precision, false);
+        norm_.forward_rows(be, xcl.reshape(Shape{T * L, C}), xn.reshape(Shape{T * L, C}), false);
         be.copy(xn.reshape(Shape{T, H, W, C}).permute({3, 0, 1, 2}), cf);
     }
     Conv3dParams conv;

@@ -24,7 +24,8 @@
 namespace dzr {
 
 /// Where a VAE pass rounds on a bf16 backend. The reference runs its VAE encoder in two regimes
-/// (docs/VAE.md "Precision"); on the f32 CPU backend both are the same computation.
+/// (docs/VAE.md "Precision"), which WanVae::encode sets as the backend's autocast state (AutocastScope); on
+/// the f32 CPU backend both are the same computation.
 enum class VaePrecision : uint8_t {
     /// Under torch.autocast(bf16) (encode_image's `ys` encode): RMS_norm and SiLU run in f32 and round
     /// once, at the next conv's input cast.
@@ -57,7 +58,7 @@ class ChannelRmsNorm {
     int channels() const { return channels_; }
     /// x, out: [N, C] channels-last rows (contiguous); out = SiLU(norm(x)) with `silu`, else norm(x).
     /// out may alias x.
-    void forward_rows(Backend& be, const TensorView& x, const TensorView& out, VaePrecision precision,
+    void forward_rows(Backend& be, const TensorView& x, const TensorView& out,
                       bool silu) const;
 
     /// F.normalize's eps (the clamp of ||x||).
@@ -85,9 +86,9 @@ class CausalConv3d {
     /// out [Co, T, H, W] = conv(x [Ci, T, H, W]). x may be strided. The cache (if any) provides the
     /// previous frames and receives the last kCacheFrames input frames.
     void forward(Backend& be, const TensorView& x, TemporalCache* cache, const TensorView& out) const;
-    /// Same, on SiLU(norm(x)) (the residual blocks and the heads), rounded as `precision` says.
+    /// Same, on SiLU(norm(x)) (the residual blocks and the heads), rounded as the backend's autocast state says.
     void forward_normed(Backend& be, const ChannelRmsNorm& norm, const TensorView& x, TemporalCache* cache,
-                        const TensorView& out, VaePrecision precision) const;
+                        const TensorView& out) const;
     /// The raw convolution on an assembled, contiguous input [Ci, T', H, W] with `time_pad` zero
     /// frames before it (none after) and the given time stride; spatial padding as loaded.
     void convolve(Backend& be, const TensorView& input, int time_pad, int time_stride,
@@ -108,8 +109,7 @@ class ResidualBlock {
     int in_channels() const { return conv1_.in_channels(); }
     int out_channels() const { return conv2_.out_channels(); }
     /// x [Ci, T, H, W] -> out [Co, T, H, W]; caches: kNumCaches consecutive entries, or nullptr.
-    void forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out,
-                 VaePrecision precision) const;
+    void forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out) const;
 
   private:
     ChannelRmsNorm norm1_, norm2_;
@@ -125,7 +125,7 @@ class AttentionBlock {
     void load(WeightLoader& loader, const std::string& path, int channels);
     int channels() const { return channels_; }
     /// x, out: [C, T, H, W].
-    void forward(Backend& be, const TensorView& x, const TensorView& out, VaePrecision precision) const;
+    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
 
   private:
     ChannelRmsNorm norm_;

@@ -126,7 +126,7 @@ Operands make_operands(const Shape4& s, DType t, uint64_t seed) {
 Tensor poisoned_out(const Shape4& s, DType t) {
     Tensor out = gpu().alloc({s.lq, s.heads, s.d}, t);
     // NOTE: on the backend's stream, after alloc's zero fill and before the attention
-    REQUIRE(cudaMemsetAsync(out.data(), 0xFF, out.nbytes(), gpu().stream()) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(out.data(), 0xFF, out.nbytes(), gpu().cuda_stream()) == cudaSuccess);
     return out;
 }
 
@@ -184,7 +184,7 @@ TEST_CASE("each fused attention implementation matches the cpu reference at Drea
                             case_name(s, t).c_str(), "-", "-", why.c_str());
                 continue;
             }
-            const AttentionImpl ran = gpu().last_attention_impl();
+            const AttentionImpl ran = gpu().last_attention_kind();
             if (ran == AttentionImpl::CudnnUnified || ran == AttentionImpl::CudnnComposite) ++cudnn_runs;
             if (impl == AttentionImpl::Auto)
                 CHECK(ran != AttentionImpl::Gemm);  // bf16 D 64/128 is always fused
@@ -263,7 +263,7 @@ TEST_CASE("the memory-efficient-order kernel matches the cpu reference above hea
             const Tensor out = poisoned_out(s, t);
             std::string why;
             REQUIRE_MESSAGE(run_impl(impl, o, s, t, out, why), why);
-            const AttentionImpl ran = gpu().last_attention_impl();
+            const AttentionImpl ran = gpu().last_attention_kind();
             if (impl == AttentionImpl::MemEfficient || s.d > 256)
                 CHECK(ran == AttentionImpl::MemEfficient);
             else
@@ -297,7 +297,7 @@ TEST_CASE("f32 and biased attention keep the GEMM path and still match the cpu r
         cpu().attention({scale}, o.qc, o.kc, o.vc, biased ? bias.view() : TensorView{}, ref);
         const Tensor out = poisoned_out(s, t);
         gpu().attention({scale}, o.q, o.k, o.v, biased ? bias_d.view() : TensorView{}, out);
-        CHECK(gpu().last_attention_impl() == AttentionImpl::Gemm);
+        CHECK(gpu().last_attention_kind() == AttentionImpl::Gemm);
         CHECK(compare(to_host(out), ref).bad == 0);
     }
 }

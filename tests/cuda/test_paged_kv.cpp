@@ -92,7 +92,7 @@ int64_t count_bad(const Tensor& got, const Tensor& ref, double* max_abs = nullpt
 
 Tensor poisoned(Shape s) {
     Tensor t = gpu().alloc(s, DType::BF16);
-    REQUIRE(cudaMemsetAsync(t.data(), 0xFF, t.nbytes(), gpu().stream()) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(t.data(), 0xFF, t.nbytes(), gpu().cuda_stream()) == cudaSuccess);
     return t;
 }
 
@@ -185,7 +185,7 @@ TEST_CASE(
                 "dense part %s)\n",
                 paged_name(impl), (long long)c.heads, (long long)c.dim, (long long)c.bs, (long long)c.hist,
                 (long long)c.cur, (long long)c.lq, max_abs, paged_name(gpu().last_paged_attention_impl()),
-                attention_impl_name(gpu().last_attention_impl()));
+                attention_impl_name(gpu().last_attention_kind()));
         }
         gpu().set_paged_attention_impl(PagedAttentionImpl::Auto);
     }
@@ -222,7 +222,7 @@ TEST_CASE("at DreamZero's full window paged attention agrees with dense attentio
         double max_abs = 0;
         CHECK(count_bad(to_host(out), ref, &max_abs) == 0);
         std::printf("DreamZero window, paged %s vs dense (%s): max_abs %.3e\n", paged_name(impl),
-                    attention_impl_name(gpu().last_attention_impl()), max_abs);
+                    attention_impl_name(gpu().last_attention_kind()), max_abs);
     }
     gpu().set_paged_attention_impl(PagedAttentionImpl::Auto);
 }

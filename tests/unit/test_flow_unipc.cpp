@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/host_context.h"
 #include "core/convert.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -26,22 +27,17 @@ namespace {
 // the output dtype. Only what the sampler needs; everything else throws.
 class HostRoundingBackend final : public Backend {
   public:
-    HostRoundingBackend()
-        : buffer_(size_t(16) << 20), arena_(buffer_.data(), buffer_.size(), Device::cpu()) {}
+    HostRoundingBackend() : device_(size_t(16) << 20) {}
 
-    Device device() const override { return Device::cpu(); }
     std::string name() const override { return "host rounding (test)"; }
     DType compute_dtype() const override { return DType::BF16; }
-    Tensor alloc(Shape shape, DType dtype) override { return Tensor::host(shape, dtype); }
-    Arena& workspace() override { return arena_; }
-    void reserve_workspace(size_t) override {}
-    void upload(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
-    void download(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
+    DeviceContext& context() override { return device_; }
+    const DeviceContext& context() const override { return device_; }
+    Stream& stream() override { return stream_; }
     void copy(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
     void fill(const TensorView& dst, float value) override {
         for (int64_t i = 0; i < dst.numel(); ++i) put(dst, i, value);
     }
-    void synchronize() override {}
 
     void binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
                 const TensorView& out) override {
@@ -103,8 +99,8 @@ class HostRoundingBackend final : public Backend {
     }
     [[noreturn]] static void unsupported() { DZR_THROW("host rounding backend: op not supported"); }
 
-    std::vector<char> buffer_;
-    Arena arena_;
+    HostDevice device_;
+    HostStream stream_;
     int ops_ = 0;
 };
 

@@ -63,7 +63,7 @@ Tensor chunked_conv(Backend& be, const vae::CausalConv3d& conv, const vae::Chann
         be.copy(x.slice(1, t0, n), xc.view());
         Tensor yc = Tensor::host(Shape{conv.out_channels(), n, H, W}, DType::F32);
         if (norm)
-            conv.forward_normed(be, *norm, xc.view(), &cache, yc.view(), VaePrecision::Eager);
+            conv.forward_normed(be, *norm, xc.view(), &cache, yc.view());
         else
             conv.forward(be, xc.view(), &cache, yc.view());
         all.insert(all.end(), yc.ptr<float>(), yc.ptr<float>() + yc.numel());
@@ -108,7 +108,8 @@ TEST_CASE("vae rms norm equals F.normalize over channels times sqrt(C) and gamma
             CAPTURE(silu);
             CAPTURE(int(precision));
             Tensor out = Tensor::host(Shape{N, C}, DType::F32);
-            norm.forward_rows(*h.be, in.view(), out.view(), precision, silu);
+            AutocastScope autocast(*h.be, precision == VaePrecision::Autocast);
+            norm.forward_rows(*h.be, in.view(), out.view(), silu);
             for (int64_t r = 0; r < N; ++r) {
                 double ss = 0;
                 for (int64_t c = 0; c < C; ++c) ss += double(x[size_t(r * C + c)]) * x[size_t(r * C + c)];
@@ -127,8 +128,9 @@ TEST_CASE("vae rms norm equals F.normalize over channels times sqrt(C) and gamma
     // in place
     Tensor io = Tensor::host_f32(Shape{N, C}, x);
     Tensor sep = Tensor::host(Shape{N, C}, DType::F32);
-    norm.forward_rows(*h.be, in.view(), sep.view(), VaePrecision::Autocast, true);
-    norm.forward_rows(*h.be, io.view(), io.view(), VaePrecision::Autocast, true);
+    AutocastScope autocast(*h.be, true);
+    norm.forward_rows(*h.be, in.view(), sep.view(), true);
+    norm.forward_rows(*h.be, io.view(), io.view(), true);
     CHECK(bit_equal(io.view(), sep.view()));
 }
 
@@ -145,7 +147,7 @@ TEST_CASE("vae attention block matches a naive per-frame single-head attention")
 
     Tensor x = host_tensor(Shape{C, 3, 3, 5}, 11, -2.f, 2.f);
     Tensor y = Tensor::host(x.shape(), DType::F32);
-    attn.forward(*h.be, x.view(), y.view(), VaePrecision::Eager);
+    attn.forward(*h.be, x.view(), y.view());
     check_close(y, attention_block_ref(vol_from(x.view()), h.src, "a."), 1e-5);
 }
 
@@ -174,7 +176,7 @@ TEST_CASE("causal conv over chunks with a cache equals one causal pass over the 
     }
 
     Tensor whole_normed = Tensor::host(Shape{Co, 9, 4, 6}, DType::F32);
-    conv.forward_normed(*h.be, norm, x.view(), nullptr, whole_normed.view(), VaePrecision::Eager);
+    conv.forward_normed(*h.be, norm, x.view(), nullptr, whole_normed.view());
     const Vol act = silu_ref(rms_ref(vol_from(x.view()), h.src.values("n.gamma")));
     check_close(whole_normed,
                 conv3d_ref(act, h.src.values("c.weight"), h.src.values("c.bias"), Co, {3, 3, 3}, {1, 1, 1},
@@ -200,7 +202,7 @@ TEST_CASE("residual block matches the naive residual with and without a shortcut
 
         Tensor x = host_tensor(Shape{ci, 5, 4, 6}, 31);
         Tensor y = Tensor::host(Shape{co, 5, 4, 6}, DType::F32);
-        block.forward(*h.be, x.view(), nullptr, y.view(), VaePrecision::Eager);
+        block.forward(*h.be, x.view(), nullptr, y.view());
 
         const Vol xv = vol_from(x.view());
         auto conv3 = [&](const Vol& v, const std::string& p, int64_t out) {

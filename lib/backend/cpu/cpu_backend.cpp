@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/host_context.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/convert.h"
 #include "core/error.h"
@@ -70,44 +71,26 @@ void silu_f32(const float* x, float* out, int64_t n) {
     }
 }
 
-/// Host copy converting dtype; same-dtype copies of any layout take the fast strided path.
-void copy_host(const TensorView& src, const TensorView& dst) {
-    if (src.dtype == dst.dtype && src.device.is_cpu() && dst.device.is_cpu() && src.numel() == dst.numel() &&
-        dst.is_contiguous() && cpu::copy_same_dtype(src, dst))
-        return;
-    convert_copy_host(src, dst);  // conversions, and the checks with their messages
-}
-
 class CpuBackend final : public Backend {
 public:
-    explicit CpuBackend(size_t workspace_bytes) { reserve_workspace(workspace_bytes); }
-
-    Device device() const override { return Device::cpu(); }
-    std::string name() const override { return "cpu (fp32, OpenBLAS)"; }
-    DType compute_dtype() const override { return DType::F32; }
-
-    Tensor alloc(Shape shape, DType dtype) override { return Tensor::host(shape, dtype); }
-    Arena& workspace() override { return arena_; }
-    void reserve_workspace(size_t bytes) override {
-        if (bytes == 0) {
-            // A growable default for the CPU: the reference path is not graph-captured, so a generous
-            // host buffer reserved lazily by the OS (untouched pages cost nothing) is enough.
-            bytes = size_t(1) << 30;
-        }
-        buffer_.reset(static_cast<char*>(std::calloc(bytes, 1)));
-        DZR_CHECK(buffer_ != nullptr, "cpu backend: cannot reserve a {} byte workspace", bytes);
-        arena_ = Arena(buffer_.get(), bytes, Device::cpu());
+    explicit CpuBackend(const BackendOptions& o) : Backend(o.numerics), device_(o.workspace_bytes) {
+        Capabilities c;
+        c.paged_kv = true;
+        device_.set_capabilities(c);
     }
 
-    void upload(const TensorView& src, const TensorView& dst) override { copy_host(src, dst); }
-    void download(const TensorView& src, const TensorView& dst) override { copy_host(src, dst); }
-    void copy(const TensorView& src, const TensorView& dst) override { copy_host(src, dst); }
+    std::string name() const override { return "cpu (fp32, OpenBLAS)"; }
+    DType compute_dtype() const override { return DType::F32; }
+    DeviceContext& context() override { return device_; }
+    const DeviceContext& context() const override { return device_; }
+    Stream& stream() override { return stream_; }
+
+    void copy(const TensorView& src, const TensorView& dst) override { host_copy(src, dst); }
     void fill(const TensorView& dst, float value) override {
         require_f32(dst, "fill", "dst");
         require_contiguous(dst, "fill", "dst");
         std::fill(f32(dst), f32(dst) + dst.numel(), value);
     }
-    void synchronize() override {}
 
     void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
               const TensorView& out) override {
@@ -403,10 +386,6 @@ public:
     }
 
 private:
-    struct FreeDeleter {
-        void operator()(char* ptr) const { std::free(ptr); }
-    };
-
     static void binary_row(BinaryOp op, const float* a, const float* b, float* o, int64_t n) {
         switch (op) {
             case BinaryOp::Add:
@@ -500,8 +479,8 @@ private:
         DZR_CHECK(ok, "cpu backend: cannot broadcast {} onto {}", b.str(), a.str());
     }
 
-    std::unique_ptr<char, FreeDeleter> buffer_;
-    Arena arena_;
+    HostDevice device_;
+    HostStream stream_;
     std::vector<float> conv_scratch_;  // packed conv input and weights, reused across calls
     std::vector<float> attn_scratch_;  // attention logits [Lq, Lk] of one head
 };
@@ -533,8 +512,8 @@ void CpuBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tensor
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(size_t workspace_bytes) {
-    return std::make_unique<CpuBackend>(workspace_bytes);
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
+    return std::make_unique<CpuBackend>(options);
 }
 
 }  // namespace dzr

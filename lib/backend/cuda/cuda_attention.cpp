@@ -328,33 +328,6 @@ using cuda_detail::DeviceGuard;
 using cuda_detail::SdpaGraph;
 using cuda_detail::SdpaPlan;
 
-const char* attention_impl_name(AttentionImpl impl) {
-    switch (impl) {
-        case AttentionImpl::Auto:
-            return "auto";
-        case AttentionImpl::CudnnUnified:
-            return "cudnn-unified";
-        case AttentionImpl::CudnnComposite:
-            return "cudnn-composite";
-        case AttentionImpl::Flash:
-            return "flash";
-        case AttentionImpl::MemEfficient:
-            return "mem-efficient";
-        case AttentionImpl::Gemm:
-            return "gemm";
-    }
-    return "?";
-}
-
-AttentionImpl parse_attention_impl(const std::string& text) {
-    for (AttentionImpl i : {AttentionImpl::Auto, AttentionImpl::CudnnUnified, AttentionImpl::CudnnComposite,
-                            AttentionImpl::Flash, AttentionImpl::MemEfficient, AttentionImpl::Gemm})
-        if (text == attention_impl_name(i)) return i;
-    DZR_THROW(
-        "unknown attention implementation '{}' (auto, cudnn-unified, cudnn-composite, flash, mem-efficient, gemm)",
-        text);
-}
-
 const SdpaPlan* CudaBackend::sdpa_plan(const AttentionCall& c, SdpaGraph g) {
     const cuda_detail::SdpaKey key = cuda_detail::sdpa_key(c, g);
     auto it = sdpa_plans_.find(key);
@@ -425,7 +398,7 @@ bool CudaBackend::try_mem_efficient(const AttentionCall& c) {
 }
 
 AttentionImpl CudaBackend::run_fused_attention(const AttentionCall& c) {
-    const AttentionImpl want = attention_impl_;
+    const AttentionImpl want = options_.attention;
     // NOTE: PyTorch's SDPA runs head dims above 256 on its memory-efficient backend (its cuDNN and flash
     // backends refuse them); dzr's cuDNN would run them in another order.
     if ((want == AttentionImpl::MemEfficient || (want == AttentionImpl::Auto && std::max(c.d, c.dv) > 256)) &&
@@ -473,7 +446,7 @@ void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const
     // positions) take the GEMM path, as does every shape the fused paths refuse.
     const bool fusable = !bias.defined() && q.dtype != DType::F32 && Lq > 0 && Lk > 0 && H > 0 && Dv > 0;
     AttentionImpl ran = AttentionImpl::Gemm;
-    if (fusable && attention_impl_ != AttentionImpl::Gemm) {
+    if (fusable && options_.attention != AttentionImpl::Gemm) {
         AttentionCall c;
         c.dtype = q.dtype;
         c.lq = Lq, c.lk = Lk, c.heads = H, c.d = D, c.dv = Dv;
@@ -482,10 +455,10 @@ void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const
         c.v_tok = v.strides[0], c.v_head = v.strides[1], c.o_tok = out.strides[0], c.o_head = out.strides[1];
         c.scale = p.scale;
         ran = run_fused_attention(c);
-        if (ran == AttentionImpl::Gemm && attention_impl_ != AttentionImpl::Auto)
+        if (ran == AttentionImpl::Gemm && options_.attention != AttentionImpl::Auto)
             DZR_THROW(
                 "cuda backend: attention implementation {} cannot run q {} k {} v {} out {} (see the log)",
-                attention_impl_name(attention_impl_), q.str(), k.str(), v.str(), out.str());
+                attention_impl_name(options_.attention), q.str(), k.str(), v.str(), out.str());
     }
     last_attention_impl_ = ran;
     if (ran != AttentionImpl::Gemm) return;

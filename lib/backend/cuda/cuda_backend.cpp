@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/cuda_attention.h"
@@ -104,70 +103,32 @@ bool broadcastable(const TensorView& a, const TensorView& b) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(int index, size_t workspace_bytes) : index_(index) {
+// ---- device ------------------------------------------------------------------------------------
+
+CudaDevice::CudaDevice(int index) : index_(index) {
     int count = 0;
     DZR_CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "no CUDA device is visible");
     DZR_CHECK(index >= 0 && index < count, "cuda:{} does not exist ({} device(s) visible)", index, count);
-    DeviceGuard guard(index_);
-    DZR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    DZR_CUBLAS_CHECK(cublasLtCreate(&cublas_));
-    DZR_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
-    for (int i = 0; i < 2; ++i) {
-        DZR_CUDA_CHECK(cudaHostAlloc(&staging_[i], kStagingBytes, cudaHostAllocDefault));
-        DZR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
-    }
-    reserve_workspace(workspace_bytes == 0 ? kDefaultWorkspaceBytes : workspace_bytes);
-    if (const char* impl = std::getenv("DZR_ATTENTION"); impl && *impl) attention_impl_ = parse_attention_impl(impl);
-    const char* plain = std::getenv("DZR_PLAIN_GEMM");
-    set_plain_gemm_impl(plain && *plain ? parse_plain_gemm_impl(plain) : kPlainGemmDefault);
+    cudaDeviceProp prop{};
+    DZR_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+    caps_.resize_bicubic = true;
+    caps_.paged_kv = true;
+    caps_.device_events = true;
+    caps_.graphs = true;
+    caps_.compute_capability = prop.major * 10 + prop.minor;
+    caps_.fp8 = caps_.compute_capability >= 89;
 }
 
-CudaBackend::~CudaBackend() {
+CudaDevice::~CudaDevice() {
+    if (!workspace_base_) return;
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(index_);
-    if (stream_) cudaStreamSynchronize(stream_);
-    gemm_plans_.clear();
-    conv_plans_.clear();
-    sdpa_plans_.clear();  // NOTE: the plans hold cuDNN descriptors made with the handle destroyed below
-    if (cudnn_) cudnnDestroy(cudnn_);
-    if (cublas_) cublasLtDestroy(cublas_);
-    if (blas_) cublasDestroy(blas_);
-    if (cublas_workspace_) cudaFree(cublas_workspace_);
-    if (workspace_base_) cudaFree(workspace_base_);
-    for (int i = 0; i < 2; ++i) {
-        if (staging_[i]) cudaFreeHost(staging_[i]);
-        if (staging_done_[i]) cudaEventDestroy(staging_done_[i]);
-    }
-    if (stream_) cudaStreamDestroy(stream_);
+    cudaFree(workspace_base_);
     cudaSetDevice(prev);
 }
 
-std::string CudaBackend::name() const {
-    cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, index_);
-    return fmt::format("cuda:{} ({}, sm_{}{}, bf16, cuBLASLt + cuDNN {})", index_, prop.name, prop.major, prop.minor,
-                       cudnnGetVersion());
-}
-
-void CudaBackend::check_device_tensor(const TensorView& t, const char* op, const char* what) const {
-    DZR_CHECK(t.device == device(), "cuda backend: {} got {} for {}, expected a tensor on {}", op, t.str(), what,
-              device().str());
-    DZR_CHECK(t.data != nullptr || t.numel() == 0, "cuda backend: {} got a null {} ({}); was it carved from a measuring arena?",
-              op, what, t.str());
-}
-
-cudnnHandle_t CudaBackend::cudnn() {
-    if (!cudnn_) {
-        DZR_CUDNN_CHECK(cudnnCreate(&cudnn_));
-        DZR_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
-    }
-    return cudnn_;
-}
-
-// ---- memory ------------------------------------------------------------------------------------
-
-Tensor CudaBackend::alloc(Shape shape, DType dtype) {
+Tensor CudaDevice::alloc(Shape shape, DType dtype) {
     const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
     auto storage = std::make_shared<CudaStorage>(bytes, index_);
     if (bytes > 0) {
@@ -177,15 +138,15 @@ Tensor CudaBackend::alloc(Shape shape, DType dtype) {
     return Tensor(storage, TensorView(storage->data(), dtype, shape, device()));
 }
 
-void CudaBackend::reserve_workspace(size_t bytes) {
+void CudaDevice::reserve_workspace(size_t bytes) {
     DeviceGuard guard(index_);
     if (workspace_base_) {
-        DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        DZR_CUDA_CHECK(cudaDeviceSynchronize());
         DZR_CUDA_CHECK(cudaFree(workspace_base_));
         workspace_base_ = nullptr;
     }
     arena_ = Arena();
-    if (bytes == 0) bytes = kDefaultWorkspaceBytes;
+    if (bytes == 0) bytes = CudaBackend::kDefaultWorkspaceBytes;
     const cudaError_t st = cudaMalloc(&workspace_base_, bytes);
     if (st != cudaSuccess) {
         cudaGetLastError();
@@ -195,13 +156,82 @@ void CudaBackend::reserve_workspace(size_t bytes) {
     arena_ = Arena(workspace_base_, bytes, device());
 }
 
-void CudaBackend::upload(const TensorView& host_src, const TensorView& dst) {
+std::optional<int64_t> CudaDevice::memory_in_use() const {
+    DeviceGuard guard(index_);
+    size_t free_bytes = 0, total = 0;
+    DZR_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return int64_t(total - free_bytes);
+}
+
+// ---- stream ------------------------------------------------------------------------------------
+
+namespace {
+
+/// A CUDA event with timing.
+struct CudaEvent final : Event {
+    cudaEvent_t ev = nullptr;
+    ~CudaEvent() override {
+        if (ev) cudaEventDestroy(ev);
+    }
+};
+
+const CudaEvent& cuda_event(const Event& e) {
+    const auto* c = dynamic_cast<const CudaEvent*>(&e);
+    DZR_CHECK(c != nullptr, "cuda stream: the event was not made by a CUDA stream");
+    return *c;
+}
+
+/// An instantiated graph, launched on the stream it was captured from.
+class CudaGraph final : public Graph {
+public:
+    CudaGraph(cudaGraphExec_t exec, cudaStream_t stream, int index) : exec_(exec), stream_(stream), index_(index) {}
+    ~CudaGraph() override {
+        if (exec_) cudaGraphExecDestroy(exec_);
+    }
+    void launch() override {
+        DeviceGuard guard(index_);
+        DZR_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+    }
+
+private:
+    cudaGraphExec_t exec_;
+    cudaStream_t stream_;
+    int index_;
+};
+
+}  // namespace
+
+CudaStream::CudaStream(CudaDevice& device, std::function<void(const TensorView&, const TensorView&)> gather)
+    : device_(device), gather_(std::move(gather)) {
+    DeviceGuard guard(device_.index());
+    DZR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (int i = 0; i < 2; ++i) {
+        DZR_CUDA_CHECK(cudaHostAlloc(&staging_[i], kStagingBytes, cudaHostAllocDefault));
+        DZR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
+    }
+}
+
+CudaStream::~CudaStream() {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_.index());
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (int i = 0; i < 2; ++i) {
+        if (staging_[i]) cudaFreeHost(staging_[i]);
+        if (staging_done_[i]) cudaEventDestroy(staging_done_[i]);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+    cudaSetDevice(prev);
+}
+
+void CudaStream::upload(const TensorView& host_src, const TensorView& dst) {
     DZR_CHECK(host_src.device.is_cpu(), "cuda backend: upload needs a host source, got {}", host_src.str());
-    check_device_tensor(dst, "upload", "dst");
-    require_contiguous(dst, "upload", "dst");
+    DZR_CHECK(dst.device == device_.device() && (dst.data != nullptr || dst.numel() == 0),
+              "cuda backend: upload into {}: expected a tensor on {}", dst.str(), device_.device().str());
+    DZR_CHECK(dst.is_contiguous(), "cuda backend: upload needs a contiguous dst ({})", dst.str());
     DZR_CHECK(host_src.numel() == dst.numel(), "cuda backend: upload of {} into {}: element counts differ",
               host_src.str(), dst.str());
-    DeviceGuard guard(index_);
+    DeviceGuard guard(device_.index());
     // NOTE: a strided host source is made contiguous first, so the chunks below are plain ranges.
     std::vector<char> packed;
     TensorView src = host_src;
@@ -228,19 +258,21 @@ void CudaBackend::upload(const TensorView& host_src, const TensorView& dst) {
     }
 }
 
-void CudaBackend::download(const TensorView& src, const TensorView& host_dst) {
-    check_device_tensor(src, "download", "src");
+void CudaStream::download(const TensorView& src, const TensorView& host_dst) {
+    DZR_CHECK(src.device == device_.device() && (src.data != nullptr || src.numel() == 0),
+              "cuda backend: download of {}: expected a tensor on {}", src.str(), device_.device().str());
     DZR_CHECK(host_dst.device.is_cpu(), "cuda backend: download needs a host destination, got {}", host_dst.str());
-    require_contiguous(host_dst, "download", "host_dst");
+    DZR_CHECK(host_dst.is_contiguous(), "cuda backend: download needs a contiguous host_dst ({})", host_dst.str());
     DZR_CHECK(src.numel() == host_dst.numel(), "cuda backend: download of {} into {}: element counts differ",
               src.str(), host_dst.str());
-    DeviceGuard guard(index_);
-    ArenaScope scope(arena_);
+    DeviceGuard guard(device_.index());
+    Arena& arena = device_.workspace();
+    ArenaScope scope(arena);
     TensorView from = src;
     if (!from.is_contiguous()) {
         // Strided device source: gather into a contiguous workspace buffer first.
-        from = arena_.alloc_view(src.shape, src.dtype);
-        copy(src, from);
+        from = arena.alloc_view(src.shape, src.dtype);
+        gather_(src, from);
     }
     const int64_t n = from.numel(), chunk = int64_t(kStagingBytes / dtype_size(from.dtype));
     const size_t es = dtype_size(from.dtype), ed = dtype_size(host_dst.dtype);
@@ -254,6 +286,107 @@ void CudaBackend::download(const TensorView& src, const TensorView& host_dst) {
         convert_copy_host(staged, to);
     }
     DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaStream::synchronize() {
+    DeviceGuard guard(device_.index());
+    DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::unique_ptr<Event> CudaStream::make_event() {
+    DeviceGuard guard(device_.index());
+    auto e = std::make_unique<CudaEvent>();
+    DZR_CUDA_CHECK(cudaEventCreate(&e->ev));
+    return e;
+}
+
+void CudaStream::record(Event& e) {
+    DeviceGuard guard(device_.index());
+    DZR_CUDA_CHECK(cudaEventRecord(cuda_event(e).ev, stream_));
+}
+
+void CudaStream::wait(const Event& e) {
+    DeviceGuard guard(device_.index());
+    DZR_CUDA_CHECK(cudaStreamWaitEvent(stream_, cuda_event(e).ev, 0));
+}
+
+double CudaStream::elapsed_ms(const Event& from, const Event& to) {
+    DeviceGuard guard(device_.index());
+    DZR_CUDA_CHECK(cudaEventSynchronize(cuda_event(to).ev));
+    float ms = 0.0f;
+    DZR_CUDA_CHECK(cudaEventElapsedTime(&ms, cuda_event(from).ev, cuda_event(to).ev));
+    return double(ms);
+}
+
+void CudaStream::begin_capture() {
+    DeviceGuard guard(device_.index());
+    DZR_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+}
+
+std::unique_ptr<Graph> CudaStream::end_capture() {
+    DeviceGuard guard(device_.index());
+    cudaGraph_t graph = nullptr;
+    DZR_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    DZR_CUDA_CHECK(st);
+    return std::make_unique<CudaGraph>(exec, stream_, device_.index());
+}
+
+// ---- backend -----------------------------------------------------------------------------------
+
+CudaBackend::CudaBackend(int index, const BackendOptions& options)
+    : Backend(options.numerics),
+      index_(index),
+      device_(index),
+      arena_(device_.workspace()),
+      queue_(device_, [this](const TensorView& src, const TensorView& dst) { copy(src, dst); }),
+      stream_(queue_.handle()),
+      options_(options.cuda) {
+    DeviceGuard guard(index_);
+    device_.set_stream(stream_);
+    DZR_CUBLAS_CHECK(cublasLtCreate(&cublas_));
+    DZR_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    device_.reserve_workspace(options.workspace_bytes == 0 ? kDefaultWorkspaceBytes : options.workspace_bytes);
+    set_plain_gemm_impl(options_.plain_gemm);
+}
+
+CudaBackend::~CudaBackend() {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(index_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    gemm_plans_.clear();
+    conv_plans_.clear();
+    sdpa_plans_.clear();  // NOTE: the plans hold cuDNN descriptors made with the handle destroyed below
+    if (cudnn_) cudnnDestroy(cudnn_);
+    if (cublas_) cublasLtDestroy(cublas_);
+    if (blas_) cublasDestroy(blas_);
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
+    cudaSetDevice(prev);
+}
+
+std::string CudaBackend::name() const {
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, index_);
+    return fmt::format("cuda:{} ({}, sm_{}{}, bf16, cuBLASLt + cuDNN {}, {} numerics)", index_, prop.name, prop.major,
+                       prop.minor, cudnnGetVersion(), numerics_name(numerics()));
+}
+
+void CudaBackend::check_device_tensor(const TensorView& t, const char* op, const char* what) const {
+    DZR_CHECK(t.device == device(), "cuda backend: {} got {} for {}, expected a tensor on {}", op, t.str(), what,
+              device().str());
+    DZR_CHECK(t.data != nullptr || t.numel() == 0, "cuda backend: {} got a null {} ({}); was it carved from a measuring arena?",
+              op, what, t.str());
+}
+
+cudnnHandle_t CudaBackend::cudnn() {
+    if (!cudnn_) {
+        DZR_CUDNN_CHECK(cudnnCreate(&cudnn_));
+        DZR_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+    }
+    return cudnn_;
 }
 
 void CudaBackend::copy(const TensorView& src, const TensorView& dst) {
@@ -283,18 +416,6 @@ void CudaBackend::fill(const TensorView& dst, float value) {
     DZR_CHECK(kernels::fill_supported(dst.dtype), "cuda backend: fill does not support {}", dst.str());
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::fill(dst.data, dst.dtype, dst.numel(), value, stream_));
-}
-
-void CudaBackend::synchronize() {
-    DeviceGuard guard(index_);
-    DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
-
-std::optional<int64_t> CudaBackend::device_memory_in_use() const {
-    DeviceGuard guard(index_);
-    size_t free_bytes = 0, total = 0;
-    DZR_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-    return int64_t(total - free_bytes);
 }
 
 // ---- kernel-backed ops -------------------------------------------------------------------------
@@ -408,12 +529,12 @@ void CudaBackend::l2_norm(const L2NormParams& p, const TensorView& x, const Tens
     a.out = out.data, a.to = out.dtype;
     a.weight = weight.data, a.tw = weight.dtype;
     a.rows = x.rows(), a.cols = C;
-    a.eps = p.eps, a.scale = p.scale, a.silu = p.silu, a.eager = p.eager;
+    a.eps = p.eps, a.scale = p.scale, a.silu = p.silu, a.eager = !autocast();
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::vae_norm(a, stream_));
 }
 
-bool CudaBackend::resize_bicubic(const TensorView& src, const TensorView& dst) {
+void CudaBackend::resize_bicubic(const TensorView& src, const TensorView& dst) {
     check_device_tensor(src, "resize_bicubic", "src");
     check_device_tensor(dst, "resize_bicubic", "dst");
     DZR_CHECK(src.rank() == 3 && dst.rank() == 3 && src.dim(0) == dst.dim(0) && src.dtype == DType::F32 &&
@@ -426,7 +547,6 @@ bool CudaBackend::resize_bicubic(const TensorView& src, const TensorView& dst) {
     DZR_CUDA_CHECK(kernels::resize_bicubic(static_cast<const float*>(src.data), static_cast<float*>(dst.data),
                                            src.dim(0), int(src.dim(1)), int(src.dim(2)), int(dst.dim(1)),
                                            int(dst.dim(2)), stream_));
-    return true;
 }
 
 void CudaBackend::sin_cos_table(float step, const TensorView& out) {
@@ -486,12 +606,6 @@ void CudaBackend::rope(const RopeParams&, const TensorView& x, const TensorView&
 
 // ---- factory -----------------------------------------------------------------------------------
 
-cudaStream_t cuda_stream(Backend& be) {
-    auto* cuda = dynamic_cast<CudaBackend*>(&be);
-    DZR_CHECK(cuda != nullptr, "backend {} is not a CUDA backend", be.name());
-    return cuda->stream();
-}
-
 bool cuda_device_available() {
     int n = 0;
     const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -499,8 +613,8 @@ bool cuda_device_available() {
     return ok;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int index, size_t workspace_bytes) {
-    return std::make_unique<CudaBackend>(index, workspace_bytes);
+std::unique_ptr<Backend> make_cuda_backend(int index, const BackendOptions& options) {
+    return std::make_unique<CudaBackend>(index, options);
 }
 
 }  // namespace dzr

@@ -12,6 +12,7 @@
 #include <cudnn.h>
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -39,32 +40,64 @@ using SdpaKey = std::array<int64_t, 16>;
 using GemmKey = std::array<int64_t, 24>;
 }  // namespace cuda_detail
 
-/// Which implementation runs Backend::attention (bf16/f16 without bias; f32 and biased attention always take
-/// the GEMM path). Auto follows PyTorch's SDPA choice on the H200: above a head dim of 256 (where PyTorch's
-/// cuDNN and flash backends refuse) dzr's kernel in the order of PyTorch's memory-efficient backend
-/// (kernels/attention_memeff.cuh); otherwise cuDNN's unified SDPA node, then cuDNN's composite SDPA graph,
-/// then dzr's flash kernel (head_dim 64/128), then the GEMM path. A forced choice throws when it cannot run
-/// the call.
-enum class AttentionImpl : uint8_t { Auto, CudnnUnified, CudnnComposite, Flash, MemEfficient, Gemm };
-const char* attention_impl_name(AttentionImpl impl);
-/// "auto", "cudnn-unified", "cudnn-composite", "flash", "mem-efficient", "gemm"; throws dzr::Error otherwise.
-AttentionImpl parse_attention_impl(const std::string& text);
+/// Device memory of one GPU: tensors from cudaMalloc, the workspace arena on one allocation.
+class CudaDevice final : public DeviceContext {
+public:
+    explicit CudaDevice(int index);
+    ~CudaDevice() override;
+    CudaDevice(const CudaDevice&) = delete;
+    CudaDevice& operator=(const CudaDevice&) = delete;
 
-/// Which library runs the bf16 GEMMs that carry no bias (Backend::gemm without a bias vector: what PyTorch runs
-/// as torch.mm, a bias-free F.linear or torch.bmm): cuBLASLt (as the GEMMs with a bias, PyTorch's addmm), or the
-/// cuBLAS calls PyTorch's default BLAS backend makes for them: cublasGemmEx for one matrix (torch.bmm with a
-/// batch of 1 included), cublasGemmStridedBatchedEx for a batch. The two libraries can pick kernels that sum in
-/// different orders. Initially from the environment variable DZR_PLAIN_GEMM (lt | cublas); see
-/// kPlainGemmDefault for the default. scripts/parity/kernel_probe.py compares both against torch.
-enum class PlainGemmImpl : uint8_t { Lt, Cublas };
-inline constexpr PlainGemmImpl kPlainGemmDefault = PlainGemmImpl::Lt;
-/// "lt", "cublas"; throws dzr::Error otherwise.
-PlainGemmImpl parse_plain_gemm_impl(const std::string& text);
+    Device device() const override { return Device::cuda(index_); }
+    Tensor alloc(Shape shape, DType dtype) override;
+    Arena& workspace() override { return arena_; }
+    /// Synchronizes the device before replacing the old workspace.
+    void reserve_workspace(size_t bytes) override;
+    std::optional<int64_t> memory_in_use() const override;
+    Capabilities capabilities() const override { return caps_; }
+    int index() const { return index_; }
+    /// The stream alloc() zero-fills on (the backend's), so the fill is ordered before the backend's work.
+    void set_stream(cudaStream_t stream) { stream_ = stream; }
 
-/// How Backend::paged_attention runs: Direct = the flash kernel reads the history through the device
-/// block table; Gather = one kernel copies [history | current] into the workspace, then the dense
-/// attention above. Auto = Gather when cuDNN SDPA takes the dense call, else Direct.
-enum class PagedAttentionImpl : uint8_t { Auto, Direct, Gather };
+private:
+    int index_ = 0;
+    cudaStream_t stream_ = nullptr;
+    void* workspace_base_ = nullptr;
+    Arena arena_;
+    Capabilities caps_;
+};
+
+/// One CUDA stream with two pinned staging buffers for host transfers.
+class CudaStream final : public Stream {
+public:
+    /// Each of the two pinned staging buffers used by upload/download.
+    static constexpr size_t kStagingBytes = size_t(16) << 20;
+
+    /// `gather`: copies a strided device view into a contiguous one on this stream (download's strided sources).
+    CudaStream(CudaDevice& device, std::function<void(const TensorView&, const TensorView&)> gather);
+    ~CudaStream() override;
+    CudaStream(const CudaStream&) = delete;
+    CudaStream& operator=(const CudaStream&) = delete;
+
+    void upload(const TensorView& host_src, const TensorView& dst) override;
+    void download(const TensorView& src, const TensorView& host_dst) override;
+    void synchronize() override;
+    std::unique_ptr<Event> make_event() override;
+    void record(Event& e) override;
+    void wait(const Event& e) override;
+    double elapsed_ms(const Event& from, const Event& to) override;
+    void begin_capture() override;
+    std::unique_ptr<Graph> end_capture() override;
+    cudaStream_t handle() const { return stream_; }
+
+private:
+    CudaDevice& device_;
+    std::function<void(const TensorView&, const TensorView&)> gather_;
+    cudaStream_t stream_ = nullptr;
+    void* staging_[2] = {nullptr, nullptr};
+    cudaEvent_t staging_done_[2] = {nullptr, nullptr};
+    int next_staging_ = 0;
+};
 
 class CudaBackend final : public Backend {
 public:
@@ -72,28 +105,20 @@ public:
     static constexpr size_t kDefaultWorkspaceBytes = size_t(1) << 30;
     /// cuBLASLt's own workspace (NVIDIA recommends 32 MiB on Hopper).
     static constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
-    /// Each of the two pinned staging buffers used by upload/download.
-    static constexpr size_t kStagingBytes = size_t(16) << 20;
 
-    CudaBackend(int index, size_t workspace_bytes);
+    CudaBackend(int index, const BackendOptions& options);
     ~CudaBackend() override;
     CudaBackend(const CudaBackend&) = delete;
     CudaBackend& operator=(const CudaBackend&) = delete;
 
-    Device device() const override { return Device::cuda(index_); }
     std::string name() const override;
     DType compute_dtype() const override { return DType::BF16; }
+    DeviceContext& context() override { return device_; }
+    const DeviceContext& context() const override { return device_; }
+    Stream& stream() override { return queue_; }
 
-    Tensor alloc(Shape shape, DType dtype) override;
-    Arena& workspace() override { return arena_; }
-    void reserve_workspace(size_t bytes) override;
-
-    void upload(const TensorView& host_src, const TensorView& dst) override;
-    void download(const TensorView& src, const TensorView& host_dst) override;
     void copy(const TensorView& src, const TensorView& dst) override;
     void fill(const TensorView& dst, float value) override;
-    void synchronize() override;
-    std::optional<int64_t> device_memory_in_use() const override;
 
     void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
               const TensorView& out) override;
@@ -104,7 +129,7 @@ public:
                     const TensorView& out) override;
     void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
                   const TensorView& out) override;
-    bool resize_bicubic(const TensorView& src, const TensorView& dst) override;
+    void resize_bicubic(const TensorView& src, const TensorView& dst) override;
     void sin_cos_table(float step, const TensorView& out) override;
     void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
                  const TensorView& out) override;
@@ -117,29 +142,32 @@ public:
                 const TensorView& out) override;
     size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                   const TensorView& out) override;
+    size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) override;
     void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
                          const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                     const TensorView& v, int64_t num_slots) override;
 
-    /// Attention implementation choice (initially from the environment variable DZR_ATTENTION, else Auto).
-    void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
-    AttentionImpl attention_impl() const { return attention_impl_; }
+    void set_cuda_options(const CudaBackendOptions& o) override;
+    CudaBackendOptions cuda_options() const override { return options_; }
+    std::string last_attention_impl() const override { return attention_impl_name(last_attention_impl_); }
+
+    // Shorthands of set_cuda_options for the tests.
+    void set_attention_impl(AttentionImpl impl) { options_.attention = impl; }
+    AttentionImpl attention_impl() const { return options_.attention; }
     /// The implementation that ran the last attention (dense, or the dense part of a gathered paged call).
-    AttentionImpl last_attention_impl() const { return last_attention_impl_; }
+    AttentionImpl last_attention_kind() const { return last_attention_impl_; }
     /// Choosing Cublas creates the cuBLAS handle now, not inside a forward.
     void set_plain_gemm_impl(PlainGemmImpl impl);
-    PlainGemmImpl plain_gemm_impl() const { return plain_impl_; }
-    void set_paged_attention_impl(PagedAttentionImpl impl) { paged_impl_ = impl; }
+    PlainGemmImpl plain_gemm_impl() const { return options_.plain_gemm; }
+    void set_paged_attention_impl(PagedAttentionImpl impl) { options_.paged_attention = impl; }
     /// Direct or Gather: how the last paged_attention ran.
     PagedAttentionImpl last_paged_attention_impl() const { return last_paged_impl_; }
+    void set_fallback_only(bool on) { options_.fallback_only = on; }
 
-    /// The stream all of this backend's work is queued on (for events and external kernels).
-    cudaStream_t stream() const { return stream_; }
+    /// The stream all of this backend's work is queued on (for the tests' raw CUDA calls).
+    cudaStream_t cuda_stream() const { return stream_; }
     int index() const { return index_; }
-    /// Route GEMMs and conv3d through dzr's plain kernels instead of cuBLASLt / cuDNN (for tests of the
-    /// fallback paths that odd shapes take).
-    void set_fallback_only(bool on) { fallback_only_ = on; }
 
 private:
     void run_gemm(const cuda_detail::GemmCall& call);
@@ -168,28 +196,20 @@ private:
     void check_device_tensor(const TensorView& t, const char* op, const char* what) const;
 
     int index_ = 0;
-    cudaStream_t stream_ = nullptr;
+    CudaDevice device_;
+    Arena& arena_;  // device_'s workspace
+    CudaStream queue_;
+    cudaStream_t stream_ = nullptr;  // queue_'s
     cublasLtHandle_t cublas_ = nullptr;
     cublasHandle_t blas_ = nullptr;
     void* cublas_workspace_ = nullptr;
     cudnnHandle_t cudnn_ = nullptr;
-    void* workspace_base_ = nullptr;
-    Arena arena_;
-    void* staging_[2] = {nullptr, nullptr};
-    cudaEvent_t staging_done_[2] = {nullptr, nullptr};
-    int next_staging_ = 0;
-    bool fallback_only_ = false;
+    CudaBackendOptions options_;
     std::map<cuda_detail::GemmKey, std::unique_ptr<cuda_detail::GemmPlan>> gemm_plans_;
     std::map<std::string, std::unique_ptr<cuda_detail::ConvPlan>> conv_plans_;
     std::map<cuda_detail::SdpaKey, std::unique_ptr<cuda_detail::SdpaPlan>> sdpa_plans_;
-    AttentionImpl attention_impl_ = AttentionImpl::Auto;
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
-    PagedAttentionImpl paged_impl_ = PagedAttentionImpl::Auto;
-    PlainGemmImpl plain_impl_ = PlainGemmImpl::Lt;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
 };
-
-/// The stream a CUDA backend queues its work on. Throws dzr::Error for other backends.
-cudaStream_t cuda_stream(Backend& be);
 
 }  // namespace dzr

@@ -259,9 +259,8 @@ void CudaBackend::build_conv_plan(ConvPlan& plan, const std::string& key, DType 
                                   const int pad[3], const int stride[3], bool nhwc, size_t ws_limit) {
     cudnnHandle_t handle = cudnn();
     // NOTE: the graph API with PyTorch's engine choice first (its kernels are the ones the reference runs);
-    // DZR_CONV_API=legacy takes the legacy API's v7 heuristics instead (a diagnostic)
-    const char* api = std::getenv("DZR_CONV_API");
-    if (!(api && std::string(api) == "legacy")) {
+    // ConvApi::Legacy (DZR_CONV_API=legacy) takes the legacy API's v7 heuristics instead (a diagnostic)
+    if (options_.conv_api == ConvApi::Graph) {
         try {
             // NOTE: an engine skipped for want of workspace changes the arithmetic against PyTorch's choice
             if (build_graph_conv_plan(plan, handle, dtype, nd, x_dims, w_dims, y_dims, pad, stride, nhwc, ws_limit))
@@ -376,7 +375,7 @@ ConvGeometry conv_geometry(const Conv3dParams& p, DType dt, int64_t Ci, int64_t 
 
 size_t CudaBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                            const TensorView& out) {
-    if (fallback_only_ || x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
+    if (options_.fallback_only || x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
         !cuda_detail::is_float_act(x.dtype))
         return 0;
     int64_t in[3], k[3], o[3];
@@ -388,7 +387,18 @@ size_t CudaBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorVi
                                              p.channels_last, SIZE_MAX)
                                  : conv_plan(g.key, x.dtype, 5, g.x_dims, g.w_dims, g.y_dims, g.pad, p.stride, false,
                                              SIZE_MAX);
-    return plan.has_algo ? (plan.workspace_bytes + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign : 0;
+    if (!plan.has_algo) return 0;
+    // What conv3d below takes from the arena: the padded input (asymmetric padding), for frames_2d the frames, the
+    // channels-last weight and the frames' output, then cuDNN's own workspace.
+    const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
+    const size_t es = dtype_size(x.dtype);
+    const size_t x_bytes = size_t(x.dim(0) * g.x_dims[2] * g.x_dims[3] * g.x_dims[4]) * es;
+    size_t bytes = g.symmetric ? 0 : aligned(x_bytes);
+    if (p.frames_2d) {
+        bytes += aligned(x_bytes) + aligned(size_t(out.numel()) * es);
+        if (p.channels_last) bytes += aligned(size_t(w.numel()) * es);
+    }
+    return bytes + aligned(plan.workspace_bytes);
 }
 
 void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
@@ -430,7 +440,7 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
     ArenaScope scope(arena_);
 
     bool done = false;
-    if (!fallback_only_ && Ci > 0) {
+    if (!options_.fallback_only && Ci > 0) {
         // cuDNN pads symmetrically: asymmetric padding is applied by copying into a padded buffer.
         const ConvGeometry g = conv_geometry(p, x.dtype, Ci, Co, in, k, o);
         const int64_t* x_dims = g.x_dims;

@@ -161,18 +161,17 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
     return *gemm_plans_.emplace(key, std::move(plan)).first->second;
 }
 
-PlainGemmImpl parse_plain_gemm_impl(const std::string& text) {
-    if (text == "lt") return PlainGemmImpl::Lt;
-    if (text == "cublas") return PlainGemmImpl::Cublas;
-    DZR_THROW("unknown bias-free GEMM implementation '{}' (DZR_PLAIN_GEMM: lt or cublas)", text);
-}
-
 void CudaBackend::set_plain_gemm_impl(PlainGemmImpl impl) {
     if (impl == PlainGemmImpl::Cublas) {
         DeviceGuard guard(index_);
         blas();
     }
-    plain_impl_ = impl;
+    options_.plain_gemm = impl;
+}
+
+void CudaBackend::set_cuda_options(const CudaBackendOptions& o) {
+    options_ = o;
+    set_plain_gemm_impl(o.plain_gemm);
 }
 
 cublasHandle_t CudaBackend::blas() {
@@ -235,8 +234,8 @@ void CudaBackend::run_gemm(const GemmCall& c) {
                                               c.bias, c.bias_dtype, stream_));
         return;
     }
-    if (plain_impl_ == PlainGemmImpl::Cublas && !fallback_only_ && run_gemm_cublas(c)) return;
-    const GemmPlan* plan = fallback_only_ ? nullptr : &gemm_plan(c);
+    if (options_.plain_gemm == PlainGemmImpl::Cublas && !options_.fallback_only && run_gemm_cublas(c)) return;
+    const GemmPlan* plan = options_.fallback_only ? nullptr : &gemm_plan(c);
     if (!plan || !plan->has_algo) {
         DZR_CUDA_CHECK(kernels::gemm_fallback(c, stream_));
         return;

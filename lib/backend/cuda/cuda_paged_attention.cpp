@@ -98,7 +98,7 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     direct.v = v_cur.data, direct.v_tok = v_cur.strides[0], direct.v_head = v_cur.strides[1];
     direct.cur_len = cur;
     const bool direct_ok =
-        attention_impl_ != AttentionImpl::Gemm && kernels::flash_attention_supported(direct);
+        options_.attention != AttentionImpl::Gemm && kernels::flash_attention_supported(direct);
 
     // The gathered call: contiguous [lk, H, D] K and V in the workspace.
     AttentionCall gathered;
@@ -111,19 +111,19 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     gathered.k_head = gathered.v_head = D;
     gathered.scale = p.scale;
 
-    PagedAttentionImpl how = paged_impl_;
+    PagedAttentionImpl how = options_.paged_attention;
     if (how == PagedAttentionImpl::Auto) {
         // NOTE: the gather costs one read and write of every key row; it pays only when cuDNN's SDPA runs the
         // dense call (dzr's flash kernel reads the table directly at no extra cost).
-        const bool cudnn_allowed = attention_impl_ == AttentionImpl::Auto ||
-                                   attention_impl_ == AttentionImpl::CudnnUnified ||
-                                   attention_impl_ == AttentionImpl::CudnnComposite;
+        const bool cudnn_allowed = options_.attention == AttentionImpl::Auto ||
+                                   options_.attention == AttentionImpl::CudnnUnified ||
+                                   options_.attention == AttentionImpl::CudnnComposite;
         bool cudnn_ok = false;
         if (cudnn_allowed) {
             // plans depend on shapes and strides only; the gathered buffers' addresses do not matter here
             for (SdpaGraph g : {SdpaGraph::Unified, SdpaGraph::Composite}) {
-                if (attention_impl_ == AttentionImpl::CudnnUnified && g != SdpaGraph::Unified) continue;
-                if (attention_impl_ == AttentionImpl::CudnnComposite && g == SdpaGraph::Unified) continue;
+                if (options_.attention == AttentionImpl::CudnnUnified && g != SdpaGraph::Unified) continue;
+                if (options_.attention == AttentionImpl::CudnnComposite && g == SdpaGraph::Unified) continue;
                 if (sdpa_plan(gathered, g)->ok) {
                     cudnn_ok = true;
                     break;
@@ -154,6 +154,14 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     DZR_CUDA_CHECK(kernels::gather_kv(pool, history.block_table, hist, rows, cur, kall.data, vall.data, H, D,
                                       dt, stream_));
     attention(p, q, kall, vall, TensorView{}, out);
+}
+
+size_t CudaBackend::paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) {
+    // NOTE: the gathered path's [history | current] K and V rows, whichever path the call then takes
+    const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
+    const size_t rows = size_t(history.seq_len + k_cur.dim(0)) * size_t(history.num_heads) * size_t(history.head_dim) *
+                        dtype_size(history.dtype);
+    return 2 * aligned(rows);
 }
 
 void CudaBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,

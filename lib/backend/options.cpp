@@ -1,0 +1,82 @@
+#include "backend/options.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace dzr {
+
+const char* numerics_name(Numerics n) { return n == Numerics::Reference ? "reference" : "fast"; }
+
+Numerics parse_numerics(const std::string& text) {
+    if (text == "reference") return Numerics::Reference;
+    if (text == "fast") return Numerics::Fast;
+    DZR_THROW("unknown numerics '{}' (reference or fast)", text);
+}
+
+const char* attention_impl_name(AttentionImpl impl) {
+    switch (impl) {
+        case AttentionImpl::Auto:
+            return "auto";
+        case AttentionImpl::CudnnUnified:
+            return "cudnn-unified";
+        case AttentionImpl::CudnnComposite:
+            return "cudnn-composite";
+        case AttentionImpl::Flash:
+            return "flash";
+        case AttentionImpl::MemEfficient:
+            return "mem-efficient";
+        case AttentionImpl::Gemm:
+            return "gemm";
+    }
+    return "?";
+}
+
+AttentionImpl parse_attention_impl(const std::string& text) {
+    for (AttentionImpl i : {AttentionImpl::Auto, AttentionImpl::CudnnUnified, AttentionImpl::CudnnComposite,
+                            AttentionImpl::Flash, AttentionImpl::MemEfficient, AttentionImpl::Gemm})
+        if (text == attention_impl_name(i)) return i;
+    DZR_THROW(
+        "unknown attention implementation '{}' (auto, cudnn-unified, cudnn-composite, flash, mem-efficient, gemm)",
+        text);
+}
+
+PlainGemmImpl parse_plain_gemm_impl(const std::string& text) {
+    if (text == "lt") return PlainGemmImpl::Lt;
+    if (text == "cublas") return PlainGemmImpl::Cublas;
+    DZR_THROW("unknown bias-free GEMM implementation '{}' (lt or cublas)", text);
+}
+
+namespace {
+
+ConvApi parse_conv_api(const std::string& text) {
+    if (text == "graph") return ConvApi::Graph;
+    if (text == "legacy") return ConvApi::Legacy;
+    DZR_THROW("unknown convolution API '{}' (graph or legacy)", text);
+}
+
+/// A set, non-empty environment variable, or null.
+const char* env(const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v ? v : nullptr;
+}
+
+template <typename F>
+auto parse_env(const char* name, const char* value, F parse) {
+    try {
+        return parse(std::string(value));
+    } catch (const Error& e) {
+        DZR_THROW("environment variable {}: {}", name, e.what());
+    }
+}
+
+}  // namespace
+
+BackendOptions apply_env_overrides(BackendOptions o) {
+    if (const char* v = env("DZR_ATTENTION")) o.cuda.attention = parse_env("DZR_ATTENTION", v, parse_attention_impl);
+    if (const char* v = env("DZR_PLAIN_GEMM")) o.cuda.plain_gemm = parse_env("DZR_PLAIN_GEMM", v, parse_plain_gemm_impl);
+    if (const char* v = env("DZR_CONV_API")) o.cuda.conv_api = parse_env("DZR_CONV_API", v, parse_conv_api);
+    return o;
+}
+
+}  // namespace dzr

@@ -1,0 +1,72 @@
+#pragma once
+/// How a backend is made: its numerics mode, its workspace and (CUDA) which implementation runs each op family.
+/// Typed options chosen when the backend is created (make_backend); the environment variables DZR_ATTENTION,
+/// DZR_PLAIN_GEMM and DZR_CONV_API are kept only as documented overrides (apply_env_overrides, docs/PERF.md).
+/// Nothing here needs CUDA headers: the CLI and the configs parse these on every build.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dzr {
+
+/// The arithmetic a backend runs.
+///  - Reference: the official PyTorch implementation's order, op for op (its eager bf16 rounding points, its
+///    reduction orders, the library kernels PyTorch picks); bit-identical to the official bf16 run on CUDA. The
+///    CPU backend's f32 arithmetic is its own reference.
+///  - Fast: free to fuse and reorder (docs/PARITY.md gives its fidelity gate); starts equal to Reference.
+enum class Numerics : uint8_t { Reference, Fast };
+const char* numerics_name(Numerics n);
+/// "reference" or "fast"; throws dzr::Error otherwise.
+Numerics parse_numerics(const std::string& text);
+
+/// Which implementation runs Backend::attention on CUDA (bf16/f16 without bias; f32 and biased attention always
+/// take the GEMM path). Auto follows PyTorch's SDPA choice on the H200: above a head dim of 256 (where PyTorch's
+/// cuDNN and flash backends refuse) dzr's kernel in the order of PyTorch's memory-efficient backend
+/// (kernels/attention_memeff.cuh); otherwise cuDNN's unified SDPA node, then cuDNN's composite SDPA graph,
+/// then dzr's flash kernel (head_dim 64/128), then the GEMM path. A forced choice throws when it cannot run
+/// the call.
+enum class AttentionImpl : uint8_t { Auto, CudnnUnified, CudnnComposite, Flash, MemEfficient, Gemm };
+const char* attention_impl_name(AttentionImpl impl);
+/// "auto", "cudnn-unified", "cudnn-composite", "flash", "mem-efficient", "gemm"; throws dzr::Error otherwise.
+AttentionImpl parse_attention_impl(const std::string& text);
+
+/// Which library runs the bf16 GEMMs that carry no bias (what PyTorch runs as torch.mm, a bias-free F.linear or
+/// torch.bmm): cuBLASLt (as the GEMMs with a bias, PyTorch's addmm), or the cuBLAS calls PyTorch's default BLAS
+/// backend makes for them (cublasGemmEx for one matrix, cublasGemmStridedBatchedEx for a batch). Measured
+/// bit-identical to each other on every probe shape (docs/PARITY.md), so Lt is the default.
+enum class PlainGemmImpl : uint8_t { Lt, Cublas };
+/// "lt", "cublas"; throws dzr::Error otherwise.
+PlainGemmImpl parse_plain_gemm_impl(const std::string& text);
+
+/// How Backend::paged_attention runs on CUDA: Direct = the flash kernel reads the history through the device
+/// block table; Gather = one kernel copies [history | current] into the workspace, then the dense attention.
+/// Auto = Gather when cuDNN SDPA takes the dense call, else Direct.
+enum class PagedAttentionImpl : uint8_t { Auto, Direct, Gather };
+
+/// Which cuDNN API plans convolutions: Graph (the graph API with PyTorch's engine choice: heuristics INSTANT,
+/// then fallback, no down-converting engines) or Legacy (the v7 heuristics; a diagnostic).
+enum class ConvApi : uint8_t { Graph, Legacy };
+
+/// The CUDA backend's implementation choices. The CPU backend has one implementation of each op.
+struct CudaBackendOptions {
+    AttentionImpl attention = AttentionImpl::Auto;
+    PagedAttentionImpl paged_attention = PagedAttentionImpl::Auto;
+    PlainGemmImpl plain_gemm = PlainGemmImpl::Lt;
+    ConvApi conv_api = ConvApi::Graph;
+    /// GEMMs and convolutions through dzr's plain kernels instead of cuBLASLt / cuDNN (tests of the fallback
+    /// paths that odd shapes take).
+    bool fallback_only = false;
+};
+
+struct BackendOptions {
+    Numerics numerics = Numerics::Reference;
+    /// Initial workspace arena; 0 = the backend's default (the policy plans and reserves its own).
+    size_t workspace_bytes = 0;
+    CudaBackendOptions cuda;
+};
+
+/// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
+/// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy). An unreadable value throws, naming the variable.
+BackendOptions apply_env_overrides(BackendOptions o);
+
+}  // namespace dzr
