@@ -1,5 +1,6 @@
 # Finds dzr's dependencies and exposes them as a few interface targets:
 #   dzr::yaml  dzr::blas  dzr::sentencepiece  dzr::opencv (when DZR_OPENCV)  dzr::cudnn (when DZR_CUDA)
+# and libpng (PNG::PNG, with zlib) for report images.
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
@@ -38,6 +39,12 @@ add_library(dzr_sentencepiece INTERFACE)
 target_include_directories(dzr_sentencepiece INTERFACE ${DZR_SPM_INCLUDE})
 target_link_libraries(dzr_sentencepiece INTERFACE ${DZR_SPM_LIB})
 add_library(dzr::sentencepiece ALIAS dzr_sentencepiece)
+
+# libpng (PNG files: plots, frame strips); CMake's FindPNG also finds zlib.
+find_package(PNG 1.6.29)
+if(NOT PNG_FOUND)
+    message(FATAL_ERROR "libpng 1.6.29 or newer not found (Debian/Ubuntu: apt-get install libpng-dev)")
+endif()
 
 # OpenCV: the slim core/imgproc/imgcodecs/videoio -dev packages ship no CMake config, so link by name.
 if(DZR_OPENCV)
