@@ -325,7 +325,12 @@ std::string run_table(const Json* manifest, const std::string& out_dir, const st
 }
 
 Row summary_row(const Episode& e) {
-    Row r{e.name, e.status, fmt::format("{}", fmt::join(e.notes, "; ")), e.num_frames, e.num_calls};
+    Row r;
+    r.name = e.name;
+    r.status = e.status;
+    r.notes = fmt::format("{}", fmt::join(e.notes, "; "));
+    r.num_frames = e.num_frames;
+    r.num_calls = e.num_calls;
     if (e.stats.count > 0) r.median_s = e.stats.median / 1e3, r.p90_s = e.stats.p90 / 1e3;
     if (e.metrics) r.overall_mse = e.metrics->overall_mse, r.per_dim_mse = e.metrics->per_dim;
     return r;

@@ -166,7 +166,7 @@ TEST_CASE("png plots drawn by OpenCV show each series in its colour and skip NaN
     for (int y = 0; y < f.top; ++y)
         for (int x = 0; x < img.width(); ++x) title_px += img.at(x, y).r < 100;
     CHECK(title_px > 50);
-    CHECK_THROWS_AS(render_plot_png(PlotSpec{"t", "", "", {PlotSeries{"bad", kBlack, {1, 2}, {1}}}}), Error);
+    CHECK_THROWS_AS(render_plot_png(PlotSpec{"t", "", "", {PlotSeries{"bad", kBlack, {1, 2}, {1}, 1, false, {}}}}), Error);
 }
 
 TEST_CASE("png writes are atomic and decodable from disk") {
