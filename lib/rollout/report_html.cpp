@@ -380,7 +380,7 @@ std::string video_section(const Episode& e, const std::string& up, const fs::pat
     if (!e.video.npy) {
         out += R"(<div class="videos" data-sync>)";
         for (const auto& [label, file] : {std::pair{"predicted", e.video.predicted}, std::pair{"observed", e.video.observed}})
-            out += fmt::format(R"(<figure><video src="{}/{}/{}" preload="auto" muted loop playsinline></video>)"
+            out += fmt::format(R"(<figure><video src="{}{}/{}" preload="auto" muted loop playsinline></video>)"
                                R"(<figcaption>{}</figcaption></figure>)",
                                up, url_segment(e.name), url_segment(file), label);
         out += R"(</div><p class="controls"><button type="button" class="play">play both</button> )"
