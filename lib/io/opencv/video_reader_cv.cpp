@@ -260,8 +260,9 @@ std::optional<VideoEncoder> browser_video_encoder() {
         std::error_code ec;
         const fs::path dir = fs::temp_directory_path(ec);
         if (ec) return std::nullopt;
-        // NOTE: VP8 before VP9: libvpx's VP9 at OpenCV's default settings encodes several times slower
-        // for no difference a report's reader would see.
+        // NOTE: WebM first: every browser plays VP8/VP9, while H.264 needs a browser built with its
+        // decoder (some Chromium builds lack it). VP8 before VP9: at OpenCV's default settings libvpx's
+        // VP9 took 34.8 s against VP8's 3.8 s for 50 frames of 640x352 (Debian 12, FFmpeg 5.1).
         for (const auto& [codec, ext] : {std::pair{"VP80", ".webm"}, std::pair{"VP90", ".webm"}, std::pair{"avc1", ".mp4"}}) {
             const fs::path probe = dir / fmt::format("dzr-video-probe-{}{}", ::getpid(), ext);
             try {
