@@ -123,7 +123,10 @@ std::string plot_svg(const PlotSpec& spec) {
                 continue;
             }
             const double x = f.px(s.x[i]), y = f.py(s.y[i]);
-            points += (points.empty() ? "" : " ") + num(x) + "," + num(y);
+            if (!points.empty()) points += ' ';
+            points += num(x);
+            points += ',';
+            points += num(y);
             if (s.markers)
                 markers += fmt::format(R"(<rect x="{}" y="{}" width="4" height="4"/>)", num(x - 2), num(y - 2));
         }

@@ -139,7 +139,7 @@ TEST_CASE("rollout --save-video writes the decoded prediction next to the observ
         REQUIRE(r.failed == 0);
         const std::string ext = opt.video_encoder->extension;
         CHECK((ext == ".webm" || ext == ".mp4"));
-        for (const std::string name : {"predicted_video" + ext, "observed_video" + ext}) {
+        for (const std::string& name : {"predicted_video" + ext, "observed_video" + ext}) {
             const Tensor frames = io::open_video(dir / "out/episode_000" / name)->read_all();
             REQUIRE(frames.shape() == Shape{T, H, W, 3});
             CHECK_FALSE(all_equal(frames.ptr<uint8_t>(), size_t(frames.numel())));
