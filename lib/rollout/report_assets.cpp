@@ -65,7 +65,7 @@ const std::string_view kReportJs = R"js(
         var next = document.createElement('button'); next.textContent = 'next \u203A'; next.disabled = page === pages - 1;
         next.onclick = function () { page++; render(); };
         pager.appendChild(prev);
-        pager.appendChild(document.createTextNode('page ' + (page + 1) + ' of ' + pages));
+        pager.appendChild(document.createTextNode(' page ' + (page + 1) + ' of ' + pages + ' '));
         pager.appendChild(next);
       }
       pager.appendChild(document.createTextNode(' ' + shown.length + ' of ' + rows.length + ' episodes'));

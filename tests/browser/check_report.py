@@ -235,7 +235,7 @@ def main():
                 images = check["images"] if check else []
                 expect(not videos and len(images) == 1 and images[0]["width"] > 0,
                        "without a video encoder: a frame strip image instead: " + str(images))
-            expect(not console_errors(browser.events), "no console errors while playing: " +
+            expect(not console_errors(browser.events), "no console errors to the end: " +
                    str(console_errors(browser.events)))
         finally:
             browser.close()
