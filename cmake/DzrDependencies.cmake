@@ -1,5 +1,6 @@
 # Finds dzr's dependencies and exposes them as a few interface targets:
 #   dzr::yaml  dzr::blas  dzr::sentencepiece  dzr::opencv (when DZR_OPENCV)  dzr::cudnn (when DZR_CUDA)
+# and libpng (PNG::PNG, with zlib) for report images.
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
@@ -38,6 +39,14 @@ add_library(dzr_sentencepiece INTERFACE)
 target_include_directories(dzr_sentencepiece INTERFACE ${DZR_SPM_INCLUDE})
 target_link_libraries(dzr_sentencepiece INTERFACE ${DZR_SPM_LIB})
 add_library(dzr::sentencepiece ALIAS dzr_sentencepiece)
+
+# libpng (PNG files: plots, frame strips); CMake's FindPNG also finds zlib.
+# NOTE: optional, as on the GPU machine's image (no -dev package to install there): without it dzr writes no PNG
+# files (the report's SVG plots cover the plots; the video frame strip is left out).
+find_package(PNG 1.6.29)
+if(NOT PNG_FOUND)
+    message(WARNING "libpng 1.6.29 or newer not found (Debian/Ubuntu: apt-get install libpng-dev): PNG output disabled")
+endif()
 
 # OpenCV: the slim core/imgproc/imgcodecs/videoio -dev packages ship no CMake config, so link by name.
 if(DZR_OPENCV)

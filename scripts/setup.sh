@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # Installs what dzr needs on Debian 12 (or Ubuntu), skipping packages already present.
-# Usage: scripts/setup.sh [--no-opencv]
+# Usage: scripts/setup.sh [--no-opencv] [--browser]
+#   --browser  also a headless Chromium for the report's browser test (scripts/test.sh asks for it)
 set -euo pipefail
+opencv=1
+browser=0
+for arg in "$@"; do
+    case "$arg" in
+        --no-opencv) opencv=0 ;;
+        --browser) browser=1 ;;
+        *) echo "setup: unknown option $arg (--no-opencv, --browser)" >&2; exit 2 ;;
+    esac
+done
 
 pkgs=(build-essential cmake ninja-build pkg-config python3
       libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev
-      libsentencepiece-dev libopenblas-dev)
-if [[ "${1:-}" != "--no-opencv" ]]; then
+      libsentencepiece-dev libopenblas-dev libpng-dev)
+if ((opencv)); then
     # The slim OpenCV -dev packages (core, imgproc, imgcodecs, videoio with its FFmpeg backend), not the
     # 673 MB libopencv-dev meta-package.
     pkgs+=(libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libopencv-videoio-dev)
@@ -22,6 +32,19 @@ if ((${#missing[@]})); then
     [[ $(id -u) -ne 0 ]] && SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# NOTE: Debian's chromium-headless-shell (no GTK, ~64 MB) is enough for the test; where the package
+# does not exist (Ubuntu ships Chromium as a snap) the browser test reports "skipped".
+if ((browser)) && ! command -v chromium-headless-shell >/dev/null 2>&1 && ! command -v chromium >/dev/null 2>&1; then
+    SUDO=""
+    [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    if apt-cache show chromium-headless-shell >/dev/null 2>&1 || { $SUDO apt-get update -qq && apt-cache show chromium-headless-shell >/dev/null 2>&1; }; then
+        echo "setup: installing chromium-headless-shell (the report's browser test)"
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null
+    else
+        echo "setup: note: no chromium-headless-shell package here; the browser test will be skipped"
+    fi
 fi
 
 if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then

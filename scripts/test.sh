@@ -3,9 +3,11 @@
 #   1. the normal build (CUDA compiled when nvcc exists): every test; GPU tests report "skipped"
 #      on machines without a GPU;
 #   2. an ASan/UBSan build of the CPU engine: the parser tests (label `parser`).
+# The browser test (label `browser`: the HTML report in headless Chromium) leaves its screenshots in
+# build/test-artifacts/browser/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --browser
 
 echo "== build (release) =="
 BUILD_DIR=build scripts/build.sh

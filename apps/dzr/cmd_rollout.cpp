@@ -6,6 +6,7 @@
 #include "apps/dzr/command.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/plots.h"
 #include "io/video_reader.h"
 #include "rollout/progress.h"
 #include "rollout/runner.h"
@@ -29,6 +30,7 @@ struct RolloutArgs {
     int64_t metric_offset = 0;
     int64_t metric_steps = -1;
     bool no_plots = false;
+    bool no_report = false;
     bool quiet = false;
     bool check_finite = false;
     std::string noise_video, noise_action;
@@ -65,7 +67,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     if (!a.prompt.empty()) o.prompt = a.prompt;
     o.metrics.gt_offset = a.metric_offset;
     o.metrics.steps = a.metric_steps;
-    o.plots = !a.no_plots;
+    if (!a.no_plots && io::video_io_available()) o.plot_png = io::render_plot_png;
     o.quiet = a.quiet;
     o.check_finite = a.check_finite;
     o.noise_video = a.noise_video;
@@ -73,7 +75,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     o.command_line = argv;
     o.open_video = io::open_video;
     o.save_video = a.save_video;
-    if (io::video_io_available()) o.write_video = io::write_video_mp4;
+    if (a.save_video) o.video_encoder = io::browser_video_encoder();
+    o.report = !a.no_report;
 
     std::signal(SIGINT, on_sigint);
     rollout::RolloutResult r = rollout::run_rollout(o);
@@ -112,6 +115,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         std::printf("%s", rollout::format_table({"phase", "median ms", "p90 ms", "max ms"}, prow).c_str());
     }
     std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
+    if (o.report && !r.episodes.empty())
+        std::printf("report: %s\n", (std::filesystem::path(a.out) / "report.html").string().c_str());
     for (const auto& ep : r.episodes)
         if (ep.status == "failed") std::fprintf(stderr, "dzr: error: episode %s: %s\n", ep.name.c_str(), ep.error.c_str());
     if (r.interrupted) return 130;
@@ -138,11 +143,13 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--metric-steps", args->metric_steps, "Steps per chunk compared with ground truth (-1: all)")
         ->capture_default_str();
     cmd->add_flag("--no-plots", args->no_plots, "Do not draw the per-dimension PNG plots");
+    cmd->add_flag("--no-report", args->no_report, "Do not write report.html at the end (`dzr report OUT` writes it later)");
     cmd->add_flag("--quiet", args->quiet, "No start summary and no progress line");
     cmd->add_flag("--check-finite", args->check_finite, "Check every stage for NaN/Inf (slow; names the stage)");
     cmd->add_flag("--save-video", args->save_video,
                   "Decode the predicted video with the VAE decoder and write it next to the observed canvases "
-                  "(predicted_video.mp4 / observed_video.mp4; .npy on builds without OpenCV)");
+                  "(predicted_video / observed_video: WebM or H.264 MP4, whichever this build encodes; .npy "
+                  "on builds without OpenCV)");
     cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
     cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });

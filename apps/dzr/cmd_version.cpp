@@ -3,6 +3,7 @@
 
 #include "apps/dzr/command.h"
 #include "backend/backend.h"
+#include "io/video_reader.h"
 
 namespace dzr::app {
 namespace {
@@ -21,6 +22,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
 #else
             std::printf("video decoding: not built (episodes must supply .npy frames)\n");
 #endif
+            if (const auto enc = io::browser_video_encoder())
+                std::printf("report videos: %s (%s)\n", enc->codec.c_str(), enc->extension.c_str());
+            else
+                std::printf("report videos: none (--save-video writes .npy frames; reports show frame strips)\n");
             return 0;
         };
     });

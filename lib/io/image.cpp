@@ -18,6 +18,13 @@ Image::Image(int width, int height, Rgb fill) : width_(width), height_(height) {
     }
 }
 
+Image::Image(int width, int height, std::vector<uint8_t> rgb) : width_(width), height_(height), rgb_(std::move(rgb)) {
+    DZR_CHECK(width > 0 && height > 0 && width <= 1 << 14 && height <= 1 << 14, "image size {}x{} is out of range",
+              width, height);
+    DZR_CHECK(rgb_.size() == size_t(width) * size_t(height) * 3, "image {}x{}: {} bytes of RGB, expected {}", width,
+              height, rgb_.size(), size_t(width) * size_t(height) * 3);
+}
+
 Rgb Image::at(int x, int y) const {
     DZR_ASSERT(x >= 0 && y >= 0 && x < width_ && y < height_);
     const size_t i = (size_t(y) * size_t(width_) + size_t(x)) * 3;
@@ -39,7 +46,7 @@ void Image::fill_rect(int x, int y, int w, int h, Rgb c) {
         for (int xx = x0; xx < x1; ++xx) set(xx, yy, c);
 }
 
-void Image::line(int x0, int y0, int x1, int y1, Rgb c, int thickness, int dash) {
+void Image::line(int x0, int y0, int x1, int y1, Rgb c, int thickness) {
     // NOTE: endpoints far outside the image (a wild value in a plot) would make Bresenham walk for
     // ages; clamp them to a generous margin first (this bends such lines, which only happens off-plot).
     const int m = 4 * std::max(width_, height_);
@@ -50,10 +57,9 @@ void Image::line(int x0, int y0, int x1, int y1, Rgb c, int thickness, int dash)
     int err = dx + dy;
     const int lo = -(thickness - 1) / 2;
     const int hi = thickness / 2;
-    for (int step = 0;; ++step) {
-        if (dash <= 0 || (step / dash) % 2 == 0)
-            for (int oy = lo; oy <= hi; ++oy)
-                for (int ox = lo; ox <= hi; ++ox) set(x0 + ox, y0 + oy, c);
+    while (true) {
+        for (int oy = lo; oy <= hi; ++oy)
+            for (int ox = lo; ox <= hi; ++ox) set(x0 + ox, y0 + oy, c);
         if (x0 == x1 && y0 == y1) break;
         const int e2 = 2 * err;
         if (e2 >= dy) {
@@ -67,19 +73,25 @@ void Image::line(int x0, int y0, int x1, int y1, Rgb c, int thickness, int dash)
     }
 }
 
-void Image::text(int x, int y, std::string_view s, Rgb c, int scale) {
-    for (size_t k = 0; k < s.size(); ++k) {
-        const uint8_t* g = glyph_5x7(s[k]);
-        const int gx = x + int(k) * 6 * scale;
-        for (int r = 0; r < 7; ++r)
-            for (int col = 0; col < 5; ++col)
-                if (g[r] & (0x10 >> col)) fill_rect(gx + col * scale, y + r * scale, scale, scale, c);
-    }
-}
-
 void Image::blit(const Image& src, int x, int y) {
     for (int yy = 0; yy < src.height(); ++yy)
         for (int xx = 0; xx < src.width(); ++xx) set(x + xx, y + yy, src.at(xx, yy));
+}
+
+Image tile_images(const std::vector<Image>& images, int cols, int gap, Rgb background) {
+    DZR_CHECK(!images.empty() && cols > 0, "tile_images: nothing to tile");
+    int cw = 0, ch = 0;
+    for (const auto& im : images) {
+        cw = std::max(cw, im.width());
+        ch = std::max(ch, im.height());
+    }
+    const int n = int(images.size());
+    const int rows = (n + cols - 1) / cols;
+    const int used_cols = std::min(cols, n);
+    Image out(used_cols * cw + (used_cols + 1) * gap, rows * ch + (rows + 1) * gap, background);
+    for (int i = 0; i < n; ++i)
+        out.blit(images[size_t(i)], gap + (i % cols) * (cw + gap), gap + (i / cols) * (ch + gap));
+    return out;
 }
 
 }  // namespace dzr::io

@@ -1,8 +1,7 @@
 #pragma once
-/// A small RGB8 raster with the drawing needed for report plots: filled rectangles, lines and
-/// text in a built-in 5x7 bitmap font (ASCII; lower case is drawn with upper-case glyphs).
+/// A small RGB8 raster with the drawing the synthetic sample episode needs (filled rectangles and
+/// lines) and tiling for frame strips. Plots are SVG (io/svg.h), or drawn by OpenCV for PNG.
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
 namespace dzr::io {
@@ -19,6 +18,8 @@ class Image {
 public:
     Image() = default;
     Image(int width, int height, Rgb fill = kWhite);
+    /// Takes row-major RGB pixels (width * height * 3 bytes).
+    Image(int width, int height, std::vector<uint8_t> rgb);
 
     int width() const { return width_; }
     int height() const { return height_; }
@@ -28,16 +29,10 @@ public:
     /// Draw calls clip to the image.
     void set(int x, int y, Rgb c);
     void fill_rect(int x, int y, int w, int h, Rgb c);
-    /// A line from (x0, y0) to (x1, y1) (Bresenham), `thickness` pixels wide; dashed draws
-    /// `dash` pixels on, `dash` off.
-    void line(int x0, int y0, int x1, int y1, Rgb c, int thickness = 1, int dash = 0);
-    /// Text with its top-left corner at (x, y); each glyph cell is 6x8 pixels times `scale`.
-    void text(int x, int y, std::string_view s, Rgb c, int scale = 1);
+    /// A line from (x0, y0) to (x1, y1) (Bresenham), `thickness` pixels wide.
+    void line(int x0, int y0, int x1, int y1, Rgb c, int thickness = 1);
     /// Copy `src` with its top-left corner at (x, y).
     void blit(const Image& src, int x, int y);
-
-    static int text_width(std::string_view s, int scale = 1) { return int(s.size()) * 6 * scale; }
-    static int text_height(int scale = 1) { return 8 * scale; }
 
 private:
     int width_ = 0;
@@ -45,7 +40,7 @@ private:
     std::vector<uint8_t> rgb_;
 };
 
-/// The 5x7 glyph for `c`: 7 rows, bit 4 = leftmost column. Unknown characters give a box.
-const uint8_t* glyph_5x7(char c);
+/// Images placed left to right, top to bottom in `cols` columns with `gap` pixels between them.
+Image tile_images(const std::vector<Image>& images, int cols, int gap = 8, Rgb background = kWhite);
 
 }  // namespace dzr::io

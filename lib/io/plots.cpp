@@ -1,6 +1,7 @@
 #include "io/plots.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -12,12 +13,14 @@ namespace dzr::io {
 
 namespace {
 
+// Margins around the plot area: tick labels on the left and below, the title above.
 constexpr int kLeft = 64;
-constexpr int kRight = 12;
 constexpr int kTop = 26;
 constexpr int kBottom = 38;
-constexpr Rgb kGrid{232, 232, 232};
-constexpr Rgb kAxis{60, 60, 60};
+
+constexpr std::array<Rgb, 10> kTab10 = {{{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40},
+                                         {148, 103, 189}, {140, 86, 75}, {227, 119, 194}, {127, 127, 127},
+                                         {188, 189, 34}, {23, 190, 207}}};
 
 struct Range {
     double lo = std::numeric_limits<double>::infinity();
@@ -78,13 +81,17 @@ std::string format_tick(double value, double step) {
     return fmt::format("{:.{}f}", value, decimals);
 }
 
-Image render_plot(const PlotSpec& spec) {
-    Image img(spec.width, spec.height);
-    const int pw = spec.width - kLeft - kRight;
-    const int ph = spec.height - kTop - kBottom;
-    DZR_CHECK(pw > 20 && ph > 20, "plot '{}': {}x{} is too small", spec.title, spec.width, spec.height);
+Rgb palette_color(size_t i) { return kTab10[i % kTab10.size()]; }
 
+PlotFrame plot_frame(const PlotSpec& spec, bool y_from_zero, int right_margin) {
+    PlotFrame f;
+    f.left = kLeft;
+    f.top = kTop;
+    f.width = spec.width - kLeft - right_margin;
+    f.height = spec.height - kTop - kBottom;
+    DZR_CHECK(f.width > 20 && f.height > 20, "plot '{}': {}x{} is too small", spec.title, spec.width, spec.height);
     Range xr, yr;
+    if (y_from_zero) yr.add(0.0);
     for (const auto& s : spec.series) {
         DZR_CHECK(s.x.size() == s.y.size(), "plot '{}': series '{}' has {} x values and {} y values", spec.title,
                   s.label, s.x.size(), s.y.size());
@@ -96,78 +103,18 @@ Image render_plot(const PlotSpec& spec) {
     }
     settle(xr, 0.0);
     settle(yr, 0.06);
-    auto px = [&](double x) { return kLeft + int(std::lround((x - xr.lo) / (xr.hi - xr.lo) * (pw - 1))); };
-    auto py = [&](double y) { return kTop + int(std::lround((1.0 - (y - yr.lo) / (yr.hi - yr.lo)) * (ph - 1))); };
-
-    // Grid and tick labels.
-    const auto xt = nice_ticks(xr.lo, xr.hi, std::max(2, pw / 90));
-    const auto yt = nice_ticks(yr.lo, yr.hi, std::max(2, ph / 45));
-    const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1.0;
-    const double ystep = yt.size() > 1 ? yt[1] - yt[0] : 1.0;
-    for (double t : xt) {
-        const int x = px(t);
-        img.line(x, kTop, x, kTop + ph - 1, kGrid);
-        const std::string label = format_tick(t, xstep);
-        img.text(x - Image::text_width(label) / 2, kTop + ph + 5, label, kAxis);
+    if (y_from_zero && yr.lo < 0 && yr.lo > -(yr.hi - yr.lo) * 0.1) yr.lo = 0;
+    f.x_lo = xr.lo, f.x_hi = xr.hi, f.y_lo = yr.lo, f.y_hi = yr.hi;
+    f.x_ticks = nice_ticks(xr.lo, xr.hi, std::max(2, f.width / 90));
+    f.y_ticks = nice_ticks(yr.lo, yr.hi, std::max(2, f.height / 45));
+    f.x_step = f.x_ticks.size() > 1 ? f.x_ticks[1] - f.x_ticks[0] : 1.0;
+    if (spec.integer_x && f.x_step < 1.0) {
+        f.x_ticks.clear();
+        for (double t = std::ceil(xr.lo); t <= xr.hi; t += 1.0) f.x_ticks.push_back(t);
+        f.x_step = 1.0;
     }
-    for (double t : yt) {
-        const int y = py(t);
-        img.line(kLeft, y, kLeft + pw - 1, y, kGrid);
-        const std::string label = format_tick(t, ystep);
-        img.text(kLeft - 5 - Image::text_width(label), y - 3, label, kAxis);
-    }
-    // Frame, title and axis labels.
-    img.line(kLeft, kTop, kLeft + pw - 1, kTop, kAxis);
-    img.line(kLeft, kTop + ph - 1, kLeft + pw - 1, kTop + ph - 1, kAxis);
-    img.line(kLeft, kTop, kLeft, kTop + ph - 1, kAxis);
-    img.line(kLeft + pw - 1, kTop, kLeft + pw - 1, kTop + ph - 1, kAxis);
-    img.text(kLeft + (pw - Image::text_width(spec.title)) / 2, 8, spec.title, kBlack);
-    img.text(kLeft + (pw - Image::text_width(spec.x_label)) / 2, spec.height - 12, spec.x_label, kAxis);
-    img.text(4, 8, spec.y_label, kAxis);
-
-    // Series: segments between consecutive finite points.
-    for (const auto& s : spec.series) {
-        bool have_prev = false;
-        int x0 = 0, y0 = 0;
-        for (size_t i = 0; i < s.x.size(); ++i) {
-            if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
-                have_prev = false;
-                continue;
-            }
-            const int x1 = px(s.x[i]), y1 = py(s.y[i]);
-            if (have_prev) img.line(x0, y0, x1, y1, s.color, s.thickness);
-            if (s.markers) img.fill_rect(x1 - 1, y1 - 1, 3, 3, s.color);
-            x0 = x1, y0 = y1, have_prev = true;
-        }
-    }
-    // Legend in the top-right corner of the plot area.
-    int ly = kTop + 6;
-    for (const auto& s : spec.series) {
-        if (s.label.empty()) continue;
-        const int tw = Image::text_width(s.label);
-        const int lx = kLeft + pw - 8 - tw - 22;
-        img.fill_rect(lx - 4, ly - 3, tw + 30, 13, kWhite);
-        img.line(lx, ly + 3, lx + 16, ly + 3, s.color, 2);
-        img.text(lx + 22, ly, s.label, kBlack);
-        ly += 13;
-    }
-    return img;
-}
-
-Image tile_images(const std::vector<Image>& images, int cols, int gap) {
-    DZR_CHECK(!images.empty() && cols > 0, "tile_images: nothing to tile");
-    int cw = 0, ch = 0;
-    for (const auto& im : images) {
-        cw = std::max(cw, im.width());
-        ch = std::max(ch, im.height());
-    }
-    const int n = int(images.size());
-    const int rows = (n + cols - 1) / cols;
-    const int used_cols = std::min(cols, n);
-    Image out(used_cols * cw + (used_cols + 1) * gap, rows * ch + (rows + 1) * gap);
-    for (int i = 0; i < n; ++i)
-        out.blit(images[size_t(i)], gap + (i % cols) * (cw + gap), gap + (i / cols) * (ch + gap));
-    return out;
+    f.y_step = f.y_ticks.size() > 1 ? f.y_ticks[1] - f.y_ticks[0] : 1.0;
+    return f;
 }
 
 }  // namespace dzr::io

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
@@ -45,6 +46,19 @@ std::unique_ptr<VideoReader> open_video(const std::filesystem::path& path);
 /// Writes uint8 RGB frames [T, H, W, 3] as an MP4 (H.264 "avc1" when the FFmpeg build has an
 /// encoder for it, else MPEG-4 part 2 "mp4v"), atomically. Returns the codec tag used.
 std::string write_video_mp4(const std::filesystem::path& path, const TensorView& frames, double fps);
+
+/// A video encoder whose files browsers play, and the container it writes.
+struct VideoEncoder {
+    std::string extension;  ///< ".webm" or ".mp4"
+    std::string codec;      ///< the FourCC: "VP90", "VP80" or "avc1"
+    /// Encodes uint8 RGB frames [T, H, W, 3] at `fps` atomically, then decodes the file again and
+    /// checks that every frame is there; returns the codec. Throws dzr::Error naming the file.
+    VideoWriterFn write;
+};
+
+/// The first of VP9 in WebM, VP8 in WebM and H.264 in MP4 that this build's FFmpeg encodes and
+/// decodes back frame for frame (tried once on a few small frames, then remembered); none without.
+std::optional<VideoEncoder> browser_video_encoder();
 
 /// True when this build can decode and encode video.
 bool video_io_available();

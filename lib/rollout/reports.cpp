@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/npy.h"
 #include "io/plots.h"
 
 namespace dzr::rollout {
@@ -236,48 +237,71 @@ std::string Metrics::mse_csv() const {
     return out;
 }
 
-void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                        int64_t gt_rows, const Metrics& metrics) {
+std::vector<io::PlotSpec> action_plot_specs(const io::ActionChunks& pred, std::span<const double> gt, int64_t gt_rows,
+                                            const Metrics* metrics) {
     const int64_t dims = pred.dims;
-    const int64_t steps = metrics.options.steps < 0 ? pred.horizon : std::min(metrics.options.steps, pred.horizon);
-    std::vector<io::Image> panels;
+    DZR_CHECK(int64_t(gt.size()) == gt_rows * dims, "ground-truth actions: {} values for {} rows of {} dims", gt.size(),
+              gt_rows, dims);
+    const int64_t offset = metrics ? metrics->options.gt_offset : 0;
+    const int64_t steps =
+        metrics && metrics->options.steps > 0 ? std::min(metrics->options.steps, pred.horizon) : pred.horizon;
+    // NOTE: a legend entry per call is readable up to a handful of calls; beyond that the tooltips
+    // (SVG) name them.
+    const bool label_calls = pred.num_calls() <= 6;
+    std::vector<io::PlotSpec> specs;
     for (int64_t d = 0; d < dims; ++d) {
-        io::PlotSeries g{"ground truth", io::kPlotBlue, {}, {}, 1, false};
-        for (int64_t r = 0; r < gt_rows; ++r) {
-            g.x.push_back(double(r));
-            g.y.push_back(gt[size_t(r * dims + d)]);
+        io::PlotSpec spec;
+        if (gt_rows > 0) {
+            io::PlotSeries g{"ground truth", io::kPlotDark, {}, {}, 2.0, false, "ground truth"};
+            for (int64_t r = 0; r < gt_rows; ++r) {
+                g.x.push_back(double(r));
+                g.y.push_back(gt[size_t(r * dims + d)]);
+            }
+            spec.series.push_back(std::move(g));
         }
-        // Each call's chunk is its own segment, placed at the frames it is compared with.
-        io::PlotSeries p{"predicted", io::kPlotOrange, {}, {}, 1, false};
         for (int64_t c = 0; c < pred.num_calls(); ++c) {
+            io::PlotSeries p{label_calls ? fmt::format("call {}", c) : "", io::palette_color(size_t(c)), {}, {}, 1.5, false, {}};
+            const int64_t anchor = pred.anchors[size_t(c)];
+            p.tooltip = fmt::format("call {} (anchor frame {})", c, anchor);
+            if (metrics && size_t(c) < metrics->per_call.size() && std::isfinite(metrics->per_call[size_t(c)]))
+                p.tooltip += fmt::format(": MSE {:.6g} over all dims", metrics->per_call[size_t(c)]);
             for (int64_t s = 0; s < steps; ++s) {
-                p.x.push_back(double(pred.anchors[size_t(c)] + metrics.options.gt_offset + s));
+                p.x.push_back(double(anchor + offset + s));
                 p.y.push_back(pred.at(c, s, d));
             }
-            p.x.push_back(kNaN);
-            p.y.push_back(kNaN);
+            spec.series.push_back(std::move(p));
         }
         std::string key;
         for (const auto& k : kDroidActionKeys)
             if (dims == 8 && d >= k.begin && d < k.end)
                 key = k.end - k.begin == 1 ? fmt::format(" {}", k.name) : fmt::format(" {}[{}]", k.name, d - k.begin);
-        io::PlotSpec spec;
-        const double mse = size_t(d) < metrics.per_dim.size() ? metrics.per_dim[size_t(d)] : kNaN;
-        spec.title = fmt::format("action dim {}{}  (MSE={:.6f})", d, key, mse);
+        const double mse = metrics && size_t(d) < metrics->per_dim.size() ? metrics->per_dim[size_t(d)] : kNaN;
+        spec.title = std::isfinite(mse) ? fmt::format("action dim {}{}  (MSE={:.6f})", d, key, mse)
+                                        : fmt::format("action dim {}{}", d, key);
         spec.x_label = "frame";
-        spec.series = {g, p};
-        panels.push_back(io::render_plot(spec));
-        out.write_png(fmt::format("action_dim_{}.png", d), panels.back());
+        specs.push_back(std::move(spec));
+    }
+    return specs;
+}
+
+void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
+                        int64_t gt_rows, const Metrics& metrics, const io::PlotRasterizer& png) {
+    std::vector<io::Image> panels;
+    int64_t d = 0;
+    for (const io::PlotSpec& spec : action_plot_specs(pred, gt, gt_rows, &metrics)) {
+        panels.push_back(png(spec));
+        out.write_png(fmt::format("action_dim_{}.png", d++), panels.back());
     }
     out.write_png("all_action_dims.png", io::tile_images(panels, 2));
 }
 
 Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                      int64_t gt_rows, const MetricsOptions& options, bool plots) {
+                      int64_t gt_rows, const MetricsOptions& options, const io::PlotRasterizer& png) {
     Metrics m = compute_metrics(pred, gt, gt_rows, options);
     out.write_json("metrics.json", m.to_json());
     out.write_text("mse.csv", m.mse_csv());
-    if (plots) write_action_plots(out, pred, gt, gt_rows, m);
+    out.write_with(kGtActionsFile, [&](const fs::path& p) { io::write_npy_f64(p, {gt_rows, pred.dims}, gt); });
+    if (png) write_action_plots(out, pred, gt, gt_rows, m, png);
     return m;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 /// Rollout reports: per-call timing (timing.json), the run manifest (manifest.json), action metrics
-/// against ground truth (metrics.json, mse.csv, PNG plots) and the summary over many episodes
+/// against ground truth (metrics.json, mse.csv, gt_actions.npy, plots) and the summary over many episodes
 /// (summary.json, summary.csv). docs/FORMATS.md documents every field.
 #include <array>
 #include <chrono>
@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/plots.h"
 #include "io/result_writer.h"
 
 namespace dzr::rollout {
@@ -144,14 +145,23 @@ Metrics compute_metrics(const io::ActionChunks& pred, std::span<const double> gt
                         const MetricsOptions& options = {},
                         std::span<const ActionKey> keys = kDroidActionKeys);
 
-/// action_dim_<d>.png for every dimension (ground truth over all frames, each call's chunk as its
-/// own segment) and all_action_dims.png (the grid of them).
-void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                        int64_t gt_rows, const Metrics& metrics);
+/// The per-dimension action plots: the ground truth over all frames (`gt_rows` rows; none when 0) and
+/// each call's chunk as its own segment in its own colour, placed at the frames it is compared with
+/// (`metrics`' alignment; every step at its anchor when null). Titles carry the MSE per dimension.
+std::vector<io::PlotSpec> action_plot_specs(const io::ActionChunks& pred, std::span<const double> gt, int64_t gt_rows,
+                                            const Metrics* metrics);
 
-/// metrics.json, mse.csv and the plots for one episode; returns the metrics.
+/// action_dim_<d>.png for every dimension and all_action_dims.png (the grid of them), drawn by `png`.
+void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
+                        int64_t gt_rows, const Metrics& metrics, const io::PlotRasterizer& png);
+
+/// The ground-truth actions next to the predictions (float64 [gt_rows, dims]), for reports.
+inline constexpr std::string_view kGtActionsFile = "gt_actions.npy";
+
+/// metrics.json, mse.csv, gt_actions.npy and (when `png` is set) the PNG plots for one episode;
+/// returns the metrics.
 Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                      int64_t gt_rows, const MetricsOptions& options = {}, bool plots = true);
+                      int64_t gt_rows, const MetricsOptions& options = {}, const io::PlotRasterizer& png = {});
 
 // ---- summary over episodes ----
 

@@ -15,6 +15,7 @@
 #include "rollout/predicted_video.h"
 #include "rollout/noise_files.h"
 #include "rollout/progress.h"
+#include "rollout/report_html.h"
 #include "weights/checkpoint.h"
 #include "weights/inventory.h"
 
@@ -145,12 +146,13 @@ VideoTiming write_predicted_video(DreamZeroPolicy& policy, const VideoAccumulato
     const Tensor observed = observed_canvases(ep, acc.observed(), ViewSize{m.canvas_height / 2, m.canvas_width / 2});
     DZR_CHECK(observed.shape() == predicted.shape(), "video: {} predicted frames but {} observed ones",
               predicted.view().str(), observed.view().str());
-    if (opt.write_video) {
-        for (const auto& [name, frames] : {std::pair{"predicted_video.mp4", &predicted}, std::pair{"observed_video.mp4", &observed}})
-            writer.write_with(name, [&](const std::filesystem::path& p) { opt.write_video(p, frames->view(), vt.fps); });
+    if (opt.video_encoder) {
+        const io::VideoEncoder& enc = *opt.video_encoder;
+        for (const auto& [stem, frames] : {std::pair{"predicted_video", &predicted}, std::pair{"observed_video", &observed}})
+            writer.write_with(stem + enc.extension, [&](const std::filesystem::path& p) { enc.write(p, frames->view(), vt.fps); });
     } else {
-        log()->info("video: this build has no video encoder; writing predicted_video.npy and observed_video.npy "
-                    "(uint8 [T, H, W, 3]) in {} instead of MP4s", writer.dir().string());
+        log()->info("video: this build has no video encoder browsers play; writing predicted_video.npy and "
+                    "observed_video.npy (uint8 [T, H, W, 3]) in {} instead", writer.dir().string());
         writer.write_npy("predicted_video.npy", predicted.view());
         writer.write_npy("observed_video.npy", observed.view());
     }
@@ -473,7 +475,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 break;
             }
             if (ep.has_actions()) {
-                summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plots);
+                summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plot_png);
             }
             writer.mark_done(Json{{"num_frames", ep.num_frames}, {"num_calls", er.chunks.num_calls()}});
             summary.status = "ok";
@@ -495,6 +497,15 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
         result.episodes.push_back(std::move(summary));
     }
     if (!result.episodes.empty()) write_summary(opt.out_dir, result.episodes);
+    if (opt.report && !result.episodes.empty()) {
+        // NOTE: every episode's files are complete by now; a report that cannot be written must not
+        // turn a finished run into a failed one (`dzr report OUT` writes it again).
+        try {
+            write_report(opt.out_dir);
+        } catch (const Error& err) {
+            log.warn("report: not written: {}", err.what());
+        }
+    }
     return result;
 }
 

@@ -2,7 +2,8 @@
 /// `dzr rollout`: replay recorded episodes through the DreamZero policy. Loads the checkpoint once,
 /// runs a warm-up that walks every distinct forward shape (then checks the KV pool is whole), and for
 /// each episode runs the chunked rollout on the frame schedule, writing actions, timing, a manifest
-/// and (with ground truth) metrics and plots into <out>/<episode>/, plus a summary across episodes.
+/// and (with ground truth) metrics and plots into <out>/<episode>/, plus a summary across episodes and
+/// the HTML report.
 #include <atomic>
 #include <filesystem>
 #include <optional>
@@ -11,6 +12,7 @@
 
 #include "config/run_config.h"
 #include "core/tensor.h"
+#include "io/plots.h"
 #include "io/video_reader.h"
 #include "policy/dreamzero_policy.h"
 #include "rollout/reports.h"
@@ -32,7 +34,9 @@ struct RolloutOptions {
     bool allow_truncate = false;
     std::optional<std::string> prompt;
     MetricsOptions metrics;
-    bool plots = true;
+    /// Draws the per-dimension PNG plots (apps pass io::render_plot_png in builds with OpenCV); empty:
+    /// none (the HTML report draws them as SVG either way).
+    io::PlotRasterizer plot_png;
     bool quiet = false;
     bool check_finite = false;
     std::filesystem::path noise_video, noise_action;  ///< inject noise from .npy (parity runs)
@@ -40,9 +44,11 @@ struct RolloutOptions {
     io::VideoOpener open_video;                   ///< decodes .mp4 (apps pass io::open_video)
     /// --save-video: decode each episode's predicted video and write it with the observed canvases.
     bool save_video = false;
-    /// Encodes the videos as MP4 (apps pass io::write_video_mp4 when the build has video support);
-    /// empty: they are written as uint8 .npy [T, H, W, 3] instead.
-    io::VideoWriterFn write_video;
+    /// Encodes the videos in a format browsers play (apps pass io::browser_video_encoder() when the
+    /// build has one); without one they are written as uint8 .npy [T, H, W, 3] instead.
+    std::optional<io::VideoEncoder> video_encoder;
+    /// Writes report.html (and report/) in out_dir at the end (rollout/report_html.h).
+    bool report = true;
 };
 
 /// Set from a signal handler: the run stops after the current call and writes no partial episode.

@@ -8,6 +8,7 @@
 
 #include "config/run_config.h"
 #include "io/npy.h"
+#include "io/plots.h"
 #include "io/synth_episode.h"
 #include "io/video_reader.h"
 #include "rollout/runner.h"
@@ -41,6 +42,7 @@ rollout::RolloutOptions tiny_options(const fs::path& episode, const fs::path& ck
     o.device = Device::cpu();
     o.quiet = true;
     o.open_video = io::open_video;
+    if (io::video_io_available()) o.plot_png = io::render_plot_png;
     return o;
 }
 
@@ -60,10 +62,13 @@ TEST_CASE("rollout of the sample episode writes every output with the right shap
     REQUIRE(r.episodes.size() == 1);
     const fs::path ep = dir / "out1/episode_000";
     for (const char* f : {"actions.npy", "actions.csv", "timing.json", "manifest.json", "metrics.json", "mse.csv",
-                          "action_dim_0.png", "all_action_dims.png", "done.json"})
+                          "gt_actions.npy", "done.json"})
         CHECK_MESSAGE(fs::exists(ep / f), f);
+    for (const char* f : {"action_dim_0.png", "all_action_dims.png"}) CHECK(fs::exists(ep / f) == io::video_io_available());
     CHECK(fs::exists(dir / "out1/summary.json"));
     CHECK(fs::exists(dir / "out1/summary.csv"));
+    CHECK(fs::exists(dir / "out1/report.html"));
+    CHECK(fs::exists(dir / "out1/report/episode_000.html"));
 
     const io::NpyArray actions = io::read_npy(ep / "actions.npy");
     REQUIRE(actions.shape() == std::vector<int64_t>{3, 24, 8});

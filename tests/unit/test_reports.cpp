@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
+#include "io/plots.h"
+#include "io/video_reader.h"
 #include "io/result_writer.h"
 #include "rollout/progress.h"
 #include "rollout/reports.h"
@@ -233,7 +235,8 @@ TEST_CASE("result writer writes every file atomically and the done marker last")
     CHECK(a.dtype() == io::NpyDType::F4);
     CHECK(a.shape() == std::vector<int64_t>{2, 3, 8});
     CHECK(a.to_f32() == f.pred.values);
-    write_metrics(w, f.pred, f.gt, 5);
+    const bool png_plots = io::video_io_available();  // PNG plots are drawn by OpenCV
+    write_metrics(w, f.pred, f.gt, 5, {}, png_plots ? io::PlotRasterizer(io::render_plot_png) : io::PlotRasterizer());
     w.write_json("timing.json", TimingReport{}.to_json());
     w.mark_done({{"episode", "ep"}});
     CHECK(io::ResultWriter::is_done(w.dir()));
@@ -243,8 +246,11 @@ TEST_CASE("result writer writes every file atomically and the done marker last")
     CHECK(files.front() == "actions.npy");
     CHECK(files.back() == "timing.json");
     for (const auto& name : files) CHECK(fs::exists(w.dir() / name));
-    for (int d = 0; d < 8; ++d) CHECK(fs::exists(w.dir() / fmt::format("action_dim_{}.png", d)));
-    CHECK(fs::exists(w.dir() / "all_action_dims.png"));
+    for (int d = 0; d < 8; ++d) CHECK(fs::exists(w.dir() / fmt::format("action_dim_{}.png", d)) == png_plots);
+    CHECK(fs::exists(w.dir() / "all_action_dims.png") == png_plots);
+    const io::NpyArray gt = io::read_npy(w.dir() / std::string(kGtActionsFile));
+    CHECK(gt.shape() == std::vector<int64_t>{5, 8});
+    CHECK(gt.to_f64() == f.gt);
     CHECK(slurp(w.dir() / "mse.csv").rfind("overall_mse,", 0) == 0);
     CHECK(json::parse(slurp(w.dir() / "metrics.json"))["compared_steps"] == 6);
     CHECK_FALSE(has_temp_files(w.dir()));
@@ -296,7 +302,7 @@ TEST_CASE("summary of a finished episode reloads its metrics and timed calls for
     test::TempDir dir;
     Fixture f;
     io::ResultWriter w(dir / "ep");
-    const Metrics m = write_metrics(w, f.pred, f.gt, 5, {}, /*plots=*/false);
+    const Metrics m = write_metrics(w, f.pred, f.gt, 5, {});
     TimingReport t;
     for (int i = 0; i < 3; ++i) {
         CallTiming c;

@@ -20,6 +20,8 @@ std::string write_video_mp4(const std::filesystem::path& path, const TensorView&
     DZR_THROW("{}: cannot encode video: {}", path.string(), kHint);
 }
 
+std::optional<VideoEncoder> browser_video_encoder() { return std::nullopt; }
+
 bool video_io_available() { return false; }
 
 std::string video_io_backend() { return "none"; }
