@@ -3,11 +3,16 @@
 #   1. the normal build (CUDA compiled when nvcc exists): every test; GPU tests report "skipped"
 #      on machines without a GPU;
 #   2. an ASan/UBSan build of the CPU engine: the parser tests (label `parser`).
+# First, the module layering check (docs/DESIGN.md: includes go one way only).
 # The browser test (label `browser`: the HTML report in headless Chromium) leaves its screenshots in
 # build/test-artifacts/browser/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --browser
+
+echo "== module layering =="
+python3 scripts/ci/check_layering.py
+echo "layering: ok"
 
 echo "== build (release) =="
 BUILD_DIR=build scripts/build.sh
