@@ -1,0 +1,336 @@
+#include "policy/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "backend/measuring_backend.h"
+#include "config/model_fields.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/causal_dit.h"
+#include "model/clip_vision.h"
+#include "model/umt5.h"
+#include "model/wan_vae.h"
+#include "policy/branch_runner.h"
+#include "sampling/step_schedule.h"
+#include "weights/inventory.h"
+
+namespace dzr {
+
+namespace {
+
+class ShapeOnlyWeights final : public WeightSource {
+public:
+    explicit ShapeOnlyWeights(const ModelConfig& model) {
+        for (const auto& w : expected_weights(model))
+            views_.emplace(w.key, MeasuringBackend::shape_only(w.shape, DType::BF16).view());
+    }
+    std::optional<TensorView> find(const std::string& key) const override {
+        auto it = views_.find(key);
+        if (it == views_.end()) return std::nullopt;
+        return it->second;
+    }
+    std::vector<std::string> keys() const override {
+        std::vector<std::string> out;
+        out.reserve(views_.size());
+        for (const auto& [k, v] : views_) out.push_back(k);
+        return out;
+    }
+    std::string location(const std::string&) const override { return "inventory"; }
+
+private:
+    std::map<std::string, TensorView> views_;
+};
+
+StepSchedule make_schedule(const config::SamplingConfig& s) {
+    if (s.dynamic_schedule) return StepSchedule::dynamic(s.num_inference_steps);
+    if (!s.dit_step_mask.empty()) return StepSchedule::from_mask(s.dit_step_mask);
+    if (s.num_inference_steps != 16) return StepSchedule::all(s.num_inference_steps);
+    return StepSchedule::from_num_dit_steps(s.num_dit_steps, s.num_inference_steps);
+}
+
+/// --save-video needs the VAE decoder: a checkpoint whose config says it has none may still hold the
+/// weights; otherwise the error names the missing keys.
+void require_decoder(ModelConfig& model, const Checkpoint& ckpt, const std::filesystem::path& path) {
+    if (model.vae.has_decoder) return;
+    ModelConfig with = model;
+    with.vae.has_decoder = true;
+    std::vector<std::string> missing;
+    for (const auto& w : expected_weights(with))
+        if (w.key.find("vae.model.decoder.") != std::string::npos && !ckpt.find(w.key)) missing.push_back(w.key);
+    if (missing.empty()) {
+        model.vae.has_decoder = true;
+        return;
+    }
+    std::string list;
+    for (size_t i = 0; i < std::min<size_t>(3, missing.size()); ++i) list += (i ? ", " : "") + missing[i];
+    DZR_THROW("--save-video: checkpoint {} has no VAE decoder ({} decoder tensors missing: {}{}); write one with "
+              "model.vae.has_decoder: true (`dzr ckpt make`) or convert the full checkpoint",
+              path.string(), missing.size(), list, missing.size() > 3 ? ", ..." : "");
+}
+
+}  // namespace
+
+std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model) {
+    return std::make_unique<ShapeOnlyWeights>(model);
+}
+
+// ---- Engine ------------------------------------------------------------------------------------
+
+std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
+    DZR_CHECK(o.devices.size() == 1 || o.devices.size() == 2,
+              "--device takes one device or two (the second runs the unconditional CFG branch), got {}",
+              o.devices.size());
+    if (o.devices.size() == 2)
+        DZR_CHECK(o.devices[0] != o.devices[1] || o.devices[0].is_cpu(),
+                  "--device {},{}: the two CFG branches need two distinct GPUs", o.devices[0].str(),
+                  o.devices[1].str());
+    auto ckpt = std::make_unique<Checkpoint>(o.checkpoint);
+    ModelConfig model = ckpt->model_config();
+    if (o.video_decode) require_decoder(model, *ckpt, o.checkpoint);
+    if (o.check_config_model) {
+        const auto diffs = config::diff_model_configs(o.run.model, model);
+        if (!diffs.empty()) {
+            std::string msg = fmt::format("checkpoint {} does not have the geometry of {} ({} difference{}):",
+                                          o.checkpoint.string(), o.run.source.string(), diffs.size(),
+                                          diffs.size() == 1 ? "" : "s");
+            for (const auto& d : diffs) msg += "\n  " + d;
+            DZR_THROW("{}", msg);
+        }
+    }
+    const WeightCheckReport check = check_weights(*ckpt, expected_weights(model));
+    DZR_CHECK(check.ok(), "{}", check.message("checkpoint " + o.checkpoint.string()));
+    DZR_CHECK(ckpt->has_metadata(), "checkpoint {}: experiment_cfg/metadata.json is missing (q01/q99 statistics)",
+              o.checkpoint.string());
+    const EmbodimentStatistics& stats = ckpt->statistics(o.run.embodiment);
+    std::filesystem::path tokenizer;
+    if (!o.tokenizer.empty()) {
+        tokenizer = resolve_tokenizer_path(o.tokenizer);
+    } else {
+        DZR_CHECK(ckpt->tokenizer_path().has_value(),
+                  "checkpoint {} has no umT5 tokenizer (spiece.model); give one with --tokenizer",
+                  o.checkpoint.string());
+        tokenizer = *ckpt->tokenizer_path();
+    }
+
+    std::vector<std::unique_ptr<Backend>> backends;
+    Placement placement;
+    for (const Device& d : o.devices) {
+        backends.push_back(make_backend(d, o.backend));
+        placement.backends.push_back(backends.back().get());
+    }
+    PolicyOptions po;
+    po.sampling = o.run.sampling;
+    po.kv = o.run.kv;
+    po.kv_mode = o.kv_mode;
+    po.embodiment = o.run.embodiment;
+    po.check_finite = o.check_finite;
+    po.video_decode = o.video_decode;
+    po.noise = o.noise;
+    auto engine = std::make_unique<Engine>(model, *ckpt, stats, tokenizer, po, placement);
+    engine->owned_backends_ = std::move(backends);
+    engine->checkpoint_ = std::move(ckpt);
+    return engine;
+}
+
+Engine::Engine(const ModelConfig& model, const WeightSource& weights, const EmbodimentStatistics& statistics,
+               const std::filesystem::path& tokenizer, const PolicyOptions& options, const Placement& placement)
+    : model_(model), options_(options), statistics_(statistics), placement_(placement) {
+    DZR_CHECK(!placement_.backends.empty() && placement_.backends.size() <= 2,
+              "engine: a placement has one or two backends, got {}", placement_.backends.size());
+    Backend& be = placement_.primary();
+    for (Backend* b : placement_.backends)
+        DZR_CHECK(b->compute_dtype() == be.compute_dtype(),
+                  "engine: the backends compute in different dtypes ({} and {})", be.name(), b->name());
+    measuring_ = be.capabilities().measuring;
+    const DitConfig& d = model_.dit;
+    const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
+    DZR_CHECK(d.num_frame_per_block == 2, "model: num_frame_per_block {} is not supported (DreamZero uses 2)",
+              d.num_frame_per_block);
+    DZR_CHECK(model_.clip.num_tokens() > 0, "model: CLIP produces no tokens");
+
+    // Plan the workspace first (on measuring backends running the same calls), so that the real loading below
+    // can already use it.
+    if (!measuring_) plan_workspace(tokenizer);
+
+    preprocessor_ = std::make_unique<ObservationPreprocessor>(
+        ViewSize{model_.canvas_height / 2, model_.canvas_width / 2}, options_.unit_range);  // the canvas is 2 x 2 views
+    tokenizer_ = std::make_unique<Umt5Tokenizer>(tokenizer);
+    DZR_CHECK(tokenizer_->vocab_size() <= model_.t5.vocab,
+              "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this checkpoint",
+              tokenizer_->model_path().string(), tokenizer_->vocab_size(), model_.t5.vocab);
+
+    WeightLoader loader(weights, be);
+    text_encoder_ = std::make_unique<Umt5Encoder>(loader, model_.t5);
+    image_encoder_ = std::make_unique<ClipVision>(loader, model_.clip, model_.canvas_height, model_.canvas_width);
+    vae_ = std::make_unique<WanVae>(loader, model_.vae);
+    dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, loader));
+    for (size_t i = 1; i < placement_.backends.size(); ++i) {
+        // NOTE: a second device holds only the DiT (its branch's forwards); the encoders run once, on the primary
+        WeightLoader remote(weights, *placement_.backends[i]);
+        dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, remote));
+    }
+    if (placement_.backends.size() > 1) communicator_ = make_host_communicator();
+
+    schedule_ = std::make_unique<StepSchedule>(make_schedule(options_.sampling));
+    noise_ = options_.noise ? options_.noise : std::make_shared<SeededNoise>(options_.sampling.seed);
+
+    if (options_.kv_mode == KvMode::Paged) {
+        // One pool per device, holding the branches placed there.
+        for (size_t i = 0; i < placement_.backends.size(); ++i) {
+            int branches = 0;
+            for (int b = 0; b < 2; ++b) branches += placement_.device_of(b) == int(i) ? 1 : 0;
+            Backend& dev = *placement_.backends[i];
+            const KvGeometry geometry = KvGeometry::from_model(model_, dev.compute_dtype(), branches);
+            options_.kv.validate(geometry);
+            const size_t budget = resolve_kv_budget(geometry, options_.kv, options_.free_device_bytes);
+            kv_managers_.push_back(std::make_unique<KvCacheManager>(geometry, options_.kv, budget, &dev));
+        }
+    } else {
+        options_.kv.validate(KvGeometry::from_model(model_, be.compute_dtype(), 2));
+    }
+    if (!measuring_) log()->debug("engine: {}", describe());
+}
+
+Engine::~Engine() = default;
+
+void Engine::plan_workspace(const std::filesystem::path& tokenizer) {
+    // NOTE: each measuring backend asks the backend that will run the calls for its ops' own workspace (a cuDNN
+    // convolution's engine as PyTorch picks it, whatever its workspace), so the workspaces hold what they take
+    std::vector<std::unique_ptr<MeasuringBackend>> measuring;
+    Placement shadow_placement;
+    for (Backend* b : placement_.backends) {
+        measuring.push_back(std::make_unique<MeasuringBackend>(b->compute_dtype(), b));
+        shadow_placement.backends.push_back(measuring.back().get());
+    }
+    auto shapes = make_shape_only_weights(model_);
+    PolicyOptions o = options_;
+    o.check_finite = false;
+    o.noise = std::make_shared<SeededNoise>(0);
+    Engine shadow(model_, *shapes, statistics_, tokenizer, o, shadow_placement);
+    {
+        Session session(shadow);
+        // A first call (prefill, CLIP, the 33-frame conditioning) and a commit call walk every shape.
+        std::vector<uint8_t> frames(size_t(4) * kFrameHeight * kFrameWidth * 3, 0);
+        Observation obs;
+        obs.prompt = "plan the workspace";
+        auto view = [&](int T) {
+            return TensorView(frames.data(), DType::U8, Shape{T, kFrameHeight, kFrameWidth, 3}, Device::cpu());
+        };
+        obs.exterior_1 = obs.exterior_2 = obs.wrist = view(1);
+        session.step(shadow.prepare(obs));
+        obs.exterior_1 = obs.exterior_2 = obs.wrist = view(4);
+        session.step(shadow.prepare(obs));
+    }
+    if (options_.video_decode) {
+        DZR_CHECK(model_.vae.has_decoder, "policy: video decoding needs the VAE decoder (model.vae.has_decoder)");
+        // NOTE: the chunked decode's workspace does not depend on the number of latent frames.
+        MeasuringBackend& mb = *measuring[0];
+        const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
+        const Tensor latent = mb.alloc(Shape{model_.vae.z_dim, 3, lh, lw}, mb.compute_dtype());
+        const Tensor video = mb.alloc(shadow.vae_->video_shape(latent.shape()), mb.compute_dtype());
+        ArenaScope scope(mb.workspace());
+        shadow.vae_->decode(latent, video);
+    }
+    workspace_bytes_.clear();
+    for (size_t i = 0; i < placement_.backends.size(); ++i) {
+        workspace_bytes_.push_back(measuring[i]->workspace().high_water() + (size_t(1) << 20));
+        placement_.backends[i]->reserve_workspace(workspace_bytes_.back());
+    }
+}
+
+std::unique_ptr<Session> Engine::open_session() { return std::make_unique<Session>(*this); }
+
+size_t Engine::kv_bytes() const {
+    if (!kv_managers_.empty()) {
+        size_t total = 0;
+        for (const auto& m : kv_managers_) total += m->plan().total_bytes;
+        return total;
+    }
+    const KvGeometry g = KvGeometry::from_model(model_, backend().compute_dtype(), 2);
+    const int64_t rows =
+        int64_t(options_.kv.sink_frames + options_.kv.window_frames + g.chunk_frames) * g.tokens_per_frame;
+    return size_t(2) * size_t(rows) * g.token_bytes();
+}
+
+bool Engine::kv_pools_whole() const {
+    for (const auto& m : kv_managers_)
+        if (m->pool().num_free() != m->plan().num_blocks) return false;
+    return true;
+}
+
+std::string Engine::describe() const {
+    size_t workspace = 0;
+    for (size_t w : workspace_bytes_) workspace += w;
+    std::string devices;
+    for (const Backend* b : placement_.backends) devices += (devices.empty() ? "" : ",") + b->device().str();
+    return fmt::format("DiT {}x{} ({} heads), umT5 {}x{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} KV {:.2f} GiB, "
+                       "workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches on {}, noise: {}",
+                       model_.dit.num_layers, model_.dit.dim, model_.dit.num_heads, model_.t5.num_layers, model_.t5.dim,
+                       model_.clip.use_layers, model_.clip.width, model_.vae.base_dim, model_.canvas_height,
+                       model_.canvas_width, options_.kv_mode == KvMode::Paged ? "paged" : "dense",
+                       double(kv_bytes()) / double(1ull << 30), double(workspace) / double(1ull << 30),
+                       options_.sampling.num_inference_steps, schedule_->describe(), options_.sampling.cfg_scale,
+                       numerics_name(backend().numerics()), devices, noise_->describe());
+}
+
+PreparedObservation Engine::prepare(const Observation& obs) const {
+    // NOTE: on a bf16 backend the inputs are rounded to bf16 here, on the caller's (prefetch) thread, in
+    // the same pass that builds them: step() then uploads without converting.
+    PreparedObservation reuse;
+    {
+        std::lock_guard<std::mutex> lock(spare_mu_);
+        if (!spare_.empty()) {
+            reuse = std::move(spare_.back());
+            spare_.pop_back();
+        }
+    }
+    return prepare_observation(obs, model_, *preprocessor_, *tokenizer_, backend().compute_dtype() == DType::BF16,
+                               &reuse);
+}
+
+void Engine::recycle(PreparedObservation&& used) const {
+    // NOTE: two sets cover a prefetching caller (one being prepared while one steps); more would only hold
+    // memory.
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    if (spare_.size() < 2) spare_.push_back(std::move(used));
+}
+
+Tensor Engine::decode_video(const TensorView& latents) {
+    Backend& be = backend();
+    DZR_CHECK(model_.vae.has_decoder, "decode_video: the checkpoint's VAE was loaded without its decoder");
+    DZR_CHECK(options_.video_decode || measuring_,
+              "decode_video: the engine was built without PolicyOptions::video_decode (no workspace for it)");
+    DZR_CHECK(latents.device.is_cpu() && latents.dtype == DType::F32 && latents.rank() == 4 &&
+                  latents.dim(0) == model_.vae.z_dim && latents.dim(1) >= 1 &&
+                  latents.dim(2) == model_.canvas_height / 8 && latents.dim(3) == model_.canvas_width / 8 &&
+                  latents.is_contiguous(),
+              "decode_video: latents must be host f32 [{}, K, {}, {}], got {}", model_.vae.z_dim,
+              model_.canvas_height / 8, model_.canvas_width / 8, latents.str());
+    const DType dt = be.compute_dtype();
+    const Tensor latent = be.alloc(latents.shape, dt);
+    const Tensor video = be.alloc(vae_->video_shape(latents.shape), dt);  // [3, T, H, W]
+    be.upload(latents, latent);
+    {
+        ArenaScope scope(be.workspace());
+        vae_->decode(latent, video);
+    }
+    Tensor host = Tensor::host(video.shape(), DType::F32);
+    be.download(video, host);
+    const Shape vs = video.shape();
+    const int64_t T = vs[1], H = vs[2], W = vs[3], plane = H * W;
+    Tensor frames = Tensor::host(Shape{T, H, W, 3}, DType::U8);
+    const float* src = host.ptr<float>();
+    uint8_t* dst = frames.ptr<uint8_t>();
+    // [3, T, H, W] -> [T, H, W, 3]; ((x + 1) * 127.5).clip(0, 255).astype(uint8) in float32.
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t p = 0; p < plane; ++p)
+            for (int64_t c = 0; c < 3; ++c) {
+                const float v = (src[(c * T + t) * plane + p] + 1.0f) * 127.5f;
+                dst[(t * plane + p) * 3 + c] = uint8_t(v > 0.0f ? std::min(v, 255.0f) : 0.0f);  // NaN -> 0
+            }
+    return frames;
+}
+
+}  // namespace dzr

@@ -1,0 +1,269 @@
+#pragma once
+/// The DreamZero engine and its sessions.
+///
+/// An Engine loads everything once: the backends (one per device of the placement), the networks (umT5, CLIP and
+/// the VAE on the primary backend; the DiT on every backend that runs a CFG branch), the sampler schedule, the
+/// tokenizer and preprocessing, the KV pool (one per device) and the workspace, planned by running the calls on
+/// measuring backends. A Session is one rollout: its state machine (start frame, prompt, window), its KV session,
+/// its buffers and the branch runners. `dzr rollout` is an Engine plus an episode loop; the parity commands and
+/// the benches build the same Engine; a request loop (serving) would be one more thin caller.
+///
+/// One session at a time (the KV pool and the cross caches are sized for one).
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/backend.h"
+#include "config/run_config.h"
+#include "kv/kv_cache_manager.h"
+#include "policy/branch_runner.h"
+#include "policy/observation.h"
+#include "policy/tokenizer.h"
+#include "sampling/noise.h"
+#include "weights/checkpoint.h"
+#include "weights/weight_source.h"
+
+namespace dzr {
+
+class Umt5Encoder;
+class ClipVision;
+class WanVae;
+class CausalDit;
+class StepSchedule;
+class Communicator;
+class Session;
+
+/// How the self-attention history is kept.
+enum class KvMode : uint8_t { Paged, Dense };
+
+struct PolicyOptions {
+    config::SamplingConfig sampling;
+    KvConfig kv;
+    KvMode kv_mode = KvMode::Paged;
+    std::string embodiment = "oxe_droid";
+    std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(sampling.seed)
+    UnitRangeMode unit_range = UnitRangeMode::F32;
+    bool check_finite = false;           ///< debug: check every stage (synchronizes) and name the culprit
+    size_t free_device_bytes = 0;        ///< for a fractional kv.memory_budget (0 = unknown)
+    bool video_decode = false;           ///< also plan the workspace for decode_video() (needs the decoder)
+};
+
+/// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during
+/// the callback). Stages: "input.video" (the model input in [-1, 1]: the reference frame on a reset,
+/// else the commit clip), "state", "text.pos", "text.neg", "clip", "ys", "vae.clip", "noise.video",
+/// "noise.action", "dit.<prefill|commit|denoise>.<pos|neg>.<name>[.<layer>]" (CausalDit's trace
+/// names), "sample.video.<step>" / "sample.action.<step>" (what the DiT sees at an evaluated step),
+/// "velocity.cond.<step>", "velocity.uncond.<step>", "velocity.action.<step>", "x", "actions", and the
+/// encoders' internals "umt5.<pos|neg>.<name>[.<layer>]", "clip.<name>[.<layer>]" and the VAE encoder's first
+/// chunk "vae.conv_in", "vae.block.<i>", "vae.head" and second chunk "vae.chunk1.*" (their trace names).
+using PolicyTraceFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
+
+/// Parity diagnostics: (stage, call index, the live buffer on the backend). Called at every policy
+/// stage of PolicyTraceFn except the DiT's "dit.*" internals, right before that stage is traced and
+/// before anything consumes the buffer, so a callback may overwrite it (be.upload into `t`) and the
+/// rest of the call, the trace included, sees the new values. `t` is contiguous.
+using PolicyOverrideFn = std::function<void(std::string_view stage, int call, const TensorView& t)>;
+
+/// Where the networks run: backends[0] (the primary) runs the encoders, the VAE, the samplers and the
+/// conditional branch; the unconditional branch runs on backends[1] when there is one, else on backends[0].
+struct Placement {
+    std::vector<Backend*> backends;
+
+    Backend& primary() const { return *backends.at(0); }
+    /// The backend index a CFG branch runs on.
+    int device_of(int branch) const { return branch == 1 && backends.size() > 1 ? 1 : 0; }
+    Backend& backend_of(int branch) const { return *backends.at(size_t(device_of(branch))); }
+};
+
+/// What Engine::load needs: the checkpoint, the run settings, the devices.
+struct EngineOptions {
+    std::filesystem::path checkpoint;
+    config::RunConfig run;
+    /// run.model came from a config file: the checkpoint's geometry must equal it.
+    bool check_config_model = false;
+    /// One device, or two ("cpu,cpu", "cuda:0,cuda:1"): the second runs the unconditional branch.
+    std::vector<Device> devices{Device::cpu()};
+    BackendOptions backend;
+    KvMode kv_mode = KvMode::Paged;
+    std::string tokenizer;  ///< empty: the checkpoint's spiece.model
+    bool check_finite = false;
+    bool video_decode = false;
+    std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(run.sampling.seed)
+};
+
+/// Everything a session needs, loaded once.
+class Engine {
+public:
+    /// Opens and checks the checkpoint (geometry against the run config, every weight, the statistics of the
+    /// run's embodiment, the tokenizer), makes the backends and loads the engine on them.
+    static std::unique_ptr<Engine> load(const EngineOptions& options);
+
+    /// Loads every network from `weights` (geometry `model`) onto the placement's backends, plans the workspace
+    /// and allocates the KV pools. `statistics` are the embodiment's q01/q99 (metadata.json).
+    Engine(const ModelConfig& model, const WeightSource& weights, const EmbodimentStatistics& statistics,
+           const std::filesystem::path& tokenizer, const PolicyOptions& options, const Placement& placement);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    /// A new session. Only one may be open at a time; it must not outlive the engine.
+    std::unique_ptr<Session> open_session();
+
+    /// Host-side preprocessing of an observation (validation, views -> canvases -> model input,
+    /// tokenization). Thread-safe with respect to a concurrent Session::step().
+    /// The buffers of a recycled PreparedObservation are reused (see recycle()).
+    PreparedObservation prepare(const Observation& obs) const;
+    /// Hands a prepared observation's buffers back after its step(), so the next prepare() writes into
+    /// memory that is already mapped instead of allocating some 3 MB per call. Thread-safe.
+    void recycle(PreparedObservation&& used) const;
+
+    /// Decodes video latents (host [z, K, h, w], e.g. an episode's Session::video_prediction()s joined along
+    /// time) with the VAE decoder into host uint8 RGB frames [1 + 4(K - 1), H, W, 3], converted as the
+    /// official server saves them: ((x + 1) * 127.5) clipped to [0, 255], truncated. Needs the decoder weights
+    /// and PolicyOptions::video_decode (the workspace is planned for it); allocates the latent and video
+    /// buffers on the backend, so call it between calls.
+    Tensor decode_video(const TensorView& latents);
+
+    const ModelConfig& model() const { return model_; }
+    const PolicyOptions& options() const { return options_; }
+    const EmbodimentStatistics& statistics() const { return statistics_; }
+    const Placement& placement() const { return placement_; }
+    Backend& backend() const { return placement_.primary(); }
+    /// Workspace bytes reserved per backend (planned at construction).
+    const std::vector<size_t>& workspace_bytes() const { return workspace_bytes_; }
+    /// The KV memory plans (paged mode, one per device) or the dense caches' bytes.
+    size_t kv_bytes() const;
+    const KvCacheManager* kv_manager(int device = 0) const {
+        return size_t(device) < kv_managers_.size() ? kv_managers_[size_t(device)].get() : nullptr;
+    }
+    /// True when every KV pool is whole (no session holds blocks).
+    bool kv_pools_whole() const;
+    std::string describe() const;
+
+private:
+    friend class Session;
+
+    void plan_workspace(const std::filesystem::path& tokenizer);
+
+    ModelConfig model_;
+    PolicyOptions options_;
+    EmbodimentStatistics statistics_;
+    Placement placement_;
+    bool measuring_ = false;  // the placement's backends only measure (workspace planning)
+    std::vector<std::unique_ptr<Backend>> owned_backends_;  // Engine::load's
+    std::unique_ptr<Checkpoint> checkpoint_;                  // Engine::load's
+
+    std::unique_ptr<ObservationPreprocessor> preprocessor_;  // prepare()'s frames -> model inputs
+    mutable std::mutex spare_mu_;                              // guards spare_
+    mutable std::vector<PreparedObservation> spare_;           // recycled buffers for prepare()
+    std::unique_ptr<Umt5Tokenizer> tokenizer_;
+    std::unique_ptr<Umt5Encoder> text_encoder_;
+    std::unique_ptr<ClipVision> image_encoder_;
+    std::unique_ptr<WanVae> vae_;
+    std::vector<std::unique_ptr<CausalDit>> dits_;  // one per backend of the placement that runs a branch
+    std::unique_ptr<StepSchedule> schedule_;
+    std::shared_ptr<NoiseSource> noise_;
+    std::unique_ptr<Communicator> communicator_;   // two backends: moves the unconditional branch's tensors
+    std::vector<std::unique_ptr<KvCacheManager>> kv_managers_;  // paged: one per backend
+    std::vector<size_t> workspace_bytes_;
+    bool session_open_ = false;
+};
+
+/// Wall time of one call's phases in milliseconds. The phases are measured with events on the primary backend's
+/// stream (device time on a GPU, host time on the CPU), read once the actions are on the host, so a call
+/// synchronizes only there. `preprocess` is the in-call part of preprocessing (state normalization, the
+/// model-input upload); `host_prepare` is prepare()'s host time (frames -> model inputs, tokens), which a
+/// prefetching caller overlaps with the previous call, so it is not inside `total` (host wall time of step()).
+struct PhaseTimes {
+    double preprocess = 0, text_encoder = 0, image_encoder = 0, vae_encode = 0, kv_commit = 0, dit = 0,
+           scheduler = 0, postprocess = 0, total = 0;
+    double host_prepare = 0;
+};
+
+struct PolicyCallResult {
+    std::vector<float> actions;             ///< [horizon, robot action dims] robot actions
+    std::vector<float> actions_normalized;  ///< [horizon, action_dim] the model's normalized output
+    PhaseTimes times;
+    int call_index = 0;                     ///< 0-based calls since the session opened
+    int start_frame = 0;                    ///< the denoised block's start frame (latent frames)
+    bool reset = false;                     ///< this call started a new attention window
+    std::string reset_reason;               ///< "first call", "prompt changed", "1-frame call", "window full"
+    int64_t kv_tokens = 0;                  ///< committed tokens the denoising forwards attended to
+    int dit_evaluations = 0;                ///< network evaluations of the denoising loop (per branch)
+};
+
+/// One rollout on an engine: per call, the reset rules, the inputs, the context (text and image cross K/V),
+/// the prefill or commit, the denoising loop and the post-processing.
+class Session {
+public:
+    explicit Session(Engine& engine);
+    ~Session();
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+
+    /// One policy call. On failure the session fails closed on every device: the next call starts a new window.
+    PolicyCallResult step(const PreparedObservation& obs);
+    /// Forget the session's state (the next call is a first call). The KV pools are returned whole.
+    void reset();
+
+    /// The 2 denoised latent frames of the last call, [z, 2, h, w] on the primary backend.
+    TensorView last_video_latent() const;
+    /// The last call's video prediction as the reference returns it (`video_pred`,
+    /// wan_flow_matching_action_tf.py:1311): host f32 [z, f, h, w], f = 3 on a window's first call
+    /// (the reference frame's latent, then the 2 denoised frames), else 2. Downloads (synchronizes):
+    /// call it between calls.
+    Tensor video_prediction() const;
+    void set_trace(PolicyTraceFn trace);
+    void set_override(PolicyOverrideFn override_fn) { override_ = std::move(override_fn); }
+    Engine& engine() { return engine_; }
+
+private:
+    struct Buffers;
+    struct Runners;
+    struct Events;
+
+    // The stages of step().
+    std::string reset_reason(const PreparedObservation& obs) const;
+    void apply_reset(const PreparedObservation& obs);
+    void upload_inputs(const PreparedObservation& obs, bool reset);
+    void encode_context(const PreparedObservation& obs);
+    void start_window(int frames);
+    void commit_clip();
+    int denoise(PolicyCallResult& result);
+    void postprocess(const PreparedObservation& obs, PolicyCallResult& result);
+    void fail_closed() noexcept;
+
+    /// branch: "pos" or "neg" (the trace names' "umt5.<branch>." prefix)
+    void encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out, const char* branch);
+    /// The encoders' trace hook under `prefix` (empty without a trace): their internals as policy stages.
+    std::function<void(const char*, int, const TensorView&)> encoder_trace(std::string prefix);
+    void populate_text_cross();
+    void populate_image_cross();
+    void forward(int branch, ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep,
+                 int64_t action_timestep);
+    void trace(std::string_view stage, const TensorView& t);
+    void check_finite(std::string_view stage, const TensorView& t);
+
+    Engine& engine_;
+    std::unique_ptr<Buffers> buf_;
+    std::unique_ptr<Runners> runners_;
+    std::unique_ptr<Events> events_;
+
+    // Session state (dreamzero-reference.md §1.5).
+    bool started_ = false;
+    int start_frame_ = 0;
+    std::vector<int64_t> prompt_ids_;
+    bool text_ready_ = false;
+    int call_index_ = 0;
+    PolicyTraceFn trace_;
+    PolicyOverrideFn override_;
+};
+
+/// A WeightSource of shapes only (no data), from the inventory of a geometry, for workspace planning.
+std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model);
+
+}  // namespace dzr
