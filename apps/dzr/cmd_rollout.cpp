@@ -21,6 +21,7 @@ struct RolloutArgs {
     std::string config;
     std::vector<std::string> sets;
     std::string device = "cpu";
+    std::string numerics = "reference";
     std::string kv = "paged";
     std::string tokenizer;
     bool no_warmup = false;
@@ -57,7 +58,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
     }
     o.overrides = a.sets;
-    o.device = parse_device(a.device);
+    o.devices = parse_device_list(a.device);
+    o.numerics = parse_numerics(a.numerics);
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
     o.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     o.tokenizer = a.tokenizer;
@@ -131,7 +133,13 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--out", args->out, "Output directory (one subdirectory per episode)")->required();
     cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");
     cmd->add_option("--set", args->sets, "Override a config key: --set sampling.num_dit_steps=16");
-    cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+    cmd->add_option("--device", args->device,
+                    "cpu, cuda or cuda:N; two devices (cpu,cpu or cuda:0,cuda:1) run the unconditional CFG branch on "
+                    "the second")
+        ->capture_default_str();
+    cmd->add_option("--numerics", args->numerics,
+                    "reference (the official bf16 run's arithmetic, bit for bit) or fast (fused, reordered)")
+        ->capture_default_str();
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
     cmd->add_flag("--no-warmup", args->no_warmup, "Skip the warm-up (timings then include first-call costs)");

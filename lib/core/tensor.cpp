@@ -24,6 +24,20 @@ Device parse_device(const std::string& s) {
     DZR_THROW("invalid device '{}' (use cpu, cuda or cuda:N)", s);
 }
 
+std::vector<Device> parse_device_list(const std::string& s) {
+    std::vector<Device> out;
+    size_t start = 0;
+    while (true) {
+        const size_t comma = s.find(',', start);
+        const std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        DZR_CHECK(!part.empty(), "invalid device list '{}' (use cpu, cuda:N or two of them: cpu,cpu, cuda:0,cuda:1)", s);
+        out.push_back(parse_device(part));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
 Shape::Shape(std::initializer_list<int64_t> dims) {
     DZR_CHECK(dims.size() <= size_t(kMaxDims), "tensor rank {} exceeds the maximum of {}", dims.size(),
               kMaxDims);

@@ -28,6 +28,8 @@ struct Device {
 
 /// Parses "cpu", "cuda", "cuda:N". Throws dzr::Error otherwise.
 Device parse_device(const std::string& s);
+/// Parses a comma-separated list of devices ("cpu,cpu", "cuda:0,cuda:1"). Throws dzr::Error naming the list.
+std::vector<Device> parse_device_list(const std::string& s);
 
 inline constexpr int kMaxDims = 6;
 

@@ -156,6 +156,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
 
     preprocessor_ = std::make_unique<ObservationPreprocessor>(
         ViewSize{model_.canvas_height / 2, model_.canvas_width / 2}, options_.unit_range);  // the canvas is 2 x 2 views
+    tokenizer_path_ = tokenizer;
     tokenizer_ = std::make_unique<Umt5Tokenizer>(tokenizer);
     DZR_CHECK(tokenizer_->vocab_size() <= model_.t5.vocab,
               "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this checkpoint",
@@ -254,6 +255,19 @@ size_t Engine::kv_bytes() const {
     return size_t(2) * size_t(rows) * g.token_bytes();
 }
 
+std::optional<int64_t> Engine::device_memory_in_use() const {
+    std::optional<int64_t> most;
+    for (const Backend* b : placement_.backends)
+        if (const auto m = b->device_memory_in_use()) most = std::max(most.value_or(0), *m);
+    return most;
+}
+
+std::string Engine::devices() const {
+    std::string out;
+    for (const Backend* b : placement_.backends) out += (out.empty() ? "" : ",") + b->device().str();
+    return out;
+}
+
 bool Engine::kv_pools_whole() const {
     for (const auto& m : kv_managers_)
         if (m->pool().num_free() != m->plan().num_blocks) return false;
@@ -263,8 +277,6 @@ bool Engine::kv_pools_whole() const {
 std::string Engine::describe() const {
     size_t workspace = 0;
     for (size_t w : workspace_bytes_) workspace += w;
-    std::string devices;
-    for (const Backend* b : placement_.backends) devices += (devices.empty() ? "" : ",") + b->device().str();
     return fmt::format("DiT {}x{} ({} heads), umT5 {}x{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} KV {:.2f} GiB, "
                        "workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches on {}, noise: {}",
                        model_.dit.num_layers, model_.dit.dim, model_.dit.num_heads, model_.t5.num_layers, model_.t5.dim,
@@ -272,7 +284,7 @@ std::string Engine::describe() const {
                        model_.canvas_width, options_.kv_mode == KvMode::Paged ? "paged" : "dense",
                        double(kv_bytes()) / double(1ull << 30), double(workspace) / double(1ull << 30),
                        options_.sampling.num_inference_steps, schedule_->describe(), options_.sampling.cfg_scale,
-                       numerics_name(backend().numerics()), devices, noise_->describe());
+                       numerics_name(backend().numerics()), devices(), noise_->describe());
 }
 
 PreparedObservation Engine::prepare(const Observation& obs) const {

@@ -140,6 +140,13 @@ public:
     const KvCacheManager* kv_manager(int device = 0) const {
         return size_t(device) < kv_managers_.size() ? kv_managers_[size_t(device)].get() : nullptr;
     }
+    /// The checkpoint Engine::load opened (null for an engine built on a given WeightSource).
+    const Checkpoint* checkpoint() const { return checkpoint_.get(); }
+    const std::filesystem::path& tokenizer_path() const { return tokenizer_path_; }
+    /// Device memory in use, the largest over the placement's devices; nullopt where not measured (CPU).
+    std::optional<int64_t> device_memory_in_use() const;
+    /// "cpu", "cuda:0", "cpu,cpu": the placement's devices.
+    std::string devices() const;
     /// True when every KV pool is whole (no session holds blocks).
     bool kv_pools_whole() const;
     std::string describe() const;
@@ -156,6 +163,7 @@ private:
     bool measuring_ = false;  // the placement's backends only measure (workspace planning)
     std::vector<std::unique_ptr<Backend>> owned_backends_;  // Engine::load's
     std::unique_ptr<Checkpoint> checkpoint_;                  // Engine::load's
+    std::filesystem::path tokenizer_path_;
 
     std::unique_ptr<ObservationPreprocessor> preprocessor_;  // prepare()'s frames -> model inputs
     mutable std::mutex spare_mu_;                              // guards spare_

@@ -82,18 +82,20 @@ CallTiming to_call_timing(const ScheduledCall& call, const PolicyCallResult& r) 
 
 /// Synthetic calls that walk every forward shape of a window: prefill (1 frame), commits at start
 /// frames 1, 3, 5 (denoising reads 880 · {1, 3, 5, 7} tokens), and the window reset of a 4-frame call.
-double run_warmup(DreamZeroPolicy& policy, int& calls) {
+double run_warmup(Engine& engine, Session& session, int& calls) {
     Timer t;
     std::vector<uint8_t> buf(size_t(4) * 180 * 320 * 3);
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t((i * 2654435761u) >> 24);
     Observation obs;
     obs.prompt = "warm up";
-    const int window_calls = policy.model().dit.max_chunk_size + 1;
+    const int window_calls = engine.model().dit.max_chunk_size + 1;
     for (int c = 0; c < window_calls + 1; ++c) {
         const int T = c == 0 ? 1 : 4;
         TensorView v(buf.data(), DType::U8, Shape{T, 180, 320, 3});
         obs.exterior_1 = obs.exterior_2 = obs.wrist = v;
-        policy.step(obs);
+        PreparedObservation prepared = engine.prepare(obs);
+        session.step(prepared);
+        engine.recycle(std::move(prepared));
         ++calls;
     }
     // NOTE: the rollout prepares call i + 1 while call i steps, so it holds two sets of host buffers; the
@@ -102,15 +104,15 @@ double run_warmup(DreamZeroPolicy& policy, int& calls) {
     {
         TensorView v(buf.data(), DType::U8, Shape{4, 180, 320, 3});
         obs.exterior_1 = obs.exterior_2 = obs.wrist = v;
-        PreparedObservation a = policy.prepare(obs), b = policy.prepare(obs);
-        policy.recycle(std::move(a));
-        policy.recycle(std::move(b));
+        PreparedObservation a = engine.prepare(obs), b = engine.prepare(obs);
+        engine.recycle(std::move(a));
+        engine.recycle(std::move(b));
     }
-    policy.reset();
-    if (const KvCacheManager* m = policy.kv_manager()) {
+    session.reset();
+    for (int d = 0; const KvCacheManager* m = engine.kv_manager(d); ++d) {
         DZR_CHECK(m->pool().num_free() == m->plan().num_blocks,
-                  "warm-up left the KV pool with {} of {} blocks free (a leak)", m->pool().num_free(),
-                  m->plan().num_blocks);
+                  "warm-up left the KV pool of {} with {} of {} blocks free (a leak)",
+                  engine.placement().backends[size_t(d)]->device().str(), m->pool().num_free(), m->plan().num_blocks);
     }
     return t.ms();
 }
@@ -132,17 +134,17 @@ std::vector<int64_t> next_call_frames(const FrameSchedule& schedule, const std::
 }
 
 /// Decodes the episode's predicted video and writes it and the observed canvases (MP4 or .npy).
-VideoTiming write_predicted_video(DreamZeroPolicy& policy, const VideoAccumulator& acc, const io::Episode& ep,
+VideoTiming write_predicted_video(Engine& engine, const VideoAccumulator& acc, const io::Episode& ep,
                                   const RolloutOptions& opt, io::ResultWriter& writer) {
     VideoTiming vt;
     vt.fps = kVideoFps;
     vt.latent_frames = acc.latent_frames();
     Timer timer;
-    const Tensor predicted = policy.decode_video(acc.joined());
+    const Tensor predicted = engine.decode_video(acc.joined());
     vt.decode_ms = timer.ms();
     vt.frames = predicted.shape()[0];
     timer.reset();
-    const ModelConfig& m = policy.model();
+    const ModelConfig& m = engine.model();
     const Tensor observed = observed_canvases(ep, acc.observed(), ViewSize{m.canvas_height / 2, m.canvas_width / 2});
     DZR_CHECK(observed.shape() == predicted.shape(), "video: {} predicted frames but {} observed ones",
               predicted.view().str(), observed.view().str());
@@ -158,26 +160,6 @@ VideoTiming write_predicted_video(DreamZeroPolicy& policy, const VideoAccumulato
     }
     vt.write_ms = timer.ms();
     return vt;
-}
-
-/// --save-video needs the VAE decoder: a checkpoint whose config says it has none may still hold the
-/// weights; otherwise the error names the missing keys.
-void require_decoder(ModelConfig& model, const Checkpoint& ckpt, const std::filesystem::path& path) {
-    if (model.vae.has_decoder) return;
-    ModelConfig with = model;
-    with.vae.has_decoder = true;
-    std::vector<std::string> missing;
-    for (const auto& w : expected_weights(with))
-        if (w.key.find("vae.model.decoder.") != std::string::npos && !ckpt.find(w.key)) missing.push_back(w.key);
-    if (missing.empty()) {
-        model.vae.has_decoder = true;
-        return;
-    }
-    std::string list;
-    for (size_t i = 0; i < std::min<size_t>(3, missing.size()); ++i) list += (i ? ", " : "") + missing[i];
-    DZR_THROW("--save-video: checkpoint {} has no VAE decoder ({} decoder tensors missing: {}{}); write one with "
-              "model.vae.has_decoder: true (`dzr ckpt make`) or convert the full checkpoint",
-              path.string(), missing.size(), list, missing.size() > 3 ? ", ..." : "");
 }
 
 /// The episodes of a run, resolved from the given paths, with their output names.
@@ -206,12 +188,11 @@ FrameSchedule make_frame_schedule(const config::RolloutConfig& r) {
     return FrameSchedule(sc);
 }
 
-/// What the run loaded once: the checkpoint, the backend and the policy, and what the reports say of them.
+/// What the run loaded once: the engine (checkpoint, backends, networks, KV pools) and its session, and what the
+/// reports say of them.
 struct LoadedRun {
-    std::unique_ptr<Checkpoint> ckpt;
-    std::filesystem::path tokenizer;
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<DreamZeroPolicy> policy;
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<Session> session;
     double load_ms = 0;
     int warmup_calls = 0;
     double warmup_ms = 0;
@@ -220,56 +201,32 @@ struct LoadedRun {
     std::optional<int64_t> peak_memory;
 
     void sample_memory() {
-        if (const auto m = backend->device_memory_in_use()) peak_memory = std::max(peak_memory.value_or(0), *m);
+        if (const auto m = engine->device_memory_in_use()) peak_memory = std::max(peak_memory.value_or(0), *m);
     }
 };
 
-/// Opens and checks the checkpoint against the run's geometry and builds the policy on the run's device.
+/// Loads the engine (the checkpoint checked against the run's geometry) on the run's devices and opens its session.
 LoadedRun load_run(const RolloutOptions& opt) {
     LoadedRun run;
     Timer load_timer;
-    run.ckpt = std::make_unique<Checkpoint>(opt.checkpoint);
-    const Checkpoint& ckpt = *run.ckpt;
-    ModelConfig model = ckpt.model_config();
-    if (opt.save_video) require_decoder(model, ckpt, opt.checkpoint);
-    if (opt.have_config_model) {
-        const auto diffs = config::diff_model_configs(opt.run.model, model);
-        if (!diffs.empty()) {
-            std::string msg = fmt::format("checkpoint {} does not have the geometry of {} ({} difference{}):",
-                                          opt.checkpoint.string(), opt.run.source.string(), diffs.size(),
-                                          diffs.size() == 1 ? "" : "s");
-            for (const auto& d : diffs) msg += "\n  " + d;
-            DZR_THROW("{}", msg);
-        }
-    }
-    const WeightCheckReport check = check_weights(ckpt, expected_weights(model));
-    DZR_CHECK(check.ok(), "{}", check.message("checkpoint " + opt.checkpoint.string()));
-    DZR_CHECK(ckpt.has_metadata(), "checkpoint {}: experiment_cfg/metadata.json is missing (q01/q99 statistics)",
-              opt.checkpoint.string());
-    const EmbodimentStatistics& stats = ckpt.statistics(opt.run.embodiment);
-    if (!opt.tokenizer.empty()) {
-        run.tokenizer = resolve_tokenizer_path(opt.tokenizer);
-    } else {
-        DZR_CHECK(ckpt.tokenizer_path().has_value(),
-                  "checkpoint {} has no umT5 tokenizer (spiece.model); give one with --tokenizer",
-                  opt.checkpoint.string());
-        run.tokenizer = *ckpt.tokenizer_path();
-    }
-
-    run.backend = make_backend(opt.device);
-    PolicyOptions po;
-    po.sampling = opt.run.sampling;
-    po.kv = opt.run.kv;
-    po.kv_mode = opt.kv_mode;
-    po.embodiment = opt.run.embodiment;
-    po.check_finite = opt.check_finite;
-    po.video_decode = opt.save_video;
+    EngineOptions eo;
+    eo.checkpoint = opt.checkpoint;
+    eo.run = opt.run;
+    eo.check_config_model = opt.have_config_model;
+    eo.devices = opt.devices;
+    eo.backend = apply_env_overrides({});
+    eo.backend.numerics = opt.numerics;
+    eo.kv_mode = opt.kv_mode;
+    eo.tokenizer = opt.tokenizer;
+    eo.check_finite = opt.check_finite;
+    eo.video_decode = opt.save_video;
     if (!opt.noise_video.empty() || !opt.noise_action.empty()) {
         DZR_CHECK(!opt.noise_video.empty() && !opt.noise_action.empty(),
                   "--noise-video and --noise-action go together");
-        po.noise = load_noise_npy(opt.noise_video, opt.noise_action);
+        eo.noise = load_noise_npy(opt.noise_video, opt.noise_action);
     }
-    run.policy = std::make_unique<DreamZeroPolicy>(model, ckpt, stats, run.tokenizer, po, *run.backend);
+    run.engine = Engine::load(eo);
+    run.session = run.engine->open_session();
     run.load_ms = load_timer.ms();
     run.sample_memory();
     return run;
@@ -284,7 +241,7 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
     manifest.checkpoint = opt.checkpoint.string();
     manifest.overrides = opt.overrides;
     manifest.seed = opt.run.sampling.seed;
-    manifest.device = opt.device.str();
+    manifest.device = run.engine->devices();
     manifest.command_line = opt.command_line;
     manifest.start_time = iso8601_utc(run_start);
     manifest.config = Json{{"sampling",
@@ -303,9 +260,9 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
                            {"rollout", {{"schedule", schedule.describe()}}},
                            {"embodiment", opt.run.embodiment},
                            {"config_file", opt.run.source.string()}};
-    manifest.extra = Json{{"policy", run.policy->describe()},
+    manifest.extra = Json{{"policy", run.engine->describe()},
                           {"prompt", ep.prompt},
-                          {"tokenizer", run.tokenizer.string()},
+                          {"tokenizer", run.engine->tokenizer_path().string()},
                           {"warnings", ep.warnings}};
     return manifest;
 }
@@ -324,19 +281,20 @@ struct EpisodeRun {
 EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const FrameSchedule& schedule,
                              const io::Episode& ep, EpisodeSummary& summary, ProgressLine& progress,
                              int64_t episode_number, int64_t num_episodes) {
-    DreamZeroPolicy& policy = *run.policy;
+    Engine& engine = *run.engine;
+    Session& session = *run.session;
     EpisodeRun er;
     er.calls = schedule.calls(ep.num_frames);
     const std::vector<ScheduledCall>& calls = er.calls;
-    policy.reset();
-    er.timing.device = opt.device.str();
+    session.reset();
+    er.timing.device = engine.devices();
     er.timing.checkpoint_load_ms = run.load_ms;
     er.timing.warmup_calls = run.warmup_calls;
     er.timing.warmup_ms = run.warmup_ms;
     std::array<CallFrames, 2> frames;
     auto prepare_call = [&](size_t i) {
         Observation obs = make_observation(ep, calls[i], frames[i % 2]);
-        return policy.prepare(obs);
+        return engine.prepare(obs);
     };
     std::future<PreparedObservation> next;
     if (!calls.empty()) next = std::async(std::launch::async, prepare_call, size_t(0));
@@ -349,15 +307,15 @@ EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const Fr
             break;
         }
         if (i + 1 < calls.size()) next = std::async(std::launch::async, prepare_call, i + 1);
-        PolicyCallResult r = policy.step(prepared);
-        policy.recycle(std::move(prepared));
+        PolicyCallResult r = session.step(prepared);
+        engine.recycle(std::move(prepared));
         run.sample_memory();
         if (opt.save_video) {
-            const Tensor latent = policy.video_prediction();  // [z, 2 or 3, h, w]
-            const bool with_reference = latent.shape()[1] > policy.model().dit.num_frame_per_block;
+            const Tensor latent = session.video_prediction();  // [z, 2 or 3, h, w]
+            const bool with_reference = latent.shape()[1] > engine.model().dit.num_frame_per_block;
             const auto next_frames = next_call_frames(schedule, calls, i, ep.num_frames);
             const auto observed = observed_frame_indices(er.video.empty(), with_reference, call.frames.back(),
-                                                         next_frames, policy.model().dit.num_frame_per_block);
+                                                         next_frames, engine.model().dit.num_frame_per_block);
             er.video.add(latent, observed);
         }
         er.chunks.append(call.anchor, r.actions);
@@ -388,9 +346,9 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     const EpisodePlan plan = plan_episodes(opt);
     const FrameSchedule schedule = make_frame_schedule(opt.run.rollout);
 
-    // ---- checkpoint and policy ------------------------------------------------------------------------
+    // ---- checkpoint and engine ------------------------------------------------------------------------
     LoadedRun run = load_run(opt);
-    DreamZeroPolicy& policy = *run.policy;
+    Engine& engine = *run.engine;
     if (!opt.quiet) {
         std::fprintf(stderr,
                      "dzr rollout\n"
@@ -400,15 +358,15 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                      "  schedule    %s\n"
                      "  episodes    %zu -> %s\n"
                      "  load        %.1f s\n",
-                     opt.checkpoint.string().c_str(), run.ckpt->shards().size(),
-                     config::format_bytes(run.ckpt->tensor_bytes()).c_str(), policy.describe().c_str(),
-                     opt.device.str().c_str(), run.backend->name().c_str(), schedule.describe().c_str(),
+                     opt.checkpoint.string().c_str(), engine.checkpoint()->shards().size(),
+                     config::format_bytes(engine.checkpoint()->tensor_bytes()).c_str(), engine.describe().c_str(),
+                     engine.devices().c_str(), engine.backend().name().c_str(), schedule.describe().c_str(),
                      plan.dirs.size(), opt.out_dir.string().c_str(), run.load_ms / 1e3);
     }
 
     // ---- warm-up ------------------------------------------------------------------------------------------
     if (opt.warmup) {
-        run.warmup_ms = run_warmup(policy, run.warmup_calls);
+        run.warmup_ms = run_warmup(engine, *run.session, run.warmup_calls);
         run.sample_memory();
         if (!opt.quiet)
             std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole\n", run.warmup_calls, run.warmup_ms / 1e3);
@@ -461,7 +419,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             writer.clear_done();
             writer.write_actions(er.chunks);
             if (!partial && opt.save_video && !er.video.empty()) {
-                er.timing.video = write_predicted_video(policy, er.video, ep, opt, writer);
+                er.timing.video = write_predicted_video(engine, er.video, ep, opt, writer);
                 run.sample_memory();
             }
             er.timing.peak_gpu_memory_bytes = run.peak_memory;

@@ -14,7 +14,7 @@
 #include "core/tensor.h"
 #include "io/plots.h"
 #include "io/video_reader.h"
-#include "policy/dreamzero_policy.h"
+#include "policy/engine.h"
 #include "rollout/reports.h"
 
 namespace dzr::rollout {
@@ -26,7 +26,9 @@ struct RolloutOptions {
     config::RunConfig run;                        ///< run settings (sampling, kv, rollout)
     bool have_config_model = false;               ///< run.model came from a --config file: check it
     std::vector<std::string> overrides;           ///< as given, for the manifest
-    Device device;
+    /// One device, or two: the second runs the unconditional CFG branch (`--device cpu,cpu`, `cuda:0,cuda:1`).
+    std::vector<Device> devices{Device::cpu()};
+    Numerics numerics = Numerics::Reference;
     KvMode kv_mode = KvMode::Paged;
     std::string tokenizer;                        ///< empty: from the checkpoint
     bool warmup = true;

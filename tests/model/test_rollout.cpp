@@ -39,7 +39,7 @@ rollout::RolloutOptions tiny_options(const fs::path& episode, const fs::path& ck
     o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
     o.run.rollout.max_chunks = 2;  // 3 calls keep the test short; the 7-call cycle is test_policy's
     o.have_config_model = true;
-    o.device = Device::cpu();
+    o.devices = {Device::cpu()};
     o.quiet = true;
     o.open_video = io::open_video;
     if (io::video_io_available()) o.plot_png = io::render_plot_png;

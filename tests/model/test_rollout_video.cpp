@@ -38,7 +38,7 @@ rollout::RolloutOptions video_options(const fs::path& episode, const fs::path& c
     o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
     o.run.rollout.max_chunks = 2;  // 3 calls
     o.have_config_model = true;
-    o.device = Device::cpu();
+    o.devices = {Device::cpu()};
     o.quiet = true;
     o.warmup = false;
     o.open_video = io::open_video;

@@ -1,0 +1,213 @@
+// The CFG branches on two backends (CPU): `--device cpu,cpu` gives the actions of `--device cpu` bit for bit, a
+// failure on the second backend closes the session on both, and `dzr rollout --device cpu,cpu` writes the same
+// actions as a one-device rollout.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+
+#include "backend/backend.h"
+#include "config/run_config.h"
+#include "core/error.h"
+#include "io/npy.h"
+#include "io/synth_episode.h"
+#include "policy/dreamzero_policy.h"
+#include "rollout/runner.h"
+#include "support/test_support.h"
+#include "weights/checkpoint.h"
+#include "weights/random_checkpoint.h"
+
+using namespace dzr;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A CPU backend that throws from its `fail_at`-th GEMM on (counting from 1; 0 = never).
+class FailingBackend final : public Backend {
+public:
+    FailingBackend() : inner_(make_cpu_backend()) {}
+    int fail_at = 0;
+
+    std::string name() const override { return "cpu (failing on demand)"; }
+    DType compute_dtype() const override { return inner_->compute_dtype(); }
+    DeviceContext& context() override { return inner_->context(); }
+    const DeviceContext& context() const override { return static_cast<const Backend&>(*inner_).context(); }
+    Stream& stream() override { return inner_->stream(); }
+    void copy(const TensorView& s, const TensorView& d) override { inner_->copy(s, d); }
+    void fill(const TensorView& d, float v) override { inner_->fill(d, v); }
+    void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+              const TensorView& out) override {
+        if (fail_at > 0 && ++gemms_ >= fail_at) throw Error("injected failure on the second backend");
+        inner_->gemm(p, a, b, bias, out);
+    }
+    void binary(const BinaryParams& p, const TensorView& a, const TensorView& b, const TensorView& o) override {
+        inner_->binary(p, a, b, o);
+    }
+    void scale(const ScaleParams& p, const TensorView& x, const TensorView& o) override { inner_->scale(p, x, o); }
+    void activation(const ActivationParams& p, const TensorView& x, const TensorView& o) override {
+        inner_->activation(p, x, o);
+    }
+    void layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& w, const TensorView& b,
+                    const TensorView& o) override {
+        inner_->layer_norm(p, x, w, b, o);
+    }
+    void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& w, const TensorView& o) override {
+        inner_->rms_norm(p, x, w, o);
+    }
+    void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& w, const TensorView& o) override {
+        inner_->l2_norm(p, x, w, o);
+    }
+    void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& o) override { inner_->softmax(p, x, o); }
+    void reduce(const ReduceParams& p, const TensorView& x, const TensorView& o) override { inner_->reduce(p, x, o); }
+    void rope(const RopeParams& p, const TensorView& x, const TensorView& t, const TensorView& o) override {
+        inner_->rope(p, x, t, o);
+    }
+    void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& bias, const TensorView& o) override {
+        inner_->attention(p, q, k, v, bias, o);
+    }
+    void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& b,
+                const TensorView& o) override {
+        inner_->conv3d(p, x, w, b, o);
+    }
+    void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& h, int layer,
+                         const TensorView& k, const TensorView& v, const TensorView& o) override {
+        inner_->paged_attention(p, q, h, layer, k, v, o);
+    }
+    void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                    const TensorView& v, int64_t n) override {
+        inner_->scatter_kv(pool, layer, slots, k, v, n);
+    }
+
+private:
+    std::unique_ptr<Backend> inner_;
+    int gemms_ = 0;
+};
+
+struct TinyWorld {
+    test::TempDir dir;
+    config::RunConfig cfg;
+    std::unique_ptr<Checkpoint> ckpt;
+
+    TinyWorld() {
+        cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
+        MakeOptions mo;
+        mo.seed = 11;
+        mo.dtype = DType::F32;
+        mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
+        write_random_checkpoint(cfg.model, mo, dir / "ckpt");
+        ckpt = std::make_unique<Checkpoint>(dir / "ckpt");
+    }
+
+    std::unique_ptr<DreamZeroPolicy> policy(const Placement& placement, KvMode mode) const {
+        PolicyOptions o;
+        o.sampling = cfg.sampling;
+        o.kv = cfg.kv;
+        o.kv_mode = mode;
+        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, ckpt->statistics("oxe_droid"),
+                                                 test::data_dir() / "tokenizer/spiece.model", o, placement);
+    }
+};
+
+/// Frames [T, 180, 320, 3] that differ per call, frame and camera.
+struct CallInput {
+    std::vector<uint8_t> data[3];
+    Observation obs;
+    CallInput(int T, int call) {
+        const Shape s{T, 180, 320, 3};
+        TensorView* views[3] = {&obs.exterior_1, &obs.exterior_2, &obs.wrist};
+        for (int c = 0; c < 3; ++c) {
+            data[c].resize(size_t(s.numel()));
+            for (size_t i = 0; i < data[c].size(); ++i) data[c][i] = uint8_t((i * 31 + size_t(call) * 17 + c * 5) % 251);
+            *views[c] = TensorView(data[c].data(), DType::U8, s);
+        }
+        for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = 0.05 * j - 0.1 + 0.02 * call;
+        obs.gripper_position = 0.4;
+        obs.prompt = "Put the marker in the cup";
+    }
+};
+
+/// Actions of `calls` calls (the window cycle with a reset at call 4 when calls > 4).
+std::vector<std::vector<float>> run_calls(DreamZeroPolicy& policy, int calls) {
+    std::vector<std::vector<float>> out;
+    for (int call = 0; call < calls; ++call) {
+        CallInput in(call == 0 ? 1 : 4, call);
+        out.push_back(policy.step(in.obs).actions);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("two CPU backends, one CFG branch each, give the actions of one backend bit for bit") {
+    TinyWorld world;
+    for (KvMode mode : {KvMode::Paged, KvMode::Dense}) {
+        CAPTURE(mode == KvMode::Paged ? "paged" : "dense");
+        auto one = make_cpu_backend();
+        auto cond = make_cpu_backend(), uncond = make_cpu_backend();
+        auto single = world.policy(Placement{{one.get()}}, mode);
+        auto split = world.policy(Placement{{cond.get(), uncond.get()}}, mode);
+        CHECK(split->engine().placement().device_of(kUncondBranch) == 1);
+        const auto expected = run_calls(*single, 7);
+        const auto got = run_calls(*split, 7);
+        REQUIRE(got.size() == expected.size());
+        for (size_t c = 0; c < got.size(); ++c) {
+            CAPTURE(c);
+            CHECK(got[c] == expected[c]);
+        }
+        if (mode == KvMode::Paged) {
+            REQUIRE(split->engine().kv_manager(1) != nullptr);
+            CHECK(split->engine().kv_manager(0)->geometry().num_branches == 1);
+            CHECK(split->engine().kv_manager(1)->geometry().num_branches == 1);
+        }
+    }
+}
+
+TEST_CASE("a failure on the unconditional branch's backend closes the session on both devices") {
+    TinyWorld world;
+    auto cond = make_cpu_backend();
+    FailingBackend uncond;
+    auto policy = world.policy(Placement{{cond.get(), &uncond}}, KvMode::Paged);
+    (void)run_calls(*policy, 2);  // a prefill and a commit hold blocks on both devices
+    uncond.fail_at = 3;           // the next call's forward on the second backend fails
+    CallInput in(4, 2);
+    CHECK_THROWS_WITH_AS(policy->step(in.obs), doctest::Contains("injected failure"), Error);
+    CHECK(policy->engine().kv_pools_whole());
+    // The next call starts a new session and computes what a fresh policy computes.
+    uncond.fail_at = 0;
+    auto fresh_backend = make_cpu_backend();
+    auto fresh = world.policy(Placement{{fresh_backend.get()}}, KvMode::Paged);
+    CallInput first(1, 0);
+    const PolicyCallResult r = policy->step(first.obs);
+    CHECK(r.reset_reason == "first call");
+    CallInput again(1, 0);
+    CHECK(r.actions == fresh->step(again.obs).actions);
+}
+
+TEST_CASE("a rollout with --device cpu,cpu writes the actions of a rollout with --device cpu") {
+    test::TempDir dir;
+    const auto cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
+    MakeOptions mo;
+    mo.dtype = DType::F32;
+    mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
+    write_random_checkpoint(cfg.model, mo, dir / "ckpt");
+    io::write_synth_episode(dir / "episodes/ep", io::SynthOptions{});
+    std::vector<std::vector<float>> actions;
+    for (const char* devices : {"cpu", "cpu,cpu"}) {
+        rollout::RolloutOptions o;
+        o.checkpoint = dir / "ckpt";
+        o.episodes = {dir / "episodes/ep"};
+        o.out_dir = dir / (std::string("out-") + devices);
+        o.run = cfg;
+        o.run.rollout.max_chunks = 4;  // 5 calls: a prefill and four commits
+        o.have_config_model = true;
+        o.devices = parse_device_list(devices);
+        o.quiet = true;
+        o.report = false;
+        const rollout::RolloutResult r = rollout::run_rollout(o);
+        REQUIRE(r.failed == 0);
+        actions.push_back(io::read_npy(o.out_dir / "ep/actions.npy").to_f32());
+    }
+    REQUIRE(actions[0].size() == 5u * 24 * 8);
+    CHECK(actions[1] == actions[0]);
+}
