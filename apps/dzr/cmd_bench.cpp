@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "policy/dreamzero_policy.h"
 #include "policy/preprocess.h"
 #include "policy/tokenizer.h"
+#include "rollout/bench_rollout.h"
 #include "weights/checkpoint.h"
 
 namespace dzr::app {
@@ -45,6 +47,13 @@ struct BenchOptions {
     int threads = 0;
     int frames = 4;
     bool reference = false;
+    // rollout
+    int calls = 21;
+    std::string numerics = "reference";
+    std::string kv_mode = "paged";
+    std::string json;
+    std::vector<std::string> sets_overrides;
+    uint64_t seed = 0;
 };
 
 /// median, min, mean of host wall times.
@@ -434,6 +443,31 @@ int run_kv_bench(const BenchOptions& o) {
     return 0;
 }
 
+int run_rollout_bench(const BenchOptions& o) {
+    rollout::BenchRolloutOptions b;
+    std::vector<config::Override> overrides;
+    for (const auto& s : o.sets_overrides) overrides.push_back(config::parse_override(s));
+    b.run = config::load_run_config(o.config, overrides);
+    b.devices = parse_device_list(o.device);
+    b.backend = apply_env_overrides({});
+    b.backend.numerics = parse_numerics(o.numerics);
+    DZR_CHECK(o.kv_mode == "paged" || o.kv_mode == "dense", "--kv must be paged or dense, got '{}'", o.kv_mode);
+    b.kv_mode = o.kv_mode == "paged" ? KvMode::Paged : KvMode::Dense;
+    b.tokenizer = resolve_tokenizer_path(o.tokenizer);
+    b.calls = o.calls;
+    b.seed = o.seed;
+    b.threads = o.threads;
+    const rollout::BenchRolloutResult r = rollout::bench_rollout(b);
+    std::printf("%s", r.table().c_str());
+    if (!o.json.empty()) {
+        std::ofstream f(o.json);
+        DZR_CHECK(f.good(), "bench rollout: cannot write {}", o.json);
+        f << r.to_json().dump(2) << "\n";
+        std::printf("json: %s\n", o.json.c_str());
+    }
+    return 0;
+}
+
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* cmd = app.add_subcommand(
         "bench", "Time the CUDA backend's GEMM, kernels and attention at DreamZero shapes, and the host-side prepare()");
@@ -491,6 +525,24 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
                       "time the reference pipeline instead (per-channel float resize, one thread: the code before the "
                       "fast path)");
     prepare->callback([&run, opts] { run = [opts] { return run_prepare_bench(*opts); }; });
+
+    auto* roll = cmd->add_subcommand(
+        "rollout", "A full-size rollout with random weights made on the host (no checkpoint file): load, warm-up, then "
+                   "timed calls; per-phase median/p90 and peak device memory");
+    roll->add_option("--config", opts->config, "run config: the geometry and the run settings")->capture_default_str();
+    roll->add_option("--set", opts->sets_overrides, "override a config key (as dzr rollout --set)");
+    roll->add_option("--device", opts->device, "device, or two (cuda:0,cuda:1; cpu for a tiny config)")
+        ->capture_default_str();
+    roll->add_option("--numerics", opts->numerics, "reference or fast")->capture_default_str();
+    roll->add_option("--kv", opts->kv_mode, "paged or dense")->capture_default_str();
+    roll->add_option("--calls", opts->calls, "timed calls after the warm-up")->capture_default_str()
+        ->check(CLI::Range(1, 10000));
+    roll->add_option("--seed", opts->seed, "random weights' seed")->capture_default_str();
+    roll->add_option("--threads", opts->threads, "random-weight threads (0: all)")->capture_default_str();
+    roll->add_option("--tokenizer", opts->tokenizer, "umT5 spiece.model (any: a fixed prompt is tokenized)")
+        ->capture_default_str();
+    roll->add_option("--json", opts->json, "also write the numbers (every call's phases) as JSON");
+    roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });
     attention->callback([&run, opts] { run = [opts] { return run_attention_bench(*opts); }; });

@@ -80,8 +80,8 @@ CallTiming to_call_timing(const ScheduledCall& call, const PolicyCallResult& r) 
     return t;
 }
 
-/// Synthetic calls that walk every forward shape of a window: prefill (1 frame), commits at start
-/// frames 1, 3, 5 (denoising reads 880 · {1, 3, 5, 7} tokens), and the window reset of a 4-frame call.
+}  // namespace
+
 double run_warmup(Engine& engine, Session& session, int& calls) {
     Timer t;
     std::vector<uint8_t> buf(size_t(4) * 180 * 320 * 3);
@@ -116,6 +116,8 @@ double run_warmup(Engine& engine, Session& session, int& calls) {
     }
     return t.ms();
 }
+
+namespace {
 
 /// The next call's frames after `calls[i]` (the schedule's next anchor when `i` is the last call),
 /// clamped to the episode.

@@ -53,6 +53,11 @@ struct RolloutOptions {
     bool report = true;
 };
 
+/// The warm-up: synthetic calls that walk every forward shape of a window (prefill, the commits at start frames
+/// 1, 3, 5: denoising reads 880 · {1, 3, 5, 7} tokens, and the window reset of a 4-frame call), then a reset; the
+/// KV pools must come back whole. Adds the calls to `calls`; returns the wall time in ms.
+double run_warmup(Engine& engine, Session& session, int& calls);
+
 /// Set from a signal handler: the run stops after the current call and writes no partial episode.
 std::atomic<bool>& interrupt_flag();
 

@@ -1,0 +1,176 @@
+#include "rollout/bench_rollout.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "rollout/progress.h"
+#include "rollout/reports.h"
+#include "rollout/runner.h"
+#include "weights/random_weights.h"
+
+namespace dzr::rollout {
+
+namespace {
+
+/// q01 = -1, q99 = 1 for every dimension of the embodiment's keys: normalization is the identity, so the random
+/// state stays in range.
+EmbodimentStatistics unit_statistics(const DitConfig& d) {
+    EmbodimentStatistics s;
+    s.tag = "oxe_droid";
+    const auto unit = [](size_t n) {
+        KeyStatistics k;
+        k.q01.assign(n, -1.0f);
+        k.q99.assign(n, 1.0f);
+        return k;
+    };
+    s.state["joint_position"] = unit(7);
+    s.state["gripper_position"] = unit(1);
+    s.action["joint_position"] = unit(7);
+    s.action["gripper_position"] = unit(1);
+    (void)d;
+    return s;
+}
+
+/// Synthetic camera frames [T, 180, 320, 3], different per call.
+struct Frames {
+    std::vector<uint8_t> data[3];
+    Observation obs;
+    Frames(int T, int call) {
+        const Shape s{T, kFrameHeight, kFrameWidth, 3};
+        TensorView* views[3] = {&obs.exterior_1, &obs.exterior_2, &obs.wrist};
+        for (int c = 0; c < 3; ++c) {
+            data[c].resize(size_t(s.numel()));
+            for (size_t i = 0; i < data[c].size(); ++i)
+                data[c][i] = uint8_t(((i / 3) * 7 + i % 3 * 50 + size_t(call) * 13 + size_t(c) * 29) % 256);
+            *views[c] = TensorView(data[c].data(), DType::U8, s);
+        }
+        for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = 0.1 * j - 0.3;
+        obs.gripper_position = 0.5;
+        obs.prompt = "pick up the cup and put it on the plate";
+    }
+};
+
+std::vector<double> phase_values(const std::vector<PolicyCallResult>& calls, double PhaseTimes::*field) {
+    std::vector<double> v;
+    for (const auto& c : calls) v.push_back(c.times.*field);
+    return v;
+}
+
+struct PhaseField {
+    const char* name;
+    double PhaseTimes::*field;
+};
+constexpr PhaseField kPhaseFields[] = {
+    {"preprocess", &PhaseTimes::preprocess},   {"text_encoder", &PhaseTimes::text_encoder},
+    {"image_encoder", &PhaseTimes::image_encoder}, {"vae_encode", &PhaseTimes::vae_encode},
+    {"kv_commit", &PhaseTimes::kv_commit},     {"dit", &PhaseTimes::dit},
+    {"scheduler", &PhaseTimes::scheduler},     {"postprocess", &PhaseTimes::postprocess},
+    {"total", &PhaseTimes::total},             {"host_prepare", &PhaseTimes::host_prepare},
+};
+
+}  // namespace
+
+BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
+    DZR_CHECK(o.calls >= 1 && o.calls <= 10000, "bench rollout: --calls must be in 1..10000, got {}", o.calls);
+    DZR_CHECK(o.devices.size() == 1 || o.devices.size() == 2, "bench rollout: one or two devices, got {}",
+              o.devices.size());
+    BenchRolloutResult r;
+    Timer t;
+    const RandomWeightSource weights(o.run.model, o.seed, o.threads);
+    r.weights_ms = t.ms();
+
+    std::vector<std::unique_ptr<Backend>> owned;
+    Placement placement;
+    for (const Device& d : o.devices) {
+        owned.push_back(make_backend(d, o.backend));
+        placement.backends.push_back(owned.back().get());
+    }
+    PolicyOptions po;
+    po.sampling = o.run.sampling;
+    po.kv = o.run.kv;
+    po.kv_mode = o.kv_mode;
+    t.reset();
+    Engine engine(o.run.model, weights, unit_statistics(o.run.model.dit), o.tokenizer, po, placement);
+    auto session = engine.open_session();
+    r.load_ms = t.ms();
+    const auto sample_memory = [&] {
+        if (const auto m = engine.device_memory_in_use())
+            r.peak_memory_bytes = std::max(r.peak_memory_bytes.value_or(0), *m);
+    };
+    sample_memory();
+    r.warmup_ms = run_warmup(engine, *session, r.warmup_calls);
+    sample_memory();
+    for (int c = 0; c < o.calls; ++c) {
+        Frames f(c == 0 ? 1 : 4, c);
+        PreparedObservation prepared = engine.prepare(f.obs);
+        r.calls.push_back(session->step(prepared));
+        engine.recycle(std::move(prepared));
+        sample_memory();
+    }
+    r.devices = engine.devices();
+    r.backend = engine.backend().name();
+    r.numerics = numerics_name(engine.backend().numerics());
+    r.engine = engine.describe();
+    return r;
+}
+
+nlohmann::ordered_json BenchRolloutResult::to_json() const {
+    nlohmann::ordered_json j;
+    j["devices"] = devices;
+    j["backend"] = backend;
+    j["numerics"] = numerics;
+    j["engine"] = engine;
+    j["random_weights_ms"] = weights_ms;
+    j["load_ms"] = load_ms;
+    j["warmup"] = {{"calls", warmup_calls}, {"ms", warmup_ms}};
+    j["peak_gpu_memory_bytes"] = peak_memory_bytes ? nlohmann::ordered_json(*peak_memory_bytes) : nullptr;
+    // Steady calls: every call but the first (a prefill) and the window resets (every 4th).
+    std::vector<PolicyCallResult> steady, resets;
+    for (const auto& c : calls) (c.reset ? resets : steady).push_back(c);
+    const auto stats = [](const std::vector<double>& v) {
+        const TimingStats s = compute_stats(v);
+        return nlohmann::ordered_json{{"count", s.count}, {"median", s.median}, {"p90", s.p90},
+                                      {"mean", s.mean},   {"min", s.min},       {"max", s.max}};
+    };
+    using Set = std::pair<const char*, const std::vector<PolicyCallResult>*>;
+    for (const auto& [name, set] : {Set{"all", &calls}, Set{"steady", &steady}, Set{"reset", &resets}}) {
+        nlohmann::ordered_json phases;
+        for (const PhaseField& f : kPhaseFields) phases[f.name] = stats(phase_values(*set, f.field));
+        j[name] = phases;
+    }
+    nlohmann::ordered_json per_call = nlohmann::ordered_json::array();
+    for (const auto& c : calls) {
+        nlohmann::ordered_json e{{"call", c.call_index}, {"reset", c.reset}, {"start_frame", c.start_frame},
+                                 {"dit_evaluations", c.dit_evaluations}};
+        for (const PhaseField& f : kPhaseFields) e[f.name] = c.times.*(f.field);
+        per_call.push_back(e);
+    }
+    j["calls"] = per_call;
+    return j;
+}
+
+std::string BenchRolloutResult::table() const {
+    std::vector<PolicyCallResult> steady, resets;
+    for (const auto& c : calls) (c.reset ? resets : steady).push_back(c);
+    std::vector<std::vector<std::string>> rows;
+    for (const PhaseField& f : kPhaseFields) {
+        const TimingStats a = compute_stats(phase_values(calls, f.field));
+        const TimingStats s = compute_stats(phase_values(steady, f.field));
+        const TimingStats rs = compute_stats(phase_values(resets, f.field));
+        rows.push_back({f.name, fmt::format("{:.2f}", a.median), fmt::format("{:.2f}", a.p90),
+                        steady.empty() ? "-" : fmt::format("{:.2f}", s.median),
+                        steady.empty() ? "-" : fmt::format("{:.2f}", s.p90),
+                        resets.empty() ? "-" : fmt::format("{:.2f}", rs.median)});
+    }
+    std::string out = fmt::format(
+        "bench rollout on {} ({} numerics): random weights {:.1f} s, load {:.1f} s, warm-up {} calls {:.1f} s, "
+        "peak device memory {}\n",
+        devices, numerics, weights_ms / 1e3, load_ms / 1e3, warmup_calls, warmup_ms / 1e3,
+        peak_memory_bytes ? fmt::format("{:.2f} GiB", double(*peak_memory_bytes) / double(1ull << 30)) : "-");
+    out += fmt::format("{} timed calls: {} steady, {} window resets\n", calls.size(), steady.size(), resets.size());
+    out += format_table({"phase (ms)", "all median", "all p90", "steady median", "steady p90", "reset median"}, rows);
+    return out;
+}
+
+}  // namespace dzr::rollout

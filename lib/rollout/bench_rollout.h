@@ -1,0 +1,44 @@
+#pragma once
+/// `dzr bench rollout`: a full-size rollout benchmark in one command on a GPU box. Random weights are generated on
+/// the host at the config's geometry (weights/random_weights.h: no 46 GB file), the engine loads them onto the
+/// devices, runs the warm-up, then `calls` timed calls on synthetic frames (the window cycle: a reset every 4th
+/// call), and reports per-phase median/p90, the calls' median/p90 and the peak device memory.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/options.h"
+#include "config/run_config.h"
+#include "policy/engine.h"
+
+namespace dzr::rollout {
+
+struct BenchRolloutOptions {
+    config::RunConfig run;            ///< the geometry (run.model) and the run settings
+    std::vector<Device> devices{Device::cuda(0)};
+    BackendOptions backend;
+    KvMode kv_mode = KvMode::Paged;
+    std::filesystem::path tokenizer;  ///< any umT5 spiece.model (the bench tokenizes a fixed prompt)
+    int calls = 21;                   ///< timed calls after the warm-up
+    uint64_t seed = 0;
+    int threads = 0;                  ///< random-weight generation threads (0: all)
+};
+
+struct BenchRolloutResult {
+    std::string devices, backend, numerics, engine;
+    double weights_ms = 0, load_ms = 0, warmup_ms = 0;
+    int warmup_calls = 0;
+    std::optional<int64_t> peak_memory_bytes;
+    std::vector<PolicyCallResult> calls;  ///< the timed calls (actions and phase times)
+
+    nlohmann::ordered_json to_json() const;
+    /// The table of phases (median, p90, max) and of the calls, for stderr/stdout.
+    std::string table() const;
+};
+
+BenchRolloutResult bench_rollout(const BenchRolloutOptions& options);
+
+}  // namespace dzr::rollout
