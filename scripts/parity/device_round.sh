@@ -4,8 +4,9 @@
 # FORCE_BUILD is unset), `tests` (ctest -L cuda), `parity` (run_parity.sh: reference bf16, dzr CUDA bf16, dzr
 # on the reference's conditioning), `variants` (dzr CUDA bf16 again on the same inputs under each setting in
 # VARIANTS, each compared with the reference bf16 dump of `parity`), `probe` (kernel_probe.py), `trace` (the
-# reference's aten-op trace of its first two calls) and `substage` (substage_probe.sh: the DiT's and the
-# encoders' internals on both sides). The device tool returns at most 8 files, so everything each step writes
+# reference's aten-op trace of its first two calls), `substage` (substage_probe.sh: the DiT's and the
+# encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
+# BENCH_NUMERICS="reference fast", BENCH_DEVICE). The device tool returns at most 8 files, so everything each step writes
 # goes into one archive, $OUT/<step>.tar.gz, and a short summary is printed last.
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
@@ -126,6 +127,18 @@ if want substage; then
         grep -vE " 0\.00e\+00$" | head -80
     echo "(tensors with no differing element not shown)"
     pack substage
+fi
+
+if want bench; then
+    say "bench rollout at the DROID geometry (random weights, ${BENCH_CALLS:-21} timed calls, ${BENCH_NUMERICS:-reference})"
+    mkdir -p "$WORK/bench"
+    for n in ${BENCH_NUMERICS:-reference}; do
+        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" --numerics "$n" \
+            --calls "${BENCH_CALLS:-21}" --json "$WORK/bench/rollout-$n.json" >"$WORK/bench/rollout-$n.log" 2>&1
+        check $? "bench rollout $n"
+        cat "$WORK/bench/rollout-$n.log" | tail -n 20
+    done
+    pack bench
 fi
 
 say "summary"
