@@ -1,5 +1,7 @@
 #include "config/run_config.h"
 
+#include "config/run_fields.h"
+
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -182,13 +184,7 @@ ModelConfig read_model(const YAML::Node& node, const Context& ctx) {
 
 void read_sampling(const YAML::Node& node, SamplingConfig& s, const Context& ctx) {
     Section sec(node, "sampling", ctx);
-    sec.get("num_inference_steps", s.num_inference_steps, false);
-    sec.get("sigma_shift", s.sigma_shift, false);
-    sec.get("cfg_scale", s.cfg_scale, false);
-    sec.get("num_dit_steps", s.num_dit_steps, false);
-    sec.get("dit_step_mask", s.dit_step_mask, false);
-    sec.get("dynamic_schedule", s.dynamic_schedule, false);
-    sec.get("seed", s.seed, false);
+    for_each_sampling_field(s, [&](const RunField& f, auto& value) { sec.get(std::string(f.name), value, false); });
     sec.finish();
     DZR_CHECK(s.num_inference_steps > 0, "{}: sampling.num_inference_steps must be positive, got {}",
               ctx.source, s.num_inference_steps);
@@ -222,10 +218,7 @@ void read_kv(const YAML::Node& node, KvConfig& k, const ModelConfig& model, cons
 
 void read_rollout(const YAML::Node& node, RolloutConfig& r, const Context& ctx) {
     Section sec(node, "rollout", ctx);
-    sec.get("stride", r.stride, false);
-    sec.get("offsets", r.offsets, false);
-    sec.get("max_chunks", r.max_chunks, false);
-    sec.get("start_frame", r.start_frame, false);
+    for_each_rollout_field(r, [&](const RunField& f, auto& value) { sec.get(std::string(f.name), value, false); });
     sec.finish();
     DZR_CHECK(r.stride > 0, "{}: rollout.stride must be positive, got {}", ctx.source, r.stride);
     DZR_CHECK(!r.offsets.empty(), "{}: rollout.offsets must not be empty", ctx.source);

@@ -264,7 +264,10 @@ std::optional<int64_t> Engine::device_memory_in_use() const {
 
 std::string Engine::devices() const {
     std::string out;
-    for (const Backend* b : placement_.backends) out += (out.empty() ? "" : ",") + b->device().str();
+    for (const Backend* b : placement_.backends) {
+        if (!out.empty()) out += ',';
+        out += b->device().str();
+    }
     return out;
 }
 

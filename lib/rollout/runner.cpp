@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "config/model_fields.h"
+#include "config/run_fields.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -246,22 +247,14 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
     manifest.device = run.engine->devices();
     manifest.command_line = opt.command_line;
     manifest.start_time = iso8601_utc(run_start);
-    manifest.config = Json{{"sampling",
-                            {{"num_inference_steps", opt.run.sampling.num_inference_steps},
-                             {"sigma_shift", opt.run.sampling.sigma_shift},
-                             {"cfg_scale", opt.run.sampling.cfg_scale},
-                             {"num_dit_steps", opt.run.sampling.num_dit_steps},
-                             {"dynamic_schedule", opt.run.sampling.dynamic_schedule},
-                             {"seed", opt.run.sampling.seed}}},
-                           {"kv",
-                            {{"mode", opt.kv_mode == KvMode::Paged ? "paged" : "dense"},
-                             {"window_frames", opt.run.kv.window_frames},
-                             {"sink_frames", opt.run.kv.sink_frames},
-                             {"frames_per_block", opt.run.kv.frames_per_block},
-                             {"reset_at_boundary", opt.run.kv.reset_at_boundary}}},
-                           {"rollout", {{"schedule", schedule.describe()}}},
-                           {"embodiment", opt.run.embodiment},
-                           {"config_file", opt.run.source.string()}};
+    // NOTE: every setting the run used, from the same field tables the config readers walk, plus what the command
+    // line chose
+    manifest.config = config::run_config_json(opt.run);
+    manifest.config["kv"]["mode"] = opt.kv_mode == KvMode::Paged ? "paged" : "dense";
+    manifest.config["numerics"] = numerics_name(opt.numerics);
+    manifest.config["devices"] = run.engine->devices();
+    manifest.config["rollout"]["schedule"] = schedule.describe();
+    manifest.config["config_file"] = opt.run.source.string();
     manifest.extra = Json{{"policy", run.engine->describe()},
                           {"prompt", ep.prompt},
                           {"tokenizer", run.engine->tokenizer_path().string()},

@@ -6,6 +6,7 @@
 #include "config/model_fields.h"
 #include "config/model_json.h"
 #include "config/run_config.h"
+#include "config/run_fields.h"
 #include "core/error.h"
 #include "support/test_support.h"
 
@@ -269,4 +270,33 @@ TEST_CASE("byte sizes and counts parse and print") {
     CHECK(format_count(22924172116ull) == "22,924,172,116");
     CHECK(format_count(999) == "999");
     CHECK(format_count(1000) == "1,000");
+}
+
+TEST_CASE("the run config serializes through the field tables: every setting, with its value and path") {
+    RunConfig rc = load_run_config(test::source_dir() / "configs/tiny.yaml",
+                                   {parse_override("sampling.cfg_scale=3.5"), parse_override("rollout.max_chunks=2")});
+    const auto j = run_config_json(rc);
+    CHECK(j["sampling"]["cfg_scale"] == 3.5);
+    CHECK(j["sampling"]["num_inference_steps"] == rc.sampling.num_inference_steps);
+    CHECK(j["sampling"]["seed"] == rc.sampling.seed);
+    CHECK(j["rollout"]["max_chunks"] == 2);
+    CHECK(j["rollout"]["offsets"] == nlohmann::ordered_json(rc.rollout.offsets));
+    CHECK(j["kv"]["window_frames"] == rc.kv.window_frames);
+    CHECK(j["kv"]["memory_budget"] == "auto");
+    CHECK(j["embodiment"] == rc.embodiment);
+    CHECK(j["model"]["dit"]["dim"] == rc.model.dit.dim);
+    CHECK(j["model"]["vae"]["z_dim"] == rc.model.vae.z_dim);
+    // one JSON value per table entry
+    size_t run_fields = 0, model_fields = 0;
+    for_each_run_field(rc, [&](const RunField&, const auto&) { ++run_fields; });
+    for_each_model_field(rc.model, [&](const ModelField&, const auto&) { ++model_fields; });
+    size_t json_values = 0;
+    std::function<void(const nlohmann::ordered_json&)> count = [&](const nlohmann::ordered_json& n) {
+        if (n.is_object())
+            for (const auto& [k, v] : n.items()) count(v);
+        else
+            ++json_values;
+    };
+    count(j);
+    CHECK(json_values == run_fields + model_fields);
 }

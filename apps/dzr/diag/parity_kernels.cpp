@@ -1,6 +1,6 @@
 // `dzr parity attention|linear|conv3d|bmm|op` (parity_kernels.h). Every operand is read and checked first (in
 // any build: a bad file gets its error before a device is needed), then the op runs on the CUDA backend.
-#include "apps/dzr/parity_kernels.h"
+#include "apps/dzr/diag/parity_kernels.h"
 
 #include <fmt/format.h>
 
@@ -21,6 +21,16 @@ namespace dzr::app {
 namespace {
 
 namespace fs = std::filesystem;
+
+/// The environment overrides (DZR_ATTENTION, DZR_PLAIN_GEMM, DZR_CONV_API) on top of `o`: the probes compare the
+/// implementations they pick against PyTorch (scripts/parity/kernel_probe.py sets them).
+BackendOptions with_env(BackendOptions o) { return apply_env_overrides(o); }
+
+std::unique_ptr<Backend> probe_backend(const std::string& device, size_t workspace_bytes) {
+    BackendOptions o;
+    o.workspace_bytes = workspace_bytes;
+    return make_cuda_backend(parse_device(device).index, with_env(o));
+}
 
 struct AttentionArgs {
     std::string q, k, v;
@@ -108,7 +118,7 @@ int run_attention(const AttentionArgs& a) {
               "attention: shapes disagree: q {} k {} v {}", qa.shape_str(), ka.shape_str(), va.shape_str());
     std::vector<AttentionImpl> impls;
     for (const std::string& name : a.impls) impls.push_back(parse_attention_impl(name));
-    auto owned = make_cuda_backend(parse_device(a.device).index, size_t(1) << 30);
+    auto owned = probe_backend(a.device, size_t(1) << 30);
     Backend* be = owned.get();
     const Tensor q = upload_bf16(*be, qa), k = upload_bf16(*be, ka), v = upload_bf16(*be, va);
     Tensor out = be->alloc({lq, heads, dv}, DType::BF16);
@@ -142,7 +152,7 @@ int run_linear(const LinearArgs& a) {
     const int64_t M = xa.dim(0), K = xa.dim(1), N = wa.dim(0);
     DZR_CHECK(wa.dim(1) == K && (!ba || ba->dim(0) == N), "linear: shapes disagree: x {} w {} b {}",
               xa.shape_str(), wa.shape_str(), ba ? ba->shape_str() : "-");
-    auto be = make_cuda_backend(parse_device(a.device).index, size_t(256) << 20);
+    auto be = probe_backend(a.device, size_t(256) << 20);
     const Tensor x = upload_bf16(*be, xa), w = upload_bf16(*be, wa);
     Tensor b;
     if (ba) b = upload_bf16(*be, *ba);
@@ -177,7 +187,7 @@ int run_conv3d(const Conv3dArgs& a) {
         DZR_CHECK(o[i] >= 1, "conv3d: the kernel {} does not fit the padded input {}", wa.shape_str(),
                   xa.shape_str());
     }
-    auto be = make_cuda_backend(parse_device(a.device).index, size_t(1) << 30);
+    auto be = probe_backend(a.device, size_t(1) << 30);
     const Tensor x = upload_bf16(*be, xa), w = upload_bf16(*be, wa);
     Tensor b;
     if (ba) b = upload_bf16(*be, *ba);
@@ -200,9 +210,9 @@ int run_bmm(const BmmArgs& a) {
               "bmm: shapes disagree: a {} b {}{}", aa.shape_str(), ba.shape_str(),
               a.b_transposed ? " (transposed)" : "");
     DZR_CHECK(a.impl == "lt" || a.impl == "cublas", "bmm: --impl must be lt or cublas, got '{}'", a.impl);
-    BackendOptions bo;
+    BackendOptions bo = with_env({});
     bo.workspace_bytes = size_t(256) << 20;
-    bo.cuda.plain_gemm = parse_plain_gemm_impl(a.impl);
+    bo.cuda.plain_gemm = parse_plain_gemm_impl(a.impl);  // --impl over DZR_PLAIN_GEMM
     auto owned = make_cuda_backend(parse_device(a.device).index, bo);
     Backend* be = owned.get();
     const Tensor x = upload_bf16(*be, aa), y = upload_bf16(*be, ba);
@@ -232,7 +242,7 @@ int run_op(const OpArgs& a) {
     for (const auto* p : {&wa, &ba})
         DZR_CHECK(!*p || (*p)->dim(0) == cols, "op: weight/bias {} do not match {} columns",
                   (*p)->shape_str(), cols);
-    auto be = make_cuda_backend(parse_device(a.device).index, size_t(256) << 20);
+    auto be = probe_backend(a.device, size_t(256) << 20);
     const Tensor x = upload_bf16(*be, xa);
     Tensor w, b;
     if (wa) w = upload_bf16(*be, *wa);

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "apps/dzr/command.h"
-#include "apps/dzr/parity_kernels.h"
+#include "apps/dzr/diag/parity_kernels.h"
 #include "config/run_config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -317,7 +317,8 @@ int run_parity(const RunArgs& a) {
     const Checkpoint ckpt(a.ckpt);
     const ModelConfig& m = ckpt.model_config();
     const Device device = parse_device(a.device);
-    std::unique_ptr<Backend> be = make_backend(device);
+    // NOTE: the documented environment overrides apply, so device_round.sh can run variants of the same inputs
+    std::unique_ptr<Backend> be = make_backend(device, apply_env_overrides({}));
     const DType dtype = be->compute_dtype();
     if (!a.dtype.empty())
         DZR_CHECK(a.dtype == dtype_name(dtype), "--dtype {}: the {} backend computes in {}", a.dtype, be->name(),
