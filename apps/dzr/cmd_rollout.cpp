@@ -18,6 +18,7 @@ struct RolloutArgs {
     std::string ckpt;
     std::string out;
     std::string config;
+    std::string embodiment;
     std::vector<std::string> sets;
     std::string device = "cpu";
     std::string kv = "paged";
@@ -55,6 +56,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
     }
     o.overrides = a.sets;
+    o.embodiment = a.embodiment;
     o.device = parse_device(a.device);
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
     o.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
@@ -126,6 +128,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--out", args->out, "Output directory (one subdirectory per episode)")->required();
     cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");
     cmd->add_option("--set", args->sets, "Override a config key: --set sampling.num_dit_steps=16");
+    cmd->add_option("--embodiment", args->embodiment,
+                    "The checkpoint's embodiment to run (default: the config's, else the checkpoint's only one)");
     cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");

@@ -102,23 +102,22 @@ std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model) 
     return std::make_unique<ShapeOnlyWeights>(model);
 }
 
-DreamZeroPolicy::DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights,
-                                 const EmbodimentStatistics& statistics, const std::filesystem::path& tokenizer,
-                                 const PolicyOptions& options, Backend& be)
-    : model_(model), options_(options), statistics_(statistics), be_(be) {
+DreamZeroPolicy::DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights, const Embodiment& embodiment,
+                                 const std::filesystem::path& tokenizer, const PolicyOptions& options, Backend& be)
+    : model_(model), options_(options), embodiment_(embodiment), be_(be) {
     measuring_ = dynamic_cast<MeasuringBackend*>(&be) != nullptr;
     const DitConfig& d = model_.dit;
     const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
     DZR_CHECK(d.num_frame_per_block == 2, "model: num_frame_per_block {} is not supported (DreamZero uses 2)",
               d.num_frame_per_block);
     DZR_CHECK(model_.clip.num_tokens() > 0, "model: CLIP produces no tokens");
+    check_embodiment(embodiment_, model_);
 
     // Plan the workspace first (on a MeasuringBackend running the same calls), so that the real
     // loading below can already use it.
     if (!measuring_) plan_workspace(weights, tokenizer);
 
-    preprocessor_ = std::make_unique<ObservationPreprocessor>(
-        ViewSize{model_.canvas_height / 2, model_.canvas_width / 2}, options_.unit_range);  // the canvas is 2 x 2 views
+    preprocessor_ = std::make_unique<ObservationPreprocessor>(canvas_spec(embodiment_, model_), options_.unit_range);
     tokenizer_ = std::make_unique<Umt5Tokenizer>(tokenizer);
     DZR_CHECK(tokenizer_->vocab_size() <= model_.t5.vocab,
               "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this checkpoint",
@@ -196,18 +195,18 @@ void DreamZeroPolicy::plan_workspace(const WeightSource& weights, const std::fil
     PolicyOptions o = options_;
     o.check_finite = false;
     o.noise = std::make_shared<SeededNoise>(0);
-    DreamZeroPolicy shadow(model_, *shapes, statistics_, tokenizer, o, mb);
+    DreamZeroPolicy shadow(model_, *shapes, embodiment_, tokenizer, o, mb);
     // A first call (prefill, CLIP, the 33-frame conditioning) and a commit call walk every shape.
-    std::vector<uint8_t> frames(size_t(4) * kFrameHeight * kFrameWidth * 3, 0);
+    const CameraSpec& cam = embodiment_.cameras.at(0);
+    const int fh = cam.height > 0 ? cam.height : kFrameHeight, fw = cam.width > 0 ? cam.width : kFrameWidth;
+    std::vector<uint8_t> frames(size_t(4) * size_t(fh) * size_t(fw) * 3, 0);
     Observation obs;
     obs.prompt = "plan the workspace";
-    auto view = [&](int T) {
-        return TensorView(frames.data(), DType::U8, Shape{T, kFrameHeight, kFrameWidth, 3}, Device::cpu());
-    };
-    obs.exterior_1 = obs.exterior_2 = obs.wrist = view(1);
-    shadow.step(obs);
-    obs.exterior_1 = obs.exterior_2 = obs.wrist = view(4);
-    shadow.step(obs);
+    obs.state.assign(size_t(embodiment_.state_dim()), 0.0);
+    for (int T : {1, 4}) {
+        obs.views.assign(embodiment_.cameras.size(), TensorView(frames.data(), DType::U8, Shape{T, fh, fw, 3}, Device::cpu()));
+        shadow.step(obs);
+    }
     if (options_.video_decode) {
         DZR_CHECK(model_.vae.has_decoder, "policy: video decoding needs the VAE decoder (model.vae.has_decoder)");
         // NOTE: the chunked decode's workspace does not depend on the number of latent frames.
@@ -441,27 +440,45 @@ void DreamZeroPolicy::forward_branch(int branch, ForwardKind kind, const TensorV
     else dense_[branch]->commit();
 }
 
-PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
+Observation droid_observation(const TensorView& exterior_1, const TensorView& exterior_2, const TensorView& wrist,
+                              std::span<const double> joint_position, double gripper_position, std::string prompt) {
+    Observation obs;
+    obs.views = {exterior_1, exterior_2, wrist};
+    obs.state.assign(joint_position.begin(), joint_position.end());
+    obs.state.push_back(gripper_position);
+    obs.prompt = std::move(prompt);
+    return obs;
+}
+
+PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model, const Embodiment& embodiment,
                                         const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer,
                                         bool bf16_inputs, PreparedObservation* reuse) {
     Timer timer;
-    const int T = int(obs.exterior_1.rank() == 4 ? obs.exterior_1.dim(0) : 0);
-    for (const auto* v : {&obs.exterior_1, &obs.exterior_2, &obs.wrist}) {
-        DZR_CHECK(v->rank() == 4 && v->dtype == DType::U8 && v->dim(3) == 3 && v->is_contiguous(),
-                  "observation: camera frames must be uint8 [T, H, W, 3], got {}", v->str());
-        DZR_CHECK(v->dim(0) == T, "observation: cameras carry different frame counts ({} vs {})", v->dim(0), T);
+    DZR_CHECK(obs.views.size() == embodiment.cameras.size(),
+              "observation: {} camera streams, embodiment {} has {} cameras", obs.views.size(), embodiment.tag,
+              embodiment.cameras.size());
+    const int T = int(obs.views[0].rank() == 4 ? obs.views[0].dim(0) : 0);
+    for (size_t c = 0; c < obs.views.size(); ++c) {
+        const TensorView& v = obs.views[c];
+        DZR_CHECK(v.rank() == 4 && v.dtype == DType::U8 && v.dim(3) == 3 && v.is_contiguous(),
+                  "observation: camera {} frames must be uint8 [T, H, W, 3], got {}", embodiment.cameras[c].key, v.str());
+        DZR_CHECK(v.dim(0) == T, "observation: cameras carry different frame counts ({} vs {})", v.dim(0), T);
     }
     DZR_CHECK(T == 1 || T == 4 || T == 8 || T == 9, "observation: {} frames per camera; a call takes 1, 4, 8 or 9", T);
     DZR_CHECK(!obs.prompt.empty(), "observation: empty prompt");
-    DZR_CHECK(preprocessor.view() == (ViewSize{model.canvas_height / 2, model.canvas_width / 2}),
-              "observation: the preprocessor's view size {}x{} is not half the {}x{} canvas",
-              preprocessor.view().height, preprocessor.view().width, model.canvas_height, model.canvas_width);
+    DZR_CHECK(obs.state.size() == size_t(embodiment.state_dim()), "observation: {} state values, embodiment {} has {}",
+              obs.state.size(), embodiment.tag, embodiment.state_dim());
+    DZR_CHECK(embodiment.prompt.has_value(), "observation: embodiment {} has no prompt template", embodiment.tag);
+    DZR_CHECK(preprocessor.spec().canvas_height() == model.canvas_height &&
+                  preprocessor.spec().canvas_width() == model.canvas_width,
+              "observation: the preprocessor makes {}x{} canvases but the model's canvas is {}x{}",
+              preprocessor.spec().canvas_height(), preprocessor.spec().canvas_width(), model.canvas_height,
+              model.canvas_width);
 
     PreparedObservation p;
     if (reuse) p = std::move(*reuse);
     p.frames = T;
-    p.joint_position = obs.joint_position;
-    p.gripper_position = obs.gripper_position;
+    p.state = obs.state;
     // Views -> canvases -> the two possible model inputs (host); step() uploads the one its reset
     // decision needs.
     const size_t frame_values = size_t(3) * model.canvas_height * model.canvas_width;
@@ -477,17 +494,15 @@ PreparedObservation prepare_observation(const Observation& obs, const ModelConfi
         p.clip_input.clear();
         p.reference_input_bf16.resize(frame_values);
         p.clip_input_bf16.resize(frame_values * clip.size());
-        preprocessor.run_bf16(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input_bf16,
-                              p.clip_input_bf16, &p.canvas_scratch);
+        preprocessor.run_bf16(obs.views, ref, clip, p.reference_input_bf16, p.clip_input_bf16, &p.canvas_scratch);
     } else {
         p.reference_input_bf16.clear();
         p.clip_input_bf16.clear();
         p.reference_input.resize(frame_values);
         p.clip_input.resize(frame_values * clip.size());
-        preprocessor.run(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input, p.clip_input,
-                         &p.canvas_scratch);
+        preprocessor.run(obs.views, ref, clip, p.reference_input, p.clip_input, &p.canvas_scratch);
     }
-    p.tokens = tokenize_droid_prompts(tokenizer, obs.prompt, model.t5.text_len);
+    p.tokens = tokenize_prompts(tokenizer, *embodiment.prompt, obs.prompt, model.t5.text_len);
     p.prepare_ms = timer.ms();
     return p;
 }
@@ -503,8 +518,8 @@ PreparedObservation DreamZeroPolicy::prepare(const Observation& obs) const {
             spare_.pop_back();
         }
     }
-    return prepare_observation(obs, model_, *preprocessor_, *tokenizer_, be_.compute_dtype() == DType::BF16,
-                               &reuse);
+    return prepare_observation(obs, model_, embodiment_, *preprocessor_, *tokenizer_,
+                               be_.compute_dtype() == DType::BF16, &reuse);
 }
 
 void DreamZeroPolicy::recycle(PreparedObservation&& used) const {
@@ -554,8 +569,7 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
         }
 
         // State: q99-normalized, zero-padded, rounded as the reference does (straight to bf16).
-        std::vector<double> state = prepare_state(obs.joint_position, std::span<const double>(&obs.gripper_position, 1),
-                                                  statistics_, d.max_state_dim);
+        std::vector<double> state = prepare_state(obs.state, embodiment_, d.max_state_dim);
         std::vector<float> state_f(state.size());
         for (size_t i = 0; i < state.size(); ++i)
             state_f[i] = be_.compute_dtype() == DType::BF16 ? round_f64_to_bf16(state[i]) : float(state[i]);
@@ -701,7 +715,7 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
                           call_index_, i);
         }
         result.actions = postprocess_actions(result.actions_normalized, d.num_action_per_block, d.action_dim,
-                                             obs.joint_position, statistics_);
+                                             obs.state, embodiment_);
         sync_phase(result.times.postprocess, phase);
     } catch (...) {
         // Fail closed: the next call starts a new session (the KV session was aborted by the cache).

@@ -15,11 +15,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/embodiment.h"
 #include "config/run_config.h"
 #include "kv/kv_cache_manager.h"
 #include "policy/preprocess.h"
@@ -42,15 +44,20 @@ class PagedSelfAttentionCache;
 struct DitCrossKv;
 
 /// One policy call's observation. Frames are host uint8 [T, H, W, 3] RGB (T = 1 on a session's first
-/// call, else 4; 8 and 9 are accepted as the reference does); the state is raw (un-normalized).
+/// call, else 4; 8 and 9 are accepted as the reference does), one tensor per camera of the embodiment in
+/// its order (Embodiment::cameras; DROID: exterior_image_1_left, exterior_image_2_left, wrist_image_left);
+/// the state is raw (un-normalized): the embodiment's state keys concatenated in order (DROID: 7 joint
+/// positions, then the gripper).
 struct Observation {
-    TensorView exterior_1;  ///< exterior_image_1_left (RoboArena exterior_image_0_left)
-    TensorView exterior_2;  ///< exterior_image_2_left
-    TensorView wrist;       ///< wrist_image_left
-    std::array<double, 7> joint_position{};
-    double gripper_position = 0.0;
+    std::vector<TensorView> views;
+    std::vector<double> state;
     std::string prompt;
 };
+
+/// DROID's observation from its three cameras (RoboArena exterior_image_0_left is exterior_1), the 7 joint
+/// positions and the gripper.
+Observation droid_observation(const TensorView& exterior_1, const TensorView& exterior_2, const TensorView& wrist,
+                              std::span<const double> joint_position, double gripper_position, std::string prompt);
 
 /// An observation after the host-side work that needs no model state: the canvases converted to the
 /// model's [-1, 1] input (the reference frame and, for T > 1, the commit clip), the prompt tokens and
@@ -64,8 +71,7 @@ struct PreparedObservation {
     HostFloats clip_input;                ///< [3, 9, H, W]: the commit clip (empty when T == 1)
     std::vector<uint16_t, UninitAllocator<uint16_t>> reference_input_bf16, clip_input_bf16;  ///< same, bf16
     PromptTokens tokens;
-    std::array<double, 7> joint_position{};
-    double gripper_position = 0.0;
+    std::vector<double> state;            ///< the raw state (the embodiment's keys concatenated)
     double prepare_ms = 0.0;              ///< host time prepare() took
     ObservationPreprocessor::Scratch canvas_scratch;  ///< the canvases (host scratch kept for reuse)
 };
@@ -81,7 +87,8 @@ struct PhaseTimes {
 };
 
 struct PolicyCallResult {
-    std::vector<float> actions;          ///< [24, 8] robot actions (7 absolute joints, 1 gripper)
+    std::vector<float> actions;          ///< [horizon, D] robot actions, D = the embodiment's action width
+                                         ///< (DROID: 7 absolute joints, 1 gripper)
     std::vector<float> actions_normalized;  ///< [24, action_dim] the model's normalized output
     PhaseTimes times;
     int call_index = 0;                  ///< 0-based calls since construction
@@ -99,7 +106,6 @@ struct PolicyOptions {
     config::SamplingConfig sampling;
     KvConfig kv;
     KvMode kv_mode = KvMode::Paged;
-    std::string embodiment = "oxe_droid";
     std::string tokenizer;               ///< spiece.model or a dir holding one; empty: from the checkpoint
     std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(sampling.seed)
     UnitRangeMode unit_range = UnitRangeMode::F32;
@@ -127,8 +133,9 @@ using PolicyOverrideFn = std::function<void(std::string_view stage, int call, co
 class DreamZeroPolicy {
 public:
     /// Loads every network from `weights` (geometry `model`) onto `be`, plans the workspace, allocates
-    /// the KV pool. `statistics` are the embodiment's q01/q99 (metadata.json).
-    DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights, const EmbodimentStatistics& statistics,
+    /// the KV pool. `embodiment` (with its metadata.json statistics) says what the observations and actions
+    /// are; it is checked against the model (check_embodiment).
+    DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights, const Embodiment& embodiment,
                     const std::filesystem::path& tokenizer, const PolicyOptions& options, Backend& be);
     ~DreamZeroPolicy();
     DreamZeroPolicy(const DreamZeroPolicy&) = delete;
@@ -148,6 +155,7 @@ public:
     void reset();
 
     const ModelConfig& model() const { return model_; }
+    const Embodiment& embodiment() const { return embodiment_; }
     Backend& backend() { return be_; }
     /// Workspace bytes reserved on the backend (planned at construction).
     size_t workspace_bytes() const { return workspace_bytes_; }
@@ -191,7 +199,7 @@ private:
 
     ModelConfig model_;
     PolicyOptions options_;
-    EmbodimentStatistics statistics_;
+    Embodiment embodiment_;
     Backend& be_;
     bool measuring_ = false;  // this instance runs on a MeasuringBackend (workspace planning)
 
@@ -229,12 +237,12 @@ private:
     PolicyOverrideFn override_;
 };
 
-/// DreamZeroPolicy::prepare() without a policy (`dzr bench prepare` times it): validation, the
-/// frames -> model inputs (`preprocessor` at half the canvas size) and the prompt tokens. With
+/// DreamZeroPolicy::prepare() without a policy (`dzr bench prepare` times it): validation against the
+/// embodiment, the frames -> model inputs (`preprocessor` making the model's canvas) and the prompt tokens. With
 /// `bf16_inputs` the model inputs are written as bf16 only (reference_input_bf16 / clip_input_bf16),
 /// as a bf16 backend uploads them; else as f32 only. `reuse` (optional): a used PreparedObservation whose
 /// buffers are taken over.
-PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
+PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model, const Embodiment& embodiment,
                                         const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer,
                                         bool bf16_inputs = false, PreparedObservation* reuse = nullptr);
 

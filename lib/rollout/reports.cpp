@@ -237,7 +237,8 @@ std::string Metrics::mse_csv() const {
 }
 
 void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                        int64_t gt_rows, const Metrics& metrics) {
+                        int64_t gt_rows, const Metrics& metrics, std::span<const ActionKey> keys) {
+    const int keys_end = keys.empty() ? 0 : keys.back().end;
     const int64_t dims = pred.dims;
     const int64_t steps = metrics.options.steps < 0 ? pred.horizon : std::min(metrics.options.steps, pred.horizon);
     std::vector<io::Image> panels;
@@ -258,8 +259,8 @@ void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std
             p.y.push_back(kNaN);
         }
         std::string key;
-        for (const auto& k : kDroidActionKeys)
-            if (dims == 8 && d >= k.begin && d < k.end)
+        for (const auto& k : keys)
+            if (dims == keys_end && d >= k.begin && d < k.end)
                 key = k.end - k.begin == 1 ? fmt::format(" {}", k.name) : fmt::format(" {}[{}]", k.name, d - k.begin);
         io::PlotSpec spec;
         const double mse = size_t(d) < metrics.per_dim.size() ? metrics.per_dim[size_t(d)] : kNaN;
@@ -273,11 +274,11 @@ void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std
 }
 
 Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                      int64_t gt_rows, const MetricsOptions& options, bool plots) {
-    Metrics m = compute_metrics(pred, gt, gt_rows, options);
+                      int64_t gt_rows, const MetricsOptions& options, bool plots, std::span<const ActionKey> keys) {
+    Metrics m = compute_metrics(pred, gt, gt_rows, options, keys);
     out.write_json("metrics.json", m.to_json());
     out.write_text("mse.csv", m.mse_csv());
-    if (plots) write_action_plots(out, pred, gt, gt_rows, m);
+    if (plots) write_action_plots(out, pred, gt, gt_rows, m, keys);
     return m;
 }
 

@@ -145,13 +145,15 @@ Metrics compute_metrics(const io::ActionChunks& pred, std::span<const double> gt
                         std::span<const ActionKey> keys = kDroidActionKeys);
 
 /// action_dim_<d>.png for every dimension (ground truth over all frames, each call's chunk as its
-/// own segment) and all_action_dims.png (the grid of them).
+/// own segment; the title names the dimension's key when `keys` cover the dims) and all_action_dims.png
+/// (the grid of them).
 void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                        int64_t gt_rows, const Metrics& metrics);
+                        int64_t gt_rows, const Metrics& metrics, std::span<const ActionKey> keys = kDroidActionKeys);
 
 /// metrics.json, mse.csv and the plots for one episode; returns the metrics.
 Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                      int64_t gt_rows, const MetricsOptions& options = {}, bool plots = true);
+                      int64_t gt_rows, const MetricsOptions& options = {}, bool plots = true,
+                      std::span<const ActionKey> keys = kDroidActionKeys);
 
 // ---- summary over episodes ----
 

@@ -5,12 +5,14 @@
 #include <future>
 
 #include "backend/backend.h"
+#include "config/embodiment.h"
 #include "config/model_fields.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "io/episode.h"
 #include "io/result_writer.h"
+#include "rollout/episode_layout.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/predicted_video.h"
 #include "rollout/progress.h"
@@ -26,36 +28,33 @@ std::atomic<bool>& interrupt_flag() {
 
 namespace {
 
-/// Frames of one camera for a call, copied into a contiguous uint8 [T, H, W, 3] buffer.
+/// Frames of every camera for a call, each copied into a contiguous uint8 [T, H, W, 3] buffer.
 struct CallFrames {
-    std::array<std::vector<uint8_t>, io::kNumCameras> data;
-    std::array<TensorView, io::kNumCameras> views;
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<TensorView> views;
 };
 
 void gather_frames(const io::Episode& ep, const std::vector<int64_t>& frames, CallFrames& out) {
-    for (int c = 0; c < io::kNumCameras; ++c) {
-        const Tensor& all = ep.cameras[size_t(c)].frames;
+    out.data.resize(ep.cameras.size());
+    out.views.resize(ep.cameras.size());
+    for (size_t c = 0; c < ep.cameras.size(); ++c) {
+        const Tensor& all = ep.cameras[c].frames;
         const int64_t H = all.shape()[1], W = all.shape()[2];
         const size_t frame_bytes = size_t(H * W * 3);
-        out.data[size_t(c)].resize(frames.size() * frame_bytes);
+        out.data[c].resize(frames.size() * frame_bytes);
         for (size_t i = 0; i < frames.size(); ++i)
-            std::memcpy(out.data[size_t(c)].data() + i * frame_bytes,
-                        all.ptr<uint8_t>() + size_t(frames[i]) * frame_bytes, frame_bytes);
-        out.views[size_t(c)] = TensorView(out.data[size_t(c)].data(), DType::U8,
-                                          Shape{int64_t(frames.size()), H, W, 3});
+            std::memcpy(out.data[c].data() + i * frame_bytes, all.ptr<uint8_t>() + size_t(frames[i]) * frame_bytes,
+                        frame_bytes);
+        out.views[c] = TensorView(out.data[c].data(), DType::U8, Shape{int64_t(frames.size()), H, W, 3});
     }
 }
 
 Observation make_observation(const io::Episode& ep, const ScheduledCall& call, CallFrames& frames) {
     gather_frames(ep, call.frames, frames);
     Observation obs;
-    // Camera order of io::kCameraNames: exterior 1, exterior 2, wrist.
-    obs.exterior_1 = frames.views[0];
-    obs.exterior_2 = frames.views[1];
-    obs.wrist = frames.views[2];
-    const auto state = ep.state_at(call.anchor);
-    for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = state[size_t(j)];
-    obs.gripper_position = state[7];
+    // The episode's cameras and state keys are in the embodiment's order (io::EpisodeLayout).
+    obs.views = frames.views;
+    obs.state = ep.state_at(call.anchor);
     obs.prompt = ep.prompt;
     return obs;
 }
@@ -82,15 +81,19 @@ CallTiming to_call_timing(const ScheduledCall& call, const PolicyCallResult& r) 
 /// frames 1, 3, 5 (denoising reads 880 · {1, 3, 5, 7} tokens), and the window reset of a 4-frame call.
 double run_warmup(DreamZeroPolicy& policy, int& calls) {
     Timer t;
-    std::vector<uint8_t> buf(size_t(4) * 180 * 320 * 3);
+    // Frames at the recorded size (DROID's when the embodiment leaves it open).
+    const Embodiment& e = policy.embodiment();
+    const int fh = e.cameras[0].height > 0 ? e.cameras[0].height : io::kDroidHeight;
+    const int fw = e.cameras[0].width > 0 ? e.cameras[0].width : io::kDroidWidth;
+    std::vector<uint8_t> buf(size_t(4) * size_t(fh) * size_t(fw) * 3);
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t((i * 2654435761u) >> 24);
     Observation obs;
     obs.prompt = "warm up";
+    obs.state.assign(size_t(e.state_dim()), 0.0);
     const int window_calls = policy.model().dit.max_chunk_size + 1;
     for (int c = 0; c < window_calls + 1; ++c) {
         const int T = c == 0 ? 1 : 4;
-        TensorView v(buf.data(), DType::U8, Shape{T, 180, 320, 3});
-        obs.exterior_1 = obs.exterior_2 = obs.wrist = v;
+        obs.views.assign(e.cameras.size(), TensorView(buf.data(), DType::U8, Shape{T, fh, fw, 3}));
         policy.step(obs);
         ++calls;
     }
@@ -98,8 +101,7 @@ double run_warmup(DreamZeroPolicy& policy, int& calls) {
     // sequential warm-up left one. A second set now keeps the first timed 4-frame call from allocating
     // (and page-faulting) ~3 MB of fresh memory.
     {
-        TensorView v(buf.data(), DType::U8, Shape{4, 180, 320, 3});
-        obs.exterior_1 = obs.exterior_2 = obs.wrist = v;
+        obs.views.assign(e.cameras.size(), TensorView(buf.data(), DType::U8, Shape{4, fh, fw, 3}));
         PreparedObservation a = policy.prepare(obs), b = policy.prepare(obs);
         policy.recycle(std::move(a));
         policy.recycle(std::move(b));
@@ -141,7 +143,7 @@ VideoTiming write_predicted_video(DreamZeroPolicy& policy, const VideoAccumulato
     vt.frames = predicted.shape()[0];
     timer.reset();
     const ModelConfig& m = policy.model();
-    const Tensor observed = observed_canvases(ep, acc.observed(), ViewSize{m.canvas_height / 2, m.canvas_width / 2});
+    const Tensor observed = observed_canvases(ep, acc.observed(), canvas_spec(policy.embodiment(), m));
     DZR_CHECK(observed.shape() == predicted.shape(), "video: {} predicted frames but {} observed ones",
               predicted.view().str(), observed.view().str());
     if (opt.write_video) {
@@ -185,23 +187,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     DZR_CHECK(!opt.episodes.empty(), "no episodes given");
     DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
 
-    // ---- episodes first (cheap errors before the expensive load) -------------------------------------
-    std::vector<std::filesystem::path> dirs;
-    for (const auto& e : opt.episodes) {
-        auto found = io::list_episodes(e);
-        dirs.insert(dirs.end(), found.begin(), found.end());
-    }
-    DZR_CHECK(!dirs.empty(), "no episode directories found in the given paths");
-    const std::vector<std::string> names = io::unique_episode_names(dirs);
-
-    FrameScheduleConfig sc;
-    sc.start_frame = opt.run.rollout.start_frame;
-    sc.stride = opt.run.rollout.stride;
-    sc.offsets.assign(opt.run.rollout.offsets.begin(), opt.run.rollout.offsets.end());
-    sc.max_chunks = opt.run.rollout.max_chunks > 0 ? opt.run.rollout.max_chunks : -1;
-    const FrameSchedule schedule(sc);
-
-    // ---- checkpoint and policy ------------------------------------------------------------------------
+    // ---- checkpoint geometry and embodiment (no weights read yet) ------------------------------------------
     Timer load_timer;
     Checkpoint ckpt(opt.checkpoint);
     ModelConfig model = ckpt.model_config();
@@ -216,11 +202,52 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             DZR_THROW("{}", msg);
         }
     }
+    const std::string tag = !opt.embodiment.empty() ? opt.embodiment : opt.run.embodiment;
+    const Embodiment embodiment = select_embodiment(load_checkpoint_embodiments(opt.checkpoint), tag, model);
+    const io::EpisodeLayout layout = episode_layout(embodiment);
+
+    // ---- episodes: listed and checked against the embodiment before any compute --------------------------
+    std::vector<std::filesystem::path> dirs;
+    for (const auto& e : opt.episodes) {
+        auto found = io::list_episodes(e, layout);
+        dirs.insert(dirs.end(), found.begin(), found.end());
+    }
+    DZR_CHECK(!dirs.empty(), "no episode directories found in the given paths");
+    const std::vector<std::string> names = io::unique_episode_names(dirs);
+    std::vector<std::string> layout_errors(dirs.size());
+    size_t usable = 0;
+    for (size_t e = 0; e < dirs.size(); ++e) {
+        const std::vector<std::string> problems = io::check_episode_layout(dirs[e], layout);
+        for (size_t i = 0; i < problems.size(); ++i) layout_errors[e] += (i ? "; " : "") + problems[i];
+        if (problems.empty()) ++usable;
+        else log.error("episode {}: {}", names[e], layout_errors[e]);
+    }
+
+    FrameScheduleConfig sc;
+    sc.start_frame = opt.run.rollout.start_frame;
+    sc.stride = opt.run.rollout.stride;
+    sc.offsets.assign(opt.run.rollout.offsets.begin(), opt.run.rollout.offsets.end());
+    sc.max_chunks = opt.run.rollout.max_chunks > 0 ? opt.run.rollout.max_chunks : -1;
+    const FrameSchedule schedule(sc);
+
+    if (usable == 0) {
+        // NOTE: nothing to run: the weights are not loaded.
+        for (size_t e = 0; e < dirs.size(); ++e) {
+            EpisodeSummary summary;
+            summary.name = names[e];
+            summary.status = "failed";
+            summary.error = layout_errors[e];
+            result.episodes.push_back(std::move(summary));
+            ++result.failed;
+        }
+        std::filesystem::create_directories(opt.out_dir);
+        write_summary(opt.out_dir, result.episodes);
+        return result;
+    }
+
+    // ---- weights and policy ---------------------------------------------------------------------------
     const WeightCheckReport check = check_weights(ckpt, expected_weights(model));
     DZR_CHECK(check.ok(), "{}", check.message("checkpoint " + opt.checkpoint.string()));
-    DZR_CHECK(ckpt.has_metadata(), "checkpoint {}: experiment_cfg/metadata.json is missing (q01/q99 statistics)",
-              opt.checkpoint.string());
-    const EmbodimentStatistics& stats = ckpt.statistics(opt.run.embodiment);
     std::filesystem::path tokenizer;
     if (!opt.tokenizer.empty()) {
         tokenizer = resolve_tokenizer_path(opt.tokenizer);
@@ -236,7 +263,6 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     po.sampling = opt.run.sampling;
     po.kv = opt.run.kv;
     po.kv_mode = opt.kv_mode;
-    po.embodiment = opt.run.embodiment;
     po.check_finite = opt.check_finite;
     po.video_decode = opt.save_video;
     if (!opt.noise_video.empty() || !opt.noise_action.empty()) {
@@ -244,7 +270,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                   "--noise-video and --noise-action go together");
         po.noise = load_noise_npy(opt.noise_video, opt.noise_action);
     }
-    DreamZeroPolicy policy(model, ckpt, stats, tokenizer, po, *be);
+    DreamZeroPolicy policy(model, ckpt, embodiment, tokenizer, po, *be);
     const double load_ms = load_timer.ms();
     // Device-wide memory in use, sampled between calls only (after the load, the warm-up, each call
     // and the video decode); the maximum so far goes into each episode's timing.json.
@@ -259,12 +285,14 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                      "dzr rollout\n"
                      "  checkpoint  %s (%zu shards, %s)\n"
                      "  model       %s\n"
+                     "  embodiment  %s (%s)\n"
                      "  device      %s (%s)\n"
                      "  schedule    %s\n"
                      "  episodes    %zu -> %s\n"
                      "  load        %.1f s\n",
                      opt.checkpoint.string().c_str(), ckpt.shards().size(),
-                     config::format_bytes(ckpt.tensor_bytes()).c_str(), policy.describe().c_str(),
+                     config::format_bytes(ckpt.tensor_bytes()).c_str(), policy.describe().c_str(), embodiment.tag.c_str(),
+                     embodiment.source.c_str(),
                      opt.device.str().c_str(), be->name().c_str(), schedule.describe().c_str(), dirs.size(),
                      opt.out_dir.string().c_str(), load_ms / 1e3);
     }
@@ -291,8 +319,16 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
         }
         EpisodeSummary summary;
         summary.name = names[e];
+        if (!layout_errors[e].empty()) {
+            summary.status = "failed";
+            summary.error = layout_errors[e];
+            ++result.failed;
+            result.episodes.push_back(std::move(summary));
+            continue;
+        }
         try {
             io::EpisodeOptions eo;
+            eo.layout = layout;
             eo.allow_truncate = opt.allow_truncate;
             eo.min_frames = schedule.min_frames();
             eo.prompt = opt.prompt;
@@ -304,6 +340,9 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
 
             policy.reset();
             io::ActionChunks chunks;
+            chunks.horizon = model.dit.num_action_per_block;
+            chunks.dims = embodiment.action_dim();
+            chunks.columns = action_column_names(embodiment);
             TimingReport timing;
             timing.device = opt.device.str();
             timing.checkpoint_load_ms = load_ms;
@@ -401,9 +440,10 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                                      {"frames_per_block", opt.run.kv.frames_per_block},
                                      {"reset_at_boundary", opt.run.kv.reset_at_boundary}}},
                                    {"rollout", {{"schedule", schedule.describe()}}},
-                                   {"embodiment", opt.run.embodiment},
+                                   {"embodiment", embodiment.tag},
                                    {"config_file", opt.run.source.string()}};
             manifest.extra = Json{{"policy", policy.describe()},
+                                  {"embodiment_source", embodiment.source},
                                   {"prompt", ep.prompt},
                                   {"tokenizer", tokenizer.string()},
                                   {"warnings", ep.warnings}};
@@ -414,7 +454,8 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 break;
             }
             if (ep.has_actions()) {
-                summary.metrics = write_metrics(writer, chunks, ep.actions, ep.num_frames, opt.metrics, opt.plots);
+                summary.metrics = write_metrics(writer, chunks, ep.actions, ep.num_frames, opt.metrics, opt.plots,
+                                                action_keys(embodiment));
             }
             writer.mark_done(Json{{"num_frames", ep.num_frames}, {"num_calls", chunks.num_calls()}});
             summary.status = "ok";
