@@ -230,12 +230,15 @@ ParsedTransforms read_transform_list(const YAML::Node& list, Conf c) {
     return p;
 }
 
+/// n[a] (or n[a][b]) when present, else a null node. NOTE: yaml-cpp's operator[] on a const node yields an
+/// invalid node for a missing key, which throws when assigned or queried; this never does.
 YAML::Node child(const YAML::Node& n, const char* a, const char* b = nullptr) {
-    if (!n.IsMap()) return YAML::Node();
-    YAML::Node x = n[a];
+    if (!n.IsDefined() || !n.IsMap()) return YAML::Node();
+    YAML::Node m = n;
+    YAML::Node x = m[a];
+    if (!x.IsDefined()) return YAML::Node();
     if (!b) return x;
-    if (!x || !x.IsMap()) return YAML::Node();
-    return x[b];
+    return child(x, b);
 }
 
 // ---- metadata.json ----------------------------------------------------------------------------------------
@@ -524,7 +527,7 @@ std::map<std::string, Embodiment> parse_experiment_config(const std::string& yam
         c.where = "embodiment_tag_to_projector_index";
         std::map<std::string, int> table =
             int_map(root["embodiment_tag_to_projector_index"], c, "embodiment_tag_to_projector_index");
-        const YAML::Node fps = root["fps"];
+        YAML::Node fps = child(root, "fps");
 
         std::map<std::string, Embodiment> out;
         for (const auto& kv : transforms) {
