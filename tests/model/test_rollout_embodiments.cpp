@@ -143,6 +143,7 @@ TEST_CASE("bad embodiment input is refused with a message naming the key and the
     const fs::path sample = sample_episode(dir, "agibot");
 
     // A missing state key and a state array of the wrong width: the episode fails before any compute.
+    fs::create_directories(dir / "eps");
     fs::copy(sample, dir / "eps/missing", fs::copy_options::recursive);
     fs::remove(dir / "eps/missing/head_position.npy");
     fs::copy(sample, dir / "eps/wide", fs::copy_options::recursive);
