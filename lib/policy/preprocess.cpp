@@ -164,6 +164,12 @@ AaAxis torch_aa_axis(int64_t in, int64_t out) {
     return ax;
 }
 
+// NOTE: PyTorch's CPU kernel (interpolate_aa_single_dim*) rounds like fused multiply-adds only for an output that
+// draws on at most 4 source values along the axis; measured (torch 2.15 wheel, an AVX512 CPU, one axis at a time
+// on random frames), outputs of 5 and 6 taps match a plain multiply, then add (456 -> 176 rows: 0 of 1,408
+// values differ; all fused: 382), and 9 to 13 taps match neither form. Every DROID geometry stays within 4 taps.
+constexpr int64_t kMaxFusedTaps = 4;
+
 // One output sample: t0*w0, then += t_j*w_j in order (interpolate_aa_single_dim).
 float aa_dot(const float* src, int64_t stride, const float* w, int64_t n, bool fma) {
     float out = src[0] * w[0];
@@ -372,7 +378,8 @@ RgbImage resize_bilinear_aa_u8(RgbView in, int top, int left, int h, int w, int 
                 for (int x = 0; x < out_width; ++x)
                     tmp[size_t(y) * size_t(out_width) + size_t(x)] = aa_dot(
                         &src[size_t(y) * size_t(w) + size_t(ax_w.xmin[size_t(x)])], 1,
-                        &ax_w.w[size_t(x * ax_w.max_interp)], ax_w.xsize[size_t(x)], opt.fused_multiply_add);
+                        &ax_w.w[size_t(x * ax_w.max_interp)], ax_w.xsize[size_t(x)],
+                        opt.fused_multiply_add && ax_w.xsize[size_t(x)] <= kMaxFusedTaps);
             cur = &tmp;
         }
         // vertical pass: [h, out_w] -> [out_h, out_w]
@@ -382,7 +389,8 @@ RgbImage resize_bilinear_aa_u8(RgbView in, int top, int left, int h, int w, int 
                 for (int x = 0; x < out_width; ++x)
                     dst[size_t(y) * size_t(out_width) + size_t(x)] = aa_dot(
                         &(*cur)[size_t(ax_h.xmin[size_t(y)]) * size_t(out_width) + size_t(x)], out_width,
-                        &ax_h.w[size_t(y * ax_h.max_interp)], ax_h.xsize[size_t(y)], opt.fused_multiply_add);
+                        &ax_h.w[size_t(y * ax_h.max_interp)], ax_h.xsize[size_t(y)],
+                        opt.fused_multiply_add && ax_h.xsize[size_t(y)] <= kMaxFusedTaps);
             cur = &dst;
         }
         // VideoToNumpy: (x * 255).to(uint8) truncates
@@ -494,6 +502,7 @@ AaResizer::AaResizer(int in_height, int in_width, int out_height, int out_width,
                 src_h_[size_t(e)] = int32_t(ax.xmin[size_t(x)] * 3 + c);
                 for (int64_t j = 0; j < ax.xsize[size_t(x)]; ++j)
                     w_h_[size_t(j) * size_t(n) + size_t(e)] = ax.w[size_t(x * ax.max_interp + j)];
+                if (fma_ && ax.xsize[size_t(x)] > kMaxFusedTaps) unfused_h_.push_back(e);
             }
     } else {
         src_h_.resize(size_t(n));
@@ -505,15 +514,18 @@ AaResizer::AaResizer(int in_height, int in_width, int out_height, int out_width,
         taps_v_ = int(ax.max_interp);
         src_v_.resize(size_t(out_h_));
         w_v_.assign(size_t(out_h_) * size_t(taps_v_), 0.f);
+        fused_v_.assign(size_t(out_h_), 1);
         for (int y = 0; y < out_h_; ++y) {
             src_v_[size_t(y)] = int32_t(ax.xmin[size_t(y)]);
             for (int64_t j = 0; j < ax.xsize[size_t(y)]; ++j)
                 w_v_[size_t(y) * size_t(taps_v_) + size_t(j)] = ax.w[size_t(y * ax.max_interp + j)];
+            fused_v_[size_t(y)] = ax.xsize[size_t(y)] <= kMaxFusedTaps ? 1 : 0;
         }
     } else {
         src_v_.resize(size_t(out_h_));
         for (int y = 0; y < out_h_; ++y) src_v_[size_t(y)] = y;
         w_v_.assign(size_t(out_h_), 1.f);
+        fused_v_.assign(size_t(out_h_), 1);
     }
 }
 
@@ -527,7 +539,7 @@ void AaResizer::run(RgbView in, int top, int left, uint8_t* out, size_t out_row_
         return t;
     }();
     const HRowFn h_row = pick_h_row(fma_);
-    const VRowFn v_row = pick_v_row(fma_);
+    const VRowFn v_row = pick_v_row(fma_), v_row_unfused = pick_v_row(false);
     const int n = out_w_ * 3;
     // Per-thread buffers: the float row (zero-padded for the padded taps), the horizontal pass output
     // (zero rows appended for the padded vertical taps) and one accumulator row.
@@ -540,11 +552,20 @@ void AaResizer::run(RgbView in, int top, int left, uint8_t* out, size_t out_row_
     for (int y = 0; y < in_h_; ++y) {
         const uint8_t* row = in.data + (size_t(top + y) * size_t(in.width) + size_t(left)) * 3;
         for (int k = 0; k < in_w_ * 3; ++k) rowf[size_t(k)] = kByteToUnit[row[k]];
-        h_row(rowf.data(), src_h_.data(), w_h_.data(), taps_h_, n, tmp.data() + size_t(y) * size_t(n));
+        float* hout = tmp.data() + size_t(y) * size_t(n);
+        h_row(rowf.data(), src_h_.data(), w_h_.data(), taps_h_, n, hout);
+        // The outputs of more than kMaxFusedTaps taps again, multiply then add (the padded taps add exact zeros).
+        for (const int32_t e : unfused_h_) {
+            float t = rowf[size_t(src_h_[size_t(e)])] * w_h_[size_t(e)];
+            for (int j = 1; j < taps_h_; ++j)
+                t = t + rowf[size_t(src_h_[size_t(e)] + 3 * j)] * w_h_[size_t(j) * size_t(n) + size_t(e)];
+            hout[e] = t;
+        }
     }
     for (int y = 0; y < out_h_; ++y)
-        v_row(tmp.data() + size_t(src_v_[size_t(y)]) * size_t(n), size_t(n), &w_v_[size_t(y) * size_t(taps_v_)],
-              taps_v_, acc.data(), out + size_t(y) * out_row_stride, repeat_columns);
+        (fused_v_[size_t(y)] ? v_row : v_row_unfused)(tmp.data() + size_t(src_v_[size_t(y)]) * size_t(n), size_t(n),
+                                                      &w_v_[size_t(y) * size_t(taps_v_)], taps_v_, acc.data(),
+                                                      out + size_t(y) * out_row_stride, repeat_columns);
 }
 
 RgbImage AaResizer::run(RgbView in, int top, int left) const {
