@@ -1,11 +1,12 @@
 // `dzr parity make-inputs|run`: the dzr side of the parity harness against the official DreamZero
 // implementation (docs/PARITY.md, scripts/parity/).
 //
-//   make-inputs  writes a parity input directory: 7 policy calls of deterministic synthetic camera
-//                frames (180x320, call 0 with 1 frame, later calls with 4), the raw state, the prompt,
-//                the canvases dzr's preprocessing makes of them (the reference head is fed these), the
-//                umT5 token ids and masks of both CFG branches, and the initial noise drawn by dzr's
-//                seeded generator (the reference's generate_noise is replaced to return it).
+//   make-inputs  writes a parity input directory for one embodiment of the checkpoint (--embodiment): 7 policy
+//                calls of deterministic synthetic frames per camera (at the embodiment's recorded size, DROID's
+//                180x320; call 0 with 1 frame, later calls with 4), the raw state per key, the prompt and its
+//                template text, the canvases dzr's preprocessing makes of them, the umT5 token ids and masks of
+//                both CFG branches, and the initial noise drawn by dzr's seeded generator (the reference's
+//                generate_noise is replaced to return it).
 //   attention, linear, conv3d, op: one bf16 op on .npy operands through the CUDA backend (parity_kernels.cpp).
 //   run          runs DreamZeroPolicy on those inputs with the injected noise and writes the traced
 //                stages of every call into one .safetensors file (f32), named as the reference
