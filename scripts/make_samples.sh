@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates samples/: one synthetic DROID-like episode (three 320x180 views at 15 fps as H.264 .mp4,
-# joint/gripper state, ground-truth actions, a prompt), made by `dzr episode synth`.
+# Regenerates samples/ with `dzr episode synth`: a synthetic DROID-like episode (samples/episode_000: three
+# 320x180 views at 15 fps as H.264 .mp4, joint/gripper state, ground-truth actions, a prompt) and one episode per
+# other built-in embodiment (samples/agibot/episode_000, samples/yam/episode_000: 48 frames of 640x480 at 30 fps,
+# every state key of the embodiment, its actions), which CI rolls out on tiny checkpoints of those embodiments.
 #
 # The .mp4 files need a dzr built with OpenCV. A machine without video support (the GPU machine)
 # regenerates the same source frames as .npy instead:
@@ -25,15 +27,27 @@ DZR="$BUILD_DIR/bin/dzr"
     exit 1
 }
 
-out=samples/episode_000
-tmp=$(mktemp -d samples/.episode_000.tmp-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-"$DZR" episode synth --out "$tmp" --frames "$FRAMES" --seed "$SEED" --frames-format mp4
-"$DZR" episode inspect "$tmp" >/dev/null
-rm -rf "$out"
-chmod 755 "$tmp"  # mktemp -d makes it private
-mv "$tmp" "$out"
-trap - EXIT
+# make OUT ARGS...: writes the episode into a temporary directory, checks it, then moves it into place.
+make() {
+    local out=$1
+    shift
+    mkdir -p "$(dirname "$out")"
+    local tmp
+    tmp=$(mktemp -d "$(dirname "$out")/.episode.tmp-XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    "$DZR" episode synth --out "$tmp" --frames-format mp4 "$@"
+    "$DZR" episode inspect "$tmp" "${inspect_args[@]}" >/dev/null
+    rm -rf "$out"
+    chmod 755 "$tmp"  # mktemp -d makes it private
+    mv "$tmp" "$out"
+    trap - EXIT
+}
+inspect_args=()
+make samples/episode_000 --frames "$FRAMES" --seed "$SEED"
+inspect_args=(--embodiment agibot)
+make samples/agibot/episode_000 --embodiment agibot --frames 48 --seed 0
+inspect_args=(--embodiment yam)
+make samples/yam/episode_000 --embodiment yam --frames 48 --seed 1 --width 640 --height 480
 
 bytes=$(du -sb samples | cut -f1)
 du -ab samples | sort -k2

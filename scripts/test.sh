@@ -21,7 +21,7 @@ echo "== tests =="
 
 echo "== parser tests under ASan/UBSan =="
 # Only what the parser tests need (test_checkpoint also runs the dzr binary).
-TARGETS="dzr_cli unit_test_safetensors unit_test_checkpoint unit_test_config unit_test_npy unit_test_episode" \
+TARGETS="dzr_cli unit_test_safetensors unit_test_checkpoint unit_test_config unit_test_npy unit_test_episode unit_test_embodiment" \
     BUILD_DIR=build-asan scripts/build.sh -DDZR_SANITIZE=ON -DDZR_CUDA=OFF -DDZR_OPENCV=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -81,7 +81,7 @@ void reference_prepare(const Observation& obs, const ModelConfig& model, const U
     };
     std::vector<RgbImage> canvases;
     for (int t = 0; t < T; ++t)
-        canvases.push_back(compose_canvas(one(obs.wrist, t), one(obs.exterior_1, t), one(obs.exterior_2, t)));
+        canvases.push_back(compose_canvas(one(obs.views[2], t), one(obs.views[0], t), one(obs.views[1], t)));
     const size_t frame_values = size_t(3) * model.canvas_height * model.canvas_width;
     std::vector<float> ref(frame_values);
     canvases_to_model_input(std::span<const RgbImage>(&canvases[size_t(T - 1)], 1), ref);
@@ -103,14 +103,17 @@ int run_prepare_bench(const BenchOptions& o) {
                                       o.threads);
     // Synthetic camera frames (a hash, so no two views or frames are alike).
     const int T = o.frames;
+    // DROID's cameras in the model's order: exterior 1, exterior 2, wrist.
     std::array<std::vector<uint8_t>, 3> data;
+    const Embodiment droid = builtin_embodiment("oxe_droid");
     Observation obs;
-    std::array<TensorView*, 3> cams = {&obs.wrist, &obs.exterior_1, &obs.exterior_2};
     for (size_t v = 0; v < 3; ++v) {
+        const size_t salt = (v + 1) % 3;  // the hash of each camera as before the cameras were reordered
         data[v].resize(size_t(T) * kFrameHeight * kFrameWidth * 3);
-        for (size_t i = 0; i < data[v].size(); ++i) data[v][i] = uint8_t(((i + v * 7919) * 2654435761u) >> 24);
-        *cams[v] = TensorView(data[v].data(), DType::U8, Shape{T, kFrameHeight, kFrameWidth, 3});
+        for (size_t i = 0; i < data[v].size(); ++i) data[v][i] = uint8_t(((i + salt * 7919) * 2654435761u) >> 24);
+        obs.views.emplace_back(data[v].data(), DType::U8, Shape{T, kFrameHeight, kFrameWidth, 3});
     }
+    obs.state.assign(size_t(droid.state_dim()), 0.0);
     obs.prompt = "pick up the marker and put it in the cup";
     std::printf("dzr bench prepare: %s, canvas %dx%d, %d frame%s per call x 3 views of %dx%d, %s\n", o.config.c_str(),
                 model.canvas_height, model.canvas_width, T, T == 1 ? "" : "s", kFrameHeight, kFrameWidth,
@@ -135,13 +138,13 @@ int run_prepare_bench(const BenchOptions& o) {
     }
     // NOTE: each run hands its buffers to the next, as the rollout does (DreamZeroPolicy::recycle).
     PreparedObservation kept;
-    print("prepare", time_it([&] { kept = prepare_observation(obs, model, pre, tok, false, &kept); }));
-    print("prepare (bf16 inputs)", time_it([&] { kept = prepare_observation(obs, model, pre, tok, true, &kept); }));
+    print("prepare", time_it([&] { kept = prepare_observation(obs, model, droid, pre, tok, false, &kept); }));
+    print("prepare (bf16 inputs)", time_it([&] { kept = prepare_observation(obs, model, droid, pre, tok, true, &kept); }));
     const size_t plane = size_t(model.canvas_height) * size_t(model.canvas_width);
     std::vector<int> clip;
     if (T == 4) clip = {0, 0, 0, 1, 1, 2, 2, 3, 3};
     std::vector<float> ref(3 * plane), out(3 * clip.size() * plane);
-    print("  frames -> model inputs", time_it([&] { pre.run(obs.wrist, obs.exterior_1, obs.exterior_2, T - 1, clip, ref, out); }));
+    print("  frames -> model inputs", time_it([&] { pre.run(obs.views, T - 1, clip, ref, out); }));
     print("  prompt tokens", time_it([&] { (void)tokenize_droid_prompts(tok, obs.prompt, model.t5.text_len); }));
     return 0;
 }

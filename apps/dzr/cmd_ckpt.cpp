@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "apps/dzr/command.h"
+#include "config/embodiment.h"
 #include "config/model_fields.h"
 #include "config/run_config.h"
 #include "core/error.h"
@@ -35,6 +36,7 @@ struct CkptOptions {
     std::string tokenizer;
     std::string dtype = "bf16";
     std::string shard_size = "5GB";
+    std::string embodiment;
     bool dry_run = false;
     bool force = false;
 };
@@ -74,6 +76,37 @@ std::string geometry_lines(const ModelConfig& m) {
     s += fmt::format("  head: num_frames {}, action_horizon {}, max_action_dim {}, canvas {}x{}\n",
                      m.num_frames, m.action_horizon, m.max_action_dim, m.canvas_height, m.canvas_width);
     return s;
+}
+
+/// The embodiments of experiment_cfg (or the built-ins bound to metadata.json), each checked against the
+/// checkpoint's geometry.
+void print_embodiments(const Checkpoint& ck) {
+    CheckpointEmbodiments ce;
+    try {
+        ce = load_checkpoint_embodiments(ck.dir());
+    } catch (const Error& e) {
+        fmt::print("\nembodiments: cannot be read: {}\n", e.what());
+        return;
+    }
+    fmt::print("\nembodiments ({}):\n", ce.has_conf ? "experiment_cfg/conf.yaml, statistics from metadata.json"
+                                                     : "no experiment_cfg/conf.yaml: built-in descriptions, statistics "
+                                                       "from metadata.json");
+    for (const auto& e : ce.embodiments) {
+        std::string text = e.describe();
+        if (e.has_statistics) {
+            try {
+                check_embodiment(e, ck.model_config());
+                text += "  fits this checkpoint's geometry\n";
+            } catch (const Error& err) {
+                text += fmt::format("  does not fit this checkpoint: {}\n", err.what());
+            }
+        } else {
+            text += "  not usable: experiment_cfg/metadata.json has no statistics for it\n";
+        }
+        fmt::print("  {}", text);
+    }
+    for (const auto& [tag, why] : ce.unusable) fmt::print("  {}: not usable: {}\n", tag, why);
+    if (ce.embodiments.empty() && ce.unusable.empty()) fmt::print("  none\n");
 }
 
 int run_inspect(const CkptOptions& o) {
@@ -131,6 +164,7 @@ int run_inspect(const CkptOptions& o) {
     } else {
         fmt::print("\nstatistics: experiment_cfg/metadata.json is missing\n");
     }
+    print_embodiments(ck);
     const auto tok = ck.tokenizer_path();
     fmt::print("tokenizer: {}\n",
                tok ? tok->string() : std::string("not found in the checkpoint (use --tokenizer)"));
@@ -161,11 +195,24 @@ int run_validate(const CkptOptions& o) {
             for (const auto& d : diff) msg += "\n  " + d;
             problems.push_back(msg);
         }
-        if (ck.has_metadata() && !ck.all_statistics().count(rc.embodiment))
-            problems.push_back(
-                fmt::format("{}: experiment_cfg/metadata.json has no statistics for embodiment {}",
-                            ck.dir().string(), rc.embodiment));
         against += " and " + o.config;
+    }
+    if (ck.has_metadata()) {
+        // The embodiment asked for (--embodiment, else the config's), else every one with statistics.
+        std::string tag = o.embodiment;
+        if (tag.empty() && !o.config.empty()) tag = config::load_run_config(o.config, overrides(o)).embodiment;
+        try {
+            const CheckpointEmbodiments ce = load_checkpoint_embodiments(ck.dir());
+            if (!tag.empty()) {
+                (void)select_embodiment(ce, tag, m);
+            } else {
+                for (const auto& e : ce.embodiments)
+                    if (e.has_statistics) check_embodiment(e, m);
+                if (ce.embodiments.empty()) (void)select_embodiment(ce, "", m);
+            }
+        } catch (const Error& e) {
+            problems.push_back(e.what());
+        }
     }
     if (!problems.empty()) {
         std::string msg = fmt::format("{} is not valid ({} problem{}):", ck.dir().string(), problems.size(),
@@ -194,9 +241,20 @@ int run_make(const CkptOptions& o) {
     mo.dtype = *dt;
     mo.shard_size = config::parse_byte_size(o.shard_size, "--shard-size");
     if (!o.tokenizer.empty()) mo.tokenizer = resolve_tokenizer_path(o.tokenizer);
+    if (!o.embodiment.empty()) {
+        const Embodiment e = builtin_embodiment(o.embodiment);
+        mo.conf_yaml = experiment_conf_yaml(e, rc.model);
+        mo.metadata_json = e.tag == "oxe_droid" ? droid_metadata_json() : synthetic_metadata_json(e);
+        // What a rollout reads back, checked before anything is written.
+        Embodiment back = parse_experiment_config(mo.conf_yaml, "conf.yaml").at(e.tag);
+        bind_metadata(back, parse_embodiment_metadata(mo.metadata_json, "metadata.json").at(e.tag), "metadata.json");
+        check_embodiment(back, rc.model);
+    }
     const MakePlan plan = plan_random_checkpoint(rc.model, mo);
 
-    fmt::print("{} {} ({}, seed {}):\n", o.dry_run ? "plan for" : "writing", o.config, o.dtype, o.seed);
+    fmt::print("{} {} ({}, seed {}{}):\n", o.dry_run ? "plan for" : "writing", o.config, o.dtype, o.seed,
+               o.embodiment.empty() ? std::string(", oxe_droid statistics, no conf.yaml")
+                                    : fmt::format(", embodiment {}: conf.yaml + metadata.json", o.embodiment));
     fmt::print("{:<14} {:>8} {:>16} {:>16}\n", "component", "tensors", "parameters", "bytes");
     for (int c = 0; c < kNumComponents; ++c) {
         if (!plan.census.tensors[size_t(c)]) continue;
@@ -228,7 +286,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto opts = std::make_shared<CkptOptions>();
 
     auto* inspect =
-        ckpt->add_subcommand("inspect", "Per-component census, dtypes, shards and config.json geometry");
+        ckpt->add_subcommand("inspect", "Per-component census, dtypes, shards, config.json geometry and embodiments");
     inspect->add_option("dir", opts->dir, "Checkpoint directory")->required();
     inspect->callback([&run, opts] { run = [opts] { return run_inspect(*opts); }; });
 
@@ -238,6 +296,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     validate->add_option("dir", opts->dir, "Checkpoint directory")->required();
     validate->add_option("--config", opts->config, "Also require the geometry of this configs/*.yaml");
     validate->add_option("--set", opts->sets, "Override a config key (KEY=VALUE, repeatable)");
+    validate->add_option("--embodiment", opts->embodiment, "Check this embodiment (default: the config's, else all)");
     validate->callback([&run, opts] { run = [opts] { return run_validate(*opts); }; });
 
     auto* make = ckpt->add_subcommand("make", "Write a checkpoint of random weights at a config's geometry");
@@ -249,6 +308,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
         ->capture_default_str();
     make->add_option("--set", opts->sets, "Override a config key (KEY=VALUE, repeatable)");
     make->add_option("--tokenizer", opts->tokenizer, "Copy this umT5 spiece.model into the checkpoint");
+    make->add_option("--embodiment", opts->embodiment,
+                     "Write experiment_cfg/conf.yaml and metadata.json of this built-in embodiment (oxe_droid, "
+                     "agibot, yam)");
     make->add_flag("--dry-run", opts->dry_run, "Print the inventory and sizes, write nothing");
     make->add_flag("--force", opts->force, "Allow writing more than 4 GiB");
     make->callback([&run, opts] { run = [opts] { return run_make(*opts); }; });

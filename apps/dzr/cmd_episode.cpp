@@ -1,9 +1,10 @@
-// `dzr episode synth|inspect|convert`: make a synthetic episode, check episodes the way a rollout
-// reads them, and decode .mp4 cameras to .npy for machines without video support.
+// `dzr episode synth|inspect|convert`: make a synthetic episode of an embodiment, check episodes against an
+// embodiment the way a rollout reads them, and decode .mp4 cameras to .npy for machines without video support.
 #include <cstdio>
 #include <memory>
 
 #include "apps/dzr/command.h"
+#include "config/embodiment.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/atomic_file.h"
@@ -11,7 +12,9 @@
 #include "io/npy.h"
 #include "io/synth_episode.h"
 #include "io/video_reader.h"
+#include "rollout/episode_layout.h"
 #include "rollout/frame_schedule.h"
+#include "weights/checkpoint.h"
 #include "rollout/progress.h"
 
 namespace dzr::app {
@@ -19,35 +22,62 @@ namespace {
 
 namespace fs = std::filesystem;
 
+/// Which embodiment an episode is read as: --ckpt's (its --embodiment, or its only one), else the built-in
+/// --embodiment (oxe_droid by default).
+struct EmbodimentArgs {
+    std::string embodiment;
+    std::string ckpt;
+
+    Embodiment resolve() const {
+        if (!ckpt.empty()) {
+            const Checkpoint ck(ckpt);
+            return select_embodiment(load_checkpoint_embodiments(ck.dir()), embodiment, ck.model_config());
+        }
+        return builtin_embodiment(embodiment.empty() ? "oxe_droid" : embodiment);
+    }
+
+    void add_to(CLI::App* cmd) {
+        cmd->add_option("--embodiment", embodiment, "Embodiment tag (built-in: oxe_droid, agibot, yam; with --ckpt: "
+                                                    "one of the checkpoint's)");
+        cmd->add_option("--ckpt", ckpt, "Take the embodiment from this checkpoint's experiment_cfg");
+    }
+};
+
 struct SynthArgs {
     std::string out;
     int64_t frames = 100;
     uint64_t seed = 0;
-    int width = io::kDroidWidth;
-    int height = io::kDroidHeight;
-    double fps = io::kDroidFps;
+    int width = 0;     // 0: the embodiment's recorded size (DROID 320x180; 640x480 when it has none)
+    int height = 0;
+    double fps = 0.0;  // 0: the embodiment's
     std::string format = "auto";
+    EmbodimentArgs embodiment;
 };
 
 struct InspectArgs {
     std::string path;
     bool allow_truncate = false;
     std::string prompt;
+    EmbodimentArgs embodiment;
 };
 
 struct ConvertArgs {
     std::string path;
     std::string out;
     bool allow_truncate = false;
+    EmbodimentArgs embodiment;
 };
 
 int run_synth(const SynthArgs& a) {
+    const Embodiment e = a.embodiment.resolve();
     io::SynthOptions opt;
+    opt.layout = rollout::episode_layout(e);
     opt.frames = a.frames;
     opt.seed = a.seed;
-    opt.width = a.width;
-    opt.height = a.height;
-    opt.fps = a.fps;
+    const CameraSpec& cam = e.cameras.at(0);
+    opt.width = a.width > 0 ? a.width : cam.width > 0 ? cam.width : 640;
+    opt.height = a.height > 0 ? a.height : cam.height > 0 ? cam.height : 480;
+    opt.fps = a.fps > 0 ? a.fps : opt.layout.fps;
     const std::string format = a.format == "auto" ? (io::video_io_available() ? "both" : "npy") : a.format;
     opt.write_npy_frames = format == "npy" || format == "both";
     if (format == "mp4" || format == "both") {
@@ -60,15 +90,17 @@ int run_synth(const SynthArgs& a) {
         };
     }
     const auto files = io::write_synth_episode(a.out, opt);
-    std::printf("wrote synthetic episode %s (%lld frames, %dx%d, %g fps, seed %llu):", a.out.c_str(),
-                static_cast<long long>(a.frames), a.width, a.height, a.fps, static_cast<unsigned long long>(a.seed));
+    std::printf("wrote synthetic %s episode %s (%lld frames, %dx%d, %g fps, seed %llu):", e.tag.c_str(), a.out.c_str(),
+                static_cast<long long>(a.frames), opt.width, opt.height, opt.fps,
+                static_cast<unsigned long long>(a.seed));
     for (const auto& f : files) std::printf(" %s", f.c_str());
     std::printf("\n");
     return 0;
 }
 
-io::EpisodeOptions episode_options(bool allow_truncate, const std::string& prompt) {
+io::EpisodeOptions episode_options(bool allow_truncate, const std::string& prompt, const Embodiment& e) {
     io::EpisodeOptions opt;
+    opt.layout = rollout::episode_layout(e);
     opt.allow_truncate = allow_truncate;
     opt.open_video = io::open_video;
     if (!prompt.empty()) opt.prompt = prompt;
@@ -76,13 +108,22 @@ io::EpisodeOptions episode_options(bool allow_truncate, const std::string& promp
 }
 
 int run_inspect(const InspectArgs& a) {
-    const auto dirs = io::list_episodes(a.path);
+    const Embodiment e = a.embodiment.resolve();
     const rollout::FrameSchedule schedule;
-    io::EpisodeOptions opt = episode_options(a.allow_truncate, a.prompt);
+    io::EpisodeOptions opt = episode_options(a.allow_truncate, a.prompt, e);
     opt.min_frames = schedule.min_frames();
+    const auto dirs = io::list_episodes(a.path, opt.layout);
     int failed = 0;
     std::vector<std::vector<std::string>> rows;
     for (const auto& dir : dirs) {
+        // What the embodiment needs and the episode lacks, all of it, before decoding anything.
+        const std::vector<std::string> problems = io::check_episode_layout(dir, opt.layout);
+        if (!problems.empty()) {
+            ++failed;
+            for (const auto& p : problems) std::fprintf(stderr, "dzr: error: %s\n", p.c_str());
+            rows.push_back({dir.filename().string(), "", "", "", "", "error"});
+            continue;
+        }
         try {
             const io::Episode ep = io::read_episode(dir, opt);
             std::printf("%s", ep.summary().c_str());
@@ -102,10 +143,10 @@ int run_inspect(const InspectArgs& a) {
 }
 
 int run_convert(const ConvertArgs& a) {
-    const auto dirs = io::list_episodes(a.path);
+    const io::EpisodeOptions opt = episode_options(a.allow_truncate, "", a.embodiment.resolve());
+    const auto dirs = io::list_episodes(a.path, opt.layout);
     const auto names = io::unique_episode_names(dirs);
-    const io::EpisodeOptions opt = episode_options(a.allow_truncate, "");
-    const bool single = dirs.size() == 1 && io::is_episode_dir(a.path);
+    const bool single = dirs.size() == 1 && io::is_episode_dir(a.path, opt.layout);
     for (size_t i = 0; i < dirs.size(); ++i) {
         const io::Episode ep = io::read_episode(dirs[i], opt);
         const fs::path out = single ? fs::path(a.out) : fs::path(a.out) / names[i];
@@ -114,9 +155,9 @@ int run_convert(const ConvertArgs& a) {
         fs::create_directories(out);
         for (const auto& cam : ep.cameras) io::write_npy(out / (cam.name + ".npy"), cam.frames.view());
         const int64_t T = ep.num_frames;
-        if (ep.has_joint_position) io::write_npy_f64(out / io::kJointFile, {T, io::kJointDims}, ep.joint_position);
-        if (ep.has_gripper_position) io::write_npy_f64(out / io::kGripperFile, {T, io::kGripperDims}, ep.gripper_position);
-        if (ep.has_actions()) io::write_npy_f64(out / io::kActionsFile, {T, io::kActionDims}, ep.actions);
+        for (const auto& st : ep.state)
+            if (st.present) io::write_npy_f64(out / (st.name + ".npy"), {T, st.dim}, st.values);
+        if (ep.has_actions()) io::write_npy_f64(out / io::kActionsFile, {T, ep.action_dim}, ep.actions);
         io::write_file_atomic(out / io::kEpisodeYaml,
                               io::episode_yaml_text(ep.prompt, ep.fps, "converted by dzr episode convert from " +
                                                                            fs::absolute(dirs[i]).string()));
@@ -131,13 +172,16 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     cmd->require_subcommand(1);
 
     auto synth = std::make_shared<SynthArgs>();
-    auto* s = cmd->add_subcommand("synth", "Write a synthetic DROID-like episode (moving shapes, state, actions)");
+    auto* s = cmd->add_subcommand("synth", "Write a synthetic episode of an embodiment (moving shapes, state, actions)");
     s->add_option("--out", synth->out, "Episode directory to write")->required();
     s->add_option("--frames", synth->frames, "Number of frames")->capture_default_str()->check(CLI::Range(1, 100000));
     s->add_option("--seed", synth->seed, "Seed of the trajectories and the prompt")->capture_default_str();
-    s->add_option("--width", synth->width, "Frame width")->capture_default_str()->check(CLI::Range(16, 4096));
-    s->add_option("--height", synth->height, "Frame height")->capture_default_str()->check(CLI::Range(16, 4096));
-    s->add_option("--fps", synth->fps, "Frame rate")->capture_default_str()->check(CLI::PositiveNumber);
+    s->add_option("--width", synth->width, "Frame width (default: the embodiment's recorded size)")
+        ->check(CLI::Range(16, 4096));
+    s->add_option("--height", synth->height, "Frame height (default: the embodiment's recorded size)")
+        ->check(CLI::Range(16, 4096));
+    s->add_option("--fps", synth->fps, "Frame rate (default: the embodiment's)")->check(CLI::PositiveNumber);
+    synth->embodiment.add_to(s);
     s->add_option("--frames-format", synth->format,
                   "Camera files: npy, mp4, both, or auto (both with video support, else npy)")
         ->capture_default_str()
@@ -149,6 +193,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     i->add_option("path", inspect->path, "Episode directory, parent directory of episodes, or list file")->required();
     i->add_flag("--allow-truncate", inspect->allow_truncate, "Cut cameras and arrays of different lengths to the shortest");
     i->add_option("--prompt", inspect->prompt, "Prompt replacing episode.yaml's");
+    inspect->embodiment.add_to(i);
     i->callback([&run, inspect] { run = [inspect] { return run_inspect(*inspect); }; });
 
     auto convert = std::make_shared<ConvertArgs>();
@@ -156,6 +201,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     c->add_option("path", convert->path, "Episode directory, parent directory of episodes, or list file")->required();
     c->add_option("--out", convert->out, "Output episode directory (or parent directory for many)")->required();
     c->add_flag("--allow-truncate", convert->allow_truncate, "Cut cameras and arrays of different lengths to the shortest");
+    convert->embodiment.add_to(c);
     c->callback([&run, convert] { run = [convert] { return run_convert(*convert); }; });
 });
 

@@ -19,6 +19,7 @@ struct RolloutArgs {
     std::string ckpt;
     std::string out;
     std::string config;
+    std::string embodiment;
     std::vector<std::string> sets;
     std::string device = "cpu";
     std::string numerics = "reference";
@@ -58,6 +59,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
     }
     o.overrides = a.sets;
+    o.embodiment = a.embodiment;
     o.devices = parse_device_list(a.device);
     o.numerics = parse_numerics(a.numerics);
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
@@ -133,6 +135,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--out", args->out, "Output directory (one subdirectory per episode)")->required();
     cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");
     cmd->add_option("--set", args->sets, "Override a config key: --set sampling.num_dit_steps=16");
+    cmd->add_option("--embodiment", args->embodiment,
+                    "The checkpoint's embodiment to run (default: the config's, else the checkpoint's only one)");
     cmd->add_option("--device", args->device,
                     "cpu, cuda or cuda:N; two devices (cpu,cpu or cuda:0,cuda:1) run the unconditional CFG branch on "
                     "the second")

@@ -40,7 +40,8 @@ struct RunConfig {
     SamplingConfig sampling;
     KvConfig kv;  // dzr::KvConfig (lib/config/kv_config.h)
     RolloutConfig rollout;
-    std::string embodiment = "oxe_droid";
+    /// The checkpoint's embodiment tag to run; empty: the checkpoint's only one (config/embodiment.h).
+    std::string embodiment;
     std::string description;
     std::filesystem::path source;  // the YAML file it came from (empty for a string)
 };

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <functional>
 #include <set>
+
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -31,11 +34,18 @@ struct EpisodeYaml {
     std::map<std::string, std::string> camera_files;
 };
 
+std::string camera_list(const EpisodeLayout& layout) {
+    std::string out;
+    for (size_t i = 0; i < layout.cameras.size(); ++i)
+        out += (i == 0 ? "" : i + 1 == layout.cameras.size() ? " and " : ", ") + layout.cameras[i];
+    return out;
+}
+
 std::string describe_utf8_error(std::string_view text, size_t offset) {
     return fmt::format("byte 0x{:02x} at offset {}", uint8_t(text[offset]), offset);
 }
 
-EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& warnings) {
+EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& warnings, const EpisodeLayout& layout) {
     EpisodeYaml y;
     const std::string text = read_file(file);
     const std::string name = file.string();
@@ -70,9 +80,9 @@ EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& wa
                 DZR_CHECK(v.IsMap(), "{}: 'cameras' must map camera names to file names", name);
                 for (const auto& c : v) {
                     const std::string cam = c.first.as<std::string>();
-                    DZR_CHECK(std::find(kCameraNames.begin(), kCameraNames.end(), cam) != kCameraNames.end(),
-                              "{}: unknown camera '{}' under 'cameras' (expected exterior_image_1_left, "
-                              "exterior_image_2_left or wrist_image_left)", name, cam);
+                    DZR_CHECK(std::find(layout.cameras.begin(), layout.cameras.end(), cam) != layout.cameras.end(),
+                              "{}: unknown camera '{}' under 'cameras' (embodiment {} has {})", name, cam,
+                              layout.embodiment, camera_list(layout));
                     DZR_CHECK(c.second.IsScalar() && !c.second.as<std::string>().empty(),
                               "{}: cameras.{} must be a file name", name, cam);
                     y.camera_files[cam] = c.second.as<std::string>();
@@ -97,7 +107,7 @@ void validate_prompt(const std::string& prompt, const std::string& source) {
 }
 
 /// Finds the file of one camera: the episode.yaml override, else <name>.npy, else <name>.mp4.
-fs::path find_camera_file(const fs::path& dir, std::string_view cam, const EpisodeYaml& y) {
+fs::path find_camera_file(const fs::path& dir, std::string_view cam, const EpisodeYaml& y, const EpisodeLayout& layout) {
     if (auto it = y.camera_files.find(std::string(cam)); it != y.camera_files.end()) {
         const fs::path p = dir / it->second;
         std::error_code ec;
@@ -114,7 +124,8 @@ fs::path find_camera_file(const fs::path& dir, std::string_view cam, const Episo
         std::error_code ec;
         if (fs::is_regular_file(p, ec)) return p;
     }
-    DZR_THROW("{}: missing camera file {} (expected {}.mp4 or {}.npy)", dir.string(), cam, cam, cam);
+    DZR_THROW("{}: missing camera file {} of embodiment {} (expected {}.mp4 or {}.npy)", dir.string(), cam,
+              layout.embodiment, cam, cam);
 }
 
 CameraStream load_camera(const fs::path& file, std::string_view cam, const EpisodeOptions& opt) {
@@ -191,30 +202,48 @@ std::optional<size_t> find_invalid_utf8(std::string_view s) {
     return std::nullopt;
 }
 
+int EpisodeLayout::state_dim() const {
+    int n = 0;
+    for (const auto& [k, d] : state) n += d;
+    return n;
+}
+
+std::string EpisodeLayout::expected_files() const {
+    std::string s = fmt::format("cameras {} (.mp4 or .npy)", camera_list(*this));
+    for (const auto& [k, d] : state) s += fmt::format(", {}.npy [T, {}]", k, d);
+    return s + fmt::format(", optionally {} [T, {}]", kActionsFile, action_dim);
+}
+
 const CameraStream& Episode::camera(std::string_view cam) const {
     for (const auto& c : cameras)
         if (c.name == cam) return c;
     DZR_THROW("episode {}: no camera named {}", name, cam);
 }
 
-std::array<double, kActionDims> Episode::state_at(int64_t t) const {
+const StateArray& Episode::state_array(std::string_view key) const {
+    for (const auto& a : state)
+        if (a.name == key) return a;
+    DZR_THROW("episode {}: no state array {}", name, key);
+}
+
+std::vector<double> Episode::state_at(int64_t t) const {
     DZR_CHECK(t >= 0 && t < num_frames, "episode {}: state at frame {} requested, episode has {} frames", name, t,
               num_frames);
-    std::array<double, kActionDims> s{};
-    for (int j = 0; j < kJointDims; ++j) s[size_t(j)] = joint_position[size_t(t * kJointDims + j)];
-    s[kJointDims] = gripper_position[size_t(t)];
+    std::vector<double> s;
+    for (const auto& a : state)
+        s.insert(s.end(), a.values.begin() + ptrdiff_t(t * a.dim), a.values.begin() + ptrdiff_t((t + 1) * a.dim));
     return s;
 }
 
 std::string Episode::summary() const {
-    std::string s = fmt::format("episode {} ({})\n  frames: {} at {} fps ({:.2f} s)\n  prompt: {}\n", name,
-                                dir.string(), num_frames, fps, double(num_frames) / fps, prompt);
+    std::string s = fmt::format("episode {} ({}, embodiment {})\n  frames: {} at {} fps ({:.2f} s)\n  prompt: {}\n",
+                                name, dir.string(), embodiment, num_frames, fps, double(num_frames) / fps, prompt);
     for (const auto& c : cameras)
         s += fmt::format("  {}: {} ({}x{}, {} frames in file{})\n", c.name, c.file.filename().string(), c.width,
                          c.height, c.file_frames, c.fps > 0 ? fmt::format(", {} fps", c.fps) : "");
-    s += fmt::format("  joint_position: {}\n  gripper_position: {}\n  ground-truth actions: {}\n",
-                     has_joint_position ? "[T, 7]" : "absent (zeros)",
-                     has_gripper_position ? "[T, 1]" : "absent (zeros)", has_actions() ? "[T, 8]" : "absent");
+    for (const auto& a : state)
+        s += fmt::format("  {}: {}\n", a.name, a.present ? fmt::format("[T, {}]", a.dim) : std::string("absent (zeros)"));
+    s += fmt::format("  ground-truth actions: {}\n", has_actions() ? fmt::format("[T, {}]", action_dim) : "absent");
     for (const auto& w : warnings) s += "  warning: " + w + "\n";
     return s;
 }
@@ -229,7 +258,9 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
 
     const fs::path yaml_file = dir / kEpisodeYaml;
     EpisodeYaml y;
-    if (fs::is_regular_file(yaml_file, ec)) y = read_episode_yaml(yaml_file, ep.warnings);
+    const EpisodeLayout& layout = opt.layout;
+    ep.embodiment = layout.embodiment;
+    if (fs::is_regular_file(yaml_file, ec)) y = read_episode_yaml(yaml_file, ep.warnings, layout);
 
     // Prompt: the option wins over episode.yaml.
     if (opt.prompt) {
@@ -242,9 +273,10 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
         ep.prompt = *y.prompt;
     }
 
-    for (int i = 0; i < kNumCameras; ++i) {
-        const fs::path file = find_camera_file(dir, kCameraNames[size_t(i)], y);
-        ep.cameras[size_t(i)] = load_camera(file, kCameraNames[size_t(i)], opt);
+    DZR_CHECK(!layout.cameras.empty(), "episode layout of {} has no cameras", layout.embodiment);
+    for (const auto& cam : layout.cameras) {
+        const fs::path file = find_camera_file(dir, cam, y, layout);
+        ep.cameras.push_back(load_camera(file, cam, opt));
     }
 
     // Frame rate: episode.yaml, else the video containers (which must agree), else DROID's 15.
@@ -261,7 +293,7 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
             fps_source = &c;
         }
     }
-    ep.fps = y.fps ? *y.fps : fps_source ? fps_source->fps : kDroidFps;
+    ep.fps = y.fps ? *y.fps : fps_source ? fps_source->fps : layout.fps;
 
     // Per-frame arrays: state (optional, zeros with a warning) and ground-truth actions (optional).
     struct PerFrame {
@@ -270,18 +302,24 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
     };
     std::vector<PerFrame> per_frame;
     int64_t rows = 0;
-    if (fs::is_regular_file(dir / kJointFile, ec)) {
-        ep.joint_position = load_per_frame(dir / kJointFile, kJointDims, rows);
-        ep.has_joint_position = true;
-        per_frame.push_back({dir / kJointFile, rows});
+    for (const auto& [key, dim] : layout.state) {
+        StateArray a;
+        a.name = key;
+        a.dim = dim;
+        const fs::path file = dir / (key + ".npy");
+        if (fs::is_regular_file(file, ec)) {
+            a.values = load_per_frame(file, dim, rows);
+            a.present = true;
+            per_frame.push_back({file, rows});
+        } else {
+            DZR_CHECK(layout.zero_fill_missing_state, "{}: missing state file {}.npy of embodiment {} (state.{}: "
+                      "[T, {}])", dir.string(), key, layout.embodiment, key, dim);
+        }
+        ep.state.push_back(std::move(a));
     }
-    if (fs::is_regular_file(dir / kGripperFile, ec)) {
-        ep.gripper_position = load_per_frame(dir / kGripperFile, kGripperDims, rows);
-        ep.has_gripper_position = true;
-        per_frame.push_back({dir / kGripperFile, rows});
-    }
+    ep.action_dim = layout.action_dim;
     if (fs::is_regular_file(dir / kActionsFile, ec)) {
-        ep.actions = load_per_frame(dir / kActionsFile, kActionDims, rows);
+        ep.actions = load_per_frame(dir / kActionsFile, layout.action_dim, rows);
         per_frame.push_back({dir / kActionsFile, rows});
     }
 
@@ -320,34 +358,78 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
 
     for (auto& c : ep.cameras)
         if (c.file_frames != ep.num_frames) c.frames = Tensor(c.frames.storage(), c.frames.view().slice(0, 0, ep.num_frames));
-    ep.joint_position.resize(size_t(ep.num_frames * kJointDims), 0.0);
-    ep.gripper_position.resize(size_t(ep.num_frames * kGripperDims), 0.0);
-    if (ep.has_actions()) ep.actions.resize(size_t(ep.num_frames * kActionDims));
-    if (!ep.has_joint_position)
-        ep.warnings.push_back(fmt::format("no {}: joint state is all zeros", kJointFile));
-    if (!ep.has_gripper_position)
-        ep.warnings.push_back(fmt::format("no {}: gripper state is all zeros", kGripperFile));
+    for (auto& a : ep.state) {
+        a.values.resize(size_t(ep.num_frames * a.dim), 0.0);
+        if (!a.present) ep.warnings.push_back(fmt::format("no {}.npy: state {} is all zeros", a.name, a.name));
+    }
+    if (ep.has_actions()) ep.actions.resize(size_t(ep.num_frames * layout.action_dim));
 
     for (const auto& c : ep.cameras)
-        if (c.width != kDroidWidth || c.height != kDroidHeight)
-            ep.warnings.push_back(fmt::format("{}: frames are {}x{}, not DROID's {}x{}; the model's preprocessing "
+        if (layout.frame_height > 0 && (c.width != layout.frame_width || c.height != layout.frame_height))
+            ep.warnings.push_back(fmt::format("{}: frames are {}x{}, not {}'s {}x{}; the model's preprocessing "
                                               "resizes them with padding", c.file.filename().string(), c.width,
-                                              c.height, kDroidWidth, kDroidHeight));
+                                              c.height, layout.display_name, layout.frame_width,
+                                              layout.frame_height));
     for (const auto& w : ep.warnings) log()->warn("episode {}: {}", ep.name, w);
     return ep;
 }
 
-bool is_episode_dir(const fs::path& dir) {
+bool is_episode_dir(const fs::path& dir, const EpisodeLayout& layout) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return false;
     if (fs::is_regular_file(dir / kEpisodeYaml, ec)) return true;
-    for (auto cam : kCameraNames)
+    for (const auto& cam : layout.cameras)
         for (const char* ext : {".mp4", ".npy"})
-            if (fs::is_regular_file(dir / (std::string(cam) + ext), ec)) return true;
+            if (fs::is_regular_file(dir / (cam + ext), ec)) return true;
     return false;
 }
 
-std::vector<fs::path> list_episodes(const fs::path& path) {
+std::vector<std::string> check_episode_layout(const fs::path& dir, const EpisodeLayout& layout) {
+    std::vector<std::string> problems;
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return {fmt::format("{}: not an episode directory (no such directory)", dir.string())};
+    const auto guard = [&](const std::function<void()>& f) {
+        try {
+            f();
+        } catch (const Error& e) {
+            problems.push_back(e.what());
+        }
+    };
+    EpisodeYaml y;
+    std::vector<std::string> ignored;
+    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) guard([&] { y = read_episode_yaml(dir / kEpisodeYaml, ignored, layout); });
+    for (const auto& cam : layout.cameras)
+        guard([&] {
+            const fs::path file = find_camera_file(dir, cam, y, layout);
+            if (file.extension() != ".npy") return;
+            const NpyHeader h = read_npy_header(file);
+            DZR_CHECK(h.dtype == NpyDType::U1 && h.shape.size() == 4 && h.shape[3] == 3,
+                      "{}: camera {} frames must be uint8 [T, H, W, 3], found {} [{}]", file.string(), cam,
+                      npy_dtype_name(h.dtype), fmt::join(h.shape, ", "));
+        });
+    const auto check_width = [&](const fs::path& file, int64_t dim, const std::string& what) {
+        const NpyHeader h = read_npy_header(file);
+        const bool ok = npy_dtype_is_float(h.dtype) &&
+                        ((h.shape.size() == 2 && h.shape[1] == dim) || (dim == 1 && h.shape.size() == 1));
+        DZR_CHECK(ok, "{}: {} of embodiment {} is {} wide: expected a float array [T, {}], found {} [{}]",
+                  file.string(), what, layout.embodiment, dim, dim, npy_dtype_name(h.dtype), fmt::join(h.shape, ", "));
+    };
+    for (const auto& [key, dim] : layout.state)
+        guard([&] {
+            const fs::path file = dir / (key + ".npy");
+            if (!fs::is_regular_file(file, ec)) {
+                DZR_CHECK(layout.zero_fill_missing_state, "{}: missing state file {}.npy of embodiment {} (state.{}: "
+                          "[T, {}])", dir.string(), key, layout.embodiment, key, dim);
+                return;
+            }
+            check_width(file, dim, "state." + key);
+        });
+    if (fs::is_regular_file(dir / kActionsFile, ec))
+        guard([&] { check_width(dir / kActionsFile, layout.action_dim, "the action"); });
+    return problems;
+}
+
+std::vector<fs::path> list_episodes(const fs::path& path, const EpisodeLayout& layout) {
     std::error_code ec;
     std::vector<fs::path> out;
     if (fs::is_regular_file(path, ec)) {
@@ -374,12 +456,12 @@ std::vector<fs::path> list_episodes(const fs::path& path) {
         return out;
     }
     DZR_CHECK(fs::is_directory(path, ec), "{}: no such episode directory or list file", path.string());
-    if (is_episode_dir(path)) return {path};
+    if (is_episode_dir(path, layout)) return {path};
     for (const auto& e : fs::directory_iterator(path, ec))
-        if (e.is_directory() && is_episode_dir(e.path())) out.push_back(e.path());
+        if (e.is_directory() && is_episode_dir(e.path(), layout)) out.push_back(e.path());
     std::sort(out.begin(), out.end());
-    DZR_CHECK(!out.empty(), "{}: no episodes found (an episode directory holds {}, {} and {} as .mp4 or .npy, "
-              "and {})", path.string(), kCameraNames[0], kCameraNames[1], kCameraNames[2], kEpisodeYaml);
+    DZR_CHECK(!out.empty(), "{}: no episodes found (an episode directory of embodiment {} holds {} as .mp4 or .npy, "
+              "and {})", path.string(), layout.embodiment, camera_list(layout), kEpisodeYaml);
     return out;
 }
 

@@ -372,16 +372,21 @@ NpyArray parse_npy(std::string_view bytes, const std::string& name) {
     return a;
 }
 
-NpyArray read_npy(const fs::path& path) {
+namespace {
+
+using FilePtr = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+
+/// Opens `path` and reads its header; `file_size` gets the file's size.
+NpyHeader open_npy(const fs::path& path, FilePtr& f, uintmax_t& file_size) {
     const std::string name = path.string();
     std::error_code ec;
     DZR_CHECK(fs::is_regular_file(path, ec), "{}: no such file", name);
-    const uintmax_t file_size = fs::file_size(path, ec);
+    file_size = fs::file_size(path, ec);
     DZR_CHECK(!ec, "{}: cannot read: {}", name, ec.message());
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    f = FilePtr(std::fopen(path.c_str(), "rb"), &std::fclose);
     DZR_CHECK(f != nullptr, "{}: cannot open: {}", name, std::strerror(errno));
 
-    // Read the prelude, then the header it announces (bounded), then the data straight into the array.
+    // Read the prelude, then the header it announces (bounded).
     std::string head(std::min<uintmax_t>(file_size, kPreludeV2), '\0');
     DZR_CHECK(std::fread(head.data(), 1, head.size(), f.get()) == head.size(), "{}: read error", name);
     if (head.size() >= kPreludeV1 && std::string_view(head).substr(0, kMagic.size()) == kMagic) {
@@ -405,6 +410,22 @@ NpyArray read_npy(const fs::path& path) {
               h.data_bytes(), have);
     DZR_CHECK(have == h.data_bytes(), "{}: {} unexpected bytes after the {} {} data", name,
               have - h.data_bytes(), npy_dtype_name(h.dtype), shape_string(h.shape));
+    return h;
+}
+
+}  // namespace
+
+NpyHeader read_npy_header(const fs::path& path) {
+    FilePtr f(nullptr, &std::fclose);
+    uintmax_t size = 0;
+    return open_npy(path, f, size);
+}
+
+NpyArray read_npy(const fs::path& path) {
+    const std::string name = path.string();
+    FilePtr f(nullptr, &std::fclose);
+    uintmax_t file_size = 0;
+    const NpyHeader h = open_npy(path, f, file_size);
     NpyArray a(h.dtype, h.shape);
     DZR_CHECK(std::fseek(f.get(), long(h.data_offset), SEEK_SET) == 0, "{}: seek error", name);
     DZR_CHECK(std::fread(a.data(), 1, a.nbytes(), f.get()) == a.nbytes(), "{}: read error in the data", name);

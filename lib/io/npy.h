@@ -80,6 +80,8 @@ private:
 
 /// Reads a .npy file. Errors name the file and say what was expected and what was found.
 NpyArray read_npy(const std::filesystem::path& path);
+/// Reads only the header of a .npy file (and checks the file holds exactly the data it declares).
+NpyHeader read_npy_header(const std::filesystem::path& path);
 /// Parses a .npy image held in memory (`name` is used in error messages).
 NpyArray parse_npy(std::string_view bytes, const std::string& name);
 

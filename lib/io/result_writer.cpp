@@ -20,9 +20,13 @@ void ActionChunks::append(int64_t anchor, std::span<const float> chunk) {
 
 std::string actions_csv(const ActionChunks& c) {
     DZR_ASSERT(int64_t(c.values.size()) == c.num_calls() * c.horizon * c.dims);
+    DZR_CHECK(c.columns.empty() || int64_t(c.columns.size()) == c.dims, "actions.csv: {} column names for {} dims",
+              c.columns.size(), c.dims);
     std::string out = "call,step,frame";
     for (int64_t d = 0; d < c.dims; ++d)
-        out += c.dims == 8 ? (d < 7 ? fmt::format(",joint_{}", d) : std::string(",gripper")) : fmt::format(",dim_{}", d);
+        out += !c.columns.empty() ? "," + c.columns[size_t(d)]
+               : c.dims == 8      ? (d < 7 ? fmt::format(",joint_{}", d) : std::string(",gripper"))
+                                  : fmt::format(",dim_{}", d);
     out += "\n";
     for (int64_t k = 0; k < c.num_calls(); ++k)
         for (int64_t s = 0; s < c.horizon; ++s) {

@@ -25,6 +25,8 @@ inline constexpr std::string_view kDoneMarker = "done.json";
 struct ActionChunks {
     int64_t horizon = 24;
     int64_t dims = 8;
+    /// actions.csv column names of the dims (empty: joint_0 .. joint_6, gripper for 8 dims, else dim_<d>).
+    std::vector<std::string> columns;
     std::vector<int64_t> anchors;
     std::vector<float> values;
 
@@ -36,8 +38,8 @@ struct ActionChunks {
     }
 };
 
-/// actions.csv: a header, then one row per (call, step): call, step, frame, then the dims
-/// (joint_0 .. joint_6, gripper for 8-D DROID actions).
+/// actions.csv: a header, then one row per (call, step): call, step, frame, then the dims (named by
+/// `columns`; by default joint_0 .. joint_6, gripper for 8-D DROID actions).
 std::string actions_csv(const ActionChunks& chunks);
 
 class ResultWriter {

@@ -168,35 +168,83 @@ void draw_wrist(Image& img, const Trajectory& tr, const std::array<double, kActi
 
 }  // namespace
 
+namespace {
+
+bool is_droid_layout(const EpisodeLayout& l) {
+    const EpisodeLayout droid;
+    return l.cameras == droid.cameras && l.state == droid.state && l.action_dim == droid.action_dim;
+}
+
+bool gripper_like(const std::string& key) {
+    return key.find("gripper") != std::string::npos || key.find("effector") != std::string::npos;
+}
+
+/// Element i of a generic state key at pose `s`: grippers and effectors follow the gripper, other keys the
+/// arm's joints (cycled), each with its own small offset.
+double generic_state(const std::string& key, int key_index, int i, const std::array<double, kActionDims>& s) {
+    if (gripper_like(key)) return s[kJointDims];
+    const int j = (key_index * 3 + i) % kJointDims;
+    return s[size_t(j)] + 0.05 * double(key_index) - 0.02 * double(i);
+}
+
+}  // namespace
+
 SynthEpisode make_synth_episode(const SynthOptions& opt) {
     DZR_CHECK(opt.frames > 0 && opt.frames <= 100000, "synthetic episode: frames must be in 1..100000, got {}",
               opt.frames);
     DZR_CHECK(opt.width >= 16 && opt.height >= 16 && opt.width <= 4096 && opt.height <= 4096,
               "synthetic episode: image size {}x{} is out of range (16..4096)", opt.width, opt.height);
     DZR_CHECK(opt.fps > 0, "synthetic episode: fps must be positive, got {}", opt.fps);
+    const EpisodeLayout& layout = opt.layout;
+    DZR_CHECK(!layout.cameras.empty(), "synthetic episode: the layout of {} has no cameras", layout.embodiment);
+    const bool droid = is_droid_layout(layout);
     const Trajectory tr = make_trajectory(opt.seed);
     SynthEpisode ep;
     ep.prompt = kPrompts[opt.seed % std::size(kPrompts)];
     const int64_t T = opt.frames;
     std::vector<std::array<double, kActionDims>> states;
     for (int64_t t = 0; t < T; ++t) states.push_back(state_at(tr, t));
+    // The state keys at frame t.
+    const auto keys_at = [&](int64_t t) {
+        std::vector<std::vector<double>> v;
+        const auto& s = states[size_t(std::clamp<int64_t>(t, 0, T - 1))];
+        for (size_t k = 0; k < layout.state.size(); ++k) {
+            const auto& [key, dim] = layout.state[k];
+            std::vector<double> x(static_cast<size_t>(dim));
+            for (int i = 0; i < dim; ++i)
+                x[size_t(i)] = droid ? s[size_t((k == 0 ? 0 : kJointDims) + i)] : generic_state(key, int(k), i, s);
+            v.push_back(std::move(x));
+        }
+        return v;
+    };
+    ep.state.resize(layout.state.size());
     for (int64_t t = 0; t < T; ++t) {
-        for (int j = 0; j < kJointDims; ++j) ep.joint_position.push_back(states[size_t(t)][size_t(j)]);
-        ep.gripper_position.push_back(states[size_t(t)][kJointDims]);
+        const auto now = keys_at(t);
+        for (size_t k = 0; k < now.size(); ++k) ep.state[k].insert(ep.state[k].end(), now[k].begin(), now[k].end());
         // The commanded target is the state reached one frame later.
-        const auto& next = states[size_t(std::min(t + 1, T - 1))];
-        ep.actions.insert(ep.actions.end(), next.begin(), next.end());
+        const auto next = keys_at(std::min(t + 1, T - 1));
+        std::vector<double> row;
+        for (const auto& x : next) row.insert(row.end(), x.begin(), x.end());
+        // Action dims past the state (velocities): a smooth signal.
+        for (int d = int(row.size()); d < layout.action_dim; ++d)
+            row.push_back(0.3 * std::sin(0.05 * double(t) + 0.7 * double(d) + tr.obj_phase));
+        row.resize(size_t(layout.action_dim));
+        ep.actions.insert(ep.actions.end(), row.begin(), row.end());
     }
     const size_t frame_bytes = size_t(opt.width) * size_t(opt.height) * 3;
-    for (int v = 0; v < kNumCameras; ++v) {
+    for (size_t v = 0; v < layout.cameras.size(); ++v) {
         Tensor frames = Tensor::host({T, opt.height, opt.width, 3}, DType::U8);
         Image img(opt.width, opt.height);
+        // DROID: exteriors 0 and 1 (the second mirrored), the wrist 2; other layouts: a scene view first, then
+        // close-ups.
+        const bool close_up = droid ? v == 2 : v >= 1;
+        const Rgb tint = tr.tint[v % tr.tint.size()];
         for (int64_t t = 0; t < T; ++t) {
             const auto& s = states[size_t(t)];
-            if (v == 2) {
-                draw_wrist(img, tr, s, t, tr.tint[2]);
+            if (close_up) {
+                draw_wrist(img, tr, s, t, v >= 3 ? mix(tint, kWhite, 0.3) : tint);
             } else {
-                draw_exterior(img, tr, s, t, v == 1, tr.tint[size_t(v)]);
+                draw_exterior(img, tr, s, t, v == 1, tint);
             }
             std::memcpy(frames.ptr<uint8_t>() + size_t(t) * frame_bytes, img.pixels().data(), frame_bytes);
         }
@@ -216,29 +264,35 @@ std::string episode_yaml_text(const std::string& prompt, double fps, const std::
 std::vector<std::string> write_synth_episode(const fs::path& dir, const SynthOptions& opt) {
     DZR_CHECK(opt.write_npy_frames || opt.write_video, "synthetic episode: choose .npy frames, video, or both");
     const SynthEpisode ep = make_synth_episode(opt);
+    const EpisodeLayout& layout = opt.layout;
     std::error_code ec;
     fs::create_directories(dir, ec);
     DZR_CHECK(!ec && fs::is_directory(dir), "cannot create episode directory {}: {}", dir.string(),
               ec ? ec.message() : "a file of that name exists");
     std::vector<std::string> files;
-    for (int v = 0; v < kNumCameras; ++v) {
-        const std::string cam(kCameraNames[size_t(v)]);
+    for (size_t v = 0; v < layout.cameras.size(); ++v) {
+        const std::string& cam = layout.cameras[v];
         if (opt.write_npy_frames) {
-            write_npy(dir / (cam + ".npy"), ep.views[size_t(v)].view());
+            write_npy(dir / (cam + ".npy"), ep.views[v].view());
             files.push_back(cam + ".npy");
         }
         if (opt.write_video) {
-            opt.write_video(dir / (cam + ".mp4"), ep.views[size_t(v)].view(), opt.fps);
+            opt.write_video(dir / (cam + ".mp4"), ep.views[v].view(), opt.fps);
             files.push_back(cam + ".mp4");
         }
     }
     const int64_t T = opt.frames;
-    write_npy_f64(dir / kJointFile, {T, kJointDims}, ep.joint_position);
-    write_npy_f64(dir / kGripperFile, {T, kGripperDims}, ep.gripper_position);
-    write_npy_f64(dir / kActionsFile, {T, kActionDims}, ep.actions);
-    files.insert(files.end(), {std::string(kJointFile), std::string(kGripperFile), std::string(kActionsFile)});
-    const std::string comment = fmt::format("synthetic episode: dzr episode synth --frames {} --seed {} --width {} "
-                                            "--height {} --fps {}", opt.frames, opt.seed, opt.width, opt.height, opt.fps);
+    for (size_t k = 0; k < layout.state.size(); ++k) {
+        const auto& [key, dim] = layout.state[k];
+        write_npy_f64(dir / (key + ".npy"), {T, dim}, ep.state[k]);
+        files.push_back(key + ".npy");
+    }
+    write_npy_f64(dir / kActionsFile, {T, layout.action_dim}, ep.actions);
+    files.emplace_back(kActionsFile);
+    const std::string embodiment = is_droid_layout(layout) ? "" : " --embodiment " + layout.embodiment;
+    const std::string comment = fmt::format("synthetic episode: dzr episode synth{} --frames {} --seed {} --width {} "
+                                            "--height {} --fps {}", embodiment, opt.frames, opt.seed, opt.width,
+                                            opt.height, opt.fps);
     write_file_atomic(dir / kEpisodeYaml, episode_yaml_text(ep.prompt, opt.fps, comment));
     files.emplace_back(kEpisodeYaml);
     return files;

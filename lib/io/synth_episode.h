@@ -1,7 +1,7 @@
 #pragma once
-/// Synthetic DROID-like episodes for samples and tests: three camera views of simple moving shapes
-/// driven by smooth joint and gripper trajectories, ground-truth actions consistent with them and a
-/// prompt. Everything derives from the seed through our own generator, so the same options give the
+/// Synthetic episodes for samples and tests, for any episode layout (DROID's by default): camera views of
+/// simple moving shapes driven by smooth joint and gripper trajectories, every state key of the layout,
+/// ground-truth actions consistent with them and a prompt. Everything derives from the seed through our own generator, so the same options give the
 /// same bytes on every machine (the .mp4 files depend on the local encoder).
 #include <cstdint>
 #include <filesystem>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/episode.h"
 
 namespace dzr::io {
 
@@ -24,21 +25,25 @@ struct SynthOptions {
     double fps = 15.0;
     bool write_npy_frames = true;  // <camera>.npy
     VideoWriterFn write_video;     // <camera>.mp4 when set (apps pass io::write_video_mp4)
+    /// Cameras, state keys and action width (DROID's by default). Other layouts: camera 0 is a scene view,
+    /// the others close-ups; each state key follows the arm's joints (grippers and effectors the gripper);
+    /// action keys without a state key of that name (velocities) are smooth signals.
+    EpisodeLayout layout;
 };
 
 struct SynthEpisode {
-    std::vector<Tensor> views;             // 3 x uint8 [T, H, W, 3], in kCameraNames order
-    std::vector<double> joint_position;    // [T, 7]
-    std::vector<double> gripper_position;  // [T, 1]
-    std::vector<double> actions;           // [T, 8]: action[t] = state[t + 1] (the last row repeats)
+    std::vector<Tensor> views;               // uint8 [T, H, W, 3] per camera, in the layout's order
+    std::vector<std::vector<double>> state;  // [T, dim] per state key, in the layout's order
+    std::vector<double> actions;             // [T, action_dim]: a state key's action[t] = its state[t + 1]
+                                             // (the last row repeats)
     std::string prompt;
 };
 
 /// Generates the episode in memory.
 SynthEpisode make_synth_episode(const SynthOptions& options);
 
-/// Generates and writes an episode directory (created if missing): camera files, joint_position.npy,
-/// gripper_position.npy, actions.npy and episode.yaml. Returns the names of the files written.
+/// Generates and writes an episode directory (created if missing): camera files, one <key>.npy per state
+/// key, actions.npy and episode.yaml. Returns the names of the files written.
 std::vector<std::string> write_synth_episode(const std::filesystem::path& dir, const SynthOptions& options);
 
 /// Frame `index` of camera `camera` of the parity inputs (`dzr parity make-inputs`, the CI golden test),

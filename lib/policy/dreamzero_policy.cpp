@@ -3,14 +3,14 @@
 namespace dzr {
 
 DreamZeroPolicy::DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights,
-                                 const EmbodimentStatistics& statistics, const std::filesystem::path& tokenizer,
+                                 const Embodiment& embodiment, const std::filesystem::path& tokenizer,
                                  const PolicyOptions& options, Backend& be)
-    : DreamZeroPolicy(model, weights, statistics, tokenizer, options, Placement{{&be}}) {}
+    : DreamZeroPolicy(model, weights, embodiment, tokenizer, options, Placement{{&be}}) {}
 
 DreamZeroPolicy::DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights,
-                                 const EmbodimentStatistics& statistics, const std::filesystem::path& tokenizer,
+                                 const Embodiment& embodiment, const std::filesystem::path& tokenizer,
                                  const PolicyOptions& options, const Placement& placement)
-    : engine_(std::make_unique<Engine>(model, weights, statistics, tokenizer, options, placement)),
+    : engine_(std::make_unique<Engine>(model, weights, embodiment, tokenizer, options, placement)),
       session_(engine_->open_session()) {}
 
 DreamZeroPolicy::~DreamZeroPolicy() {

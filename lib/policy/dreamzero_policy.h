@@ -17,11 +17,12 @@ namespace dzr {
 class DreamZeroPolicy {
 public:
     /// Loads every network from `weights` (geometry `model`) onto `be`, plans the workspace, allocates
-    /// the KV pool and opens the session. `statistics` are the embodiment's q01/q99 (metadata.json).
-    DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights, const EmbodimentStatistics& statistics,
+    /// the KV pool and opens the session. `embodiment` (with its metadata.json statistics) says what the
+    /// observations and actions are; it is checked against the model (check_embodiment).
+    DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights, const Embodiment& embodiment,
                     const std::filesystem::path& tokenizer, const PolicyOptions& options, Backend& be);
     /// The same on a placement of one or two backends (the second runs the unconditional branch).
-    DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights, const EmbodimentStatistics& statistics,
+    DreamZeroPolicy(const ModelConfig& model, const WeightSource& weights, const Embodiment& embodiment,
                     const std::filesystem::path& tokenizer, const PolicyOptions& options, const Placement& placement);
     ~DreamZeroPolicy();
     DreamZeroPolicy(const DreamZeroPolicy&) = delete;
@@ -36,6 +37,7 @@ public:
     void reset() { session_->reset(); }
 
     const ModelConfig& model() const { return engine_->model(); }
+    const Embodiment& embodiment() const { return engine_->embodiment(); }
     Backend& backend() { return engine_->backend(); }
     /// Workspace bytes reserved on the primary backend (planned at construction).
     size_t workspace_bytes() const { return engine_->workspace_bytes().empty() ? 0 : engine_->workspace_bytes()[0]; }

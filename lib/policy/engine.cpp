@@ -101,9 +101,8 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
     }
     const WeightCheckReport check = check_weights(*ckpt, expected_weights(model));
     DZR_CHECK(check.ok(), "{}", check.message("checkpoint " + o.checkpoint.string()));
-    DZR_CHECK(ckpt->has_metadata(), "checkpoint {}: experiment_cfg/metadata.json is missing (q01/q99 statistics)",
-              o.checkpoint.string());
-    const EmbodimentStatistics& stats = ckpt->statistics(o.run.embodiment);
+    const std::string tag = !o.embodiment.empty() ? o.embodiment : o.run.embodiment;
+    const Embodiment embodiment = select_embodiment(load_checkpoint_embodiments(o.checkpoint), tag, model);
     std::filesystem::path tokenizer;
     if (!o.tokenizer.empty()) {
         tokenizer = resolve_tokenizer_path(o.tokenizer);
@@ -124,19 +123,18 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
     po.sampling = o.run.sampling;
     po.kv = o.run.kv;
     po.kv_mode = o.kv_mode;
-    po.embodiment = o.run.embodiment;
     po.check_finite = o.check_finite;
     po.video_decode = o.video_decode;
     po.noise = o.noise;
-    auto engine = std::make_unique<Engine>(model, *ckpt, stats, tokenizer, po, placement);
+    auto engine = std::make_unique<Engine>(model, *ckpt, embodiment, tokenizer, po, placement);
     engine->owned_backends_ = std::move(backends);
     engine->checkpoint_ = std::move(ckpt);
     return engine;
 }
 
-Engine::Engine(const ModelConfig& model, const WeightSource& weights, const EmbodimentStatistics& statistics,
+Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embodiment& embodiment,
                const std::filesystem::path& tokenizer, const PolicyOptions& options, const Placement& placement)
-    : model_(model), options_(options), statistics_(statistics), placement_(placement) {
+    : model_(model), options_(options), embodiment_(embodiment), placement_(placement) {
     DZR_CHECK(!placement_.backends.empty() && placement_.backends.size() <= 2,
               "engine: a placement has one or two backends, got {}", placement_.backends.size());
     Backend& be = placement_.primary();
@@ -149,13 +147,13 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
     DZR_CHECK(d.num_frame_per_block == 2, "model: num_frame_per_block {} is not supported (DreamZero uses 2)",
               d.num_frame_per_block);
     DZR_CHECK(model_.clip.num_tokens() > 0, "model: CLIP produces no tokens");
+    check_embodiment(embodiment_, model_);
 
     // Plan the workspace first (on measuring backends running the same calls), so that the real loading below
     // can already use it.
     if (!measuring_) plan_workspace(tokenizer);
 
-    preprocessor_ = std::make_unique<ObservationPreprocessor>(
-        ViewSize{model_.canvas_height / 2, model_.canvas_width / 2}, options_.unit_range);  // the canvas is 2 x 2 views
+    preprocessor_ = std::make_unique<ObservationPreprocessor>(canvas_spec(embodiment_, model_), options_.unit_range);
     tokenizer_path_ = tokenizer;
     tokenizer_ = std::make_unique<Umt5Tokenizer>(tokenizer);
     DZR_CHECK(tokenizer_->vocab_size() <= model_.t5.vocab,
@@ -209,20 +207,21 @@ void Engine::plan_workspace(const std::filesystem::path& tokenizer) {
     PolicyOptions o = options_;
     o.check_finite = false;
     o.noise = std::make_shared<SeededNoise>(0);
-    Engine shadow(model_, *shapes, statistics_, tokenizer, o, shadow_placement);
+    Engine shadow(model_, *shapes, embodiment_, tokenizer, o, shadow_placement);
     {
         Session session(shadow);
         // A first call (prefill, CLIP, the 33-frame conditioning) and a commit call walk every shape.
-        std::vector<uint8_t> frames(size_t(4) * kFrameHeight * kFrameWidth * 3, 0);
+        const CameraSpec& cam = embodiment_.cameras.at(0);
+        const int fh = cam.height > 0 ? cam.height : kFrameHeight, fw = cam.width > 0 ? cam.width : kFrameWidth;
+        std::vector<uint8_t> frames(size_t(4) * size_t(fh) * size_t(fw) * 3, 0);
         Observation obs;
         obs.prompt = "plan the workspace";
-        auto view = [&](int T) {
-            return TensorView(frames.data(), DType::U8, Shape{T, kFrameHeight, kFrameWidth, 3}, Device::cpu());
-        };
-        obs.exterior_1 = obs.exterior_2 = obs.wrist = view(1);
-        session.step(shadow.prepare(obs));
-        obs.exterior_1 = obs.exterior_2 = obs.wrist = view(4);
-        session.step(shadow.prepare(obs));
+        obs.state.assign(size_t(embodiment_.state_dim()), 0.0);
+        for (int T : {1, 4}) {
+            obs.views.assign(embodiment_.cameras.size(),
+                             TensorView(frames.data(), DType::U8, Shape{T, fh, fw, 3}, Device::cpu()));
+            session.step(shadow.prepare(obs));
+        }
     }
     if (options_.video_decode) {
         DZR_CHECK(model_.vae.has_decoder, "policy: video decoding needs the VAE decoder (model.vae.has_decoder)");
@@ -301,8 +300,8 @@ PreparedObservation Engine::prepare(const Observation& obs) const {
             spare_.pop_back();
         }
     }
-    return prepare_observation(obs, model_, *preprocessor_, *tokenizer_, backend().compute_dtype() == DType::BF16,
-                               &reuse);
+    return prepare_observation(obs, model_, embodiment_, *preprocessor_, *tokenizer_,
+                               backend().compute_dtype() == DType::BF16, &reuse);
 }
 
 void Engine::recycle(PreparedObservation&& used) const {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/embodiment.h"
 #include "config/run_config.h"
 #include "kv/kv_cache_manager.h"
 #include "policy/branch_runner.h"
@@ -44,7 +45,6 @@ struct PolicyOptions {
     config::SamplingConfig sampling;
     KvConfig kv;
     KvMode kv_mode = KvMode::Paged;
-    std::string embodiment = "oxe_droid";
     std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(sampling.seed)
     UnitRangeMode unit_range = UnitRangeMode::F32;
     bool check_finite = false;           ///< debug: check every stage (synchronizes) and name the culprit
@@ -85,6 +85,8 @@ struct EngineOptions {
     config::RunConfig run;
     /// run.model came from a config file: the checkpoint's geometry must equal it.
     bool check_config_model = false;
+    /// The checkpoint's embodiment to run (wins over run.embodiment; both empty: the checkpoint's only one).
+    std::string embodiment;
     /// One device, or two ("cpu,cpu", "cuda:0,cuda:1"): the second runs the unconditional branch.
     std::vector<Device> devices{Device::cpu()};
     BackendOptions backend;
@@ -103,8 +105,9 @@ public:
     static std::unique_ptr<Engine> load(const EngineOptions& options);
 
     /// Loads every network from `weights` (geometry `model`) onto the placement's backends, plans the workspace
-    /// and allocates the KV pools. `statistics` are the embodiment's q01/q99 (metadata.json).
-    Engine(const ModelConfig& model, const WeightSource& weights, const EmbodimentStatistics& statistics,
+    /// and allocates the KV pools. `embodiment` (with its metadata.json statistics) says what the observations and
+    /// actions are; it is checked against the model (check_embodiment).
+    Engine(const ModelConfig& model, const WeightSource& weights, const Embodiment& embodiment,
            const std::filesystem::path& tokenizer, const PolicyOptions& options, const Placement& placement);
     ~Engine();
     Engine(const Engine&) = delete;
@@ -130,7 +133,7 @@ public:
 
     const ModelConfig& model() const { return model_; }
     const PolicyOptions& options() const { return options_; }
-    const EmbodimentStatistics& statistics() const { return statistics_; }
+    const Embodiment& embodiment() const { return embodiment_; }
     const Placement& placement() const { return placement_; }
     Backend& backend() const { return placement_.primary(); }
     /// Workspace bytes reserved per backend (planned at construction).
@@ -158,7 +161,7 @@ private:
 
     ModelConfig model_;
     PolicyOptions options_;
-    EmbodimentStatistics statistics_;
+    Embodiment embodiment_;
     Placement placement_;
     bool measuring_ = false;  // the placement's backends only measure (workspace planning)
     std::vector<std::unique_ptr<Backend>> owned_backends_;  // Engine::load's
@@ -193,7 +196,8 @@ struct PhaseTimes {
 };
 
 struct PolicyCallResult {
-    std::vector<float> actions;             ///< [horizon, robot action dims] robot actions
+    std::vector<float> actions;             ///< [horizon, D] robot actions, D = the embodiment's action width
+                                            ///< (DROID: 7 absolute joints, 1 gripper)
     std::vector<float> actions_normalized;  ///< [horizon, action_dim] the model's normalized output
     PhaseTimes times;
     int call_index = 0;                     ///< 0-based calls since the session opened

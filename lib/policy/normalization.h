@@ -1,12 +1,13 @@
 #pragma once
-/// q99 normalization of the robot state and its inverse for actions (the reference's
-/// StateActionTransform, groot/vla/data/transform/state_action.py Normalizer, mode "q99"), with the
-/// statistics of experiment_cfg/metadata.json (weights/checkpoint.h: EmbodimentStatistics).
+/// State normalization of the policy (the reference's StateActionTransform, groot/vla/data/transform/
+/// state_action.py Normalizer.forward) per key of the embodiment, with the statistics of
+/// experiment_cfg/metadata.json, and DreamTransform's zero-padding to max_state_dim.
 #include <span>
 #include <string_view>
 #include <vector>
 
-#include "weights/checkpoint.h"
+#include "config/embodiment.h"
+#include "config/statistics.h"
 
 namespace dzr {
 
@@ -20,11 +21,29 @@ inline constexpr int kMaxStateDim = 64;  ///< the DiT's state width (droid_relat
 void q99_normalize(std::span<const double> x, const KeyStatistics& stats, std::span<double> out,
                    std::string_view key);
 
-/// The policy's state input: normalized state.joint_position (7) and state.gripper_position (1) of
-/// `stats`, concatenated (joint first) and zero-padded to `max_state_dim`, in float64.
+/// Normalizer.forward of one key on float64 values with its float32 statistics widened, by mode:
+///   q99       as q99_normalize
+///   mean_std  (x - mean) / std where std != 0, else x (no clamp)
+///   min_max   clamp(2 (x - min) / (max - min) - 1, -1, 1) where min != max, else 0
+///   scale     x / max(|min|, |max|) where that is not 0, else 0
+///   binary    1 where x > 0.5, else 0
+///   none      x
+/// `what` names the key in errors.
+void normalize_key(std::span<const double> x, const ArraySpec& key, std::span<double> out, std::string_view what);
+
+/// The policy's state input: `state` (the embodiment's state keys concatenated, raw) normalized key by key
+/// and zero-padded to `max_state_dim`, in float64. Throws naming the embodiment when the widths differ.
+std::vector<double> prepare_state(std::span<const double> state, const Embodiment& embodiment, int max_state_dim);
+
+/// DROID's form: normalized state.joint_position (7) and state.gripper_position (1) of `stats`,
+/// concatenated (joint first) and zero-padded to `max_state_dim`, in float64.
 std::vector<double> prepare_state(std::span<const double> joint_position,
                                   std::span<const double> gripper_position, const EmbodimentStatistics& stats,
                                   int max_state_dim = kMaxStateDim);
+
+/// The built-in oxe_droid embodiment with `stats` bound (joint 7, gripper 1; throws when the statistics of
+/// those keys are missing or of another width).
+Embodiment droid_embodiment(const EmbodimentStatistics& stats);
 
 /// Rounds a double straight to the nearest bf16 (ties to even), as torch's float64 -> bfloat16 cast
 /// does, and returns it as float (exactly representable). Rounding through float32 first can differ

@@ -26,27 +26,45 @@ std::vector<int> commit_clip_indices(int T, int frames_per_block) {
     return idx;
 }
 
-PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
+Observation droid_observation(const TensorView& exterior_1, const TensorView& exterior_2, const TensorView& wrist,
+                              std::span<const double> joint_position, double gripper_position, std::string prompt) {
+    Observation obs;
+    obs.views = {exterior_1, exterior_2, wrist};
+    obs.state.assign(joint_position.begin(), joint_position.end());
+    obs.state.push_back(gripper_position);
+    obs.prompt = std::move(prompt);
+    return obs;
+}
+
+PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model, const Embodiment& embodiment,
                                         const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer,
                                         bool bf16_inputs, PreparedObservation* reuse) {
     Timer timer;
-    const int T = int(obs.exterior_1.rank() == 4 ? obs.exterior_1.dim(0) : 0);
-    for (const auto* v : {&obs.exterior_1, &obs.exterior_2, &obs.wrist}) {
-        DZR_CHECK(v->rank() == 4 && v->dtype == DType::U8 && v->dim(3) == 3 && v->is_contiguous(),
-                  "observation: camera frames must be uint8 [T, H, W, 3], got {}", v->str());
-        DZR_CHECK(v->dim(0) == T, "observation: cameras carry different frame counts ({} vs {})", v->dim(0), T);
+    DZR_CHECK(obs.views.size() == embodiment.cameras.size(),
+              "observation: {} camera streams, embodiment {} has {} cameras", obs.views.size(), embodiment.tag,
+              embodiment.cameras.size());
+    const int T = int(obs.views[0].rank() == 4 ? obs.views[0].dim(0) : 0);
+    for (size_t c = 0; c < obs.views.size(); ++c) {
+        const TensorView& v = obs.views[c];
+        DZR_CHECK(v.rank() == 4 && v.dtype == DType::U8 && v.dim(3) == 3 && v.is_contiguous(),
+                  "observation: camera {} frames must be uint8 [T, H, W, 3], got {}", embodiment.cameras[c].key, v.str());
+        DZR_CHECK(v.dim(0) == T, "observation: cameras carry different frame counts ({} vs {})", v.dim(0), T);
     }
     DZR_CHECK(T == 1 || T == 4 || T == 8 || T == 9, "observation: {} frames per camera; a call takes 1, 4, 8 or 9", T);
     DZR_CHECK(!obs.prompt.empty(), "observation: empty prompt");
-    DZR_CHECK(preprocessor.view() == (ViewSize{model.canvas_height / 2, model.canvas_width / 2}),
-              "observation: the preprocessor's view size {}x{} is not half the {}x{} canvas",
-              preprocessor.view().height, preprocessor.view().width, model.canvas_height, model.canvas_width);
+    DZR_CHECK(obs.state.size() == size_t(embodiment.state_dim()), "observation: {} state values, embodiment {} has {}",
+              obs.state.size(), embodiment.tag, embodiment.state_dim());
+    DZR_CHECK(embodiment.prompt.has_value(), "observation: embodiment {} has no prompt template", embodiment.tag);
+    DZR_CHECK(preprocessor.spec().canvas_height() == model.canvas_height &&
+                  preprocessor.spec().canvas_width() == model.canvas_width,
+              "observation: the preprocessor makes {}x{} canvases but the model's canvas is {}x{}",
+              preprocessor.spec().canvas_height(), preprocessor.spec().canvas_width(), model.canvas_height,
+              model.canvas_width);
 
     PreparedObservation p;
     if (reuse) p = std::move(*reuse);
     p.frames = T;
-    p.joint_position = obs.joint_position;
-    p.gripper_position = obs.gripper_position;
+    p.state = obs.state;
     // Views -> canvases -> the two possible model inputs (host); step() uploads the one its reset
     // decision needs.
     const size_t frame_values = size_t(3) * model.canvas_height * model.canvas_width;
@@ -62,17 +80,15 @@ PreparedObservation prepare_observation(const Observation& obs, const ModelConfi
         p.clip_input.clear();
         p.reference_input_bf16.resize(frame_values);
         p.clip_input_bf16.resize(frame_values * clip.size());
-        preprocessor.run_bf16(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input_bf16,
-                              p.clip_input_bf16, &p.canvas_scratch);
+        preprocessor.run_bf16(obs.views, ref, clip, p.reference_input_bf16, p.clip_input_bf16, &p.canvas_scratch);
     } else {
         p.reference_input_bf16.clear();
         p.clip_input_bf16.clear();
         p.reference_input.resize(frame_values);
         p.clip_input.resize(frame_values * clip.size());
-        preprocessor.run(obs.wrist, obs.exterior_1, obs.exterior_2, ref, clip, p.reference_input, p.clip_input,
-                         &p.canvas_scratch);
+        preprocessor.run(obs.views, ref, clip, p.reference_input, p.clip_input, &p.canvas_scratch);
     }
-    p.tokens = tokenize_droid_prompts(tokenizer, obs.prompt, model.t5.text_len);
+    p.tokens = tokenize_prompts(tokenizer, *embodiment.prompt, obs.prompt, model.t5.text_len);
     p.prepare_ms = timer.ms();
     return p;
 }

@@ -3,10 +3,12 @@
 /// validation, frames -> canvases -> the model's [-1, 1] input, the prompt tokens). The rollout runs it on a
 /// second thread while the previous call steps.
 #include <array>
+#include <span>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "config/embodiment.h"
 #include "config/model_config.h"
 #include "core/tensor.h"
 #include "policy/preprocess.h"
@@ -17,15 +19,20 @@ namespace dzr {
 class Umt5Tokenizer;
 
 /// One policy call's observation. Frames are host uint8 [T, H, W, 3] RGB (T = 1 on a session's first
-/// call, else 4; 8 and 9 are accepted as the reference does); the state is raw (un-normalized).
+/// call, else 4; 8 and 9 are accepted as the reference does), one tensor per camera of the embodiment in
+/// its order (Embodiment::cameras; DROID: exterior_image_1_left, exterior_image_2_left, wrist_image_left);
+/// the state is raw (un-normalized): the embodiment's state keys concatenated in order (DROID: 7 joint
+/// positions, then the gripper).
 struct Observation {
-    TensorView exterior_1;  ///< exterior_image_1_left (RoboArena exterior_image_0_left)
-    TensorView exterior_2;  ///< exterior_image_2_left
-    TensorView wrist;       ///< wrist_image_left
-    std::array<double, 7> joint_position{};
-    double gripper_position = 0.0;
+    std::vector<TensorView> views;
+    std::vector<double> state;
     std::string prompt;
 };
+
+/// DROID's observation from its three cameras (RoboArena exterior_image_0_left is exterior_1), the 7 joint
+/// positions and the gripper.
+Observation droid_observation(const TensorView& exterior_1, const TensorView& exterior_2, const TensorView& wrist,
+                              std::span<const double> joint_position, double gripper_position, std::string prompt);
 
 /// An observation after the host-side work that needs no model state: the canvases converted to the
 /// model's [-1, 1] input (the reference frame and, for T > 1, the commit clip), the prompt tokens and
@@ -39,18 +46,17 @@ struct PreparedObservation {
     HostFloats clip_input;                ///< [3, 9, H, W]: the commit clip (empty when T == 1)
     std::vector<uint16_t, UninitAllocator<uint16_t>> reference_input_bf16, clip_input_bf16;  ///< same, bf16
     PromptTokens tokens;
-    std::array<double, 7> joint_position{};
-    double gripper_position = 0.0;
+    std::vector<double> state;            ///< the raw state (the embodiment's keys concatenated)
     double prepare_ms = 0.0;              ///< host time prepare() took
     ObservationPreprocessor::Scratch canvas_scratch;  ///< the canvases (host scratch kept for reuse)
 };
 
-/// Engine::prepare() without an engine (`dzr bench prepare` times it): validation, the
-/// frames -> model inputs (`preprocessor` at half the canvas size) and the prompt tokens. With
+/// Engine::prepare() without an engine (`dzr bench prepare` times it): validation against the embodiment, the
+/// frames -> model inputs (`preprocessor` making the model's canvas) and the prompt tokens. With
 /// `bf16_inputs` the model inputs are written as bf16 only (reference_input_bf16 / clip_input_bf16),
 /// as a bf16 backend uploads them; else as f32 only. `reuse` (optional): a used PreparedObservation whose
 /// buffers are taken over.
-PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model,
+PreparedObservation prepare_observation(const Observation& obs, const ModelConfig& model, const Embodiment& embodiment,
                                         const ObservationPreprocessor& preprocessor, const Umt5Tokenizer& tokenizer,
                                         bool bf16_inputs = false, PreparedObservation* reuse = nullptr);
 

@@ -1,12 +1,18 @@
 #pragma once
-/// Action post-processing (dreamzero-reference.md §1.6): the model's normalized action chunk
-/// [24, 32] -> robot actions [24, 8] float32 = 7 absolute joint targets + 1 absolute gripper.
+/// Action post-processing (dreamzero-reference.md §1.6) for any embodiment: the model's normalized action
+/// chunk [horizon, action_dim] -> robot actions [horizon, D] float32, D = the embodiment's action width:
 ///
-///   dims 0..6: q99 inverse x = (n + 1) / 2 * (q99 - q01) + q01 in float32 (no clamp), with the
-///              action.joint_position statistics (of the relative action), then + the call's raw
-///              joint state in float64 (relative -> absolute), then float32;
-///   dim 7:     q99 inverse with action.gripper_position, absolute;
-///   dims 8..31 are discarded.
+///   per action key (ConcatTransform.unapply slices them in concatenation order; dims past the last key are
+///   discarded), the inverse normalization (Normalizer.inverse) in float32 with float32 statistics, no clamp:
+///     q99       (n + 1) / 2 * (q99 - q01) + q01
+///     mean_std  n * std + mean
+///     min_max   (n + 1) / 2 * (max - min) + min
+///     binary    1 where n > 0.5, else 0
+///     none      n
+///   relative keys (relative_action_keys): + the call's raw state of the key of the same name in float64
+///   (numpy promotes), then float32.
+///
+/// DROID: dims 0..6 are the relative joint positions (+ the joint state), dim 7 the absolute gripper.
 #include <span>
 #include <vector>
 
@@ -22,8 +28,16 @@ inline constexpr int kRobotActionDim = kDroidJointDims + kDroidGripperDims;
 /// tensor: ((n + 1) / 2) * (q99 - q01) + q01.
 float q99_unnormalize(float n, float q01, float q99);
 
-/// action_pred: [horizon, action_dim] row-major normalized actions (action_dim >= 8);
-/// joint_state: the call's raw joint positions (7, float64). Returns [horizon, 8] row-major.
+/// Normalizer.inverse of element `i` of `key` (float32).
+float unnormalize_value(float n, const ArraySpec& key, size_t i);
+
+/// action_pred: [horizon, action_dim] row-major normalized actions (action_dim >= the embodiment's width);
+/// state: the call's raw state (the embodiment's state keys concatenated, float64). Returns
+/// [horizon, embodiment.action_dim()] row-major.
+std::vector<float> postprocess_actions(std::span<const float> action_pred, int horizon, int action_dim,
+                                       std::span<const double> state, const Embodiment& embodiment);
+
+/// DROID's form: `joint_state` is the call's raw joint positions (7, float64). Returns [horizon, 8].
 std::vector<float> postprocess_actions(std::span<const float> action_pred, int horizon, int action_dim,
                                        std::span<const double> joint_state,
                                        const EmbodimentStatistics& stats);

@@ -164,6 +164,12 @@ AaAxis torch_aa_axis(int64_t in, int64_t out) {
     return ax;
 }
 
+// NOTE: PyTorch's CPU kernel (interpolate_aa_single_dim*) rounds like fused multiply-adds only for an output that
+// draws on at most 4 source values along the axis; measured (torch 2.15 wheel, an AVX512 CPU, one axis at a time
+// on random frames), outputs of 5 and 6 taps match a plain multiply, then add (456 -> 176 rows: 0 of 1,408
+// values differ; all fused: 382), and 9 to 13 taps match neither form. Every DROID geometry stays within 4 taps.
+constexpr int64_t kMaxFusedTaps = 4;
+
 // One output sample: t0*w0, then += t_j*w_j in order (interpolate_aa_single_dim).
 float aa_dot(const float* src, int64_t stride, const float* w, int64_t n, bool fma) {
     float out = src[0] * w[0];
@@ -278,21 +284,23 @@ void unit_range_lut(UnitRangeMode mode, float lut[256]) {
     }
 }
 
-/// The frame the crop is taken from: `frame` itself at 180x320, else resize_with_pad into `padded`
-/// (logged once per camera name and size).
-RgbView eval_frame(RgbView frame, std::string_view name, RgbImage& padded) {
+/// The frame the crop is taken from: `frame` itself when it has the expected size (or no size is
+/// expected), else resize_with_pad into `padded` (logged once per camera name and size).
+RgbView eval_frame(RgbView frame, std::string_view name, RgbImage& padded, int height = kFrameHeight,
+                   int width = kFrameWidth) {
     DZR_CHECK(frame.data != nullptr && frame.height > 0 && frame.width > 0, "preprocess: {} frame is empty", name);
-    if (frame.height == kFrameHeight && frame.width == kFrameWidth) return frame;
+    if (height <= 0 || (frame.height == height && frame.width == width)) return frame;
     static std::mutex mu;
     static std::set<std::string> logged;
-    const std::string key = std::string(name) + ":" + std::to_string(frame.height) + "x" + std::to_string(frame.width);
+    const std::string key = std::string(name) + ":" + std::to_string(frame.height) + "x" + std::to_string(frame.width) +
+                            "->" + std::to_string(height) + "x" + std::to_string(width);
     {
         std::lock_guard<std::mutex> lock(mu);
         if (logged.insert(key).second)
             log()->info("{}: {}x{} frames are resized with padding to {}x{} (openpi resize_with_pad)", name,
-                        frame.height, frame.width, kFrameHeight, kFrameWidth);
+                        frame.height, frame.width, height, width);
     }
-    padded = resize_with_pad(frame, kFrameHeight, kFrameWidth);
+    padded = resize_with_pad(frame, height, width);
     return padded.view();
 }
 
@@ -305,8 +313,6 @@ const AaResizer& cached_resizer(int h, int w, int out_h, int out_w, bool fma) {
     if (!slot) slot = std::make_unique<AaResizer>(h, w, out_h, out_w, ResizeOptions{fma});
     return *slot;
 }
-
-constexpr const char* kViewNames[3] = {"wrist_image_left", "exterior_image_1_left", "exterior_image_2_left"};
 
 }  // namespace
 
@@ -372,7 +378,8 @@ RgbImage resize_bilinear_aa_u8(RgbView in, int top, int left, int h, int w, int 
                 for (int x = 0; x < out_width; ++x)
                     tmp[size_t(y) * size_t(out_width) + size_t(x)] = aa_dot(
                         &src[size_t(y) * size_t(w) + size_t(ax_w.xmin[size_t(x)])], 1,
-                        &ax_w.w[size_t(x * ax_w.max_interp)], ax_w.xsize[size_t(x)], opt.fused_multiply_add);
+                        &ax_w.w[size_t(x * ax_w.max_interp)], ax_w.xsize[size_t(x)],
+                        opt.fused_multiply_add && ax_w.xsize[size_t(x)] <= kMaxFusedTaps);
             cur = &tmp;
         }
         // vertical pass: [h, out_w] -> [out_h, out_w]
@@ -382,7 +389,8 @@ RgbImage resize_bilinear_aa_u8(RgbView in, int top, int left, int h, int w, int 
                 for (int x = 0; x < out_width; ++x)
                     dst[size_t(y) * size_t(out_width) + size_t(x)] = aa_dot(
                         &(*cur)[size_t(ax_h.xmin[size_t(y)]) * size_t(out_width) + size_t(x)], out_width,
-                        &ax_h.w[size_t(y * ax_h.max_interp)], ax_h.xsize[size_t(y)], opt.fused_multiply_add);
+                        &ax_h.w[size_t(y * ax_h.max_interp)], ax_h.xsize[size_t(y)],
+                        opt.fused_multiply_add && ax_h.xsize[size_t(y)] <= kMaxFusedTaps);
             cur = &dst;
         }
         // VideoToNumpy: (x * 255).to(uint8) truncates
@@ -400,14 +408,17 @@ RgbImage preprocess_view(RgbView frame, std::string_view name, const ResizeOptio
 }
 
 RgbImage preprocess_view(RgbView frame, ViewSize size, std::string_view name, const ResizeOptions& opt) {
-    DZR_CHECK(size.height >= 1 && size.width >= 1, "preprocess: {} view size {}x{} is not positive", name,
-              size.height, size.width);
+    return preprocess_view(frame, droid_canvas_spec(size), name, opt);
+}
+
+RgbImage preprocess_view(RgbView frame, const CanvasSpec& spec, std::string_view name, const ResizeOptions& opt) {
+    DZR_CHECK(spec.view.height >= 1 && spec.view.width >= 1, "preprocess: {} view size {}x{} is not positive", name,
+              spec.view.height, spec.view.width);
     RgbImage padded;
-    const RgbView src = eval_frame(frame, name, padded);
-    const int top = center_crop_offset(kFrameHeight, kCropHeight);
-    const int left = center_crop_offset(kFrameWidth, kCropWidth);
-    return cached_resizer(kCropHeight, kCropWidth, size.height, size.width, opt.fused_multiply_add)
-        .run(src, top, left);
+    const RgbView src = eval_frame(frame, name, padded, spec.frame_height, spec.frame_width);
+    const auto [ch, cw] = spec.crop_size(src.height, src.width);
+    return cached_resizer(ch, cw, spec.view.height, spec.view.width, opt.fused_multiply_add)
+        .run(src, center_crop_offset(src.height, ch), center_crop_offset(src.width, cw));
 }
 
 RgbImage compose_canvas(const RgbImage& wrist, const RgbImage& exterior_1, const RgbImage& exterior_2) {
@@ -428,6 +439,27 @@ RgbImage compose_canvas(const RgbImage& wrist, const RgbImage& exterior_1, const
                 canvas.at(h + y, x, c) = exterior_1.at(y, x, c);
                 canvas.at(h + y, w + x, c) = exterior_2.at(y, x, c);
             }
+    return canvas;
+}
+
+RgbImage compose_canvas(CanvasLayout layout, std::span<const RgbImage> views) {
+    DZR_CHECK(!views.empty(), "canvas: no views");
+    if (layout == CanvasLayout::DroidWrist) {
+        DZR_CHECK(views.size() >= 3, "canvas: the DROID layout needs 3 views, got {}", views.size());
+        return compose_canvas(views[2], views[0], views[1]);
+    }
+    const int h = views[0].height, w = views[0].width;
+    DZR_CHECK(h >= 1 && w >= 1, "canvas: view 0 is empty ({}x{})", h, w);
+    for (const auto& v : views)
+        DZR_CHECK(v.height == h && v.width == w, "canvas: views must share one size after preprocessing: {}x{} and {}x{}",
+                  h, w, v.height, v.width);
+    if (layout == CanvasLayout::Single) return views[0];
+    RgbImage canvas(2 * h, 2 * w);  // zero: the quadrants no view covers stay black
+    const int place[3][2] = {{0, 0}, {h, 0}, {0, w}};  // top-left, bottom-left, top-right
+    for (size_t v = 0; v < std::min<size_t>(3, views.size()); ++v)
+        for (int y = 0; y < h; ++y)
+            for (int x = 0; x < w; ++x)
+                for (int c = 0; c < 3; ++c) canvas.at(place[v][0] + y, place[v][1] + x, c) = views[v].at(y, x, c);
     return canvas;
 }
 
@@ -470,6 +502,7 @@ AaResizer::AaResizer(int in_height, int in_width, int out_height, int out_width,
                 src_h_[size_t(e)] = int32_t(ax.xmin[size_t(x)] * 3 + c);
                 for (int64_t j = 0; j < ax.xsize[size_t(x)]; ++j)
                     w_h_[size_t(j) * size_t(n) + size_t(e)] = ax.w[size_t(x * ax.max_interp + j)];
+                if (fma_ && ax.xsize[size_t(x)] > kMaxFusedTaps) unfused_h_.push_back(e);
             }
     } else {
         src_h_.resize(size_t(n));
@@ -481,15 +514,18 @@ AaResizer::AaResizer(int in_height, int in_width, int out_height, int out_width,
         taps_v_ = int(ax.max_interp);
         src_v_.resize(size_t(out_h_));
         w_v_.assign(size_t(out_h_) * size_t(taps_v_), 0.f);
+        fused_v_.assign(size_t(out_h_), 1);
         for (int y = 0; y < out_h_; ++y) {
             src_v_[size_t(y)] = int32_t(ax.xmin[size_t(y)]);
             for (int64_t j = 0; j < ax.xsize[size_t(y)]; ++j)
                 w_v_[size_t(y) * size_t(taps_v_) + size_t(j)] = ax.w[size_t(y * ax.max_interp + j)];
+            fused_v_[size_t(y)] = ax.xsize[size_t(y)] <= kMaxFusedTaps ? 1 : 0;
         }
     } else {
         src_v_.resize(size_t(out_h_));
         for (int y = 0; y < out_h_; ++y) src_v_[size_t(y)] = y;
         w_v_.assign(size_t(out_h_), 1.f);
+        fused_v_.assign(size_t(out_h_), 1);
     }
 }
 
@@ -503,7 +539,7 @@ void AaResizer::run(RgbView in, int top, int left, uint8_t* out, size_t out_row_
         return t;
     }();
     const HRowFn h_row = pick_h_row(fma_);
-    const VRowFn v_row = pick_v_row(fma_);
+    const VRowFn v_row = pick_v_row(fma_), v_row_unfused = pick_v_row(false);
     const int n = out_w_ * 3;
     // Per-thread buffers: the float row (zero-padded for the padded taps), the horizontal pass output
     // (zero rows appended for the padded vertical taps) and one accumulator row.
@@ -516,11 +552,20 @@ void AaResizer::run(RgbView in, int top, int left, uint8_t* out, size_t out_row_
     for (int y = 0; y < in_h_; ++y) {
         const uint8_t* row = in.data + (size_t(top + y) * size_t(in.width) + size_t(left)) * 3;
         for (int k = 0; k < in_w_ * 3; ++k) rowf[size_t(k)] = kByteToUnit[row[k]];
-        h_row(rowf.data(), src_h_.data(), w_h_.data(), taps_h_, n, tmp.data() + size_t(y) * size_t(n));
+        float* hout = tmp.data() + size_t(y) * size_t(n);
+        h_row(rowf.data(), src_h_.data(), w_h_.data(), taps_h_, n, hout);
+        // The outputs of more than kMaxFusedTaps taps again, multiply then add (the padded taps add exact zeros).
+        for (const int32_t e : unfused_h_) {
+            float t = rowf[size_t(src_h_[size_t(e)])] * w_h_[size_t(e)];
+            for (int j = 1; j < taps_h_; ++j)
+                t = t + rowf[size_t(src_h_[size_t(e)] + 3 * j)] * w_h_[size_t(j) * size_t(n) + size_t(e)];
+            hout[e] = t;
+        }
     }
     for (int y = 0; y < out_h_; ++y)
-        v_row(tmp.data() + size_t(src_v_[size_t(y)]) * size_t(n), size_t(n), &w_v_[size_t(y) * size_t(taps_v_)],
-              taps_v_, acc.data(), out + size_t(y) * out_row_stride, repeat_columns);
+        (fused_v_[size_t(y)] ? v_row : v_row_unfused)(tmp.data() + size_t(src_v_[size_t(y)]) * size_t(n), size_t(n),
+                                                      &w_v_[size_t(y) * size_t(taps_v_)], taps_v_, acc.data(),
+                                                      out + size_t(y) * out_row_stride, repeat_columns);
 }
 
 RgbImage AaResizer::run(RgbView in, int top, int left) const {
@@ -561,70 +606,158 @@ void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
     if (error) std::rethrow_exception(error);
 }
 
+// ---- CanvasSpec -------------------------------------------------------------------------------------------------
+
+std::pair<int, int> CanvasSpec::crop_size(int height, int width) const {
+    // NOTE: VideoCrop's size is (int(height * scale), int(width * scale)) in Python floats (IEEE double).
+    const int h = int(double(height) * crop_scale), w = int(double(width) * crop_scale);
+    DZR_CHECK(h >= 1 && w >= 1 && h <= height && w <= width, "preprocess: a {} crop of {}x{} frames is {}x{}",
+              crop_scale, height, width, h, w);
+    return {h, w};
+}
+
+CanvasSpec droid_canvas_spec(ViewSize view) {
+    CanvasSpec s;
+    s.view = view;
+    return s;
+}
+
+CanvasSpec canvas_spec(const Embodiment& e, const ModelConfig& model) {
+    CanvasSpec s;
+    s.layout = e.layout;
+    s.cameras.clear();
+    for (const auto& c : e.cameras) s.cameras.push_back(c.key);
+    s.frame_height = e.cameras.empty() ? 0 : e.cameras[0].height;
+    s.frame_width = e.cameras.empty() ? 0 : e.cameras[0].width;
+    s.crop_scale = e.crop_scale;
+    const auto [vh, vw] = embodiment_view_size(e, model);
+    s.view = ViewSize{vh, vw};
+    return s;
+}
+
 // ---- ObservationPreprocessor ---------------------------------------------------------------------------
 
-ObservationPreprocessor::ObservationPreprocessor(ViewSize view, UnitRangeMode mode, int threads)
-    : view_(view),
+ObservationPreprocessor::ObservationPreprocessor(CanvasSpec spec, UnitRangeMode mode, int threads)
+    : spec_(std::move(spec)),
       mode_(mode),
-      threads_(threads > 0 ? threads : int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u))),
-      resizer_(kCropHeight, kCropWidth, view.height, view.width) {
+      threads_(threads > 0 ? threads : int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u))) {
+    DZR_CHECK(!spec_.cameras.empty(), "preprocess: no cameras");
+    DZR_CHECK(spec_.layout != CanvasLayout::DroidWrist || spec_.cameras.size() >= 3,
+              "preprocess: the DROID layout needs 3 cameras, got {}", spec_.cameras.size());
+    DZR_CHECK(spec_.view.height >= 1 && spec_.view.width >= 1, "preprocess: view size {}x{} is not positive",
+              spec_.view.height, spec_.view.width);
+    if (spec_.frame_height > 0) {
+        const auto [ch, cw] = spec_.crop_size(spec_.frame_height, spec_.frame_width);
+        resizer_ = std::make_unique<AaResizer>(ch, cw, spec_.view.height, spec_.view.width);
+    }
     unit_range_lut(mode_, lut_);
     for (int i = 0; i < 256; ++i) lut_bf16_[i] = f32_to_bf16(lut_[i]);
 }
 
-namespace {
+ObservationPreprocessor::ObservationPreprocessor(ViewSize view, UnitRangeMode mode, int threads)
+    : ObservationPreprocessor(droid_canvas_spec(view), mode, threads) {}
 
-/// Validates the three cameras of a call (same T); returns T.
-int64_t check_cameras(const std::array<const TensorView*, 3>& cams) {
-    for (int v = 0; v < 3; ++v) (void)frame_view(*cams[size_t(v)], 0);
-    const int64_t T = cams[0]->dim(0);
-    for (int v = 1; v < 3; ++v)
-        DZR_CHECK(cams[size_t(v)]->dim(0) == T, "preprocess: {} has {} frames, {} has {}", kViewNames[v],
-                  cams[size_t(v)]->dim(0), kViewNames[0], T);
+int64_t ObservationPreprocessor::check_cameras(std::span<const TensorView> cams) const {
+    DZR_CHECK(cams.size() == spec_.cameras.size(), "preprocess: {} cameras given, the embodiment has {}", cams.size(),
+              spec_.cameras.size());
+    for (const auto& c : cams) (void)frame_view(c, 0);
+    const int64_t T = cams[0].dim(0);
+    for (size_t v = 1; v < cams.size(); ++v)
+        DZR_CHECK(cams[v].dim(0) == T, "preprocess: {} has {} frames, {} has {}", spec_.cameras[v], cams[v].dim(0),
+                  spec_.cameras[0], T);
     return T;
 }
 
-}  // namespace
-
-void ObservationPreprocessor::view_into(const TensorView& camera, int which, int64_t t, uint8_t* canvas) const {
+void ObservationPreprocessor::view_into(const TensorView& camera, int position, int64_t t, uint8_t* canvas) const {
+    const size_t p = size_t(position);
     RgbImage padded;
-    const RgbView src = eval_frame(frame_view(camera, t), kViewNames[which], padded);
-    const size_t row = size_t(2) * size_t(view_.width) * 3;  // canvas row bytes (2 views wide)
-    // wrist: top half, columns doubled; exterior 1 bottom-left; exterior 2 bottom-right
+    const RgbView src = eval_frame(frame_view(camera, t), spec_.cameras[p], padded, spec_.frame_height,
+                                   spec_.frame_width);
+    const int vh = spec_.view.height, vw = spec_.view.width;
+    const size_t row = size_t(spec_.canvas_width()) * 3;  // canvas row bytes
     uint8_t* dst = canvas;
-    if (which != 0) dst += size_t(view_.height) * row + (which == 2 ? size_t(view_.width) * 3 : 0);
-    resizer_.run(src, center_crop_offset(kFrameHeight, kCropHeight), center_crop_offset(kFrameWidth, kCropWidth), dst,
-                 row, which == 0);
+    bool repeat = false;
+    switch (spec_.layout) {
+        case CanvasLayout::DroidWrist:
+            // view 2 (the wrist) on top with its columns doubled; views 0 and 1 bottom-left and bottom-right
+            if (position == 2) repeat = true;
+            else dst += size_t(vh) * row + (position == 1 ? size_t(vw) * 3 : 0);
+            break;
+        case CanvasLayout::Grid:
+            // views 0, 1, 2 at top-left, bottom-left, top-right
+            if (position == 1) dst += size_t(vh) * row;
+            if (position == 2) dst += size_t(vw) * 3;
+            break;
+        case CanvasLayout::Single:
+            break;
+    }
+    const auto [ch, cw] = spec_.crop_size(src.height, src.width);
+    const AaResizer& resizer =
+        resizer_ && resizer_->in_height() == ch && resizer_->in_width() == cw
+            ? *resizer_
+            : cached_resizer(ch, cw, vh, vw, true);
+    resizer.run(src, center_crop_offset(src.height, ch), center_crop_offset(src.width, cw), dst, row, repeat);
+}
+
+void ObservationPreprocessor::clear_uncovered(uint8_t* canvas) const {
+    if (spec_.layout != CanvasLayout::Grid) return;
+    const size_t vh = size_t(spec_.view.height), half = size_t(spec_.view.width) * 3, row = 2 * half;
+    for (size_t y = 0; y < 2 * vh; ++y) {
+        const bool top = y < vh;
+        // bottom-right always; top-right when there is no third view
+        if (!top || spec_.cameras.size() < 3) std::memset(canvas + y * row + half, 0, half);
+        if (!top && spec_.cameras.size() < 2) std::memset(canvas + y * row, 0, half);
+    }
+}
+
+static int placed_views(const CanvasSpec& spec) {
+    return spec.layout == CanvasLayout::Single ? 1 : int(std::min<size_t>(3, spec.cameras.size()));
+}
+
+void ObservationPreprocessor::canvas(std::span<const TensorView> cams, int64_t t, uint8_t* canvas) const {
+    check_cameras(cams);
+    clear_uncovered(canvas);
+    for (int v = 0; v < placed_views(spec_); ++v) view_into(cams[size_t(v)], v, t, canvas);
+}
+
+void ObservationPreprocessor::run(std::span<const TensorView> cams, int reference, std::span<const int> clip,
+                                  std::span<float> reference_out, std::span<float> clip_out, Scratch* scratch) const {
+    run_impl<float>(cams, reference, clip, reference_out, clip_out, lut_, scratch);
+}
+
+void ObservationPreprocessor::run_bf16(std::span<const TensorView> cams, int reference, std::span<const int> clip,
+                                       std::span<uint16_t> reference_out, std::span<uint16_t> clip_out,
+                                       Scratch* scratch) const {
+    run_impl<uint16_t>(cams, reference, clip, reference_out, clip_out, lut_bf16_, scratch);
 }
 
 void ObservationPreprocessor::canvas(const TensorView& wrist, const TensorView& exterior_1,
-                                     const TensorView& exterior_2, int64_t t, uint8_t* canvas) const {
-    const std::array<const TensorView*, 3> cams = {&wrist, &exterior_1, &exterior_2};
-    check_cameras(cams);
-    for (int v = 0; v < 3; ++v) view_into(*cams[size_t(v)], v, t, canvas);
+                                     const TensorView& exterior_2, int64_t t, uint8_t* out) const {
+    const std::array<TensorView, 3> cams = {exterior_1, exterior_2, wrist};
+    canvas(std::span<const TensorView>(cams), t, out);
 }
 
 void ObservationPreprocessor::run(const TensorView& wrist, const TensorView& exterior_1,
                                   const TensorView& exterior_2, int reference, std::span<const int> clip,
                                   std::span<float> reference_out, std::span<float> clip_out, Scratch* scratch) const {
-    run_impl<float>(wrist, exterior_1, exterior_2, reference, clip, reference_out, clip_out, lut_, scratch);
+    const std::array<TensorView, 3> cams = {exterior_1, exterior_2, wrist};
+    run(std::span<const TensorView>(cams), reference, clip, reference_out, clip_out, scratch);
 }
 
 void ObservationPreprocessor::run_bf16(const TensorView& wrist, const TensorView& exterior_1,
                                        const TensorView& exterior_2, int reference, std::span<const int> clip,
                                        std::span<uint16_t> reference_out, std::span<uint16_t> clip_out,
                                        Scratch* scratch) const {
-    run_impl<uint16_t>(wrist, exterior_1, exterior_2, reference, clip, reference_out, clip_out, lut_bf16_, scratch);
+    const std::array<TensorView, 3> cams = {exterior_1, exterior_2, wrist};
+    run_bf16(std::span<const TensorView>(cams), reference, clip, reference_out, clip_out, scratch);
 }
 
 template <typename Elem>
-void ObservationPreprocessor::run_impl(const TensorView& wrist, const TensorView& exterior_1,
-                                       const TensorView& exterior_2, int reference, std::span<const int> clip,
+void ObservationPreprocessor::run_impl(std::span<const TensorView> cams, int reference, std::span<const int> clip,
                                        std::span<Elem> reference_out, std::span<Elem> clip_out, const Elem* lut,
                                        Scratch* scratch) const {
-    const std::array<const TensorView*, 3> cams = {&wrist, &exterior_1, &exterior_2};
     const int64_t T = check_cameras(cams);
-    const int64_t H = 2 * int64_t(view_.height), W = 2 * int64_t(view_.width);
+    const int64_t H = spec_.canvas_height(), W = spec_.canvas_width();
     const size_t plane = size_t(H * W), canvas_bytes = plane * 3;
     DZR_CHECK(reference >= 0 && reference < T, "preprocess: reference frame {} of {}", reference, T);
     for (int f : clip) DZR_CHECK(f >= 0 && f < T, "preprocess: clip frame {} of {}", f, T);
@@ -640,12 +773,16 @@ void ObservationPreprocessor::run_impl(const TensorView& wrist, const TensorView
     std::vector<int> frames;
     for (int t = 0; t < int(T); ++t)
         if (used[size_t(t)]) frames.push_back(t);
-    // NOTE: every canvas byte is written below (the views tile the canvas), so the scratch is not cleared.
+    // NOTE: the views tile the canvas except the grid's black quadrants, which clear_uncovered writes; so the
+    // scratch is not cleared.
     Scratch own;
     Scratch& canvases = scratch ? *scratch : own;
     canvases.resize(frames.size() * canvas_bytes);
-    parallel_for(int(frames.size()) * 3, threads_, [&](int i) {
-        view_into(*cams[size_t(i % 3)], i % 3, frames[size_t(i / 3)], canvases.data() + size_t(i / 3) * canvas_bytes);
+    const int views = placed_views(spec_);
+    for (size_t k = 0; k < frames.size(); ++k) clear_uncovered(canvases.data() + k * canvas_bytes);
+    parallel_for(int(frames.size()) * views, threads_, [&](int i) {
+        view_into(cams[size_t(i % views)], i % views, frames[size_t(i / views)],
+                  canvases.data() + size_t(i / views) * canvas_bytes);
     });
 
     // [H, W, 3] canvases -> [3, S, H, W] inputs: one task per (canvas, channel), each writing every slot the

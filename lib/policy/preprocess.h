@@ -1,5 +1,5 @@
 #pragma once
-/// Observation preprocessing of the DreamZero-DROID policy (dreamzero-reference.md §1.4), on the host:
+/// Observation preprocessing of the DreamZero policy (dreamzero-reference.md §1.4), on the host. DROID's:
 ///
 ///   frame uint8 [180, 320, 3] (other sizes: openpi resize_with_pad to 180x320 first, with a log line)
 ///     -> /255 as float32 -> center crop 171x304 at (top 4, left 8)
@@ -13,15 +13,21 @@
 ///
 /// The view size is a training-config value (VideoResize height/width); a model trained at another
 /// canvas (configs/tiny.yaml) passes canvas / 2 as its view size. Canvas sizes follow the views.
+///
+/// Other embodiments (CanvasSpec, from config/embodiment.h): the frame size is the camera's recorded
+/// resolution, the crop int(side * scale) of VideoCrop, the view size VideoResize's, and the layout
+/// DreamTransform's (the DROID layout, a 2 x 2 grid with a black quadrant, or a single view).
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "config/embodiment.h"
 #include "core/tensor.h"
 
 namespace dzr {
@@ -105,7 +111,10 @@ int center_crop_offset(int in_size, int out_size);
 /// Arithmetic of the float bilinear resize. PyTorch's CPU kernel accumulates t0*w0, then
 /// `out += t_j * w_j`, which its AVX2/AVX512 builds contract into fused multiply-adds: torch 2.11 on
 /// an AVX512 CPU matches the fused form bit for bit (tests/data/preprocess_golden.safetensors) and
-/// differs from the unfused one in a few values per frame.
+/// differs from the unfused one in a few values per frame. Measured with torch 2.15, the fused rounding
+/// holds for outputs of at most 4 taps along an axis; outputs of 5 or 6 taps (strong down-scaling, such as
+/// 480x640 frames to 176x320 views) round as a plain multiply, then add, and `fused_multiply_add` follows
+/// that rule (docs/PARITY.md, Embodiments).
 struct ResizeOptions {
     bool fused_multiply_add = true;
 };
@@ -147,53 +156,92 @@ private:
     std::vector<float> w_h_;      // [taps_h][out_w * 3]
     std::vector<int32_t> src_v_;  // [out_h]: first source row
     std::vector<float> w_v_;      // [taps_v][out_h]
+    std::vector<int32_t> unfused_h_;  // elements of more than 4 taps (accumulated unfused, as PyTorch's kernel)
+    std::vector<uint8_t> fused_v_;    // [out_h]: the row has at most 4 taps
 };
 
 /// Runs fn(0) .. fn(n - 1) on up to `threads` threads (the caller's included); rethrows the first
 /// exception once all have finished.
 void parallel_for(int n, int threads, const std::function<void(int)>& fn);
 
-/// The policy's host preprocessing of one call: the three camera views of every frame -> canvases ->
-/// the model input of the reference frame and of the commit clip. Bit-identical to preprocess_view,
-/// compose_canvas and canvases_to_model_input; the resize tables are built once and the views, frames
-/// and channels are spread over threads. Thread-safe.
+/// How one embodiment's camera views become the model's canvas (Embodiment's video part): the cameras in
+/// concatenation order, the recorded frame size the crop is taken from, the centre-crop scale, the view
+/// size after the resize and the layout (config/embodiment.h CanvasLayout).
+struct CanvasSpec {
+    CanvasLayout layout = CanvasLayout::DroidWrist;
+    std::vector<std::string> cameras = {"exterior_image_1_left", "exterior_image_2_left", "wrist_image_left"};
+    /// Frames of another size are resized with padding to this first (openpi's resize_with_pad, logged);
+    /// 0 x 0: each frame is cropped at the size it comes in.
+    int frame_height = kFrameHeight, frame_width = kFrameWidth;
+    double crop_scale = 0.95;
+    ViewSize view;
+
+    int canvas_height() const { return layout == CanvasLayout::Single ? view.height : 2 * view.height; }
+    int canvas_width() const { return layout == CanvasLayout::Single ? view.width : 2 * view.width; }
+    /// The crop of a frame of `height` x `width`: (int(height * scale), int(width * scale)).
+    std::pair<int, int> crop_size(int height, int width) const;
+    bool operator==(const CanvasSpec&) const = default;
+};
+
+/// DROID's canvas at a view size (the reference's 176x320 by default).
+CanvasSpec droid_canvas_spec(ViewSize view = {});
+/// An embodiment's canvas at the model's geometry (embodiment_view_size).
+CanvasSpec canvas_spec(const Embodiment& embodiment, const ModelConfig& model);
+
+/// The policy's host preprocessing of one call: the camera views of every frame -> canvases -> the model
+/// input of the reference frame and of the commit clip. Bit-identical to preprocess_view, compose_canvas and
+/// canvases_to_model_input; the resize tables are built once and the views, frames and channels are spread
+/// over threads. Thread-safe.
 class ObservationPreprocessor {
 public:
     /// threads <= 0: min(8, hardware threads).
-    ObservationPreprocessor(ViewSize view, UnitRangeMode mode = UnitRangeMode::F32, int threads = 0);
-    ViewSize view() const { return view_; }
+    ObservationPreprocessor(CanvasSpec spec, UnitRangeMode mode = UnitRangeMode::F32, int threads = 0);
+    /// DROID's canvas at `view`.
+    explicit ObservationPreprocessor(ViewSize view, UnitRangeMode mode = UnitRangeMode::F32, int threads = 0);
+    ViewSize view() const { return spec_.view; }
+    const CanvasSpec& spec() const { return spec_; }
     int threads() const { return threads_; }
-    /// Canvas of frame t of uint8 [T, H, W, 3] cameras (any frame size: others than 180x320 are padded
-    /// first, as preprocess_view does) into `canvas` (2h x 2w x 3 bytes).
-    void canvas(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int64_t t,
-                uint8_t* canvas) const;
+    /// Canvas of frame t of the uint8 [T, H, W, 3] cameras (in the spec's order) into `canvas`
+    /// (canvas_height x canvas_width x 3 bytes).
+    void canvas(std::span<const TensorView> cameras, int64_t t, uint8_t* canvas) const;
     /// Host bytes for the canvases of one call; a caller that keeps one across calls saves the allocation
     /// (and the page faults of fresh memory) every call.
     using Scratch = std::vector<uint8_t, UninitAllocator<uint8_t>>;
     /// The model inputs of one call: `reference_out` [3, H, W] from canvas `reference`, and (when
     /// `clip` is not empty) `clip_out` [3, clip.size(), H, W] from canvases clip[0], clip[1], ...
     /// `scratch` (optional) holds the canvases.
+    void run(std::span<const TensorView> cameras, int reference, std::span<const int> clip,
+             std::span<float> reference_out, std::span<float> clip_out, Scratch* scratch = nullptr) const;
+    /// The same inputs rounded to bf16 (the bits of f32_to_bf16 of each value above), written directly:
+    /// what a bf16 backend uploads, without an f32 pass.
+    void run_bf16(std::span<const TensorView> cameras, int reference, std::span<const int> clip,
+                  std::span<uint16_t> reference_out, std::span<uint16_t> clip_out, Scratch* scratch = nullptr) const;
+
+    /// DROID's forms (wrist, exterior 1, exterior 2), for a preprocessor with the DROID spec.
+    void canvas(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int64_t t,
+                uint8_t* canvas) const;
     void run(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
              std::span<const int> clip, std::span<float> reference_out, std::span<float> clip_out,
              Scratch* scratch = nullptr) const;
-    /// The same inputs rounded to bf16 (the bits of f32_to_bf16 of each value above), written directly:
-    /// what a bf16 backend uploads, without an f32 pass.
     void run_bf16(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
                   std::span<const int> clip, std::span<uint16_t> reference_out, std::span<uint16_t> clip_out,
                   Scratch* scratch = nullptr) const;
 
 private:
     template <typename Elem>
-    void run_impl(const TensorView& wrist, const TensorView& exterior_1, const TensorView& exterior_2, int reference,
-                  std::span<const int> clip, std::span<Elem> reference_out, std::span<Elem> clip_out,
-                  const Elem* lut, Scratch* scratch) const;
-    /// View `which` (0 wrist, 1 exterior 1, 2 exterior 2) of frame t into its place on `canvas`.
-    void view_into(const TensorView& camera, int which, int64_t t, uint8_t* canvas) const;
+    void run_impl(std::span<const TensorView> cameras, int reference, std::span<const int> clip,
+                  std::span<Elem> reference_out, std::span<Elem> clip_out, const Elem* lut, Scratch* scratch) const;
+    /// Camera `position` (concatenation order) of frame t into its place on `canvas`.
+    void view_into(const TensorView& camera, int position, int64_t t, uint8_t* canvas) const;
+    /// Zeroes the parts of `canvas` no view covers (the grid's black quadrants).
+    void clear_uncovered(uint8_t* canvas) const;
+    /// Validates the cameras of a call (count, layout, one T); returns T.
+    int64_t check_cameras(std::span<const TensorView> cameras) const;
 
-    ViewSize view_;
+    CanvasSpec spec_;
     UnitRangeMode mode_;
     int threads_;
-    AaResizer resizer_;
+    std::unique_ptr<AaResizer> resizer_;  // for the spec's frame size (null when frames come at any size)
     float lut_[256];
     uint16_t lut_bf16_[256];  // f32_to_bf16(lut_[i])
 };
@@ -205,9 +253,19 @@ RgbImage preprocess_view(RgbView frame, ViewSize size, std::string_view name = "
 /// The same at the reference's view size, 176x320.
 RgbImage preprocess_view(RgbView frame, std::string_view name = "view", const ResizeOptions& opt = {});
 
+/// One camera view through an embodiment's eval transform: resize_with_pad to the spec's frame size when
+/// the size differs (logged once per size and name), centre crop at the spec's scale, resize to the view.
+RgbImage preprocess_view(RgbView frame, const CanvasSpec& spec, std::string_view name = "view",
+                         const ResizeOptions& opt = {});
+
 /// The [2h, 2w] canvas from three preprocessed views of one size [h, w] (352x640 from 176x320).
 /// Throws when the views differ in size.
 RgbImage compose_canvas(const RgbImage& wrist, const RgbImage& exterior_1, const RgbImage& exterior_2);
+
+/// The canvas of `layout` from preprocessed views of one size in concatenation order (DreamTransform.
+/// _prepare_video): DroidWrist = compose_canvas(views[2], views[0], views[1]); Grid = views 0, 1, 2 at
+/// top-left, bottom-left, top-right, the rest black; Single = views[0]. Views past the third are not drawn.
+RgbImage compose_canvas(CanvasLayout layout, std::span<const RgbImage> views);
 
 
 /// Canvases (T of them, all H x W, 352x640 in the reference) -> `out` [3, T, H, W], values in [-1, 1].

@@ -559,6 +559,29 @@ std::string droid_prompt(std::string_view instruction) {
     return out;
 }
 
+std::string templated_prompt(PromptTemplate templ, std::string_view instruction) {
+    if (templ == PromptTemplate::Droid) return droid_prompt(instruction);
+    const std::string p = lower_utf8(unwrap_python_literal(instruction));
+    switch (templ) {
+        case PromptTemplate::FourViewsHands:
+            return "A multi-view video shows that a robot " + p +
+                   " The video is split into four views: The top-left view shows the camera view from the robot's "
+                   "head, the top-right view shows the camera view from the right hand, the bottom-left view shows "
+                   "the camera view from the left hand, and the bottom-right view is a black screen (inactive view). "
+                   "The robot " + p;
+        case PromptTemplate::FourViewsYam:
+            return "A multi-view video shows that a robot " + p +
+                   " The video is split into four views: The top-left view shows the top camera, the top-right view "
+                   "shows the right camera, the bottom-left view shows the left camera, and the bottom-right view is "
+                   "a black screen. The robot " + p;
+        case PromptTemplate::SingleViewHuman:
+            return "A single view video shows that a human " + p;
+        case PromptTemplate::Droid:
+            break;
+    }
+    return droid_prompt(instruction);
+}
+
 std::string clean_prompt_text(std::string_view text) {
     // basic_clean: ftfy.fix_text, html.unescape(html.unescape(.)), strip
     U32 s = strip(unescape(unescape(ftfy(decode_utf8(text)), false), false));

@@ -1,6 +1,6 @@
 #pragma once
-/// Prompt text of the DreamZero-DROID policy (dreamzero-reference.md §1.4, dreamzero_cotrain.py):
-/// the oxe_droid multi-view template around the lower-cased instruction, the fixed negative prompt,
+/// Prompt text of the DreamZero policy (dreamzero-reference.md §1.4, dreamzero_cotrain.py):
+/// the embodiment's template (oxe_droid: the multi-view template) around the lower-cased instruction, the fixed negative prompt,
 /// and the tokenizer's "whitespace" cleaning (ftfy.fix_text, html.unescape twice, strip, collapse
 /// whitespace runs). All strings are UTF-8.
 ///
@@ -10,6 +10,8 @@
 /// Python-literal prompts are unwrapped only for quoted strings and lists/tuples of them.
 #include <string>
 #include <string_view>
+
+#include "config/embodiment.h"
 
 namespace dzr {
 
@@ -25,6 +27,20 @@ inline constexpr std::string_view kDroidNegativePrompt =
 /// three views: ... The robot " + p, with p = lower(instruction) (after unwrapping a Python literal,
 /// as the reference's ast.literal_eval does). No punctuation is added around p.
 std::string droid_prompt(std::string_view instruction);
+
+/// The instruction in an embodiment's template (dreamzero_cotrain.py collate(); p = lower(instruction) after
+/// the literal unwrapping, as for droid_prompt):
+///   Droid            droid_prompt
+///   FourViewsHands   "A multi-view video shows that a robot " + p + " The video is split into four views: The
+///                    top-left view shows the camera view from the robot's head, the top-right view shows the
+///                    camera view from the right hand, the bottom-left view shows the camera view from the left
+///                    hand, and the bottom-right view is a black screen (inactive view). The robot " + p
+///   FourViewsYam     "A multi-view video shows that a robot " + p + " The video is split into four views: The
+///                    top-left view shows the top camera, the top-right view shows the right camera, the
+///                    bottom-left view shows the left camera, and the bottom-right view is a black screen. The
+///                    robot " + p
+///   SingleViewHuman  "A single view video shows that a human " + p
+std::string templated_prompt(PromptTemplate templ, std::string_view instruction);
 
 /// The reference's `whitespace` cleaning before tokenization: ftfy subset, html.unescape twice,
 /// strip, runs of whitespace -> one space, strip.

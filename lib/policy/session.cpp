@@ -361,8 +361,7 @@ void Session::upload_inputs(const PreparedObservation& obs, bool reset) {
     Backend& be = engine_.backend();
     const DitConfig& d = engine_.model_.dit;
     // State: q99-normalized, zero-padded, rounded as the reference does (straight to bf16).
-    std::vector<double> state = prepare_state(obs.joint_position, std::span<const double>(&obs.gripper_position, 1),
-                                              engine_.statistics_, d.max_state_dim);
+    std::vector<double> state = prepare_state(obs.state, engine_.embodiment_, d.max_state_dim);
     std::vector<float> state_f(state.size());
     for (size_t i = 0; i < state.size(); ++i)
         state_f[i] = be.compute_dtype() == DType::BF16 ? round_f64_to_bf16(state[i]) : float(state[i]);
@@ -512,7 +511,7 @@ void Session::postprocess(const PreparedObservation& obs, PolicyCallResult& resu
                       call_index_, i);
     }
     result.actions = postprocess_actions(result.actions_normalized, d.num_action_per_block, d.action_dim,
-                                         obs.joint_position, engine_.statistics_);
+                                         obs.state, engine_.embodiment_);
 }
 
 PolicyCallResult Session::step(const PreparedObservation& obs) {

@@ -74,8 +74,13 @@ int Umt5Tokenizer::vocab_size() const {
 
 PromptTokens tokenize_droid_prompts(const Umt5Tokenizer& tokenizer, std::string_view instruction,
                                     int max_length) {
+    return tokenize_prompts(tokenizer, PromptTemplate::Droid, instruction, max_length);
+}
+
+PromptTokens tokenize_prompts(const Umt5Tokenizer& tokenizer, PromptTemplate templ, std::string_view instruction,
+                              int max_length) {
     PromptTokens out;
-    out.text = clean_prompt_text(droid_prompt(instruction));
+    out.text = clean_prompt_text(templated_prompt(templ, instruction));
     out.positive = tokenizer.encode(out.text, max_length, "prompt");
     out.negative = tokenizer.encode(clean_prompt_text(kDroidNegativePrompt), max_length, "negative prompt");
     return out;

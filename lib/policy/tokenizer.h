@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "config/embodiment.h"
+
 namespace dzr {
 
 /// Token ids of one text, padded to a fixed length.
@@ -58,7 +60,7 @@ class Umt5Tokenizer {
     std::filesystem::path path_;
 };
 
-/// The two token sequences of a DROID policy call: the templated, cleaned instruction (conditional
+/// The two token sequences of a policy call: the templated, cleaned instruction (conditional
 /// branch) and the cleaned fixed negative prompt (unconditional branch).
 struct PromptTokens {
     std::string text;  ///< the cleaned positive text that was tokenized
@@ -68,5 +70,9 @@ struct PromptTokens {
 
 PromptTokens tokenize_droid_prompts(const Umt5Tokenizer& tokenizer, std::string_view instruction,
                                     int max_length = Umt5Tokenizer::kMaxLength);
+
+/// The same for an embodiment's template (templated_prompt); the negative prompt is the same for all.
+PromptTokens tokenize_prompts(const Umt5Tokenizer& tokenizer, PromptTemplate templ, std::string_view instruction,
+                              int max_length = Umt5Tokenizer::kMaxLength);
 
 }  // namespace dzr

@@ -13,23 +13,12 @@ namespace dzr::rollout {
 
 namespace {
 
-/// q01 = -1, q99 = 1 for every dimension of the embodiment's keys: normalization is the identity, so the random
-/// state stays in range.
-EmbodimentStatistics unit_statistics(const DitConfig& d) {
-    EmbodimentStatistics s;
-    s.tag = "oxe_droid";
-    const auto unit = [](size_t n) {
-        KeyStatistics k;
-        k.q01.assign(n, -1.0f);
-        k.q99.assign(n, 1.0f);
-        return k;
-    };
-    s.state["joint_position"] = unit(7);
-    s.state["gripper_position"] = unit(1);
-    s.action["joint_position"] = unit(7);
-    s.action["gripper_position"] = unit(1);
-    (void)d;
-    return s;
+/// DROID's built-in description with the smooth statistics `dzr ckpt make` writes (synthetic_metadata_json).
+Embodiment bench_embodiment() {
+    Embodiment e = builtin_embodiment("oxe_droid");
+    const auto md = parse_embodiment_metadata(synthetic_metadata_json(e), "bench (synthetic metadata)");
+    bind_metadata(e, md.at(e.tag), "bench (synthetic metadata)");
+    return e;
 }
 
 /// Synthetic camera frames [T, 180, 320, 3], different per call.
@@ -38,16 +27,15 @@ struct Frames {
     Observation obs;
     Frames(int T, int call) {
         const Shape s{T, kFrameHeight, kFrameWidth, 3};
-        TensorView* views[3] = {&obs.exterior_1, &obs.exterior_2, &obs.wrist};
+        TensorView views[3];
         for (int c = 0; c < 3; ++c) {
             data[c].resize(size_t(s.numel()));
             for (size_t i = 0; i < data[c].size(); ++i)
                 data[c][i] = uint8_t(((i / 3) * 7 + i % 3 * 50 + size_t(call) * 13 + size_t(c) * 29) % 256);
-            *views[c] = TensorView(data[c].data(), DType::U8, s);
+            views[c] = TensorView(data[c].data(), DType::U8, s);
         }
-        for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = 0.1 * j - 0.3;
-        obs.gripper_position = 0.5;
-        obs.prompt = "pick up the cup and put it on the plate";
+        const double joints[7] = {-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3};
+        obs = droid_observation(views[0], views[1], views[2], joints, 0.5, "pick up the cup and put it on the plate");
     }
 };
 
@@ -91,7 +79,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     po.kv = o.run.kv;
     po.kv_mode = o.kv_mode;
     t.reset();
-    Engine engine(o.run.model, weights, unit_statistics(o.run.model.dit), o.tokenizer, po, placement);
+    Engine engine(o.run.model, weights, bench_embodiment(), o.tokenizer, po, placement);
     auto session = engine.open_session();
     r.load_ms = t.ms();
     const auto sample_memory = [&] {

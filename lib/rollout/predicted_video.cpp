@@ -57,8 +57,10 @@ Tensor VideoAccumulator::joined() const {
     return out;
 }
 
-Tensor observed_canvases(const io::Episode& ep, std::span<const int64_t> frames, ViewSize view) {
-    const int64_t H = 2 * int64_t(view.height), W = 2 * int64_t(view.width);
+Tensor observed_canvases(const io::Episode& ep, std::span<const int64_t> frames, const CanvasSpec& spec) {
+    const int64_t H = spec.canvas_height(), W = spec.canvas_width();
+    DZR_CHECK(ep.cameras.size() == spec.cameras.size(), "video: episode {} has {} cameras, the canvas takes {}",
+              ep.name, ep.cameras.size(), spec.cameras.size());
     Tensor out = Tensor::host(Shape{int64_t(frames.size()), H, W, 3}, DType::U8);
     const size_t frame_bytes = size_t(H * W * 3);
     std::map<int64_t, RgbImage> cache;
@@ -67,11 +69,10 @@ Tensor observed_canvases(const io::Episode& ep, std::span<const int64_t> frames,
         DZR_CHECK(f >= 0 && f < ep.num_frames, "video: frame {} is outside the episode ({} frames)", f, ep.num_frames);
         auto it = cache.find(f);
         if (it == cache.end()) {
-            // Camera order of io::kCameraNames: exterior 1, exterior 2, wrist.
-            const RgbImage e1 = preprocess_view(frame_view(ep.cameras[0].frames, f), view, "exterior_image_1_left");
-            const RgbImage e2 = preprocess_view(frame_view(ep.cameras[1].frames, f), view, "exterior_image_2_left");
-            const RgbImage wr = preprocess_view(frame_view(ep.cameras[2].frames, f), view, "wrist_image_left");
-            it = cache.emplace(f, compose_canvas(wr, e1, e2)).first;
+            std::vector<RgbImage> views;
+            for (size_t c = 0; c < ep.cameras.size(); ++c)
+                views.push_back(preprocess_view(frame_view(ep.cameras[c].frames, f), spec, spec.cameras[c]));
+            it = cache.emplace(f, compose_canvas(spec.layout, views)).first;
         }
         DZR_ASSERT(it->second.pixels.size() == frame_bytes);
         std::memcpy(out.ptr<uint8_t>() + i * frame_bytes, it->second.pixels.data(), frame_bytes);

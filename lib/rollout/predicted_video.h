@@ -47,9 +47,9 @@ private:
     std::vector<int64_t> observed_;
 };
 
-/// The model's canvas (wrist on top, exterior 1 and 2 below, as the policy composes it) of every
-/// listed episode frame: uint8 [n, 2 view.height, 2 view.width, 3]. Each distinct frame is
+/// The model's canvas (as the policy composes it from the episode's cameras, in the spec's layout) of
+/// every listed episode frame: uint8 [n, canvas height, canvas width, 3]. Each distinct frame is
 /// preprocessed once.
-Tensor observed_canvases(const io::Episode& ep, std::span<const int64_t> frames, ViewSize view);
+Tensor observed_canvases(const io::Episode& ep, std::span<const int64_t> frames, const CanvasSpec& spec);
 
 }  // namespace dzr::rollout

@@ -238,7 +238,8 @@ std::string Metrics::mse_csv() const {
 }
 
 std::vector<io::PlotSpec> action_plot_specs(const io::ActionChunks& pred, std::span<const double> gt, int64_t gt_rows,
-                                            const Metrics* metrics) {
+                                            const Metrics* metrics, std::span<const ActionKey> keys) {
+    const int keys_end = keys.empty() ? 0 : keys.back().end;
     const int64_t dims = pred.dims;
     DZR_CHECK(int64_t(gt.size()) == gt_rows * dims, "ground-truth actions: {} values for {} rows of {} dims", gt.size(),
               gt_rows, dims);
@@ -272,8 +273,8 @@ std::vector<io::PlotSpec> action_plot_specs(const io::ActionChunks& pred, std::s
             spec.series.push_back(std::move(p));
         }
         std::string key;
-        for (const auto& k : kDroidActionKeys)
-            if (dims == 8 && d >= k.begin && d < k.end)
+        for (const auto& k : keys)
+            if (dims == keys_end && d >= k.begin && d < k.end)
                 key = k.end - k.begin == 1 ? fmt::format(" {}", k.name) : fmt::format(" {}[{}]", k.name, d - k.begin);
         const double mse = metrics && size_t(d) < metrics->per_dim.size() ? metrics->per_dim[size_t(d)] : kNaN;
         spec.title = std::isfinite(mse) ? fmt::format("action dim {}{}  (MSE={:.6f})", d, key, mse)
@@ -285,10 +286,11 @@ std::vector<io::PlotSpec> action_plot_specs(const io::ActionChunks& pred, std::s
 }
 
 void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                        int64_t gt_rows, const Metrics& metrics, const io::PlotRasterizer& png) {
+                        int64_t gt_rows, const Metrics& metrics, const io::PlotRasterizer& png,
+                        std::span<const ActionKey> keys) {
     std::vector<io::Image> panels;
     int64_t d = 0;
-    for (const io::PlotSpec& spec : action_plot_specs(pred, gt, gt_rows, &metrics)) {
+    for (const io::PlotSpec& spec : action_plot_specs(pred, gt, gt_rows, &metrics, keys)) {
         panels.push_back(png(spec));
         out.write_png(fmt::format("action_dim_{}.png", d++), panels.back());
     }
@@ -296,12 +298,13 @@ void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std
 }
 
 Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                      int64_t gt_rows, const MetricsOptions& options, const io::PlotRasterizer& png) {
-    Metrics m = compute_metrics(pred, gt, gt_rows, options);
+                      int64_t gt_rows, const MetricsOptions& options, const io::PlotRasterizer& png,
+                      std::span<const ActionKey> keys) {
+    Metrics m = compute_metrics(pred, gt, gt_rows, options, keys);
     out.write_json("metrics.json", m.to_json());
     out.write_text("mse.csv", m.mse_csv());
     out.write_with(kGtActionsFile, [&](const fs::path& p) { io::write_npy_f64(p, {gt_rows, pred.dims}, gt); });
-    if (png) write_action_plots(out, pred, gt, gt_rows, m, png);
+    if (png) write_action_plots(out, pred, gt, gt_rows, m, png, keys);
     return m;
 }
 

@@ -147,13 +147,15 @@ Metrics compute_metrics(const io::ActionChunks& pred, std::span<const double> gt
 
 /// The per-dimension action plots: the ground truth over all frames (`gt_rows` rows; none when 0) and
 /// each call's chunk as its own segment in its own colour, placed at the frames it is compared with
-/// (`metrics`' alignment; every step at its anchor when null). Titles carry the MSE per dimension.
+/// (`metrics`' alignment; every step at its anchor when null). Titles carry the MSE per dimension and name the
+/// dimension's key when `keys` cover the dims.
 std::vector<io::PlotSpec> action_plot_specs(const io::ActionChunks& pred, std::span<const double> gt, int64_t gt_rows,
-                                            const Metrics* metrics);
+                                            const Metrics* metrics, std::span<const ActionKey> keys = kDroidActionKeys);
 
 /// action_dim_<d>.png for every dimension and all_action_dims.png (the grid of them), drawn by `png`.
 void write_action_plots(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                        int64_t gt_rows, const Metrics& metrics, const io::PlotRasterizer& png);
+                        int64_t gt_rows, const Metrics& metrics, const io::PlotRasterizer& png,
+                        std::span<const ActionKey> keys = kDroidActionKeys);
 
 /// The ground-truth actions next to the predictions (float64 [gt_rows, dims]), for reports.
 inline constexpr std::string_view kGtActionsFile = "gt_actions.npy";
@@ -161,7 +163,8 @@ inline constexpr std::string_view kGtActionsFile = "gt_actions.npy";
 /// metrics.json, mse.csv, gt_actions.npy and (when `png` is set) the PNG plots for one episode;
 /// returns the metrics.
 Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::span<const double> gt,
-                      int64_t gt_rows, const MetricsOptions& options = {}, const io::PlotRasterizer& png = {});
+                      int64_t gt_rows, const MetricsOptions& options = {}, const io::PlotRasterizer& png = {},
+                      std::span<const ActionKey> keys = kDroidActionKeys);
 
 // ---- summary over episodes ----
 

@@ -12,6 +12,7 @@
 #include "core/timer.h"
 #include "io/episode.h"
 #include "io/result_writer.h"
+#include "rollout/episode_layout.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/predicted_video.h"
 #include "rollout/noise_files.h"
@@ -29,36 +30,33 @@ std::atomic<bool>& interrupt_flag() {
 
 namespace {
 
-/// Frames of one camera for a call, copied into a contiguous uint8 [T, H, W, 3] buffer.
+/// The frames of every camera for a call, each copied into a contiguous uint8 [T, H, W, 3] buffer.
 struct CallFrames {
-    std::array<std::vector<uint8_t>, io::kNumCameras> data;
-    std::array<TensorView, io::kNumCameras> views;
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<TensorView> views;
 };
 
 void gather_frames(const io::Episode& ep, const std::vector<int64_t>& frames, CallFrames& out) {
-    for (int c = 0; c < io::kNumCameras; ++c) {
-        const Tensor& all = ep.cameras[size_t(c)].frames;
+    out.data.resize(ep.cameras.size());
+    out.views.resize(ep.cameras.size());
+    for (size_t c = 0; c < ep.cameras.size(); ++c) {
+        const Tensor& all = ep.cameras[c].frames;
         const int64_t H = all.shape()[1], W = all.shape()[2];
         const size_t frame_bytes = size_t(H * W * 3);
-        out.data[size_t(c)].resize(frames.size() * frame_bytes);
+        out.data[c].resize(frames.size() * frame_bytes);
         for (size_t i = 0; i < frames.size(); ++i)
-            std::memcpy(out.data[size_t(c)].data() + i * frame_bytes,
-                        all.ptr<uint8_t>() + size_t(frames[i]) * frame_bytes, frame_bytes);
-        out.views[size_t(c)] = TensorView(out.data[size_t(c)].data(), DType::U8,
-                                          Shape{int64_t(frames.size()), H, W, 3});
+            std::memcpy(out.data[c].data() + i * frame_bytes, all.ptr<uint8_t>() + size_t(frames[i]) * frame_bytes,
+                        frame_bytes);
+        out.views[c] = TensorView(out.data[c].data(), DType::U8, Shape{int64_t(frames.size()), H, W, 3});
     }
 }
 
 Observation make_observation(const io::Episode& ep, const ScheduledCall& call, CallFrames& frames) {
     gather_frames(ep, call.frames, frames);
     Observation obs;
-    // Camera order of io::kCameraNames: exterior 1, exterior 2, wrist.
-    obs.exterior_1 = frames.views[0];
-    obs.exterior_2 = frames.views[1];
-    obs.wrist = frames.views[2];
-    const auto state = ep.state_at(call.anchor);
-    for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = state[size_t(j)];
-    obs.gripper_position = state[7];
+    // The episode's cameras and state keys are in the embodiment's order (io::EpisodeLayout).
+    obs.views = frames.views;
+    obs.state = ep.state_at(call.anchor);
     obs.prompt = ep.prompt;
     return obs;
 }
@@ -85,15 +83,19 @@ CallTiming to_call_timing(const ScheduledCall& call, const PolicyCallResult& r) 
 
 double run_warmup(Engine& engine, Session& session, int& calls) {
     Timer t;
-    std::vector<uint8_t> buf(size_t(4) * 180 * 320 * 3);
+    // Frames at the recorded size (DROID's when the embodiment leaves it open).
+    const Embodiment& e = engine.embodiment();
+    const int fh = e.cameras[0].height > 0 ? e.cameras[0].height : io::kDroidHeight;
+    const int fw = e.cameras[0].width > 0 ? e.cameras[0].width : io::kDroidWidth;
+    std::vector<uint8_t> buf(size_t(4) * size_t(fh) * size_t(fw) * 3);
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t((i * 2654435761u) >> 24);
     Observation obs;
     obs.prompt = "warm up";
+    obs.state.assign(size_t(e.state_dim()), 0.0);
     const int window_calls = engine.model().dit.max_chunk_size + 1;
     for (int c = 0; c < window_calls + 1; ++c) {
         const int T = c == 0 ? 1 : 4;
-        TensorView v(buf.data(), DType::U8, Shape{T, 180, 320, 3});
-        obs.exterior_1 = obs.exterior_2 = obs.wrist = v;
+        obs.views.assign(e.cameras.size(), TensorView(buf.data(), DType::U8, Shape{T, fh, fw, 3}));
         PreparedObservation prepared = engine.prepare(obs);
         session.step(prepared);
         engine.recycle(std::move(prepared));
@@ -103,8 +105,7 @@ double run_warmup(Engine& engine, Session& session, int& calls) {
     // sequential warm-up left one. A second set now keeps the first timed 4-frame call from allocating
     // (and page-faulting) ~3 MB of fresh memory.
     {
-        TensorView v(buf.data(), DType::U8, Shape{4, 180, 320, 3});
-        obs.exterior_1 = obs.exterior_2 = obs.wrist = v;
+        obs.views.assign(e.cameras.size(), TensorView(buf.data(), DType::U8, Shape{4, fh, fw, 3}));
         PreparedObservation a = engine.prepare(obs), b = engine.prepare(obs);
         engine.recycle(std::move(a));
         engine.recycle(std::move(b));
@@ -148,7 +149,7 @@ VideoTiming write_predicted_video(Engine& engine, const VideoAccumulator& acc, c
     vt.frames = predicted.shape()[0];
     timer.reset();
     const ModelConfig& m = engine.model();
-    const Tensor observed = observed_canvases(ep, acc.observed(), ViewSize{m.canvas_height / 2, m.canvas_width / 2});
+    const Tensor observed = observed_canvases(ep, acc.observed(), canvas_spec(engine.embodiment(), m));
     DZR_CHECK(observed.shape() == predicted.shape(), "video: {} predicted frames but {} observed ones",
               predicted.view().str(), observed.view().str());
     if (opt.video_encoder) {
@@ -165,21 +166,39 @@ VideoTiming write_predicted_video(Engine& engine, const VideoAccumulator& acc, c
     return vt;
 }
 
-/// The episodes of a run, resolved from the given paths, with their output names.
+/// The episodes of a run, resolved from the given paths, with their output names and what their files lack for the
+/// embodiment (checked from the file headers, before any compute).
 struct EpisodePlan {
     std::vector<std::filesystem::path> dirs;
     std::vector<std::string> names;
+    std::vector<std::string> layout_errors;  ///< per episode: "" or every problem, joined
+    size_t usable = 0;
 };
 
-EpisodePlan plan_episodes(const RolloutOptions& opt) {
+EpisodePlan plan_episodes(const RolloutOptions& opt, const io::EpisodeLayout& layout) {
     EpisodePlan plan;
     for (const auto& e : opt.episodes) {
-        auto found = io::list_episodes(e);
+        auto found = io::list_episodes(e, layout);
         plan.dirs.insert(plan.dirs.end(), found.begin(), found.end());
     }
     DZR_CHECK(!plan.dirs.empty(), "no episode directories found in the given paths");
     plan.names = io::unique_episode_names(plan.dirs);
+    plan.layout_errors.resize(plan.dirs.size());
+    for (size_t e = 0; e < plan.dirs.size(); ++e) {
+        const std::vector<std::string> problems = io::check_episode_layout(plan.dirs[e], layout);
+        for (size_t i = 0; i < problems.size(); ++i) plan.layout_errors[e] += (i ? "; " : "") + problems[i];
+        if (problems.empty()) ++plan.usable;
+        else log()->error("episode {}: {}", plan.names[e], plan.layout_errors[e]);
+    }
     return plan;
+}
+
+/// The checkpoint's embodiment the run uses (--embodiment, else the config's, else the checkpoint's only one),
+/// checked against its geometry. Reads config.json and experiment_cfg only (no weights).
+Embodiment rollout_embodiment(const RolloutOptions& opt) {
+    const ModelConfig model = Checkpoint(opt.checkpoint).model_config();
+    const std::string tag = !opt.embodiment.empty() ? opt.embodiment : opt.run.embodiment;
+    return select_embodiment(load_checkpoint_embodiments(opt.checkpoint), tag, model);
 }
 
 FrameSchedule make_frame_schedule(const config::RolloutConfig& r) {
@@ -216,6 +235,7 @@ LoadedRun load_run(const RolloutOptions& opt) {
     eo.checkpoint = opt.checkpoint;
     eo.run = opt.run;
     eo.check_config_model = opt.have_config_model;
+    eo.embodiment = opt.embodiment;
     eo.devices = opt.devices;
     eo.backend = apply_env_overrides({});
     eo.backend.numerics = opt.numerics;
@@ -255,7 +275,9 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
     manifest.config["devices"] = run.engine->devices();
     manifest.config["rollout"]["schedule"] = schedule.describe();
     manifest.config["config_file"] = opt.run.source.string();
+    manifest.config["embodiment"] = run.engine->embodiment().tag;
     manifest.extra = Json{{"policy", run.engine->describe()},
+                          {"embodiment_source", run.engine->embodiment().source},
                           {"prompt", ep.prompt},
                           {"tokenizer", run.engine->tokenizer_path().string()},
                           {"warnings", ep.warnings}};
@@ -279,6 +301,9 @@ EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const Fr
     Engine& engine = *run.engine;
     Session& session = *run.session;
     EpisodeRun er;
+    er.chunks.horizon = engine.model().dit.num_action_per_block;
+    er.chunks.dims = engine.embodiment().action_dim();
+    er.chunks.columns = action_column_names(engine.embodiment());
     er.calls = schedule.calls(ep.num_frames);
     const std::vector<ScheduledCall>& calls = er.calls;
     session.reset();
@@ -337,9 +362,25 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     DZR_CHECK(!opt.episodes.empty(), "no episodes given");
     DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
 
-    // ---- episodes first (cheap errors before the expensive load) -------------------------------------
-    const EpisodePlan plan = plan_episodes(opt);
+    // ---- the embodiment, then the episodes checked against it (cheap errors before the expensive load) --------
+    const Embodiment embodiment = rollout_embodiment(opt);
+    const io::EpisodeLayout layout = episode_layout(embodiment);
+    const EpisodePlan plan = plan_episodes(opt, layout);
     const FrameSchedule schedule = make_frame_schedule(opt.run.rollout);
+    if (plan.usable == 0) {
+        // NOTE: nothing to run: the weights are not loaded.
+        for (size_t e = 0; e < plan.dirs.size(); ++e) {
+            EpisodeSummary summary;
+            summary.name = plan.names[e];
+            summary.status = "failed";
+            summary.error = plan.layout_errors[e];
+            result.episodes.push_back(std::move(summary));
+            ++result.failed;
+        }
+        std::filesystem::create_directories(opt.out_dir);
+        write_summary(opt.out_dir, result.episodes);
+        return result;
+    }
 
     // ---- checkpoint and engine ------------------------------------------------------------------------
     LoadedRun run = load_run(opt);
@@ -349,13 +390,14 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                      "dzr rollout\n"
                      "  checkpoint  %s (%zu shards, %s)\n"
                      "  model       %s\n"
+                     "  embodiment  %s (%s)\n"
                      "  device      %s (%s)\n"
                      "  schedule    %s\n"
                      "  episodes    %zu -> %s\n"
                      "  load        %.1f s\n",
                      opt.checkpoint.string().c_str(), engine.checkpoint()->shards().size(),
                      config::format_bytes(engine.checkpoint()->tensor_bytes()).c_str(), engine.describe().c_str(),
-                     engine.devices().c_str(), engine.backend().name().c_str(), schedule.describe().c_str(),
+                     engine.embodiment().tag.c_str(), engine.embodiment().source.c_str(), engine.devices().c_str(), engine.backend().name().c_str(), schedule.describe().c_str(),
                      plan.dirs.size(), opt.out_dir.string().c_str(), run.load_ms / 1e3);
     }
 
@@ -382,8 +424,16 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
         }
         EpisodeSummary summary;
         summary.name = name;
+        if (!plan.layout_errors[e].empty()) {
+            summary.status = "failed";
+            summary.error = plan.layout_errors[e];
+            ++result.failed;
+            result.episodes.push_back(std::move(summary));
+            continue;
+        }
         try {
             io::EpisodeOptions eo;
+            eo.layout = layout;
             eo.allow_truncate = opt.allow_truncate;
             eo.min_frames = schedule.min_frames();
             eo.prompt = opt.prompt;
@@ -428,7 +478,8 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 break;
             }
             if (ep.has_actions()) {
-                summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plot_png);
+                summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plot_png,
+                                                action_keys(engine.embodiment()));
             }
             writer.mark_done(Json{{"num_frames", ep.num_frames}, {"num_calls", er.chunks.num_calls()}});
             summary.status = "ok";

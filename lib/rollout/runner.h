@@ -24,6 +24,9 @@ struct RolloutOptions {
     std::vector<std::filesystem::path> episodes;  ///< as given: episode dirs, parent dirs or list files
     std::filesystem::path out_dir;
     config::RunConfig run;                        ///< run settings (sampling, kv, rollout)
+    /// --embodiment: the checkpoint's embodiment to run (wins over run.embodiment; both empty: the
+    /// checkpoint's only one).
+    std::string embodiment;
     bool have_config_model = false;               ///< run.model came from a --config file: check it
     std::vector<std::string> overrides;           ///< as given, for the manifest
     /// One device, or two: the second runs the unconditional CFG branch (`--device cpu,cpu`, `cuda:0,cuda:1`).

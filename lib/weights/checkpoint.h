@@ -19,32 +19,10 @@
 
 #include "config/model_config.h"
 #include "weights/safetensors.h"
+#include "config/statistics.h"
 #include "weights/weight_source.h"
 
 namespace dzr {
-
-/// Statistics of one state or action key ("joint_position"): q01 and q99 always; the others when the
-/// file has them (empty otherwise).
-struct KeyStatistics {
-    std::vector<float> q01, q99, min, max, mean, std;
-    size_t dim() const { return q01.size(); }
-};
-
-/// Statistics of one embodiment ("oxe_droid").
-struct EmbodimentStatistics {
-    std::string tag;
-    std::map<std::string, KeyStatistics> state;
-    std::map<std::string, KeyStatistics> action;
-
-    /// The statistics of `group` ("state" or "action") key `key`. Throws naming the missing entry.
-    const KeyStatistics& get(const std::string& group, const std::string& key) const;
-};
-
-/// Parses experiment_cfg/metadata.json text. `source` names the file in messages. Every embodiment needs
-/// statistics.state and statistics.action objects; each listed key needs q01 and q99 number lists of
-/// equal length.
-std::map<std::string, EmbodimentStatistics> parse_metadata_json(const std::string& text,
-                                                                const std::string& source);
 
 /// One safetensors file of a checkpoint.
 struct CheckpointShard {

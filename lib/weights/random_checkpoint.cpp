@@ -170,7 +170,9 @@ MakePlan write_random_checkpoint(const ModelConfig& config, const MakeOptions& o
                          {"seed", options.seed},
                          {"dtype", std::string(dtype_name(options.dtype))}};
         write_text_file(tmp / "config.json", config::model_config_to_json(config, dzr_info).dump(2) + "\n");
-        write_text_file(tmp / "experiment_cfg" / "metadata.json", droid_metadata_json());
+        write_text_file(tmp / "experiment_cfg" / "metadata.json",
+                        options.metadata_json.empty() ? droid_metadata_json() : options.metadata_json);
+        if (!options.conf_yaml.empty()) write_text_file(tmp / "experiment_cfg" / "conf.yaml", options.conf_yaml);
         if (!options.tokenizer.empty()) {
             fs::copy_file(options.tokenizer, tmp / "spiece.model", ec);
             DZR_CHECK(!ec, "cannot copy the tokenizer {}: {}", options.tokenizer.string(), ec.message());

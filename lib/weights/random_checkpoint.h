@@ -1,6 +1,7 @@
 #pragma once
 /// `dzr ckpt make`: a checkpoint directory with random weights under the real key names at a config's
-/// geometry, a config.json in the real shape and a plausible experiment_cfg/metadata.json.
+/// geometry, a config.json in the real shape, a plausible experiment_cfg/metadata.json (DROID's, or the
+/// caller's) and, when given, an experiment_cfg/conf.yaml (`--embodiment`, config/embodiment.h).
 ///
 /// Determinism: tensor `key` is drawn from its own generator, xoshiro256** seeded by splitmix64 from
 /// (seed, FNV-1a-64(key)), so every tensor is independent of the others and of the write order; normals
@@ -22,6 +23,10 @@ struct MakeOptions {
     DType dtype = DType::BF16;            // bf16, f16 or f32
     uint64_t shard_size = 5'000'000'000;  // most tensor bytes per shard (HF's default 5 GB)
     std::filesystem::path tokenizer;      // copied in as spiece.model when set (rollouts then find it)
+    /// experiment_cfg/metadata.json text; empty: droid_metadata_json().
+    std::string metadata_json;
+    /// experiment_cfg/conf.yaml text; empty: none (the policy then uses its built-in embodiments).
+    std::string conf_yaml;
 };
 
 struct ShardPlan {

@@ -6,14 +6,17 @@ ab790c1) is built at the geometry of a dzr checkpoint (its config.json), loaded 
 safetensors with strict key matching (the "action_head." prefix stripped; missing and unexpected keys are
 reported and fail the run: a key-compatibility proof), and called once per policy call through
 lazy_joint_video_action, exactly as the server does after its observation transform. Inputs come from
-`dzr parity make-inputs`: the canvases dzr's preprocessing made (the head is fed canvases), the token ids
-and masks, the raw state (q99-normalized here, in float64, from the checkpoint's metadata.json) and the
-initial noise (the head's generate_noise is replaced to return it, cast to the dtype it asks for).
+`dzr parity make-inputs` for any embodiment of the checkpoint: the raw camera frames, which the official eval
+transform of the embodiment turns into canvases here (embodiment_ref.py: crop, resize, DreamTransform's layout;
+dzr's canvas.npy is compared with them, --preprocess dzr feeds dzr's instead), the token ids and masks (the
+official collate()'s template is checked against the text dzr tokenized), the raw state (normalized here per key
+by the official Normalizer with the checkpoint's metadata.json statistics and conf.yaml modes) and the initial
+noise (the head's generate_noise is replaced to return it, cast to the dtype it asks for).
 
 Every stage is written as float32 into one .safetensors file under the names `dzr parity run` uses:
   c<k>.input.video         the model input in [-1, 1]: reference frame [3, H, W] on a reset, else the
                            VAE clip [3, 9, H, W]
-  c<k>.state               [1, 64] normalized state as the head sees it
+  c<k>.state               [1, 64] normalized, padded state as the head sees it
   c<k>.text.pos / .neg     [512, dim] prompt embeddings (pad rows zeroed)
   c<k>.clip / c<k>.ys      [257, 1280] CLIP features / [20, 9, h, w] conditioning (reset calls)
   c<k>.vae.clip            [16, 3, h, w] latents of the commit clip (other calls)
@@ -25,7 +28,8 @@ Every stage is written as float32 into one .safetensors file under the names `dz
   c<k>.velocity.cond|uncond|action.<step>   the DiT outputs of an evaluated step
   c<k>.sample.video|action.<step>           what the schedulers are given at each step
   c<k>.x / c<k>.actions    the final video sample [16, 2, h, w] and action_pred [24, 32] (normalized)
-  c<k>.actions_robot       [24, 8] action_pred post-processed (q99 inverse, joints + state), in numpy
+  c<k>.actions_robot       [24, D] action_pred post-processed by the embodiment's keys (the official
+                           Normalizer.inverse per key, relative keys + the raw state), D its action width
 The file's metadata "parity" holds every forward's kind, branch, step, start frame, KV length in/out and
 token count, plus the list of patches applied.
 
@@ -125,6 +129,10 @@ def parse_args():
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--device", default="cuda")
     p.add_argument("--calls", type=int, default=-1, help="run only the first N calls")
+    p.add_argument("--preprocess", choices=["reference", "dzr"], default="reference",
+                   help="reference: the head is fed the canvases the official transform makes of the raw frames "
+                        "(embodiment_ref.py; dzr's canvas.npy is compared with them and the differing pixels "
+                        "reported); dzr: it is fed dzr's canvas.npy")
     p.add_argument("--no-layers", action="store_true", help="do not dump per-layer DiT outputs")
     p.add_argument("--trace-ops", metavar="FILE", help="write the aten ops (with dtypes) of the first "
                    "--trace-calls calls to FILE, one sequence per distinct module (op_trace.py)")
@@ -140,25 +148,6 @@ def parse_args():
 
 
 # ---- inputs ------------------------------------------------------------------------------------------
-
-def q99_normalize(x, q01, q99):
-    """dreamzero-reference.md §1.4 step 6: 2 (x - q01) / (q99 - q01) - 1 where q01 != q99, then clamp."""
-    import numpy as np
-
-    x, q01, q99 = (np.asarray(v, dtype=np.float64) for v in (x, q01, q99))
-    span = q99 - q01
-    safe = np.where(span != 0, span, 1.0)
-    n = np.where(span != 0, 2.0 * (x - q01) / safe - 1.0, x)
-    return np.clip(n, -1.0, 1.0)
-
-
-def q99_unnormalize(n, q01, q99):
-    """dreamzero-reference.md §1.6: (n + 1) / 2 (q99 - q01) + q01, no clamp."""
-    import numpy as np
-
-    n, q01, q99 = (np.asarray(v, dtype=np.float64) for v in (n, q01, q99))
-    return (n + 1.0) / 2.0 * (q99 - q01) + q01
-
 
 def load_state_dict_file(ckpt):
     from safetensors.torch import load_file
@@ -596,8 +585,6 @@ def main():
     ckpt, inputs = Path(args.ckpt), Path(args.inputs)
     cfg = json.loads((ckpt / "config.json").read_text())
     manifest = json.loads((inputs / "manifest.json").read_text())
-    metadata = json.loads((ckpt / "experiment_cfg" / "metadata.json").read_text())
-    stats = metadata["oxe_droid"]["statistics"]
     hc = cfg["action_head_cfg"]["config"]
     dc = hc["diffusion_model_cfg"]
 
@@ -610,6 +597,19 @@ def main():
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         applied += PATCHES["fp32"]
+    sys.path.insert(0, str(HERE))
+    from embodiment_ref import Embodiment
+
+    canvas_hw = tuple(manifest["canvas"])
+    emb = Embodiment(args.ref, ckpt, manifest, dc["max_state_dim"], canvas_hw)
+    print(emb.describe(), flush=True)
+    if list(manifest["cameras"]) != emb.desc.cameras:
+        raise SystemExit(f"the inputs' cameras {manifest['cameras']} are not the embodiment's {emb.desc.cameras}")
+    # The instruction template of the official collate() against the text dzr tokenized.
+    template = emb.prompt_text(manifest["prompt"])
+    if "prompt_template_text" in manifest and template != manifest["prompt_template_text"]:
+        raise SystemExit(f"prompt template differs:\n  official: {template!r}\n  dzr:      "
+                         f"{manifest['prompt_template_text']!r}")
     head = build_head(mods, cfg, device, args.dtype)
     key_report = load_checkpoint(head, ckpt)
     head = head.eval().requires_grad_(False).to(device=device, dtype=compute_dtype)
@@ -656,9 +656,6 @@ def main():
 
     text = {k: ids(f"{k}.npy") for k in ("text_ids", "text_mask", "text_negative_ids", "text_negative_mask")}
     n_calls = len(manifest["calls"]) if args.calls < 0 else min(args.calls, len(manifest["calls"]))
-    jstat, gstat = stats["state"]["joint_position"], stats["state"]["gripper_position"]
-    ajoint, agrip = stats["action"]["joint_position"], stats["action"]["gripper_position"]
-    max_state = dc["max_state_dim"]
     tracer = None
     if args.trace_ops:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -667,18 +664,26 @@ def main():
     for k in range(n_calls):
         rec.new_call(k)
         d = inputs / f"call_{k}"
-        canvas = np.load(d / "canvas.npy")
-        joints = np.load(d / "joint_position.npy").astype(np.float64)
-        gripper = np.load(d / "gripper_position.npy").astype(np.float64)
-        state = np.zeros(max_state, dtype=np.float64)
-        state[:7] = q99_normalize(joints, jstat["q01"], jstat["q99"])
-        state[7:8] = q99_normalize(gripper, gstat["q01"], gstat["q99"])
+        canvas = np.load(d / "canvas.npy")  # dzr's preprocessing
+        canvas_diff = None
+        if args.preprocess == "reference":
+            official = emb.canvas([np.load(d / f"{c}.npy") for c in emb.desc.cameras])
+            if official.shape != canvas.shape:
+                raise SystemExit(f"call {k}: the official canvas is {official.shape}, dzr's {canvas.shape}")
+            diff = np.abs(official.astype(np.int16) - canvas.astype(np.int16))
+            canvas_diff = dict(pixels=int((diff.max(axis=-1) > 0).sum()), max=int(diff.max()))
+            print(f"call {k}: canvas (official transform vs dzr): {canvas_diff['pixels']} of "
+                  f"{diff.shape[0] * diff.shape[1] * diff.shape[2]} pixels differ, by at most {canvas_diff['max']}",
+                  flush=True)
+            canvas = official
+        raw = {key: np.load(d / f"{key}.npy").astype(np.float64) for key in emb.desc.state}
+        state = emb.state(raw)
         # VLA.prepare_input casts floating inputs to the head's dtype (float64 -> bf16 in one rounding).
         state_t = torch.from_numpy(state).reshape(1, 1, -1).to(device=device, dtype=compute_dtype)
         rec.put("state", state_t[0])
         batch = type("Batch", (dict,), {"__getattr__": dict.__getitem__})(
             images=torch.from_numpy(canvas).unsqueeze(0).to(device), state=state_t,
-            embodiment_id=torch.tensor([17], device=device), text=text["text_ids"],
+            embodiment_id=torch.tensor([emb.embodiment_id], device=device), text=text["text_ids"],
             text_attention_mask=text["text_mask"], text_negative=text["text_negative_ids"],
             text_attention_mask_negative=text["text_negative_mask"])
         csf_before = head.current_start_frame
@@ -699,12 +704,10 @@ def main():
             torch.cuda.synchronize()
         action = out["action_pred"][0].float()
         rec.put("actions", action)
-        a = action.cpu().double().numpy()
-        robot = np.concatenate([q99_unnormalize(a[:, :7], ajoint["q01"], ajoint["q99"]) + joints[None, :],
-                                q99_unnormalize(a[:, 7:8], agrip["q01"], agrip["q99"])], axis=1)
-        rec.tensors[f"c{k}.actions_robot"] = robot.astype(np.float32)
+        rec.tensors[f"c{k}.actions_robot"] = emb.robot_actions(action.cpu().numpy(), raw)
         rec.calls.append(dict(call=k, frames=int(canvas.shape[0]), start_frame_before=csf_before,
-                              start_frame_after=head.current_start_frame, seconds=time.time() - tc))
+                              start_frame_after=head.current_start_frame, seconds=time.time() - tc,
+                              canvas_vs_dzr=canvas_diff))
         fw = [f for f in rec.forwards if f["call"] == k]
         kinds = ", ".join(f"{f['kind']}.{f['branch']}@{f['start_frame']} kv {f['kv_in']}->{f['kv_out']}"
                           for f in fw if f["kind"] != "denoise")
@@ -717,6 +720,7 @@ def main():
     meta = dict(producer="scripts/parity/reference_run.py", dtype=args.dtype, device=str(device),
                 torch=torch.__version__, ref=str(Path(args.ref).resolve()), checkpoint=str(ckpt.resolve()),
                 inputs=str(inputs.resolve()), patches=applied, keys=key_report, calls=rec.calls,
+                embodiment=emb.describe(), prompt_template=template,
                 forwards=rec.forwards)
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)

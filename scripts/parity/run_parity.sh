@@ -14,6 +14,11 @@
 #
 # Usage (repository root; the official code at .ref/dreamzero travels with the tree via carry):
 #   OUT=/some/dir scripts/parity/run_parity.sh
+#   EMBODIMENT=agibot OUT=/some/dir scripts/parity/run_parity.sh    (or yam, oxe_droid)
+# EMBODIMENT makes both checkpoints with `dzr ckpt make --embodiment $EMBODIMENT` (experiment_cfg/conf.yaml and
+# metadata.json of that embodiment) and the inputs with its cameras, state keys and prompt template; the reference
+# then builds the canvases, the normalized state and the robot actions with the official eval transform of the
+# embodiment (embodiment_ref.py). Unset: the DROID checkpoints of before (metadata.json only, no conf.yaml).
 # Settings: CONFIG=configs/parity.yaml SEED=1 CALLS=7 CPU_VAE_BASE=8 REF=.ref/dreamzero WORK=/tmp/dzr-parity
 #   BUILD_DIR=build-parity-device JOBS=$(nproc) DZR_CUDA_ARCHS=90a DZR_BIN=(use this dzr, skip the build)
 #   GPU_RUNS="ref-fp32-cpu ref-bf16-gpu ref-fp32-gpu dzr-cuda-gpu dzr-cudadense-gpu" (in parallel with
@@ -32,6 +37,9 @@ CPU_VAE_BASE=${CPU_VAE_BASE:-8}
 REF=${REF:-.ref/dreamzero}
 JOBS=${JOBS:-$(nproc)}
 PYTHON=${PYTHON:-python3}
+EMBODIMENT=${EMBODIMENT:-}
+emb=()
+[[ -n "$EMBODIMENT" ]] && emb=(--embodiment "$EMBODIMENT")
 GPU_RUNS=${GPU_RUNS:-ref-fp32-cpu ref-bf16-gpu ref-fp32-gpu dzr-cuda-gpu dzr-cudadense-gpu}
 CPU_RUN=${CPU_RUN:-1}
 INJECT_RUN=${INJECT_RUN:-1}
@@ -89,13 +97,13 @@ if [[ -z "${DZR_BIN:-}" ]]; then
     fi
 fi
 
-say "parity checkpoints ($CONFIG, seed $SEED, f32; cpu: vae.base_dim=$CPU_VAE_BASE) and inputs"
+say "parity checkpoints ($CONFIG, seed $SEED, f32; cpu: vae.base_dim=$CPU_VAE_BASE; embodiment ${EMBODIMENT:-oxe_droid}) and inputs"
 rm -rf "$WORK/ckpt-gpu" "$WORK/ckpt-cpu" "$WORK/inputs"
 run ckpt-gpu "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --tokenizer "$TOKENIZER" \
-    --out "$WORK/ckpt-gpu"
+    "${emb[@]}" --out "$WORK/ckpt-gpu"
 run ckpt-cpu "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --tokenizer "$TOKENIZER" \
-    --set "model.vae.base_dim=$CPU_VAE_BASE" --out "$WORK/ckpt-cpu"
-run inputs "$DZR" parity make-inputs --ckpt "$WORK/ckpt-gpu" --out "$WORK/inputs" --calls "$CALLS"
+    "${emb[@]}" --set "model.vae.base_dim=$CPU_VAE_BASE" --out "$WORK/ckpt-cpu"
+run inputs "$DZR" parity make-inputs --ckpt "$WORK/ckpt-gpu" --out "$WORK/inputs" --calls "$CALLS" "${emb[@]}"
 
 # Every run in parallel: the GPU ones are small next to an H200, and dzr's CPU run uses the cores.
 # NAME = ref-<fp32|bf16>-<ckpt> | dzr-cuda-<ckpt> (paged KV) | dzr-cudadense-<ckpt> | dzr-cpu-<ckpt>
@@ -166,7 +174,8 @@ if ((${#args[@]})); then
 else
     failed+=("compare (no pair of dumps to compare)")
 fi
-(cd "$WORK" && tar -czf "$OUT/logs.tar.gz" ./*.log inputs/manifest.json ckpt-gpu/config.json 2>/dev/null)
+(cd "$WORK" && tar -czf "$OUT/logs.tar.gz" ./*.log inputs/manifest.json ckpt-gpu/config.json ckpt-gpu/experiment_cfg \
+    2>/dev/null)
 
 say "summary"
 if ((${#failed[@]})); then

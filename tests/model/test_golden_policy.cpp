@@ -18,6 +18,7 @@
 #include "config/run_config.h"
 #include "io/synth_episode.h"
 #include "policy/dreamzero_policy.h"
+#include "policy/normalization.h"
 #include "policy/preprocess.h"
 #include "policy/tokenizer.h"
 #include "support/test_support.h"
@@ -139,7 +140,7 @@ Run run_policy(const Golden& g, const WeightSource& weights, const Checkpoint& c
     PolicyOptions o;
     o.sampling = g.cfg.sampling;
     o.kv = g.cfg.kv;
-    DreamZeroPolicy policy(ckpt.model_config(), weights, ckpt.statistics("oxe_droid"),
+    DreamZeroPolicy policy(ckpt.model_config(), weights, droid_embodiment(ckpt.statistics("oxe_droid")),
                            test::data_dir() / "tokenizer/spiece.model", o, *be);
     Run run;
     policy.set_trace([&](std::string_view stage, int call, const TensorView& t) {
@@ -161,16 +162,12 @@ Run run_policy(const Golden& g, const WeightSource& weights, const Checkpoint& c
                 io::append_parity_frame(cam, index, kFrameHeight, kFrameWidth, frames[size_t(cam)]);
         INFO("call ", k);
         REQUIRE(fnv1a64(frames) == c.at("frames_fnv1a64").get<std::string>());
-        Observation obs;
         const Shape s{T, kFrameHeight, kFrameWidth, 3};
-        obs.exterior_1 = TensorView(frames[0].data(), DType::U8, s);
-        obs.exterior_2 = TensorView(frames[1].data(), DType::U8, s);
-        obs.wrist = TensorView(frames[2].data(), DType::U8, s);
         const std::vector<double> joints = c.at("joint_position");
         REQUIRE(joints.size() == 7);
-        std::copy(joints.begin(), joints.end(), obs.joint_position.begin());
-        obs.gripper_position = c.at("gripper_position")[0];
-        obs.prompt = g.meta.at("prompt");
+        const Observation obs = droid_observation(
+            TensorView(frames[0].data(), DType::U8, s), TensorView(frames[1].data(), DType::U8, s),
+            TensorView(frames[2].data(), DType::U8, s), joints, c.at("gripper_position")[0], g.meta.at("prompt"));
         run.results.push_back(policy.step(obs));
         run.stages[fmt::format("c{}.actions_robot", k)] = Tensor::host_f32(Shape{24, 8}, run.results.back().actions);
     }

@@ -12,6 +12,7 @@
 #include "io/npy.h"
 #include "io/synth_episode.h"
 #include "policy/dreamzero_policy.h"
+#include "policy/normalization.h"
 #include "rollout/runner.h"
 #include "support/test_support.h"
 #include "weights/checkpoint.h"
@@ -104,7 +105,7 @@ struct TinyWorld {
         o.sampling = cfg.sampling;
         o.kv = cfg.kv;
         o.kv_mode = mode;
-        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, ckpt->statistics("oxe_droid"),
+        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, droid_embodiment(ckpt->statistics("oxe_droid")),
                                                  test::data_dir() / "tokenizer/spiece.model", o, placement);
     }
 };
@@ -115,15 +116,15 @@ struct CallInput {
     Observation obs;
     CallInput(int T, int call) {
         const Shape s{T, 180, 320, 3};
-        TensorView* views[3] = {&obs.exterior_1, &obs.exterior_2, &obs.wrist};
+        TensorView views[3];
         for (int c = 0; c < 3; ++c) {
             data[c].resize(size_t(s.numel()));
             for (size_t i = 0; i < data[c].size(); ++i) data[c][i] = uint8_t((i * 31 + size_t(call) * 17 + c * 5) % 251);
-            *views[c] = TensorView(data[c].data(), DType::U8, s);
+            views[c] = TensorView(data[c].data(), DType::U8, s);
         }
-        for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = 0.05 * j - 0.1 + 0.02 * call;
-        obs.gripper_position = 0.4;
-        obs.prompt = "Put the marker in the cup";
+        double joints[7];
+        for (int j = 0; j < 7; ++j) joints[j] = 0.05 * j - 0.1 + 0.02 * call;
+        obs = droid_observation(views[0], views[1], views[2], joints, 0.4, "Put the marker in the cup");
     }
 };
 

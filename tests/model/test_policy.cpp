@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "config/run_config.h"
 #include "policy/dreamzero_policy.h"
+#include "policy/normalization.h"
 #include "support/test_support.h"
 #include "weights/checkpoint.h"
 #include "weights/random_checkpoint.h"
@@ -36,7 +37,7 @@ struct TinyWorld {
         o.sampling = cfg.sampling;
         o.kv = cfg.kv;
         o.kv_mode = mode;
-        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, ckpt->statistics("oxe_droid"),
+        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, droid_embodiment(ckpt->statistics("oxe_droid")),
                                                  test::data_dir() / "tokenizer/spiece.model", o, be);
     }
 };
@@ -60,12 +61,11 @@ struct CallInput {
     Observation obs;
     CallInput(int T, int call) : e1(frames(T, call, 0)), e2(frames(T, call, 1)), w(frames(T, call, 2)) {
         Shape s{T, 180, 320, 3};
-        obs.exterior_1 = TensorView(e1.data(), DType::U8, s);
-        obs.exterior_2 = TensorView(e2.data(), DType::U8, s);
-        obs.wrist = TensorView(w.data(), DType::U8, s);
-        for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = 0.1 * j - 0.2 + 0.01 * call;
-        obs.gripper_position = 0.3;
-        obs.prompt = "Pick up the red cube and put it in the bowl";
+        std::vector<double> joints;
+        for (int j = 0; j < 7; ++j) joints.push_back(0.1 * j - 0.2 + 0.01 * call);
+        obs = droid_observation(TensorView(e1.data(), DType::U8, s), TensorView(e2.data(), DType::U8, s),
+                                TensorView(w.data(), DType::U8, s), joints, 0.3,
+                                "Pick up the red cube and put it in the bowl");
     }
 };
 

@@ -174,8 +174,8 @@ TEST_CASE("episode reader loads npy cameras, state, actions and episode.yaml") {
         const size_t at = ((5 * 6 + 2) * 8 + 3) * 3 + 1;
         CHECK(int(c.frames.ptr<uint8_t>()[at]) == (5 * 7 + 2 * 3 + 3 * 5 + 11 + i * 50) % 256);
     }
-    CHECK(ep.has_joint_position);
-    CHECK(ep.has_gripper_position);
+    CHECK(ep.state_array("joint_position").present);
+    CHECK(ep.state_array("gripper_position").present);
     REQUIRE(ep.has_actions());
     CHECK(ep.actions.size() == 30 * 8);
     CHECK(ep.actions[8 * 3 + 2] == doctest::Approx(0.25 * 26));
@@ -199,10 +199,10 @@ TEST_CASE("episode reader fills absent state with zeros and warns") {
     f.frames = 3;
     write_episode(dir / "ep", f);
     const Episode ep = read_episode(dir / "ep", {});
-    CHECK_FALSE(ep.has_joint_position);
+    CHECK_FALSE(ep.state_array("joint_position").present);
     CHECK_FALSE(ep.has_actions());
-    CHECK(ep.joint_position == std::vector<double>(3 * 7, 0.0));
-    CHECK(ep.gripper_position == std::vector<double>(3, 0.0));
+    CHECK(ep.state_array("joint_position").values == std::vector<double>(3 * 7, 0.0));
+    CHECK(ep.state_array("gripper_position").values == std::vector<double>(3, 0.0));
     REQUIRE(ep.warnings.size() == 2);
     CHECK(contains(ep.warnings[0], "joint_position.npy"));
     CHECK(contains(ep.warnings[1], "gripper_position.npy"));
@@ -250,7 +250,7 @@ TEST_CASE("episode reader rejects cameras of different lengths unless truncation
     CHECK(ep.num_frames == 28);
     for (const auto& c : ep.cameras) CHECK(c.frames.shape()[0] == 28);
     CHECK(ep.actions.size() == 28 * 8);
-    CHECK(ep.joint_position.size() == 28 * 7);
+    CHECK(ep.state_array("joint_position").values.size() == 28 * 7);
     bool warned = false;
     for (const auto& w : ep.warnings) warned = warned || contains(w, "truncated to 28");
     CHECK(warned);
@@ -528,18 +528,18 @@ TEST_CASE("synthetic episode is deterministic, valid and moves between calls") {
     const Episode ep = read_episode(dir / "syn", eo);
     CHECK(ep.num_frames == 48);
     CHECK(ep.has_actions());
-    CHECK(ep.has_joint_position);
+    CHECK(ep.state_array("joint_position").present);
     CHECK_FALSE(ep.prompt.empty());
     CHECK(ep.cameras[2].frames.shape() == Shape{48, 36, 64, 3});
 
     // Same options, same bytes; another seed, other trajectories.
     const SynthEpisode a = make_synth_episode(opt);
     const SynthEpisode b = make_synth_episode(opt);
-    CHECK(a.joint_position == b.joint_position);
+    CHECK(a.state[0] == b.state[0]);  // joint_position
     CHECK(std::memcmp(a.views[0].data(), b.views[0].data(), a.views[0].nbytes()) == 0);
-    CHECK(a.joint_position == ep.joint_position);
+    CHECK(a.state[0] == ep.state_array("joint_position").values);
     opt.seed = 8;
-    CHECK(make_synth_episode(opt).joint_position != a.joint_position);
+    CHECK(make_synth_episode(opt).state[0] != a.state[0]);
 
     // Ground-truth action t is the state at t + 1 (the last row repeats the last state).
     for (int64_t t = 0; t < 48; ++t) {

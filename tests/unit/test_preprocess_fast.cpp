@@ -205,6 +205,7 @@ TEST_CASE("parallel_for runs every index once and rethrows a task's error") {
 TEST_CASE("prepare_observation takes over a recycled observation's buffers and writes the same inputs") {
     const ModelConfig model;  // the DROID geometry: 352x640 canvas
     const ObservationPreprocessor pre(ViewSize{model.canvas_height / 2, model.canvas_width / 2});
+    const Embodiment droid = builtin_embodiment("oxe_droid");
     const Umt5Tokenizer tok(test::data_dir() / "tokenizer");
     const auto observation = [](std::vector<uint8_t>& data, int T, uint64_t seed) {
         data.clear();
@@ -212,24 +213,22 @@ TEST_CASE("prepare_observation takes over a recycled observation's buffers and w
             const RgbImage img = random_image(180, 320, seed + uint64_t(t));
             data.insert(data.end(), img.pixels.begin(), img.pixels.end());
         }
-        Observation obs;
         const size_t cam = size_t(T) * 180 * 320 * 3;
-        obs.exterior_1 = TensorView(data.data(), DType::U8, Shape{T, 180, 320, 3});
-        obs.exterior_2 = TensorView(data.data() + cam, DType::U8, Shape{T, 180, 320, 3});
-        obs.wrist = TensorView(data.data() + 2 * cam, DType::U8, Shape{T, 180, 320, 3});
-        obs.prompt = "pick up the cube";
-        return obs;
+        return droid_observation(TensorView(data.data(), DType::U8, Shape{T, 180, 320, 3}),
+                                 TensorView(data.data() + cam, DType::U8, Shape{T, 180, 320, 3}),
+                                 TensorView(data.data() + 2 * cam, DType::U8, Shape{T, 180, 320, 3}),
+                                 std::vector<double>(7, 0.0), 0.0, "pick up the cube");
     };
     std::vector<uint8_t> a, b;
     const Observation first = observation(a, 4, 1), second = observation(b, 4, 100);
     for (const bool bf16 : {true, false}) {
         CAPTURE(bf16);
-        const PreparedObservation fresh = prepare_observation(second, model, pre, tok, bf16);
-        PreparedObservation used = prepare_observation(first, model, pre, tok, bf16);
+        const PreparedObservation fresh = prepare_observation(second, model, droid, pre, tok, bf16);
+        PreparedObservation used = prepare_observation(first, model, droid, pre, tok, bf16);
         const void* clip_buffer = bf16 ? static_cast<const void*>(used.clip_input_bf16.data())
                                        : static_cast<const void*>(used.clip_input.data());
         const void* scratch_buffer = used.canvas_scratch.data();
-        const PreparedObservation again = prepare_observation(second, model, pre, tok, bf16, &used);
+        const PreparedObservation again = prepare_observation(second, model, droid, pre, tok, bf16, &used);
         // the same memory, now holding the second observation's inputs
         CHECK((bf16 ? static_cast<const void*>(again.clip_input_bf16.data())
                     : static_cast<const void*>(again.clip_input.data())) == clip_buffer);

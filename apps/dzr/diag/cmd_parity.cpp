@@ -1,11 +1,12 @@
 // `dzr parity make-inputs|run`: the dzr side of the parity harness against the official DreamZero
 // implementation (docs/PARITY.md, scripts/parity/).
 //
-//   make-inputs  writes a parity input directory: 7 policy calls of deterministic synthetic camera
-//                frames (180x320, call 0 with 1 frame, later calls with 4), the raw state, the prompt,
-//                the canvases dzr's preprocessing makes of them (the reference head is fed these), the
-//                umT5 token ids and masks of both CFG branches, and the initial noise drawn by dzr's
-//                seeded generator (the reference's generate_noise is replaced to return it).
+//   make-inputs  writes a parity input directory for one embodiment of the checkpoint (--embodiment): 7 policy
+//                calls of deterministic synthetic frames per camera (at the embodiment's recorded size, DROID's
+//                180x320; call 0 with 1 frame, later calls with 4), the raw state per key, the prompt and its
+//                template text, the canvases dzr's preprocessing makes of them, the umT5 token ids and masks of
+//                both CFG branches, and the initial noise drawn by dzr's seeded generator (the reference's
+//                generate_noise is replaced to return it).
 //   attention, linear, conv3d, op: one bf16 op on .npy operands through the CUDA backend (parity_kernels.cpp).
 //   run          runs DreamZeroPolicy on those inputs with the injected noise and writes the traced
 //                stages of every call into one .safetensors file (f32), named as the reference
@@ -28,6 +29,7 @@
 
 #include "apps/dzr/command.h"
 #include "apps/dzr/diag/parity_kernels.h"
+#include "config/embodiment.h"
 #include "config/run_config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -37,6 +39,7 @@
 #include "io/synth_episode.h"
 #include "policy/dreamzero_policy.h"
 #include "policy/preprocess.h"
+#include "policy/prompt.h"
 #include "policy/tokenizer.h"
 #include "rollout/noise_files.h"
 #include "weights/checkpoint.h"
@@ -50,8 +53,6 @@ using Json = nlohmann::json;
 
 constexpr const char* kInputsFormat = "dzr-parity-inputs/1";
 constexpr const char* kManifest = "manifest.json";
-/// Camera files of a call, in the policy's naming (dreamzero-reference.md §1.2-§1.4).
-constexpr const char* kCameras[3] = {"exterior_image_1_left", "exterior_image_2_left", "wrist_image_left"};
 /// Stages written by default: everything the reference harness also dumps (no per-layer internals).
 constexpr const char* kDefaultDump =
     R"(^(input\.video|state|text\.(pos|neg)|clip|ys|vae\.clip|noise\.(video|action)|sample\.|velocity\.|x$|actions$))"
@@ -64,6 +65,7 @@ struct MakeInputsArgs {
     std::string out;
     std::string tokenizer;
     std::string prompt = "Pick up the red cube and put it in the bowl";
+    std::string embodiment;
     int calls = 7;
     uint64_t seed = kDreamZeroSeed;
 };
@@ -93,11 +95,30 @@ std::vector<int> call_frames(int k) {
     return {anchor - 23, anchor - 16, anchor - 8, anchor};
 }
 
-/// A smooth Franka-like joint trajectory and a gripper in [0, 1].
-void synth_state(int k, std::array<double, 7>& joints, double& gripper) {
-    static constexpr double kRest[7] = {0.0, -0.6, 0.0, -2.2, 0.0, 1.6, 0.8};
-    for (int j = 0; j < 7; ++j) joints[size_t(j)] = kRest[j] + 0.25 * std::sin(0.7 * k + 0.9 * j);
-    gripper = 0.5 + 0.45 * std::sin(1.3 * k);
+/// The raw state of call k, the embodiment's keys concatenated. DROID: a smooth Franka-like joint trajectory
+/// and a gripper in [0, 1]; other embodiments: every element moves smoothly inside its key's q01..q99
+/// range (so that normalization, padding and the relative actions are exercised with values that matter).
+std::vector<double> synth_state(int k, const Embodiment& e) {
+    std::vector<double> s;
+    if (e.tag == "oxe_droid") {
+        static constexpr double kRest[7] = {0.0, -0.6, 0.0, -2.2, 0.0, 1.6, 0.8};
+        for (int j = 0; j < 7; ++j) s.push_back(kRest[j] + 0.25 * std::sin(0.7 * k + 0.9 * j));
+        s.push_back(0.5 + 0.45 * std::sin(1.3 * k));
+        return s;
+    }
+    for (const auto& key : e.state)
+        for (int i = 0; i < key.dim; ++i) {
+            const double lo = key.stats.q01.empty() ? -1.0 : key.stats.q01[size_t(i)];
+            const double hi = key.stats.q99.empty() ? 1.0 : key.stats.q99[size_t(i)];
+            const double u = 0.5 + 0.45 * std::sin(0.7 * k + 0.9 * double(key.offset + i));
+            s.push_back(lo + (hi - lo) * u);
+        }
+    return s;
+}
+
+/// The checkpoint's embodiment `tag` (empty: its only one).
+Embodiment embodiment_of(const Checkpoint& ckpt, const std::string& tag) {
+    return select_embodiment(load_checkpoint_embodiments(ckpt.dir()), tag, ckpt.model_config());
 }
 
 std::filesystem::path call_dir(const fs::path& root, int k) { return root / fmt::format("call_{}", k); }
@@ -117,10 +138,16 @@ int run_make_inputs(const MakeInputsArgs& a) {
     DZR_CHECK(a.calls >= 1, "--calls must be at least 1, got {}", a.calls);
     const Checkpoint ckpt(a.ckpt);
     const ModelConfig& m = ckpt.model_config();
+    const Embodiment e = embodiment_of(ckpt, a.embodiment);
+    const CanvasSpec spec = canvas_spec(e, m);
     const fs::path tok_path = tokenizer_for(ckpt, a.tokenizer);
     const Umt5Tokenizer tokenizer(tok_path);
     const fs::path out(a.out);
     fs::create_directories(out);
+    // Frames at each camera's recorded size (DROID's when the embodiment leaves it open).
+    const int fh = e.cameras[0].height > 0 ? e.cameras[0].height : kFrameHeight;
+    const int fw = e.cameras[0].width > 0 ? e.cameras[0].width : kFrameWidth;
+    const size_t nc = e.cameras.size();
 
     Json calls = Json::array();
     for (int k = 0; k < a.calls; ++k) {
@@ -128,37 +155,35 @@ int run_make_inputs(const MakeInputsArgs& a) {
         const int T = int(frames.size());
         const fs::path dir = call_dir(out, k);
         fs::create_directories(dir);
-        std::vector<std::vector<uint8_t>> cams(3);
-        for (int c = 0; c < 3; ++c) {
-            for (int f : frames) io::append_parity_frame(c, f, kFrameHeight, kFrameWidth, cams[size_t(c)]);
-            io::write_npy(dir / (std::string(kCameras[c]) + ".npy"), io::NpyDType::U1,
-                          {T, kFrameHeight, kFrameWidth, 3}, cams[size_t(c)].data());
+        std::vector<std::vector<uint8_t>> cams(nc);
+        for (size_t c = 0; c < nc; ++c) {
+            for (int f : frames) io::append_parity_frame(int(c), f, fh, fw, cams[c]);
+            io::write_npy(dir / (e.cameras[c].key + ".npy"), io::NpyDType::U1, {T, fh, fw, 3}, cams[c].data());
         }
         // The canvases dzr's preprocessing makes (the reference head is fed canvases).
         std::vector<uint8_t> canvas;
-        const ViewSize size{m.canvas_height / 2, m.canvas_width / 2};  // as the policy does: 2 x 2 views
         for (int t = 0; t < T; ++t) {
-            const auto view = [&](int c) {
-                const RgbView frame{cams[size_t(c)].data() + size_t(t) * kFrameHeight * kFrameWidth * 3, kFrameHeight,
-                                    kFrameWidth};
-                return preprocess_view(frame, size, kCameras[c]);
-            };
-            const RgbImage img = compose_canvas(view(2), view(0), view(1));
+            std::vector<RgbImage> views;
+            for (size_t c = 0; c < nc; ++c) {
+                const RgbView frame{cams[c].data() + size_t(t) * size_t(fh) * size_t(fw) * 3, fh, fw};
+                views.push_back(preprocess_view(frame, spec, e.cameras[c].key));
+            }
+            const RgbImage img = compose_canvas(spec.layout, views);
             DZR_CHECK(img.height == m.canvas_height && img.width == m.canvas_width,
                       "preprocessing makes {}x{} canvases but checkpoint {} expects {}x{}", img.height, img.width,
                       a.ckpt, m.canvas_height, m.canvas_width);
             canvas.insert(canvas.end(), img.pixels.begin(), img.pixels.end());
         }
         io::write_npy(dir / "canvas.npy", io::NpyDType::U1, {T, m.canvas_height, m.canvas_width, 3}, canvas.data());
-        std::array<double, 7> joints{};
-        double gripper = 0;
-        synth_state(k, joints, gripper);
-        io::write_npy_f64(dir / "joint_position.npy", {7}, joints);
-        io::write_npy_f64(dir / "gripper_position.npy", {1}, std::span<const double>(&gripper, 1));
+        // The raw state, one file per key (DROID: joint_position [7], gripper_position [1]).
+        const std::vector<double> state = synth_state(k, e);
+        for (const auto& key : e.state)
+            io::write_npy_f64(dir / (key.key + ".npy"), {key.dim},
+                              std::span<const double>(state.data() + key.offset, size_t(key.dim)));
         calls.push_back(Json{{"frames", T}, {"frame_indices", frames}});
     }
 
-    const PromptTokens tokens = tokenize_droid_prompts(tokenizer, a.prompt, m.t5.text_len);
+    const PromptTokens tokens = tokenize_prompts(tokenizer, *e.prompt, a.prompt, m.t5.text_len);
     write_i64(out / "text_ids.npy", tokens.positive.ids);
     write_i64(out / "text_mask.npy", tokens.positive.attention_mask);
     write_i64(out / "text_negative_ids.npy", tokens.negative.ids);
@@ -175,8 +200,20 @@ int run_make_inputs(const MakeInputsArgs& a) {
     io::write_npy_f32(out / "noise_video.npy", {1, video[0], video[1], video[2], video[3]}, nv);
     io::write_npy_f32(out / "noise_action.npy", {1, action[0], action[1]}, na);
 
+    Json cameras = Json::array(), state_keys = Json::array(), action_keys = Json::array();
+    for (const auto& c : e.cameras) cameras.push_back(c.key);
+    for (const auto& k : e.state) state_keys.push_back(Json{{"key", k.key}, {"dim", k.dim}, {"norm", norm_mode_name(k.norm)}});
+    for (const auto& k : e.action)
+        action_keys.push_back(Json{{"key", k.key}, {"dim", k.dim}, {"norm", norm_mode_name(k.norm)}, {"relative", k.relative}});
     const Json manifest{{"format", kInputsFormat},
+                        {"embodiment", e.tag},
+                        {"embodiment_source", e.source},
+                        {"projector_index", e.projector_index},
+                        {"canvas_layout", canvas_layout_name(e.layout)},
+                        {"state_keys", state_keys},
+                        {"action_keys", action_keys},
                         {"prompt", a.prompt},
+                        {"prompt_template_text", templated_prompt(*e.prompt, a.prompt)},
                         {"prompt_text", tokens.text},
                         {"text_len", m.t5.text_len},
                         {"text_tokens", tokens.positive.length},
@@ -184,13 +221,13 @@ int run_make_inputs(const MakeInputsArgs& a) {
                         {"tokenizer", fs::absolute(tok_path).string()},
                         {"checkpoint", fs::absolute(a.ckpt).string()},
                         {"canvas", {m.canvas_height, m.canvas_width}},
-                        {"frame_size", {kFrameHeight, kFrameWidth}},
-                        {"cameras", {kCameras[0], kCameras[1], kCameras[2]}},
+                        {"frame_size", {fh, fw}},
+                        {"cameras", cameras},
                         {"noise", {{"generator", noise.describe()}, {"video", video.vec()}, {"action", action.vec()}}},
                         {"calls", calls}};
     io::write_file_atomic(out / kManifest, manifest.dump(2) + "\n");
-    std::printf("wrote parity inputs %s: %d calls, prompt \"%s\" (%lld + %lld tokens), canvas %dx%d, %s\n",
-                out.string().c_str(), a.calls, a.prompt.c_str(), static_cast<long long>(tokens.positive.length),
+    std::printf("wrote parity inputs %s: embodiment %s, %d calls, prompt \"%s\" (%lld + %lld tokens), canvas %dx%d, %s\n",
+                out.string().c_str(), e.tag.c_str(), a.calls, a.prompt.c_str(), static_cast<long long>(tokens.positive.length),
                 static_cast<long long>(tokens.negative.length), m.canvas_height, m.canvas_width, noise.describe().c_str());
     return 0;
 }
@@ -326,9 +363,11 @@ int run_parity(const RunArgs& a) {
 
     const std::string prompt = manifest.at("prompt").get<std::string>();
     const fs::path tok_path = manifest.at("tokenizer").get<std::string>();
+    // NOTE: inputs made before embodiments were recorded are DROID's.
+    const Embodiment e = embodiment_of(ckpt, manifest.value("embodiment", std::string("oxe_droid")));
     {  // the policy tokenizes the prompt itself: its ids must be the ones the reference is fed
         const Umt5Tokenizer tokenizer(tok_path);
-        const PromptTokens tokens = tokenize_droid_prompts(tokenizer, prompt, m.t5.text_len);
+        const PromptTokens tokens = tokenize_prompts(tokenizer, *e.prompt, prompt, m.t5.text_len);
         const auto ids = io::read_npy(in / "text_ids.npy").to_f64();
         const auto neg = io::read_npy(in / "text_negative_ids.npy").to_f64();
         DZR_CHECK(std::vector<double>(tokens.positive.ids.begin(), tokens.positive.ids.end()) == ids &&
@@ -349,7 +388,7 @@ int run_parity(const RunArgs& a) {
     po.check_finite = a.check_finite;
 
     Timer load;
-    DreamZeroPolicy policy(m, ckpt, ckpt.statistics(run_cfg.embodiment), tok_path, po, *be);
+    DreamZeroPolicy policy(m, ckpt, e, tok_path, po, *be);
     StageCollector collect(*be, a.dump);
     policy.set_trace([&collect](std::string_view stage, int call, const TensorView& t) { collect(stage, call, t); });
     std::unique_ptr<StageInjector> inject;
@@ -366,22 +405,23 @@ int run_parity(const RunArgs& a) {
     for (int k = 0; k < n; ++k) {
         const fs::path dir = call_dir(in, k);
         const int64_t T = calls[size_t(k)].at("frames").get<int64_t>();
+        const std::vector<int64_t> fs_ = manifest.at("frame_size").get<std::vector<int64_t>>();
+        DZR_CHECK(fs_.size() == 2, "{}: frame_size must be [height, width]", (in / kManifest).string());
         std::vector<io::NpyArray> cams;
-        for (const char* c : kCameras)
-            cams.push_back(read_checked(dir / (std::string(c) + ".npy"), io::NpyDType::U1, {T, kFrameHeight, kFrameWidth, 3}));
-        const auto joints = read_checked(dir / "joint_position.npy", io::NpyDType::F8, {7}).to_f64();
-        const auto gripper = read_checked(dir / "gripper_position.npy", io::NpyDType::F8, {1}).to_f64();
         Observation obs;
-        const Shape s{T, kFrameHeight, kFrameWidth, 3};
-        obs.exterior_1 = TensorView(cams[0].data(), DType::U8, s);
-        obs.exterior_2 = TensorView(cams[1].data(), DType::U8, s);
-        obs.wrist = TensorView(cams[2].data(), DType::U8, s);
-        for (int j = 0; j < 7; ++j) obs.joint_position[size_t(j)] = joints[size_t(j)];
-        obs.gripper_position = gripper[0];
+        for (const auto& c : e.cameras) {
+            cams.push_back(read_checked(dir / (c.key + ".npy"), io::NpyDType::U1, {T, fs_[0], fs_[1], 3}));
+            obs.views.emplace_back(cams.back().data(), DType::U8, Shape{T, fs_[0], fs_[1], 3});
+        }
+        for (const auto& key : e.state) {
+            const auto v = read_checked(dir / (key.key + ".npy"), io::NpyDType::F8, {key.dim}).to_f64();
+            obs.state.insert(obs.state.end(), v.begin(), v.end());
+        }
         obs.prompt = prompt;
 
         const PolicyCallResult r = policy.step(obs);
-        collect.add(fmt::format("c{}.actions_robot", k), Tensor::host_f32(Shape{24, 8}, r.actions));
+        collect.add(fmt::format("c{}.actions_robot", k),
+                    Tensor::host_f32(Shape{int64_t(m.dit.num_action_per_block), int64_t(e.action_dim())}, r.actions));
         per_call.push_back(Json{{"frames", T},
                                 {"reset", r.reset},
                                 {"reset_reason", r.reset_reason},
@@ -428,6 +468,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     m->add_option("--out", mk->out, "Directory to write")->required();
     m->add_option("--tokenizer", mk->tokenizer, "umT5 spiece.model (default: the checkpoint's)");
     m->add_option("--prompt", mk->prompt, "Instruction")->capture_default_str();
+    m->add_option("--embodiment", mk->embodiment, "The checkpoint's embodiment (default: its only one)");
     m->add_option("--calls", mk->calls, "Number of policy calls")->capture_default_str()->check(CLI::Range(1, 64));
     m->add_option("--seed", mk->seed, "Seed of dzr's noise generator")->capture_default_str();
     m->callback([&run, mk] { run = [mk] { return run_make_inputs(*mk); }; });
