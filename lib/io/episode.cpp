@@ -337,6 +337,37 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
     return ep;
 }
 
+std::optional<int64_t> count_episode_frames(const fs::path& dir, const EpisodeOptions& opt) {
+    std::error_code ec;
+    DZR_CHECK(fs::is_directory(dir, ec), "{}: not an episode directory (no such directory)", dir.string());
+    std::vector<std::string> warnings;
+    EpisodeYaml y;
+    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) y = read_episode_yaml(dir / kEpisodeYaml, warnings);
+    std::optional<int64_t> frames;
+    const auto take = [&](int64_t n) { frames = frames ? std::min(*frames, n) : n; };
+    for (auto cam : kCameraNames) {
+        const fs::path file = find_camera_file(dir, cam, y);
+        if (file.extension() == ".npy") {
+            const NpyHeader h = read_npy_header(file);
+            DZR_CHECK(h.shape.size() == 4, "{}: camera frames must be uint8 [T, H, W, 3], found {} dimensions",
+                      file.string(), h.shape.size());
+            take(h.shape[0]);
+        } else {
+            if (!opt.open_video) return std::nullopt;
+            const int64_t n = opt.open_video(file)->info().frame_count;
+            if (n <= 0) return std::nullopt;
+            take(n);
+        }
+    }
+    for (auto name : {kJointFile, kGripperFile, kActionsFile}) {
+        if (!fs::is_regular_file(dir / name, ec)) continue;
+        const NpyHeader h = read_npy_header(dir / name);
+        DZR_CHECK(!h.shape.empty(), "{}: expected one row per frame, found a scalar", (dir / name).string());
+        take(h.shape[0]);
+    }
+    return frames;
+}
+
 bool is_episode_dir(const fs::path& dir) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return false;

@@ -372,16 +372,21 @@ NpyArray parse_npy(std::string_view bytes, const std::string& name) {
     return a;
 }
 
-NpyArray read_npy(const fs::path& path) {
+namespace {
+
+using FilePtr = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+
+/// Opens `path` and reads its header (the prelude, then the header it announces, bounded); the file is
+/// left open for the data.
+NpyHeader open_and_read_header(const fs::path& path, FilePtr& f, uintmax_t& file_size) {
     const std::string name = path.string();
     std::error_code ec;
     DZR_CHECK(fs::is_regular_file(path, ec), "{}: no such file", name);
-    const uintmax_t file_size = fs::file_size(path, ec);
+    file_size = fs::file_size(path, ec);
     DZR_CHECK(!ec, "{}: cannot read: {}", name, ec.message());
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    f = FilePtr(std::fopen(path.c_str(), "rb"), &std::fclose);
     DZR_CHECK(f != nullptr, "{}: cannot open: {}", name, std::strerror(errno));
 
-    // Read the prelude, then the header it announces (bounded), then the data straight into the array.
     std::string head(std::min<uintmax_t>(file_size, kPreludeV2), '\0');
     DZR_CHECK(std::fread(head.data(), 1, head.size(), f.get()) == head.size(), "{}: read error", name);
     if (head.size() >= kPreludeV1 && std::string_view(head).substr(0, kMagic.size()) == kMagic) {
@@ -398,7 +403,22 @@ NpyArray read_npy(const fs::path& path) {
             }
         }
     }
-    const NpyHeader h = parse_npy_header(head, name);
+    return parse_npy_header(head, name);
+}
+
+}  // namespace
+
+NpyHeader read_npy_header(const fs::path& path) {
+    FilePtr f(nullptr, &std::fclose);
+    uintmax_t file_size = 0;
+    return open_and_read_header(path, f, file_size);
+}
+
+NpyArray read_npy(const fs::path& path) {
+    const std::string name = path.string();
+    FilePtr f(nullptr, &std::fclose);
+    uintmax_t file_size = 0;
+    const NpyHeader h = open_and_read_header(path, f, file_size);
     const uintmax_t have = file_size - h.data_offset;
     DZR_CHECK(have >= h.data_bytes(), "{}: truncated: the header declares {} {} ({} bytes of data) but only "
               "{} bytes follow the header", name, npy_dtype_name(h.dtype), shape_string(h.shape),

@@ -78,6 +78,9 @@ private:
     std::shared_ptr<HostStorage> storage_;
 };
 
+/// Reads only the header of a .npy file (its shape and dtype without the data). Errors name the file.
+NpyHeader read_npy_header(const std::filesystem::path& path);
+
 /// Reads a .npy file. Errors name the file and say what was expected and what was found.
 NpyArray read_npy(const std::filesystem::path& path);
 /// Parses a .npy image held in memory (`name` is used in error messages).
