@@ -237,5 +237,7 @@ std::unique_ptr<Backend> make_backend(const Device& device, size_t workspace_byt
 
 /// True when dzr was built with CUDA and at least one device is visible.
 bool cuda_device_available();
+/// The number of visible CUDA devices (0 when built without CUDA or when none is visible).
+int cuda_device_count();
 
 }  // namespace dzr
