@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "apps/dzr/command.h"
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/video_reader.h"
@@ -33,12 +34,15 @@ struct RolloutArgs {
     bool check_finite = false;
     std::string noise_video, noise_action;
     bool save_video = false;
+    std::string shard;
+    bool allow_shared_gpu = false;
 };
 
-extern "C" void on_sigint(int) {
-    // The first Ctrl-C asks the runner to stop after the current call; a second one kills as usual.
+extern "C" void on_stop_signal(int sig) {
+    // The first Ctrl-C (or SIGTERM: Slurm's time limit, mpirun aborting the job) asks the runner to stop
+    // after the current call; a second one kills as usual.
     rollout::interrupt_flag().store(true);
-    std::signal(SIGINT, SIG_DFL);
+    std::signal(sig, SIG_DFL);
 }
 
 int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
@@ -55,7 +59,14 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
     }
     o.overrides = a.sets;
-    o.device = parse_device(a.device);
+    const rollout::EnvLookup env = rollout::process_environment();
+    o.shard = rollout::detect_shard(env, a.shard.empty() ? std::nullopt : std::optional<std::string>(a.shard));
+    // NOTE: `cuda` without an index lets a sharded rank take its local rank's GPU; `cuda:N` is kept as given.
+    const Device requested = parse_device(a.device);
+    o.device = rollout::rank_device(requested, a.device != "cuda", o.shard, requested.is_cuda() ? cuda_device_count() : 0,
+                                    env, a.allow_shared_gpu);
+    rollout::GpuLock gpu_lock;
+    if (o.shard.sharded() && o.device.is_cuda() && !a.allow_shared_gpu) gpu_lock = rollout::GpuLock(o.device, o.shard, env);
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
     o.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     o.tokenizer = a.tokenizer;
@@ -75,7 +86,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     o.save_video = a.save_video;
     if (io::video_io_available()) o.write_video = io::write_video_mp4;
 
-    std::signal(SIGINT, on_sigint);
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
     rollout::RolloutResult r = rollout::run_rollout(o);
 
     // Final table on stdout: per-episode timing and the output paths.
@@ -111,11 +123,22 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         add("host prepare (overlapped)", prepare);
         std::printf("%s", rollout::format_table({"phase", "median ms", "p90 ms", "max ms"}, prow).c_str());
     }
-    std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
     for (const auto& ep : r.episodes)
         if (ep.status == "failed") std::fprintf(stderr, "dzr: error: episode %s: %s\n", ep.name.c_str(), ep.error.c_str());
+    if (!o.shard.sharded()) {
+        std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
+        if (r.interrupted) return 130;
+        return r.failed > 0 ? 1 : 0;
+    }
+    std::printf("%s: %s\n", o.shard.label().c_str(), r.shard.rank_file.string().c_str());
+    if (r.shard.merged)
+        std::printf("summary: %s (merged: %lld episodes, %lld failed)\n",
+                    (std::filesystem::path(a.out) / "summary.json").string().c_str(),
+                    (long long)r.shard.run_episodes, (long long)r.shard.failed);
     if (r.interrupted) return 130;
-    return r.failed > 0 ? 1 : 0;
+    // NOTE: mpirun aborts every rank when one exits non-zero, so a rank whose episodes failed still exits
+    // 0; the rank that merges the summary reports the run's failures.
+    return r.shard.merged && r.shard.failed > 0 ? 1 : 0;
 }
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
@@ -126,7 +149,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--out", args->out, "Output directory (one subdirectory per episode)")->required();
     cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");
     cmd->add_option("--set", args->sets, "Override a config key: --set sampling.num_dit_steps=16");
-    cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+    cmd->add_option("--device", args->device,
+                    "cpu, cuda or cuda:N (cuda on a sharded run: the GPU of the rank's local rank)")
+        ->capture_default_str();
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
     cmd->add_flag("--no-warmup", args->no_warmup, "Skip the warm-up (timings then include first-call costs)");
@@ -143,6 +168,11 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_flag("--save-video", args->save_video,
                   "Decode the predicted video with the VAE decoder and write it next to the observed canvases "
                   "(predicted_video.mp4 / observed_video.mp4; .npy on builds without OpenCV)");
+    cmd->add_option("--shard", args->shard,
+                    "Run shard K of N (K/N, 0 <= K < N) of the episodes; without it the rank comes from Slurm "
+                    "(SLURM_PROCID/NTASKS, job arrays) or Open MPI (OMPI_COMM_WORLD_RANK/SIZE), when present");
+    cmd->add_flag("--allow-shared-gpu", args->allow_shared_gpu,
+                  "Let several ranks of a sharded run use one GPU (each loads its own copy of the model)");
     cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
     cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });

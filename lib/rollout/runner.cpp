@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "io/episode.h"
+#include "io/plots.h"
 #include "io/result_writer.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/predicted_video.h"
@@ -320,7 +321,7 @@ struct EpisodeRun {
 /// and fills the summary's timings as it goes.
 EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const FrameSchedule& schedule,
                              const io::Episode& ep, EpisodeSummary& summary, ProgressLine& progress,
-                             int64_t episode_number, int64_t num_episodes) {
+                             const std::string& progress_prefix, int64_t episode_number, int64_t num_episodes) {
     DreamZeroPolicy& policy = *run.policy;
     EpisodeRun er;
     er.calls = schedule.calls(ep.num_frames);
@@ -365,8 +366,8 @@ EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const Fr
         summary.host_prepare_ms.push_back(ct.host_prepare_ms);
         if (!opt.quiet) {
             const double per_call = episode_timer.seconds() / double(call.index + 1);
-            progress.update(format_progress(episode_number, num_episodes, summary.name, call.index + 1,
-                                            int64_t(calls.size()), per_call));
+            progress.update(progress_prefix + format_progress(episode_number, num_episodes, summary.name,
+                                                              call.index + 1, int64_t(calls.size()), per_call));
         }
     }
     if (next.valid()) next.wait();
@@ -382,8 +383,26 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
 
     // ---- episodes first (cheap errors before the expensive load) -------------------------------------
-    const EpisodePlan plan = plan_episodes(opt);
+    EpisodePlan plan = plan_episodes(opt);
     const FrameSchedule schedule = make_frame_schedule(opt.run.rollout);
+    io::EpisodeOptions count_options;
+    count_options.allow_truncate = opt.allow_truncate;
+    count_options.open_video = opt.open_video;
+    ShardRun shard(opt.shard, opt.out_dir, plan.dirs, plan.names, schedule, count_options, opt.resume, opt.device.str());
+    const PlotPng summary_plots = opt.plots ? PlotPng(io::render_plot) : PlotPng();
+    {
+        EpisodePlan mine;
+        for (size_t e : shard.episodes()) {
+            mine.dirs.push_back(plan.dirs[e]);
+            mine.names.push_back(plan.names[e]);
+        }
+        plan = std::move(mine);
+    }
+    if (auto done = shard.nothing_to_run(opt.resume)) {
+        result.episodes = std::move(*done);
+        result.shard = shard.finish(result.episodes, false, summary_plots);
+        return result;
+    }
 
     // ---- checkpoint and policy ------------------------------------------------------------------------
     LoadedRun run = load_run(opt);
@@ -427,6 +446,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
         EpisodeSummary summary;
         summary.name = name;
         try {
+            io::ResultWriter::clear_failed(out);
             io::EpisodeOptions eo;
             eo.allow_truncate = opt.allow_truncate;
             eo.min_frames = schedule.min_frames();
@@ -436,7 +456,8 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.num_frames = ep.num_frames;
             summary.num_calls = int64_t(schedule.calls(ep.num_frames).size());
 
-            EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, int64_t(e) + 1, num_episodes);
+            EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, shard.progress_prefix(),
+                                              int64_t(e) + 1, num_episodes);
             result.interrupted = er.interrupted;
             // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
             // timing and manifest of the calls it finished and gets no done marker (--resume redoes it).
@@ -464,6 +485,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             er.timing.peak_gpu_memory_bytes = run.peak_memory;
             writer.write_json("timing.json", er.timing.to_json());
             RunManifest manifest = make_manifest(opt, run, schedule, plan.dirs[e], ep, run_start);
+            if (opt.shard.sharded()) manifest.extra["shard"] = opt.shard.to_json();
             if (partial)
                 manifest.extra["interrupted"] = {{"calls_done", er.chunks.num_calls()}, {"calls_scheduled", er.calls.size()}};
             writer.write_json("manifest.json", manifest.to_json());
@@ -490,10 +512,12 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.error = err.what();
             ++result.failed;
             log.error("episode {}: {}", name, err.what());
+            record_failure(out, summary, opt.shard);
         }
+        shard.note(summary);
         result.episodes.push_back(std::move(summary));
     }
-    if (!result.episodes.empty()) write_summary(opt.out_dir, result.episodes);
+    result.shard = shard.finish(result.episodes, result.interrupted, summary_plots);
     return result;
 }
 
