@@ -5,13 +5,14 @@ set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config python3
       libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev
-      libsentencepiece-dev libopenblas-dev
-      openmpi-bin)  # mpirun for the sharded-rollout test (dzr itself does not link MPI)
+      libsentencepiece-dev libopenblas-dev)
 if [[ "${1:-}" != "--no-opencv" ]]; then
     # The slim OpenCV -dev packages (core, imgproc, imgcodecs, videoio with its FFmpeg backend), not the
     # 673 MB libopencv-dev meta-package.
     pkgs+=(libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libopencv-videoio-dev)
 fi
+# mpirun for the sharded-rollout test (dzr itself does not link MPI).
+pkgs+=(openmpi-bin)
 
 missing=()
 for p in "${pkgs[@]}"; do
