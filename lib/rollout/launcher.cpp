@@ -63,9 +63,12 @@ std::optional<ShardInfo> from_open_mpi(const EnvLookup& env) {
               "environment variables OMPI_COMM_WORLD_RANK={} and OMPI_COMM_WORLD_SIZE={}: the rank must be below "
               "the size", s.rank, s.world_size);
     s.local_rank = env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK");
-    // NOTE: Open MPI 4 puts the job id in OMPI_MCA_ess_base_jobid; PMIx launchers name the job's namespace.
+    // NOTE: Open MPI 4 puts the job id in OMPI_MCA_ess_base_jobid, derived from mpirun's host and pid (which
+    // a fresh container repeats), and a random key per launch in OMPI_MCA_orte_precondition_transports;
+    // PMIx launchers name the job's namespace.
     if (auto id = env("OMPI_MCA_ess_base_jobid")) {
         s.run_id = "openmpi-" + *id;
+        if (auto key = env("OMPI_MCA_orte_precondition_transports")) s.run_id += "-" + *key;
     } else if (auto ns = env("PMIX_NAMESPACE")) {
         s.run_id = "pmix-" + *ns;
     }

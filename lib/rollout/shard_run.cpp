@@ -181,8 +181,8 @@ ShardRun::ShardRun(const ShardInfo& shard, const fs::path& out_dir, const std::v
         list += fmt::format("{}{} ({} calls)", k ? ", " : "", e.name,
                             e.calls ? std::to_string(*e.calls) : std::string("?"));
     }
-    log()->info("{}: {} of {} episodes, {} calls{}{}", shard_.label(), mine_.size(), plan_.episodes.size(),
-                loads[size_t(shard_.rank)], mine_.empty() ? "" : ": ", list);
+    log()->info("{} of {} episodes, {} calls{}{}", mine_.size(), plan_.episodes.size(), loads[size_t(shard_.rank)],
+                mine_.empty() ? "" : ": ", list);
     if (shard_.rank == 0) {
         std::string per_rank;
         for (size_t r = 0; r < loads.size(); ++r)
@@ -262,7 +262,7 @@ std::optional<std::vector<EpisodeSummary>> ShardRun::nothing_to_run(bool resume)
         done.push_back(summary_from_outputs(dir, plan_.episodes[e].name));
     }
     if (shard_.sharded())
-        log()->info("{}: {}", shard_.label(), mine_.empty() ? "no episodes to run" : "every episode was finished before (--resume)");
+        log()->info("{}", mine_.empty() ? "no episodes to run" : "every episode was finished before (--resume)");
     return done;
 }
 
@@ -324,9 +324,9 @@ ShardOutcome ShardRun::merge_if_complete(const PlotPng& plot_png) {
     const RunState state = run_state(out_dir_, plan_);
     out.unfinished = state.unfinished;
     if (state.unfinished > 0) {
-        log()->info("{} done; {} of {} episodes of the run are not finished yet (running on other ranks, or lost: "
-                    "rerun with --resume); the last rank to finish merges the summary", shard_.label(),
-                    state.unfinished, plan_.episodes.size());
+        log()->info("done; {} of {} episodes of the run are not finished yet (running on other ranks, or lost: "
+                    "rerun with --resume); the last rank to finish merges the summary", state.unfinished,
+                    plan_.episodes.size());
         return out;
     }
     const fs::path merged_file = out_dir_ / kRanksDir / kMergedFile;
@@ -334,8 +334,7 @@ ShardOutcome ShardRun::merge_if_complete(const PlotPng& plot_png) {
         try {
             const auto j = Json::parse(io::read_file(merged_file));
             if (j.value("stamp", std::string()) == state.stamp) {
-                log()->info("{} done; the summary of this state was merged by {}", shard_.label(),
-                            j.value("by", std::string("another rank")));
+                log()->info("done; the summary of this state was merged by {}", j.value("by", std::string("another rank")));
                 return out;
             }
         } catch (const Json::exception&) {
@@ -349,8 +348,8 @@ ShardOutcome ShardRun::merge_if_complete(const PlotPng& plot_png) {
                                                .dump(2) + "\n");
     out.merged = true;
     out.failed = s.failed;
-    log()->info("{} finished last: merged summary of {} episodes ({} ok, {} failed) -> {}", shard_.label(),
-                s.episodes.size(), s.ok, s.failed, (out_dir_ / "summary.json").string());
+    log()->info("finished last: merged summary of {} episodes ({} ok, {} failed) -> {}", s.episodes.size(), s.ok,
+                s.failed, (out_dir_ / "summary.json").string());
     return out;
 }
 

@@ -65,12 +65,13 @@ TEST_CASE("Open MPI's variables give the rank, the size, the local rank and the 
     const ShardInfo s = detect_shard(env_of({{"OMPI_COMM_WORLD_RANK", "1"},
                                              {"OMPI_COMM_WORLD_SIZE", "3"},
                                              {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-                                             {"OMPI_MCA_ess_base_jobid", "639107073"}}));
+                                             {"OMPI_MCA_ess_base_jobid", "639107073"},
+                                             {"OMPI_MCA_orte_precondition_transports", "1d1b-5738"}}));
     CHECK(s.source == ShardSource::OpenMpi);
     CHECK(s.rank == 1);
     CHECK(s.world_size == 3);
     CHECK(s.local_rank == 1);
-    CHECK(s.run_id == "openmpi-639107073");
+    CHECK(s.run_id == "openmpi-639107073-1d1b-5738");
     CHECK(s.label() == "rank 1/3");
     CHECK(contains(s.describe(), "open mpi"));
 }
