@@ -125,7 +125,6 @@ std::optional<ShardInfo> from_slurm(const EnvLookup& env) {
     s.source = array ? ShardSource::SlurmArray : ShardSource::Slurm;
     s.rank = index * tasks + task;
     s.world_size = count * tasks;
-    if (!array && !s.local_rank) s.local_rank = 0;
     // NOTE: no restart count in the id: a requeued array task must find the plan its siblings use.
     const auto job = array ? env("SLURM_ARRAY_JOB_ID") : env("SLURM_JOB_ID");
     if (job) {

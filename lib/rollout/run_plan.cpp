@@ -44,6 +44,7 @@ Json RunPlan::to_json() const {
         int64_t calls = 0;
         bool known = true;
         for (size_t e : assignment[r]) {
+            DZR_ASSERT(e < episodes.size());
             if (!episodes[e].calls) known = false;
             calls += episodes[e].calls.value_or(0);
         }

@@ -111,7 +111,9 @@ TEST_CASE("plan.json round trips, and a damaged one is an error naming the file"
     } catch (const Error& e) {
         CHECK(std::string(e.what()).find("plan.json") != std::string::npos);
     }
-    plan.assignment = {{0, 7}, {}};
-    write_run_plan(dir.path(), plan);
+    // A rank running an episode the plan does not list.
+    auto j = plan.to_json();
+    j["ranks"][0]["episodes"].push_back(7);
+    io::write_file_atomic(dir / "plan.json", j.dump());
     CHECK_THROWS_AS(read_run_plan(dir.path()), Error);
 }
