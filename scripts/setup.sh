@@ -21,6 +21,8 @@ if ((opencv)); then
     # 673 MB libopencv-dev meta-package.
     pkgs+=(libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libopencv-videoio-dev)
 fi
+# mpirun for the sharded-rollout test (dzr itself does not link MPI).
+pkgs+=(openmpi-bin)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "apps/dzr/command.h"
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/plots.h"
@@ -37,12 +38,15 @@ struct RolloutArgs {
     bool check_finite = false;
     std::string noise_video, noise_action;
     bool save_video = false;
+    std::string shard;
+    bool allow_shared_gpu = false;
 };
 
-extern "C" void on_sigint(int) {
-    // The first Ctrl-C asks the runner to stop after the current call; a second one kills as usual.
+extern "C" void on_stop_signal(int sig) {
+    // The first Ctrl-C (or SIGTERM: Slurm's time limit, mpirun aborting the job) asks the runner to stop
+    // after the current call; a second one kills as usual.
     rollout::interrupt_flag().store(true);
-    std::signal(SIGINT, SIG_DFL);
+    std::signal(sig, SIG_DFL);
 }
 
 int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
@@ -60,7 +64,21 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     }
     o.overrides = a.sets;
     o.embodiment = a.embodiment;
+    const rollout::EnvLookup env = rollout::process_environment();
+    o.shard = rollout::detect_shard(env, a.shard.empty() ? std::nullopt : std::optional<std::string>(a.shard));
     o.devices = parse_device_list(a.device);
+    rollout::GpuLock gpu_lock;
+    if (o.devices.size() == 1) {
+        // NOTE: `cuda` without an index lets a sharded rank take its local rank's GPU; `cuda:N` is kept as given.
+        const Device requested = o.devices[0];
+        o.devices[0] = rollout::rank_device(requested, a.device != "cuda", o.shard,
+                                            requested.is_cuda() ? cuda_device_count() : 0, env, a.allow_shared_gpu);
+        if (o.shard.sharded() && o.devices[0].is_cuda() && !a.allow_shared_gpu)
+            gpu_lock = rollout::GpuLock(o.devices[0], o.shard, env);
+    } else {
+        DZR_CHECK(!o.shard.sharded(), "--device {}: a sharded run takes one device per rank (cuda picks the rank's GPU)",
+                  a.device);
+    }
     o.numerics = parse_numerics(a.numerics);
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
     o.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
@@ -82,7 +100,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     if (a.save_video) o.video_encoder = io::browser_video_encoder();
     o.report = !a.no_report;
 
-    std::signal(SIGINT, on_sigint);
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
     rollout::RolloutResult r = rollout::run_rollout(o);
 
     // Final table on stdout: per-episode timing and the output paths.
@@ -118,13 +137,24 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         add("host prepare (overlapped)", prepare);
         std::printf("%s", rollout::format_table({"phase", "median ms", "p90 ms", "max ms"}, prow).c_str());
     }
-    std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
-    if (o.report && !r.episodes.empty())
+    if (o.report && r.shard.merged)
         std::printf("report: %s\n", (std::filesystem::path(a.out) / "report.html").string().c_str());
     for (const auto& ep : r.episodes)
         if (ep.status == "failed") std::fprintf(stderr, "dzr: error: episode %s: %s\n", ep.name.c_str(), ep.error.c_str());
+    if (!o.shard.sharded()) {
+        std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
+        if (r.interrupted) return 130;
+        return r.failed > 0 ? 1 : 0;
+    }
+    std::printf("%s: %s\n", o.shard.label().c_str(), r.shard.rank_file.string().c_str());
+    if (r.shard.merged)
+        std::printf("summary: %s (merged: %lld episodes, %lld failed)\n",
+                    (std::filesystem::path(a.out) / "summary.json").string().c_str(),
+                    (long long)r.shard.run_episodes, (long long)r.shard.failed);
     if (r.interrupted) return 130;
-    return r.failed > 0 ? 1 : 0;
+    // NOTE: mpirun aborts every rank when one exits non-zero, so a rank whose episodes failed still exits
+    // 0; the rank that merges the summary reports the run's failures.
+    return r.shard.merged && r.shard.failed > 0 ? 1 : 0;
 }
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
@@ -138,8 +168,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--embodiment", args->embodiment,
                     "The checkpoint's embodiment to run (default: the config's, else the checkpoint's only one)");
     cmd->add_option("--device", args->device,
-                    "cpu, cuda or cuda:N; two devices (cpu,cpu or cuda:0,cuda:1) run the unconditional CFG branch on "
-                    "the second")
+                    "cpu, cuda or cuda:N (cuda on a sharded run: the GPU of the rank's local rank); two devices "
+                    "(cpu,cpu or cuda:0,cuda:1) run the unconditional CFG branch on the second")
         ->capture_default_str();
     cmd->add_option("--numerics", args->numerics,
                     "reference (the official bf16 run's arithmetic, bit for bit) or fast (fused, reordered)")
@@ -162,6 +192,11 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                   "Decode the predicted video with the VAE decoder and write it next to the observed canvases "
                   "(predicted_video / observed_video: WebM or H.264 MP4, whichever this build encodes; .npy "
                   "on builds without OpenCV)");
+    cmd->add_option("--shard", args->shard,
+                    "Run shard K of N (K/N, 0 <= K < N) of the episodes; without it the rank comes from Slurm "
+                    "(SLURM_PROCID/NTASKS, job arrays) or Open MPI (OMPI_COMM_WORLD_RANK/SIZE), when present");
+    cmd->add_flag("--allow-shared-gpu", args->allow_shared_gpu,
+                  "Let several ranks of a sharded run use one GPU (each loads its own copy of the model)");
     cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
     cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });

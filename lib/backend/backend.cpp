@@ -57,6 +57,8 @@ std::unique_ptr<Backend> make_cuda_backend(int, const BackendOptions&) {
 }
 
 bool cuda_device_available() { return false; }
+
+int cuda_device_count() { return 0; }
 #endif
 
 }  // namespace dzr

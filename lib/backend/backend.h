@@ -364,5 +364,7 @@ std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions
 bool cuda_backend_built();
 /// True when dzr was built with CUDA and at least one device is visible.
 bool cuda_device_available();
+/// The number of visible CUDA devices (0 when built without CUDA or when none is visible).
+int cuda_device_count();
 
 }  // namespace dzr

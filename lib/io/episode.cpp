@@ -374,6 +374,41 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
     return ep;
 }
 
+std::optional<int64_t> count_episode_frames(const fs::path& dir, const EpisodeOptions& opt) {
+    const EpisodeLayout& layout = opt.layout;
+    std::error_code ec;
+    DZR_CHECK(fs::is_directory(dir, ec), "{}: not an episode directory (no such directory)", dir.string());
+    std::vector<std::string> warnings;
+    EpisodeYaml y;
+    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) y = read_episode_yaml(dir / kEpisodeYaml, warnings, layout);
+    std::optional<int64_t> frames;
+    const auto take = [&](int64_t n) { frames = frames ? std::min(*frames, n) : n; };
+    for (const auto& cam : layout.cameras) {
+        const fs::path file = find_camera_file(dir, cam, y, layout);
+        if (file.extension() == ".npy") {
+            const NpyHeader h = read_npy_header(file);
+            DZR_CHECK(h.shape.size() == 4, "{}: camera frames must be uint8 [T, H, W, 3], found {} dimensions",
+                      file.string(), h.shape.size());
+            take(h.shape[0]);
+        } else {
+            if (!opt.open_video) return std::nullopt;
+            const int64_t n = opt.open_video(file)->info().frame_count;
+            if (n <= 0) return std::nullopt;
+            take(n);
+        }
+    }
+    std::vector<std::string> arrays;
+    for (const auto& [key, dim] : layout.state) arrays.push_back(key + ".npy");
+    arrays.emplace_back(kActionsFile);
+    for (const auto& name : arrays) {
+        if (!fs::is_regular_file(dir / name, ec)) continue;
+        const NpyHeader h = read_npy_header(dir / name);
+        DZR_CHECK(!h.shape.empty(), "{}: expected one row per frame, found a scalar", (dir / name).string());
+        take(h.shape[0]);
+    }
+    return frames;
+}
+
 bool is_episode_dir(const fs::path& dir, const EpisodeLayout& layout) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return false;

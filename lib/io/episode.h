@@ -126,6 +126,12 @@ Episode read_episode(const std::filesystem::path& dir, const EpisodeOptions& opt
 /// the embodiment; empty when the episode fits.
 std::vector<std::string> check_episode_layout(const std::filesystem::path& dir, const EpisodeLayout& layout);
 
+/// The number of frames read_episode() would give `dir` (the shortest camera or per-frame array of
+/// `options.layout`), from file headers only: .npy headers and the video containers' frame counts, no frame
+/// decoded. Sharded rollouts balance their ranks by it. nullopt when a count is unknown (an .mp4 without a video
+/// opener, or a container that does not say); throws dzr::Error on a missing or malformed file.
+std::optional<int64_t> count_episode_frames(const std::filesystem::path& dir, const EpisodeOptions& options);
+
 /// True when `dir` holds episode.yaml or any camera file of `layout`.
 bool is_episode_dir(const std::filesystem::path& dir, const EpisodeLayout& layout = {});
 

@@ -78,10 +78,11 @@ private:
     std::shared_ptr<HostStorage> storage_;
 };
 
+/// Reads only the header of a .npy file (its shape and dtype without the data). Errors name the file.
+NpyHeader read_npy_header(const std::filesystem::path& path);
+
 /// Reads a .npy file. Errors name the file and say what was expected and what was found.
 NpyArray read_npy(const std::filesystem::path& path);
-/// Reads only the header of a .npy file (and checks the file holds exactly the data it declares).
-NpyHeader read_npy_header(const std::filesystem::path& path);
 /// Parses a .npy image held in memory (`name` is used in error messages).
 NpyArray parse_npy(std::string_view bytes, const std::string& name);
 

@@ -102,4 +102,14 @@ bool ResultWriter::is_done(const fs::path& dir) {
     return fs::is_regular_file(dir / std::string(kDoneMarker), ec);
 }
 
+void ResultWriter::mark_failed(const fs::path& dir, const nlohmann::ordered_json& info) {
+    ResultWriter(dir).write_json(kFailedMarker, info);
+}
+
+void ResultWriter::clear_failed(const fs::path& dir) {
+    std::error_code ec;
+    fs::remove(dir / std::string(kFailedMarker), ec);
+    DZR_CHECK(!ec, "cannot remove {}: {}", (dir / std::string(kFailedMarker)).string(), ec.message());
+}
+
 }  // namespace dzr::io

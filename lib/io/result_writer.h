@@ -19,6 +19,8 @@ namespace dzr::io {
 
 /// The done marker: present only after every other file of the episode was written.
 inline constexpr std::string_view kDoneMarker = "done.json";
+/// The failure record: the episode could not be run (its error inside); a later attempt removes it.
+inline constexpr std::string_view kFailedMarker = "failed.json";
 
 /// The predicted action chunks of one episode, [n_calls, horizon, dims] row-major, with the anchor
 /// frame of each call (predicted step s of a call anchored at frame a is the action for frame a + s).
@@ -71,6 +73,11 @@ public:
 
     /// True when `dir` holds a done marker (the episode finished; --resume skips it).
     static bool is_done(const std::filesystem::path& dir);
+
+    /// Writes the failure record `dir`/failed.json (creating `dir`), atomically.
+    static void mark_failed(const std::filesystem::path& dir, const nlohmann::ordered_json& info);
+    /// Removes a failure record left by an earlier attempt (none: nothing to do).
+    static void clear_failed(const std::filesystem::path& dir);
 
 private:
     std::filesystem::path file(std::string_view name) const;

@@ -333,28 +333,39 @@ EpisodeSummary summary_from_outputs(const fs::path& dir, const std::string& name
         DZR_THROW("{}: {}", done_path.string(), ex.what());
     }
     if (auto m = load(dir / "metrics.json")) e.metrics = Metrics::from_json(*m, (dir / "metrics.json").string());
-    if (auto t = load(dir / "timing.json")) {
-        try {
-            for (const auto& c : t->at("calls")) {
-                if (!c.at("timed").get<bool>()) continue;
-                e.call_ms.push_back(c.at("total_ms").get<double>());
-                const Json& ph = c.at("phases_ms");
-                for (int p = 0; p < kNumPhases; ++p) {
-                    const auto it = ph.find(std::string(kPhaseNames[size_t(p)]));
-                    if (it != ph.end()) e.phase_ms[size_t(p)].push_back(it->get<double>());
-                }
-                if (c.contains("host_prepare_ms")) e.host_prepare_ms.push_back(c.at("host_prepare_ms").get<double>());
-            }
-        } catch (const Json::exception& ex) {
-            DZR_THROW("{}: not a timing report: {}", (dir / "timing.json").string(), ex.what());
-        }
-    }
+    read_call_timings(dir, e);
     return e;
+}
+
+void read_call_timings(const fs::path& dir, EpisodeSummary& e) {
+    const fs::path path = dir / "timing.json";
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) return;
+    Json t;
+    try {
+        t = Json::parse(io::read_file(path));
+    } catch (const Json::exception& ex) {
+        DZR_THROW("{}: invalid JSON: {}", path.string(), ex.what());
+    }
+    try {
+        for (const auto& c : t.at("calls")) {
+            if (!c.at("timed").get<bool>()) continue;
+            e.call_ms.push_back(c.at("total_ms").get<double>());
+            const Json& ph = c.at("phases_ms");
+            for (int p = 0; p < kNumPhases; ++p) {
+                const auto it = ph.find(std::string(kPhaseNames[size_t(p)]));
+                if (it != ph.end()) e.phase_ms[size_t(p)].push_back(it->get<double>());
+            }
+            if (c.contains("host_prepare_ms")) e.host_prepare_ms.push_back(c.at("host_prepare_ms").get<double>());
+        }
+    } catch (const Json::exception& ex) {
+        DZR_THROW("{}: not a timing report: {}", path.string(), ex.what());
+    }
 }
 
 Json summary_json(std::span<const EpisodeSummary> episodes) {
     Json list = Json::array();
-    int64_t ok = 0, failed = 0, skipped = 0, interrupted = 0;
+    int64_t ok = 0, failed = 0, skipped = 0, interrupted = 0, incomplete = 0;
     double pooled_sum = 0;
     int64_t pooled_n = 0;
     std::vector<std::pair<std::string, double>> key_sum;
@@ -364,6 +375,7 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
         failed += e.status == "failed";
         skipped += e.status == "skipped";
         interrupted += e.status == "interrupted";
+        incomplete += e.status == "incomplete";
         Json j = {{"name", e.name}, {"status", e.status}, {"num_frames", e.num_frames}, {"num_calls", e.num_calls}};
         if (!e.error.empty()) j["error"] = e.error;
         if (e.metrics) {
@@ -390,6 +402,7 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
     }
     Json totals = {{"episodes", int64_t(episodes.size())}, {"ok", ok}, {"failed", failed}, {"skipped", skipped}};
     if (interrupted > 0) totals["interrupted"] = interrupted;
+    if (incomplete > 0) totals["incomplete"] = incomplete;
     if (pooled_n > 0) {
         totals["overall_mse"] = pooled_sum / double(pooled_n);
         Json keys = Json::object();

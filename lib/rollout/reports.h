@@ -170,7 +170,9 @@ Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::
 
 struct EpisodeSummary {
     std::string name;
-    std::string status;  // "ok", "failed", "skipped" (finished by an earlier run) or "interrupted" (Ctrl-C)
+    /// "ok", "failed", "skipped" (finished by an earlier run), "interrupted" (Ctrl-C), or "incomplete" (a merged
+    /// summary's episode that has no done marker: never run, or its run was killed)
+    std::string status;
     std::string error;   // the error message when failed
     int64_t num_frames = 0;
     int64_t num_calls = 0;
@@ -184,6 +186,8 @@ struct EpisodeSummary {
 /// num_frames and num_calls from done.json (when the runner put them there), metrics from
 /// metrics.json (when present) and call_ms from timing.json's timed calls (when present).
 EpisodeSummary summary_from_outputs(const std::filesystem::path& dir, const std::string& name);
+/// Adds the timed calls of `dir`/timing.json (when present) to `e`: call_ms, phase_ms, host_prepare_ms.
+void read_call_timings(const std::filesystem::path& dir, EpisodeSummary& e);
 
 Json summary_json(std::span<const EpisodeSummary> episodes);
 std::string summary_csv(std::span<const EpisodeSummary> episodes);

@@ -297,7 +297,7 @@ struct EpisodeRun {
 /// and fills the summary's timings as it goes.
 EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const FrameSchedule& schedule,
                              const io::Episode& ep, EpisodeSummary& summary, ProgressLine& progress,
-                             int64_t episode_number, int64_t num_episodes) {
+                             const std::string& progress_prefix, int64_t episode_number, int64_t num_episodes) {
     Engine& engine = *run.engine;
     Session& session = *run.session;
     EpisodeRun er;
@@ -346,8 +346,8 @@ EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const Fr
         summary.host_prepare_ms.push_back(ct.host_prepare_ms);
         if (!opt.quiet) {
             const double per_call = episode_timer.seconds() / double(call.index + 1);
-            progress.update(format_progress(episode_number, num_episodes, summary.name, call.index + 1,
-                                            int64_t(calls.size()), per_call));
+            progress.update(progress_prefix + format_progress(episode_number, num_episodes, summary.name,
+                                                              call.index + 1, int64_t(calls.size()), per_call));
         }
     }
     if (next.valid()) next.wait();
@@ -365,8 +365,31 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     // ---- the embodiment, then the episodes checked against it (cheap errors before the expensive load) --------
     const Embodiment embodiment = rollout_embodiment(opt);
     const io::EpisodeLayout layout = episode_layout(embodiment);
-    const EpisodePlan plan = plan_episodes(opt, layout);
+    EpisodePlan plan = plan_episodes(opt, layout);
     const FrameSchedule schedule = make_frame_schedule(opt.run.rollout);
+    // This rank's episodes (all of them when the run is not sharded).
+    io::EpisodeOptions count_options;
+    count_options.layout = layout;
+    count_options.allow_truncate = opt.allow_truncate;
+    count_options.open_video = opt.open_video;
+    std::string devices;
+    for (const Device& d : opt.devices) devices += (devices.empty() ? "" : ",") + d.str();
+    ShardRun shard(opt.shard, opt.out_dir, plan.dirs, plan.names, schedule, count_options, opt.resume, devices);
+    {
+        EpisodePlan mine;
+        for (size_t e : shard.episodes()) {
+            mine.dirs.push_back(plan.dirs[e]);
+            mine.names.push_back(plan.names[e]);
+            mine.layout_errors.push_back(plan.layout_errors[e]);
+            if (plan.layout_errors[e].empty()) ++mine.usable;
+        }
+        plan = std::move(mine);
+    }
+    if (auto done = shard.nothing_to_run(opt.resume)) {
+        result.episodes = std::move(*done);
+        result.shard = shard.finish(result.episodes, false, opt.plot_png);
+        return result;
+    }
     if (plan.usable == 0) {
         // NOTE: nothing to run: the weights are not loaded.
         for (size_t e = 0; e < plan.dirs.size(); ++e) {
@@ -376,9 +399,10 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.error = plan.layout_errors[e];
             result.episodes.push_back(std::move(summary));
             ++result.failed;
+            record_failure(opt.out_dir / summary.name, summary, opt.shard);
+            shard.note(summary);
         }
-        std::filesystem::create_directories(opt.out_dir);
-        write_summary(opt.out_dir, result.episodes);
+        result.shard = shard.finish(result.episodes, false, opt.plot_png);
         return result;
     }
 
@@ -428,10 +452,13 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.status = "failed";
             summary.error = plan.layout_errors[e];
             ++result.failed;
+            record_failure(out, summary, opt.shard);
+            shard.note(summary);
             result.episodes.push_back(std::move(summary));
             continue;
         }
         try {
+            io::ResultWriter::clear_failed(out);
             io::EpisodeOptions eo;
             eo.layout = layout;
             eo.allow_truncate = opt.allow_truncate;
@@ -442,7 +469,8 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.num_frames = ep.num_frames;
             summary.num_calls = int64_t(schedule.calls(ep.num_frames).size());
 
-            EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, int64_t(e) + 1, num_episodes);
+            EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, shard.progress_prefix(),
+                                              int64_t(e) + 1, num_episodes);
             result.interrupted = er.interrupted;
             // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
             // timing and manifest of the calls it finished and gets no done marker (--resume redoes it).
@@ -470,6 +498,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             er.timing.peak_gpu_memory_bytes = run.peak_memory;
             writer.write_json("timing.json", er.timing.to_json());
             RunManifest manifest = make_manifest(opt, run, schedule, plan.dirs[e], ep, run_start);
+            if (opt.shard.sharded()) manifest.extra["shard"] = opt.shard.to_json();
             if (partial)
                 manifest.extra["interrupted"] = {{"calls_done", er.chunks.num_calls()}, {"calls_scheduled", er.calls.size()}};
             writer.write_json("manifest.json", manifest.to_json());
@@ -497,11 +526,15 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.error = err.what();
             ++result.failed;
             log.error("episode {}: {}", name, err.what());
+            record_failure(out, summary, opt.shard);
         }
+        shard.note(summary);
         result.episodes.push_back(std::move(summary));
     }
-    if (!result.episodes.empty()) write_summary(opt.out_dir, result.episodes);
-    if (opt.report && !result.episodes.empty()) {
+    result.shard = shard.finish(result.episodes, result.interrupted, opt.plot_png);
+    // NOTE: the report covers the whole run, so the process that merged the summary writes it (the only process of
+    // an unsharded run, the last rank of a sharded one)
+    if (opt.report && result.shard.merged) {
         // NOTE: every episode's files are complete by now; a report that cannot be written must not
         // turn a finished run into a failed one (`dzr report OUT` writes it again).
         try {

@@ -15,7 +15,9 @@
 #include "io/plots.h"
 #include "io/video_reader.h"
 #include "policy/engine.h"
+#include "rollout/launcher.h"
 #include "rollout/reports.h"
+#include "rollout/shard_run.h"
 
 namespace dzr::rollout {
 
@@ -46,6 +48,8 @@ struct RolloutOptions {
     bool check_finite = false;
     std::filesystem::path noise_video, noise_action;  ///< inject noise from .npy (parity runs)
     std::vector<std::string> command_line;
+    /// This process's part of a sharded run (detect_shard()); unsharded by default.
+    ShardInfo shard;
     io::VideoOpener open_video;                   ///< decodes .mp4 (apps pass io::open_video)
     /// --save-video: decode each episode's predicted video and write it with the observed canvases.
     bool save_video = false;
@@ -68,6 +72,7 @@ struct RolloutResult {
     std::vector<EpisodeSummary> episodes;
     int failed = 0;
     bool interrupted = false;
+    ShardOutcome shard;  ///< the plan, the rank's record and the summary it wrote
 };
 
 /// Runs the whole rollout. Throws dzr::Error for problems that stop everything (checkpoint, config,

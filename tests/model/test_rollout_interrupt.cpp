@@ -3,11 +3,7 @@
 // leaves only complete files (actions.npy with the calls done, no temporary files, no done marker).
 #include <doctest/doctest.h>
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -20,6 +16,7 @@
 #include "io/npy.h"
 #include "io/result_writer.h"
 #include "io/synth_episode.h"
+#include "support/child_process.h"
 #include "support/json_file.h"
 #include "support/test_support.h"
 #include "weights/random_checkpoint.h"
@@ -27,60 +24,6 @@
 using namespace dzr;
 namespace fs = std::filesystem;
 using test::read_json;
-
-namespace {
-
-/// A child process with its stderr on a pipe.
-struct Child {
-    pid_t pid = -1;
-    int err_fd = -1;
-    std::string err;  // everything read so far
-
-    /// Reads stderr until `needle` appears (true) or the pipe closes (false).
-    bool read_until(const std::string& needle) {
-        char buf[4096];
-        while (err.find(needle) == std::string::npos) {
-            const ssize_t n = read(err_fd, buf, sizeof(buf));
-            if (n <= 0) return false;
-            err.append(buf, size_t(n));
-        }
-        return true;
-    }
-    void read_all() {
-        char buf[4096];
-        ssize_t n;
-        while ((n = read(err_fd, buf, sizeof(buf))) > 0) err.append(buf, size_t(n));
-    }
-    int wait_exit_code() {
-        int status = 0;
-        REQUIRE(waitpid(pid, &status, 0) == pid);
-        close(err_fd);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-    }
-};
-
-Child spawn(const std::vector<std::string>& args) {
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], STDERR_FILENO);
-        const int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, STDOUT_FILENO);
-        close(fds[0]);
-        close(fds[1]);
-        execv(argv[0], argv.data());
-        _exit(127);
-    }
-    close(fds[1]);
-    return Child{pid, fds[0], {}};
-}
-
-}  // namespace
 
 TEST_CASE("Ctrl-C stops dzr rollout after the current call and leaves only complete files") {
     const char* bin = std::getenv("DZR_BIN");
@@ -101,18 +44,17 @@ TEST_CASE("Ctrl-C stops dzr rollout after the current call and leaves only compl
     io::write_synth_episode(dir / "episodes/ep", so);
     const int64_t scheduled = 17;
 
-    Child child = spawn({bin, "rollout", (dir / "episodes/ep").string(), "--ckpt", (dir / "ckpt").string(), "--out",
-                         (dir / "out").string(), "--config", config.string(), "--device", "cpu", "--no-warmup",
-                         "--no-plots"});
+    test::Child child({bin, "rollout", (dir / "episodes/ep").string(), "--ckpt", (dir / "ckpt").string(), "--out",
+                       (dir / "out").string(), "--config", config.string(), "--device", "cpu", "--no-warmup",
+                       "--no-plots"});
     // Progress lines (stderr is not a terminal) read "episode 1/1 ep  call k/17 ...".
     const bool started = child.read_until("call 1/");
-    if (started) REQUIRE(kill(child.pid, SIGINT) == 0);
-    child.read_all();
+    if (started) REQUIRE(kill(child.pid(), SIGINT) == 0);
     const int code = child.wait_exit_code();
-    INFO("stderr:\n" << child.err);
+    INFO("stderr:\n" << child.err());
     REQUIRE(started);
     CHECK(code == 130);
-    CHECK(child.err.find("interrupted") != std::string::npos);
+    CHECK(child.err().find("interrupted") != std::string::npos);
 
     const fs::path out = dir / "out/ep";
     CHECK_FALSE(fs::exists(out / std::string(io::kDoneMarker)));

@@ -613,6 +613,13 @@ bool cuda_device_available() {
     return ok;
 }
 
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    cudaGetLastError();  // NOTE: a failed probe must not leave a sticky error behind
+    return n;
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int index, const BackendOptions& options) {
     return std::make_unique<CudaBackend>(index, options);
 }
