@@ -58,6 +58,7 @@ public:
     }
     void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
                     int64_t) override {}
+    void count_nonfinite(const TensorView&, const TensorView&) override {}
 
 private:
     Backend* planner_ = nullptr;

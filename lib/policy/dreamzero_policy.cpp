@@ -14,8 +14,10 @@
 #include "model/clip_vision.h"
 #include "model/umt5.h"
 #include "model/wan_vae.h"
+#include "policy/finite_check.h"
 #include "policy/normalization.h"
 #include "policy/postprocess.h"
+#include "policy/step_plan.h"
 #include "policy/tokenizer.h"
 #include "sampling/cfg.h"
 #include "sampling/denoise_loop.h"
@@ -53,13 +55,6 @@ public:
 private:
     std::map<std::string, TensorView> views_;
 };
-
-StepSchedule make_schedule(const config::SamplingConfig& s) {
-    if (s.dynamic_schedule) return StepSchedule::dynamic(s.num_inference_steps);
-    if (!s.dit_step_mask.empty()) return StepSchedule::from_mask(s.dit_step_mask);
-    if (s.num_inference_steps != 16) return StepSchedule::all(s.num_inference_steps);
-    return StepSchedule::from_num_dit_steps(s.num_dit_steps, s.num_inference_steps);
-}
 
 /// The frames of a commit clip, as indices into the call's T frames (the reference's repeat and
 /// prepend, wan_flow_matching_action_tf.py:1080-1100).
@@ -154,7 +149,7 @@ DreamZeroPolicy::DreamZeroPolicy(const ModelConfig& model, const WeightSource& w
     uc.shift = options_.sampling.sigma_shift;
     video_sampler_ = std::make_unique<FlowUniPC>(be_, buf_->x.shape(), dt, uc);
     action_sampler_ = std::make_unique<FlowUniPC>(be_, buf_->a.shape(), dt, uc);
-    schedule_ = std::make_unique<StepSchedule>(make_schedule(options_.sampling));
+    schedule_ = std::make_unique<StepSchedule>(make_step_schedule(options_.sampling));
     noise_ = options_.noise ? options_.noise : std::make_shared<SeededNoise>(options_.sampling.seed);
 
     // KV caches.
@@ -666,6 +661,9 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
                 trace(fmt::format("sample.video.{}", s.index), buf_->x);
                 trace(fmt::format("sample.action.{}", s.index), buf_->a);
             }
+            const std::string where = fmt::format("call {}, denoising step {}", call_index_, s.index);
+            check_finite_always(be_, where, "the video sample (sampler state)", buf_->x);
+            check_finite_always(be_, where, "the action sample (sampler state)", buf_->a);
             be_.synchronize();
             dit_timer.reset();
             forward_branch(kPos, ForwardKind::Denoise, buf_->x, buf_->y_in, start_frame_, s.video_timestep,
@@ -677,6 +675,8 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
             trace(fmt::format("velocity.action.{}", s.index), buf_->v_action);
             apply_cfg(be_, buf_->v_video, buf_->v_uncond, options_.sampling.cfg_scale, buf_->v_video);
             check_finite(fmt::format("DiT step {}", s.index), buf_->v_video);
+            check_finite_always(be_, where, "the video velocity (after CFG)", buf_->v_video);
+            check_finite_always(be_, where, "the action velocity", buf_->v_action);
             be_.synchronize();
             dit_ms += dit_timer.ms();
         };
@@ -693,15 +693,17 @@ PolicyCallResult DreamZeroPolicy::step(const PreparedObservation& obs) {
         Tensor a_host = Tensor::host(buf_->a.shape(), DType::F32);
         be_.download(buf_->a, a_host);
         result.actions_normalized.assign(a_host.ptr<float>(), a_host.ptr<float>() + a_host.numel());
-        if (!measuring_) {
-            for (size_t i = 0; i < result.actions_normalized.size(); ++i)
-                DZR_CHECK(std::isfinite(result.actions_normalized[i]),
-                          "call {}: the model produced a non-finite action (element {}); rerun with --check-finite "
-                          "to find the stage and layer",
-                          call_index_, i);
-        }
+        const std::string where = fmt::format("call {}, after denoising", call_index_);
+        check_finite_always(be_, where, "the denoised video latent", buf_->x);
+        if (!measuring_)
+            check_finite_host(where, "the model's normalized actions", result.actions_normalized.data(),
+                              result.actions_normalized.size());
         result.actions = postprocess_actions(result.actions_normalized, d.num_action_per_block, d.action_dim,
                                              obs.joint_position, statistics_);
+        if (!measuring_)
+            check_finite_host(fmt::format("call {}, post-processing", call_index_),
+                              "the robot actions (q99 inverse plus the joint state)", result.actions.data(),
+                              result.actions.size());
         sync_phase(result.times.postprocess, phase);
     } catch (...) {
         // Fail closed: the next call starts a new session (the KV session was aborted by the cache).
