@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/yaml_text.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
 
@@ -35,7 +37,19 @@ std::string describe_utf8_error(std::string_view text, size_t offset) {
     return fmt::format("byte 0x{:02x} at offset {}", uint8_t(text[offset]), offset);
 }
 
-EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& warnings) {
+/// A quoted value left open on its line swallows the keys after it into the value: an error naming them.
+void reject_swallowed_keys(const std::string& text, const YAML::Node& v, const std::string& file,
+                           const std::string& key) {
+    const std::vector<std::string> keys = yaml_swallowed_keys(text, v.Mark().line, v.Mark().column);
+    if (keys.empty()) return;
+    std::string list;
+    for (const auto& k : keys) list += (list.empty() ? "'" : ", '") + k + "'";
+    DZR_THROW("{}: line {}: the quoted {} is not closed on its line and swallows the line{} starting with {} "
+              "(close the quote)",
+              file, v.Mark().line + 1, key, keys.size() == 1 ? "" : "s", list);
+}
+
+EpisodeYaml read_episode_yaml(const fs::path& file) {
     EpisodeYaml y;
     const std::string text = read_file(file);
     const std::string name = file.string();
@@ -55,6 +69,7 @@ EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& wa
             const YAML::Node& v = kv.second;
             if (key == "prompt") {
                 DZR_CHECK(v.IsScalar(), "{}: 'prompt' must be a string", name);
+                reject_swallowed_keys(text, v, name, key);
                 y.prompt = v.as<std::string>();
             } else if (key == "fps") {
                 DZR_CHECK(v.IsScalar(), "{}: 'fps' must be a number", name);
@@ -78,7 +93,7 @@ EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& wa
                     y.camera_files[cam] = c.second.as<std::string>();
                 }
             } else {
-                warnings.push_back(fmt::format("{}: ignoring unknown key '{}'", name, key));
+                DZR_THROW("{}: unknown key '{}' (episode.yaml has prompt, fps and cameras)", name, key);
             }
         }
     } catch (const YAML::Exception& e) {
@@ -151,9 +166,14 @@ std::vector<double> load_per_frame(const fs::path& file, int64_t cols, int64_t& 
     DZR_CHECK(ok, "{}: expected shape {}, found {}", file.string(), expected, a.describe());
     rows = a.dim(0);
     std::vector<double> v = a.to_f64();
-    for (size_t i = 0; i < v.size(); ++i)
+    for (size_t i = 0; i < v.size(); ++i) {
         DZR_CHECK(std::isfinite(v[i]), "{}: row {}, column {} is {}", file.string(), int64_t(i) / cols,
                   int64_t(i) % cols, v[i]);
+        // NOTE: the model and the reports compute in float32: a float64 value beyond its range turns into inf.
+        DZR_CHECK(std::fabs(v[i]) <= double(std::numeric_limits<float>::max()),
+                  "{}: row {}, column {} is {}, beyond the float32 range (|x| <= 3.4e38)",
+                  file.string(), int64_t(i) / cols, int64_t(i) % cols, v[i]);
+    }
     return v;
 }
 
@@ -229,7 +249,7 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
 
     const fs::path yaml_file = dir / kEpisodeYaml;
     EpisodeYaml y;
-    if (fs::is_regular_file(yaml_file, ec)) y = read_episode_yaml(yaml_file, ep.warnings);
+    if (fs::is_regular_file(yaml_file, ec)) y = read_episode_yaml(yaml_file);
 
     // Prompt: the option wins over episode.yaml.
     if (opt.prompt) {
