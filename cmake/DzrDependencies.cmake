@@ -1,5 +1,6 @@
 # Finds dzr's dependencies and exposes them as a few interface targets:
 #   dzr::yaml  dzr::blas  dzr::sentencepiece  dzr::opencv (when DZR_OPENCV)  dzr::cudnn (when DZR_CUDA)
+# plus OpenSSL::Crypto from CMake's own FindOpenSSL.
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
@@ -27,6 +28,9 @@ add_library(dzr_blas INTERFACE)
 target_include_directories(dzr_blas INTERFACE ${DZR_CBLAS_INCLUDE})
 target_link_libraries(dzr_blas INTERFACE ${DZR_OPENBLAS_LIB})
 add_library(dzr::blas ALIAS dzr_blas)
+
+# OpenSSL's libcrypto: SHA-256 of checkpoint files (checksums.sha256) and of shard headers (run fingerprints).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 # sentencepiece (umT5 tokenizer).
 find_path(DZR_SPM_INCLUDE sentencepiece_processor.h)

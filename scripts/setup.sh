@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config python3
       libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev
-      libsentencepiece-dev libopenblas-dev)
+      libsentencepiece-dev libopenblas-dev libssl-dev)
 if [[ "${1:-}" != "--no-opencv" ]]; then
     # The slim OpenCV -dev packages (core, imgproc, imgcodecs, videoio with its FFmpeg backend), not the
     # 673 MB libopencv-dev meta-package.
