@@ -22,6 +22,7 @@ struct MakeOptions {
     DType dtype = DType::BF16;            // bf16, f16 or f32
     uint64_t shard_size = 5'000'000'000;  // most tensor bytes per shard (HF's default 5 GB)
     std::filesystem::path tokenizer;      // copied in as spiece.model when set (rollouts then find it)
+    int threads = 0;                      // shards written at once; 0 = up to 8 (the bytes never depend on it)
 };
 
 struct ShardPlan {
@@ -43,6 +44,7 @@ MakePlan plan_random_checkpoint(const ModelConfig& config, const MakeOptions& op
 
 /// Writes the checkpoint into `out_dir`, which must not exist (or be an empty directory). Everything is
 /// written into a temporary sibling directory first and renamed at the end, so a failure leaves nothing.
+/// Shards are written in parallel; checksums.sha256 lists the SHA-256 of every file written.
 /// Returns the plan it wrote.
 MakePlan write_random_checkpoint(const ModelConfig& config, const MakeOptions& options,
                                  const std::filesystem::path& out_dir);
