@@ -353,7 +353,8 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
             ep.warnings.push_back(fmt::format("{}: frames are {}x{}, not DROID's {}x{}; the model's preprocessing "
                                               "resizes them with padding", c.file.filename().string(), c.width,
                                               c.height, kDroidWidth, kDroidHeight));
-    for (const auto& w : ep.warnings) log()->warn("episode {}: {}", ep.name, w);
+    if (opt.log_warnings)
+        for (const auto& w : ep.warnings) log()->warn("episode {}: {}", ep.name, w);
     return ep;
 }
 

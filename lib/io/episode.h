@@ -44,6 +44,9 @@ struct EpisodeOptions {
     /// Decodes .mp4 camera files; apps pass io::open_video (from dzr_io). Without it an .mp4 camera
     /// is an error that asks for .npy frames.
     VideoOpener open_video;
+    /// Log the warnings as well as keeping them in Episode::warnings (a rollout logs them once, when it
+    /// validates every episode before the run, and reads quietly later).
+    bool log_warnings = true;
 };
 
 struct CameraStream {

@@ -111,6 +111,10 @@ struct ActionKey {
 /// DROID: 7 absolute joint positions, then the gripper position.
 inline constexpr std::array<ActionKey, 2> kDroidActionKeys = {{{"joint_position", 0, 7}, {"gripper_position", 7, 8}}};
 
+/// The bound of --metric-offset (frames): far beyond any episode, and small enough that the row arithmetic
+/// cannot overflow.
+inline constexpr int64_t kMaxMetricOffset = 1'000'000;
+
 struct MetricsOptions {
     /// Predicted step s of the call anchored at frame a is compared with ground-truth row
     /// a + gt_offset + s. 0 follows the training data (action rows a .. a+23 go with the state at
@@ -157,7 +161,9 @@ Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::
 
 struct EpisodeSummary {
     std::string name;
-    std::string status;  // "ok", "failed", "skipped" (finished by an earlier run) or "interrupted" (Ctrl-C)
+    /// "ok", "failed", "skipped" (finished by an earlier run), "interrupted" (Ctrl-C) or "invalid" (set aside by
+    /// --skip-invalid)
+    std::string status;
     std::string error;   // the error message when failed
     int64_t num_frames = 0;
     int64_t num_calls = 0;

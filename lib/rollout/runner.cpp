@@ -13,7 +13,9 @@
 #include "io/result_writer.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/predicted_video.h"
+#include "policy/step_plan.h"
 #include "rollout/progress.h"
+#include "rollout/validate.h"
 #include "weights/checkpoint.h"
 #include "weights/inventory.h"
 
@@ -284,11 +286,13 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
     manifest.device = opt.device.str();
     manifest.command_line = opt.command_line;
     manifest.start_time = iso8601_utc(run_start);
+    const StepSchedule steps = make_step_schedule(opt.run.sampling);
     manifest.config = Json{{"sampling",
                             {{"num_inference_steps", opt.run.sampling.num_inference_steps},
                              {"sigma_shift", opt.run.sampling.sigma_shift},
                              {"cfg_scale", opt.run.sampling.cfg_scale},
-                             {"num_dit_steps", opt.run.sampling.num_dit_steps},
+                             {"num_dit_steps", steps.is_dynamic() ? Json(nullptr) : Json(steps.num_network_steps())},
+                             {"dit_steps", steps.describe()},
                              {"dynamic_schedule", opt.run.sampling.dynamic_schedule},
                              {"seed", opt.run.sampling.seed}}},
                            {"kv",
@@ -373,6 +377,19 @@ EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const Fr
     return er;
 }
 
+/// --dry-run: what validation found, nothing run.
+RolloutResult dry_run_result(const std::vector<std::string>& names, const ValidatedRun& checked) {
+    RolloutResult result;
+    for (size_t e = 0; e < names.size(); ++e) {
+        EpisodeSummary s = checked.episodes[e].valid ? EpisodeSummary{} : checked.invalid_summary(e, names[e]);
+        s.name = names[e];
+        if (checked.episodes[e].valid) s.status = checked.finished[e] ? "skipped" : "valid";
+        s.num_frames = checked.episodes[e].num_frames;
+        result.episodes.push_back(std::move(s));
+    }
+    return result;
+}
+
 }  // namespace
 
 RolloutResult run_rollout(const RolloutOptions& opt) {
@@ -381,9 +398,11 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     DZR_CHECK(!opt.episodes.empty(), "no episodes given");
     DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
 
-    // ---- episodes first (cheap errors before the expensive load) -------------------------------------
+    // ---- everything that can be checked without the weights (validate.h) ------------------------------
     const EpisodePlan plan = plan_episodes(opt);
     const FrameSchedule schedule = make_frame_schedule(opt.run.rollout);
+    const ValidatedRun checked = validate_run(opt, plan.dirs, plan.names, schedule);
+    if (opt.dry_run) return dry_run_result(plan.names, checked);
 
     // ---- checkpoint and policy ------------------------------------------------------------------------
     LoadedRun run = load_run(opt);
@@ -419,7 +438,11 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     for (size_t e = 0; e < plan.dirs.size() && !result.interrupted; ++e) {
         const std::string& name = plan.names[e];
         const std::filesystem::path out = opt.out_dir / name;
-        if (opt.resume && io::ResultWriter::is_done(out)) {
+        if (!checked.episodes[e].valid) {
+            result.episodes.push_back(checked.invalid_summary(e, name));
+            continue;
+        }
+        if (checked.finished[e]) {
             result.episodes.push_back(summary_from_outputs(out, name));
             log.info("episode {}: finished by an earlier run, skipped (--resume)", name);
             continue;
@@ -432,7 +455,9 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             eo.min_frames = schedule.min_frames();
             eo.prompt = opt.prompt;
             eo.open_video = opt.open_video;
-            const io::Episode ep = io::read_episode(plan.dirs[e], eo);
+            eo.log_warnings = false;  // logged when validated
+            io::Episode ep = io::read_episode(plan.dirs[e], eo);
+            ep.warnings.insert(ep.warnings.end(), checked.episodes[e].warnings.begin(), checked.episodes[e].warnings.end());
             summary.num_frames = ep.num_frames;
             summary.num_calls = int64_t(schedule.calls(ep.num_frames).size());
 
@@ -474,7 +499,9 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             if (ep.has_actions()) {
                 summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plots);
             }
-            writer.mark_done(Json{{"num_frames", ep.num_frames}, {"num_calls", er.chunks.num_calls()}});
+            writer.mark_done(Json{{"num_frames", ep.num_frames},
+                                  {"num_calls", er.chunks.num_calls()},
+                                  {"fingerprint", checked.episode_fingerprint(e)}});
             summary.status = "ok";
             progress.finish();
             if (!opt.quiet) {

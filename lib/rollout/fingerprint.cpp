@@ -1,0 +1,120 @@
+#include "rollout/fingerprint.h"
+
+#include <cstdlib>
+#include <map>
+
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace dzr::rollout {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// NOTE: the environment variables that switch the CUDA backend between implementations (and so change the
+// numbers); extend this list with any new one.
+constexpr const char* kNumericsEnv[] = {"DZR_ATTENTION", "DZR_CONV_API", "DZR_PLAIN_GEMM"};
+
+std::string file_hash_or_null(const fs::path& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec) ? sha256_file(p) : std::string();
+}
+
+void flatten(const Json& j, const std::string& path, std::map<std::string, std::string>& out) {
+    if (j.is_object()) {
+        for (const auto& [k, v] : j.items()) flatten(v, path.empty() ? k : path + "." + k, out);
+    } else if (j.is_array()) {
+        for (size_t i = 0; i < j.size(); ++i) flatten(j[i], fmt::format("{}[{}]", path, i), out);
+        if (j.empty()) out[path] = "[]";
+    } else {
+        out[path] = j.dump();
+    }
+}
+
+}  // namespace
+
+Json checkpoint_identity(const Checkpoint& ckpt) {
+    Json shards = Json::array();
+    for (const auto& s : ckpt.shards()) {
+        const auto& f = *s.file;
+        shards.push_back({{"name", s.name},
+                          {"bytes", f.file_size()},
+                          {"header_sha256", sha256_hex(f.mapping()->bytes_ptr(), size_t(f.data_offset()))}});
+    }
+    return Json{{"shards", shards},
+                {"config_json_sha256", file_hash_or_null(ckpt.dir() / "config.json")},
+                {"metadata_json_sha256", file_hash_or_null(ckpt.dir() / "experiment_cfg" / "metadata.json")}};
+}
+
+Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs::path& tokenizer) {
+    const auto& s = opt.run.sampling;
+    Json sampling = {{"num_inference_steps", s.num_inference_steps},
+                     {"sigma_shift", s.sigma_shift},
+                     {"cfg_scale", s.cfg_scale},
+                     {"num_dit_steps", s.num_dit_steps},
+                     {"dit_step_mask", s.dit_step_mask},
+                     {"dynamic_schedule", s.dynamic_schedule}};
+    const auto& k = opt.run.kv;
+    Json kv = {{"window_frames", k.window_frames},
+               {"sink_frames", k.sink_frames},
+               {"frames_per_block", k.frames_per_block},
+               {"reset_at_boundary", k.reset_at_boundary}};
+    const auto& r = opt.run.rollout;
+    Json rollout = {{"stride", r.stride}, {"offsets", r.offsets}, {"max_chunks", r.max_chunks}, {"start_frame", r.start_frame}};
+    Json noise = nullptr;
+    if (!opt.noise_video.empty() || !opt.noise_action.empty())
+        noise = {{"video_sha256", file_hash_or_null(opt.noise_video)}, {"action_sha256", file_hash_or_null(opt.noise_action)}};
+    Json run = {{"sampling", sampling},
+                {"kv", kv},
+                {"rollout", rollout},
+                {"embodiment", opt.run.embodiment},
+                {"prompt_override", opt.prompt ? Json(*opt.prompt) : Json(nullptr)},
+                {"allow_truncate", opt.allow_truncate},
+                {"metrics", {{"gt_offset", opt.metrics.gt_offset}, {"steps", opt.metrics.steps}}},
+                {"plots", opt.plots},
+                {"save_video", opt.save_video},
+                {"noise", noise}};
+    Json env = Json::object();
+    for (const char* name : kNumericsEnv)
+        if (const char* v = std::getenv(name)) env[name] = v;
+    const bool cuda = opt.device.is_cuda();
+    Json numerics = {{"backend", cuda ? "cuda" : "cpu"},
+                     {"compute_dtype", cuda ? "bf16" : "f32"},
+                     {"kv_mode", opt.kv_mode == KvMode::Paged ? "paged" : "dense"},
+                     {"env", env}};
+    return Json{{"dzr_version", fmt::format("{} ({})", DZR_VERSION, DZR_GIT_HASH)},
+                {"checkpoint", checkpoint_identity(ckpt)},
+                {"tokenizer_sha256", file_hash_or_null(tokenizer)},
+                {"run", run},
+                {"seed", s.seed},
+                {"numerics", numerics}};
+}
+
+Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string& prompt) {
+    Json j = run;
+    j["episode"] = {{"num_frames", num_frames}, {"prompt", prompt}};
+    return j;
+}
+
+std::vector<std::string> fingerprint_differences(const Json& recorded, const Json& now, size_t limit) {
+    std::map<std::string, std::string> a, b;
+    flatten(recorded, "", a);
+    flatten(now, "", b);
+    std::vector<std::string> out;
+    size_t total = 0;
+    auto add = [&](const std::string& key, const std::string& was, const std::string& is) {
+        if (++total <= limit) out.push_back(fmt::format("{}: {} (recorded) vs {} (this run)", key, was, is));
+    };
+    for (const auto& [key, v] : a) {
+        auto it = b.find(key);
+        if (it == b.end()) add(key, v, "absent");
+        else if (it->second != v) add(key, v, it->second);
+    }
+    for (const auto& [key, v] : b)
+        if (!a.count(key)) add(key, "absent", v);
+    if (total > limit) out.push_back(fmt::format("... and {} more", total - limit));
+    return out;
+}
+
+}  // namespace dzr::rollout
