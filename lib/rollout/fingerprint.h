@@ -4,8 +4,9 @@
 /// of another checkpoint, config, seed, numerics or dzr version into one output directory.
 ///
 ///   dzr_version   DZR_VERSION and the git hash (a rebuild from other sources may compute other numbers)
-///   checkpoint    per shard: name, bytes and the SHA-256 of its header (names, dtypes, shapes, offsets); the
-///                 SHA-256 of config.json and experiment_cfg/metadata.json
+///   checkpoint    per shard: name, bytes, the SHA-256 of its header (names, dtypes, shapes, offsets) and of a
+///                 sample of its data (16 blocks of 64 KiB spread over it); the SHA-256 of config.json and
+///                 experiment_cfg/metadata.json
 ///   tokenizer     the SHA-256 of spiece.model
 ///   run           sampling (without the seed), kv, the frame schedule, the embodiment, the prompt override,
 ///                 --allow-truncate, the metric options, plots, --save-video, injected noise files' SHA-256

@@ -109,7 +109,7 @@ Json TimingReport::to_json() const {
         }
         calls_j.push_back({{"call", c.call}, {"anchor", c.anchor}, {"frames", c.frames}, {"timed", c.timed},
                            {"total_ms", ms_us(c.total_ms)}, {"phases_ms", phases},
-                           {"host_prepare_ms", ms_us(c.host_prepare_ms)}});
+                           {"host_prepare_ms", ms_us(c.host_prepare_ms)}, {"dit_evaluations", c.dit_evaluations}});
     }
     j["calls"] = calls_j;
     const TimingStats total = total_stats();

@@ -41,6 +41,8 @@ struct CallTiming {
     /// DreamZeroPolicy::prepare()'s host time; the runner prefetches it during the previous call, so
     /// it is not part of total_ms.
     double host_prepare_ms = 0;
+    /// DiT evaluations of the denoising loop (per CFG branch): what the step plan ran in this call.
+    int dit_evaluations = 0;
 
     double& phase(Phase p) { return phase_ms[size_t(p)]; }
 };

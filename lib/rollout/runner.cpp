@@ -70,6 +70,7 @@ CallTiming to_call_timing(const ScheduledCall& call, const PolicyCallResult& r) 
     t.total_ms = r.times.total;
     t.phase(Phase::Preprocess) = r.times.preprocess;
     t.host_prepare_ms = r.times.host_prepare;
+    t.dit_evaluations = r.dit_evaluations;
     t.phase(Phase::TextEncoder) = r.times.text_encoder;
     t.phase(Phase::ImageEncoder) = r.times.image_encoder;
     t.phase(Phase::VaeEncode) = r.times.vae_encode;
