@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # Installs what dzr needs on Debian 12 (or Ubuntu), skipping packages already present.
-# Usage: scripts/setup.sh [--no-opencv]
+# Usage: scripts/setup.sh [--no-opencv] [--fuzz]
+#   --fuzz: also clang and its runtime libraries (libFuzzer, sanitizers) for the sanitizer and fuzz job of
+#           scripts/test.sh
 set -euo pipefail
+
+opencv=1
+for arg in "$@"; do
+    case $arg in
+        --no-opencv) opencv=0 ;;
+        --fuzz) fuzz=1 ;;
+        *) echo "setup: unknown option $arg (expected --no-opencv or --fuzz)" >&2; exit 2 ;;
+    esac
+done
 
 pkgs=(build-essential cmake ninja-build pkg-config python3
       libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev
       libsentencepiece-dev libopenblas-dev libssl-dev)
-if [[ "${1:-}" != "--no-opencv" ]]; then
+if [[ ${fuzz:-0} == 1 ]]; then
+    pkgs+=(clang libclang-rt-dev)
+fi
+if [[ $opencv == 1 ]]; then
     # The slim OpenCV -dev packages (core, imgproc, imgcodecs, videoio with its FFmpeg backend), not the
     # 673 MB libopencv-dev meta-package.
     pkgs+=(libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libopencv-videoio-dev)
