@@ -147,7 +147,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--ckpt", args->ckpt, "Checkpoint directory")->required();
     cmd->add_option("--out", args->out, "Output directory (one subdirectory per episode)")->required();
     cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");
-    cmd->add_option("--set", args->sets, "Override a config key: --set sampling.num_dit_steps=16");
+    cmd->add_option("--set", args->sets,
+                    "Override a key of the --config file (needs --config): --set sampling.cfg_scale=3.5");
     cmd->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");

@@ -138,13 +138,13 @@ void read(const YAML::Node& n, std::array<int, 3>& out, const Context& c, const 
 /// A YAML map read key by key; finish() rejects the keys nobody asked for.
 class Section {
   public:
+    // NOTE: an absent section is an empty map. The node of a missing key is invalid in yaml-cpp (reset() on it
+    // throws YAML::InvalidNode, which the fuzzer found), so a fresh map is made instead of reusing it.
     Section(const YAML::Node& node, std::string path, const Context& ctx)
-        : node_(node), path_(std::move(path)), ctx_(ctx) {
-        if (!node_.IsDefined() || node_.IsNull()) {
-            node_.reset(YAML::Node(YAML::NodeType::Map));
-        } else if (!node_.IsMap()) {
-            bad(ctx_, path_, "a map", node);
-        }
+        : node_(node.IsDefined() && !node.IsNull() ? node : YAML::Node(YAML::NodeType::Map)),
+          path_(std::move(path)),
+          ctx_(ctx) {
+        if (!node_.IsMap()) bad(ctx_, path_, "a map", node);
     }
 
     std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }

@@ -370,7 +370,9 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
                 pooled_sum += e.metrics->overall_mse * w;
                 pooled_n += e.metrics->compared_steps;
                 for (const auto& [k, v] : e.metrics->per_key) {
-                    auto it = std::find_if(key_sum.begin(), key_sum.end(), [&](auto& p) { return p.first == k; });
+                    // NOTE: a named copy: clang before 16 cannot capture a structured binding.
+                    const std::string& key = k;
+                    auto it = std::find_if(key_sum.begin(), key_sum.end(), [&](auto& p) { return p.first == key; });
                     if (it == key_sum.end()) it = key_sum.insert(key_sum.end(), {k, 0.0});
                     it->second += v * w;
                 }

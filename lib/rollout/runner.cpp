@@ -148,8 +148,10 @@ VideoTiming write_predicted_video(DreamZeroPolicy& policy, const VideoAccumulato
     DZR_CHECK(observed.shape() == predicted.shape(), "video: {} predicted frames but {} observed ones",
               predicted.view().str(), observed.view().str());
     if (opt.write_video) {
-        for (const auto& [name, frames] : {std::pair{"predicted_video.mp4", &predicted}, std::pair{"observed_video.mp4", &observed}})
-            writer.write_with(name, [&](const std::filesystem::path& p) { opt.write_video(p, frames->view(), vt.fps); });
+        for (const auto& [name, frames] : {std::pair{"predicted_video.mp4", &predicted}, std::pair{"observed_video.mp4", &observed}}) {
+            const Tensor* video = frames;  // NOTE: clang before 16 cannot capture a structured binding
+            writer.write_with(name, [&](const std::filesystem::path& p) { opt.write_video(p, video->view(), vt.fps); });
+        }
     } else {
         log()->info("video: this build has no video encoder; writing predicted_video.npy and observed_video.npy "
                     "(uint8 [T, H, W, 3]) in {} instead of MP4s", writer.dir().string());

@@ -440,10 +440,10 @@ TEST_CASE("make writes the same bytes with any number of threads, and the bytes 
         {"model-00001-of-00003.safetensors", "eb9ec3a62724e8b6d56d6cdd785ff16b711b793082707da93679b91b6ef35ae3"},
         {"model-00002-of-00003.safetensors", "e05780b6daaa0aa4fadc3099f11682b119a4a8a392a4963b855e342e190c344b"},
         {"model-00003-of-00003.safetensors", "3cfd7ada6fbb958e1ef9cf68bd71f7ac74427b7d917385b9a6218404d9993efd"}};
-    for (const auto& [name, digest] : expected) {
-        CAPTURE(name);
-        CHECK(sha256_file(tmp / "one" / name) == digest);
-        CHECK(sha256_file(tmp / "three" / name) == digest);
+    for (const auto& e : expected) {
+        CAPTURE(e.first);
+        CHECK(sha256_file(tmp / "one" / e.first) == e.second);
+        CHECK(sha256_file(tmp / "three" / e.first) == e.second);
     }
     // checksums.sha256 lists every file, in sha256sum's format
     const auto sums = parse_checksums(read_text(tmp / "three" / kChecksumsFile), "checksums.sha256");
@@ -464,6 +464,7 @@ TEST_CASE("dzr ckpt make, validate and inspect work through the binary with mean
 
     RunResult r = run_dzr("ckpt make --config '" + tiny + "' --seed 3 --out '" + ck + "'", tmp);
     CHECK(r.code == 0);
+    CHECK(contains(r.out, "writing " + ck + " using the geometry of " + tiny));
     r = run_dzr("ckpt validate '" + ck + "' --config '" + tiny + "'", tmp);
     CHECK(r.code == 0);
     CHECK(r.out.rfind("OK ", 0) == 0);

@@ -150,6 +150,13 @@ TEST_CASE("config files are read strictly, naming the file and the key") {
     msg = error_of([] { parse_run_config("model: [1, 2\n", "broken.yaml"); });
     CHECK(contains(msg, "broken.yaml: YAML syntax error at line"));
 
+    // Run sections may be left out (the real DreamZero-DROID settings are the defaults); before, a missing one
+    // threw yaml-cpp's "invalid node" instead of reading as empty (found by fuzz_run_config).
+    std::string text = tiny_with("sampling:", "samplingx:");
+    text.replace(text.find("samplingx:"), text.find("kv:") - text.find("samplingx:"), "");
+    const RunConfig no_sampling = parse_run_config(text, "t.yaml");
+    CHECK(no_sampling.sampling.num_inference_steps == 16);
+
     msg = error_of([] { parse_run_config("sampling:\n  seed: 1\n", "nomodel.yaml"); });
     CHECK(contains(msg, "nomodel.yaml: the model: section is missing"));
 

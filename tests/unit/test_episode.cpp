@@ -371,6 +371,16 @@ TEST_CASE("episode reader reports malformed episode.yaml with the line") {
     CHECK(contains(read_error(dir / "ep"), "episode.yaml: unknown key 'colour'"));
 }
 
+TEST_CASE("episode reader rejects per-frame values that are finite in float64 but not in float32") {
+    test::TempDir dir;
+    write_episode(dir / "ep", {});
+    const NpyArray a = read_npy(dir / "ep" / "joint_position.npy");
+    std::vector<double> v = a.to_f64();
+    v[16] = 1e300;  // row 2, column 2
+    write_npy_f64(dir / "ep" / "joint_position.npy", a.shape(), v);
+    CHECK(contains(read_error(dir / "ep"), "joint_position.npy: row 2, column 2 is 1e+300, beyond the float32 range"));
+}
+
 TEST_CASE("episode reader rejects a quoted prompt left open that swallows the next keys") {
     test::TempDir dir;
     EpisodeFiles f;
