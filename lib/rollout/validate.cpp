@@ -10,6 +10,7 @@
 #include "io/output_guard.h"
 #include "io/result_writer.h"
 #include "policy/normalization.h"
+#include "policy/postprocess.h"
 #include "policy/tokenizer.h"
 #include "rollout/fingerprint.h"
 #include "weights/checkpoint.h"
@@ -27,7 +28,7 @@ constexpr const char* kEpisodeOutputs[] = {"actions.npy",         "actions.csv",
                                            "all_action_dims.png", "predicted_video.mp4", "observed_video.mp4",
                                            "predicted_video.npy", "observed_video.npy", "done.json"};
 constexpr const char* kRunOutputs[] = {"summary.json", "summary.csv", kRunLockFile};
-constexpr int kPlotDims = 64;  // action_dim_<d>.png for d below this
+constexpr int kPlotDims = kRobotActionDim;  // action_dim_<d>.png
 
 /// Problems in the order they are reported.
 struct Problems {
