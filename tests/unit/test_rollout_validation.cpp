@@ -108,6 +108,14 @@ TEST_CASE("a rollout whose outputs would land in an input is refused naming both
                       f.dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("would replace the config"));
+    // A hard link of the config as OUT/summary.json: another path, the same inode (as with a bind mount).
+    fs::create_directories(f.dir / "linked");
+    fs::create_hard_link(f.dir / "cfgdir/summary.json", f.dir / "linked/summary.json");
+    r = test::run_dzr(fmt::format("rollout {} --ckpt {} --out {} --config {} --quiet", q(f.eps), q(f.ckpt),
+                                  q(f.dir / "linked"), q(f.dir / "cfgdir/summary.json")),
+                      f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("output " + (f.dir / "linked/summary.json").string() + " would replace the config"));
     CHECK(f.inputs() == before);
     CHECK_FALSE(fs::exists(f.ckpt / "runs"));
     CHECK_FALSE(loaded_weights(r));
