@@ -30,7 +30,9 @@ class Sha256 {
 
 /// SHA-256 of `bytes`, as 64 lowercase hex digits.
 std::string sha256_hex(const void* data, size_t bytes);
-inline std::string sha256_hex(std::string_view text) { return sha256_hex(text.data(), text.size()); }
+inline std::string sha256_hex(std::string_view text) {
+    return sha256_hex(text.data(), text.size());
+}
 
 /// SHA-256 of a whole file (read in chunks). Throws dzr::Error naming the file when it cannot be read.
 std::string sha256_file(const std::filesystem::path& path);

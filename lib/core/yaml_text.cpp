@@ -12,7 +12,8 @@ std::string key_of(std::string_view line) {
     while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
     const size_t start = i;
     if (i >= line.size() || !(std::isalpha(uint8_t(line[i])) || line[i] == '_')) return {};
-    while (i < line.size() && (std::isalnum(uint8_t(line[i])) || line[i] == '_' || line[i] == '-' || line[i] == '.'))
+    while (i < line.size() &&
+           (std::isalnum(uint8_t(line[i])) || line[i] == '_' || line[i] == '-' || line[i] == '.'))
         ++i;
     const size_t end = i;
     while (i < line.size() && line[i] == ' ') ++i;

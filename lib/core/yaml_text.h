@@ -10,9 +10,9 @@
 
 namespace dzr {
 
-/// The key-like lines ("name:" at the start of a line) that a quoted scalar runs over before its closing quote.
-/// (line, column) is the scalar's 0-based start as yaml-cpp's Mark gives it. Empty when the text there is not a
-/// quote, or the scalar closes on its own line, or its continuation lines look like plain text.
+/// The key-like lines ("name:" at the start of a line) that a quoted scalar runs over before its closing
+/// quote. (line, column) is the scalar's 0-based start as yaml-cpp's Mark gives it. Empty when the text there
+/// is not a quote, or the scalar closes on its own line, or its continuation lines look like plain text.
 std::vector<std::string> yaml_swallowed_keys(std::string_view text, int line, int column);
 
 }  // namespace dzr

@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 bool identity(const fs::path& p, uint64_t& dev, uint64_t& ino) {
-    struct stat st{};
+    struct stat st {};
     if (::stat(p.c_str(), &st) != 0) return false;
     dev = uint64_t(st.st_dev);
     ino = uint64_t(st.st_ino);
@@ -51,8 +51,10 @@ void InputSet::check_output_dir(const fs::path& dir) const {
         if (identity(p, dev, ino)) {
             for (const Entry& in : dirs_)
                 if (in.dev == dev && in.ino == ino)
-                    DZR_THROW("output directory {} {} the {} {}: dzr never writes into its inputs; choose another --out",
-                              dir.string(), p == out ? "is" : "lies inside", in.what, in.path.string());
+                    DZR_THROW(
+                        "output directory {} {} the {} {}: dzr never writes into its inputs; choose another "
+                        "--out",
+                        dir.string(), p == out ? "is" : "lies inside", in.what, in.path.string());
             for (const Entry& in : files_)
                 if (in.dev == dev && in.ino == ino)
                     DZR_THROW("output directory {} is the {} {}; choose another --out", dir.string(), in.what,
@@ -68,8 +70,9 @@ void InputSet::check_output_file(const fs::path& file) const {
     if (identity(out, dev, ino)) {
         for (const Entry& in : files_)
             if (in.dev == dev && in.ino == ino)
-                DZR_THROW("output {} would replace the {} {}: dzr never writes its inputs; choose another --out",
-                          file.string(), in.what, in.path.string());
+                DZR_THROW(
+                    "output {} would replace the {} {}: dzr never writes its inputs; choose another --out",
+                    file.string(), in.what, in.path.string());
     }
     check_output_dir(out.parent_path());
 }
@@ -86,7 +89,8 @@ void probe_writable_dir(const fs::path& dir) {
     const int write_errno = errno;
     ::close(fd);
     ::unlink(probe.c_str());
-    DZR_CHECK(written, "cannot write into the output directory {}: {}", dir.string(), std::strerror(write_errno));
+    DZR_CHECK(written, "cannot write into the output directory {}: {}", dir.string(),
+              std::strerror(write_errno));
 }
 
 }  // namespace dzr::io

@@ -12,20 +12,20 @@
 namespace dzr::io {
 
 class InputSet {
-public:
+  public:
     /// A directory whose files the run reads (nothing may be created inside it). `what` names it in errors
     /// ("episode ep_001", "checkpoint"). A missing path is ignored.
     void add_dir(const std::filesystem::path& dir, std::string what);
     /// A file the run reads (it must not be replaced).
     void add_file(const std::filesystem::path& file, std::string what);
 
-    /// Throws dzr::Error naming both paths when `dir`, or a directory above it, is an input directory (creating
-    /// `dir` and writing files into it would change that input).
+    /// Throws dzr::Error naming both paths when `dir`, or a directory above it, is an input directory
+    /// (creating `dir` and writing files into it would change that input).
     void check_output_dir(const std::filesystem::path& dir) const;
     /// Throws when `file` (existing or not) would replace an input file, or lies inside an input directory.
     void check_output_file(const std::filesystem::path& file) const;
 
-private:
+  private:
     struct Entry {
         std::filesystem::path path;
         std::string what;
@@ -34,8 +34,9 @@ private:
     std::vector<Entry> dirs_, files_;
 };
 
-/// Creates `dir` (and its parents), writes a probe file into it and removes it again. Throws dzr::Error naming
-/// the directory and the system's reason (not writable, read-only file system, a file of that name, ...).
+/// Creates `dir` (and its parents), writes a probe file into it and removes it again. Throws dzr::Error
+/// naming the directory and the system's reason (not writable, read-only file system, a file of that name,
+/// ...).
 void probe_writable_dir(const std::filesystem::path& dir);
 
 }  // namespace dzr::io

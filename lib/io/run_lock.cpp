@@ -43,12 +43,15 @@ RunLock::RunLock(const std::filesystem::path& dir, const std::string& name, cons
     DZR_CHECK(fd_ >= 0, "cannot open the lock file {}: {}", path_.string(), std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
         const int err = errno;
-        const std::string holder = err == EWOULDBLOCK ? holder_of(read_fd(fd_)) : std::string(std::strerror(err));
+        const std::string holder =
+            err == EWOULDBLOCK ? holder_of(read_fd(fd_)) : std::string(std::strerror(err));
         ::close(fd_);
         fd_ = -1;
-        DZR_THROW("output directory {} is in use by another dzr run: {} (lock file {}); wait for it or choose another "
-                  "--out",
-                  dir.string(), holder, path_.string());
+        DZR_THROW(
+            "output directory {} is in use by another dzr run: {} (lock file {}); wait for it or choose "
+            "another "
+            "--out",
+            dir.string(), holder, path_.string());
     }
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
@@ -58,7 +61,9 @@ RunLock::RunLock(const std::filesystem::path& dir, const std::string& name, cons
     char started[32];
     std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", &tm);
     const std::string text =
-        nlohmann::json{{"pid", int64_t(::getpid())}, {"host", host}, {"started", started}, {"command", command}}.dump() +
+        nlohmann::json{
+            {"pid", int64_t(::getpid())}, {"host", host}, {"started", started}, {"command", command}}
+            .dump() +
         "\n";
     // NOTE: written in place (the lock belongs to this inode; a rename would put a new, unlocked file there).
     if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != ssize_t(text.size())) {

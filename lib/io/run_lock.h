@@ -9,10 +9,10 @@
 namespace dzr::io {
 
 class RunLock {
-public:
-    /// Opens (creates) `dir`/`name` and takes the lock without waiting; writes this process's pid, host, start
-    /// time and `command` into it. Throws dzr::Error naming the holder (pid, host, command, start time) when
-    /// another process has it.
+  public:
+    /// Opens (creates) `dir`/`name` and takes the lock without waiting; writes this process's pid, host,
+    /// start time and `command` into it. Throws dzr::Error naming the holder (pid, host, command, start time)
+    /// when another process has it.
     RunLock(const std::filesystem::path& dir, const std::string& name, const std::string& command);
     ~RunLock();
     RunLock(const RunLock&) = delete;
@@ -20,7 +20,7 @@ public:
 
     const std::filesystem::path& path() const { return path_; }
 
-private:
+  private:
     std::filesystem::path path_;
     int fd_ = -1;
 };

@@ -9,10 +9,12 @@ namespace dzr {
 
 namespace {
 
-[[noreturn]] void fail(std::string_view where, std::string_view what, int64_t count, const std::string& shape) {
-    DZR_THROW("{}: {} has {} non-finite value{} (NaN/Inf) in {}; the model or its inputs went wrong (rerun with "
-              "--check-finite to find the layer)",
-              where, what, count, count == 1 ? "" : "s", shape);
+[[noreturn]] void fail(std::string_view where, std::string_view what, int64_t count,
+                       const std::string& shape) {
+    DZR_THROW(
+        "{}: {} has {} non-finite value{} (NaN/Inf) in {}; the model or its inputs went wrong (rerun with "
+        "--check-finite to find the layer)",
+        where, what, count, count == 1 ? "" : "s", shape);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #pragma once
 /// The always-on finite check: a few small tensors per DiT evaluation (the velocities, the sampler state, the
-/// actions) are scanned for NaN and ±Inf, and a hit fails the call with the stage named. It is cheap (the video
-/// velocity is [z, 2, h, w]), unlike --check-finite, which checks every layer and names it.
+/// actions) are scanned for NaN and ±Inf, and a hit fails the call with the stage named. It is cheap (the
+/// video velocity is [z, 2, h, w]), unlike --check-finite, which checks every layer and names it.
 ///
 /// NOTE: one helper for every backend: today it counts through Backend::count_nonfinite and reads the count
 /// back at once (one download per tensor); a backend may later fuse the count into the kernels that already

@@ -21,8 +21,8 @@ std::string file_hash_or_null(const fs::path& p) {
     return fs::is_regular_file(p, ec) ? sha256_file(p) : std::string();
 }
 
-/// SHA-256 of 16 blocks of 64 KiB spread evenly over a shard's data (all of it when smaller): two checkpoints of
-/// one geometry have equal headers, and hashing every byte of 46 GB would take minutes.
+/// SHA-256 of 16 blocks of 64 KiB spread evenly over a shard's data (all of it when smaller): two checkpoints
+/// of one geometry have equal headers, and hashing every byte of 46 GB would take minutes.
 std::string data_sample_hash(const SafetensorsFile& f) {
     constexpr uint64_t kBlock = uint64_t(64) << 10, kBlocks = 16;
     const uint8_t* data = f.mapping()->bytes_ptr() + f.data_offset();
@@ -31,7 +31,8 @@ std::string data_sample_hash(const SafetensorsFile& f) {
     if (n <= kBlock * kBlocks) {
         h.update(data, size_t(n));
     } else {
-        for (uint64_t b = 0; b < kBlocks; ++b) h.update(data + (n - kBlock) * b / (kBlocks - 1), size_t(kBlock));
+        for (uint64_t b = 0; b < kBlocks; ++b)
+            h.update(data + (n - kBlock) * b / (kBlocks - 1), size_t(kBlock));
     }
     return h.hex_digest();
 }
@@ -77,10 +78,14 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
                {"frames_per_block", k.frames_per_block},
                {"reset_at_boundary", k.reset_at_boundary}};
     const auto& r = opt.run.rollout;
-    Json rollout = {{"stride", r.stride}, {"offsets", r.offsets}, {"max_chunks", r.max_chunks}, {"start_frame", r.start_frame}};
+    Json rollout = {{"stride", r.stride},
+                    {"offsets", r.offsets},
+                    {"max_chunks", r.max_chunks},
+                    {"start_frame", r.start_frame}};
     Json noise = nullptr;
     if (!opt.noise_video.empty() || !opt.noise_action.empty())
-        noise = {{"video_sha256", file_hash_or_null(opt.noise_video)}, {"action_sha256", file_hash_or_null(opt.noise_action)}};
+        noise = {{"video_sha256", file_hash_or_null(opt.noise_video)},
+                 {"action_sha256", file_hash_or_null(opt.noise_action)}};
     Json run = {{"sampling", sampling},
                 {"kv", kv},
                 {"rollout", rollout},
@@ -124,8 +129,10 @@ std::vector<std::string> fingerprint_differences(const Json& recorded, const Jso
     };
     for (const auto& [key, v] : a) {
         auto it = b.find(key);
-        if (it == b.end()) add(key, v, "absent");
-        else if (it->second != v) add(key, v, it->second);
+        if (it == b.end())
+            add(key, v, "absent");
+        else if (it->second != v)
+            add(key, v, it->second);
     }
     for (const auto& [key, v] : b)
         if (!a.count(key)) add(key, "absent", v);

@@ -4,7 +4,8 @@
 /// of another checkpoint, config, seed, numerics or dzr version into one output directory.
 ///
 ///   dzr_version   DZR_VERSION and the git hash (a rebuild from other sources may compute other numbers)
-///   checkpoint    per shard: name, bytes, the SHA-256 of its header (names, dtypes, shapes, offsets) and of a
+///   checkpoint    per shard: name, bytes, the SHA-256 of its header (names, dtypes, shapes, offsets) and of
+///   a
 ///                 sample of its data (16 blocks of 64 KiB spread over it); the SHA-256 of config.json and
 ///                 experiment_cfg/metadata.json
 ///   tokenizer     the SHA-256 of spiece.model
@@ -29,7 +30,8 @@ namespace dzr::rollout {
 Json checkpoint_identity(const Checkpoint& ckpt);
 
 /// The fingerprint of a run, without its "episode" part.
-Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const std::filesystem::path& tokenizer);
+Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt,
+                     const std::filesystem::path& tokenizer);
 
 /// `run` with the episode part added.
 Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string& prompt);

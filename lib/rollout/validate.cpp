@@ -23,10 +23,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // NOTE: every file a rollout writes, so the input guard can tell whether one would replace an input.
-constexpr const char* kEpisodeOutputs[] = {"actions.npy",         "actions.csv",        "timing.json",
-                                           "manifest.json",       "metrics.json",       "mse.csv",
+constexpr const char* kEpisodeOutputs[] = {"actions.npy",         "actions.csv",         "timing.json",
+                                           "manifest.json",       "metrics.json",        "mse.csv",
                                            "all_action_dims.png", "predicted_video.mp4", "observed_video.mp4",
-                                           "predicted_video.npy", "observed_video.npy", "done.json"};
+                                           "predicted_video.npy", "observed_video.npy",  "done.json"};
 constexpr const char* kRunOutputs[] = {"summary.json", "summary.csv", kRunLockFile};
 constexpr int kPlotDims = kRobotActionDim;  // action_dim_<d>.png
 
@@ -39,8 +39,9 @@ struct Problems {
                resume.size();
     }
     [[noreturn]] void raise(bool hint_skip_invalid) const {
-        std::string msg = fmt::format("{} problem{} found before loading the checkpoint's weights; nothing was run:",
-                                      count(), count() == 1 ? "" : "s");
+        std::string msg = fmt::format(
+            "{} problem{} found before loading the checkpoint's weights; nothing was run:", count(),
+            count() == 1 ? "" : "s");
         for (const auto* group : {&options, &episodes, &output, &checkpoint, &statistics, &resume})
             for (const auto& p : *group) msg += "\n  " + p;
         if (hint_skip_invalid)
@@ -73,16 +74,17 @@ struct CheckpointFacts {
 
 CheckpointFacts check_checkpoint(const RolloutOptions& opt, Problems& problems) {
     CheckpointFacts f;
-    if (!collect(problems.checkpoint, [&] { f.ckpt = std::make_unique<Checkpoint>(opt.checkpoint); })) return f;
+    if (!collect(problems.checkpoint, [&] { f.ckpt = std::make_unique<Checkpoint>(opt.checkpoint); }))
+        return f;
     const Checkpoint& ck = *f.ckpt;
     const ModelConfig& model = ck.model_config();
     collect(problems.checkpoint, [&] {
         if (!opt.have_config_model) return;
         const auto diffs = config::diff_model_configs(opt.run.model, model);
         if (diffs.empty()) return;
-        std::string msg = fmt::format("checkpoint {} does not have the geometry of {} ({} difference{}):",
-                                      opt.checkpoint.string(), opt.run.source.string(), diffs.size(),
-                                      diffs.size() == 1 ? "" : "s");
+        std::string msg = fmt::format(
+            "checkpoint {} does not have the geometry of {} ({} difference{}):", opt.checkpoint.string(),
+            opt.run.source.string(), diffs.size(), diffs.size() == 1 ? "" : "s");
         for (const auto& d : diffs) msg += "\n    " + d;
         throw Error(msg);
     });
@@ -99,14 +101,16 @@ CheckpointFacts check_checkpoint(const RolloutOptions& opt, Problems& problems) 
             f.tokenizer = *ck.tokenizer_path();
         }
         f.tok = std::make_unique<Umt5Tokenizer>(f.tokenizer);
-        DZR_CHECK(f.tok->vocab_size() <= model.t5.vocab,
-                  "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this "
-                  "checkpoint",
-                  f.tokenizer.string(), f.tok->vocab_size(), model.t5.vocab);
+        DZR_CHECK(
+            f.tok->vocab_size() <= model.t5.vocab,
+            "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this "
+            "checkpoint",
+            f.tokenizer.string(), f.tok->vocab_size(), model.t5.vocab);
     });
     const std::string metadata = (opt.checkpoint / "experiment_cfg" / "metadata.json").string();
     collect(problems.statistics, [&] {
-        DZR_CHECK(ck.has_metadata(), "checkpoint {}: experiment_cfg/metadata.json is missing (q01/q99 statistics)",
+        DZR_CHECK(ck.has_metadata(),
+                  "checkpoint {}: experiment_cfg/metadata.json is missing (q01/q99 statistics)",
                   opt.checkpoint.string());
         const EmbodimentStatistics& stats = ck.statistics(opt.run.embodiment);
         const auto bad = check_policy_statistics(stats, metadata);
@@ -170,10 +174,11 @@ void check_resume(const RolloutOptions& opt, const std::vector<std::string>& nam
             }))
             continue;
         if (!recorded.is_object() || !recorded.contains("fingerprint")) {
-            problems.resume.push_back(fmt::format(
-                "episode {}: {} has no run fingerprint (an older dzr wrote it), so --resume cannot tell whether this run "
-                "would produce the same outputs; remove {} to run it again",
-                names[e], done.string(), out.string()));
+            problems.resume.push_back(
+                fmt::format("episode {}: {} has no run fingerprint (an older dzr wrote it), so --resume "
+                            "cannot tell whether this run "
+                            "would produce the same outputs; remove {} to run it again",
+                            names[e], done.string(), out.string()));
             continue;
         }
         const auto diffs = fingerprint_differences(recorded["fingerprint"], run.episode_fingerprint(e));
@@ -181,9 +186,10 @@ void check_resume(const RolloutOptions& opt, const std::vector<std::string>& nam
             run.finished[e] = true;
             continue;
         }
-        std::string msg = fmt::format("episode {}: {} was produced by another run; --resume would mix its outputs "
-                                      "with this run's (use another --out, or remove {} to run it again):",
-                                      names[e], out.string(), out.string());
+        std::string msg = fmt::format(
+            "episode {}: {} was produced by another run; --resume would mix its outputs "
+            "with this run's (use another --out, or remove {} to run it again):",
+            names[e], out.string(), out.string());
         for (const auto& d : diffs) msg += "\n    " + d;
         problems.resume.push_back(msg);
     }
@@ -216,11 +222,11 @@ std::vector<std::string> check_rollout_options(const RolloutOptions& opt) {
     if (opt.checkpoint.empty()) p.push_back("no checkpoint given (--ckpt)");
     const int64_t horizon = opt.run.model.dit.num_action_per_block;
     if (!(opt.metrics.steps == -1 || (opt.metrics.steps >= 1 && opt.metrics.steps <= horizon)))
-        p.push_back(fmt::format("--metric-steps must be -1 (all) or in [1, {}] (the action horizon), got {}", horizon,
-                                opt.metrics.steps));
+        p.push_back(fmt::format("--metric-steps must be -1 (all) or in [1, {}] (the action horizon), got {}",
+                                horizon, opt.metrics.steps));
     if (opt.metrics.gt_offset < -kMaxMetricOffset || opt.metrics.gt_offset > kMaxMetricOffset)
-        p.push_back(fmt::format("--metric-offset must be in [-{}, {}], got {}", kMaxMetricOffset, kMaxMetricOffset,
-                                opt.metrics.gt_offset));
+        p.push_back(fmt::format("--metric-offset must be in [-{}, {}], got {}", kMaxMetricOffset,
+                                kMaxMetricOffset, opt.metrics.gt_offset));
     if (opt.noise_video.empty() != opt.noise_action.empty())
         p.push_back("--noise-video and --noise-action go together");
     return p;
@@ -235,7 +241,8 @@ ValidatedRun validate_run(const RolloutOptions& opt, const std::vector<fs::path>
     ValidatedRun run;
     CheckpointFacts facts = check_checkpoint(opt, problems);
 
-    // Inputs: what this run reads. Outputs must neither land inside an input directory nor replace an input file.
+    // Inputs: what this run reads. Outputs must neither land inside an input directory nor replace an input
+    // file.
     io::InputSet inputs;
     for (size_t e = 0; e < dirs.size(); ++e) inputs.add_dir(dirs[e], "episode " + names[e]);
     for (const auto& given : opt.episodes) {
@@ -255,12 +262,15 @@ ValidatedRun validate_run(const RolloutOptions& opt, const std::vector<fs::path>
         if (!run.episodes.back().valid) {
             ++invalid;
             const std::string line = fmt::format("episode {}: {}", names[e], run.episodes.back().error);
-            if (opt.skip_invalid) log()->info("{} (not run: --skip-invalid)", line);
-            else problems.episodes.push_back(line);
+            if (opt.skip_invalid)
+                log()->info("{} (not run: --skip-invalid)", line);
+            else
+                problems.episodes.push_back(line);
         }
     }
     if (opt.skip_invalid && invalid == dirs.size())
-        problems.episodes.push_back(fmt::format("none of the {} episodes is valid (see the warnings above)", dirs.size()));
+        problems.episodes.push_back(
+            fmt::format("none of the {} episodes is valid (see the warnings above)", dirs.size()));
 
     collect(problems.output, [&] {
         inputs.check_output_dir(opt.out_dir);
@@ -269,7 +279,8 @@ ValidatedRun validate_run(const RolloutOptions& opt, const std::vector<fs::path>
             const fs::path out = opt.out_dir / name;
             inputs.check_output_dir(out);
             for (const char* f : kEpisodeOutputs) inputs.check_output_file(out / f);
-            for (int d = 0; d < kPlotDims; ++d) inputs.check_output_file(out / fmt::format("action_dim_{}.png", d));
+            for (int d = 0; d < kPlotDims; ++d)
+                inputs.check_output_file(out / fmt::format("action_dim_{}.png", d));
         }
     });
     if (problems.count() > 0) problems.raise(!opt.skip_invalid && invalid > 0);
@@ -281,8 +292,9 @@ ValidatedRun validate_run(const RolloutOptions& opt, const std::vector<fs::path>
         while (!fs::exists(probe, ec) && probe.has_parent_path() && probe.parent_path() != probe)
             probe = probe.parent_path();
         collect(problems.output, [&] {
-            DZR_CHECK(fs::is_directory(probe, ec), "cannot create the output directory {}: {} is not a directory",
-                      opt.out_dir.string(), probe.string());
+            DZR_CHECK(fs::is_directory(probe, ec),
+                      "cannot create the output directory {}: {} is not a directory", opt.out_dir.string(),
+                      probe.string());
             io::probe_writable_dir(probe);
         });
     } else {

@@ -7,11 +7,12 @@
 ///   3. the output directory: no output may land in or replace an input (io/output_guard.h); it is created,
 ///      a probe file is written and removed, and its lock is taken (io/run_lock.h);
 ///   4. the checkpoint's structure and geometry, and the tokenizer (loaded, each prompt tokenized);
-///   5. the normalization statistics (q01 < q99) and, against them, the episodes' state (far outside the range:
+///   5. the normalization statistics (q01 < q99) and, against them, the episodes' state (far outside the
+///   range:
 ///      one warning per episode naming the joint and the likely cause);
 ///   6. --resume: the done episodes' fingerprints (fingerprint.h) against this run's.
-/// Problems are gathered and thrown as one dzr::Error, in that order. With --skip-invalid the invalid episodes
-/// are set aside (the summary records them) and the others run.
+/// Problems are gathered and thrown as one dzr::Error, in that order. With --skip-invalid the invalid
+/// episodes are set aside (the summary records them) and the others run.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -42,7 +43,7 @@ struct ValidatedRun {
     std::vector<bool> finished;          ///< --resume: done by a run with the same fingerprint (skip it)
     Json fingerprint;                    ///< the run's fingerprint, without the episode part
     std::filesystem::path tokenizer;
-    std::unique_ptr<io::RunLock> lock;   ///< held until the run ends (none for --dry-run)
+    std::unique_ptr<io::RunLock> lock;  ///< held until the run ends (none for --dry-run)
 
     /// Not run: invalid (only with --skip-invalid) or finished (--resume).
     bool runnable(size_t e) const { return episodes[e].valid && !finished[e]; }

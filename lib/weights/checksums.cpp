@@ -96,7 +96,8 @@ ChecksumReport verify_checksums(const fs::path& dir, const std::vector<std::stri
         if (fs::is_regular_file(dir / name, ec)) {
             to_hash.insert(name);
         } else {
-            r.problems.push_back(fmt::format("{}: listed in {} but missing", (dir / name).string(), kChecksumsFile));
+            r.problems.push_back(
+                fmt::format("{}: listed in {} but missing", (dir / name).string(), kChecksumsFile));
         }
     }
     r.computed = hash_files(dir, std::vector<std::string>(to_hash.begin(), to_hash.end()));

@@ -27,8 +27,8 @@ struct ChecksumReport {
 };
 
 /// Hashes `files` (relative to `dir`; the shards) and, when dir/checksums.sha256 exists, every file it lists,
-/// comparing each with its line. A listed file that is missing or differs, and a hashed shard the list lacks, is
-/// a problem.
+/// comparing each with its line. A listed file that is missing or differs, and a hashed shard the list lacks,
+/// is a problem.
 ChecksumReport verify_checksums(const std::filesystem::path& dir, const std::vector<std::string>& files);
 
 }  // namespace dzr

@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     dzr::fuzz::scratch_dir();  // logging off
     nlohmann::json j;
     try {
-        j = nlohmann::json::parse(reinterpret_cast<const char*>(data), reinterpret_cast<const char*>(data) + size);
+        j = nlohmann::json::parse(reinterpret_cast<const char*>(data),
+                                  reinterpret_cast<const char*>(data) + size);
     } catch (const nlohmann::json::exception&) {
         return 0;
     }

@@ -1,5 +1,5 @@
-// libFuzzer target: episode.yaml text, read through read_episode() in a small episode directory (three 1-frame
-// 2x2 cameras), so camera-file overrides, fps and prompt checks run as in a rollout.
+// libFuzzer target: episode.yaml text, read through read_episode() in a small episode directory (three
+// 1-frame 2x2 cameras), so camera-file overrides, fps and prompt checks run as in a rollout.
 #include <cstdint>
 
 #include "core/error.h"
@@ -15,7 +15,8 @@ const std::filesystem::path& episode_dir() {
         std::filesystem::create_directories(d);
         const std::vector<uint8_t> frame(2 * 2 * 3, 128);
         for (auto cam : dzr::io::kCameraNames) {
-            const dzr::TensorView v(const_cast<uint8_t*>(frame.data()), dzr::DType::U8, dzr::Shape{1, 2, 2, 3});
+            const dzr::TensorView v(const_cast<uint8_t*>(frame.data()), dzr::DType::U8,
+                                    dzr::Shape{1, 2, 2, 3});
             dzr::io::write_npy(d / (std::string(cam) + ".npy"), v);
         }
         return d;

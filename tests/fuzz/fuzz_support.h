@@ -19,9 +19,8 @@ inline const std::filesystem::path& scratch_dir() {
         std::filesystem::create_directories(d);
         std::atexit([] {
             std::error_code ec;
-            std::filesystem::remove_all(std::filesystem::temp_directory_path() /
-                                            ("dzr-fuzz-" + std::to_string(::getpid())),
-                                        ec);
+            std::filesystem::remove_all(
+                std::filesystem::temp_directory_path() / ("dzr-fuzz-" + std::to_string(::getpid())), ec);
         });
         // NOTE: warnings about the (random) inputs would flood the fuzzer's output.
         dzr::set_log_level("off");

@@ -1,6 +1,7 @@
 // Nothing silently wrong at run time (docs/RELIABILITY.md): a checkpoint with NaN weights fails the call that
-// meets them, naming the stage, call and step, instead of producing plausible actions; a state in degrees runs
-// with a warning naming the joint; --resume skips only episodes of the same run; --skip-invalid runs the rest.
+// meets them, naming the stage, call and step, instead of producing plausible actions; a state in degrees
+// runs with a warning naming the joint; --resume skips only episodes of the same run; --skip-invalid runs the
+// rest.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -44,15 +45,17 @@ struct Fixture {
     }
     test::CliResult rollout(const fs::path& ck, const fs::path& out, const std::string& extra = "") const {
         return test::run_dzr(
-            fmt::format("rollout {} --ckpt {} --out {} --config {} --device cpu --no-warmup --no-plots --quiet "
-                        "--set rollout.max_chunks=1 {}",
-                        q(eps), q(ck), q(out), q(kConfig), extra),
+            fmt::format(
+                "rollout {} --ckpt {} --out {} --config {} --device cpu --no-warmup --no-plots --quiet "
+                "--set rollout.max_chunks=1 {}",
+                q(eps), q(ck), q(out), q(kConfig), extra),
             dir.path());
     }
 };
 
 /// A copy of `src` whose f32 tensors with a key containing `pattern` get NaN as their first value.
-void copy_with_nan(const fs::path& src, const fs::path& dst, const std::string& pattern, int expect_at_least) {
+void copy_with_nan(const fs::path& src, const fs::path& dst, const std::string& pattern,
+                   int expect_at_least) {
     fs::copy(src, dst, fs::copy_options::recursive);
     const fs::path shard = dst / "model.safetensors";
     const auto file = SafetensorsFile::open(src / "model.safetensors");
@@ -69,19 +72,21 @@ void copy_with_nan(const fs::path& src, const fs::path& dst, const std::string& 
     std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-#define SKIP_WITHOUT_DZR_BIN()                                                              \
-    if (test::dzr_bin().empty()) {                                                          \
+#define SKIP_WITHOUT_DZR_BIN()                                                                \
+    if (test::dzr_bin().empty()) {                                                            \
         MESSAGE("DZR_BIN is not built (run through ctest after building dzr_cli); skipping"); \
-        return;                                                                             \
+        return;                                                                               \
     }
 
 }  // namespace
 
-TEST_CASE("NaN weights in a q-projection, the action decoder or every DiT layer fail the call naming the stage") {
+TEST_CASE(
+    "NaN weights in a q-projection, the action decoder or every DiT layer fail the call naming the stage") {
     SKIP_WITHOUT_DZR_BIN();
     Fixture f;
     const auto episodes = test::snapshot(f.eps);
-    // NOTE: before, the action decoder's ReLU turned NaN into 0: all three gave the same finite actions, exit 0.
+    // NOTE: before, the action decoder's ReLU turned NaN into 0: all three gave the same finite actions, exit
+    // 0.
     const struct {
         const char* pattern;
         int count;
@@ -121,7 +126,8 @@ TEST_CASE("joint positions in degrees run with one warning naming the joint and 
     CHECK(r.has("these look like degrees: dzr expects joint positions in radians"));
     const auto manifest = test::read_json(f.dir / "out/ep_a/manifest.json");
     int degrees = 0;
-    for (const auto& w : manifest["warnings"]) degrees += w.get<std::string>().find("look like degrees") != std::string::npos;
+    for (const auto& w : manifest["warnings"])
+        degrees += w.get<std::string>().find("look like degrees") != std::string::npos;
     CHECK(degrees == 1);
     // logged once, when the episode is validated
     size_t logged = 0;
@@ -129,7 +135,8 @@ TEST_CASE("joint positions in degrees run with one warning naming the joint and 
     CHECK(logged == 1);
 }
 
-TEST_CASE("--resume skips only episodes of the same run and refuses another checkpoint, seed, config or numerics") {
+TEST_CASE(
+    "--resume skips only episodes of the same run and refuses another checkpoint, seed, config or numerics") {
     SKIP_WITHOUT_DZR_BIN();
     Fixture f;
     const fs::path out = f.dir / "out";
@@ -192,7 +199,8 @@ TEST_CASE("--skip-invalid runs the valid episodes and records the invalid ones i
     CHECK(summary["totals"]["ok"] == 1);
     CHECK(summary["totals"]["invalid"] == 1);
     CHECK(summary["episodes"][1]["status"] == "invalid");
-    CHECK(summary["episodes"][1]["error"].get<std::string>().find("exterior_image_2_left") != std::string::npos);
+    CHECK(summary["episodes"][1]["error"].get<std::string>().find("exterior_image_2_left") !=
+          std::string::npos);
     CHECK(fs::exists(f.dir / "out/ep_a/done.json"));
     CHECK_FALSE(fs::exists(f.dir / "out/ep_b"));
 }

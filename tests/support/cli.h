@@ -18,7 +18,9 @@ namespace dzr::test {
 struct CliResult {
     int code = -1;
     std::string out, err;
-    bool has(const std::string& s) const { return err.find(s) != std::string::npos || out.find(s) != std::string::npos; }
+    bool has(const std::string& s) const {
+        return err.find(s) != std::string::npos || out.find(s) != std::string::npos;
+    }
 };
 
 /// The dzr binary, or empty when ctest did not provide it.
@@ -49,11 +51,14 @@ inline CliResult run_dzr(const std::string& args, const std::filesystem::path& s
 inline std::map<std::string, std::string> snapshot(const std::filesystem::path& dir) {
     std::map<std::string, std::string> files;
     for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
-        if (e.is_regular_file()) files[std::filesystem::relative(e.path(), dir).string()] = sha256_file(e.path());
+        if (e.is_regular_file())
+            files[std::filesystem::relative(e.path(), dir).string()] = sha256_file(e.path());
     return files;
 }
 
 /// Single quotes for a shell word.
-inline std::string q(const std::filesystem::path& p) { return fmt::format("'{}'", p.string()); }
+inline std::string q(const std::filesystem::path& p) {
+    return fmt::format("'{}'", p.string());
+}
 
 }  // namespace dzr::test

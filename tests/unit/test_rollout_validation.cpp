@@ -1,5 +1,5 @@
-// `dzr rollout` refuses bad inputs before the checkpoint's weights are loaded, with one message naming the file
-// or option, a non-zero exit, no output and no input changed (docs/RELIABILITY.md lists the cases); and
+// `dzr rollout` refuses bad inputs before the checkpoint's weights are loaded, with one message naming the
+// file or option, a non-zero exit, no output and no input changed (docs/RELIABILITY.md lists the cases); and
 // `dzr ckpt validate` finds what a rollout would trip over later.
 #include <doctest/doctest.h>
 
@@ -48,9 +48,10 @@ struct Fixture {
     /// `dzr rollout` of `episodes` with the tiny config and `extra` options.
     test::CliResult rollout(const fs::path& episodes, const fs::path& out, const std::string& extra = "",
                             const std::string& device = "cpu") const {
-        return test::run_dzr(fmt::format("rollout {} --ckpt {} --out {} --config {} --device {} --no-warmup --quiet {}",
-                                         q(episodes), q(ckpt), q(out), q(kConfig), device, extra),
-                             dir.path());
+        return test::run_dzr(
+            fmt::format("rollout {} --ckpt {} --out {} --config {} --device {} --no-warmup --quiet {}",
+                        q(episodes), q(ckpt), q(out), q(kConfig), device, extra),
+            dir.path());
     }
     std::map<std::string, std::string> inputs() const {
         auto s = test::snapshot(eps);
@@ -72,15 +73,16 @@ bool loaded_weights(const test::CliResult& r) {
     return r.has("warm-up") || r.has("  load  ") || r.has("median ms");
 }
 
-#define SKIP_WITHOUT_DZR_BIN()                                                              \
-    if (test::dzr_bin().empty()) {                                                          \
+#define SKIP_WITHOUT_DZR_BIN()                                                                \
+    if (test::dzr_bin().empty()) {                                                            \
         MESSAGE("DZR_BIN is not built (run through ctest after building dzr_cli); skipping"); \
-        return;                                                                             \
+        return;                                                                               \
     }
 
 }  // namespace
 
-TEST_CASE("a rollout whose outputs would land in an input is refused naming both paths, whatever the spelling") {
+TEST_CASE(
+    "a rollout whose outputs would land in an input is refused naming both paths, whatever the spelling") {
     SKIP_WITHOUT_DZR_BIN();
     Fixture f;
     const auto before = f.inputs();
@@ -131,11 +133,12 @@ TEST_CASE("every invalid episode is reported at once before the weights are load
     for (const char* name : {"ep_c", "ep_d"}) io::write_synth_episode(f.eps / name, so);
     poke_f64(f.eps / "ep_a/joint_position.npy", 9, std::nan(""));  // NaN in the state
     poke_f64(f.eps / "ep_b/joint_position.npy", 2, 1e300);         // finite in float64, inf in float32
-    io::write_npy_f64(f.eps / "ep_c/joint_position.npy", {30, 6}, std::vector<double>(180, 0.0));  // wrong shape
+    io::write_npy_f64(f.eps / "ep_c/joint_position.npy", {30, 6},
+                      std::vector<double>(180, 0.0));  // wrong shape
     fs::remove(f.eps / "ep_d/wrist_image_left.npy");
     const auto before = f.inputs();
-    // NOTE: on a machine without a GPU the CUDA backend cannot start; the episodes' problems still come first,
-    // because nothing that needs the device (or the weights) runs before every input is checked.
+    // NOTE: on a machine without a GPU the CUDA backend cannot start; the episodes' problems still come
+    // first, because nothing that needs the device (or the weights) runs before every input is checked.
     const bool gpu = cuda_device_available();
     const auto r = f.rollout(f.eps, f.dir / "out", "", gpu ? "cpu" : "cuda");
     CHECK(r.code == 1);
@@ -209,22 +212,26 @@ TEST_CASE("an episode.yaml whose open quote swallows the next keys is refused na
     std::ofstream(f.eps / "ep_b/episode.yaml") << "prompt: \"put the cup away\nfps: 15\n";
     const auto r = f.rollout(f.eps, f.dir / "out");
     CHECK(r.code == 1);
-    CHECK(r.has("ep_b/episode.yaml: line 1: the quoted prompt is not closed on its line and swallows the line "
-                "starting with 'fps'"));
+    CHECK(
+        r.has("ep_b/episode.yaml: line 1: the quoted prompt is not closed on its line and swallows the line "
+              "starting with 'fps'"));
     CHECK_FALSE(fs::exists(f.dir / "out"));
 }
 
-TEST_CASE("metadata with q01 >= q99 is refused by the rollout and by ckpt validate, naming key and dimension") {
+TEST_CASE(
+    "metadata with q01 >= q99 is refused by the rollout and by ckpt validate, naming key and dimension") {
     SKIP_WITHOUT_DZR_BIN();
     Fixture f;
     const fs::path md = f.ckpt / "experiment_cfg/metadata.json";
     auto j = nlohmann::json::parse(test::slurp(md));
-    j["oxe_droid"]["statistics"]["state"]["joint_position"]["q99"][2] = j["oxe_droid"]["statistics"]["state"]["joint_position"]["q01"][2];
+    j["oxe_droid"]["statistics"]["state"]["joint_position"]["q99"][2] =
+        j["oxe_droid"]["statistics"]["state"]["joint_position"]["q01"][2];
     j["oxe_droid"]["statistics"]["action"]["gripper_position"]["q01"][0] = 2.0;
     std::ofstream(md) << j.dump(2);
     const auto r = f.rollout(f.eps, f.dir / "out");
     CHECK(r.code == 1);
-    CHECK(r.has("oxe_droid.statistics.state.joint_position: dimension 2: q01 = -0.95 must be below q99 = -0.95"));
+    CHECK(r.has(
+        "oxe_droid.statistics.state.joint_position: dimension 2: q01 = -0.95 must be below q99 = -0.95"));
     CHECK(r.has("oxe_droid.statistics.action.gripper_position: dimension 0: q01 = 2 must be below q99 = 1"));
     CHECK_FALSE(loaded_weights(r));
     CHECK_FALSE(fs::exists(f.dir / "out"));
