@@ -1,6 +1,6 @@
 # Finds dzr's dependencies and exposes them as a few interface targets:
 #   dzr::yaml  dzr::blas  dzr::sentencepiece  dzr::opencv (when DZR_OPENCV)  dzr::cudnn (when DZR_CUDA)
-# and libpng (PNG::PNG, with zlib) for report images.
+# libpng (PNG::PNG, with zlib) for report images and OpenSSL::Crypto (SHA-256) when present.
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
@@ -28,6 +28,11 @@ add_library(dzr_blas INTERFACE)
 target_include_directories(dzr_blas INTERFACE ${DZR_CBLAS_INCLUDE})
 target_link_libraries(dzr_blas INTERFACE ${DZR_OPENBLAS_LIB})
 add_library(dzr::blas ALIAS dzr_blas)
+
+# OpenSSL's libcrypto: SHA-256 of checkpoint files (checksums.sha256) and of shard headers (run fingerprints).
+# NOTE: optional: without it (the GPU machine's image has no headers) dzr hashes with its own portable SHA-256
+# (lib/core/sha256.cpp), a few times slower on large files.
+find_package(OpenSSL COMPONENTS Crypto)
 
 # sentencepiece (umT5 tokenizer).
 find_path(DZR_SPM_INCLUDE sentencepiece_processor.h)

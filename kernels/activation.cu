@@ -36,7 +36,7 @@ __device__ __forceinline__ float act(float v) {
         const float inner = round_as<To>(0.7978845608028654f * round_as<To>(v + round_as<To>(0.044715f * cube)));
         return half * round_as<To>(1.f + round_as<To>(tanhf(inner)));
     } else {
-        return v > 0.f ? v : 0.f;
+        return v <= 0.f ? 0.f : v;  // NOTE: NaN passes, as torch.relu lets it (`v > 0 ? v : 0` would zero it)
     }
 }
 

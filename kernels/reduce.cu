@@ -21,7 +21,30 @@ __global__ void reduce_kernel(ReduceKind kind, const Tx* x, To* out, int64_t row
     }
 }
 
+template <typename Tx>
+__global__ void count_nonfinite_kernel(const Tx* x, int64_t n, int32_t* count) {
+    int32_t local = 0;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        local += isfinite(to_f32(x[i])) ? 0 : 1;
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) local += __shfl_down_sync(0xffffffffu, local, off);
+    if (threadIdx.x % kWarp == 0 && local != 0) atomicAdd(count, local);
+}
+
 }  // namespace
+
+cudaError_t count_nonfinite(const void* x, DType tx, int64_t n, int32_t* count, cudaStream_t stream) {
+    cudaError_t err = cudaMemsetAsync(count, 0, sizeof(int32_t), stream);
+    if (err != cudaSuccess || n == 0) return err;
+    constexpr int kThreads = 256;
+    const int64_t blocks = (n + kThreads - 1) / kThreads;
+    const unsigned grid = unsigned(blocks < 1024 ? blocks : 1024);
+    return dispatch_float(tx, [&](auto xi) {
+        using Tx = decltype(xi);
+        count_nonfinite_kernel<Tx><<<grid, kThreads, 0, stream>>>(static_cast<const Tx*>(x), n, count);
+        return cudaGetLastError();
+    });
+}
 
 cudaError_t reduce_rows(ReduceKind kind, const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols,
                         cudaStream_t stream) {

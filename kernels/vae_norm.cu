@@ -46,8 +46,10 @@ __global__ void __launch_bounds__(kBlock)
     if constexpr (G > 1) ss = __shfl_sync(0xffffffffu, ss, 0, G);
     if (!live) return;
     float norm = sqrtf(ss);
-    if constexpr (kEager) norm = round_as<To>(fmaxf(round_as<To>(norm), eps));
-    else norm = fmaxf(norm, eps);
+    // NOTE: a NaN norm stays NaN, as PyTorch's clamp_min keeps it (fmaxf would return eps and turn the row's
+    // finite elements into huge values instead of NaN).
+    if constexpr (kEager) norm = isnan(norm) ? norm : round_as<To>(fmaxf(round_as<To>(norm), eps));
+    else norm = isnan(norm) ? norm : fmaxf(norm, eps);
     To* orow = out + r * cols;
     for (int64_t c = y; c < cols; c += G) {
         float v = to_f32(row[c]) / norm;

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
 # Installs what dzr needs on Debian 12 (or Ubuntu), skipping packages already present.
-# Usage: scripts/setup.sh [--no-opencv] [--browser]
+# Usage: scripts/setup.sh [--no-opencv] [--browser] [--fuzz]
 #   --browser  also a headless Chromium for the report's browser test (scripts/test.sh asks for it)
+#   --fuzz     also clang and its runtime libraries (libFuzzer, sanitizers) for the sanitizer and fuzz job of
+#              scripts/test.sh
 set -euo pipefail
 opencv=1
 browser=0
+fuzz=0
 for arg in "$@"; do
     case "$arg" in
         --no-opencv) opencv=0 ;;
         --browser) browser=1 ;;
-        *) echo "setup: unknown option $arg (--no-opencv, --browser)" >&2; exit 2 ;;
+        --fuzz) fuzz=1 ;;
+        *) echo "setup: unknown option $arg (--no-opencv, --browser, --fuzz)" >&2; exit 2 ;;
     esac
 done
 
 pkgs=(build-essential cmake ninja-build pkg-config python3
       libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev
-      libsentencepiece-dev libopenblas-dev libpng-dev)
+      libsentencepiece-dev libopenblas-dev libpng-dev libssl-dev)
+if ((fuzz)); then
+    pkgs+=(clang libclang-rt-dev)
+fi
 if ((opencv)); then
     # The slim OpenCV -dev packages (core, imgproc, imgcodecs, videoio with its FFmpeg backend), not the
     # 673 MB libopencv-dev meta-package.

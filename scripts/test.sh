@@ -2,13 +2,15 @@
 # Installs what is missing, builds dzr and runs the whole test suite:
 #   1. the normal build (CUDA compiled when nvcc exists): every test; GPU tests report "skipped"
 #      on machines without a GPU;
-#   2. an ASan/UBSan build of the CPU engine: the parser tests (label `parser`).
+#   2. a clang ASan/UBSan build of the CPU engine: the parser tests (label `parser`), one tiny rollout end to
+#      end (label `sanitize`) and every libFuzzer target for a few seconds (label `fuzz`; docs/RELIABILITY.md
+#      says how to run them longer).
 # First, the module layering check (docs/DESIGN.md: includes go one way only).
 # The browser test (label `browser`: the HTML report in headless Chromium) leaves its screenshots in
 # build/test-artifacts/browser/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --browser
+scripts/setup.sh --browser --fuzz
 
 echo "== module layering =="
 python3 scripts/ci/check_layering.py
@@ -19,10 +21,14 @@ BUILD_DIR=build scripts/build.sh
 echo "== tests =="
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
-echo "== parser tests under ASan/UBSan =="
-# Only what the parser tests need (test_checkpoint also runs the dzr binary).
-TARGETS="dzr_cli unit_test_safetensors unit_test_checkpoint unit_test_config unit_test_npy unit_test_episode unit_test_embodiment" \
-    BUILD_DIR=build-asan scripts/build.sh -DDZR_SANITIZE=ON -DDZR_CUDA=OFF -DDZR_OPENCV=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --output-on-failure -L parser -j "$(nproc)")
+echo "== parsers, a tiny rollout and the fuzz targets under ASan/UBSan (clang) =="
+# Only what those tests need (test_checkpoint and test_rollout_validation also run the dzr binary).
+# NOTE: clang, because libFuzzer is clang's; CMAKE_*_COMPILER only take effect when the directory is new.
+fuzzers=""
+for f in safetensors_header npy_header episode_yaml config_json metadata_json run_config; do fuzzers+=" fuzz_$f"; done
+TARGETS="dzr_cli unit_test_safetensors unit_test_checkpoint unit_test_config unit_test_npy unit_test_episode \
+         unit_test_embodiment unit_test_rollout_validation$fuzzers" \
+    BUILD_DIR=build-sanitize scripts/build.sh -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DDZR_SANITIZE=ON -DDZR_FUZZ=ON -DDZR_CUDA=OFF -DDZR_OPENCV=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+(cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --output-on-failure -L "parser|sanitize|fuzz" -j "$(nproc)")

@@ -5,6 +5,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,7 +15,10 @@
 #include "config/model_fields.h"
 #include "config/run_config.h"
 #include "core/error.h"
+#include "policy/normalization.h"
+#include "policy/tokenizer.h"
 #include "weights/checkpoint.h"
+#include "weights/checksums.h"
 #include "weights/inventory.h"
 #include "weights/random_checkpoint.h"
 
@@ -39,6 +43,8 @@ struct CkptOptions {
     std::string embodiment;
     bool dry_run = false;
     bool force = false;
+    bool hash = false;
+    int threads = 0;
 };
 
 std::vector<config::Override> overrides(const CkptOptions& o) {
@@ -184,10 +190,40 @@ int run_validate(const CkptOptions& o) {
         problems.push_back(ck.dir().string() +
                            ": experiment_cfg/metadata.json is missing (normalization statistics)");
 
+    std::optional<config::RunConfig> rc;
+    if (!o.config.empty()) rc = config::load_run_config(o.config, overrides(o));
+    // The statistics the policy reads (the config's embodiment, else DROID's when present).
+    const std::string embodiment = rc ? rc->embodiment : std::string("oxe_droid");
+    const std::string metadata_json = (ck.dir() / "experiment_cfg" / "metadata.json").string();
+    if (ck.has_metadata() && ck.all_statistics().count(embodiment))
+        for (const auto& p : check_policy_statistics(ck.all_statistics().at(embodiment), metadata_json))
+            problems.push_back(p);
+
+    // The tokenizer is loaded, not only found: a damaged spiece.model fails here rather than in a rollout.
+    std::string tokenizer_note = "no tokenizer in the checkpoint (a rollout then needs --tokenizer)";
+    if (const auto tok = ck.tokenizer_path()) {
+        try {
+            const Umt5Tokenizer t(*tok);
+            if (t.vocab_size() > m.t5.vocab)
+                problems.push_back(fmt::format("tokenizer {}: {} pieces, more than the text encoder's vocabulary of {}",
+                                               tok->string(), t.vocab_size(), m.t5.vocab));
+            tokenizer_note = fmt::format("tokenizer {} ({} pieces)", tok->filename().string(), t.vocab_size());
+        } catch (const Error& e) {
+            problems.push_back(e.what());
+        }
+    }
+
+    ChecksumReport sums;
+    if (o.hash) {
+        std::vector<std::string> shard_files;
+        for (const auto& s : ck.shards()) shard_files.push_back(s.name);
+        sums = verify_checksums(ck.dir(), shard_files);
+        for (const auto& p : sums.problems) problems.push_back(p);
+    }
+
     std::string against = "config.json";
-    if (!o.config.empty()) {
-        const auto rc = config::load_run_config(o.config, overrides(o));
-        const auto diff = config::diff_model_configs(m, rc.model);
+    if (rc) {
+        const auto diff = config::diff_model_configs(m, rc->model);
         if (!diff.empty()) {
             std::string msg = fmt::format(
                 "checkpoint geometry differs from {} ({} field{}; checkpoint vs config):", o.config,
@@ -224,10 +260,18 @@ int run_validate(const CkptOptions& o) {
     for (const auto& s : ck.shards())
         for (const auto& e : s.file->entries()) dtypes.insert(std::string(dtype_name(e.dtype)));
     const auto c = census(expected_weights(m));
-    fmt::print("OK {}: {} tensors, {} parameters ({}), {} shard{}, {}; geometry matches {}\n",
+    if (o.hash) {
+        if (sums.had_list) {
+            fmt::print("SHA-256: {} file{} match {}\n", sums.matched, sums.matched == 1 ? "" : "s", kChecksumsFile);
+        } else {
+            fmt::print("SHA-256 (no {} to compare with):\n", kChecksumsFile);
+            for (const auto& [name, digest] : sums.computed) fmt::print("{}  {}\n", digest, name);
+        }
+    }
+    fmt::print("OK {}: {} tensors, {} parameters ({}), {} shard{}, {}; geometry matches {}; {}\n",
                ck.dir().string(), report.checked, format_count(c.total_params()), fmt::join(dtypes, ", "),
                ck.shards().size(), ck.shards().size() == 1 ? "" : "s", format_bytes(ck.tensor_bytes()),
-               against);
+               against, tokenizer_note);
     return 0;
 }
 
@@ -235,6 +279,7 @@ int run_make(const CkptOptions& o) {
     const auto rc = config::load_run_config(o.config, overrides(o));
     MakeOptions mo;
     mo.seed = o.seed;
+    mo.threads = o.threads;
     auto dt = dtype_from_name(o.dtype);
     DZR_CHECK(dt && (*dt == DType::BF16 || *dt == DType::F16 || *dt == DType::F32),
               "--dtype {}: expected bf16, f16 or f32", o.dtype);
@@ -252,9 +297,14 @@ int run_make(const CkptOptions& o) {
     }
     const MakePlan plan = plan_random_checkpoint(rc.model, mo);
 
-    fmt::print("{} {} ({}, seed {}{}):\n", o.dry_run ? "plan for" : "writing", o.config, o.dtype, o.seed,
-               o.embodiment.empty() ? std::string(", oxe_droid statistics, no conf.yaml")
-                                    : fmt::format(", embodiment {}: conf.yaml + metadata.json", o.embodiment));
+    const std::string embodiment_note = o.embodiment.empty()
+                                            ? std::string(", oxe_droid statistics, no conf.yaml")
+                                            : fmt::format(", embodiment {}: conf.yaml + metadata.json", o.embodiment);
+    if (o.dry_run)
+        fmt::print("plan for the geometry of {} ({}, seed {}{}):\n", o.config, o.dtype, o.seed, embodiment_note);
+    else
+        fmt::print("writing {} using the geometry of {} ({}, seed {}{}):\n", o.out.empty() ? "(no --out)" : o.out,
+                   o.config, o.dtype, o.seed, embodiment_note);
     fmt::print("{:<14} {:>8} {:>16} {:>16}\n", "component", "tensors", "parameters", "bytes");
     for (int c = 0; c < kNumComponents; ++c) {
         if (!plan.census.tensors[size_t(c)]) continue;
@@ -292,11 +342,14 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
 
     auto* validate = ckpt->add_subcommand(
         "validate",
-        "Check structure, every shard, the expected weights of the config.json geometry (and a YAML config)");
+        "Check structure, every shard, the expected weights of the config.json geometry (and a YAML config), the "
+        "normalization statistics and the tokenizer");
     validate->add_option("dir", opts->dir, "Checkpoint directory")->required();
     validate->add_option("--config", opts->config, "Also require the geometry of this configs/*.yaml");
     validate->add_option("--set", opts->sets, "Override a config key (KEY=VALUE, repeatable)");
     validate->add_option("--embodiment", opts->embodiment, "Check this embodiment (default: the config's, else all)");
+    validate->add_flag("--hash", opts->hash,
+                       "Compute every shard's SHA-256 and compare with checksums.sha256 when the directory has one");
     validate->callback([&run, opts] { run = [opts] { return run_validate(*opts); }; });
 
     auto* make = ckpt->add_subcommand("make", "Write a checkpoint of random weights at a config's geometry");
@@ -313,6 +366,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
                      "agibot, yam)");
     make->add_flag("--dry-run", opts->dry_run, "Print the inventory and sizes, write nothing");
     make->add_flag("--force", opts->force, "Allow writing more than 4 GiB");
+    make->add_option("--threads", opts->threads, "Shards written at once (0: up to 8; the bytes never depend on it)")
+        ->check(CLI::Range(0, 64));
     make->callback([&run, opts] { run = [opts] { return run_make(*opts); }; });
 });
 

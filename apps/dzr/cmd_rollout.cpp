@@ -28,6 +28,8 @@ struct RolloutArgs {
     std::string tokenizer;
     bool no_warmup = false;
     bool resume = false;
+    bool skip_invalid = false;
+    bool dry_run = false;
     bool allow_truncate = false;
     std::string prompt;
     int64_t metric_offset = 0;
@@ -85,6 +87,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     o.tokenizer = a.tokenizer;
     o.warmup = !a.no_warmup;
     o.resume = a.resume;
+    o.skip_invalid = a.skip_invalid;
+    o.dry_run = a.dry_run;
     o.allow_truncate = a.allow_truncate;
     if (!a.prompt.empty()) o.prompt = a.prompt;
     o.metrics.gt_offset = a.metric_offset;
@@ -104,6 +108,20 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     std::signal(SIGTERM, on_stop_signal);
     rollout::RolloutResult r = rollout::run_rollout(o);
 
+    if (a.dry_run) {
+        std::vector<std::vector<std::string>> rows;
+        int invalid = 0;
+        for (const auto& ep : r.episodes) {
+            invalid += ep.status == "invalid";
+            rows.push_back({ep.name, ep.status, ep.status == "invalid" ? "-" : std::to_string(ep.num_frames), ep.error});
+        }
+        std::printf("%s", rollout::format_table({"episode", "status", "frames", "problem"}, rows).c_str());
+        std::printf("dry run: %zu episode%s checked (%d invalid); checkpoint headers, statistics, tokenizer and %s "
+                    "checked; no weights loaded, nothing written\n",
+                    r.episodes.size(), r.episodes.size() == 1 ? "" : "s", invalid, a.out.c_str());
+        return 0;
+    }
+
     // Final table on stdout: per-episode timing and the output paths.
     std::vector<std::vector<std::string>> rows;
     for (const auto& ep : r.episodes) {
@@ -111,7 +129,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         rows.push_back({ep.name, ep.status, std::to_string(ep.num_calls), ep.call_ms.empty() ? "-" : fmt::format("{:.1f}", s.median),
                         ep.call_ms.empty() ? "-" : fmt::format("{:.1f}", s.p90),
                         ep.metrics ? fmt::format("{:.6g}", ep.metrics->overall_mse) : "-",
-                        (std::filesystem::path(a.out) / ep.name).string()});
+                        ep.status == "invalid" ? std::string("-") : (std::filesystem::path(a.out) / ep.name).string()});
     }
     std::printf("%s", rollout::format_table({"episode", "status", "calls", "median ms", "p90 ms", "mse", "output"}, rows).c_str());
 
@@ -139,8 +157,12 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     }
     if (o.report && r.shard.merged)
         std::printf("report: %s\n", (std::filesystem::path(a.out) / "report.html").string().c_str());
-    for (const auto& ep : r.episodes)
+    for (const auto& ep : r.episodes) {
         if (ep.status == "failed") std::fprintf(stderr, "dzr: error: episode %s: %s\n", ep.name.c_str(), ep.error.c_str());
+        if (ep.status == "invalid")
+            std::fprintf(stderr, "dzr: warning: episode %s was not run (--skip-invalid): %s\n", ep.name.c_str(),
+                         ep.error.c_str());
+    }
     if (!o.shard.sharded()) {
         std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
         if (r.interrupted) return 130;
@@ -164,7 +186,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--ckpt", args->ckpt, "Checkpoint directory")->required();
     cmd->add_option("--out", args->out, "Output directory (one subdirectory per episode)")->required();
     cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");
-    cmd->add_option("--set", args->sets, "Override a config key: --set sampling.num_dit_steps=16");
+    cmd->add_option("--set", args->sets,
+                    "Override a key of the --config file (needs --config): --set sampling.cfg_scale=3.5");
     cmd->add_option("--embodiment", args->embodiment,
                     "The checkpoint's embodiment to run (default: the config's, else the checkpoint's only one)");
     cmd->add_option("--device", args->device,
@@ -177,12 +200,21 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
     cmd->add_flag("--no-warmup", args->no_warmup, "Skip the warm-up (timings then include first-call costs)");
-    cmd->add_flag("--resume", args->resume, "Skip episodes whose outputs are complete");
+    cmd->add_flag("--resume", args->resume,
+                  "Skip episodes whose outputs are complete and were produced by the same run (checkpoint, config, "
+                  "seed, numerics, dzr version); refuse when a finished episode came from another run");
+    cmd->add_flag("--skip-invalid", args->skip_invalid,
+                  "Run the valid episodes and record the invalid ones in the summary, instead of refusing the run");
+    cmd->add_flag("--dry-run", args->dry_run,
+                  "Validate options, episodes, the output directory, the checkpoint's headers and statistics and the "
+                  "tokenizer; load no weights and write nothing");
     cmd->add_flag("--allow-truncate", args->allow_truncate, "Cut cameras and arrays of different lengths to the shortest");
     cmd->add_option("--prompt", args->prompt, "Replace every episode's prompt");
     cmd->add_option("--metric-offset", args->metric_offset, "Ground-truth row of step s of a call at anchor a: a + offset + s")
-        ->capture_default_str();
-    cmd->add_option("--metric-steps", args->metric_steps, "Steps per chunk compared with ground truth (-1: all)")
+        ->capture_default_str()
+        ->check(CLI::Range(-rollout::kMaxMetricOffset, rollout::kMaxMetricOffset));
+    cmd->add_option("--metric-steps", args->metric_steps,
+                    "Steps per chunk compared with ground truth (-1: all, else 1 to the action horizon)")
         ->capture_default_str();
     cmd->add_flag("--no-plots", args->no_plots, "Do not draw the per-dimension PNG plots");
     cmd->add_flag("--no-report", args->no_report, "Do not write report.html at the end (`dzr report OUT` writes it later)");

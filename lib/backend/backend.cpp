@@ -34,6 +34,16 @@ void Backend::sin_cos_table(float step, const TensorView& out) {
     upload(TensorView(host.data(), DType::F32, out.shape), out);
 }
 
+void Backend::count_nonfinite(const TensorView& x, const TensorView& out) {
+    DZR_CHECK(x.is_contiguous() && out.dtype == DType::I32 && out.numel() == 1,
+              "count_nonfinite: x must be contiguous and out an i32 [1], got {} and {}", x.str(), out.str());
+    std::vector<float> host(size_t(x.numel()));
+    download(x, TensorView(host.data(), DType::F32, x.shape));
+    int32_t n = 0;
+    for (float v : host) n += std::isfinite(v) ? 0 : 1;
+    upload(TensorView(&n, DType::I32, Shape{1}), out);
+}
+
 void Backend::scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&, int64_t) {
     DZR_THROW("backend {} has no KV scatter", name());
 }

@@ -294,6 +294,10 @@ public:
     /// device backend computes it with the device's f32 exp/sin/cos; this default computes it on the host
     /// (std::exp, std::sin, std::cos in float) and uploads it. For tables built at load, not in a forward.
     virtual void sin_cos_table(float step, const TensorView& out);
+    /// out (i32 [1] on this backend's device) = the number of NaN and ±Inf elements of x (a contiguous float
+    /// tensor). Queued like any op: the caller downloads the count (policy/finite_check.h). This default
+    /// downloads x and counts on the host.
+    virtual void count_nonfinite(const TensorView& x, const TensorView& out);
 
     // ---- paged KV cache ops (kv_view.h); the base implementations throw "not supported" ----------
     /// Non-causal attention of q over [history rows through the block table | current rows], per head:

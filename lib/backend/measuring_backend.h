@@ -49,6 +49,7 @@ public:
                          const TensorView& k_cur, const TensorView&, const TensorView&) override;
     void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
                     int64_t) override {}
+    void count_nonfinite(const TensorView&, const TensorView&) override {}
 
 private:
     /// Fake allocations at distinct addresses; an arena on a fake address.

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 
 #include "config/model_fields.h"
 #include "core/error.h"
+#include "core/yaml_text.h"
 
 namespace dzr::config {
 
@@ -25,6 +27,7 @@ namespace {
 struct Context {
     std::string source;
     std::set<std::string> overridden;
+    std::string_view text;  // the document's text (for the checks the parsed tree cannot make); may be empty
 
     std::string origin(const std::string& path) const {
         for (const auto& o : overridden)
@@ -87,6 +90,30 @@ void read(const YAML::Node& n, std::string& out, const Context& c, const std::st
     if (!n.IsScalar()) bad(c, p, "a string", n);
     out = n.Scalar();
 }
+
+/// A quoted value left open on its line runs over the keys after it (YAML folds them into the value, and a
+/// double quote open to the end of the file is no syntax error for yaml-cpp): an error naming those keys.
+/// Values set by --set are skipped (their marks point into the override's text).
+void reject_swallowed_keys(const YAML::Node& n, const Context& c, const std::string& path, int depth = 0) {
+    if (c.text.empty() || depth > 64 || !c.origin(path).empty()) return;
+    if (n.IsScalar()) {
+        const std::vector<std::string> keys = yaml_swallowed_keys(c.text, n.Mark().line, n.Mark().column);
+        if (keys.empty()) return;
+        std::string list;
+        for (const auto& k : keys) list += (list.empty() ? "" : ", ") + k;
+        DZR_THROW("{}: line {}: the quoted value of {} is not closed on its line and swallows the key{} {} "
+                  "(close the quote)",
+                  c.source, n.Mark().line + 1, path.empty() ? "the document" : path, keys.size() == 1 ? "" : "s",
+                  list);
+    } else if (n.IsMap()) {
+        for (auto it = n.begin(); it != n.end(); ++it) {
+            const std::string k = it->first.IsScalar() ? it->first.Scalar() : "?";
+            reject_swallowed_keys(it->second, c, path.empty() ? k : path + "." + k, depth + 1);
+        }
+    } else if (n.IsSequence()) {
+        for (size_t i = 0; i < n.size(); ++i) reject_swallowed_keys(n[i], c, fmt::format("{}[{}]", path, i), depth + 1);
+    }
+}
 void read(const YAML::Node& n, std::vector<int>& out, const Context& c, const std::string& p) {
     if (!n.IsSequence()) bad(c, p, "a list of integers", n);
     out.clear();
@@ -113,13 +140,13 @@ void read(const YAML::Node& n, std::array<int, 3>& out, const Context& c, const 
 /// A YAML map read key by key; finish() rejects the keys nobody asked for.
 class Section {
   public:
+    // NOTE: an absent section is an empty map. The node of a missing key is invalid in yaml-cpp (reset() on it
+    // throws YAML::InvalidNode, which the fuzzer found), so a fresh map is made instead of reusing it.
     Section(const YAML::Node& node, std::string path, const Context& ctx)
-        : node_(node), path_(std::move(path)), ctx_(ctx) {
-        if (!node_.IsDefined() || node_.IsNull()) {
-            node_.reset(YAML::Node(YAML::NodeType::Map));
-        } else if (!node_.IsMap()) {
-            bad(ctx_, path_, "a map", node);
-        }
+        : node_(node.IsDefined() && !node.IsNull() ? node : YAML::Node(YAML::NodeType::Map)),
+          path_(std::move(path)),
+          ctx_(ctx) {
+        if (!node_.IsMap()) bad(ctx_, path_, "a map", node);
     }
 
     std::string key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
@@ -182,25 +209,66 @@ ModelConfig read_model(const YAML::Node& node, const Context& ctx) {
     return m;
 }
 
-void read_sampling(const YAML::Node& node, SamplingConfig& s, const Context& ctx) {
-    Section sec(node, "sampling", ctx);
-    for_each_sampling_field(s, [&](const RunField& f, auto& value) { sec.get(std::string(f.name), value, false); });
-    sec.finish();
-    DZR_CHECK(s.num_inference_steps > 0, "{}: sampling.num_inference_steps must be positive, got {}",
-              ctx.source, s.num_inference_steps);
-    DZR_CHECK(s.num_dit_steps > 0 && s.num_dit_steps <= s.num_inference_steps,
-              "{}: sampling.num_dit_steps must be in [1, num_inference_steps = {}], got {}", ctx.source,
-              s.num_inference_steps, s.num_dit_steps);
-    DZR_CHECK(s.sigma_shift > 0, "{}: sampling.sigma_shift must be positive, got {}", ctx.source,
-              s.sigma_shift);
+/// Which steps evaluate the DiT must follow from the settings without a guess: a NUM_DIT_STEPS preset (defined
+/// for 16 steps), every step (num_dit_steps = num_inference_steps), an explicit mask, or the dynamic schedule.
+void check_step_plan(SamplingConfig& s, bool dit_steps_given, const Context& ctx) {
+    const std::string steps_origin = ctx.origin("sampling.num_inference_steps");
+    const std::string dit_origin = ctx.origin("sampling.num_dit_steps");
+    if (s.dynamic_schedule) {
+        // NOTE: the dynamic schedule decides while it runs; num_dit_steps does not apply (the manifest says so).
+        DZR_CHECK(s.dit_step_mask.empty(),
+                  "{}: sampling.dit_step_mask and sampling.dynamic_schedule: true exclude each other{}", ctx.source,
+                  ctx.origin("sampling.dit_step_mask") + ctx.origin("sampling.dynamic_schedule"));
+        return;
+    }
     if (!s.dit_step_mask.empty()) {
         DZR_CHECK(int(s.dit_step_mask.size()) == s.num_inference_steps,
-                  "{}: sampling.dit_step_mask has {} entries, expected num_inference_steps = {}", ctx.source,
-                  s.dit_step_mask.size(), s.num_inference_steps);
+                  "{}: sampling.dit_step_mask has {} entries, expected num_inference_steps = {}{}", ctx.source,
+                  s.dit_step_mask.size(), s.num_inference_steps, steps_origin);
         DZR_CHECK(s.dit_step_mask[0],
                   "{}: sampling.dit_step_mask[0] must be true (the first step runs the DiT)", ctx.source);
+        const int count = int(std::count(s.dit_step_mask.begin(), s.dit_step_mask.end(), true));
+        DZR_CHECK(!dit_steps_given || s.num_dit_steps == count,
+                  "{}: sampling.num_dit_steps = {}{} but sampling.dit_step_mask runs the DiT at {} steps; make them "
+                  "agree (or leave num_dit_steps out)",
+                  ctx.source, s.num_dit_steps, dit_origin, count);
+        s.num_dit_steps = count;
+        return;
     }
+    DZR_CHECK(s.num_dit_steps > 0 && s.num_dit_steps <= s.num_inference_steps,
+              "{}: sampling.num_dit_steps must be in [1, num_inference_steps = {}], got {}{}", ctx.source,
+              s.num_inference_steps, s.num_dit_steps, dit_origin);
+    if (s.num_dit_steps == s.num_inference_steps) return;  // every step
+    if (s.num_inference_steps == kPresetInferenceSteps) {
+        DZR_CHECK(s.num_dit_steps >= 5 && s.num_dit_steps <= 8,
+                  "{}: sampling.num_dit_steps = {}{} has no preset for {} steps (the presets are 5, 6, 7 and 8; {} "
+                  "runs every step); list the steps in sampling.dit_step_mask instead",
+                  ctx.source, s.num_dit_steps, dit_origin, kPresetInferenceSteps, kPresetInferenceSteps);
+        return;
+    }
+    DZR_THROW("{}: sampling.num_dit_steps = {}{} has a preset only for num_inference_steps = {}, but "
+              "sampling.num_inference_steps = {}{}; set sampling.num_dit_steps = {} to run the DiT at every step, or "
+              "list the steps in sampling.dit_step_mask",
+              ctx.source, s.num_dit_steps, dit_origin, kPresetInferenceSteps, s.num_inference_steps, steps_origin,
+              s.num_inference_steps);
 }
+
+void read_sampling(const YAML::Node& node, SamplingConfig& s, const Context& ctx) {
+    Section sec(node, "sampling", ctx);
+    const bool dit_steps_given = sec.child("num_dit_steps").IsDefined();
+    for_each_sampling_field(s, [&](const RunField& f, auto& value) { sec.get(std::string(f.name), value, false); });
+    sec.finish();
+    DZR_CHECK(s.num_inference_steps >= 1 && s.num_inference_steps <= kMaxInferenceSteps,
+              "{}: sampling.num_inference_steps must be in [1, {}], got {}{}", ctx.source, kMaxInferenceSteps,
+              s.num_inference_steps, ctx.origin("sampling.num_inference_steps"));
+    DZR_CHECK(s.sigma_shift > 0 && s.sigma_shift <= kMaxSigmaShift,
+              "{}: sampling.sigma_shift must be in (0, {}], got {}{}", ctx.source, kMaxSigmaShift, s.sigma_shift,
+              ctx.origin("sampling.sigma_shift"));
+    DZR_CHECK(s.cfg_scale >= 0 && s.cfg_scale <= kMaxCfgScale, "{}: sampling.cfg_scale must be in [0, {}], got {}{}",
+              ctx.source, kMaxCfgScale, s.cfg_scale, ctx.origin("sampling.cfg_scale"));
+    check_step_plan(s, dit_steps_given, ctx);
+}
+
 
 void read_kv(const YAML::Node& node, KvConfig& k, const ModelConfig& model, const Context& ctx) {
     // NOTE: the `kv:` section belongs to lib/kv (parse_kv_config, KvConfig::validate); only the file
@@ -220,22 +288,25 @@ void read_rollout(const YAML::Node& node, RolloutConfig& r, const Context& ctx) 
     Section sec(node, "rollout", ctx);
     for_each_rollout_field(r, [&](const RunField& f, auto& value) { sec.get(std::string(f.name), value, false); });
     sec.finish();
-    DZR_CHECK(r.stride > 0, "{}: rollout.stride must be positive, got {}", ctx.source, r.stride);
+    DZR_CHECK(r.stride > 0 && r.stride <= kMaxFrameIndex, "{}: rollout.stride must be in [1, {}], got {}",
+              ctx.source, kMaxFrameIndex, r.stride);
     DZR_CHECK(!r.offsets.empty(), "{}: rollout.offsets must not be empty", ctx.source);
     for (size_t i = 0; i < r.offsets.size(); ++i) {
-        DZR_CHECK(r.offsets[i] <= 0,
-                  "{}: rollout.offsets[{}] = {} must not be positive (frames after the anchor)", ctx.source,
-                  i, r.offsets[i]);
+        DZR_CHECK(r.offsets[i] <= 0 && r.offsets[i] >= -kMaxFrameIndex,
+                  "{}: rollout.offsets[{}] = {} must be in [-{}, 0] (no frames after the anchor)", ctx.source, i,
+                  r.offsets[i], kMaxFrameIndex);
         DZR_CHECK(i == 0 || r.offsets[i] > r.offsets[i - 1], "{}: rollout.offsets must increase strictly",
                   ctx.source);
     }
-    DZR_CHECK(r.max_chunks >= 0, "{}: rollout.max_chunks must be >= 0, got {}", ctx.source, r.max_chunks);
-    DZR_CHECK(r.start_frame >= 0, "{}: rollout.start_frame must be >= 0, got {}", ctx.source, r.start_frame);
+    DZR_CHECK(r.max_chunks >= 0 && r.max_chunks <= kMaxFrameIndex, "{}: rollout.max_chunks must be in [0, {}], got {}",
+              ctx.source, kMaxFrameIndex, r.max_chunks);
+    DZR_CHECK(r.start_frame >= 0 && r.start_frame <= kMaxFrameIndex,
+              "{}: rollout.start_frame must be in [0, {}], got {}", ctx.source, kMaxFrameIndex, r.start_frame);
 }
 
-RunConfig read_run_config(YAML::Node root, const std::string& source,
+RunConfig read_run_config(YAML::Node root, const std::string& source, std::string_view text,
                           const std::vector<Override>& overrides) {
-    Context ctx{source, {}};
+    Context ctx{source, {}, text};
     if (!root.IsDefined() || root.IsNull()) root.reset(YAML::Node(YAML::NodeType::Map));
     DZR_CHECK(root.IsMap(), "{}: expected a YAML map at the top level", source);
     for (const auto& o : overrides) {
@@ -246,6 +317,7 @@ RunConfig read_run_config(YAML::Node root, const std::string& source,
         }
         ctx.overridden.insert(o.path);
     }
+    reject_swallowed_keys(root, ctx, "");
     RunConfig rc;
     Section top(root, "", ctx);
     rc.model = read_model(top.child("model"), ctx);
@@ -315,7 +387,7 @@ void apply_override(YAML::Node& root, const Override& o) {
 
 RunConfig parse_run_config(const std::string& yaml_text, const std::string& source,
                            const std::vector<Override>& overrides) {
-    return read_run_config(load_yaml_text(yaml_text, source), source, overrides);
+    return read_run_config(load_yaml_text(yaml_text, source), source, yaml_text, overrides);
 }
 
 RunConfig load_run_config(const fs::path& path, const std::vector<Override>& overrides) {
@@ -331,7 +403,7 @@ RunConfig load_run_config(const fs::path& path, const std::vector<Override>& ove
 }
 
 ModelConfig model_config_from_yaml(const YAML::Node& model, const std::string& source) {
-    Context ctx{source, {}};
+    Context ctx{source, {}, {}};
     return read_model(model, ctx);
 }
 

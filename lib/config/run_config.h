@@ -15,12 +15,24 @@
 
 namespace dzr::config {
 
+/// Bounds of the run settings (docs/RELIABILITY.md lists them): a value outside is an error naming the key.
+inline constexpr int kMaxInferenceSteps = 1000;    ///< the flow schedule's 1000 training timesteps
+inline constexpr int kPresetInferenceSteps = 16;   ///< the step count the NUM_DIT_STEPS presets are defined for
+inline constexpr float kMaxSigmaShift = 100.0f;
+inline constexpr float kMaxCfgScale = 100.0f;
+inline constexpr int kMaxFrameIndex = 10'000'000;  ///< rollout.stride, offsets, max_chunks, start_frame
+
 /// Flow-matching sampler settings (dreamzero-reference.md §3).
+///
+/// Which steps evaluate the DiT is checked when the config is read: with dynamic_schedule the dynamic schedule
+/// decides while it runs (num_dit_steps does not apply); else dit_step_mask when given (num_dit_steps becomes
+/// its count; a different explicit num_dit_steps is an error); else num_dit_steps = num_inference_steps runs
+/// every step, and 5..8 pick the official presets, which exist for 16 steps only. Anything else is an error.
 struct SamplingConfig {
     int num_inference_steps = 16;
     float sigma_shift = 5.0f;
     float cfg_scale = 5.0f;
-    int num_dit_steps = 8;  // DiT evaluations per call (fixed masks for 5..8; else all steps)
+    int num_dit_steps = 8;  // DiT evaluations per call (see above)
     std::vector<bool>
         dit_step_mask;  // explicit mask (length num_inference_steps); empty = from num_dit_steps
     bool dynamic_schedule = false;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <functional>
 #include <set>
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/yaml_text.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
 
@@ -45,7 +47,19 @@ std::string describe_utf8_error(std::string_view text, size_t offset) {
     return fmt::format("byte 0x{:02x} at offset {}", uint8_t(text[offset]), offset);
 }
 
-EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& warnings, const EpisodeLayout& layout) {
+/// A quoted value left open on its line swallows the keys after it into the value: an error naming them.
+void reject_swallowed_keys(const std::string& text, const YAML::Node& v, const std::string& file,
+                           const std::string& key) {
+    const std::vector<std::string> keys = yaml_swallowed_keys(text, v.Mark().line, v.Mark().column);
+    if (keys.empty()) return;
+    std::string list;
+    for (const auto& k : keys) list += (list.empty() ? "'" : ", '") + k + "'";
+    DZR_THROW("{}: line {}: the quoted {} is not closed on its line and swallows the line{} starting with {} "
+              "(close the quote)",
+              file, v.Mark().line + 1, key, keys.size() == 1 ? "" : "s", list);
+}
+
+EpisodeYaml read_episode_yaml(const fs::path& file, const EpisodeLayout& layout) {
     EpisodeYaml y;
     const std::string text = read_file(file);
     const std::string name = file.string();
@@ -65,6 +79,7 @@ EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& wa
             const YAML::Node& v = kv.second;
             if (key == "prompt") {
                 DZR_CHECK(v.IsScalar(), "{}: 'prompt' must be a string", name);
+                reject_swallowed_keys(text, v, name, key);
                 y.prompt = v.as<std::string>();
             } else if (key == "fps") {
                 DZR_CHECK(v.IsScalar(), "{}: 'fps' must be a number", name);
@@ -88,7 +103,7 @@ EpisodeYaml read_episode_yaml(const fs::path& file, std::vector<std::string>& wa
                     y.camera_files[cam] = c.second.as<std::string>();
                 }
             } else {
-                warnings.push_back(fmt::format("{}: ignoring unknown key '{}'", name, key));
+                DZR_THROW("{}: unknown key '{}' (episode.yaml has prompt, fps and cameras)", name, key);
             }
         }
     } catch (const YAML::Exception& e) {
@@ -162,9 +177,14 @@ std::vector<double> load_per_frame(const fs::path& file, int64_t cols, int64_t& 
     DZR_CHECK(ok, "{}: expected shape {}, found {}", file.string(), expected, a.describe());
     rows = a.dim(0);
     std::vector<double> v = a.to_f64();
-    for (size_t i = 0; i < v.size(); ++i)
+    for (size_t i = 0; i < v.size(); ++i) {
         DZR_CHECK(std::isfinite(v[i]), "{}: row {}, column {} is {}", file.string(), int64_t(i) / cols,
                   int64_t(i) % cols, v[i]);
+        // NOTE: the model and the reports compute in float32: a float64 value beyond its range turns into inf.
+        DZR_CHECK(std::fabs(v[i]) <= double(std::numeric_limits<float>::max()),
+                  "{}: row {}, column {} is {}, beyond the float32 range (|x| <= 3.4e38)",
+                  file.string(), int64_t(i) / cols, int64_t(i) % cols, v[i]);
+    }
     return v;
 }
 
@@ -260,7 +280,7 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
     EpisodeYaml y;
     const EpisodeLayout& layout = opt.layout;
     ep.embodiment = layout.embodiment;
-    if (fs::is_regular_file(yaml_file, ec)) y = read_episode_yaml(yaml_file, ep.warnings, layout);
+    if (fs::is_regular_file(yaml_file, ec)) y = read_episode_yaml(yaml_file, layout);
 
     // Prompt: the option wins over episode.yaml.
     if (opt.prompt) {
@@ -370,7 +390,8 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
                                               "resizes them with padding", c.file.filename().string(), c.width,
                                               c.height, layout.display_name, layout.frame_width,
                                               layout.frame_height));
-    for (const auto& w : ep.warnings) log()->warn("episode {}: {}", ep.name, w);
+    if (opt.log_warnings)
+        for (const auto& w : ep.warnings) log()->warn("episode {}: {}", ep.name, w);
     return ep;
 }
 
@@ -378,9 +399,8 @@ std::optional<int64_t> count_episode_frames(const fs::path& dir, const EpisodeOp
     const EpisodeLayout& layout = opt.layout;
     std::error_code ec;
     DZR_CHECK(fs::is_directory(dir, ec), "{}: not an episode directory (no such directory)", dir.string());
-    std::vector<std::string> warnings;
     EpisodeYaml y;
-    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) y = read_episode_yaml(dir / kEpisodeYaml, warnings, layout);
+    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) y = read_episode_yaml(dir / kEpisodeYaml, layout);
     std::optional<int64_t> frames;
     const auto take = [&](int64_t n) { frames = frames ? std::min(*frames, n) : n; };
     for (const auto& cam : layout.cameras) {
@@ -431,8 +451,7 @@ std::vector<std::string> check_episode_layout(const fs::path& dir, const Episode
         }
     };
     EpisodeYaml y;
-    std::vector<std::string> ignored;
-    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) guard([&] { y = read_episode_yaml(dir / kEpisodeYaml, ignored, layout); });
+    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) guard([&] { y = read_episode_yaml(dir / kEpisodeYaml, layout); });
     for (const auto& cam : layout.cameras)
         guard([&] {
             const fs::path file = find_camera_file(dir, cam, y, layout);
@@ -446,8 +465,8 @@ std::vector<std::string> check_episode_layout(const fs::path& dir, const Episode
         const NpyHeader h = read_npy_header(file);
         const bool ok = npy_dtype_is_float(h.dtype) &&
                         ((h.shape.size() == 2 && h.shape[1] == dim) || (dim == 1 && h.shape.size() == 1));
-        DZR_CHECK(ok, "{}: {} of embodiment {} is {} wide: expected a float array [T, {}], found {} [{}]",
-                  file.string(), what, layout.embodiment, dim, dim, npy_dtype_name(h.dtype), fmt::join(h.shape, ", "));
+        DZR_CHECK(ok, "{}: expected shape [T, {}], found {} [{}] ({} of embodiment {} is {} wide, a float array)",
+                  file.string(), dim, npy_dtype_name(h.dtype), fmt::join(h.shape, ", "), what, layout.embodiment, dim);
     };
     for (const auto& [key, dim] : layout.state)
         guard([&] {

@@ -73,6 +73,9 @@ struct EpisodeOptions {
     VideoOpener open_video;
     /// What the episode holds (DROID's by default).
     EpisodeLayout layout;
+    /// Log the warnings as well as keeping them in Episode::warnings (a rollout logs them once, when it
+    /// validates every episode before the run, and reads quietly later).
+    bool log_warnings = true;
 };
 
 struct CameraStream {

@@ -13,6 +13,7 @@
 #include "model/umt5.h"
 #include "model/wan_vae.h"
 #include "policy/branch_runner.h"
+#include "policy/step_plan.h"
 #include "sampling/step_schedule.h"
 #include "weights/inventory.h"
 
@@ -42,13 +43,6 @@ public:
 private:
     std::map<std::string, TensorView> views_;
 };
-
-StepSchedule make_schedule(const config::SamplingConfig& s) {
-    if (s.dynamic_schedule) return StepSchedule::dynamic(s.num_inference_steps);
-    if (!s.dit_step_mask.empty()) return StepSchedule::from_mask(s.dit_step_mask);
-    if (s.num_inference_steps != 16) return StepSchedule::all(s.num_inference_steps);
-    return StepSchedule::from_num_dit_steps(s.num_dit_steps, s.num_inference_steps);
-}
 
 /// --save-video needs the VAE decoder: a checkpoint whose config says it has none may still hold the
 /// weights; otherwise the error names the missing keys.
@@ -172,7 +166,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
     }
     if (placement_.backends.size() > 1) communicator_ = make_host_communicator();
 
-    schedule_ = std::make_unique<StepSchedule>(make_schedule(options_.sampling));
+    schedule_ = std::make_unique<StepSchedule>(make_step_schedule(options_.sampling));
     noise_ = options_.noise ? options_.noise : std::make_shared<SeededNoise>(options_.sampling.seed);
 
     if (options_.kv_mode == KvMode::Paged) {

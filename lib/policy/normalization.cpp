@@ -1,5 +1,7 @@
 #include "policy/normalization.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -112,6 +114,116 @@ std::vector<double> prepare_state(std::span<const double> joint_position,
     std::vector<double> state(joint_position.begin(), joint_position.end());
     state.insert(state.end(), gripper_position.begin(), gripper_position.end());
     return prepare_state(state, droid_embodiment(stats), max_state_dim);
+}
+
+namespace {
+
+/// The problems of one key's statistics for its normalization mode: present, of the key's width, finite, and
+/// spread (an equal pair would pass the state through unnormalized and collapse the actions to one value).
+void check_key_statistics(const std::string& where, const KeyStatistics* k, int dim, NormMode mode,
+                          std::vector<std::string>& problems) {
+    if (mode == NormMode::None || mode == NormMode::Binary) return;
+    if (!k) {
+        problems.push_back(where + " is missing (the policy normalizes with it)");
+        return;
+    }
+    const auto pair = [&](const std::vector<float>& lo_v, const std::vector<float>& hi_v, const char* lo_name,
+                          const char* hi_name, bool strict_order) {
+        if (lo_v.size() != size_t(dim) || hi_v.size() != size_t(dim)) {
+            problems.push_back(fmt::format("{}: {} and {} need {} values, found {} and {}", where, lo_name, hi_name,
+                                           dim, lo_v.size(), hi_v.size()));
+            return;
+        }
+        for (int d = 0; d < dim; ++d) {
+            const float lo = lo_v[size_t(d)], hi = hi_v[size_t(d)];
+            if (!std::isfinite(lo) || !std::isfinite(hi))
+                problems.push_back(
+                    fmt::format("{}: dimension {}: {} {} and {} {} must be finite", where, d, lo_name, lo, hi_name, hi));
+            else if (strict_order && !(lo < hi))
+                problems.push_back(fmt::format("{}: dimension {}: {} = {} must be below {} = {} ({} normalization "
+                                               "divides by their difference)",
+                                               where, d, lo_name, lo, hi_name, hi, norm_mode_name(mode)));
+        }
+    };
+    switch (mode) {
+        case NormMode::Q99:
+            pair(k->q01, k->q99, "q01", "q99", true);
+            break;
+        case NormMode::MinMax:
+            pair(k->min, k->max, "min", "max", true);
+            break;
+        case NormMode::Scale:
+            pair(k->min, k->max, "min", "max", false);
+            break;
+        case NormMode::MeanStd:
+            pair(k->mean, k->std, "mean", "std", false);
+            for (size_t d = 0; d < k->std.size(); ++d)
+                if (std::isfinite(k->std[d]) && !(k->std[d] > 0.0f))
+                    problems.push_back(fmt::format("{}: dimension {}: std = {} must be positive", where, d, k->std[d]));
+            break;
+        default:
+            break;
+    }
+}
+
+const KeyStatistics* find_statistics(const EmbodimentStatistics& stats, const char* group, const std::string& key) {
+    const auto& g = std::string(group) == "state" ? stats.state : stats.action;
+    const auto it = g.find(key);
+    return it == g.end() ? nullptr : &it->second;
+}
+
+}  // namespace
+
+std::vector<std::string> check_policy_statistics(const EmbodimentStatistics& stats, const std::string& source) {
+    std::vector<std::string> problems;
+    const std::pair<const char*, int> keys[] = {{"joint_position", kDroidJointDims}, {"gripper_position", kDroidGripperDims}};
+    for (const char* group : {"state", "action"})
+        for (const auto& [key, dim] : keys)
+            check_key_statistics(fmt::format("{}: {}.statistics.{}.{}", source, stats.tag, group, key),
+                                 find_statistics(stats, group, key), dim, NormMode::Q99, problems);
+    return problems;
+}
+
+std::vector<std::string> check_policy_statistics(const Embodiment& e, const std::string& source) {
+    std::vector<std::string> problems;
+    for (const auto& [group, keys] : {std::pair{"state", &e.state}, std::pair{"action", &e.action}})
+        for (const ArraySpec& k : *keys)
+            check_key_statistics(fmt::format("{}: {}.statistics.{}.{}", source, e.tag, group, k.key),
+                                 e.has_statistics ? &k.stats : nullptr, k.dim, k.norm, problems);
+    return problems;
+}
+
+std::string check_state_range(std::string_view key, std::span<const double> values, int64_t dim,
+                              const KeyStatistics& stats) {
+    if (dim <= 0 || stats.q01.size() != size_t(dim) || stats.q99.size() != size_t(dim)) return {};
+    int worst_dim = -1;
+    double worst_value = 0, worst_excess = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+        const int64_t d = int64_t(i % size_t(dim));
+        const double lo = stats.q01[size_t(d)], hi = stats.q99[size_t(d)], r = hi - lo;
+        const double v = values[i];
+        // NOTE: "far" is more than the whole q01..q99 range beyond either end; noise near the quantiles is normal.
+        const double excess = v < lo - r ? (lo - v) / std::max(r, 1e-12) : v > hi + r ? (v - hi) / std::max(r, 1e-12) : 0;
+        if (excess > worst_excess) {
+            worst_excess = excess;
+            worst_dim = int(d);
+            worst_value = v;
+        }
+    }
+    if (worst_dim < 0) return {};
+    const double lo = stats.q01[size_t(worst_dim)], hi = stats.q99[size_t(worst_dim)];
+    std::string cause;
+    if (key == "joint_position") {
+        const double as_radians = worst_value * 3.14159265358979323846 / 180.0;
+        if (as_radians >= lo - (hi - lo) && as_radians <= hi + (hi - lo))
+            cause = "; these look like degrees: dzr expects joint positions in radians";
+        else
+            cause = "; check the units (radians expected) and that the columns are the joints in order";
+    } else if (key == "gripper_position") {
+        cause = worst_value > 1.5 ? "; the gripper is expected in 0 (open) .. 1 (closed), not 0..100 or 0..255" : "";
+    }
+    return fmt::format("state {}[{}] reaches {:.6g}, far outside the checkpoint's q01..q99 range {:.6g}..{:.6g}{}",
+                       key, worst_dim, worst_value, lo, hi, cause);
 }
 
 float round_f64_to_bf16(double v) {

@@ -2,7 +2,9 @@
 /// State normalization of the policy (the reference's StateActionTransform, groot/vla/data/transform/
 /// state_action.py Normalizer.forward) per key of the embodiment, with the statistics of
 /// experiment_cfg/metadata.json, and DreamTransform's zero-padding to max_state_dim.
+#include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -44,6 +46,22 @@ std::vector<double> prepare_state(std::span<const double> joint_position,
 /// The built-in oxe_droid embodiment with `stats` bound (joint 7, gripper 1; throws when the statistics of
 /// those keys are missing or of another width).
 Embodiment droid_embodiment(const EmbodimentStatistics& stats);
+
+/// What the policy needs of an embodiment's statistics, checked before anything runs: state and action
+/// joint_position (7 dims) and gripper_position (1 dim), finite, with q01 < q99 in every dimension (an equal
+/// pair would pass the state through unnormalized and collapse the actions to q01). Returns one line per problem,
+/// each starting with `source` (the metadata.json path); empty when usable.
+std::vector<std::string> check_policy_statistics(const EmbodimentStatistics& stats, const std::string& source);
+/// The same for every normalized state and action key of an embodiment with its bound statistics, by the key's
+/// normalization mode (q01 < q99, min < max, std > 0, all finite, of the key's width).
+std::vector<std::string> check_policy_statistics(const Embodiment& e, const std::string& source);
+
+/// The state far outside what the checkpoint saw: values beyond [q01 - r, q99 + r] (r = q99 - q01) in some
+/// dimension of `key` ([rows, dim] row-major). Returns one warning naming the worst dimension and its range,
+/// with the likely cause (degrees instead of radians for a joint, 0..255 or 0..100 for a gripper); empty when
+/// every value is within.
+std::string check_state_range(std::string_view key, std::span<const double> values, int64_t dim,
+                              const KeyStatistics& stats);
 
 /// Rounds a double straight to the nearest bf16 (ties to even), as torch's float64 -> bfloat16 cast
 /// does, and returns it as float (exactly representable). Rounding through float32 first can differ

@@ -12,6 +12,7 @@
 #include "model/wan_vae.h"
 #include "policy/branch_runner.h"
 #include "policy/engine.h"
+#include "policy/finite_check.h"
 #include "policy/normalization.h"
 #include "policy/postprocess.h"
 #include "sampling/cfg.h"
@@ -46,6 +47,7 @@ struct Session::Runners {
     std::unique_ptr<DitCrossKv> remote_staging;
     Tensor remote_text, remote_clip;     // two devices: the unconditional branch's text and CLIP features
     std::unique_ptr<FlowUniPC> video_sampler, action_sampler;
+    std::unique_ptr<FiniteChecks> finite;  // the always-on check: counted on the device, read once per call
 };
 
 /// The phase marks of one call, recorded on the primary backend's stream and read after the actions come back.
@@ -96,6 +98,8 @@ Session::Session(Engine& engine) : engine_(engine) {
     uc.shift = engine_.options_.sampling.sigma_shift;
     runners_->video_sampler = std::make_unique<FlowUniPC>(be, buf_->x.shape(), dt, uc);
     runners_->action_sampler = std::make_unique<FlowUniPC>(be, buf_->a.shape(), dt, uc);
+    // NOTE: 4 checks per DiT evaluation (at most Events::kMaxEvaluations) and 1 after denoising
+    runners_->finite = std::make_unique<FiniteChecks>(be, 4 * Events::kMaxEvaluations + 1);
 
     const Placement& placement = engine_.placement_;
     const int64_t image_tokens = m.clip.num_tokens();
@@ -478,6 +482,8 @@ int Session::denoise(PolicyCallResult& result) {
         DZR_CHECK(evaluation < Events::kMaxEvaluations, "policy: more than {} DiT evaluations in one call",
                   Events::kMaxEvaluations);
         stream.record(*events_->dit[size_t(2 * evaluation)]);
+        runners_->finite->check("the video sample (sampler state)", s.index, buf_->x);
+        runners_->finite->check("the action sample (sampler state)", s.index, buf_->a);
         forward(kCondBranch, ForwardKind::Denoise, cond, start_frame_, s.video_timestep, s.action_timestep);
         forward(kUncondBranch, ForwardKind::Denoise, uncond, start_frame_, s.video_timestep, s.action_timestep);
         trace(fmt::format("velocity.cond.{}", s.index), buf_->v_video);
@@ -485,6 +491,8 @@ int Session::denoise(PolicyCallResult& result) {
         trace(fmt::format("velocity.action.{}", s.index), buf_->v_action);
         apply_cfg(be, buf_->v_video, buf_->v_uncond, sampling.cfg_scale, buf_->v_video);
         check_finite(fmt::format("DiT step {}", s.index), buf_->v_video);
+        runners_->finite->check("the video velocity (after CFG)", s.index, buf_->v_video);
+        runners_->finite->check("the action velocity", s.index, buf_->v_action);
         stream.record(*events_->dit[size_t(2 * evaluation + 1)]);
         ++evaluation;
     };
@@ -492,6 +500,7 @@ int Session::denoise(PolicyCallResult& result) {
                                              *engine_.schedule_, dt, evaluate);
     trace("x", buf_->x);
     trace("actions", buf_->a);
+    runners_->finite->check("the denoised video latent", -1, buf_->x);
     start_frame_ += d.num_frame_per_block;
     return evaluations;
 }
@@ -503,15 +512,17 @@ void Session::postprocess(const PreparedObservation& obs, PolicyCallResult& resu
     Tensor a_host = Tensor::host(buf_->a.shape(), DType::F32);
     be.download(buf_->a, a_host);
     result.actions_normalized.assign(a_host.ptr<float>(), a_host.ptr<float>() + a_host.numel());
-    if (!engine_.measuring_) {
-        for (size_t i = 0; i < result.actions_normalized.size(); ++i)
-            DZR_CHECK(std::isfinite(result.actions_normalized[i]),
-                      "call {}: the model produced a non-finite action (element {}); rerun with --check-finite "
-                      "to find the stage and layer",
-                      call_index_, i);
-    }
+    // NOTE: the device has caught up with the call: the always-on checks are read now, in the order they ran
+    runners_->finite->verify();
+    if (!engine_.measuring_)
+        check_finite_host(fmt::format("call {}, after denoising", call_index_), "the model's normalized actions",
+                          result.actions_normalized.data(), result.actions_normalized.size());
     result.actions = postprocess_actions(result.actions_normalized, d.num_action_per_block, d.action_dim,
                                          obs.state, engine_.embodiment_);
+    if (!engine_.measuring_)
+        check_finite_host(fmt::format("call {}, post-processing", call_index_),
+                          "the robot actions (normalization inverse plus the state)", result.actions.data(),
+                          result.actions.size());
 }
 
 PolicyCallResult Session::step(const PreparedObservation& obs) {
@@ -524,6 +535,7 @@ PolicyCallResult Session::step(const PreparedObservation& obs) {
     ArenaScope call_scope(be.workspace());
     try {
         stream.record(*events_->start);
+        runners_->finite->begin_call(call_index_);
         result.reset_reason = reset_reason(obs);
         result.reset = !result.reset_reason.empty();
         if (result.reset) apply_reset(obs);

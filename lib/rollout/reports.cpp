@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
 #include "io/plots.h"
@@ -21,12 +22,17 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+/// Milliseconds rounded to microseconds: the timers resolve no finer, and 15 digits of noise help nobody.
+double ms_us(double ms) { return std::round(ms * 1000.0) / 1000.0; }
+
 Json stats_json(const TimingStats& s) {
-    return {{"count", s.count}, {"mean", s.mean}, {"median", s.median}, {"p90", s.p90}, {"min", s.min}, {"max", s.max}};
+    return {{"count", s.count}, {"mean", ms_us(s.mean)}, {"median", ms_us(s.median)}, {"p90", ms_us(s.p90)},
+            {"min", ms_us(s.min)},  {"max", ms_us(s.max)}};
 }
 
 /// NaN and infinities have no JSON spelling: they become null.
 Json number_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
 
 Json numbers_or_null(const std::vector<double>& v) {
     Json a = Json::array();
@@ -82,12 +88,12 @@ TimingStats TimingReport::total_stats() const {
 Json TimingReport::to_json() const {
     Json j;
     j["device"] = device;
-    j["checkpoint_load_ms"] = checkpoint_load_ms;
-    j["warmup"] = {{"calls", warmup_calls}, {"total_ms", warmup_ms}};
+    j["checkpoint_load_ms"] = ms_us(checkpoint_load_ms);
+    j["warmup"] = {{"calls", warmup_calls}, {"total_ms", ms_us(warmup_ms)}};
     j["peak_gpu_memory_bytes"] = peak_gpu_memory_bytes ? Json(*peak_gpu_memory_bytes) : Json(nullptr);
     if (video) {
         j["video"] = {{"latent_frames", video->latent_frames}, {"frames", video->frames}, {"fps", video->fps},
-                      {"decode_ms", video->decode_ms}, {"write_ms", video->write_ms}};
+                      {"decode_ms", ms_us(video->decode_ms)}, {"write_ms", ms_us(video->write_ms)}};
     } else {
         j["video"] = nullptr;
     }
@@ -99,11 +105,12 @@ Json TimingReport::to_json() const {
         if (c.timed) prepare_values.push_back(c.host_prepare_ms);
         Json phases;
         for (int p = 0; p < kNumPhases; ++p) {
-            phases[std::string(kPhaseNames[size_t(p)])] = c.phase_ms[size_t(p)];
+            phases[std::string(kPhaseNames[size_t(p)])] = ms_us(c.phase_ms[size_t(p)]);
             if (c.timed) phase_values[size_t(p)].push_back(c.phase_ms[size_t(p)]);
         }
         calls_j.push_back({{"call", c.call}, {"anchor", c.anchor}, {"frames", c.frames}, {"timed", c.timed},
-                           {"total_ms", c.total_ms}, {"phases_ms", phases}, {"host_prepare_ms", c.host_prepare_ms}});
+                           {"total_ms", ms_us(c.total_ms)}, {"phases_ms", phases},
+                           {"host_prepare_ms", ms_us(c.host_prepare_ms)}, {"dit_evaluations", c.dit_evaluations}});
     }
     j["calls"] = calls_j;
     const TimingStats total = total_stats();
@@ -150,6 +157,9 @@ Metrics compute_metrics(const io::ActionChunks& pred, std::span<const double> gt
     DZR_CHECK(int64_t(gt.size()) == gt_rows * dims, "ground-truth actions: {} values for {} rows of {} dims",
               gt.size(), gt_rows, dims);
     DZR_CHECK(opt.steps >= -1 && opt.steps != 0, "metrics: steps must be positive or -1 (all), got {}", opt.steps);
+    DZR_CHECK(opt.gt_offset >= -kMaxMetricOffset && opt.gt_offset <= kMaxMetricOffset,
+              "metrics: the ground-truth offset must be in [-{}, {}], got {}", kMaxMetricOffset, kMaxMetricOffset,
+              opt.gt_offset);
     for (const auto& k : keys)
         DZR_CHECK(k.begin >= 0 && k.begin < k.end && k.end <= dims, "metrics: action key {} [{}, {}) does not fit {} dims",
                   k.name, k.begin, k.end, dims);
@@ -162,6 +172,7 @@ Metrics compute_metrics(const io::ActionChunks& pred, std::span<const double> gt
     std::vector<int64_t> step_n(size_t(steps), 0), call_n(size_t(pred.num_calls()), 0);
     for (int64_t c = 0; c < pred.num_calls(); ++c)
         for (int64_t s = 0; s < steps; ++s) {
+            // NOTE: anchors are frame indices and |gt_offset| <= kMaxMetricOffset, so the sum cannot overflow.
             const int64_t row = pred.anchors[size_t(c)] + opt.gt_offset + s;
             if (row < 0 || row >= gt_rows) {
                 ++m.skipped_steps;
@@ -267,7 +278,10 @@ std::vector<io::PlotSpec> action_plot_specs(const io::ActionChunks& pred, std::s
             if (metrics && size_t(c) < metrics->per_call.size() && std::isfinite(metrics->per_call[size_t(c)]))
                 p.tooltip += fmt::format(": MSE {:.6g} over all dims", metrics->per_call[size_t(c)]);
             for (int64_t s = 0; s < steps; ++s) {
-                p.x.push_back(double(anchor + offset + s));
+                // NOTE: only where there is ground truth to compare with: the x axis ends at the last frame.
+                const int64_t row = anchor + offset + s;
+                if (gt_rows > 0 && (row < 0 || row >= gt_rows)) continue;
+                p.x.push_back(double(row));
                 p.y.push_back(pred.at(c, s, d));
             }
             spec.series.push_back(std::move(p));
@@ -301,6 +315,10 @@ Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::
                       int64_t gt_rows, const MetricsOptions& options, const io::PlotRasterizer& png,
                       std::span<const ActionKey> keys) {
     Metrics m = compute_metrics(pred, gt, gt_rows, options, keys);
+    if (m.compared_steps == 0)
+        log()->warn("{}: no predicted step has a ground-truth row ({} rows, --metric-offset {}): the MSE is undefined "
+                    "(null in metrics.json)",
+                    out.dir().string(), gt_rows, options.gt_offset);
     out.write_json("metrics.json", m.to_json());
     out.write_text("mse.csv", m.mse_csv());
     out.write_with(kGtActionsFile, [&](const fs::path& p) { io::write_npy_f64(p, {gt_rows, pred.dims}, gt); });
@@ -365,7 +383,7 @@ void read_call_timings(const fs::path& dir, EpisodeSummary& e) {
 
 Json summary_json(std::span<const EpisodeSummary> episodes) {
     Json list = Json::array();
-    int64_t ok = 0, failed = 0, skipped = 0, interrupted = 0, incomplete = 0;
+    int64_t ok = 0, failed = 0, skipped = 0, interrupted = 0, incomplete = 0, invalid = 0;
     double pooled_sum = 0;
     int64_t pooled_n = 0;
     std::vector<std::pair<std::string, double>> key_sum;
@@ -376,6 +394,7 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
         skipped += e.status == "skipped";
         interrupted += e.status == "interrupted";
         incomplete += e.status == "incomplete";
+        invalid += e.status == "invalid";
         Json j = {{"name", e.name}, {"status", e.status}, {"num_frames", e.num_frames}, {"num_calls", e.num_calls}};
         if (!e.error.empty()) j["error"] = e.error;
         if (e.metrics) {
@@ -390,7 +409,9 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
                 pooled_sum += e.metrics->overall_mse * w;
                 pooled_n += e.metrics->compared_steps;
                 for (const auto& [k, v] : e.metrics->per_key) {
-                    auto it = std::find_if(key_sum.begin(), key_sum.end(), [&](auto& p) { return p.first == k; });
+                    // NOTE: a named copy: clang before 16 cannot capture a structured binding.
+                    const std::string& key = k;
+                    auto it = std::find_if(key_sum.begin(), key_sum.end(), [&](auto& p) { return p.first == key; });
                     if (it == key_sum.end()) it = key_sum.insert(key_sum.end(), {k, 0.0});
                     it->second += v * w;
                 }
@@ -403,6 +424,7 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
     Json totals = {{"episodes", int64_t(episodes.size())}, {"ok", ok}, {"failed", failed}, {"skipped", skipped}};
     if (interrupted > 0) totals["interrupted"] = interrupted;
     if (incomplete > 0) totals["incomplete"] = incomplete;
+    if (invalid > 0) totals["invalid"] = invalid;
     if (pooled_n > 0) {
         totals["overall_mse"] = pooled_sum / double(pooled_n);
         Json keys = Json::object();

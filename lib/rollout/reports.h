@@ -42,6 +42,8 @@ struct CallTiming {
     /// DreamZeroPolicy::prepare()'s host time; the runner prefetches it during the previous call, so
     /// it is not part of total_ms.
     double host_prepare_ms = 0;
+    /// DiT evaluations of the denoising loop (per CFG branch): what the step plan ran in this call.
+    int dit_evaluations = 0;
 
     double& phase(Phase p) { return phase_ms[size_t(p)]; }
 };
@@ -112,6 +114,10 @@ struct ActionKey {
 /// DROID: 7 absolute joint positions, then the gripper position.
 inline constexpr std::array<ActionKey, 2> kDroidActionKeys = {{{"joint_position", 0, 7}, {"gripper_position", 7, 8}}};
 
+/// The bound of --metric-offset (frames): far beyond any episode, and small enough that the row arithmetic
+/// cannot overflow.
+inline constexpr int64_t kMaxMetricOffset = 1'000'000;
+
 struct MetricsOptions {
     /// Predicted step s of the call anchored at frame a is compared with ground-truth row
     /// a + gt_offset + s. 0 follows the training data (action rows a .. a+23 go with the state at
@@ -170,8 +176,9 @@ Metrics write_metrics(io::ResultWriter& out, const io::ActionChunks& pred, std::
 
 struct EpisodeSummary {
     std::string name;
-    /// "ok", "failed", "skipped" (finished by an earlier run), "interrupted" (Ctrl-C), or "incomplete" (a merged
-    /// summary's episode that has no done marker: never run, or its run was killed)
+    /// "ok", "failed", "skipped" (finished by an earlier run), "interrupted" (Ctrl-C), "incomplete" (a merged
+    /// summary's episode that has no done marker: never run, or its run was killed) or "invalid" (set aside by
+    /// --skip-invalid)
     std::string status;
     std::string error;   // the error message when failed
     int64_t num_frames = 0;

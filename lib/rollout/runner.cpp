@@ -13,11 +13,13 @@
 #include "io/episode.h"
 #include "io/result_writer.h"
 #include "rollout/episode_layout.h"
+#include "policy/step_plan.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/predicted_video.h"
 #include "rollout/noise_files.h"
 #include "rollout/progress.h"
 #include "rollout/report_html.h"
+#include "rollout/validate.h"
 #include "weights/checkpoint.h"
 #include "weights/inventory.h"
 
@@ -69,6 +71,7 @@ CallTiming to_call_timing(const ScheduledCall& call, const PolicyCallResult& r) 
     t.total_ms = r.times.total;
     t.phase(Phase::Preprocess) = r.times.preprocess;
     t.host_prepare_ms = r.times.host_prepare;
+    t.dit_evaluations = r.dit_evaluations;
     t.phase(Phase::TextEncoder) = r.times.text_encoder;
     t.phase(Phase::ImageEncoder) = r.times.image_encoder;
     t.phase(Phase::VaeEncode) = r.times.vae_encode;
@@ -155,7 +158,10 @@ VideoTiming write_predicted_video(Engine& engine, const VideoAccumulator& acc, c
     if (opt.video_encoder) {
         const io::VideoEncoder& enc = *opt.video_encoder;
         for (const auto& [stem, frames] : {std::pair{"predicted_video", &predicted}, std::pair{"observed_video", &observed}})
-            writer.write_with(stem + enc.extension, [&](const std::filesystem::path& p) { enc.write(p, frames->view(), vt.fps); });
+            // NOTE: clang before 16 cannot capture a structured binding
+            writer.write_with(stem + enc.extension, [&, video = frames](const std::filesystem::path& p) {
+                enc.write(p, video->view(), vt.fps);
+            });
     } else {
         log()->info("video: this build has no video encoder browsers play; writing predicted_video.npy and "
                     "observed_video.npy (uint8 [T, H, W, 3]) in {} instead", writer.dir().string());
@@ -166,13 +172,11 @@ VideoTiming write_predicted_video(Engine& engine, const VideoAccumulator& acc, c
     return vt;
 }
 
-/// The episodes of a run, resolved from the given paths, with their output names and what their files lack for the
-/// embodiment (checked from the file headers, before any compute).
+/// The episodes of a run, resolved from the given paths (as directories of the embodiment's layout), with their
+/// output names.
 struct EpisodePlan {
     std::vector<std::filesystem::path> dirs;
     std::vector<std::string> names;
-    std::vector<std::string> layout_errors;  ///< per episode: "" or every problem, joined
-    size_t usable = 0;
 };
 
 EpisodePlan plan_episodes(const RolloutOptions& opt, const io::EpisodeLayout& layout) {
@@ -183,13 +187,6 @@ EpisodePlan plan_episodes(const RolloutOptions& opt, const io::EpisodeLayout& la
     }
     DZR_CHECK(!plan.dirs.empty(), "no episode directories found in the given paths");
     plan.names = io::unique_episode_names(plan.dirs);
-    plan.layout_errors.resize(plan.dirs.size());
-    for (size_t e = 0; e < plan.dirs.size(); ++e) {
-        const std::vector<std::string> problems = io::check_episode_layout(plan.dirs[e], layout);
-        for (size_t i = 0; i < problems.size(); ++i) plan.layout_errors[e] += (i ? "; " : "") + problems[i];
-        if (problems.empty()) ++plan.usable;
-        else log()->error("episode {}: {}", plan.names[e], plan.layout_errors[e]);
-    }
     return plan;
 }
 
@@ -270,6 +267,10 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
     // NOTE: every setting the run used, from the same field tables the config readers walk, plus what the command
     // line chose
     manifest.config = config::run_config_json(opt.run);
+    // NOTE: the DiT evaluations that ran, as the step plan has them (a preset's count, a mask, or dynamic)
+    const StepSchedule steps = make_step_schedule(opt.run.sampling);
+    manifest.config["sampling"]["num_dit_steps"] = steps.is_dynamic() ? Json(nullptr) : Json(steps.num_network_steps());
+    manifest.config["sampling"]["dit_steps"] = steps.describe();
     manifest.config["kv"]["mode"] = opt.kv_mode == KvMode::Paged ? "paged" : "dense";
     manifest.config["numerics"] = numerics_name(opt.numerics);
     manifest.config["devices"] = run.engine->devices();
@@ -354,6 +355,19 @@ EpisodeRun run_episode_calls(const RolloutOptions& opt, LoadedRun& run, const Fr
     return er;
 }
 
+/// --dry-run: what validation found, nothing run.
+RolloutResult dry_run_result(const std::vector<std::string>& names, const ValidatedRun& checked) {
+    RolloutResult result;
+    for (size_t e = 0; e < names.size(); ++e) {
+        EpisodeSummary s = checked.episodes[e].valid ? EpisodeSummary{} : checked.invalid_summary(e, names[e]);
+        s.name = names[e];
+        if (checked.episodes[e].valid) s.status = checked.finished[e] ? "skipped" : "valid";
+        s.num_frames = checked.episodes[e].num_frames;
+        result.episodes.push_back(std::move(s));
+    }
+    return result;
+}
+
 }  // namespace
 
 RolloutResult run_rollout(const RolloutOptions& opt) {
@@ -362,7 +376,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     DZR_CHECK(!opt.episodes.empty(), "no episodes given");
     DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
 
-    // ---- the embodiment, then the episodes checked against it (cheap errors before the expensive load) --------
+    // ---- the embodiment, then everything that can be checked without the weights (validate.h) ----------------
     const Embodiment embodiment = rollout_embodiment(opt);
     const io::EpisodeLayout layout = episode_layout(embodiment);
     EpisodePlan plan = plan_episodes(opt, layout);
@@ -374,35 +388,22 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     count_options.open_video = opt.open_video;
     std::string devices;
     for (const Device& d : opt.devices) devices += (devices.empty() ? "" : ",") + d.str();
-    ShardRun shard(opt.shard, opt.out_dir, plan.dirs, plan.names, schedule, count_options, opt.resume, devices);
-    {
+    std::optional<ShardRun> shard;
+    if (!opt.dry_run) {
+        shard.emplace(opt.shard, opt.out_dir, plan.dirs, plan.names, schedule, count_options, opt.resume, devices);
         EpisodePlan mine;
-        for (size_t e : shard.episodes()) {
+        for (size_t e : shard->episodes()) {
             mine.dirs.push_back(plan.dirs[e]);
             mine.names.push_back(plan.names[e]);
-            mine.layout_errors.push_back(plan.layout_errors[e]);
-            if (plan.layout_errors[e].empty()) ++mine.usable;
         }
         plan = std::move(mine);
     }
-    if (auto done = shard.nothing_to_run(opt.resume)) {
+    // NOTE: before the shortcut below, so that --resume refuses the finished episodes of another run
+    const ValidatedRun checked = validate_run(opt, embodiment, plan.dirs, plan.names, schedule);
+    if (opt.dry_run) return dry_run_result(plan.names, checked);
+    if (auto done = shard->nothing_to_run(opt.resume)) {
         result.episodes = std::move(*done);
-        result.shard = shard.finish(result.episodes, false, opt.plot_png);
-        return result;
-    }
-    if (plan.usable == 0) {
-        // NOTE: nothing to run: the weights are not loaded.
-        for (size_t e = 0; e < plan.dirs.size(); ++e) {
-            EpisodeSummary summary;
-            summary.name = plan.names[e];
-            summary.status = "failed";
-            summary.error = plan.layout_errors[e];
-            result.episodes.push_back(std::move(summary));
-            ++result.failed;
-            record_failure(opt.out_dir / summary.name, summary, opt.shard);
-            shard.note(summary);
-        }
-        result.shard = shard.finish(result.episodes, false, opt.plot_png);
+        result.shard = shard->finish(result.episodes, false, opt.plot_png);
         return result;
     }
 
@@ -441,22 +442,18 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     for (size_t e = 0; e < plan.dirs.size() && !result.interrupted; ++e) {
         const std::string& name = plan.names[e];
         const std::filesystem::path out = opt.out_dir / name;
-        if (opt.resume && io::ResultWriter::is_done(out)) {
+        if (!checked.episodes[e].valid) {
+            result.episodes.push_back(checked.invalid_summary(e, name));
+            shard->note(result.episodes.back());
+            continue;
+        }
+        if (checked.finished[e]) {
             result.episodes.push_back(summary_from_outputs(out, name));
             log.info("episode {}: finished by an earlier run, skipped (--resume)", name);
             continue;
         }
         EpisodeSummary summary;
         summary.name = name;
-        if (!plan.layout_errors[e].empty()) {
-            summary.status = "failed";
-            summary.error = plan.layout_errors[e];
-            ++result.failed;
-            record_failure(out, summary, opt.shard);
-            shard.note(summary);
-            result.episodes.push_back(std::move(summary));
-            continue;
-        }
         try {
             io::ResultWriter::clear_failed(out);
             io::EpisodeOptions eo;
@@ -465,11 +462,13 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             eo.min_frames = schedule.min_frames();
             eo.prompt = opt.prompt;
             eo.open_video = opt.open_video;
-            const io::Episode ep = io::read_episode(plan.dirs[e], eo);
+            eo.log_warnings = false;  // logged when validated
+            io::Episode ep = io::read_episode(plan.dirs[e], eo);
+            ep.warnings.insert(ep.warnings.end(), checked.episodes[e].warnings.begin(), checked.episodes[e].warnings.end());
             summary.num_frames = ep.num_frames;
             summary.num_calls = int64_t(schedule.calls(ep.num_frames).size());
 
-            EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, shard.progress_prefix(),
+            EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, shard->progress_prefix(),
                                               int64_t(e) + 1, num_episodes);
             result.interrupted = er.interrupted;
             // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
@@ -510,7 +509,9 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plot_png,
                                                 action_keys(engine.embodiment()));
             }
-            writer.mark_done(Json{{"num_frames", ep.num_frames}, {"num_calls", er.chunks.num_calls()}});
+            writer.mark_done(Json{{"num_frames", ep.num_frames},
+                                  {"num_calls", er.chunks.num_calls()},
+                                  {"fingerprint", checked.episode_fingerprint(e)}});
             summary.status = "ok";
             progress.finish();
             if (!opt.quiet) {
@@ -528,10 +529,10 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             log.error("episode {}: {}", name, err.what());
             record_failure(out, summary, opt.shard);
         }
-        shard.note(summary);
+        shard->note(summary);
         result.episodes.push_back(std::move(summary));
     }
-    result.shard = shard.finish(result.episodes, result.interrupted, opt.plot_png);
+    result.shard = shard->finish(result.episodes, result.interrupted, opt.plot_png);
     // NOTE: the report covers the whole run, so the process that merged the summary writes it (the only process of
     // an unsharded run, the last rank of a sharded one)
     if (opt.report && result.shard.merged) {

@@ -38,6 +38,12 @@ struct RolloutOptions {
     std::string tokenizer;                        ///< empty: from the checkpoint
     bool warmup = true;
     bool resume = false;
+    /// Run the valid episodes and record the invalid ones in the summary (status "invalid") instead of refusing
+    /// the whole run.
+    bool skip_invalid = false;
+    /// Validate everything (options, episodes, checkpoint headers and statistics, tokenizer, output directory)
+    /// and stop: no weights loaded, nothing written.
+    bool dry_run = false;
     bool allow_truncate = false;
     std::optional<std::string> prompt;
     MetricsOptions metrics;
@@ -75,8 +81,9 @@ struct RolloutResult {
     ShardOutcome shard;  ///< the plan, the rank's record and the summary it wrote
 };
 
-/// Runs the whole rollout. Throws dzr::Error for problems that stop everything (checkpoint, config,
-/// device); an episode's bad input is recorded in its summary and the run goes on with the next.
+/// Runs the whole rollout. Everything that can be checked without the weights is checked first (validate.h):
+/// a problem there throws dzr::Error listing every problem found, before any weight is loaded or any output
+/// written. Later, an episode's failure is recorded in its summary and the run goes on with the next.
 RolloutResult run_rollout(const RolloutOptions& options);
 
 }  // namespace dzr::rollout

@@ -12,6 +12,8 @@
 #include "config/model_json.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/parallel.h"
+#include "weights/checksums.h"
 #include "weights/safetensors.h"
 
 namespace dzr {
@@ -179,22 +181,30 @@ MakePlan write_random_checkpoint(const ModelConfig& config, const MakeOptions& o
         }
 
         json weight_map = json::object();
-        for (const auto& shard : plan.shards) {
+        for (const auto& shard : plan.shards)
+            for (size_t wi : shard.weights) weight_map[plan.weights[wi].key] = shard.name;
+        // NOTE: every tensor has its own generator (seeded from the key), so the shards are independent and the
+        // bytes do not depend on the thread count.
+        const size_t threads = options.threads > 0 ? size_t(options.threads) : worker_threads(plan.shards.size());
+        parallel_for(plan.shards.size(), threads, [&](size_t s) {
+            const ShardPlan& shard = plan.shards[s];
             std::vector<SafetensorsTensorSpec> specs;
             specs.reserve(shard.weights.size());
-            for (size_t wi : shard.weights) {
-                specs.push_back({plan.weights[wi].key, options.dtype, plan.weights[wi].shape});
-                weight_map[plan.weights[wi].key] = shard.name;
-            }
+            for (size_t wi : shard.weights) specs.push_back({plan.weights[wi].key, options.dtype, plan.weights[wi].shape});
             write_safetensors(
                 tmp / shard.name, specs, {{"format", "pt"}}, [&](size_t i, std::vector<uint8_t>& out) {
                     fill_random_weight(plan.weights[shard.weights[i]], options.seed, options.dtype, out);
                 });
-        }
+        });
+        std::vector<std::string> files = {"config.json", "experiment_cfg/metadata.json"};
+        for (const auto& shard : plan.shards) files.push_back(shard.name);
         if (plan.indexed()) {
             json index = {{"metadata", {{"total_size", plan.total_bytes}}}, {"weight_map", weight_map}};
             write_text_file(tmp / "model.safetensors.index.json", index.dump(2) + "\n");
+            files.push_back("model.safetensors.index.json");
         }
+        if (!options.tokenizer.empty()) files.push_back("spiece.model");
+        write_checksums(tmp, files);
         fs::rename(tmp, abs, ec);
         DZR_CHECK(!ec, "cannot rename {} to {}: {}", tmp.string(), abs.string(), ec.message());
     } catch (...) {

@@ -27,6 +27,7 @@ struct MakeOptions {
     std::string metadata_json;
     /// experiment_cfg/conf.yaml text; empty: none (the policy then uses its built-in embodiments).
     std::string conf_yaml;
+    int threads = 0;                      // shards written at once; 0 = up to 8 (the bytes never depend on it)
 };
 
 struct ShardPlan {
@@ -48,6 +49,7 @@ MakePlan plan_random_checkpoint(const ModelConfig& config, const MakeOptions& op
 
 /// Writes the checkpoint into `out_dir`, which must not exist (or be an empty directory). Everything is
 /// written into a temporary sibling directory first and renamed at the end, so a failure leaves nothing.
+/// Shards are written in parallel; checksums.sha256 lists the SHA-256 of every file written.
 /// Returns the plan it wrote.
 MakePlan write_random_checkpoint(const ModelConfig& config, const MakeOptions& options,
                                  const std::filesystem::path& out_dir);

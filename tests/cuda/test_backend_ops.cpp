@@ -708,6 +708,43 @@ std::vector<OpCase> make_cases() {
             }
         }
 
+        // count_nonfinite: exact counts; NaN and infinities survive the upload in both dtypes
+        for (const auto& [R, C] : {std::pair<int64_t, int64_t>{3, 7}, {1785, 5120}}) {
+            add("count_nonfinite", fmt::format("[{}, {}] with NaN, +inf and -inf sprinkled", R, C), dt,
+                [R = R, C = C](Harness& h) {
+                    Tensor x = h.input({R, C});
+                    std::uniform_int_distribution<int64_t> pos(0, R * C - 1);
+                    for (int i = 0; i < 5; ++i) x.ptr<float>()[pos(h.rng())] = i % 3 == 0 ? NAN : i % 3 == 1 ? INFINITY : -INFINITY;
+                    const TensorView xd = h.dev(x), cd = h.dev_out({1}, DType::I32);
+                    Tensor ref = Tensor::host(Shape{1}, DType::I32);
+                    gpu().count_nonfinite(xd, cd);
+                    cpu().count_nonfinite(x, ref);
+                    int32_t got = -1;
+                    gpu().download(cd, TensorView(&got, DType::I32, Shape{1}));
+                    Stats s;
+                    s.n = 1;
+                    s.bad = got == ref.ptr<int32_t>()[0] && got > 0 ? 0 : 1;
+                    s.max_abs = std::fabs(double(got) - double(ref.ptr<int32_t>()[0]));
+                    return s;
+                });
+        }
+        add("activation", "relu passes NaN (as torch.relu) and keeps +inf", dt, [](Harness& h) {
+            Tensor x = h.input({4, 64}, -2.f, 2.f);
+            for (int64_t i = 0; i < x.numel(); i += 7) x.ptr<float>()[i] = i % 2 ? INFINITY : NAN;
+            const TensorView xd = h.dev(x), od = h.dev_out({4, 64});
+            gpu().activation({Activation::Relu}, xd, od);
+            Tensor got = Tensor::host(Shape{4, 64}, DType::F32);
+            gpu().download(od, got);
+            Stats s;
+            s.n = x.numel();
+            for (int64_t i = 0; i < s.n; ++i) {
+                const float v = x.ptr<float>()[i], g = got.ptr<float>()[i];
+                const float want = std::isnan(v) ? v : v <= 0.f ? 0.f : v;
+                s.bad += std::isnan(want) ? !std::isnan(g) : g != want;
+            }
+            return s;
+        });
+
         // rope
         add_big("rope", "DreamZero [1785, 40, 128], 64 pairs split 22/21/21 + action/state", dt,
             [](Harness& h) { return run_rope(h, 1785, 40, 128, 64, false, true); });
@@ -922,7 +959,7 @@ TEST_CASE("every backend op has at least one parity case") {
                                             "gemm",    "binary",  "scale",      "activation", "layer_norm",
                                             "rms_norm", "l2_norm", "softmax", "reduce",     "rope",       "attention",
                                             "conv3d",  "paged_attention", "scatter_kv", "resize_bicubic",
-                                            "sin_cos_table"};
+                                            "sin_cos_table", "count_nonfinite"};
     CHECK(declared == expected);
     std::set<std::string> covered;
     for (const OpCase& c : make_cases()) covered.insert(c.op);

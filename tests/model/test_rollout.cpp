@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/run_config.h"
+#include "core/error.h"
 #include "io/npy.h"
 #include "io/plots.h"
 #include "io/synth_episode.h"
@@ -97,7 +98,7 @@ TEST_CASE("rollout of the sample episode writes every output with the right shap
     CHECK(fs::last_write_time(dir / "out2/episode_000/actions.npy") == mtime);
 }
 
-TEST_CASE("a rollout of an episode with a missing camera fails with a message naming it and writes nothing") {
+TEST_CASE("a rollout of an episode with a missing camera is refused before the load, naming it, and writes nothing") {
     test::TempDir dir;
     fs::copy(sample_episode(dir), dir / "ep", fs::copy_options::recursive);
     for (const char* ext : {".mp4", ".npy"}) fs::remove(dir / "ep" / (std::string("wrist_image_left") + ext));
@@ -108,10 +109,23 @@ TEST_CASE("a rollout of an episode with a missing camera fails with a message na
     auto opt = tiny_options(dir / "ep", dir / "ckpt", dir / "out");
     opt.episodes = {dir / "ep"};
     opt.warmup = false;
-    const auto r = rollout::run_rollout(opt);
-    REQUIRE(r.failed == 1);
-    CHECK(r.episodes[0].status == "failed");
-    CHECK(r.episodes[0].error.find("wrist_image_left") != std::string::npos);
-    CHECK_FALSE(fs::exists(dir / "out/ep/actions.npy"));
+    std::string error;
+    try {
+        rollout::run_rollout(opt);
+    } catch (const Error& e) {
+        error = e.what();
+    }
+    CHECK(error.find("before loading the checkpoint's weights; nothing was run") != std::string::npos);
+    CHECK(error.find("wrist_image_left") != std::string::npos);
+    CHECK_FALSE(fs::exists(dir / "out"));
+    // --skip-invalid records it in the summary instead (and there is nothing else to run).
+    opt.skip_invalid = true;
+    error.clear();
+    try {
+        rollout::run_rollout(opt);
+    } catch (const Error& e) {
+        error = e.what();
+    }
+    CHECK(error.find("none of the 1 episodes is valid") != std::string::npos);
     CHECK_FALSE(fs::exists(dir / "out/ep/done.json"));
 }

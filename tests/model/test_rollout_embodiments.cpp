@@ -151,21 +151,22 @@ TEST_CASE("bad embodiment input is refused with a message naming the key and the
     fs::copy(sample, dir / "eps/wide", fs::copy_options::recursive);
     io::write_npy_f64(dir / "eps/wide/left_arm_joint_position.npy", {48, 6}, std::vector<double>(48 * 6, 0.0));
     auto opt = options(dir / "eps", ckpt, dir / "out");
-    const auto r = rollout::run_rollout(opt);
-    REQUIRE(r.episodes.size() == 2);
-    CHECK(r.failed == 2);
-    CHECK(contains(r.episodes[0].error, "missing state file head_position.npy of embodiment agibot"));
-    CHECK(contains(r.episodes[1].error, "state.left_arm_joint_position of embodiment agibot is 7 wide"));
-    CHECK_FALSE(fs::exists(dir / "out/missing/actions.npy"));
-    CHECK_FALSE(fs::exists(dir / "out/wide/done.json"));
-    CHECK(fs::exists(dir / "out/summary.json"));
+    // Every problem of every episode at once, before the weights are loaded; nothing written.
+    const std::string all = error_of([&] { rollout::run_rollout(opt); });
+    CHECK(contains(all, "missing state file head_position.npy of embodiment agibot"));
+    CHECK(contains(all, "state.left_arm_joint_position of embodiment agibot is 7 wide"));
+    CHECK_FALSE(fs::exists(dir / "out/missing"));
+    CHECK_FALSE(fs::exists(dir / "out/summary.json"));
+    // --skip-invalid: both set aside, named in the summary.
+    opt.skip_invalid = true;
+    opt.out_dir = dir / "out_skip";
+    CHECK(contains(error_of([&] { rollout::run_rollout(opt); }), "none of the 2 episodes is valid"));
+    CHECK_FALSE(fs::exists(dir / "out_skip/missing/actions.npy"));
 
     // A DROID episode given to an agibot checkpoint: every camera and key it lacks.
     io::write_synth_episode(dir / "droid/ep", droid_synth(48));
     auto droid = options(dir / "droid/ep", ckpt, dir / "out_droid");
-    const auto rd = rollout::run_rollout(droid);
-    REQUIRE(rd.failed == 1);
-    CHECK(contains(rd.episodes[0].error, "missing camera file top_head of embodiment agibot"));
+    CHECK(contains(error_of([&] { rollout::run_rollout(droid); }), "missing camera file top_head of embodiment agibot"));
 
     // An embodiment the checkpoint does not carry.
     auto other = options(sample, ckpt, dir / "out_other");

@@ -151,6 +151,13 @@ TEST_CASE("config files are read strictly, naming the file and the key") {
     msg = error_of([] { parse_run_config("model: [1, 2\n", "broken.yaml"); });
     CHECK(contains(msg, "broken.yaml: YAML syntax error at line"));
 
+    // Run sections may be left out (the real DreamZero-DROID settings are the defaults); before, a missing one
+    // threw yaml-cpp's "invalid node" instead of reading as empty (found by fuzz_run_config).
+    std::string text = tiny_with("sampling:", "samplingx:");
+    text.replace(text.find("samplingx:"), text.find("kv:") - text.find("samplingx:"), "");
+    const RunConfig no_sampling = parse_run_config(text, "t.yaml");
+    CHECK(no_sampling.sampling.num_inference_steps == 16);
+
     msg = error_of([] { parse_run_config("sampling:\n  seed: 1\n", "nomodel.yaml"); });
     CHECK(contains(msg, "nomodel.yaml: the model: section is missing"));
 
@@ -299,4 +306,52 @@ TEST_CASE("the run config serializes through the field tables: every setting, wi
     };
     count(j);
     CHECK(json_values == run_fields + model_fields);
+}
+
+TEST_CASE("run settings have bounds, and the DiT step plan must agree with the step count") {
+    std::string msg = error_of([] {
+        load_run_config(config_path("tiny.yaml"), {parse_override("sampling.num_inference_steps=100000")});
+    });
+    CHECK(contains(msg, "sampling.num_inference_steps must be in [1, 1000], got 100000 (set by --set "
+                        "sampling.num_inference_steps)"));
+    // 20 steps with the 16-step preset num_dit_steps: 8 (the file's) would silently run every step.
+    msg = error_of(
+        [] { load_run_config(config_path("tiny.yaml"), {parse_override("sampling.num_inference_steps=20")}); });
+    CHECK(contains(msg, "sampling.num_dit_steps = 8 has a preset only for num_inference_steps = 16"));
+    CHECK(contains(msg, "set sampling.num_dit_steps = 20 to run the DiT at every step"));
+    RunConfig rc = load_run_config(config_path("tiny.yaml"), {parse_override("sampling.num_inference_steps=20"),
+                                                              parse_override("sampling.num_dit_steps=20")});
+    CHECK(rc.sampling.num_dit_steps == 20);
+    msg = error_of([] { load_run_config(config_path("tiny.yaml"), {parse_override("sampling.num_dit_steps=10")}); });
+    CHECK(contains(msg, "num_dit_steps = 10 (set by --set sampling.num_dit_steps) has no preset for 16 steps"));
+    // An explicit mask sets num_dit_steps; a different explicit count is an error.
+    msg = error_of([] {
+        load_run_config(config_path("tiny.yaml"), {parse_override("sampling.dit_step_mask=[true, true, true, true]"),
+                                                   parse_override("sampling.num_inference_steps=4")});
+    });
+    CHECK(contains(msg, "sampling.num_dit_steps = 8 but sampling.dit_step_mask runs the DiT at 4 steps"));
+    rc = load_run_config(config_path("tiny.yaml"), {parse_override("sampling.dit_step_mask=[true, false, true, true]"),
+                                                    parse_override("sampling.num_inference_steps=4"),
+                                                    parse_override("sampling.num_dit_steps=3")});
+    CHECK(rc.sampling.num_dit_steps == 3);
+    msg = error_of([] {
+        load_run_config(config_path("tiny.yaml"), {parse_override("sampling.dynamic_schedule=true"),
+                                                   parse_override("sampling.dit_step_mask=[true]"),
+                                                   parse_override("sampling.num_inference_steps=1")});
+    });
+    CHECK(contains(msg, "dit_step_mask and sampling.dynamic_schedule: true exclude each other"));
+    for (const char* o : {"sampling.cfg_scale=1e9", "sampling.sigma_shift=0", "rollout.stride=100000000"})
+        CHECK_MESSAGE(!error_of([o] { load_run_config(config_path("tiny.yaml"), {parse_override(o)}); }).empty(), o);
+}
+
+TEST_CASE("a quoted value left open that swallows the next keys is an error naming them") {
+    // NOTE: yaml-cpp accepts a double quote open to the end of the file; the keys after it vanish into the value.
+    const std::string msg = error_of([] {
+        parse_run_config(tiny_with("description: tiny random DreamZero for CPU tests",
+                                   "embodiment: \"oxe_droid\ndescription: tiny"),
+                         "t.yaml");
+    });
+    CHECK(contains(msg, "t.yaml: line"));
+    CHECK(contains(msg, "the quoted value of embodiment is not closed on its line and swallows the keys description, "
+                        "model"));
 }

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/sha256.h"
 #include "core/tensor.h"
 
 using namespace dzr;
@@ -106,4 +107,29 @@ TEST_CASE("arena allocates aligned, releases to a mark and reports exhaustion") 
     }
     CHECK(measure.used() == 1024);
     CHECK(measure.high_water() == 1024 + 5120);
+}
+
+TEST_CASE("sha256 gives the standard's digests, the portable implementation too, in one or many updates") {
+    const std::pair<std::string, std::string> vectors[] = {
+        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+        {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+        {std::string(1000000, 'a'), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"},
+    };
+    for (const auto& [text, digest] : vectors) {
+        CAPTURE(text.size());
+        CHECK(dzr::sha256_hex(text) == digest);
+        CHECK(dzr::sha256_portable_hex(text.data(), text.size()) == digest);
+        dzr::Sha256 h;  // odd-sized pieces cross the 64-byte blocks
+        for (size_t i = 0; i < text.size(); i += 37) h.update(std::string_view(text).substr(i, 37));
+        CHECK(h.hex_digest() == digest);
+    }
+    // every length around the padding boundaries agrees between the two implementations
+    std::string s;
+    for (int n = 0; n < 200; ++n) {
+        CAPTURE(n);
+        CHECK(dzr::sha256_portable_hex(s.data(), s.size()) == dzr::sha256_hex(s));
+        s.push_back(char(n * 7 + 1));
+    }
 }

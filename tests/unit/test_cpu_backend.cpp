@@ -680,3 +680,30 @@ TEST_CASE("cpu copy converts dtypes from a permuted source and fill sets every e
     be->fill(filled, -1.25f);
     for (int64_t i = 0; i < 15; ++i) CHECK(f(filled)[i] == -1.25f);
 }
+
+TEST_CASE("cpu relu and max keep NaN and count_nonfinite counts NaN and infinities") {
+    auto be = make_cpu_backend(1 << 20);
+    const float nan = std::nanf(""), inf = INFINITY;
+    Tensor x = Tensor::host_f32(Shape{2, 4}, {-1.f, nan, 2.f, -0.f, inf, -inf, 0.5f, nan});
+    Tensor y = Tensor::host(Shape{2, 4}, DType::F32);
+    be->activation({Activation::Relu}, x, y);
+    // NOTE: relu(NaN) is NaN, as torch.relu: a ReLU that turns NaN into 0 hid NaN weights from every check.
+    CHECK(f(y)[0] == 0.f);
+    CHECK(std::isnan(f(y)[1]));
+    CHECK(f(y)[2] == 2.f);
+    CHECK(f(y)[3] == 0.f);
+    CHECK(f(y)[4] == inf);
+    CHECK(f(y)[5] == 0.f);
+    CHECK(std::isnan(f(y)[7]));
+
+    Tensor mx = Tensor::host(Shape{2}, DType::F32);
+    be->reduce({ReduceOp::Max}, x, mx);
+    CHECK(std::isnan(f(mx)[0]));
+    CHECK(std::isnan(f(mx)[1]));
+
+    Tensor count = Tensor::host(Shape{1}, DType::I32);
+    be->count_nonfinite(x, count);
+    CHECK(count.ptr<int32_t>()[0] == 4);
+    be->count_nonfinite(y, count);
+    CHECK(count.ptr<int32_t>()[0] == 3);  // NaN, inf, NaN
+}

@@ -368,8 +368,34 @@ TEST_CASE("episode reader reports malformed episode.yaml with the line") {
     write_text(dir / "ep" / "episode.yaml", "- a list\n");
     CHECK(contains(read_error(dir / "ep"), "expected a mapping"));
     write_text(dir / "ep" / "episode.yaml", "prompt: go\ncolour: blue\n");
-    const Episode ep = read_episode(dir / "ep", {});
-    CHECK(contains(ep.warnings.front(), "ignoring unknown key 'colour'"));
+    CHECK(contains(read_error(dir / "ep"), "episode.yaml: unknown key 'colour'"));
+}
+
+TEST_CASE("episode reader rejects per-frame values that are finite in float64 but not in float32") {
+    test::TempDir dir;
+    write_episode(dir / "ep", {});
+    const NpyArray a = read_npy(dir / "ep" / "joint_position.npy");
+    std::vector<double> v = a.to_f64();
+    v[16] = 1e300;  // row 2, column 2
+    write_npy_f64(dir / "ep" / "joint_position.npy", a.shape(), v);
+    CHECK(contains(read_error(dir / "ep"), "joint_position.npy: row 2, column 2 is 1e+300, beyond the float32 range"));
+}
+
+TEST_CASE("episode reader rejects a quoted prompt left open that swallows the next keys") {
+    test::TempDir dir;
+    EpisodeFiles f;
+    // NOTE: yaml-cpp reads a double quote left open up to the end of the file without an error.
+    f.yaml = "prompt: \"pick up the red cup\nfps: 15\ncameras:\n  wrist_image_left: w.npy\n";
+    write_episode(dir / "ep", f);
+    const std::string msg = read_error(dir / "ep");
+    CHECK(contains(msg, "episode.yaml: line 1: the quoted prompt is not closed on its line"));
+    CHECK(contains(msg, "'fps', 'cameras', 'wrist_image_left'"));
+    // single quotes, and a key swallowed up to the end of the file
+    write_text(dir / "ep" / "episode.yaml", "prompt: 'pick it''s cup\nfps: 15'\n");
+    CHECK(contains(read_error(dir / "ep"), "swallows the line starting with 'fps'"));
+    // a quoted prompt folded over lines that hold no key stays valid
+    write_text(dir / "ep" / "episode.yaml", "prompt: \"pick up the red cup\n  and put it down\"\nfps: 15\n");
+    CHECK(read_episode(dir / "ep", {}).prompt == "pick up the red cup and put it down");
 }
 
 TEST_CASE("episode reader checks video frame rates and reports video decoding errors") {

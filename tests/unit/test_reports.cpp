@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -188,6 +189,11 @@ TEST_CASE("metrics alignment: a ground-truth offset shifts rows and steps past t
     opt = {};
     opt.steps = 0;
     CHECK_THROWS_AS(compute_metrics(f.pred, f.gt, 5, opt), Error);
+    // Near INT64_MAX the row arithmetic overflowed (UBSan) and gave MSE "nan": bounded now.
+    opt = {};
+    opt.gt_offset = INT64_MAX - 5;
+    CHECK_THROWS_WITH_AS(compute_metrics(f.pred, f.gt, 5, opt), doctest::Contains("must be in [-1000000, 1000000]"),
+                         Error);
     CHECK_THROWS_AS(compute_metrics(f.pred, f.gt, 4), Error);  // 40 values are not 4 rows of 8
 }
 

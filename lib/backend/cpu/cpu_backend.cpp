@@ -195,7 +195,8 @@ public:
                 silu_f32(px, po, n);
                 break;
             case Activation::Relu:
-                for (int64_t i = 0; i < n; ++i) po[i] = px[i] > 0.f ? px[i] : 0.f;
+                // NOTE: NaN passes (as torch.relu lets it): `x > 0 ? x : 0` would turn a NaN into 0 and hide it.
+                for (int64_t i = 0; i < n; ++i) po[i] = px[i] <= 0.f ? 0.f : px[i];
                 break;
             case Activation::Sigmoid:
                 for (int64_t i = 0; i < n; ++i) po[i] = float(1.0 / (1.0 + std::exp(-double(px[i]))));
@@ -277,7 +278,9 @@ public:
         for (int64_t r = 0; r < R; ++r) {
             const float* px = f32(x) + r * C;
             double acc = p.op == ReduceOp::Max ? -INFINITY : 0.0;
-            for (int64_t c = 0; c < C; ++c) acc = p.op == ReduceOp::Max ? std::max<double>(acc, px[c]) : acc + px[c];
+            // NOTE: a NaN wins the maximum, as in torch.max (std::max would skip it).
+            for (int64_t c = 0; c < C; ++c)
+                acc = p.op != ReduceOp::Max ? acc + px[c] : (std::isnan(px[c]) || px[c] > acc) ? double(px[c]) : acc;
             if (p.op == ReduceOp::Mean) acc /= double(C);
             f32(out)[r] = float(acc);
         }
@@ -376,6 +379,17 @@ public:
         const ContiguousKvView cur{k_cur.data, v_cur.data, DType::F32, history.num_heads, history.head_dim,
                                    0,           k_cur.strides[0],       k_cur.strides[1], k_cur.dim(0)};
         paged_attention_cpu(q, history, cur, layer, p.scale, out);
+    }
+
+    void count_nonfinite(const TensorView& x, const TensorView& out) override {
+        require_f32(x, "count_nonfinite", "x");
+        require_contiguous(x, "count_nonfinite", "x");
+        DZR_CHECK(out.dtype == DType::I32 && out.numel() == 1 && out.device.is_cpu(),
+                  "cpu backend: count_nonfinite needs an i32 [1] output, got {}", out.str());
+        const float* px = f32(x);
+        int32_t n = 0;
+        for (int64_t i = 0, e = x.numel(); i < e; ++i) n += std::isfinite(px[i]) ? 0 : 1;
+        *static_cast<int32_t*>(out.data) = n;
     }
 
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,

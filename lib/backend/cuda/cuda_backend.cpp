@@ -583,6 +583,17 @@ void CudaBackend::reduce(const ReduceParams& p, const TensorView& x, const Tenso
     DZR_CUDA_CHECK(kernels::reduce_rows(kind, x.data, x.dtype, out.data, out.dtype, x.rows(), x.cols(), stream_));
 }
 
+void CudaBackend::count_nonfinite(const TensorView& x, const TensorView& out) {
+    check_device_tensor(x, "count_nonfinite", "x");
+    check_device_tensor(out, "count_nonfinite", "out");
+    require_float(x, "count_nonfinite", "x");
+    require_contiguous(x, "count_nonfinite", "x");
+    DZR_CHECK(out.dtype == DType::I32 && out.numel() == 1, "cuda backend: count_nonfinite needs an i32 [1] output, got {}",
+              out.str());
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::count_nonfinite(x.data, x.dtype, x.numel(), static_cast<int32_t*>(out.data), stream_));
+}
+
 void CudaBackend::rope(const RopeParams&, const TensorView& x, const TensorView& table, const TensorView& out) {
     check_device_tensor(x, "rope", "x");
     check_device_tensor(out, "rope", "out");

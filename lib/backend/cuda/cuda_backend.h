@@ -135,6 +135,7 @@ public:
                  const TensorView& out) override;
     void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) override;
     void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) override;
+    void count_nonfinite(const TensorView& x, const TensorView& out) override;
     void rope(const RopeParams& p, const TensorView& x, const TensorView& table, const TensorView& out) override;
     void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                    const TensorView& bias, const TensorView& out) override;

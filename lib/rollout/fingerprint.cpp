@@ -1,0 +1,129 @@
+#include "rollout/fingerprint.h"
+
+#include <cstdlib>
+#include <map>
+
+#include "core/error.h"
+#include "config/run_fields.h"
+#include "core/sha256.h"
+
+namespace dzr::rollout {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// NOTE: the environment variables that switch the CUDA backend between implementations (and so change the
+// numbers); extend this list with any new one.
+constexpr const char* kNumericsEnv[] = {"DZR_ATTENTION", "DZR_CONV_API", "DZR_PLAIN_GEMM"};
+
+std::string file_hash_or_null(const fs::path& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec) ? sha256_file(p) : std::string();
+}
+
+/// SHA-256 of 16 blocks of 64 KiB spread evenly over a shard's data (all of it when smaller): two checkpoints
+/// of one geometry have equal headers, and hashing every byte of 46 GB would take minutes.
+std::string data_sample_hash(const SafetensorsFile& f) {
+    constexpr uint64_t kBlock = uint64_t(64) << 10, kBlocks = 16;
+    const uint8_t* data = f.mapping()->bytes_ptr() + f.data_offset();
+    const uint64_t n = f.data_size();
+    Sha256 h;
+    if (n <= kBlock * kBlocks) {
+        h.update(data, size_t(n));
+    } else {
+        for (uint64_t b = 0; b < kBlocks; ++b)
+            h.update(data + (n - kBlock) * b / (kBlocks - 1), size_t(kBlock));
+    }
+    return h.hex_digest();
+}
+
+void flatten(const Json& j, const std::string& path, std::map<std::string, std::string>& out) {
+    if (j.is_object()) {
+        for (const auto& [k, v] : j.items()) flatten(v, path.empty() ? k : path + "." + k, out);
+    } else if (j.is_array()) {
+        for (size_t i = 0; i < j.size(); ++i) flatten(j[i], fmt::format("{}[{}]", path, i), out);
+        if (j.empty()) out[path] = "[]";
+    } else {
+        out[path] = j.dump();
+    }
+}
+
+}  // namespace
+
+Json checkpoint_identity(const Checkpoint& ckpt) {
+    Json shards = Json::array();
+    for (const auto& s : ckpt.shards()) {
+        const auto& f = *s.file;
+        shards.push_back({{"name", s.name},
+                          {"bytes", f.file_size()},
+                          {"header_sha256", sha256_hex(f.mapping()->bytes_ptr(), size_t(f.data_offset()))},
+                          {"data_sample_sha256", data_sample_hash(f)}});
+    }
+    return Json{{"shards", shards},
+                {"config_json_sha256", file_hash_or_null(ckpt.dir() / "config.json")},
+                {"metadata_json_sha256", file_hash_or_null(ckpt.dir() / "experiment_cfg" / "metadata.json")}};
+}
+
+Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs::path& tokenizer) {
+    Json noise = nullptr;
+    if (!opt.noise_video.empty() || !opt.noise_action.empty())
+        noise = {{"video_sha256", file_hash_or_null(opt.noise_video)},
+                 {"action_sha256", file_hash_or_null(opt.noise_action)}};
+    // NOTE: the run settings through the config's field tables (the geometry is the checkpoint's identity)
+    Json run = config::run_config_json(opt.run);
+    run.erase("model");
+    run["embodiment"] = opt.embodiment.empty() ? opt.run.embodiment : opt.embodiment;
+    run["prompt_override"] = opt.prompt ? Json(*opt.prompt) : Json(nullptr);
+    run["allow_truncate"] = opt.allow_truncate;
+    run["metrics"] = {{"gt_offset", opt.metrics.gt_offset}, {"steps", opt.metrics.steps}};
+    run["plots"] = bool(opt.plot_png);
+    run["save_video"] = opt.save_video;
+    run["noise"] = noise;
+    Json env = Json::object();
+    for (const char* name : kNumericsEnv)
+        if (const char* v = std::getenv(name)) env[name] = v;
+    // NOTE: one device or two give the same numbers (the CFG branches split bit for bit), so only the kind counts
+    const bool cuda = !opt.devices.empty() && opt.devices[0].is_cuda();
+    Json numerics = {{"backend", cuda ? "cuda" : "cpu"},
+                     {"compute_dtype", cuda ? "bf16" : "f32"},
+                     {"mode", numerics_name(opt.numerics)},
+                     {"kv_mode", opt.kv_mode == KvMode::Paged ? "paged" : "dense"},
+                     {"env", env}};
+    return Json{{"dzr_version", fmt::format("{} ({})", DZR_VERSION, DZR_GIT_HASH)},
+                {"checkpoint", checkpoint_identity(ckpt)},
+                {"tokenizer_sha256", file_hash_or_null(tokenizer)},
+                {"run", run},
+                {"seed", opt.run.sampling.seed},
+                {"numerics", numerics}};
+}
+
+Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string& prompt) {
+    Json j = run;
+    j["episode"] = {{"num_frames", num_frames}, {"prompt", prompt}};
+    return j;
+}
+
+std::vector<std::string> fingerprint_differences(const Json& recorded, const Json& now, size_t limit) {
+    std::map<std::string, std::string> a, b;
+    flatten(recorded, "", a);
+    flatten(now, "", b);
+    std::vector<std::string> out;
+    size_t total = 0;
+    auto add = [&](const std::string& key, const std::string& was, const std::string& is) {
+        if (++total <= limit) out.push_back(fmt::format("{}: {} (recorded) vs {} (this run)", key, was, is));
+    };
+    for (const auto& [key, v] : a) {
+        auto it = b.find(key);
+        if (it == b.end())
+            add(key, v, "absent");
+        else if (it->second != v)
+            add(key, v, it->second);
+    }
+    for (const auto& [key, v] : b)
+        if (!a.count(key)) add(key, "absent", v);
+    if (total > limit) out.push_back(fmt::format("... and {} more", total - limit));
+    return out;
+}
+
+}  // namespace dzr::rollout

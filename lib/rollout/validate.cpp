@@ -1,0 +1,329 @@
+#include "rollout/validate.h"
+
+#include <fmt/format.h>
+
+#include "config/model_fields.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/atomic_file.h"
+#include "io/episode.h"
+#include "io/output_guard.h"
+#include "io/result_writer.h"
+#include "policy/normalization.h"
+#include "policy/postprocess.h"
+#include "policy/tokenizer.h"
+#include "rollout/episode_layout.h"
+#include "rollout/fingerprint.h"
+#include "weights/checkpoint.h"
+#include "weights/inventory.h"
+
+namespace dzr::rollout {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// NOTE: every file a rollout writes, so the input guard can tell whether one would replace an input.
+constexpr const char* kEpisodeOutputs[] = {
+    "actions.npy",         "actions.csv",          "timing.json",         "manifest.json",      "metrics.json",
+    "mse.csv",             "gt_actions.npy",       "all_action_dims.png", "predicted_video.mp4", "observed_video.mp4",
+    "predicted_video.webm", "observed_video.webm", "predicted_video.npy", "observed_video.npy", "done.json",
+    "failed.json"};
+constexpr const char* kRunOutputs[] = {"summary.json", "summary.csv", "report.html", "plan.json",
+                                       "summary_mse_per_dim.png", "summary_call_seconds.png", kRunLockFile};
+
+/// Problems in the order they are reported.
+struct Problems {
+    std::vector<std::string> options, episodes, output, checkpoint, statistics, resume;
+
+    size_t count() const {
+        return options.size() + episodes.size() + output.size() + checkpoint.size() + statistics.size() +
+               resume.size();
+    }
+    [[noreturn]] void raise(bool hint_skip_invalid) const {
+        std::string msg = fmt::format(
+            "{} problem{} found before loading the checkpoint's weights; nothing was run:", count(),
+            count() == 1 ? "" : "s");
+        for (const auto* group : {&options, &episodes, &output, &checkpoint, &statistics, &resume})
+            for (const auto& p : *group) msg += "\n  " + p;
+        if (hint_skip_invalid)
+            msg += "\n(--skip-invalid runs the valid episodes and records the others in the summary)";
+        throw Error(msg);
+    }
+};
+
+/// Runs `check`, turning its dzr::Error into a problem line.
+template <class F>
+bool collect(std::vector<std::string>& into, F&& check) {
+    try {
+        check();
+        return true;
+    } catch (const Interrupted&) {
+        throw;
+    } catch (const Error& e) {
+        into.push_back(e.what());
+        return false;
+    }
+}
+
+/// The checkpoint and what the run needs of it: geometry, expected weights, statistics, tokenizer.
+struct CheckpointFacts {
+    std::unique_ptr<Checkpoint> ckpt;
+    const Embodiment* embodiment = nullptr;
+    bool stats_ok = false;  // the embodiment's statistics are usable
+    fs::path tokenizer;
+    std::unique_ptr<Umt5Tokenizer> tok;
+};
+
+CheckpointFacts check_checkpoint(const RolloutOptions& opt, const Embodiment& embodiment, Problems& problems) {
+    CheckpointFacts f;
+    f.embodiment = &embodiment;
+    if (!collect(problems.checkpoint, [&] { f.ckpt = std::make_unique<Checkpoint>(opt.checkpoint); }))
+        return f;
+    const Checkpoint& ck = *f.ckpt;
+    const ModelConfig& model = ck.model_config();
+    collect(problems.checkpoint, [&] {
+        if (!opt.have_config_model) return;
+        const auto diffs = config::diff_model_configs(opt.run.model, model);
+        if (diffs.empty()) return;
+        std::string msg = fmt::format(
+            "checkpoint {} does not have the geometry of {} ({} difference{}):", opt.checkpoint.string(),
+            opt.run.source.string(), diffs.size(), diffs.size() == 1 ? "" : "s");
+        for (const auto& d : diffs) msg += "\n    " + d;
+        throw Error(msg);
+    });
+    collect(problems.checkpoint, [&] {
+        const WeightCheckReport check = check_weights(ck, expected_weights(model));
+        DZR_CHECK(check.ok(), "{}", check.message("checkpoint " + opt.checkpoint.string()));
+    });
+    collect(problems.checkpoint, [&] {
+        f.tokenizer = !opt.tokenizer.empty() ? resolve_tokenizer_path(opt.tokenizer) : fs::path();
+        if (f.tokenizer.empty()) {
+            DZR_CHECK(ck.tokenizer_path().has_value(),
+                      "checkpoint {} has no umT5 tokenizer (spiece.model); give one with --tokenizer",
+                      opt.checkpoint.string());
+            f.tokenizer = *ck.tokenizer_path();
+        }
+        f.tok = std::make_unique<Umt5Tokenizer>(f.tokenizer);
+        DZR_CHECK(
+            f.tok->vocab_size() <= model.t5.vocab,
+            "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this "
+            "checkpoint",
+            f.tokenizer.string(), f.tok->vocab_size(), model.t5.vocab);
+    });
+    const std::string metadata = (opt.checkpoint / "experiment_cfg" / "metadata.json").string();
+    collect(problems.statistics, [&] {
+        const auto bad = check_policy_statistics(embodiment, metadata);
+        problems.statistics.insert(problems.statistics.end(), bad.begin(), bad.end());
+        f.stats_ok = bad.empty();
+    });
+    return f;
+}
+
+/// Reads one episode as the run will, and checks its prompt tokenizes and its state against the statistics.
+EpisodeCheck check_episode(const RolloutOptions& opt, const fs::path& dir, const FrameSchedule& schedule,
+                           const CheckpointFacts& facts, io::InputSet& inputs) {
+    EpisodeCheck c;
+    io::EpisodeOptions eo;
+    eo.layout = episode_layout(*facts.embodiment);
+    eo.allow_truncate = opt.allow_truncate;
+    eo.min_frames = schedule.min_frames();
+    eo.prompt = opt.prompt;
+    eo.open_video = opt.open_video;
+    try {
+        // NOTE: the layout first (file headers only): its messages name the key and the embodiment
+        const std::vector<std::string> layout_problems = io::check_episode_layout(dir, eo.layout);
+        if (!layout_problems.empty()) {
+            std::string all;
+            for (const auto& p : layout_problems) all += (all.empty() ? "" : "; ") + p;
+            throw Error(all);
+        }
+        const io::Episode ep = io::read_episode(dir, eo);
+        c.num_frames = ep.num_frames;
+        c.prompt = ep.prompt;
+        for (const auto& cam : ep.cameras) inputs.add_file(cam.file, "camera file of episode " + ep.name);
+        const Embodiment& e = *facts.embodiment;
+        if (facts.tok && e.prompt)
+            tokenize_prompts(*facts.tok, *e.prompt, ep.prompt, facts.ckpt->model_config().t5.text_len);
+        if (facts.stats_ok) {
+            // NOTE: the q01..q99 range tells "far outside" for the quantile-normalized keys
+            for (const ArraySpec& k : e.state) {
+                if (k.norm != NormMode::Q99) continue;
+                for (const io::StateArray& a : ep.state) {
+                    if (a.name != k.key || !a.present) continue;
+                    const std::string w = check_state_range(k.key, a.values, a.dim, k.stats);
+                    if (!w.empty()) c.warnings.push_back(w);
+                }
+            }
+            for (const auto& w : c.warnings) log()->warn("episode {}: {}", ep.name, w);
+        }
+        c.valid = true;
+    } catch (const Interrupted&) {
+        throw;
+    } catch (const Error& e) {
+        c.error = e.what();
+    }
+    return c;
+}
+
+/// --resume: which done episodes this run may skip; a done episode of another run is a problem.
+void check_resume(const RolloutOptions& opt, const std::vector<std::string>& names, ValidatedRun& run,
+                  Problems& problems) {
+    for (size_t e = 0; e < names.size(); ++e) {
+        const fs::path out = opt.out_dir / names[e];
+        if (!run.episodes[e].valid || !io::ResultWriter::is_done(out)) continue;
+        const fs::path done = out / std::string(io::kDoneMarker);
+        Json recorded;
+        if (!collect(problems.resume, [&] {
+                try {
+                    recorded = Json::parse(io::read_file(done));
+                } catch (const Json::exception& ex) {
+                    DZR_THROW("{}: invalid JSON: {}", done.string(), ex.what());
+                }
+            }))
+            continue;
+        if (!recorded.is_object() || !recorded.contains("fingerprint")) {
+            problems.resume.push_back(
+                fmt::format("episode {}: {} has no run fingerprint (an older dzr wrote it), so --resume "
+                            "cannot tell whether this run "
+                            "would produce the same outputs; remove {} to run it again",
+                            names[e], done.string(), out.string()));
+            continue;
+        }
+        const auto diffs = fingerprint_differences(recorded["fingerprint"], run.episode_fingerprint(e));
+        if (diffs.empty()) {
+            run.finished[e] = true;
+            continue;
+        }
+        std::string msg = fmt::format(
+            "episode {}: {} was produced by another run; --resume would mix its outputs "
+            "with this run's (use another --out, or remove {} to run it again):",
+            names[e], out.string(), out.string());
+        for (const auto& d : diffs) msg += "\n    " + d;
+        problems.resume.push_back(msg);
+    }
+}
+
+std::string joined(const std::vector<std::string>& words) {
+    std::string s;
+    for (const auto& w : words) s += (s.empty() ? "" : " ") + w;
+    return s;
+}
+
+}  // namespace
+
+Json ValidatedRun::episode_fingerprint(size_t e) const {
+    return rollout::episode_fingerprint(fingerprint, episodes[e].num_frames, episodes[e].prompt);
+}
+
+EpisodeSummary ValidatedRun::invalid_summary(size_t e, const std::string& name) const {
+    EpisodeSummary s;
+    s.name = name;
+    s.status = "invalid";
+    s.error = episodes[e].error;
+    return s;
+}
+
+std::vector<std::string> check_rollout_options(const RolloutOptions& opt) {
+    std::vector<std::string> p;
+    if (opt.episodes.empty()) p.push_back("no episodes given");
+    if (opt.out_dir.empty()) p.push_back("no output directory given (--out)");
+    if (opt.checkpoint.empty()) p.push_back("no checkpoint given (--ckpt)");
+    const int64_t horizon = opt.run.model.dit.num_action_per_block;
+    if (!(opt.metrics.steps == -1 || (opt.metrics.steps >= 1 && opt.metrics.steps <= horizon)))
+        p.push_back(fmt::format("--metric-steps must be -1 (all) or in [1, {}] (the action horizon), got {}",
+                                horizon, opt.metrics.steps));
+    if (opt.metrics.gt_offset < -kMaxMetricOffset || opt.metrics.gt_offset > kMaxMetricOffset)
+        p.push_back(fmt::format("--metric-offset must be in [-{}, {}], got {}", kMaxMetricOffset,
+                                kMaxMetricOffset, opt.metrics.gt_offset));
+    if (opt.noise_video.empty() != opt.noise_action.empty())
+        p.push_back("--noise-video and --noise-action go together");
+    return p;
+}
+
+ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodiment, const std::vector<fs::path>& dirs,
+                          const std::vector<std::string>& names, const FrameSchedule& schedule) {
+    Problems problems;
+    problems.options = check_rollout_options(opt);
+    if (!problems.options.empty()) problems.raise(false);
+
+    ValidatedRun run;
+    CheckpointFacts facts = check_checkpoint(opt, embodiment, problems);
+
+    // Inputs: what this run reads. Outputs must neither land inside an input directory nor replace an input
+    // file.
+    io::InputSet inputs;
+    for (size_t e = 0; e < dirs.size(); ++e) inputs.add_dir(dirs[e], "episode " + names[e]);
+    for (const auto& given : opt.episodes) {
+        std::error_code ec;
+        if (fs::is_regular_file(given, ec)) inputs.add_file(given, "episode list");
+    }
+    inputs.add_dir(opt.checkpoint, "checkpoint");
+    if (!opt.run.source.empty()) inputs.add_file(opt.run.source, "config");
+    if (!facts.tokenizer.empty()) inputs.add_file(facts.tokenizer, "tokenizer");
+    if (!opt.noise_video.empty()) inputs.add_file(opt.noise_video, "noise file");
+    if (!opt.noise_action.empty()) inputs.add_file(opt.noise_action, "noise file");
+
+    run.episodes.reserve(dirs.size());
+    size_t invalid = 0;
+    for (size_t e = 0; e < dirs.size(); ++e) {
+        run.episodes.push_back(check_episode(opt, dirs[e], schedule, facts, inputs));
+        if (!run.episodes.back().valid) {
+            ++invalid;
+            const std::string line = fmt::format("episode {}: {}", names[e], run.episodes.back().error);
+            if (opt.skip_invalid)
+                log()->info("{} (not run: --skip-invalid)", line);
+            else
+                problems.episodes.push_back(line);
+        }
+    }
+    if (opt.skip_invalid && invalid == dirs.size())
+        problems.episodes.push_back(
+            fmt::format("none of the {} episodes is valid (see the warnings above)", dirs.size()));
+
+    collect(problems.output, [&] {
+        inputs.check_output_dir(opt.out_dir);
+        for (const char* f : kRunOutputs) inputs.check_output_file(opt.out_dir / f);
+        for (const auto& name : names) {
+            const fs::path out = opt.out_dir / name;
+            inputs.check_output_dir(out);
+            for (const char* f : kEpisodeOutputs) inputs.check_output_file(out / f);
+            for (int d = 0; d < embodiment.action_dim(); ++d)
+                inputs.check_output_file(out / fmt::format("action_dim_{}.png", d));
+        }
+    });
+    if (problems.count() > 0) problems.raise(!opt.skip_invalid && invalid > 0);
+
+    // The output directory: writable, and ours alone for the run. A dry run creates nothing.
+    if (opt.dry_run) {
+        fs::path probe = fs::absolute(opt.out_dir);
+        std::error_code ec;
+        while (!fs::exists(probe, ec) && probe.has_parent_path() && probe.parent_path() != probe)
+            probe = probe.parent_path();
+        collect(problems.output, [&] {
+            DZR_CHECK(fs::is_directory(probe, ec),
+                      "cannot create the output directory {}: {} is not a directory", opt.out_dir.string(),
+                      probe.string());
+            io::probe_writable_dir(probe);
+        });
+    } else {
+        collect(problems.output, [&] {
+            io::probe_writable_dir(opt.out_dir);
+            // NOTE: the ranks of a sharded run share --out, each with its own lock (its episodes are its alone)
+            const std::string lock = opt.shard.sharded() ? fmt::format("ranks/.rank-{}.lock", opt.shard.rank)
+                                                         : std::string(kRunLockFile);
+            if (opt.shard.sharded()) fs::create_directories(opt.out_dir / "ranks");
+            run.lock = std::make_unique<io::RunLock>(opt.out_dir, lock, joined(opt.command_line));
+        });
+    }
+    if (problems.count() > 0) problems.raise(false);
+
+    run.tokenizer = facts.tokenizer;
+    run.fingerprint = run_fingerprint(opt, *facts.ckpt, facts.tokenizer);
+    run.finished.assign(dirs.size(), false);
+    if (opt.resume) check_resume(opt, names, run, problems);
+    if (problems.count() > 0) problems.raise(false);
+    return run;
+}
+
+}  // namespace dzr::rollout

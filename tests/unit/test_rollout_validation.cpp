@@ -1,0 +1,279 @@
+// `dzr rollout` refuses bad inputs before the checkpoint's weights are loaded, with one message naming the
+// file or option, a non-zero exit, no output and no input changed (docs/RELIABILITY.md lists the cases); and
+// `dzr ckpt validate` finds what a rollout would trip over later.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "config/run_config.h"
+#include "io/npy.h"
+#include "io/run_lock.h"
+#include "io/synth_episode.h"
+#include "support/cli.h"
+#include "support/json_file.h"
+#include "support/test_support.h"
+#include "weights/random_checkpoint.h"
+
+using namespace dzr;
+using test::q;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kConfig = test::source_dir() / "configs/tiny.yaml";
+
+/// A tiny checkpoint with the test tokenizer, a parent of two short episodes and a scratch directory.
+struct Fixture {
+    test::TempDir dir;
+    fs::path ckpt = dir / "ckpt", eps = dir / "eps";
+
+    Fixture() {
+        MakeOptions mo;
+        mo.dtype = DType::F32;
+        mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
+        write_random_checkpoint(config::load_run_config(kConfig).model, mo, ckpt);
+        io::SynthOptions so;
+        so.frames = 30;
+        so.width = 64;
+        so.height = 36;
+        for (const char* name : {"ep_a", "ep_b"}) io::write_synth_episode(eps / name, so);
+    }
+    /// `dzr rollout` of `episodes` with the tiny config and `extra` options.
+    test::CliResult rollout(const fs::path& episodes, const fs::path& out, const std::string& extra = "",
+                            const std::string& device = "cpu") const {
+        return test::run_dzr(
+            fmt::format("rollout {} --ckpt {} --out {} --config {} --device {} --no-warmup --quiet {}",
+                        q(episodes), q(ckpt), q(out), q(kConfig), device, extra),
+            dir.path());
+    }
+    std::map<std::string, std::string> inputs() const {
+        auto s = test::snapshot(eps);
+        for (const auto& [k, v] : test::snapshot(ckpt)) s["ckpt/" + k] = v;
+        return s;
+    }
+};
+
+/// Overwrites value `index` (float64 elements after the header) of a .npy file.
+void poke_f64(const fs::path& npy, int64_t index, double value) {
+    const io::NpyArray a = io::read_npy(npy);
+    REQUIRE(a.dtype() == io::NpyDType::F8);
+    std::vector<double> v = a.to_f64();
+    v[size_t(index)] = value;
+    io::write_npy_f64(npy, a.shape(), v);
+}
+
+bool loaded_weights(const test::CliResult& r) {
+    return r.has("warm-up") || r.has("  load  ") || r.has("median ms");
+}
+
+#define SKIP_WITHOUT_DZR_BIN()                                                                \
+    if (test::dzr_bin().empty()) {                                                            \
+        MESSAGE("DZR_BIN is not built (run through ctest after building dzr_cli); skipping"); \
+        return;                                                                               \
+    }
+
+}  // namespace
+
+TEST_CASE(
+    "a rollout whose outputs would land in an input is refused naming both paths, whatever the spelling") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    const auto before = f.inputs();
+    // The issue's case: --out is the episodes' parent, so <out>/ep_a is the episode itself.
+    auto r = f.rollout(f.eps, f.eps);
+    CHECK(r.code == 1);
+    CHECK(r.has((f.eps / "ep_a").string()));
+    CHECK(r.has("dzr never writes into its inputs"));
+    // The same directory through a symlink and through `..`.
+    fs::create_directory_symlink(f.eps, f.dir / "link");
+    r = f.rollout(f.eps, f.dir / "link");
+    CHECK(r.code == 1);
+    CHECK(r.has("is the episode ep_a " + fs::canonical(f.eps / "ep_a").string()));
+    r = f.rollout(f.eps, f.eps / "ep_a" / ".." / ".");
+    CHECK(r.code == 1);
+    CHECK(r.has("is the episode ep_a"));
+    // Inside the checkpoint, and an output file that is the config.
+    r = f.rollout(f.eps, f.ckpt / "runs");
+    CHECK(r.code == 1);
+    CHECK(r.has("lies inside the checkpoint " + fs::canonical(f.ckpt).string()));
+    fs::create_directories(f.dir / "cfgdir");
+    fs::copy_file(kConfig, f.dir / "cfgdir/summary.json");
+    r = test::run_dzr(fmt::format("rollout {} --ckpt {} --out {} --config {} --quiet", q(f.eps), q(f.ckpt),
+                                  q(f.dir / "cfgdir"), q(f.dir / "cfgdir/summary.json")),
+                      f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("would replace the config"));
+    // A hard link of the config as OUT/summary.json: another path, the same inode (as with a bind mount).
+    fs::create_directories(f.dir / "linked");
+    fs::create_hard_link(f.dir / "cfgdir/summary.json", f.dir / "linked/summary.json");
+    r = test::run_dzr(fmt::format("rollout {} --ckpt {} --out {} --config {} --quiet", q(f.eps), q(f.ckpt),
+                                  q(f.dir / "linked"), q(f.dir / "cfgdir/summary.json")),
+                      f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("output " + (f.dir / "linked/summary.json").string() + " would replace the config"));
+    CHECK(f.inputs() == before);
+    CHECK_FALSE(fs::exists(f.ckpt / "runs"));
+    CHECK_FALSE(loaded_weights(r));
+}
+
+TEST_CASE("every invalid episode is reported at once before the weights are loaded, and nothing is written") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    io::SynthOptions so;
+    so.frames = 30;
+    so.width = 64;
+    so.height = 36;
+    for (const char* name : {"ep_c", "ep_d"}) io::write_synth_episode(f.eps / name, so);
+    poke_f64(f.eps / "ep_a/joint_position.npy", 9, std::nan(""));  // NaN in the state
+    poke_f64(f.eps / "ep_b/joint_position.npy", 2, 1e300);         // finite in float64, inf in float32
+    io::write_npy_f64(f.eps / "ep_c/joint_position.npy", {30, 6},
+                      std::vector<double>(180, 0.0));  // wrong shape
+    fs::remove(f.eps / "ep_d/wrist_image_left.npy");
+    const auto before = f.inputs();
+    // NOTE: on a machine without a GPU the CUDA backend cannot start; the episodes' problems still come
+    // first, because nothing that needs the device (or the weights) runs before every input is checked.
+    const bool gpu = cuda_device_available();
+    const auto r = f.rollout(f.eps, f.dir / "out", "", gpu ? "cpu" : "cuda");
+    CHECK(r.code == 1);
+    CHECK(r.has("4 problems found before loading the checkpoint's weights; nothing was run"));
+    CHECK(r.has("ep_a/joint_position.npy: row 1, column 2 is nan"));
+    CHECK(r.has("ep_b/joint_position.npy: row 0, column 2 is 1e+300, beyond the float32 range"));
+    CHECK(r.has("ep_c/joint_position.npy: expected shape [T, 7], found float64 [30, 6]"));
+    CHECK(r.has("missing camera file wrist_image_left"));
+    CHECK(r.has("--skip-invalid"));
+    CHECK_FALSE(r.has("CUDA"));
+    CHECK_FALSE(loaded_weights(r));
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+    CHECK(f.inputs() == before);
+    // --dry-run checks the same and loads nothing, also for valid episodes.
+    const auto dry = f.rollout(f.eps / "ep_a", f.dir / "out", "--dry-run");
+    CHECK(dry.code == 1);
+    fs::remove_all(f.eps / "ep_a");
+    fs::remove_all(f.eps / "ep_b");
+    fs::remove_all(f.eps / "ep_c");
+    fs::remove_all(f.eps / "ep_d");
+    io::write_synth_episode(f.eps / "ep_e", so);
+    const auto ok = f.rollout(f.eps, f.dir / "out", "--dry-run");
+    CHECK(ok.code == 0);
+    CHECK(ok.has("dry run: 1 episode checked (0 invalid)"));
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+}
+
+TEST_CASE("an unwritable --out and out-of-range options fail at once, before any episode is computed") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    std::ofstream(f.dir / "a_file") << "x";
+    auto r = f.rollout(f.eps, f.dir / "a_file" / "out");
+    CHECK(r.code == 1);
+    CHECK(r.has("cannot create the output directory " + (f.dir / "a_file" / "out").string()));
+    CHECK_FALSE(loaded_weights(r));
+    r = f.rollout(f.eps, f.dir / "out", "--metric-steps 0");
+    CHECK(r.code == 1);
+    CHECK(r.has("--metric-steps must be -1 (all) or in [1, 24]"));
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+    // a signed overflow in the metric rows before: the option is bounded now
+    r = f.rollout(f.eps, f.dir / "out", "--metric-offset 9223372036854775800");
+    CHECK(r.code != 0);
+    CHECK(r.has("--metric-offset"));
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+    // a step count that used to hang, and one whose step plan disagrees with num_dit_steps
+    r = f.rollout(f.eps, f.dir / "out", "--set sampling.num_inference_steps=100000");
+    CHECK(r.code == 1);
+    CHECK(r.has("sampling.num_inference_steps must be in [1, 1000], got 100000"));
+    r = f.rollout(f.eps, f.dir / "out", "--set sampling.num_inference_steps=20");
+    CHECK(r.code == 1);
+    CHECK(r.has("num_dit_steps = 8 has a preset only for num_inference_steps = 16"));
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+}
+
+TEST_CASE("a second rollout into an output directory in use fails at once naming the other process") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    fs::create_directories(f.dir / "out");
+    const io::RunLock held(f.dir / "out", ".dzr-rollout.lock", "dzr rollout (the first run)");
+    const auto r = f.rollout(f.eps, f.dir / "out");
+    CHECK(r.code == 1);
+    CHECK(r.has(fmt::format("is in use by another dzr run: pid {} on", ::getpid())));
+    CHECK(r.has("(dzr rollout (the first run))"));
+    CHECK_FALSE(loaded_weights(r));
+    CHECK_FALSE(fs::exists(f.dir / "out/ep_a"));
+}
+
+TEST_CASE("an episode.yaml whose open quote swallows the next keys is refused naming them") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    std::ofstream(f.eps / "ep_b/episode.yaml") << "prompt: \"put the cup away\nfps: 15\n";
+    const auto r = f.rollout(f.eps, f.dir / "out");
+    CHECK(r.code == 1);
+    CHECK(
+        r.has("ep_b/episode.yaml: line 1: the quoted prompt is not closed on its line and swallows the line "
+              "starting with 'fps'"));
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+}
+
+TEST_CASE(
+    "metadata with q01 >= q99 is refused by the rollout and by ckpt validate, naming key and dimension") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    const fs::path md = f.ckpt / "experiment_cfg/metadata.json";
+    auto j = nlohmann::json::parse(test::slurp(md));
+    j["oxe_droid"]["statistics"]["state"]["joint_position"]["q99"][2] =
+        j["oxe_droid"]["statistics"]["state"]["joint_position"]["q01"][2];
+    j["oxe_droid"]["statistics"]["action"]["gripper_position"]["q01"][0] = 2.0;
+    std::ofstream(md) << j.dump(2);
+    const auto r = f.rollout(f.eps, f.dir / "out");
+    CHECK(r.code == 1);
+    CHECK(r.has(
+        "oxe_droid.statistics.state.joint_position: dimension 2: q01 = -0.95 must be below q99 = -0.95"));
+    CHECK(r.has("oxe_droid.statistics.action.gripper_position: dimension 0: q01 = 2 must be below q99 = 1"));
+    CHECK_FALSE(loaded_weights(r));
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+    const auto v = test::run_dzr("ckpt validate " + q(f.ckpt), f.dir.path());
+    CHECK(v.code == 1);
+    CHECK(v.has("state.joint_position: dimension 2"));
+}
+
+TEST_CASE("ckpt validate loads the tokenizer, and --hash finds a changed header dtype or flipped data bits") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    auto r = test::run_dzr("ckpt validate --hash " + q(f.ckpt), f.dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(r.has("SHA-256: 4 files match checksums.sha256"));
+    CHECK(r.has("tokenizer spiece.model"));
+
+    // A damaged spiece.model: before, only the rollout failed (inside sentencepiece).
+    const std::string good_tok = test::slurp(f.ckpt / "spiece.model");
+    std::ofstream(f.ckpt / "spiece.model", std::ios::binary) << good_tok.substr(0, good_tok.size() / 2);
+    r = test::run_dzr("ckpt validate " + q(f.ckpt), f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("tokenizer " + (f.ckpt / "spiece.model").string() + ": cannot load the sentencepiece model"));
+    std::ofstream(f.ckpt / "spiece.model", std::ios::binary) << good_tok;
+
+    // F32 -> I32 in the header keeps every size, so the structure checks pass; the checksum does not.
+    const fs::path shard = f.ckpt / "model.safetensors";
+    std::string bytes = test::slurp(shard);
+    const size_t at = bytes.find("\"dtype\":\"F32\"");
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, 13, "\"dtype\":\"I32\"");
+    std::ofstream(shard, std::ios::binary) << bytes;
+    r = test::run_dzr("ckpt validate --hash " + q(f.ckpt), f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has(shard.string() + ": SHA-256 "));
+    CHECK(r.has("but checksums.sha256 says"));
+
+    // Flipped bits deep in the tensor data: only the checksum sees them.
+    bytes.replace(at, 13, "\"dtype\":\"F32\"");
+    bytes[bytes.size() - 1000] ^= 0x10;
+    std::ofstream(shard, std::ios::binary) << bytes;
+    CHECK(test::run_dzr("ckpt validate " + q(f.ckpt), f.dir.path()).code == 0);
+    r = test::run_dzr("ckpt validate --hash " + q(f.ckpt), f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("(the file changed or is damaged)"));
+}
