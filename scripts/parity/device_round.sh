@@ -6,7 +6,8 @@
 # VARIANTS, each compared with the reference bf16 dump of `parity`), `probe` (kernel_probe.py), `trace` (the
 # reference's aten-op trace of its first two calls), `substage` (substage_probe.sh: the DiT's and the
 # encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
-# BENCH_NUMERICS="reference fast", BENCH_DEVICE). The device tool returns at most 8 files, so everything each step writes
+# BENCH_NUMERICS="reference fast", BENCH_DEVICE); `embodiments` runs the parity step on AgiBot- and YAM-shaped
+# checkpoints (EMBODIMENTS="agibot yam"). The device tool returns at most 8 files, so everything each step writes
 # goes into one archive, $OUT/<step>.tar.gz, and a short summary is printed last.
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
@@ -67,6 +68,20 @@ if want parity; then
     check $? parity
     grep -E "^(cpu-f32|cuda-bf16|dit-only|dzr-bf16|ref-bf16)|^  call|failed" "$WORK/parity/parity.log"
     pack parity
+fi
+
+if want embodiments; then
+    # The same parity run on AgiBot- and YAM-shaped checkpoints (docs/PARITY.md, embodiments).
+    for e in ${EMBODIMENTS:-agibot yam}; do
+        say "parity, embodiment $e (reference bf16, dzr CUDA bf16)"
+        mkdir -p "$WORK/parity-$e"
+        OUT="$WORK/parity-$e" DZR_BIN=$DZR WORK=$WORK/parity-work-$e EMBODIMENT=$e \
+            GPU_RUNS="${GPU_RUNS:-ref-bf16-gpu dzr-cuda-gpu}" CPU_RUN=${CPU_RUN:-0} CALLS=${PARITY_CALLS:-7} \
+            RUN_TIMEOUT=240 bash scripts/parity/run_parity.sh >"$WORK/parity-$e/parity.log" 2>&1
+        check $? "parity $e"
+        grep -E "^(cpu-f32|cuda-bf16|dit-only|dzr-bf16|ref-bf16)|^  call|failed|canvas" "$WORK/parity-$e/parity.log" | head -40
+        pack "parity-$e"
+    done
 fi
 
 if want variants; then
