@@ -1,5 +1,6 @@
 #include "core/yaml_text.h"
 
+#include <cstdint>
 #include <cctype>
 
 namespace dzr {
