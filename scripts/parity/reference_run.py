@@ -675,7 +675,9 @@ def main():
             print(f"call {k}: canvas (official transform vs dzr): {canvas_diff['pixels']} of "
                   f"{diff.shape[0] * diff.shape[1] * diff.shape[2]} pixels differ, by at most {canvas_diff['max']}",
                   flush=True)
-            canvas = official
+            # NOTE: contiguous, as the official collate() makes it (torch.from_numpy(np.stack(values))): the layout
+            # decides which cuDNN kernel runs CLIP's patch convolution on a multi-frame call (docs/PARITY.md)
+            canvas = np.ascontiguousarray(official)
         raw = {key: np.load(d / f"{key}.npy").astype(np.float64) for key in emb.desc.state}
         state = emb.state(raw)
         # VLA.prepare_input casts floating inputs to the head's dtype (float64 -> bf16 in one rounding).
