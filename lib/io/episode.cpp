@@ -468,8 +468,10 @@ std::vector<std::string> check_episode_layout(const fs::path& dir, const Episode
         DZR_CHECK(ok, "{}: expected shape [T, {}], found {} [{}] ({} of embodiment {} is {} wide, a float array)",
                   file.string(), dim, npy_dtype_name(h.dtype), fmt::join(h.shape, ", "), what, layout.embodiment, dim);
     };
-    for (const auto& [key, dim] : layout.state)
+    for (const auto& entry : layout.state)
         guard([&] {
+            // NOTE: clang before 16 cannot capture a structured binding
+            const auto& [key, dim] = entry;
             const fs::path file = dir / (key + ".npy");
             if (!fs::is_regular_file(file, ec)) {
                 DZR_CHECK(layout.zero_fill_missing_state, "{}: missing state file {}.npy of embodiment {} (state.{}: "

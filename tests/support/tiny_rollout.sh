@@ -15,8 +15,12 @@ cfg=$src/configs/tiny.yaml
 "$dzr" episode synth --out "$tmp/eps/ep" --frames 30 --width 64 --height 36 --frames-format npy >/dev/null
 run=(rollout "$tmp/eps" --ckpt "$tmp/ckpt" --config "$cfg" --device cpu --quiet --no-warmup --set rollout.max_chunks=1)
 "$dzr" "${run[@]}" --out "$tmp/out" >/dev/null
-for f in actions.npy actions.csv timing.json manifest.json metrics.json all_action_dims.png done.json; do
+# NOTE: the sanitizer build has no OpenCV, so no PNG plots: the report draws them as SVG
+for f in actions.npy actions.csv timing.json manifest.json metrics.json gt_actions.npy done.json; do
     [[ -f $tmp/out/ep/$f ]] || { echo "tiny rollout: $f missing"; exit 1; }
+done
+for f in summary.json report.html report/ep.html; do
+    [[ -f $tmp/out/$f ]] || { echo "tiny rollout: $f missing"; exit 1; }
 done
 "$dzr" "${run[@]}" --out "$tmp/out" --resume >/dev/null
 if "$dzr" "${run[@]}" --out "$tmp/eps" 2>/dev/null >&2; then
