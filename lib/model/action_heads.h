@@ -8,19 +8,10 @@
 
 #include "backend/backend.h"
 #include "config/model_config.h"
+#include "model/layers.h"
 #include "weights/weight_source.h"
 
 namespace dzr {
-
-/// One CategorySpecificLinear: out[M, out] = x[M, in] · w[in, out] + b[out].
-struct CategoryLinear {
-    Tensor w;  // [in, out] (the stored [1, in, out] without its category dim)
-    Tensor b;  // [out]
-
-    /// Loads `<module>.W` [1, in, out] and `<module>.b` [1, out].
-    static CategoryLinear load(WeightLoader& loader, const std::string& module, int in, int out);
-    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
-};
 
 /// State [S, max_state_dim] -> S register tokens [S, dim]: Linear -> ReLU -> Linear.
 class StateEncoder {

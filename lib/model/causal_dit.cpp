@@ -17,11 +17,6 @@ enum ModIndex : int { kShiftSa = 0, kScaleSa = 1, kGateSa = 2, kShiftFf = 3, kSc
 // NOTE: nn.LayerNorm's default eps; the img_emb MLP's LayerNorms do not take the DiT's eps.
 constexpr float kImgEmbLayerNormEps = 1e-5f;
 
-/// An owning tensor seen with another shape (same storage, no copy).
-Tensor reshaped(const Tensor& t, Shape shape) {
-    return Tensor(t.storage(), t.view().reshape(shape));
-}
-
 /// Row g of a [G, 6, C] modulation tensor, vector i: [C].
 TensorView mod_vec(const TensorView& mod, int g, int i) {
     return mod.slice(0, g, 1).slice(1, i, 1).reshape(Shape{mod.dim(2)});
@@ -61,10 +56,6 @@ struct CausalDit::Step {
     }
 };
 
-CausalDit::Linear CausalDit::load_linear(WeightLoader& loader, const std::string& module, int in, int out) {
-    return {loader.require(module + ".weight", Shape{out, in}), loader.require(module + ".bias", Shape{out})};
-}
-
 CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader)
     : cfg_(cfg) {
     const int C = cfg.dim;
@@ -88,52 +79,46 @@ CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, 
     dtype_ = loader.backend().compute_dtype();
 
     using keys::dit;
-    const Tensor pwt = loader.require(dit("patch_embedding.weight"), Shape{C, cfg.in_dim, pt, ph, pw});
-    patch_.w = pwt;  // [C, in, pt, ph, pw]: the Conv3d weight as it is
-    patch_.b = loader.require(dit("patch_embedding.bias"), Shape{C});
-    text_emb1_ = load_linear(loader, dit("text_embedding.0"), cfg.text_dim, C);
-    text_emb2_ = load_linear(loader, dit("text_embedding.2"), C, C);
-    time_emb1_ = load_linear(loader, dit("time_embedding.0"), cfg.freq_dim, C);
-    time_emb2_ = load_linear(loader, dit("time_embedding.2"), C, C);
-    time_proj_ = load_linear(loader, dit("time_projection.1"), C, 6 * C);
-    img_norm_in_ = {loader.require(dit("img_emb.proj.0.weight"), Shape{cfg.image_dim}),
-                    loader.require(dit("img_emb.proj.0.bias"), Shape{cfg.image_dim})};
-    img_fc1_ = load_linear(loader, dit("img_emb.proj.1"), cfg.image_dim, cfg.image_dim);
-    img_fc2_ = load_linear(loader, dit("img_emb.proj.3"), cfg.image_dim, C);
-    img_norm_out_ = {loader.require(dit("img_emb.proj.4.weight"), Shape{C}),
-                     loader.require(dit("img_emb.proj.4.bias"), Shape{C})};
+    patch_w_ = loader.require(dit("patch_embedding.weight"), Shape{C, cfg.in_dim, pt, ph, pw});
+    patch_b_ = loader.require(dit("patch_embedding.bias"), Shape{C});
+    text_emb1_.load(loader, dit("text_embedding.0"), cfg.text_dim, C);
+    text_emb2_.load(loader, dit("text_embedding.2"), C, C);
+    time_emb1_.load(loader, dit("time_embedding.0"), cfg.freq_dim, C);
+    time_emb2_.load(loader, dit("time_embedding.2"), C, C);
+    time_proj_.load(loader, dit("time_projection.1"), C, 6 * C);
+    img_norm_in_.load(loader, dit("img_emb.proj.0"), cfg.image_dim, kImgEmbLayerNormEps);
+    img_fc1_.load(loader, dit("img_emb.proj.1"), cfg.image_dim, cfg.image_dim);
+    img_fc2_.load(loader, dit("img_emb.proj.3"), cfg.image_dim, C);
+    img_norm_out_.load(loader, dit("img_emb.proj.4"), C, kImgEmbLayerNormEps);
+    norm_ = LayerNorm(cfg.eps);
 
     layers_.resize(size_t(cfg.num_layers));
     for (int i = 0; i < cfg.num_layers; ++i) {
         const std::string block = keys::dit_block(i);  // "action_head.model.blocks.{i}."
         const auto key = [&block](std::string_view suffix) { return block + std::string(suffix); };
-        const auto rms = [&](std::string_view suffix) {
-            return Norm{loader.require(key(suffix), Shape{C}), {}};
-        };
         Layer& l = layers_[size_t(i)];
         l.modulation = reshaped(loader.require(key("modulation"), Shape{1, 6, C}), Shape{6, C});
-        l.q = load_linear(loader, key("self_attn.q"), C, C);
-        l.k = load_linear(loader, key("self_attn.k"), C, C);
-        l.v = load_linear(loader, key("self_attn.v"), C, C);
-        l.o = load_linear(loader, key("self_attn.o"), C, C);
-        l.norm_q = rms("self_attn.norm_q.weight");
-        l.norm_k = rms("self_attn.norm_k.weight");
-        l.norm3 = {loader.require(key("norm3.weight"), Shape{C}),
-                   loader.require(key("norm3.bias"), Shape{C})};
-        l.cross_q = load_linear(loader, key("cross_attn.q"), C, C);
-        l.cross_k = load_linear(loader, key("cross_attn.k"), C, C);
-        l.cross_v = load_linear(loader, key("cross_attn.v"), C, C);
-        l.cross_o = load_linear(loader, key("cross_attn.o"), C, C);
-        l.cross_k_img = load_linear(loader, key("cross_attn.k_img"), C, C);
-        l.cross_v_img = load_linear(loader, key("cross_attn.v_img"), C, C);
-        l.cross_norm_q = rms("cross_attn.norm_q.weight");
-        l.cross_norm_k = rms("cross_attn.norm_k.weight");
-        l.cross_norm_k_img = rms("cross_attn.norm_k_img.weight");
-        l.ffn1 = load_linear(loader, key("ffn.0"), C, cfg.ffn_dim);
-        l.ffn2 = load_linear(loader, key("ffn.2"), cfg.ffn_dim, C);
+        l.q.load(loader, key("self_attn.q"), C, C);
+        l.k.load(loader, key("self_attn.k"), C, C);
+        l.v.load(loader, key("self_attn.v"), C, C);
+        l.o.load(loader, key("self_attn.o"), C, C);
+        l.norm_q.load(loader, key("self_attn.norm_q"), C, cfg.eps);
+        l.norm_k.load(loader, key("self_attn.norm_k"), C, cfg.eps);
+        l.norm3.load(loader, key("norm3"), C, cfg.eps);
+        l.cross_q.load(loader, key("cross_attn.q"), C, C);
+        l.cross_k.load(loader, key("cross_attn.k"), C, C);
+        l.cross_v.load(loader, key("cross_attn.v"), C, C);
+        l.cross_o.load(loader, key("cross_attn.o"), C, C);
+        l.cross_k_img.load(loader, key("cross_attn.k_img"), C, C);
+        l.cross_v_img.load(loader, key("cross_attn.v_img"), C, C);
+        l.cross_norm_q.load(loader, key("cross_attn.norm_q"), C, cfg.eps);
+        l.cross_norm_k.load(loader, key("cross_attn.norm_k"), C, cfg.eps);
+        l.cross_norm_k_img.load(loader, key("cross_attn.norm_k_img"), C, cfg.eps);
+        l.ffn1.load(loader, key("ffn.0"), C, cfg.ffn_dim);
+        l.ffn2.load(loader, key("ffn.2"), cfg.ffn_dim, C);
     }
     head_modulation_ = reshaped(loader.require(dit("head.modulation"), Shape{1, 2, C}), Shape{2, C});
-    head_ = load_linear(loader, dit("head.head"), C, pt * ph * pw * cfg.out_dim);
+    head_.load(loader, dit("head.head"), C, pt * ph * pw * cfg.out_dim);
 
     state_encoder_ = StateEncoder(cfg, loader);
     action_encoder_ = ActionEncoder(cfg, loader);
@@ -193,19 +178,18 @@ void CausalDit::compute_text_kv(Backend& be, const TensorView& text, DitCrossKv&
     const TensorView t_in = be.scratch(Shape{Lt, cfg_.text_dim});
     be.copy(text, t_in);
     const TensorView t_hidden = be.scratch(Shape{Lt, C});
-    be.linear(t_in, text_emb1_.w, text_emb1_.b, t_hidden);
+    text_emb1_.forward(be, t_in, t_hidden);
     be.activation({Activation::GeluTanh}, t_hidden, t_hidden);
     const TensorView ctx = be.scratch(Shape{Lt, C});
-    be.linear(t_hidden, text_emb2_.w, text_emb2_.b, ctx);
+    text_emb2_.forward(be, t_hidden, ctx);
 
     const TensorView k_raw = be.scratch(Shape{Lt, C});
     for (size_t i = 0; i < layers_.size(); ++i) {
         const Layer& l = layers_[i];
         // [Lt, C] -> [Lt, C] = [Lt, H, D]; RMSNorm over all C channels before the head split
-        be.linear(ctx, l.cross_k.w, l.cross_k.b, k_raw);
-        be.rms_norm({cfg_.eps}, k_raw, l.cross_norm_k.w,
-                    cross_dst(be, kv.layers[i].k_txt, Lt, C, H, "k_txt", i));
-        be.linear(ctx, l.cross_v.w, l.cross_v.b, cross_dst(be, kv.layers[i].v_txt, Lt, C, H, "v_txt", i));
+        l.cross_k.forward(be, ctx, k_raw);
+        l.cross_norm_k.forward(be, k_raw, cross_dst(be, kv.layers[i].k_txt, Lt, C, H, "k_txt", i));
+        l.cross_v.forward(be, ctx, cross_dst(be, kv.layers[i].v_txt, Lt, C, H, "v_txt", i));
     }
 }
 
@@ -222,24 +206,22 @@ void CausalDit::compute_image_kv(Backend& be, const TensorView& clip_features, D
     const TensorView i_in = be.scratch(Shape{Li, cfg_.image_dim});
     be.copy(clip_features, i_in);
     const TensorView i_norm = be.scratch(Shape{Li, cfg_.image_dim});
-    be.layer_norm({kImgEmbLayerNormEps}, i_in, img_norm_in_.w, img_norm_in_.b, i_norm);
+    img_norm_in_.forward(be, i_in, i_norm);
     const TensorView i_hidden = be.scratch(Shape{Li, cfg_.image_dim});
-    be.linear(i_norm, img_fc1_.w, img_fc1_.b, i_hidden);
+    img_fc1_.forward(be, i_norm, i_hidden);
     be.activation({Activation::GeluErf}, i_hidden, i_hidden);
     const TensorView i_proj = be.scratch(Shape{Li, C});
-    be.linear(i_hidden, img_fc2_.w, img_fc2_.b, i_proj);
+    img_fc2_.forward(be, i_hidden, i_proj);
     const TensorView ctx = be.scratch(Shape{Li, C});
-    be.layer_norm({kImgEmbLayerNormEps}, i_proj, img_norm_out_.w, img_norm_out_.b, ctx);
+    img_norm_out_.forward(be, i_proj, ctx);
 
     const TensorView k_raw = be.scratch(Shape{Li, C});
     for (size_t i = 0; i < layers_.size(); ++i) {
         const Layer& l = layers_[i];
         // [Li, C] -> [Li, C] = [Li, H, D]
-        be.linear(ctx, l.cross_k_img.w, l.cross_k_img.b, k_raw);
-        be.rms_norm({cfg_.eps}, k_raw, l.cross_norm_k_img.w,
-                    cross_dst(be, kv.layers[i].k_img, Li, C, H, "k_img", i));
-        be.linear(ctx, l.cross_v_img.w, l.cross_v_img.b,
-                  cross_dst(be, kv.layers[i].v_img, Li, C, H, "v_img", i));
+        l.cross_k_img.forward(be, ctx, k_raw);
+        l.cross_norm_k_img.forward(be, k_raw, cross_dst(be, kv.layers[i].k_img, Li, C, H, "k_img", i));
+        l.cross_v_img.forward(be, ctx, cross_dst(be, kv.layers[i].v_img, Li, C, H, "v_img", i));
     }
 }
 
@@ -371,7 +353,7 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
         const TensorView emb = be.scratch(Shape{C, f, grid_h_, grid_w_});
         Conv3dParams conv;
         conv.stride[1] = ph, conv.stride[2] = pw;
-        be.conv3d(conv, latent, patch_.w, patch_.b, emb);
+        be.conv3d(conv, latent, patch_w_, patch_b_, emb);
         be.copy(emb.reshape(Shape{C, Lv}).permute({1, 0}), s.x.slice(0, 0, Lv));  // [C, Lv] -> [Lv, C]
     }
     if (opt.trace) opt.trace("patch_embed", -1, s.x.slice(0, 0, Lv));
@@ -403,13 +385,12 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
             if (has_regs) opt.trace("action_tau", -1, tau);
         }
         const TensorView hidden = be.scratch(Shape{s.groups, C});
-        be.linear(sinusoid, time_emb1_.w, time_emb1_.b, hidden);  // [G, freq_dim] -> [G, C]
+        time_emb1_.forward(be, sinusoid, hidden);  // [G, freq_dim] -> [G, C]
         be.activation({Activation::Silu}, hidden, hidden);
-        be.linear(hidden, time_emb2_.w, time_emb2_.b, s.e);  // [G, C] -> [G, C]
+        time_emb2_.forward(be, hidden, s.e);  // [G, C] -> [G, C]
         const TensorView act = be.scratch(Shape{s.groups, C});
         be.activation({Activation::Silu}, s.e, act);
-        be.linear(act, time_proj_.w, time_proj_.b,
-                  s.e0.reshape(Shape{s.groups, 6 * C}));  // [G, C] -> [G, 6C]
+        time_proj_.forward(be, act, s.e0.reshape(Shape{s.groups, 6 * C}));  // [G, C] -> [G, 6C]
     }
     if (opt.trace) {
         opt.trace("time_e", -1, s.e);
@@ -449,7 +430,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
 
     // h = LN(x) · (1 + scale) + shift, per token group
     const auto modulated_norm = [&](int shift_i, int scale_i, const TensorView& h) {
-        be.layer_norm({cfg_.eps}, s.x, {}, {}, h);
+        norm_.forward(be, s.x, h);
         for (int g = 0; g < s.groups; ++g) {
             const TensorView hg = s.rows(h, g);
             be.mul(hg, mod_vec(mod1, g, scale_i), hg);
@@ -479,11 +460,11 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         const TensorView qn = be.scratch(Shape{L, C});
         const TensorView kn = be.scratch(Shape{L, C});
         const TensorView v = be.scratch(Shape{L, C});
-        be.linear(h, w.q.w, w.q.b, raw);  // [L, C] -> [L, C]
-        be.rms_norm({cfg_.eps}, raw, w.norm_q.w, qn);
-        be.linear(h, w.k.w, w.k.b, raw);  // [L, C] -> [L, C]
-        be.rms_norm({cfg_.eps}, raw, w.norm_k.w, kn);
-        be.linear(h, w.v.w, w.v.b, v);  // [L, C] -> [L, C]
+        w.q.forward(be, h, raw);  // [L, C] -> [L, C]
+        w.norm_q.forward(be, raw, qn);
+        w.k.forward(be, h, raw);  // [L, C] -> [L, C]
+        w.norm_k.forward(be, raw, kn);
+        w.v.forward(be, h, v);  // [L, C] -> [L, C]
 
         // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
         const TensorView q = be.scratch(Shape{L, H, D});
@@ -502,7 +483,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
 
         const TensorView attn = be.scratch(Shape{L, H, D});
         cache.attend(be, li, q, k, v3, Lv, attn_scale, attn);
-        be.linear(attn.reshape(Shape{L, C}), w.o.w, w.o.b, y);  // [L, H, D] -> [L, C] -> [L, C]
+        w.o.forward(be, attn.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
         trace("self_attn", y);
         gated_residual(y, kGateSa);
     }
@@ -511,18 +492,18 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
 
     {  // cross-attention: separate softmaxes over text and image keys, summed, then o
         ArenaScope tmp(be.workspace());
-        be.layer_norm({cfg_.eps}, s.x, w.norm3.w, w.norm3.b, h);
+        w.norm3.forward(be, s.x, h);
         const TensorView raw = be.scratch(Shape{L, C});
         const TensorView q = be.scratch(Shape{L, C});
-        be.linear(h, w.cross_q.w, w.cross_q.b, raw);  // [L, C] -> [L, C]
-        be.rms_norm({cfg_.eps}, raw, w.cross_norm_q.w, q);
+        w.cross_q.forward(be, h, raw);  // [L, C] -> [L, C]
+        w.cross_norm_q.forward(be, raw, q);
         const TensorView q3 = q.reshape(Shape{L, H, D});  // [L, C] -> [L, H, D]
         const TensorView o_txt = be.scratch(Shape{L, H, D});
         const TensorView o_img = be.scratch(Shape{L, H, D});
         be.attention({attn_scale}, q3, ckv.k_txt, ckv.v_txt, {}, o_txt);
         be.attention({attn_scale}, q3, ckv.k_img, ckv.v_img, {}, o_img);
         be.add(o_txt, o_img, o_txt);
-        be.linear(o_txt.reshape(Shape{L, C}), w.cross_o.w, w.cross_o.b, y);  // [L, H, D] -> [L, C] -> [L, C]
+        w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
         trace("cross_attn", y);
         be.add(s.x, y, s.x);
     }
@@ -533,9 +514,9 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         ArenaScope tmp(be.workspace());
         modulated_norm(kShiftFf, kScaleFf, h);
         const TensorView hidden = be.scratch(Shape{L, cfg_.ffn_dim});
-        be.linear(h, w.ffn1.w, w.ffn1.b, hidden);  // [L, C] -> [L, ffn]
+        w.ffn1.forward(be, h, hidden);  // [L, C] -> [L, ffn]
         be.activation({Activation::GeluTanh}, hidden, hidden);
-        be.linear(hidden, w.ffn2.w, w.ffn2.b, y);  // [L, ffn] -> [L, C]
+        w.ffn2.forward(be, hidden, y);  // [L, ffn] -> [L, C]
         trace("ffn", y);
         gated_residual(y, kGateFf);
     }
@@ -553,11 +534,11 @@ void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
     const TensorView scale1 = be.scratch(Shape{1, C});
     be.scale({1.0f, 1.0f}, mod.slice(0, 1, 1), scale1);
     const TensorView h = be.scratch(Shape{Lv, C});
-    be.layer_norm({cfg_.eps}, s.x.slice(0, 0, Lv), {}, {}, h);
+    norm_.forward(be, s.x.slice(0, 0, Lv), h);
     be.mul(h, scale1, h);
     be.add(h, mod.slice(0, 0, 1), h);
     const TensorView tokens = be.scratch(Shape{Lv, int64_t(ph) * pw * cfg_.out_dim});
-    be.linear(h, head_.w, head_.b, tokens);  // [Lv, C] -> [Lv, ph·pw·out_dim]
+    head_.forward(be, h, tokens);  // [Lv, C] -> [Lv, ph·pw·out_dim]
     if (opt.trace) opt.trace("head", -1, tokens);
     if (opt.check_finite) check_finite(be, tokens, "head", -1);
     unpatchify(be, tokens, int(s.frames), grid_h_, grid_w_, ph, pw, out.video_velocity);  // converts dtype

@@ -21,6 +21,7 @@
 #include "kv/self_attention_cache.h"
 #include "model/action_heads.h"
 #include "model/embeddings.h"
+#include "model/layers.h"
 #include "model/rope.h"
 #include "config/model_config.h"
 #include "weights/weight_source.h"
@@ -110,26 +111,17 @@ class CausalDit {
                  const DitOutputs& out, const DitForwardOptions& opt = {}) const;
 
   private:
-    struct Linear {
-        Tensor w;  // [out, in]
-        Tensor b;  // [out]
-    };
-    struct Norm {
-        Tensor w;  // [channels]
-        Tensor b;  // [channels] (absent for RMSNorm)
-    };
     struct Layer {
         Tensor modulation;  // [6, dim]: shift/scale/gate of self-attention, then of the FFN
         Linear q, k, v, o;
-        Norm norm_q, norm_k;
-        Norm norm3;  // affine LayerNorm before cross-attention
+        RmsNorm norm_q, norm_k;
+        LayerNorm norm3;  // affine LayerNorm before cross-attention
         Linear cross_q, cross_k, cross_v, cross_o, cross_k_img, cross_v_img;
-        Norm cross_norm_q, cross_norm_k, cross_norm_k_img;
+        RmsNorm cross_norm_q, cross_norm_k, cross_norm_k_img;
         Linear ffn1, ffn2;
     };
     struct Step;  // per-forward state shared by the layer passes (causal_dit.cpp)
 
-    Linear load_linear(WeightLoader& loader, const std::string& module, int in, int out);
     void layer_forward(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
                        SelfAttentionCache& cache, const DitForwardOptions& opt) const;
     void head_forward(Backend& be, const Step& s, const DitOutputs& out, const DitForwardOptions& opt) const;
@@ -140,13 +132,14 @@ class CausalDit {
     int head_dim_ = 0;
     DType dtype_ = DType::F32;  // the loading backend's compute dtype (weights and activations)
 
-    Linear patch_;  // the Conv3d: w [dim, in_dim, pt, ph, pw], b [dim]
+    Tensor patch_w_, patch_b_;  // the Conv3d: w [dim, in_dim, pt, ph, pw], b [dim]
     Linear text_emb1_, text_emb2_;
     Linear time_emb1_, time_emb2_;
-    Linear time_proj_;  // [6·dim, dim]
-    Norm img_norm_in_;  // LayerNorm(image_dim), eps 1e-5
+    Linear time_proj_;          // [6·dim, dim]
+    LayerNorm img_norm_in_;     // LayerNorm(image_dim), eps 1e-5
     Linear img_fc1_, img_fc2_;
-    Norm img_norm_out_;  // LayerNorm(dim), eps 1e-5
+    LayerNorm img_norm_out_;    // LayerNorm(dim), eps 1e-5
+    LayerNorm norm_;            // the blocks' norm1/norm2 and the head's norm: no affine, eps cfg.eps
     std::vector<Layer> layers_;
     Tensor head_modulation_;  // [2, dim]: shift, scale
     Linear head_;             // [ph·pw·out_dim, dim]

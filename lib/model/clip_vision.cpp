@@ -38,23 +38,17 @@ ClipVision::ClipVision(WeightLoader& loader, const ClipConfig& cfg, int input_he
     patch_w_ = loader.require(keys::clip("visual.patch_embedding.weight"), Shape{w, 3, p, p});
     cls_ = loader.require(keys::clip("visual.cls_embedding"), Shape{1, 1, w});
     pos_ = loader.require(keys::clip("visual.pos_embedding"), Shape{1, cfg.num_tokens(), w});
-    pre_norm_w_ = loader.require(keys::clip("visual.pre_norm.weight"), Shape{w});
-    pre_norm_b_ = loader.require(keys::clip("visual.pre_norm.bias"), Shape{w});
+    pre_norm_.load(loader, keys::clip("visual.pre_norm"), w, cfg.eps);
     layers_.resize(size_t(cfg.use_layers));
     for (int i = 0; i < cfg.use_layers; ++i) {
         Layer& l = layers_[size_t(i)];
-        l.norm1_w = loader.require(keys::clip_block(i) + "norm1.weight", Shape{w});
-        l.norm1_b = loader.require(keys::clip_block(i) + "norm1.bias", Shape{w});
-        l.qkv_w = loader.require(keys::clip_block(i) + "attn.to_qkv.weight", Shape{3 * w, w});
-        l.qkv_b = loader.require(keys::clip_block(i) + "attn.to_qkv.bias", Shape{3 * w});
-        l.proj_w = loader.require(keys::clip_block(i) + "attn.proj.weight", Shape{w, w});
-        l.proj_b = loader.require(keys::clip_block(i) + "attn.proj.bias", Shape{w});
-        l.norm2_w = loader.require(keys::clip_block(i) + "norm2.weight", Shape{w});
-        l.norm2_b = loader.require(keys::clip_block(i) + "norm2.bias", Shape{w});
-        l.fc1_w = loader.require(keys::clip_block(i) + "mlp.0.weight", Shape{m, w});
-        l.fc1_b = loader.require(keys::clip_block(i) + "mlp.0.bias", Shape{m});
-        l.fc2_w = loader.require(keys::clip_block(i) + "mlp.2.weight", Shape{w, m});
-        l.fc2_b = loader.require(keys::clip_block(i) + "mlp.2.bias", Shape{w});
+        const std::string block = keys::clip_block(i);
+        l.norm1.load(loader, block + "norm1", w, cfg.eps);
+        l.qkv.load(loader, block + "attn.to_qkv", w, 3 * w);
+        l.proj.load(loader, block + "attn.proj", w, w);
+        l.norm2.load(loader, block + "norm2", w, cfg.eps);
+        l.fc1.load(loader, block + "mlp.0", w, m);
+        l.fc2.load(loader, block + "mlp.2", m, w);
     }
     resize_ = BicubicResize(loader.backend(), input_height, input_width, cfg.image_size, cfg.image_size);
     Backend& be = loader.backend();
@@ -139,8 +133,7 @@ void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView
     be.copy(cls_.view().reshape(Shape{1, w}), emb.slice(0, 0, 1));
     if (trace) trace("clip.patch_embed", -1, emb.slice(0, 1, g * g));
     be.add(emb, pos_.view().reshape(Shape{t, w}), emb);
-    const LayerNormParams ln{cfg_.eps};
-    be.layer_norm(ln, emb, pre_norm_w_, pre_norm_b_, out);  // `out` carries the residual stream from here
+    pre_norm_.forward(be, emb, out);  // `out` carries the residual stream from here
     if (trace) trace("clip.pre_norm", -1, out);
 
     const TensorView h = be.scratch(Shape{t, w});
@@ -155,16 +148,16 @@ void ClipVision::forward(Backend& be, const TensorView& pixels, const TensorView
     const AttentionParams attn{float(1.0 / std::sqrt(double(hd)))};
     for (size_t i = 0; i < layers_.size(); ++i) {
         const Layer& l = layers_[i];
-        be.layer_norm(ln, out, l.norm1_w, l.norm1_b, h);
+        l.norm1.forward(be, out, h);
         // to_qkv as the reference runs it: one GEMM [t, w] -> [t, 3w] (one N = 3w product, not three)
-        be.linear(h, l.qkv_w, l.qkv_b, qkv);
+        l.qkv.forward(be, h, qkv);
         be.attention(attn, heads(0), heads(1), heads(2), {}, att.reshape(Shape{t, nh, hd}));
-        be.linear(att, l.proj_w, l.proj_b, h);  // [t, w] -> [t, w]
+        l.proj.forward(be, att, h);  // [t, w] -> [t, w]
         be.add(out, h, out);
-        be.layer_norm(ln, out, l.norm2_w, l.norm2_b, h);
-        be.linear(h, l.fc1_w, l.fc1_b, mlp);  // [t, w] -> [t, mlp]
+        l.norm2.forward(be, out, h);
+        l.fc1.forward(be, h, mlp);  // [t, w] -> [t, mlp]
         be.activation(ActivationParams{Activation::GeluErf}, mlp, mlp);
-        be.linear(mlp, l.fc2_w, l.fc2_b, h);  // [t, mlp] -> [t, w]
+        l.fc2.forward(be, mlp, h);  // [t, mlp] -> [t, w]
         be.add(out, h, out);
         if (trace) trace("clip.layer_out", int(i), out);
     }

@@ -20,6 +20,7 @@
 #include "backend/backend.h"
 #include "core/tensor.h"
 #include "model/image_resize.h"
+#include "model/layers.h"
 #include "config/model_config.h"
 #include "weights/weight_source.h"
 
@@ -67,13 +68,12 @@ class ClipVision {
 
   private:
     struct Layer {
-        Tensor norm1_w, norm1_b;  // [width]
-        Tensor qkv_w;             // [3·width, width], rows [q | k | v]
-        Tensor qkv_b;             // [3·width]
-        Tensor proj_w, proj_b;    // [width, width], [width]
-        Tensor norm2_w, norm2_b;  // [width]
-        Tensor fc1_w, fc1_b;      // [mlp_dim, width], [mlp_dim]  (mlp.0)
-        Tensor fc2_w, fc2_b;      // [width, mlp_dim], [width]    (mlp.2)
+        LayerNorm norm1;
+        Linear qkv;   // [3·width, width], rows [q | k | v]
+        Linear proj;  // [width, width]
+        LayerNorm norm2;
+        Linear fc1;   // [mlp_dim, width] (mlp.0)
+        Linear fc2;   // [width, mlp_dim] (mlp.2)
     };
 
     size_t forward_workspace_bytes(DType dtype) const;
@@ -83,7 +83,7 @@ class ClipVision {
     Tensor patch_w_;  // [width, 3, patch, patch]
     Tensor cls_;      // [1, 1, width]
     Tensor pos_;      // [1, num_tokens, width]
-    Tensor pre_norm_w_, pre_norm_b_;
+    LayerNorm pre_norm_;
     Tensor std_;  // f32 [3] on the backend: the divisors of the input normalization
     std::vector<Layer> layers_;  // the first use_layers blocks
 };

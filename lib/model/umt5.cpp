@@ -49,20 +49,21 @@ Umt5Encoder::Umt5Encoder(WeightLoader& loader, const T5Config& cfg) : cfg_(cfg) 
     layers_.resize(size_t(cfg.num_layers));
     for (int i = 0; i < cfg.num_layers; ++i) {
         Layer& l = layers_[size_t(i)];
-        l.norm1 = loader.require(keys::t5_block(i) + "norm1.weight", Shape{d});
-        l.q = loader.require(keys::t5_block(i) + "attn.q.weight", Shape{da, d});
-        l.k = loader.require(keys::t5_block(i) + "attn.k.weight", Shape{da, d});
-        l.v = loader.require(keys::t5_block(i) + "attn.v.weight", Shape{da, d});
-        l.o = loader.require(keys::t5_block(i) + "attn.o.weight", Shape{d, da});
+        const std::string block = keys::t5_block(i);
+        l.norm1.load(loader, block + "norm1", d, cfg.eps);
+        l.q.load(loader, block + "attn.q", d, da, false);
+        l.k.load(loader, block + "attn.k", d, da, false);
+        l.v.load(loader, block + "attn.v", d, da, false);
+        l.o.load(loader, block + "attn.o", da, d, false);
         // NOTE: in the compute dtype, as the reference's bias is its bf16 embedding rows.
-        l.pos_table = loader.require(keys::t5_block(i) + "pos_embedding.embedding.weight",
-                                     Shape{cfg.num_buckets, cfg.num_heads});
-        l.norm2 = loader.require(keys::t5_block(i) + "norm2.weight", Shape{d});
-        l.gate = loader.require(keys::t5_block(i) + "ffn.gate.0.weight", Shape{f, d});
-        l.fc1 = loader.require(keys::t5_block(i) + "ffn.fc1.weight", Shape{f, d});
-        l.fc2 = loader.require(keys::t5_block(i) + "ffn.fc2.weight", Shape{d, f});
+        l.pos_table =
+            loader.require(block + "pos_embedding.embedding.weight", Shape{cfg.num_buckets, cfg.num_heads});
+        l.norm2.load(loader, block + "norm2", d, cfg.eps);
+        l.gate.load(loader, block + "ffn.gate.0", d, f, false);
+        l.fc1.load(loader, block + "ffn.fc1", d, f, false);
+        l.fc2.load(loader, block + "ffn.fc2", f, d, false);
     }
-    norm_ = loader.require(keys::t5("norm.weight"), Shape{d});
+    norm_.load(loader, keys::t5("norm"), d, cfg.eps);
 
     const int64_t len = cfg.text_len;
     Tensor onehot = Tensor::host(Shape{cfg.num_buckets, len * len}, DType::F32);  // zero-filled
@@ -149,13 +150,12 @@ void Umt5Encoder::forward(Backend& be, std::span<const int32_t> ids, int num_tok
         be.copy(token_embedding_.view().slice(0, ids[size_t(i)], 1), x.slice(0, i, 1));
     if (trace) trace("umt5.embed", -1, x);
 
-    const RmsNormParams norm{cfg_.eps};
     for (int i = 0; i < cfg_.num_layers; ++i) {
         const Layer& l = layers_[size_t(i)];
-        be.rms_norm(norm, x, l.norm1, h);
-        be.linear(h, l.q, {}, q);  // [L, d] -> [L, da]
-        be.linear(h, l.k, {}, k);
-        be.linear(h, l.v, {}, v);
+        l.norm1.forward(be, x, h);
+        l.q.forward(be, h, q);  // [L, d] -> [L, da]
+        l.k.forward(be, h, k);
+        l.v.forward(be, h, v);
         attention_bias(be, i, num_tokens, bias);
         // NOTE: written out op by op, as the reference's eager attention rounds (on bf16) after each
         // step: logits = q kᵀ (no 1/sqrt(head_dim) scale in T5), logits + bias, softmax in f32, p v.
@@ -168,20 +168,20 @@ void Umt5Encoder::forward(Backend& be, std::span<const int32_t> ids, int num_tok
         // library sees the same output layout (and so picks the same kernel) as PyTorch's call.
         be.gemm(GemmParams{false, false, 1.0f, 0.0f}, bias, heads(v), {}, att_heads);
         be.copy(att_heads.permute({1, 0, 2}), att.reshape(Shape{len, nh, hd}));  // [H, L, hd] -> [L, H, hd]
-        be.linear(att, l.o, {}, h);  // [L, da] -> [L, d]
+        l.o.forward(be, att, h);  // [L, da] -> [L, d]
         be.add(x, h, x);
 
-        be.rms_norm(norm, x, l.norm2, h);
-        be.linear(h, l.gate, {}, g);  // [L, d] -> [L, ffn]
+        l.norm2.forward(be, x, h);
+        l.gate.forward(be, h, g);  // [L, d] -> [L, ffn]
         // NOTE: umT5's own GELU module is eight eager ops (eight bf16 roundings), not the fused tanh GELU.
         be.activation(ActivationParams{Activation::GeluTanhStepwise}, g, g);
-        be.linear(h, l.fc1, {}, f);  // [L, d] -> [L, ffn]
+        l.fc1.forward(be, h, f);  // [L, d] -> [L, ffn]
         be.mul(f, g, f);
-        be.linear(f, l.fc2, {}, h);  // [L, ffn] -> [L, d]
+        l.fc2.forward(be, f, h);  // [L, ffn] -> [L, d]
         be.add(x, h, x);
         if (trace) trace("umt5.layer_out", i, x);
     }
-    be.rms_norm(norm, x, norm_, out);
+    norm_.forward(be, x, out);
     if (num_tokens < len) be.fill(out.slice(0, num_tokens, len - num_tokens), 0.0f);
     if (trace) trace("umt5.out", -1, out);
 }

@@ -20,6 +20,7 @@
 #include "backend/backend.h"
 #include "core/tensor.h"
 #include "config/model_config.h"
+#include "model/layers.h"
 #include "weights/weight_source.h"
 
 namespace dzr {
@@ -68,20 +69,20 @@ class Umt5Encoder {
 
   private:
     struct Layer {
-        Tensor norm1;      // [dim]
-        Tensor q, k, v;    // [dim_attn, dim]
-        Tensor o;          // [dim, dim_attn]
+        RmsNorm norm1;
+        Linear q, k, v;    // [dim_attn, dim], no bias
+        Linear o;          // [dim, dim_attn]
         Tensor pos_table;  // [num_buckets, num_heads]
-        Tensor norm2;      // [dim]
-        Tensor gate;       // [ffn_dim, dim]
-        Tensor fc1;        // [ffn_dim, dim]
-        Tensor fc2;        // [dim, ffn_dim]
+        RmsNorm norm2;
+        Linear gate;       // [ffn_dim, dim]
+        Linear fc1;        // [ffn_dim, dim]
+        Linear fc2;        // [dim, ffn_dim]
     };
 
     T5Config cfg_;
     Tensor token_embedding_;  // [vocab, dim]
     std::vector<Layer> layers_;
-    Tensor norm_;  // [dim]
+    RmsNorm norm_;
     // NOTE: the bias of every layer is pos_tableᵀ · onehot: [num_buckets, text_len²] (compute dtype) with
     // a 1 at (bucket(k − q), q·text_len + k). Built once at load (16 MiB in bf16 at the real 32 × 512²)
     // so a layer's [H, L, L] bias is one GEMM into reused scratch (32 MiB in bf16 at the real 64 heads),

@@ -1,0 +1,75 @@
+#pragma once
+/// The layers the four networks share: a Linear (nn.Linear), an RmsNorm (T5/Wan RMSNorm with a weight), a
+/// LayerNorm (affine or not) and the action heads' CategoryLinear. Each holds its weights as loaded (typed
+/// members, no lookup by name in a forward) and runs through one Backend op with the parameters the networks
+/// always passed, so a network built from them issues exactly the calls it issued with bare tensors.
+///
+/// Keys: `prefix` is a module path without the trailing dot ("action_head.model.blocks.3.self_attn.q"); the
+/// layer appends its parameter names (".weight", ".bias"; ".W", ".b" for CategoryLinear).
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+#include "weights/weight_source.h"
+
+namespace dzr {
+
+/// nn.Linear: out[M, out] = x[M, in] · wᵀ (+ b), one GEMM with the bias in its epilogue.
+struct Linear {
+    Tensor w;      // [out, in]
+    Tensor b;      // [out]; undefined without bias
+    // NOTE: the slot of per-output-channel dequantization scales [out] for FP8 weights; nothing loads it yet,
+    // and forward() refuses a Linear that has one rather than ignore it.
+    Tensor scale;
+
+    /// Loads `<prefix>.weight` [out, in] and, with `bias`, `<prefix>.bias` [out].
+    void load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
+    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
+
+    int64_t in_features() const { return w.shape()[1]; }
+    int64_t out_features() const { return w.shape()[0]; }
+};
+
+/// RMSNorm with a weight: out = x / sqrt(mean(x²) + eps) · w over the last dim (Backend::rms_norm).
+struct RmsNorm {
+    Tensor w;  // [channels]
+    float eps = 1e-6f;
+
+    /// Loads `<prefix>.weight` [channels].
+    void load(WeightLoader& loader, const std::string& prefix, int64_t channels, float epsilon);
+    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
+};
+
+/// LayerNorm over the last dim (Backend::layer_norm): affine (weight and bias loaded) or not (a LayerNorm
+/// constructed with its eps only: elementwise_affine=False).
+struct LayerNorm {
+    Tensor w;  // [channels]; undefined when not affine
+    Tensor b;  // [channels]; undefined when not affine
+    float eps = 1e-5f;
+
+    LayerNorm() = default;
+    explicit LayerNorm(float epsilon) : eps(epsilon) {}
+
+    /// Loads `<prefix>.weight` and `<prefix>.bias` [channels].
+    void load(WeightLoader& loader, const std::string& prefix, int64_t channels, float epsilon);
+    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
+};
+
+/// One CategorySpecificLinear of the action heads with its single category: out[M, out] = x[M, in] · w + b.
+/// Not a Linear: the weight is stored [1, in, out] and used untransposed, and the bias is a separate add.
+struct CategoryLinear {
+    Tensor w;  // [in, out] (the stored [1, in, out] without its category dim)
+    Tensor b;  // [out]
+
+    /// Loads `<prefix>.W` [1, in, out] and `<prefix>.b` [1, out].
+    void load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out);
+    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
+
+    int64_t in_features() const { return w.shape()[0]; }
+};
+
+/// An owning tensor seen with another shape (same storage, no copy).
+Tensor reshaped(const Tensor& t, Shape shape);
+
+}  // namespace dzr
