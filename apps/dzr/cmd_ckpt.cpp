@@ -15,6 +15,7 @@
 #include "config/model_fields.h"
 #include "config/run_config.h"
 #include "core/error.h"
+#include "model/inventory.h"
 #include "policy/normalization.h"
 #include "policy/tokenizer.h"
 #include "weights/checkpoint.h"

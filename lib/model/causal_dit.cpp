@@ -78,26 +78,30 @@ CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, 
     head_dim_ = C / cfg.num_heads;
     dtype_ = loader.backend().compute_dtype();
 
+    // NOTE: the weights are declared in the checkpoint inventory's order (model/inventory.h, `dzr ckpt make`
+    // writes them so): the action heads, the embeddings, the blocks, the head, then img_emb.
+    state_encoder_ = StateEncoder(cfg, loader);
+    action_encoder_ = ActionEncoder(cfg, loader);
+    action_decoder_ = ActionDecoder(cfg, loader);
+
     using keys::dit;
     patch_w_ = loader.require(dit("patch_embedding.weight"), Shape{C, cfg.in_dim, pt, ph, pw});
-    patch_b_ = loader.require(dit("patch_embedding.bias"), Shape{C});
+    patch_b_ = loader.require(dit("patch_embedding.bias"), Shape{C}, WeightInit::bias());
     text_emb1_.load(loader, dit("text_embedding.0"), cfg.text_dim, C);
     text_emb2_.load(loader, dit("text_embedding.2"), C, C);
     time_emb1_.load(loader, dit("time_embedding.0"), cfg.freq_dim, C);
     time_emb2_.load(loader, dit("time_embedding.2"), C, C);
-    time_proj_.load(loader, dit("time_projection.1"), C, 6 * C);
-    img_norm_in_.load(loader, dit("img_emb.proj.0"), cfg.image_dim, kImgEmbLayerNormEps);
-    img_fc1_.load(loader, dit("img_emb.proj.1"), cfg.image_dim, cfg.image_dim);
-    img_fc2_.load(loader, dit("img_emb.proj.3"), cfg.image_dim, C);
-    img_norm_out_.load(loader, dit("img_emb.proj.4"), C, kImgEmbLayerNormEps);
+    time_proj_.load(loader, dit("time_projection.1"), C, 6 * C);  // 6 modulation vectors per token
     norm_ = LayerNorm(cfg.eps);
 
+    // NOTE: the modulation tables are scaled like a [dim]-wide weight, not by their fan-in (6·dim, 2·dim).
+    const WeightInit modulation_init = WeightInit::normal(1.0f / std::sqrt(float(C)));
     layers_.resize(size_t(cfg.num_layers));
     for (int i = 0; i < cfg.num_layers; ++i) {
         const std::string block = keys::dit_block(i);  // "action_head.model.blocks.{i}."
         const auto key = [&block](std::string_view suffix) { return block + std::string(suffix); };
         Layer& l = layers_[size_t(i)];
-        l.modulation = reshaped(loader.require(key("modulation"), Shape{1, 6, C}), Shape{6, C});
+        l.modulation = reshaped(loader.require(key("modulation"), Shape{1, 6, C}, modulation_init), Shape{6, C});
         l.q.load(loader, key("self_attn.q"), C, C);
         l.k.load(loader, key("self_attn.k"), C, C);
         l.v.load(loader, key("self_attn.v"), C, C);
@@ -109,20 +113,21 @@ CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, 
         l.cross_k.load(loader, key("cross_attn.k"), C, C);
         l.cross_v.load(loader, key("cross_attn.v"), C, C);
         l.cross_o.load(loader, key("cross_attn.o"), C, C);
-        l.cross_k_img.load(loader, key("cross_attn.k_img"), C, C);
-        l.cross_v_img.load(loader, key("cross_attn.v_img"), C, C);
         l.cross_norm_q.load(loader, key("cross_attn.norm_q"), C, cfg.eps);
         l.cross_norm_k.load(loader, key("cross_attn.norm_k"), C, cfg.eps);
+        l.cross_k_img.load(loader, key("cross_attn.k_img"), C, C);
+        l.cross_v_img.load(loader, key("cross_attn.v_img"), C, C);
         l.cross_norm_k_img.load(loader, key("cross_attn.norm_k_img"), C, cfg.eps);
         l.ffn1.load(loader, key("ffn.0"), C, cfg.ffn_dim);
         l.ffn2.load(loader, key("ffn.2"), cfg.ffn_dim, C);
     }
-    head_modulation_ = reshaped(loader.require(dit("head.modulation"), Shape{1, 2, C}), Shape{2, C});
+    head_modulation_ =
+        reshaped(loader.require(dit("head.modulation"), Shape{1, 2, C}, modulation_init), Shape{2, C});
     head_.load(loader, dit("head.head"), C, pt * ph * pw * cfg.out_dim);
-
-    state_encoder_ = StateEncoder(cfg, loader);
-    action_encoder_ = ActionEncoder(cfg, loader);
-    action_decoder_ = ActionDecoder(cfg, loader);
+    img_norm_in_.load(loader, dit("img_emb.proj.0"), cfg.image_dim, kImgEmbLayerNormEps);
+    img_fc1_.load(loader, dit("img_emb.proj.1"), cfg.image_dim, cfg.image_dim);
+    img_fc2_.load(loader, dit("img_emb.proj.3"), cfg.image_dim, C);
+    img_norm_out_.load(loader, dit("img_emb.proj.4"), C, kImgEmbLayerNormEps);
 
     // NOTE: start frames 0..local_attn_size with a full block after each, and register block
     // indices k = (start_frame − 1) / frames_per_block up to max_chunk_size; the policy uses less.

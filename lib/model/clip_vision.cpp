@@ -3,18 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/measuring_backend.h"
 #include "core/arena.h"
 #include "core/error.h"
 #include "weights/keys.h"
 
 namespace dzr {
 namespace {
-
-// Per-block parameter names, in checkpoint order.
-constexpr const char* kLayerKeys[] = {"norm1.weight",     "norm1.bias",       "attn.to_qkv.weight",
-                                      "attn.to_qkv.bias", "attn.proj.weight", "attn.proj.bias",
-                                      "norm2.weight",     "norm2.bias",       "mlp.0.weight",
-                                      "mlp.0.bias",       "mlp.2.weight",     "mlp.2.bias"};
 
 size_t aligned(size_t bytes) {
     return (bytes + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
@@ -34,21 +29,28 @@ ClipVision::ClipVision(WeightLoader& loader, const ClipConfig& cfg, int input_he
     DZR_CHECK(cfg.mlp_dim > 0, "CLIP config: mlp_dim must be positive, got {}", cfg.mlp_dim);
     DZR_CHECK(input_height > 0 && input_width > 0, "CLIP: input frame size must be positive, got {}x{}",
               input_height, input_width);
-    const int64_t w = cfg.width, p = cfg.patch_size, m = cfg.mlp_dim;
+    const int64_t w = cfg.width, p = cfg.patch_size;
+    // NOTE: declared in the checkpoint inventory's order (model/inventory.h); the weights DreamZero never runs
+    // (log_scale, head, the blocks from use_layers on, post_norm) are declared, not loaded.
+    const WeightInit embed_init = WeightInit::normal(1.0f / std::sqrt(float(w)));
+    loader.declare(keys::clip("log_scale"), Shape{}, WeightInit::constant(std::log(1.0f / 0.07f)));  // CLIP's init
+    cls_ = loader.require(keys::clip("visual.cls_embedding"), Shape{1, 1, w}, embed_init);
+    pos_ = loader.require(keys::clip("visual.pos_embedding"), Shape{1, cfg.num_tokens(), w}, embed_init);
+    loader.declare(keys::clip("visual.head"), Shape{w, cfg.embed_dim}, embed_init);  // used as x @ head
     patch_w_ = loader.require(keys::clip("visual.patch_embedding.weight"), Shape{w, 3, p, p});
-    cls_ = loader.require(keys::clip("visual.cls_embedding"), Shape{1, 1, w});
-    pos_ = loader.require(keys::clip("visual.pos_embedding"), Shape{1, cfg.num_tokens(), w});
     pre_norm_.load(loader, keys::clip("visual.pre_norm"), w, cfg.eps);
     layers_.resize(size_t(cfg.use_layers));
-    for (int i = 0; i < cfg.use_layers; ++i) {
-        Layer& l = layers_[size_t(i)];
-        const std::string block = keys::clip_block(i);
-        l.norm1.load(loader, block + "norm1", w, cfg.eps);
-        l.qkv.load(loader, block + "attn.to_qkv", w, 3 * w);
-        l.proj.load(loader, block + "attn.proj", w, w);
-        l.norm2.load(loader, block + "norm2", w, cfg.eps);
-        l.fc1.load(loader, block + "mlp.0", w, m);
-        l.fc2.load(loader, block + "mlp.2", m, w);
+    for (int i = 0; i < cfg.num_layers; ++i) {
+        if (i < cfg.use_layers) {
+            layers_[size_t(i)].load(loader, keys::clip_block(i), cfg);
+        } else {
+            WeightLoader::DeclareOnly skip(loader);
+            Layer().load(loader, keys::clip_block(i), cfg);
+        }
+    }
+    {
+        WeightLoader::DeclareOnly skip(loader);
+        LayerNorm().load(loader, keys::clip("visual.post_norm"), w, cfg.eps);
     }
     resize_ = BicubicResize(loader.backend(), input_height, input_width, cfg.image_size, cfg.image_size);
     Backend& be = loader.backend();
@@ -56,14 +58,23 @@ ClipVision::ClipVision(WeightLoader& loader, const ClipConfig& cfg, int input_he
     be.upload(Tensor::host_f32(Shape{3}, {kClipStd[0], kClipStd[1], kClipStd[2]}), std_);
 }
 
+void ClipVision::Layer::load(WeightLoader& loader, const std::string& block, const ClipConfig& cfg) {
+    const int64_t w = cfg.width, m = cfg.mlp_dim;
+    norm1.load(loader, block + "norm1", w, cfg.eps);
+    qkv.load(loader, block + "attn.to_qkv", w, 3 * w);
+    proj.load(loader, block + "attn.proj", w, w);
+    norm2.load(loader, block + "norm2", w, cfg.eps);
+    fc1.load(loader, block + "mlp.0", w, m);
+    fc2.load(loader, block + "mlp.2", m, w);
+}
+
 std::vector<std::string> ClipVision::skipped_keys(const ClipConfig& cfg) {
+    MeasuringBackend be(DType::BF16);
+    WeightLoader recorder(be);
+    const ClipVision clip(recorder, cfg, cfg.image_size, cfg.image_size);
     std::vector<std::string> out;
-    for (int i = std::max(cfg.use_layers, 0); i < cfg.num_layers; ++i)
-        for (const char* name : kLayerKeys) out.push_back(keys::clip_block(i) + name);
-    out.push_back(keys::clip("visual.post_norm.weight"));
-    out.push_back(keys::clip("visual.post_norm.bias"));
-    out.push_back(keys::clip("visual.head"));
-    out.push_back(keys::clip("log_scale"));
+    for (const WeightDeclaration& d : recorder.declarations())
+        if (!d.loaded) out.push_back(d.key);
     return out;
 }
 

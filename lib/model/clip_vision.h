@@ -74,6 +74,9 @@ class ClipVision {
         LayerNorm norm2;
         Linear fc1;   // [mlp_dim, width] (mlp.0)
         Linear fc2;   // [width, mlp_dim] (mlp.2)
+
+        /// Loads the block under `block` ("...visual.transformer.3.").
+        void load(WeightLoader& loader, const std::string& block, const ClipConfig& cfg);
     };
 
     size_t forward_workspace_bytes(DType dtype) const;

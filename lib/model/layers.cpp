@@ -1,5 +1,7 @@
 #include "model/layers.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace dzr {
@@ -8,9 +10,10 @@ Tensor reshaped(const Tensor& t, Shape shape) {
     return Tensor(t.storage(), t.view().reshape(shape));
 }
 
-void Linear::load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out, bool bias) {
-    w = loader.require(prefix + ".weight", Shape{out, in});
-    b = bias ? loader.require(prefix + ".bias", Shape{out}) : Tensor{};
+void Linear::load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out, bool bias,
+                  WeightInit init) {
+    w = loader.require(prefix + ".weight", Shape{out, in}, init);
+    b = bias ? loader.require(prefix + ".bias", Shape{out}, WeightInit::bias()) : Tensor{};
     scale = Tensor{};
 }
 
@@ -20,7 +23,7 @@ void Linear::forward(Backend& be, const TensorView& x, const TensorView& out) co
 }
 
 void RmsNorm::load(WeightLoader& loader, const std::string& prefix, int64_t channels, float epsilon) {
-    w = loader.require(prefix + ".weight", Shape{channels});
+    w = loader.require(prefix + ".weight", Shape{channels}, WeightInit::norm_scale());
     eps = epsilon;
 }
 
@@ -29,8 +32,8 @@ void RmsNorm::forward(Backend& be, const TensorView& x, const TensorView& out) c
 }
 
 void LayerNorm::load(WeightLoader& loader, const std::string& prefix, int64_t channels, float epsilon) {
-    w = loader.require(prefix + ".weight", Shape{channels});
-    b = loader.require(prefix + ".bias", Shape{channels});
+    w = loader.require(prefix + ".weight", Shape{channels}, WeightInit::norm_scale());
+    b = loader.require(prefix + ".bias", Shape{channels}, WeightInit::bias());
     eps = epsilon;
 }
 
@@ -39,8 +42,9 @@ void LayerNorm::forward(Backend& be, const TensorView& x, const TensorView& out)
 }
 
 void CategoryLinear::load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out) {
-    w = reshaped(loader.require(prefix + ".W", Shape{1, in, out}), Shape{in, out});
-    b = reshaped(loader.require(prefix + ".b", Shape{1, out}), Shape{out});
+    w = reshaped(loader.require(prefix + ".W", Shape{1, in, out}, WeightInit::normal(1.0f / std::sqrt(float(in)))),
+                 Shape{in, out});
+    b = reshaped(loader.require(prefix + ".b", Shape{1, out}, WeightInit::bias()), Shape{out});
 }
 
 void CategoryLinear::forward(Backend& be, const TensorView& x, const TensorView& out) const {

@@ -23,8 +23,10 @@ struct Linear {
     // and forward() refuses a Linear that has one rather than ignore it.
     Tensor scale;
 
-    /// Loads `<prefix>.weight` [out, in] and, with `bias`, `<prefix>.bias` [out].
-    void load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
+    /// Loads `<prefix>.weight` [out, in] and, with `bias`, `<prefix>.bias` [out]. `init`: the weight's hint
+    /// (the bias's is WeightInit::bias()).
+    void load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out, bool bias = true,
+              WeightInit init = WeightInit::fan_in());
     void forward(Backend& be, const TensorView& x, const TensorView& out) const;
 
     int64_t in_features() const { return w.shape()[1]; }
@@ -36,7 +38,7 @@ struct RmsNorm {
     Tensor w;  // [channels]
     float eps = 1e-6f;
 
-    /// Loads `<prefix>.weight` [channels].
+    /// Loads `<prefix>.weight` [channels] (init: WeightInit::norm_scale()).
     void load(WeightLoader& loader, const std::string& prefix, int64_t channels, float epsilon);
     void forward(Backend& be, const TensorView& x, const TensorView& out) const;
 };
@@ -51,7 +53,7 @@ struct LayerNorm {
     LayerNorm() = default;
     explicit LayerNorm(float epsilon) : eps(epsilon) {}
 
-    /// Loads `<prefix>.weight` and `<prefix>.bias` [channels].
+    /// Loads `<prefix>.weight` and `<prefix>.bias` [channels] (a norm scale and a bias).
     void load(WeightLoader& loader, const std::string& prefix, int64_t channels, float epsilon);
     void forward(Backend& be, const TensorView& x, const TensorView& out) const;
 };
@@ -62,7 +64,7 @@ struct CategoryLinear {
     Tensor w;  // [in, out] (the stored [1, in, out] without its category dim)
     Tensor b;  // [out]
 
-    /// Loads `<prefix>.W` [1, in, out] and `<prefix>.b` [1, out].
+    /// Loads `<prefix>.W` [1, in, out] (init N(0, 1/in)) and `<prefix>.b` [1, out] (a bias).
     void load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out);
     void forward(Backend& be, const TensorView& x, const TensorView& out) const;
 

@@ -45,23 +45,27 @@ Umt5Encoder::Umt5Encoder(WeightLoader& loader, const T5Config& cfg) : cfg_(cfg) 
     DZR_CHECK(cfg.num_buckets >= 4 && cfg.num_buckets % 2 == 0,
               "umT5 config: num_buckets must be even and >= 4, got {}", cfg.num_buckets);
     const int64_t d = cfg.dim, da = cfg.dim_attn, f = cfg.ffn_dim;
-    token_embedding_ = loader.require(keys::t5("token_embedding.weight"), Shape{cfg.vocab, d});
+    token_embedding_ =
+        loader.require(keys::t5("token_embedding.weight"), Shape{cfg.vocab, d}, WeightInit::normal(1.0f));
+    // NOTE: T5 attention has no 1/sqrt(head_dim) logit scale; made-up weights fold it into q's init so that
+    // random logits stay O(1).
+    const WeightInit q_init = WeightInit::fan_in(1.0f / std::sqrt(float(cfg.dim_attn / cfg.num_heads)));
     layers_.resize(size_t(cfg.num_layers));
     for (int i = 0; i < cfg.num_layers; ++i) {
         Layer& l = layers_[size_t(i)];
         const std::string block = keys::t5_block(i);
         l.norm1.load(loader, block + "norm1", d, cfg.eps);
-        l.q.load(loader, block + "attn.q", d, da, false);
+        l.q.load(loader, block + "attn.q", d, da, false, q_init);
         l.k.load(loader, block + "attn.k", d, da, false);
         l.v.load(loader, block + "attn.v", d, da, false);
         l.o.load(loader, block + "attn.o", da, d, false);
-        // NOTE: in the compute dtype, as the reference's bias is its bf16 embedding rows.
-        l.pos_table =
-            loader.require(block + "pos_embedding.embedding.weight", Shape{cfg.num_buckets, cfg.num_heads});
         l.norm2.load(loader, block + "norm2", d, cfg.eps);
         l.gate.load(loader, block + "ffn.gate.0", d, f, false);
         l.fc1.load(loader, block + "ffn.fc1", d, f, false);
         l.fc2.load(loader, block + "ffn.fc2", f, d, false);
+        // NOTE: in the compute dtype, as the reference's bias is its bf16 embedding rows.
+        l.pos_table = loader.require(block + "pos_embedding.embedding.weight",
+                                     Shape{cfg.num_buckets, cfg.num_heads}, WeightInit::normal(0.5f));
     }
     norm_.load(loader, keys::t5("norm"), d, cfg.eps);
 

@@ -106,7 +106,7 @@ void clamp_unit(Backend& be, const TensorView& x, const TensorView& out) {
 void ChannelRmsNorm::load(WeightLoader& loader, const std::string& key, int channels, bool images) {
     channels_ = channels;
     const Shape shape = images ? Shape{channels, 1, 1} : Shape{channels, 1, 1, 1};
-    gamma_ = loader.require(key, shape);
+    gamma_ = loader.require(key, shape, WeightInit::norm_scale());
     gamma_vec_ = gamma_.view().reshape(Shape{channels});  // [C, 1, 1(, 1)] -> [C]
 }
 
@@ -130,7 +130,7 @@ void CausalConv3d::load(WeightLoader& loader, const std::string& path, int in_ch
     pad_ = padding;
     DZR_ASSERT(pad_[0] == 0 || 2 * pad_[0] == kernel_[0] - 1);
     weight_ = loader.require(path + "weight", Shape{out_ch, in_ch, kernel[0], kernel[1], kernel[2]});
-    bias_ = loader.require(path + "bias", Shape{out_ch});
+    bias_ = loader.require(path + "bias", Shape{out_ch}, WeightInit::bias());
 }
 
 void CausalConv3d::convolve(Backend& be, const TensorView& input, int time_pad, int time_stride,
@@ -215,9 +215,9 @@ void AttentionBlock::load(WeightLoader& loader, const std::string& path, int cha
     const int64_t C = channels;
     norm_.load(loader, path + "norm.gamma", channels, true);
     qkv_w_ = loader.require(path + "to_qkv.weight", Shape{3 * C, C, 1, 1});
-    qkv_b_ = loader.require(path + "to_qkv.bias", Shape{3 * C});
+    qkv_b_ = loader.require(path + "to_qkv.bias", Shape{3 * C}, WeightInit::bias());
     proj_w_ = loader.require(path + "proj.weight", Shape{C, C, 1, 1});
-    proj_b_ = loader.require(path + "proj.bias", Shape{C});
+    proj_b_ = loader.require(path + "proj.bias", Shape{C}, WeightInit::bias());
     qkv_w5_ = qkv_w_.view().reshape(Shape{3 * C, C, 1, 1, 1});  // Conv2d 1x1 as a conv3d with kt = 1
     proj_w5_ = proj_w_.view().reshape(Shape{C, C, 1, 1, 1});
 }
@@ -272,7 +272,7 @@ void Resample::load(WeightLoader& loader, const std::string& path, int channels,
     const int64_t C = channels, Co = out_channels();
     // resample = [ZeroPad2d | Upsample, Conv2d]
     conv_w_ = loader.require(path + "resample.1.weight", Shape{Co, C, 3, 3});
-    conv_b_ = loader.require(path + "resample.1.bias", Shape{Co});
+    conv_b_ = loader.require(path + "resample.1.bias", Shape{Co}, WeightInit::bias());
     conv_w5_ = conv_w_.view().reshape(Shape{Co, C, 1, 3, 3});  // Conv2d as a conv3d with kt = 1
     if (mode == ResampleMode::Down3d)
         time_conv_.load(loader, path + "time_conv.", channels, channels, {3, 1, 1}, {0, 0, 0});

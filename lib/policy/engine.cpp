@@ -10,12 +10,12 @@
 #include "core/log.h"
 #include "model/causal_dit.h"
 #include "model/clip_vision.h"
+#include "model/inventory.h"
 #include "model/umt5.h"
 #include "model/wan_vae.h"
 #include "policy/branch_runner.h"
 #include "policy/step_plan.h"
 #include "sampling/step_schedule.h"
-#include "weights/inventory.h"
 
 namespace dzr {
 

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "model/inventory.h"
 #include "rollout/progress.h"
 #include "rollout/reports.h"
 #include "rollout/runner.h"
@@ -65,7 +66,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
               o.devices.size());
     BenchRolloutResult r;
     Timer t;
-    const RandomWeightSource weights(o.run.model, o.seed, o.threads);
+    const RandomWeightSource weights(expected_weights(o.run.model), o.seed, o.threads);
     r.weights_ms = t.ms();
 
     std::vector<std::unique_ptr<Backend>> owned;

@@ -21,7 +21,6 @@
 #include "rollout/report_html.h"
 #include "rollout/validate.h"
 #include "weights/checkpoint.h"
-#include "weights/inventory.h"
 
 namespace dzr::rollout {
 

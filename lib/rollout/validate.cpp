@@ -9,13 +9,13 @@
 #include "io/episode.h"
 #include "io/output_guard.h"
 #include "io/result_writer.h"
+#include "model/inventory.h"
 #include "policy/normalization.h"
 #include "policy/postprocess.h"
 #include "policy/tokenizer.h"
 #include "rollout/episode_layout.h"
 #include "rollout/fingerprint.h"
 #include "weights/checkpoint.h"
-#include "weights/inventory.h"
 
 namespace dzr::rollout {
 

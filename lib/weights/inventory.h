@@ -1,8 +1,7 @@
 #pragma once
-/// The expected weights of a geometry: every (key, shape) the DiT, umT5, CLIP and VAE need, derived from
-/// a ModelConfig the way the reference modules are built (dreamzero-reference.md §4.2). At the DROID
-/// geometry this is exactly tests/data/dreamzero-checkpoint-keys.tsv (2146 tensors, 22,924,172,116
-/// parameters). Also: the per-component census and the check of a checkpoint against the inventory.
+/// Expected weights: what an inventory lists (every (key, shape, init) a geometry's networks declare; built by
+/// model/inventory.h expected_weights(), the networks being its one source), the per-component census and the
+/// check of a checkpoint against an inventory.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -10,7 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "config/model_config.h"
+#include "weights/weight_init.h"
 #include "weights/weight_source.h"
 
 namespace dzr {
@@ -23,27 +22,12 @@ std::string_view component_name(Component c);
 /// Component of a checkpoint key, by prefix (keys.h).
 Component component_of(std::string_view key);
 
-/// How `dzr ckpt make` fills a tensor (the check ignores it).
-enum class InitKind : uint8_t {
-    Normal,      // N(0, value^2)
-    OnesJitter,  // 1 + N(0, value^2): norm scales
-    Constant,    // value
-};
-
-struct WeightInit {
-    InitKind kind = InitKind::Normal;
-    float value = 0.0f;
-};
-
 struct ExpectedWeight {
     std::string key;
     Shape shape;
     Component component = Component::Other;
-    WeightInit init;
+    WeightInit init;  // how `dzr ckpt make` fills it (the check ignores it)
 };
-
-/// Every weight of the geometry, in module order (DiT, umT5, CLIP, VAE).
-std::vector<ExpectedWeight> expected_weights(const ModelConfig& config);
 
 /// Tensor count, parameters and bytes of a set of tensors, per component.
 struct ComponentCensus {

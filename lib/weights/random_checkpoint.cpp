@@ -103,17 +103,19 @@ void fill_random_weight(const ExpectedWeight& w, uint64_t seed, DType dtype, std
     out.resize(n * dtype_size(dtype));
     WeightRng rng(seed, w.key);
     uint8_t* p = out.data();
+    const WeightInit init = w.init.resolved(w.shape);
     for (size_t i = 0; i < n; ++i) {
         float v = 0.0f;
-        switch (w.init.kind) {
+        switch (init.kind) {
             case InitKind::Normal:
-                v = float(rng.normal() * w.init.value);
+            case InitKind::FanIn:  // resolved above: Normal
+                v = float(rng.normal() * init.value);
                 break;
             case InitKind::OnesJitter:
-                v = float(1.0 + rng.normal() * w.init.value);
+                v = float(1.0 + rng.normal() * init.value);
                 break;
             case InitKind::Constant:
-                v = w.init.value;
+                v = init.value;
                 break;
         }
         if (dtype == DType::F32) {
@@ -127,12 +129,12 @@ void fill_random_weight(const ExpectedWeight& w, uint64_t seed, DType dtype, std
 
 // ---- plan and write ----
 
-MakePlan plan_random_checkpoint(const ModelConfig& config, const MakeOptions& options) {
+MakePlan plan_random_checkpoint(std::vector<ExpectedWeight> weights, const MakeOptions& options) {
     DZR_CHECK(options.shard_size > 0, "shard size must be positive");
     DZR_CHECK(options.dtype == DType::BF16 || options.dtype == DType::F16 || options.dtype == DType::F32,
               "random weights can be bf16, f16 or f32, not {}", dtype_name(options.dtype));
     MakePlan plan;
-    plan.weights = expected_weights(config);
+    plan.weights = std::move(weights);
     plan.census = census(plan.weights);
     // NOTE: greedy split in module order, like HF's sharding: a shard closes before the tensor that would
     // push it past the limit (a single tensor larger than the limit gets a shard of its own).
@@ -150,9 +152,10 @@ MakePlan plan_random_checkpoint(const ModelConfig& config, const MakeOptions& op
     return plan;
 }
 
-MakePlan write_random_checkpoint(const ModelConfig& config, const MakeOptions& options,
+MakePlan write_random_checkpoint(const ModelConfig& config, std::vector<ExpectedWeight> weights,
+                                 const MakeOptions& options,
                                  const fs::path& out_dir) {
-    MakePlan plan = plan_random_checkpoint(config, options);
+    MakePlan plan = plan_random_checkpoint(std::move(weights), options);
     std::error_code ec;
     if (fs::exists(out_dir, ec)) {
         DZR_CHECK(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec),

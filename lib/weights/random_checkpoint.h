@@ -45,14 +45,17 @@ struct MakePlan {
     bool indexed() const { return shards.size() > 1; }
 };
 
-MakePlan plan_random_checkpoint(const ModelConfig& config, const MakeOptions& options);
+/// The plan of `weights` (an inventory: model/inventory.h expected_weights(), whose header also has the
+/// overloads that take a ModelConfig).
+MakePlan plan_random_checkpoint(std::vector<ExpectedWeight> weights, const MakeOptions& options);
 
-/// Writes the checkpoint into `out_dir`, which must not exist (or be an empty directory). Everything is
-/// written into a temporary sibling directory first and renamed at the end, so a failure leaves nothing.
+/// Writes the checkpoint of `weights` (the inventory of `config`) into `out_dir`, which must not exist (or be an
+/// empty directory). Everything is written into a temporary sibling directory first and renamed at the end, so a
+/// failure leaves nothing.
 /// Shards are written in parallel; checksums.sha256 lists the SHA-256 of every file written.
 /// Returns the plan it wrote.
-MakePlan write_random_checkpoint(const ModelConfig& config, const MakeOptions& options,
-                                 const std::filesystem::path& out_dir);
+MakePlan write_random_checkpoint(const ModelConfig& config, std::vector<ExpectedWeight> weights,
+                                 const MakeOptions& options, const std::filesystem::path& out_dir);
 
 /// The generator of one tensor (see the header comment).
 class WeightRng {

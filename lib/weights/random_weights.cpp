@@ -24,6 +24,7 @@ float value_of(const WeightInit& init, uint64_t bits) {
     const float u = float(double(bits >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0) * 1.7320508f;
     switch (init.kind) {
         case InitKind::Normal:
+        case InitKind::FanIn:  // resolved by the caller: Normal
             return u * init.value;
         case InitKind::OnesJitter:
             return 1.0f + u * init.value;
@@ -35,14 +36,15 @@ float value_of(const WeightInit& init, uint64_t bits) {
 
 }  // namespace
 
-RandomWeightSource::RandomWeightSource(const ModelConfig& model, uint64_t seed, int threads) {
+RandomWeightSource::RandomWeightSource(const std::vector<ExpectedWeight>& inventory, uint64_t seed, int threads) {
     std::vector<WeightInit> inits;
     std::vector<int64_t> sizes;
-    for (const ExpectedWeight& w : expected_weights(model)) {
+    for (const ExpectedWeight& w : inventory) {
+        const WeightInit init = w.init.resolved(w.shape);
         size_t p = 0;
-        while (p < inits.size() && !(inits[p].kind == w.init.kind && inits[p].value == w.init.value)) ++p;
+        while (p < inits.size() && !(inits[p] == init)) ++p;
         if (p == inits.size()) {
-            inits.push_back(w.init);
+            inits.push_back(init);
             sizes.push_back(0);
         }
         sizes[p] = std::max(sizes[p], w.shape.numel());

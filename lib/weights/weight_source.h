@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/tensor.h"
+#include "weights/weight_init.h"
 
 namespace dzr {
 
@@ -25,26 +26,67 @@ public:
     virtual std::string location(const std::string& key) const = 0;
 };
 
+/// One weight a network declared: its key, its shape and how `dzr ckpt make` initialises it.
+struct WeightDeclaration {
+    std::string key;
+    Shape shape;
+    WeightInit init;     // resolved (never FanIn)
+    bool loaded = true;  // false: declare()d only (stored in the checkpoint, never run)
+};
+
 /// Uploads weights to a backend, converting to the backend's compute dtype, and records which keys
 /// were used so a load can fail on missing or unused weights.
+///
+/// Recording mode (no source): require() uploads nothing and returns a tensor of the backend's (on a
+/// MeasuringBackend: no memory). Building a network over a recording loader lists its weights, in the order it
+/// declares them, with their shapes and init hints: the networks' constructors are the one schema of the
+/// checkpoint (model/inventory.h).
 class WeightLoader {
 public:
-    WeightLoader(const WeightSource& source, Backend& backend) : source_(source), backend_(backend) {}
+    WeightLoader(const WeightSource& source, Backend& backend) : source_(&source), backend_(backend) {}
+    /// A recording loader.
+    explicit WeightLoader(Backend& backend) : backend_(backend) {}
 
     /// The weight `key` with exactly `shape`, on the backend in its compute dtype (or `dtype`).
-    /// Throws dzr::Error naming the key, its file, the expected and the found shape.
-    Tensor require(const std::string& key, const Shape& shape);
-    Tensor require(const std::string& key, const Shape& shape, DType dtype);
+    /// Throws dzr::Error naming the key, its file, the expected and the found shape. `init`: how a made-up
+    /// checkpoint fills it (recorded only).
+    Tensor require(const std::string& key, const Shape& shape, WeightInit init = {});
+    Tensor require(const std::string& key, const Shape& shape, DType dtype, WeightInit init = {});
+    /// A weight the checkpoint holds but the network never runs (CLIP's head): recorded, not loaded (and so
+    /// reported by unused()).
+    void declare(const std::string& key, const Shape& shape, WeightInit init = {});
+    /// While one lives, require() only declares and returns an undefined tensor: a network runs its loading
+    /// code over the modules it keeps in the checkpoint but never runs (CLIP's last block) and drops them.
+    class DeclareOnly {
+    public:
+        explicit DeclareOnly(WeightLoader& loader) : loader_(loader), was_(loader.declare_only_) {
+            loader.declare_only_ = true;
+        }
+        ~DeclareOnly() { loader_.declare_only_ = was_; }
+        DeclareOnly(const DeclareOnly&) = delete;
+        DeclareOnly& operator=(const DeclareOnly&) = delete;
 
-    /// Keys of the source under `prefix` that no require() asked for.
+    private:
+        WeightLoader& loader_;
+        bool was_;
+    };
+
+    /// Keys of the source under `prefix` that no require() asked for (none when recording).
     std::vector<std::string> unused(const std::string& prefix) const;
     const std::set<std::string>& used() const { return used_; }
+    /// Every require() and declare(), in call order.
+    const std::vector<WeightDeclaration>& declarations() const { return declarations_; }
+    bool recording() const { return source_ == nullptr; }
     Backend& backend() { return backend_; }
 
 private:
-    const WeightSource& source_;
+    void record(const std::string& key, const Shape& shape, WeightInit init, bool loaded);
+
+    const WeightSource* source_ = nullptr;
     Backend& backend_;
     std::set<std::string> used_;
+    std::vector<WeightDeclaration> declarations_;
+    bool declare_only_ = false;
 };
 
 }  // namespace dzr

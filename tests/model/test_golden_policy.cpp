@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "config/run_config.h"
 #include "io/synth_episode.h"
+#include "model/inventory.h"
 #include "policy/dreamzero_policy.h"
 #include "policy/normalization.h"
 #include "policy/preprocess.h"

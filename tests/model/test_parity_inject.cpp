@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/run_config.h"
+#include "model/inventory.h"
 #include "support/test_support.h"
 #include "weights/random_checkpoint.h"
 #include "weights/safetensors.h"

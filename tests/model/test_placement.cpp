@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/npy.h"
 #include "io/synth_episode.h"
+#include "model/inventory.h"
 #include "policy/dreamzero_policy.h"
 #include "policy/normalization.h"
 #include "rollout/runner.h"

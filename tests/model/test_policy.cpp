@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "config/run_config.h"
+#include "model/inventory.h"
 #include "policy/dreamzero_policy.h"
 #include "policy/normalization.h"
 #include "support/test_support.h"

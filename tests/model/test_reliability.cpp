@@ -10,6 +10,7 @@
 #include "config/run_config.h"
 #include "io/npy.h"
 #include "io/synth_episode.h"
+#include "model/inventory.h"
 #include "support/cli.h"
 #include "support/json_file.h"
 #include "support/test_support.h"

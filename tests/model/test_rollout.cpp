@@ -12,6 +12,7 @@
 #include "io/plots.h"
 #include "io/synth_episode.h"
 #include "io/video_reader.h"
+#include "model/inventory.h"
 #include "rollout/runner.h"
 #include "support/json_file.h"
 #include "support/test_support.h"

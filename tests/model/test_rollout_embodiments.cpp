@@ -15,6 +15,7 @@
 #include "io/plots.h"
 #include "io/synth_episode.h"
 #include "io/video_reader.h"
+#include "model/inventory.h"
 #include "rollout/episode_layout.h"
 #include "rollout/runner.h"
 #include "support/json_file.h"

@@ -16,6 +16,7 @@
 #include "io/npy.h"
 #include "io/result_writer.h"
 #include "io/synth_episode.h"
+#include "model/inventory.h"
 #include "support/child_process.h"
 #include "support/json_file.h"
 #include "support/test_support.h"

@@ -19,6 +19,7 @@
 #include "io/atomic_file.h"
 #include "io/result_writer.h"
 #include "io/synth_episode.h"
+#include "model/inventory.h"
 #include "support/child_process.h"
 #include "support/json_file.h"
 #include "support/test_support.h"

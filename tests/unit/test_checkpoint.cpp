@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/sha256.h"
+#include "model/inventory.h"
 #include "support/test_support.h"
 #include "weights/checkpoint.h"
 #include "weights/checksums.h"

@@ -9,8 +9,15 @@
 #include <sstream>
 #include <string>
 
+#include "backend/backend.h"
+#include "backend/measuring_backend.h"
 #include "config/run_config.h"
 #include "core/half.h"
+#include "model/causal_dit.h"
+#include "model/clip_vision.h"
+#include "model/inventory.h"
+#include "model/umt5.h"
+#include "model/wan_vae.h"
 #include "support/test_support.h"
 #include "weights/inventory.h"
 #include "weights/keys.h"
@@ -308,4 +315,49 @@ TEST_CASE("make plans split shards greedily under the size limit") {
     }
     CHECK(sum == many.total_bytes);
     CHECK(count == many.weights.size());
+}
+
+TEST_CASE("the networks load exactly the weights they declare to the inventory, in its order") {
+    const ModelConfig tiny = load_model("tiny.yaml");
+    const auto inv = expected_weights(tiny);
+    FakeSource src;
+    for (const auto& w : inv) src.put(w.key, w.shape, DType::BF16);
+    auto be = make_cpu_backend();
+    WeightLoader loader(src, *be);
+    CHECK_FALSE(loader.recording());
+    const CausalDit dit(tiny.dit, tiny.canvas_height / 8, tiny.canvas_width / 8, loader);
+    const Umt5Encoder t5(loader, tiny.t5);
+    const ClipVision clip(loader, tiny.clip, tiny.canvas_height, tiny.canvas_width);
+    const WanVae vae(loader, tiny.vae);
+
+    // the loading run declares the inventory, key by key
+    REQUIRE(loader.declarations().size() == inv.size());
+    for (size_t i = 0; i < inv.size(); ++i) {
+        const WeightDeclaration& d = loader.declarations()[i];
+        INFO(inv[i].key);
+        CHECK(d.key == inv[i].key);
+        CHECK(d.shape == inv[i].shape);
+        CHECK(d.init == inv[i].init);
+    }
+    // what it declares without loading is exactly what stays unused: CLIP's skipped weights
+    std::set<std::string> declared_only;
+    for (const WeightDeclaration& d : loader.declarations())
+        if (!d.loaded) declared_only.insert(d.key);
+    const auto unused = loader.unused("action_head.");
+    const auto skipped = ClipVision::skipped_keys(tiny.clip);
+    CHECK(std::set<std::string>(unused.begin(), unused.end()) == declared_only);
+    CHECK(std::set<std::string>(skipped.begin(), skipped.end()) == declared_only);
+    CHECK(declared_only.size() == 12 + 4);  // the last block, post_norm, head, log_scale
+    CHECK(loader.used().size() + declared_only.size() == inv.size());
+
+    // a recording loader reads no source and hands out the backend's tensors
+    MeasuringBackend mb(DType::BF16);
+    WeightLoader recorder(mb);
+    CHECK(recorder.recording());
+    const Tensor t = recorder.require("x.weight", Shape{8, 4}, WeightInit::fan_in(2.0f));
+    CHECK(t.shape() == Shape{8, 4});
+    CHECK(recorder.used().empty());
+    CHECK(recorder.unused("").empty());
+    REQUIRE(recorder.declarations().size() == 1);
+    CHECK(recorder.declarations()[0].init == WeightInit::normal(2.0f / std::sqrt(4.0f)));  // resolved fan-in
 }

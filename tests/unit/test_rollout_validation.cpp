@@ -16,6 +16,7 @@
 #include "io/npy.h"
 #include "io/run_lock.h"
 #include "io/synth_episode.h"
+#include "model/inventory.h"
 #include "support/cli.h"
 #include "support/json_file.h"
 #include "support/test_support.h"

@@ -20,6 +20,7 @@
 #include "backend/measuring_backend.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "model/inventory.h"
 #include "model/wan_vae.h"
 #include "support/test_support.h"
 #include "weights/inventory.h"
