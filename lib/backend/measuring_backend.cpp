@@ -49,12 +49,27 @@ void MeasuringBackend::copy(const TensorView& src, const TensorView& dst) {
 
 void MeasuringBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView&,
                               const TensorView& out) {
-    if (planner_) touch(planner_->conv3d_workspace_bytes(p, x, w, out));
+    touch(conv3d_workspace_bytes(p, x, w, out));
+}
+
+size_t MeasuringBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                               const TensorView& out) {
+    return planner_ ? planner_->conv3d_workspace_bytes(p, x, w, out) : 0;
+}
+
+size_t MeasuringBackend::paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) {
+    return planner_ ? planner_->paged_attention_workspace_bytes(history, k_cur) : 0;
 }
 
 void MeasuringBackend::paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
                                        const TensorView& k_cur, const TensorView&, const TensorView&) {
-    if (planner_) touch(planner_->paged_attention_workspace_bytes(history, k_cur));
+    touch(paged_attention_workspace_bytes(history, k_cur));
+}
+
+size_t measure_workspace(Backend& planner, const std::function<void(Backend& measuring)>& call) {
+    MeasuringBackend measuring(planner.compute_dtype(), &planner);
+    call(measuring);
+    return measuring.workspace().high_water();
 }
 
 }  // namespace dzr

@@ -5,6 +5,7 @@
 /// workspace of its own (a convolution's cuDNN scratch, a paged attention's gathered rows) asks the backend
 /// that will run the calls (the planner) how much, so nothing here mirrors another backend's internals.
 #include <cstdint>
+#include <functional>
 
 #include "backend/backend.h"
 
@@ -50,6 +51,11 @@ public:
     void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
                     int64_t) override {}
     void count_nonfinite(const TensorView&, const TensorView&) override {}
+    /// The planner's answers (0 without one): conv3d and paged_attention take what they will take on the planner,
+    /// and a measurement over this backend (measure_workspace) asks the backend that will run the calls.
+    size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                  const TensorView& out) override;
+    size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) override;
 
 private:
     /// Fake allocations at distinct addresses; an arena on a fake address.
@@ -87,5 +93,11 @@ private:
     Device device_;
     Queue stream_;
 };
+
+/// The workspace `call` takes when `planner` runs it: `call` runs on a MeasuringBackend over `planner` (its compute
+/// dtype, its capabilities, its ops' own workspace) from an empty arena, and the arena's high-water mark is returned.
+/// The networks and caches size their calls with it (no data is read or written: build the call's tensors with the
+/// measuring backend's alloc(), and run the network's weights as they are, or shape-only).
+size_t measure_workspace(Backend& planner, const std::function<void(Backend& measuring)>& call);
 
 }  // namespace dzr

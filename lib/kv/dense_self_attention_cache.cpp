@@ -1,5 +1,6 @@
 #include "kv/dense_self_attention_cache.h"
 
+#include "backend/measuring_backend.h"
 #include "core/error.h"
 
 namespace dzr {
@@ -15,18 +16,11 @@ DenseSelfAttentionCache::DenseSelfAttentionCache(Backend& be, const KvGeometry& 
     v_ = be_.alloc(shape, geometry_.dtype);
 }
 
-size_t DenseSelfAttentionCache::workspace_bytes(const KvGeometry& geometry, const KvConfig& config,
-                                                DType compute_dtype) {
-    // attend: history + current <= (sink + window) frames + register tokens, K and V
-    const int64_t rows = int64_t(config.sink_frames + config.window_frames) * geometry.tokens_per_frame +
-                         geometry.register_tokens;
-    const size_t row = size_t(geometry.num_kv_heads) * size_t(geometry.head_dim);
-    const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
-    const size_t attend = 2 * aligned(size_t(rows) * row * dtype_size(compute_dtype));
-    // commit: one trim buffer of (sink + window) frames in the storage dtype
-    const size_t trim = aligned(size_t(config.sink_frames + config.window_frames) * size_t(geometry.tokens_per_frame) *
-                                row * dtype_size(geometry.dtype));
-    return attend > trim ? attend : trim;
+size_t DenseSelfAttentionCache::workspace_bytes(const KvGeometry& geometry, const KvConfig& config, Backend& be) {
+    return measure_workspace(be, [&](Backend& mb) {
+        DenseSelfAttentionCache cache(mb, geometry, config);
+        run_kv_fill_walk(mb, geometry, config, cache);
+    });
 }
 
 TensorView DenseSelfAttentionCache::rows(const Tensor& t, int layer, int64_t start, int64_t n) const {

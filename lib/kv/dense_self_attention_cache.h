@@ -27,8 +27,9 @@ public:
     /// Drops the history.
     void reset();
 
-    /// The most workspace one attend() or commit() takes (concat buffers, the trim buffer).
-    static size_t workspace_bytes(const KvGeometry& geometry, const KvConfig& config, DType compute_dtype);
+    /// The most workspace one attend() or commit() takes on `be` (concat buffers, the trim buffer): kv_fill_walk
+    /// run on a MeasuringBackend over `be` (measure_workspace).
+    static size_t workspace_bytes(const KvGeometry& geometry, const KvConfig& config, Backend& be);
 
     /// Committed rows kept (after the window trim).
     int64_t committed_tokens() const { return len_; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/measuring_backend.h"
 #include "core/error.h"
 
 namespace dzr {
@@ -34,14 +35,13 @@ void PagedSelfAttentionCache::begin(const KvForwardSpec& spec) {
 }
 
 size_t PagedSelfAttentionCache::attend_workspace_bytes(const KvGeometry& geometry, const KvConfig& config,
-                                                       DType compute_dtype) {
-    const KvLimits l = kv_limits(geometry, config);
-    const size_t rows = size_t(l.max_history_tokens + l.scratch_tokens);
-    const size_t one = rows * size_t(geometry.num_kv_heads) * size_t(geometry.head_dim) * dtype_size(compute_dtype);
-    const size_t aligned = (one + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
-    // NOTE: + one alignment unit for the CUDA kernel path's cuDNN workspace (256 bytes on an H200 with
-    // cuDNN 9.14); a larger one that does not fit makes the backend fall back to dzr's flash kernel.
-    return 2 * aligned + Arena::kAlign;
+                                                       PagedAttentionPath path, Backend& be) {
+    return measure_workspace(be, [&](Backend& mb) {
+        KvCacheManager manager(geometry, config, kv_session_bytes(geometry, config), &mb);
+        const auto session = manager.open_session("workspace plan");
+        PagedSelfAttentionCache cache(*session, 0, path);
+        run_kv_fill_walk(mb, geometry, config, cache);
+    });
 }
 
 int64_t PagedSelfAttentionCache::history_tokens() const {

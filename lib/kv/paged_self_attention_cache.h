@@ -35,9 +35,11 @@ public:
     void commit() { session_.commit(branch_); }
     void abort() noexcept { session_.abort(); }
 
-    /// The most workspace one attend() takes (the [history | current] K and V buffers of the gather path and
-    /// of the CUDA kernel path's gather), for planning the backend's arena; the CPU kernel path takes none.
-    static size_t attend_workspace_bytes(const KvGeometry& geometry, const KvConfig& config, DType compute_dtype);
+    /// The most workspace one attend() on `path` takes on `be` (the [history | current] K and V buffers of the
+    /// gather path, and what be's paged_attention takes on the kernel path), for planning the backend's arena:
+    /// kv_fill_walk run on a MeasuringBackend over `be` (measure_workspace).
+    static size_t attend_workspace_bytes(const KvGeometry& geometry, const KvConfig& config, PagedAttentionPath path,
+                                         Backend& be);
 
     int branch() const { return branch_; }
     KvSession& session() { return session_; }

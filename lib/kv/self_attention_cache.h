@@ -7,8 +7,10 @@
 /// tables over a preallocated pool). Forward control (begin, commit, abort) belongs to the
 /// implementation's owner (the policy), not to the DiT.
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
+#include "config/kv_config.h"
 
 namespace dzr {
 
@@ -28,5 +30,27 @@ public:
     virtual void attend(Backend& be, int layer, const TensorView& q, const TensorView& k, const TensorView& v,
                         int64_t video_tokens, float scale, const TensorView& out) = 0;
 };
+
+/// The forwards of one branch from an empty history to the longest history `config` lets it see (kv_limits): a
+/// prefill, then chunk commits (with reset_at_boundary up to the last one max_committed_tokens allows; sliding,
+/// up to the first one past it, which evicts), each followed by a denoising forward. The caches measure their
+/// workspace over it (PagedSelfAttentionCache::attend_workspace_bytes, DenseSelfAttentionCache::workspace_bytes).
+std::vector<KvForwardSpec> kv_fill_walk(const KvGeometry& geometry, const KvConfig& config);
+
+/// Runs kv_fill_walk through `cache` (a PagedSelfAttentionCache or a DenseSelfAttentionCache using `be`, a
+/// MeasuringBackend when measuring): per forward begin, an attend on every layer with q, k, v from be.alloc(),
+/// commit.
+template <typename Cache>
+void run_kv_fill_walk(Backend& be, const KvGeometry& geometry, const KvConfig& config, Cache& cache) {
+    for (const KvForwardSpec& spec : kv_fill_walk(geometry, config)) {
+        cache.begin(spec);
+        const int64_t video = int64_t(spec.video_frames) * geometry.tokens_per_frame;
+        const Shape rows{video + spec.register_tokens, geometry.num_kv_heads, geometry.head_dim};
+        const Tensor q = be.alloc(rows, be.compute_dtype()), k = be.alloc(rows, be.compute_dtype());
+        const Tensor v = be.alloc(rows, be.compute_dtype()), out = be.alloc(rows, be.compute_dtype());
+        for (int layer = 0; layer < geometry.num_layers; ++layer) cache.attend(be, layer, q, k, v, video, 1.0f, out);
+        cache.commit();
+    }
+}
 
 }  // namespace dzr

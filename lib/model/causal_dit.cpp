@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "backend/measuring_backend.h"
 #include "core/error.h"
 #include "model/dit_ops.h"
 #include "weights/keys.h"
@@ -232,48 +233,39 @@ void CausalDit::compute_image_kv(Backend& be, const TensorView& clip_features, D
 
 namespace {
 
-/// Bytes of an arena allocation of n elements (rounded like Arena::alloc).
-struct ArenaSize {
-    size_t elem;
-    size_t operator()(int64_t n) const {
-        const size_t b = size_t(n) * elem;
-        return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
-    }
+/// A SelfAttentionCache with no history that attends to nothing and takes no workspace: the DiT's own
+/// workspace is measured around it.
+class NoHistoryCache final : public SelfAttentionCache {
+  public:
+    int64_t history_tokens() const override { return 0; }
+    void attend(Backend&, int, const TensorView&, const TensorView&, const TensorView&, int64_t, float,
+                const TensorView&) override {}
 };
 
 }  // namespace
 
-// NOTE: mirrors the scratch() calls of forward() and its helpers scope by scope; the unit test
-// checks it against the arena's measured high-water mark.
-size_t CausalDit::forward_workspace_bytes(int frames, bool registers) const {
+size_t CausalDit::forward_workspace_bytes(Backend& be, int frames, bool registers) const {
     const DitConfig& c = cfg_;
-    const ArenaSize sz{dtype_size(dtype_)};
-    const int64_t C = c.dim, ph = c.patch_size[1], pw = c.patch_size[2];
-    const int64_t Lv = int64_t(frames) * c.frame_seqlen;
-    const int64_t A = registers ? c.num_action_per_block : 0, S = registers ? c.num_state_per_block : 0;
-    const int64_t L = Lv + A + S, G = registers ? 2 : 1;
-    const size_t outer = sz(L * C) + sz(G * C) + sz(G * 6 * C);
-    const size_t embed = sz(int64_t(c.in_dim) * Lv * ph * pw) + sz(Lv * c.in_dim * ph * pw);
-    size_t regs = 0, decoder = 0;
-    if (registers) {
-        const size_t encoder = 2 * sz(A * C) + sz(C);
-        const size_t state = sz(S * c.max_state_dim) + sz(S * c.hidden_size);
-        regs = sz(A * c.action_dim) + std::max(encoder, state);
-        decoder = sz(A * c.action_dim) + sz(A * c.hidden_size);
-    }
-    const size_t time = sz(G * c.freq_dim) + 2 * sz(G * C);
-    const size_t layer =
-        2 * sz(G * 6 * C) + 2 * sz(L * C) + std::max({7 * sz(L * C), 4 * sz(L * C), sz(L * c.ffn_dim)});
-    const size_t head = sz(2 * C) + sz(C) + sz(Lv * C) + sz(Lv * ph * pw * c.out_dim);
-    return outer + std::max({embed, regs, time, layer, head, decoder});
+    const int64_t lat_h = int64_t(grid_h_) * c.patch_size[1], lat_w = int64_t(grid_w_) * c.patch_size[2];
+    return measure_workspace(be, [&](Backend& mb) {
+        const Tensor x = mb.alloc(Shape{c.out_dim, frames, lat_h, lat_w}, mb.compute_dtype());
+        const Tensor y = mb.alloc(Shape{c.in_dim - c.out_dim, frames, lat_h, lat_w}, mb.compute_dtype());
+        DitInputs in{x, y, registers ? 1 : 0, 0, std::nullopt};
+        const Tensor action = mb.alloc(Shape{c.num_action_per_block, c.action_dim}, mb.compute_dtype());
+        const Tensor state = mb.alloc(Shape{c.num_state_per_block, c.max_state_dim}, mb.compute_dtype());
+        if (registers) in.registers = DitRegisterInputs{action, 0, state};
+        const DitCrossKv cross = make_cross_kv(mb, 1);
+        NoHistoryCache cache;
+        forward(mb, in, cross, cache, DitOutputs{mb.alloc(x.shape(), mb.compute_dtype()), action});
+    });
 }
 
-size_t CausalDit::cross_kv_workspace_bytes(int64_t image_tokens) const {
-    const ArenaSize sz{dtype_size(dtype_)};
-    const int64_t C = cfg_.dim, Lt = cfg_.text_len, Li = image_tokens;
-    const size_t text = sz(Lt * cfg_.text_dim) + 3 * sz(Lt * C);
-    const size_t image = 3 * sz(Li * cfg_.image_dim) + 3 * sz(Li * C);
-    return std::max(text, image);
+size_t CausalDit::cross_kv_workspace_bytes(Backend& be, int64_t image_tokens) const {
+    return measure_workspace(be, [&](Backend& mb) {
+        DitCrossKv kv = make_cross_kv(mb, image_tokens);
+        compute_text_kv(mb, mb.alloc(Shape{cfg_.text_len, cfg_.text_dim}, mb.compute_dtype()), kv);
+        compute_image_kv(mb, mb.alloc(Shape{image_tokens, cfg_.image_dim}, mb.compute_dtype()), kv);
+    });
 }
 
 void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cross, SelfAttentionCache& cache,

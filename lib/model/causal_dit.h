@@ -100,11 +100,12 @@ class CausalDit {
         compute_image_kv(be, clip_features, kv);
     }
 
-    /// Peak workspace-arena bytes of one forward with `frames` latent frames (with or without the
-    /// register tokens), not counting what the SelfAttentionCache itself takes during attend().
-    size_t forward_workspace_bytes(int frames, bool registers) const;
-    /// Peak workspace-arena bytes of compute_text_kv / compute_image_kv.
-    size_t cross_kv_workspace_bytes(int64_t image_tokens) const;
+    /// Workspace-arena bytes one forward with `frames` latent frames (with or without the register tokens)
+    /// takes on `be`, not counting what the SelfAttentionCache itself takes during attend(): the forward
+    /// measured on a MeasuringBackend over `be` (measure_workspace).
+    size_t forward_workspace_bytes(Backend& be, int frames, bool registers) const;
+    /// Workspace-arena bytes of compute_text_kv / compute_image_kv (the larger) on `be`, measured likewise.
+    size_t cross_kv_workspace_bytes(Backend& be, int64_t image_tokens) const;
 
     /// One DiT forward. Self-attention goes through `cache` (history | current tokens).
     void forward(Backend& be, const DitInputs& in, const DitCrossKv& cross, SelfAttentionCache& cache,

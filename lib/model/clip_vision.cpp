@@ -1,21 +1,12 @@
 #include "model/clip_vision.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "backend/measuring_backend.h"
-#include "core/arena.h"
 #include "core/error.h"
 #include "weights/keys.h"
 
 namespace dzr {
-namespace {
-
-size_t aligned(size_t bytes) {
-    return (bytes + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
-}
-
-}  // namespace
 
 ClipVision::ClipVision(WeightLoader& loader, const ClipConfig& cfg, int input_height, int input_width)
     : cfg_(cfg) {
@@ -78,20 +69,11 @@ std::vector<std::string> ClipVision::skipped_keys(const ClipConfig& cfg) {
     return out;
 }
 
-size_t ClipVision::forward_workspace_bytes(DType dtype) const {
-    const size_t es = dtype_size(dtype), t = size_t(cfg_.num_tokens()), w = size_t(cfg_.width);
-    const size_t grid = size_t(cfg_.image_size / cfg_.patch_size), p = size_t(cfg_.patch_size);
-    return aligned(grid * grid * 3 * p * p * es) +  // patches
-           6 * aligned(t * w * es) +                // embeddings, h, q, k, v, attention output
-           aligned(t * size_t(cfg_.mlp_dim) * es);  // mlp hidden
-}
-
-size_t ClipVision::workspace_bytes(DType dtype) const {
-    const size_t s = size_t(cfg_.image_size);
-    // pixels, then the larger of preprocess (an f32 image unless dtype is f32, then the resize from a frame
-    // in dtype; its bound also covers a dtype output) and forward
-    const size_t prep = (dtype == DType::F32 ? 0 : aligned(3 * s * s * 4)) + resize_.workspace_bytes(3, dtype);
-    return aligned(3 * s * s * dtype_size(dtype)) + std::max(prep, forward_workspace_bytes(dtype));
+size_t ClipVision::workspace_bytes(Backend& be, bool channels_last) const {
+    return measure_workspace(be, [&](Backend& mb) {
+        const Tensor frame = mb.alloc(Shape{3, resize_.in_height(), resize_.in_width()}, mb.compute_dtype());
+        encode(mb, frame, mb.alloc(Shape{cfg_.num_tokens(), cfg_.width}, mb.compute_dtype()), {}, channels_last);
+    });
 }
 
 void ClipVision::preprocess(Backend& be, const TensorView& frame, const TensorView& pixels) const {

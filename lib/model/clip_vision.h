@@ -56,9 +56,9 @@ class ClipVision {
     void encode(Backend& be, const TensorView& frame, const TensorView& out, const TraceFn& trace = {},
                 bool channels_last = false) const;
 
-    /// Workspace bytes encode() takes (an upper bound including arena alignment); forward() and
-    /// preprocess() take less.
-    size_t workspace_bytes(DType dtype) const;
+    /// Workspace bytes encode() takes on `be` (forward() and preprocess() take less): encode measured on a
+    /// MeasuringBackend over `be` (measure_workspace).
+    size_t workspace_bytes(Backend& be, bool channels_last = false) const;
 
     const ClipConfig& config() const { return cfg_; }
 
@@ -78,8 +78,6 @@ class ClipVision {
         /// Loads the block under `block` ("...visual.transformer.3.").
         void load(WeightLoader& loader, const std::string& block, const ClipConfig& cfg);
     };
-
-    size_t forward_workspace_bytes(DType dtype) const;
 
     ClipConfig cfg_;
     BicubicResize resize_;

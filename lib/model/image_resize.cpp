@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/arena.h"
+#include "backend/measuring_backend.h"
 #include "core/error.h"
 
 namespace dzr {
@@ -15,10 +15,6 @@ float cubic_near(float x, float a) {
 }
 float cubic_far(float x, float a) {
     return ((a * x - 5.0f * a) * x + 8.0f * a) * x - 4.0f * a;
-}
-
-size_t aligned(size_t bytes) {
-    return (bytes + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
 }
 
 // NOTE: the matrices stay f32 on every backend, and apply() runs its GEMMs in f32: in bf16 the taps
@@ -60,14 +56,10 @@ BicubicResize::BicubicResize(Backend& be, int in_height, int in_width, int out_h
     wx_ = upload_matrix(be, bicubic_weight_matrix(in_w_, out_w_), out_w_, in_w_);
 }
 
-size_t BicubicResize::workspace_bytes(int channels, DType dtype) const {
-    const size_t c = size_t(channels);
-    size_t bytes = aligned(c * size_t(in_h_) * size_t(out_w_) * 4);  // f32 column pass
-    if (dtype != DType::F32) {
-        bytes += aligned(c * size_t(in_h_) * size_t(in_w_) * 4);    // f32 copy of the input
-        bytes += aligned(c * size_t(out_h_) * size_t(out_w_) * 4);  // f32 output before conversion
-    }
-    return bytes;
+size_t BicubicResize::workspace_bytes(Backend& be, int channels, DType dtype) const {
+    return measure_workspace(be, [&](Backend& mb) {
+        apply(mb, mb.alloc(Shape{channels, in_h_, in_w_}, dtype), mb.alloc(Shape{channels, out_h_, out_w_}, dtype));
+    });
 }
 
 void BicubicResize::apply(Backend& be, const TensorView& src, const TensorView& dst) const {

@@ -33,8 +33,9 @@ class BicubicResize {
     /// backend takes (any C: channels are independent).
     void apply(Backend& be, const TensorView& src, const TensorView& dst) const;
 
-    /// Workspace bytes apply() takes for `channels` channels in `dtype`.
-    size_t workspace_bytes(int channels, DType dtype) const;
+    /// Workspace bytes apply() takes on `be` for `channels` channels with its input and output in `dtype`:
+    /// apply() measured on a MeasuringBackend over `be` (measure_workspace).
+    size_t workspace_bytes(Backend& be, int channels, DType dtype) const;
 
     int in_height() const { return in_h_; }
     int in_width() const { return in_w_; }

@@ -3,18 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/arena.h"
+#include "backend/measuring_backend.h"
 #include "core/error.h"
 #include "weights/keys.h"
 
 namespace dzr {
-namespace {
-
-size_t aligned(size_t bytes) {
-    return (bytes + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
-}
-
-}  // namespace
 
 int t5_relative_bucket(int64_t rel, int num_buckets, int max_distance) {
     DZR_ASSERT(num_buckets >= 4 && num_buckets % 2 == 0);
@@ -82,13 +75,11 @@ Umt5Encoder::Umt5Encoder(WeightLoader& loader, const T5Config& cfg) : cfg_(cfg) 
     be.upload(onehot, bucket_onehot_);
 }
 
-size_t Umt5Encoder::workspace_bytes(DType dtype) const {
-    const size_t es = dtype_size(dtype), len = size_t(cfg_.text_len);
-    return 2 * aligned(len * size_t(cfg_.dim) * es) +          // x, h
-           5 * aligned(len * size_t(cfg_.dim_attn) * es) +     // q, k, v, attention output per head and merged
-           2 * aligned(len * size_t(cfg_.ffn_dim) * es) +      // gate, fc1
-           2 * aligned(size_t(cfg_.num_heads) * len * len * es) +  // bias (then probabilities), logits
-           aligned(len * es);                                  // key mask
+size_t Umt5Encoder::workspace_bytes(Backend& be) const {
+    const std::vector<int32_t> ids(size_t(cfg_.text_len), 0);
+    return measure_workspace(be, [&](Backend& mb) {
+        forward(mb, ids, 1, mb.alloc(Shape{cfg_.text_len, cfg_.dim}, mb.compute_dtype()));
+    });
 }
 
 void Umt5Encoder::attention_bias(Backend& be, int layer, int num_tokens, const TensorView& out) const {

@@ -62,8 +62,9 @@ class Umt5Encoder {
     /// layer.
     void attention_bias(Backend& be, int layer, int num_tokens, const TensorView& out) const;
 
-    /// Workspace bytes forward() takes (an upper bound including arena alignment).
-    size_t workspace_bytes(DType dtype) const;
+    /// Workspace bytes forward() takes on `be` at most (a prompt shorter than text_len, whose key mask takes a
+    /// row): the forward measured on a MeasuringBackend over `be` (measure_workspace).
+    size_t workspace_bytes(Backend& be) const;
 
     const T5Config& config() const { return cfg_; }
 

@@ -325,12 +325,17 @@ TEST_CASE("paged and dense caches agree on CUDA over DreamZero's 7-call cycle wi
         CAPTURE(paged_name(impl));
         const KvGeometry g = cycle_geometry();
         const KvConfig c;
-        // a backend whose workspace is exactly what the caches declare for arena planning
-        const size_t declared = std::max(PagedSelfAttentionCache::attend_workspace_bytes(g, c, DType::BF16),
-                                         DenseSelfAttentionCache::workspace_bytes(g, c, DType::BF16));
-        auto owned = make_cuda_backend(0, declared);
+        auto owned = make_cuda_backend(0, size_t(1) << 20);
         UseBackend use(dynamic_cast<CudaBackend&>(*owned));
         gpu().set_paged_attention_impl(impl);
+        // a workspace of exactly what the caches measure for arena planning (the backend answering for its
+        // paged_attention's own workspace)
+        // NOTE: cuDNN's SDPA takes its workspace from the arena when there is room and otherwise leaves the
+        // attention to the flash kernel; no backend query reports it, so the plan leaves it none.
+        const size_t planned =
+            std::max(PagedSelfAttentionCache::attend_workspace_bytes(g, c, PagedAttentionPath::Kernel, gpu()),
+                     DenseSelfAttentionCache::workspace_bytes(g, c, gpu()));
+        gpu().reserve_workspace(planned);
         KvCacheManager m(g, c, kv_session_bytes(g, c), &gpu());
         auto session = m.open_session("cuda cycle");
         PagedSelfAttentionCache paged[2] = {{*session, 0, PagedAttentionPath::Kernel},
@@ -361,7 +366,7 @@ TEST_CASE("paged and dense caches agree on CUDA over DreamZero's 7-call cycle wi
         }
         CHECK(csf == 7);
         CHECK(worst_bad == 0);
-        CHECK(gpu().workspace().high_water() <= declared);
+        CHECK(gpu().workspace().high_water() == planned);  // the fullest history took all of it
         session->close();
         CHECK(m.pool().num_free() == m.pool().num_blocks());
     }

@@ -115,6 +115,10 @@ void dreamzero_cycle(PagedAttentionPath path, double tolerance) {
     const KvGeometry g = small_geometry(2);
     const KvConfig c;
     auto be = make_cpu_backend(size_t(16) << 20);
+    // a workspace of exactly what the caches measure for arena planning
+    const size_t planned = std::max(PagedSelfAttentionCache::attend_workspace_bytes(g, c, path, *be),
+                                    DenseSelfAttentionCache::workspace_bytes(g, c, *be));
+    be->reserve_workspace(planned);
     KvCacheManager m(g, c, kv_session_bytes(g, c), be.get());
     auto session = m.open_session("cycle");
     PagedSelfAttentionCache paged[2] = {{*session, 0, path}, {*session, 1, path}};
@@ -140,11 +144,9 @@ void dreamzero_cycle(PagedAttentionPath path, double tolerance) {
         csf += 2;
     }
     CHECK(csf == 7);  // calls 5, 6, 7 ran after the reset: csf 1 -> 3 -> 5 -> 7
-    // the caches took no more workspace than they declare for arena planning
-    const size_t declared = std::max(PagedSelfAttentionCache::attend_workspace_bytes(g, c, DType::F32),
-                                     DenseSelfAttentionCache::workspace_bytes(g, c, DType::F32));
+    // the cycle ran in that workspace and reached the fullest history the plan was measured at
     CHECK(be->workspace().high_water() > 0);
-    CHECK(be->workspace().high_water() <= declared);
+    CHECK(be->workspace().high_water() == planned);
     session->close();
     CHECK(m.pool().num_free() == m.pool().num_blocks());
 }
@@ -272,6 +274,11 @@ TEST_CASE("paged and dense caches agree bit for bit under sliding eviction with 
     c.sink_frames = 1;
     c.window_frames = 5;
     auto be = make_cpu_backend(size_t(16) << 20);
+    // a workspace of exactly what the caches measure (their walk runs past the first eviction and trim)
+    const size_t planned =
+        std::max(PagedSelfAttentionCache::attend_workspace_bytes(g, c, PagedAttentionPath::Gather, *be),
+                 DenseSelfAttentionCache::workspace_bytes(g, c, *be));
+    be->reserve_workspace(planned);
     KvCacheManager m(g, c, kv_session_bytes(g, c), be.get());
     auto session = m.open_session("sliding");
     PagedSelfAttentionCache paged(*session, 0);
@@ -290,6 +297,7 @@ TEST_CASE("paged and dense caches agree bit for bit under sliding eviction with 
     }
     CHECK(m.pool().num_free() == 0);  // 6 blocks resident: the plateau of a pool sized for one session
     CHECK(session->table(0).resident().size() == 6);
+    CHECK(be->workspace().high_water() == planned);  // the plateau took all of it
 }
 
 TEST_CASE("a committing forward leaves the exact K/V rows in its pool slots") {
