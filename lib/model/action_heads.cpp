@@ -12,20 +12,26 @@ void check_rows(const TensorView& x, int64_t cols, const char* what) {
 
 }  // namespace
 
-StateEncoder::StateEncoder(const DitConfig& cfg, WeightLoader& loader) : hidden_(cfg.hidden_size) {
-    layer1_.load(loader, keys::dit("state_encoder.layer1"), cfg.max_state_dim, cfg.hidden_size);
-    layer2_.load(loader, keys::dit("state_encoder.layer2"), cfg.hidden_size, cfg.dim);
+CategoryMlp::CategoryMlp(WeightLoader& loader, const std::string& prefix, int in, int hidden, int out,
+                         const char* what)
+    : hidden_(hidden), what_(what) {
+    layer1_.load(loader, prefix + ".layer1", in, hidden);
+    layer2_.load(loader, prefix + ".layer2", hidden, out);
 }
 
-void StateEncoder::forward(Backend& be, const TensorView& state, const TensorView& out) const {
-    check_rows(state, layer1_.in_features(), "state encoder input");
+void CategoryMlp::forward(Backend& be, const TensorView& x, const TensorView& out) const {
+    check_rows(x, layer1_.in_features(), what_);
     ArenaScope scope(be.workspace());
-    // [S, max_state_dim] -> [S, hidden] -> [S, dim]
-    const TensorView h = be.scratch(Shape{state.dim(0), hidden_});
-    layer1_.forward(be, state, h);
+    // [M, in] -> [M, hidden] -> [M, out]
+    const TensorView h = be.scratch(Shape{x.dim(0), hidden_});
+    layer1_.forward(be, x, h);
     be.activation({Activation::Relu}, h, h);
     layer2_.forward(be, h, out);
 }
+
+StateEncoder::StateEncoder(const DitConfig& cfg, WeightLoader& loader)
+    : CategoryMlp(loader, keys::dit("state_encoder"), cfg.max_state_dim, cfg.hidden_size, cfg.dim,
+                  "state encoder input") {}
 
 ActionEncoder::ActionEncoder(const DitConfig& cfg, WeightLoader& loader) : dim_(cfg.dim) {
     w1_.load(loader, keys::dit("action_encoder.W1"), cfg.action_dim, cfg.dim);
@@ -56,19 +62,8 @@ void ActionEncoder::forward(Backend& be, const TensorView& action, const TensorV
     w3_.forward(be, h, out);  // [A, dim] -> [A, dim]
 }
 
-ActionDecoder::ActionDecoder(const DitConfig& cfg, WeightLoader& loader) : hidden_(cfg.hidden_size) {
-    layer1_.load(loader, keys::dit("action_decoder.layer1"), cfg.dim, cfg.hidden_size);
-    layer2_.load(loader, keys::dit("action_decoder.layer2"), cfg.hidden_size, cfg.action_dim);
-}
-
-void ActionDecoder::forward(Backend& be, const TensorView& x, const TensorView& out) const {
-    check_rows(x, layer1_.in_features(), "action decoder input");
-    ArenaScope scope(be.workspace());
-    // [A, dim] -> [A, hidden] -> [A, action_dim]
-    const TensorView h = be.scratch(Shape{x.dim(0), hidden_});
-    layer1_.forward(be, x, h);
-    be.activation({Activation::Relu}, h, h);
-    layer2_.forward(be, h, out);
-}
+ActionDecoder::ActionDecoder(const DitConfig& cfg, WeightLoader& loader)
+    : CategoryMlp(loader, keys::dit("action_decoder"), cfg.dim, cfg.hidden_size, cfg.action_dim,
+                  "action decoder input") {}
 
 }  // namespace dzr

@@ -13,16 +13,26 @@
 
 namespace dzr {
 
-/// State [S, max_state_dim] -> S register tokens [S, dim]: Linear -> ReLU -> Linear.
-class StateEncoder {
+/// Two category-specific linears with a ReLU between: [M, in] -> [M, hidden] -> [M, out] (`layer1`, `layer2`).
+class CategoryMlp {
   public:
-    StateEncoder() = default;
-    StateEncoder(const DitConfig& cfg, WeightLoader& loader);
-    void forward(Backend& be, const TensorView& state, const TensorView& out) const;
+    CategoryMlp() = default;
+    /// Loads `<prefix>.layer1` [in -> hidden] and `<prefix>.layer2` [hidden -> out]; `what` names its input in
+    /// messages.
+    CategoryMlp(WeightLoader& loader, const std::string& prefix, int in, int hidden, int out, const char* what);
+    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
 
   private:
     CategoryLinear layer1_, layer2_;
     int hidden_ = 0;
+    const char* what_ = "";
+};
+
+/// State [S, max_state_dim] -> S register tokens [S, dim]: Linear -> ReLU -> Linear.
+class StateEncoder : public CategoryMlp {
+  public:
+    StateEncoder() = default;
+    StateEncoder(const DitConfig& cfg, WeightLoader& loader);
 };
 
 /// Noisy actions [A, action_dim] at one timestep -> A register tokens [A, dim]:
@@ -41,15 +51,10 @@ class ActionEncoder {
 
 /// Last-layer outputs of the A action tokens [A, dim] -> action velocity [A, action_dim]:
 /// Linear -> ReLU -> Linear (no final norm, no modulation).
-class ActionDecoder {
+class ActionDecoder : public CategoryMlp {
   public:
     ActionDecoder() = default;
     ActionDecoder(const DitConfig& cfg, WeightLoader& loader);
-    void forward(Backend& be, const TensorView& x, const TensorView& out) const;
-
-  private:
-    CategoryLinear layer1_, layer2_;
-    int hidden_ = 0;
 };
 
 }  // namespace dzr

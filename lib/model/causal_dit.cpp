@@ -172,12 +172,10 @@ TensorView cross_dst(Backend& be, const TensorView& t, int64_t tokens, int64_t C
 }  // namespace
 
 void CausalDit::compute_text_kv(Backend& be, const TensorView& text, DitCrossKv& kv) const {
-    const int64_t C = cfg_.dim, H = cfg_.num_heads;
+    const int64_t C = cfg_.dim;
     DZR_CHECK(text.rank() == 2 && text.dim(0) == cfg_.text_len && text.dim(1) == cfg_.text_dim,
               "causal dit: text context {} should be [{}, {}] (text_len, text_dim)", text.str(),
               cfg_.text_len, cfg_.text_dim);
-    DZR_CHECK(kv.layers.size() == layers_.size(), "causal dit: cross K/V holds {} layers, the model has {}",
-              kv.layers.size(), layers_.size());
     const int64_t Lt = text.dim(0);
     ArenaScope scope(be.workspace());
     // text_embedding: [Lt, text_dim] -> [Lt, C] -> GELU(tanh) -> [Lt, C]
@@ -189,23 +187,14 @@ void CausalDit::compute_text_kv(Backend& be, const TensorView& text, DitCrossKv&
     const TensorView ctx = be.scratch(Shape{Lt, C});
     text_emb2_.forward(be, t_hidden, ctx);
 
-    const TensorView k_raw = be.scratch(Shape{Lt, C});
-    for (size_t i = 0; i < layers_.size(); ++i) {
-        const Layer& l = layers_[i];
-        // [Lt, C] -> [Lt, C] = [Lt, H, D]; RMSNorm over all C channels before the head split
-        l.cross_k.forward(be, ctx, k_raw);
-        l.cross_norm_k.forward(be, k_raw, cross_dst(be, kv.layers[i].k_txt, Lt, C, H, "k_txt", i));
-        l.cross_v.forward(be, ctx, cross_dst(be, kv.layers[i].v_txt, Lt, C, H, "v_txt", i));
-    }
+    project_cross_kv(be, ctx, CrossContext::Text, kv);
 }
 
 void CausalDit::compute_image_kv(Backend& be, const TensorView& clip_features, DitCrossKv& kv) const {
-    const int64_t C = cfg_.dim, H = cfg_.num_heads;
+    const int64_t C = cfg_.dim;
     DZR_CHECK(clip_features.rank() == 2 && clip_features.dim(0) > 0 && clip_features.dim(1) == cfg_.image_dim,
               "causal dit: image context {} should be [tokens, {}] (image_dim)", clip_features.str(),
               cfg_.image_dim);
-    DZR_CHECK(kv.layers.size() == layers_.size(), "causal dit: cross K/V holds {} layers, the model has {}",
-              kv.layers.size(), layers_.size());
     const int64_t Li = clip_features.dim(0);
     ArenaScope scope(be.workspace());
     // img_emb: LayerNorm -> [Li, image_dim] -> GELU(erf) -> [Li, C] -> LayerNorm
@@ -221,13 +210,24 @@ void CausalDit::compute_image_kv(Backend& be, const TensorView& clip_features, D
     const TensorView ctx = be.scratch(Shape{Li, C});
     img_norm_out_.forward(be, i_proj, ctx);
 
-    const TensorView k_raw = be.scratch(Shape{Li, C});
+    project_cross_kv(be, ctx, CrossContext::Image, kv);
+}
+
+void CausalDit::project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv) const {
+    DZR_CHECK(kv.layers.size() == layers_.size(), "causal dit: cross K/V holds {} layers, the model has {}",
+              kv.layers.size(), layers_.size());
+    const bool image = which == CrossContext::Image;
+    const int64_t L = ctx.dim(0), C = cfg_.dim, H = cfg_.num_heads;
+    const TensorView k_raw = be.scratch(Shape{L, C});
     for (size_t i = 0; i < layers_.size(); ++i) {
         const Layer& l = layers_[i];
-        // [Li, C] -> [Li, C] = [Li, H, D]
-        l.cross_k_img.forward(be, ctx, k_raw);
-        l.cross_norm_k_img.forward(be, k_raw, cross_dst(be, kv.layers[i].k_img, Li, C, H, "k_img", i));
-        l.cross_v_img.forward(be, ctx, cross_dst(be, kv.layers[i].v_img, Li, C, H, "v_img", i));
+        const DitCrossKv::Layer& dst = kv.layers[i];
+        // [L, C] -> [L, C] = [L, H, D]; RMSNorm over all C channels before the head split
+        (image ? l.cross_k_img : l.cross_k).forward(be, ctx, k_raw);
+        (image ? l.cross_norm_k_img : l.cross_norm_k)
+            .forward(be, k_raw, cross_dst(be, image ? dst.k_img : dst.k_txt, L, C, H, image ? "k_img" : "k_txt", i));
+        (image ? l.cross_v_img : l.cross_v)
+            .forward(be, ctx, cross_dst(be, image ? dst.v_img : dst.v_txt, L, C, H, image ? "v_img" : "v_txt", i));
     }
 }
 

@@ -123,6 +123,10 @@ class CausalDit {
     };
     struct Step;  // per-forward state shared by the layer passes (causal_dit.cpp)
 
+    enum class CrossContext : uint8_t { Text, Image };
+    /// Every layer's cross K and V of one context ctx [tokens, dim] (text_embedding's or img_emb's output)
+    /// into kv's text or image views: k = norm_k(k(ctx)), v = v(ctx).
+    void project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv) const;
     void layer_forward(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
                        SelfAttentionCache& cache, const DitForwardOptions& opt) const;
     void head_forward(Backend& be, const Step& s, const DitOutputs& out, const DitForwardOptions& opt) const;
