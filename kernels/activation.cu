@@ -66,11 +66,9 @@ cudaError_t launch(const void* x, DType tx, void* out, DType to, int64_t n, cuda
         using To = decltype(xo);
         const auto* px = static_cast<const Tx*>(x);
         auto* po = static_cast<To*>(out);
-        if (vec)
-            activation_kernel<kKind, Tx, To, true><<<grid_for(n / 8, kThreads), kThreads, 0, stream>>>(px, po, n);
-        else
-            activation_kernel<kKind, Tx, To, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(px, po, n);
-        return cudaGetLastError();
+        return launch_elementwise(n, vec, kThreads, [&](auto kVec, unsigned grid) {
+            activation_kernel<kKind, Tx, To, decltype(kVec)::value><<<grid, kThreads, 0, stream>>>(px, po, n);
+        });
     });
 }
 

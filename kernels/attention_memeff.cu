@@ -120,13 +120,7 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
         const bool first = key0 == 0, last = key0 + kKeys >= a.lk;
 
         // S = Q K^T: 32 x 128, warp w holds keys [32w, 32w + 32)
-        float s[2][4][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) s[mt][nt][i] = 0.f;
+        float s[2][4][4] = {};
         for (int dc = 0; dc < dp; dc += kDimStep) {
             __syncthreads();  // the previous chunk (or block's P V) is done with the shared tiles
             load_rows(ks, k_ld, kg + key0 * a.k_tok, a.k_tok, kKeys, kDimStep, dc, nkeys, a.d);
@@ -228,13 +222,7 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
             __syncthreads();  // s_prime is final; the previous chunk is done with vs
             load_rows(vs, v_ld, vg + key0 * a.v_tok, a.v_tok, kKeys, kCols, c0, nkeys, a.dv);
             __syncthreads();
-            float o[2][4][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) o[mt][nt][i] = 0.f;
+            float o[2][4][4] = {};
             for (int ks16 = 0; ks16 < ksteps; ++ks16) {
                 const int kk = ks16 * 16;
                 uint32_t af[2][4];

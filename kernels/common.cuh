@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 
@@ -121,12 +122,15 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 /// A stride of `stride` elements of `es` bytes keeps 16-byte alignment.
 inline bool aligned16_stride(int64_t stride, size_t es) { return (size_t(stride) * es) % 16 == 0; }
 
-/// Threads per block for a one-block-per-row kernel over `cols` columns, 8 per thread.
-inline int row_block_threads(int64_t cols) {
+/// Threads per block for a one-block-per-row kernel over `cols` columns, `per_thread` per thread: the smallest
+/// power of two from a warp up to 512 that covers them.
+inline int row_block_threads(int64_t cols, int per_thread = 8) {
     int t = kWarp;
-    while (t < 512 && int64_t(t) * 8 < cols) t *= 2;
+    while (t < 512 && int64_t(t) * per_thread < cols) t *= 2;
     return t;
 }
+/// Blocks of a one-block-per-row kernel: one per row, at most 2^20 (the kernel strides over the rest).
+inline unsigned row_grid(int64_t rows) { return unsigned(rows < (int64_t(1) << 20) ? rows : (int64_t(1) << 20)); }
 
 /// Calls f(T{}) with T the C++ type of a float dtype (f32, bf16).
 template <typename F>
@@ -173,6 +177,17 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = int64_t(1)
     if (b < 1) b = 1;
     if (b > max_blocks) b = max_blocks;
     return unsigned(b);
+}
+
+/// Launches an elementwise kernel over n elements and returns the launch's error: launch(kVec, grid) with
+/// kVec std::true_type (8 elements a thread, a grid over n / 8) when `vec`, else std::false_type (over n).
+template <typename Launch>
+cudaError_t launch_elementwise(int64_t n, bool vec, int threads, Launch&& launch) {
+    if (vec)
+        launch(std::true_type{}, grid_for(n / 8, threads));
+    else
+        launch(std::false_type{}, grid_for(n, threads));
+    return cudaGetLastError();
 }
 
 }  // namespace dzr::kernels

@@ -131,11 +131,9 @@ cudaError_t binary(BinOp op, const void* a, DType ta, const void* b, DType tb, v
             const auto* pa = static_cast<const Ta*>(a);
             const auto* pb = static_cast<const Tb*>(b);
             auto* po = static_cast<To*>(out);
-            if (vec)
-                binary_kernel<Ta, Tb, To, true><<<grid_for(n / 8, kThreads), kThreads, 0, stream>>>(op, pa, pb, po, n, nb);
-            else
-                binary_kernel<Ta, Tb, To, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(op, pa, pb, po, n, nb);
-            return cudaGetLastError();
+            return launch_elementwise(n, vec, kThreads, [&](auto kVec, unsigned grid) {
+                binary_kernel<Ta, Tb, To, decltype(kVec)::value><<<grid, kThreads, 0, stream>>>(op, pa, pb, po, n, nb);
+            });
         });
     });
 }
@@ -149,11 +147,9 @@ cudaError_t scale(const void* x, DType tx, void* out, DType to, int64_t n, float
         using To = decltype(xo);
         const auto* px = static_cast<const Tx*>(x);
         auto* po = static_cast<To*>(out);
-        if (vec)
-            scale_kernel<Tx, To, true><<<grid_for(n / 8, kThreads), kThreads, 0, stream>>>(px, po, n, alpha, beta);
-        else
-            scale_kernel<Tx, To, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(px, po, n, alpha, beta);
-        return cudaGetLastError();
+        return launch_elementwise(n, vec, kThreads, [&](auto kVec, unsigned grid) {
+            scale_kernel<Tx, To, decltype(kVec)::value><<<grid, kThreads, 0, stream>>>(px, po, n, alpha, beta);
+        });
     });
 }
 

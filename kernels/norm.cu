@@ -164,8 +164,6 @@ __global__ void rms_norm_kernel(const Tx* x, To* out, int64_t rows, int64_t cols
     }
 }
 
-unsigned row_grid(int64_t rows) { return unsigned(rows < (int64_t(1) << 20) ? rows : (int64_t(1) << 20)); }
-
 // ---- RMSNorm in PyTorch's order -----------------------------------------------------------------------
 //
 // The reference computes `x.float().pow(2).mean(-1, keepdim=True)` with PyTorch's generic CUDA reduction

@@ -49,9 +49,8 @@ cudaError_t count_nonfinite(const void* x, DType tx, int64_t n, int32_t* count, 
 cudaError_t reduce_rows(ReduceKind kind, const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols,
                         cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
-    int threads = kWarp;
-    while (threads < 512 && threads * 4 < cols) threads *= 2;
-    const unsigned grid = unsigned(rows < (int64_t(1) << 20) ? rows : (int64_t(1) << 20));
+    const int threads = row_block_threads(cols, 4);
+    const unsigned grid = row_grid(rows);
     return dispatch_float2(tx, to, [&](auto xi, auto xo) {
         using Tx = decltype(xi);
         using To = decltype(xo);

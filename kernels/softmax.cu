@@ -117,9 +117,8 @@ cudaError_t softmax(const void* x, DType tx, void* out, DType to, int64_t rows, 
             using To = decltype(xo);
             return softmax_lanes(static_cast<const Tx*>(x), static_cast<To*>(out), rows, int(cols), scale, stream);
         });
-    int threads = kWarp;
-    while (threads < 512 && threads * 4 < cols) threads *= 2;
-    const unsigned grid = unsigned(rows < (int64_t(1) << 20) ? rows : (int64_t(1) << 20));
+    const int threads = row_block_threads(cols, 4);
+    const unsigned grid = row_grid(rows);
     return dispatch_float2(tx, to, [&](auto xi, auto xo) {
         using Tx = decltype(xi);
         using To = decltype(xo);
