@@ -165,7 +165,7 @@ AaAxis torch_aa_axis(int64_t in, int64_t out) {
 }
 
 // NOTE: PyTorch's CPU kernel (interpolate_aa_single_dim*) computes t0*w0, then `out += t_j * w_j` for the other
-// taps in order. Its AVX2/AVX512 builds (torch 2.11 and 2.15 wheels) round that loop as an in-order vectorized
+// taps in order. Its AVX2/AVX512 builds (torch 2.11 and 2.15 wheels) round that loop like an in-order vectorized
 // reduction: the first taps after t0, in whole blocks of 4, are multiplied (rounded), then added one by one; the
 // (n - 1) mod 4 taps left over are fused multiply-adds. So outputs of at most 4 taps are all fused, 5 taps all
 // unfused, 6 taps 4 unfused adds and 1 fused. Measured one axis at a time on random frames, both passes, 2 to 45

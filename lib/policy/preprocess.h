@@ -109,7 +109,7 @@ RgbImage resize_with_pad(RgbView in, int height, int width);
 int center_crop_offset(int in_size, int out_size);
 
 /// Arithmetic of the float bilinear resize. PyTorch's CPU kernel accumulates t0*w0, then
-/// `out += t_j * w_j`, which its AVX2/AVX512 builds (torch 2.11 and 2.15) compile into an in-order
+/// `out += t_j * w_j`, which its AVX2/AVX512 builds (torch 2.11 and 2.15) round like an in-order
 /// vectorized reduction: the taps after t0 in whole blocks of 4 are a multiply, then an add, the
 /// (taps - 1) mod 4 left over fused multiply-adds. So outputs of at most 4 taps along an axis (every
 /// DROID geometry) are all fused, 5 taps all unfused, 6 taps 4 unfused and 1 fused (480x640 frames to
