@@ -13,6 +13,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace dzr {
 
@@ -23,17 +24,6 @@ namespace {
 
 constexpr const char* kBuiltin = "built-in";
 
-std::string read_text(const fs::path& path) {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    DZR_CHECK(f != nullptr, "cannot open {}: {}", path.string(), std::strerror(errno));
-    std::string text;
-    char buf[65536];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-    const bool failed = std::ferror(f) != 0;
-    std::fclose(f);
-    DZR_CHECK(!failed, "cannot read {}", path.string());
-    return text;
-}
 
 ArraySpec array(std::string key, int dim, NormMode norm, bool relative = false) {
     ArraySpec a;
@@ -257,7 +247,9 @@ bool gripper_like(const std::string& key) {
     return key.find("gripper") != std::string::npos || key.find("effector") != std::string::npos;
 }
 
-json stats_json(const std::vector<double>& q01, const std::vector<double>& q99) {
+}  // namespace
+
+nlohmann::json synthetic_statistics_json(const std::vector<double>& q01, const std::vector<double>& q99) {
     std::vector<double> mn, mx, mean, sd;
     for (size_t i = 0; i < q01.size(); ++i) {
         const double span = q99[i] - q01[i];
@@ -268,6 +260,8 @@ json stats_json(const std::vector<double>& q01, const std::vector<double>& q99) 
     }
     return json{{"q01", q01}, {"q99", q99}, {"min", mn}, {"max", mx}, {"mean", mean}, {"std", sd}};
 }
+
+namespace {
 
 /// Quantiles of a key: grippers and effectors in [0, 1], relative actions within +-0.5, other keys
 /// (joints, head, waist, velocities) over a spread of ranges around 0.
@@ -288,7 +282,7 @@ json synthetic_key_stats(const ArraySpec& k, bool action) {
             q99.push_back(centre + half);
         }
     }
-    return stats_json(q01, q99);
+    return synthetic_statistics_json(q01, q99);
 }
 
 }  // namespace
@@ -693,11 +687,11 @@ CheckpointEmbodiments load_checkpoint_embodiments(const fs::path& dir) {
     c.has_conf = fs::is_regular_file(conf, ec);
     c.has_metadata = fs::is_regular_file(meta, ec);
     std::map<std::string, EmbodimentMetadata> md;
-    if (c.has_metadata) md = parse_embodiment_metadata(read_text(meta), meta.string());
+    if (c.has_metadata) md = parse_embodiment_metadata(io::read_file(meta), meta.string());
 
     std::map<std::string, Embodiment> described;
     if (c.has_conf) {
-        described = parse_experiment_config(read_text(conf), conf.string());
+        described = parse_experiment_config(io::read_file(conf), conf.string());
     } else {
         const auto builtins = builtin_embodiment_tags();
         for (const auto& [tag, m] : md) {

@@ -11,6 +11,8 @@
 ///
 /// A checkpoint without experiment_cfg/conf.yaml falls back to the built-in descriptions of oxe_droid,
 /// agibot and yam, which follow groot/vla/configs/data/dreamzero/*.yaml of the official code.
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -171,6 +173,10 @@ void check_embodiment(const Embodiment& e, const ModelConfig& model);
 /// keys, fps, projector indices), as `dzr ckpt make --embodiment` writes it. VideoResize gets the model's
 /// view size.
 std::string experiment_conf_yaml(const Embodiment& e, const ModelConfig& model);
+
+/// metadata.json statistics of one key from its quantiles: min/max 5% of the range wider, mean the midpoint,
+/// std a quarter of the q01..q99 range.
+nlohmann::json synthetic_statistics_json(const std::vector<double>& q01, const std::vector<double>& q99);
 
 /// A plausible experiment_cfg/metadata.json for `e` (smooth quantiles per key; relative action keys within
 /// +-0.5; camera resolutions of the built-in or 480x640). The keys' widths are `e`'s.

@@ -107,12 +107,6 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
         tokenizer = *ckpt->tokenizer_path();
     }
 
-    std::vector<std::unique_ptr<Backend>> backends;
-    Placement placement;
-    for (const Device& d : o.devices) {
-        backends.push_back(make_backend(d, o.backend));
-        placement.backends.push_back(backends.back().get());
-    }
     PolicyOptions po;
     po.sampling = o.run.sampling;
     po.kv = o.run.kv;
@@ -120,9 +114,23 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
     po.check_finite = o.check_finite;
     po.video_decode = o.video_decode;
     po.noise = o.noise;
-    auto engine = std::make_unique<Engine>(model, *ckpt, embodiment, tokenizer, po, placement);
-    engine->owned_backends_ = std::move(backends);
+    auto engine = create(model, *ckpt, embodiment, tokenizer, po, o.devices, o.backend);
     engine->checkpoint_ = std::move(ckpt);
+    return engine;
+}
+
+std::unique_ptr<Engine> Engine::create(const ModelConfig& model, const WeightSource& weights,
+                                       const Embodiment& embodiment, const std::filesystem::path& tokenizer,
+                                       const PolicyOptions& options, const std::vector<Device>& devices,
+                                       const BackendOptions& backend) {
+    std::vector<std::unique_ptr<Backend>> owned;
+    Placement placement;
+    for (const Device& d : devices) {
+        owned.push_back(make_backend(d, backend));
+        placement.backends.push_back(owned.back().get());
+    }
+    auto engine = std::make_unique<Engine>(model, weights, embodiment, tokenizer, options, placement);
+    engine->owned_backends_ = std::move(owned);
     return engine;
 }
 

@@ -103,6 +103,12 @@ public:
     /// Opens and checks the checkpoint (geometry against the run config, every weight, the statistics of the
     /// run's embodiment, the tokenizer), makes the backends and loads the engine on them.
     static std::unique_ptr<Engine> load(const EngineOptions& options);
+    /// The engine on new backends for `devices` (one, or two: the second runs the unconditional branch), which it
+    /// owns.
+    static std::unique_ptr<Engine> create(const ModelConfig& model, const WeightSource& weights,
+                                          const Embodiment& embodiment, const std::filesystem::path& tokenizer,
+                                          const PolicyOptions& options, const std::vector<Device>& devices,
+                                          const BackendOptions& backend);
 
     /// Loads every network from `weights` (geometry `model`) onto the placement's backends, plans the workspace
     /// and allocates the KV pools. `embodiment` (with its metadata.json statistics) says what the observations and

@@ -164,17 +164,25 @@ AaAxis torch_aa_axis(int64_t in, int64_t out) {
     return ax;
 }
 
-// NOTE: PyTorch's CPU kernel (interpolate_aa_single_dim*) rounds like fused multiply-adds only for an output that
-// draws on at most 4 source values along the axis; measured (torch 2.15 wheel, an AVX512 CPU, one axis at a time
-// on random frames), outputs of 5 and 6 taps match a plain multiply, then add (456 -> 176 rows: 0 of 1,408
-// values differ; all fused: 382), and 9 to 13 taps match neither form. Every DROID geometry stays within 4 taps.
-constexpr int64_t kMaxFusedTaps = 4;
+// NOTE: PyTorch's CPU kernel (interpolate_aa_single_dim*) computes t0*w0, then `out += t_j * w_j` for the other
+// taps in order. Its AVX2/AVX512 builds (torch 2.11 and 2.15 wheels) round that loop like an in-order vectorized
+// reduction: the first taps after t0, in whole blocks of 4, are multiplied (rounded), then added one by one; the
+// (n - 1) mod 4 taps left over are fused multiply-adds. So outputs of at most 4 taps are all fused, 5 taps all
+// unfused, 6 taps 4 unfused adds and 1 fused. Measured one axis at a time on random frames, both passes, 2 to 45
+// taps: 0 values differ (docs/PARITY.md, Embodiments). Every DROID geometry stays within 4 taps.
+constexpr int64_t kReductionBlock = 4;
 
-// One output sample: t0*w0, then += t_j*w_j in order (interpolate_aa_single_dim).
-float aa_dot(const float* src, int64_t stride, const float* w, int64_t n, bool fma) {
+/// How many of an output's n - 1 accumulations (taps 1 .. n - 1) are a multiply, then an add: the rest are fused.
+int64_t unfused_adds(int64_t taps, bool fma) {
+    if (taps <= 1) return 0;
+    return fma ? (taps - 1) / kReductionBlock * kReductionBlock : taps - 1;
+}
+
+// One output sample: t0*w0, then += t_j*w_j in order: the first `unfused` as a multiply, then an add, the rest fused.
+float aa_dot(const float* src, int64_t stride, const float* w, int64_t n, int64_t unfused) {
     float out = src[0] * w[0];
     for (int64_t j = 1; j < n; ++j)
-        out = fma ? std::fma(src[j * stride], w[j], out) : out + src[j * stride] * w[j];
+        out = j <= unfused ? out + src[j * stride] * w[j] : std::fma(src[j * stride], w[j], out);
     return out;
 }
 
@@ -202,19 +210,24 @@ template <bool Fma>
     }
 }
 
-// Vertical pass of one output row: acc[e] = rows[0][e] * w[0], then acc[e] = mac(rows[j][e], w[j]);
-// then (acc * 255) clamped and truncated to uint8 (VideoToNumpy), each pixel written once or twice.
+// Vertical pass of one output row over taps [first, taps): acc[e] = rows[0][e] * w[0] when first is 0, then
+// acc[e] = mac(rows[j][e], w[j]); then, unless `out` is null, (acc * 255) clamped and truncated to uint8
+// (VideoToNumpy), each pixel written once or twice.
 template <bool Fma>
-[[gnu::always_inline]] inline void v_row_impl(const float* __restrict rows, size_t row_len, const float* w, int taps,
-                                              float* __restrict acc, uint8_t* __restrict out, bool repeat) {
+[[gnu::always_inline]] inline void v_row_impl(const float* __restrict rows, size_t row_len, const float* w, int first,
+                                              int taps, float* __restrict acc, uint8_t* __restrict out, bool repeat) {
     const int n = int(row_len);
-    const float w0 = w[0];
-    for (int e = 0; e < n; ++e) acc[e] = rows[e] * w0;
-    for (int j = 1; j < taps; ++j) {
+    if (first == 0) {
+        const float w0 = w[0];
+        for (int e = 0; e < n; ++e) acc[e] = rows[e] * w0;
+        first = 1;
+    }
+    for (int j = first; j < taps; ++j) {
         const float* __restrict r = rows + size_t(j) * row_len;
         const float wj = w[j];
         for (int e = 0; e < n; ++e) acc[e] = mac<Fma>(r[e], wj, acc[e]);
     }
+    if (out == nullptr) return;
     if (!repeat) {
         for (int e = 0; e < n; ++e) out[e] = uint8_t(std::clamp(acc[e] * 255.0f, 0.f, 255.f));
     } else {
@@ -228,15 +241,16 @@ template <bool Fma>
 }
 
 using HRowFn = void (*)(const float*, const int32_t*, const float*, int, int, float*);
-using VRowFn = void (*)(const float*, size_t, const float*, int, float*, uint8_t*, bool);
+using VRowFn = void (*)(const float*, size_t, const float*, int, int, float*, uint8_t*, bool);
 
 template <bool Fma>
 void h_row_generic(const float* rowf, const int32_t* src, const float* w, int taps, int n, float* out) {
     h_row_impl<Fma>(rowf, src, w, taps, n, out);
 }
 template <bool Fma>
-void v_row_generic(const float* rows, size_t row_len, const float* w, int taps, float* acc, uint8_t* out, bool repeat) {
-    v_row_impl<Fma>(rows, row_len, w, taps, acc, out, repeat);
+void v_row_generic(const float* rows, size_t row_len, const float* w, int first, int taps, float* acc, uint8_t* out,
+                   bool repeat) {
+    v_row_impl<Fma>(rows, row_len, w, first, taps, acc, out, repeat);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -247,9 +261,9 @@ __attribute__((target("avx2,fma"))) void h_row_avx2(const float* rowf, const int
                                                      int n, float* out) {
     h_row_impl<true>(rowf, src, w, taps, n, out);
 }
-__attribute__((target("avx2,fma"))) void v_row_avx2(const float* rows, size_t row_len, const float* w, int taps,
-                                                     float* acc, uint8_t* out, bool repeat) {
-    v_row_impl<true>(rows, row_len, w, taps, acc, out, repeat);
+__attribute__((target("avx2,fma"))) void v_row_avx2(const float* rows, size_t row_len, const float* w, int first,
+                                                     int taps, float* acc, uint8_t* out, bool repeat) {
+    v_row_impl<true>(rows, row_len, w, first, taps, acc, out, repeat);
 }
 bool cpu_has_avx2_fma() {
     static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -379,7 +393,7 @@ RgbImage resize_bilinear_aa_u8(RgbView in, int top, int left, int h, int w, int 
                     tmp[size_t(y) * size_t(out_width) + size_t(x)] = aa_dot(
                         &src[size_t(y) * size_t(w) + size_t(ax_w.xmin[size_t(x)])], 1,
                         &ax_w.w[size_t(x * ax_w.max_interp)], ax_w.xsize[size_t(x)],
-                        opt.fused_multiply_add && ax_w.xsize[size_t(x)] <= kMaxFusedTaps);
+                        unfused_adds(ax_w.xsize[size_t(x)], opt.fused_multiply_add));
             cur = &tmp;
         }
         // vertical pass: [h, out_w] -> [out_h, out_w]
@@ -390,7 +404,7 @@ RgbImage resize_bilinear_aa_u8(RgbView in, int top, int left, int h, int w, int 
                     dst[size_t(y) * size_t(out_width) + size_t(x)] = aa_dot(
                         &(*cur)[size_t(ax_h.xmin[size_t(y)]) * size_t(out_width) + size_t(x)], out_width,
                         &ax_h.w[size_t(y * ax_h.max_interp)], ax_h.xsize[size_t(y)],
-                        opt.fused_multiply_add && ax_h.xsize[size_t(y)] <= kMaxFusedTaps);
+                        unfused_adds(ax_h.xsize[size_t(y)], opt.fused_multiply_add));
             cur = &dst;
         }
         // VideoToNumpy: (x * 255).to(uint8) truncates
@@ -502,7 +516,8 @@ AaResizer::AaResizer(int in_height, int in_width, int out_height, int out_width,
                 src_h_[size_t(e)] = int32_t(ax.xmin[size_t(x)] * 3 + c);
                 for (int64_t j = 0; j < ax.xsize[size_t(x)]; ++j)
                     w_h_[size_t(j) * size_t(n) + size_t(e)] = ax.w[size_t(x * ax.max_interp + j)];
-                if (fma_ && ax.xsize[size_t(x)] > kMaxFusedTaps) unfused_h_.push_back(e);
+                const int64_t k = unfused_adds(ax.xsize[size_t(x)], fma_);
+                if (fma_ && k > 0) mixed_h_.push_back({e, int32_t(k)});
             }
     } else {
         src_h_.resize(size_t(n));
@@ -514,18 +529,18 @@ AaResizer::AaResizer(int in_height, int in_width, int out_height, int out_width,
         taps_v_ = int(ax.max_interp);
         src_v_.resize(size_t(out_h_));
         w_v_.assign(size_t(out_h_) * size_t(taps_v_), 0.f);
-        fused_v_.assign(size_t(out_h_), 1);
+        unfused_v_.assign(size_t(out_h_), 0);
         for (int y = 0; y < out_h_; ++y) {
             src_v_[size_t(y)] = int32_t(ax.xmin[size_t(y)]);
             for (int64_t j = 0; j < ax.xsize[size_t(y)]; ++j)
                 w_v_[size_t(y) * size_t(taps_v_) + size_t(j)] = ax.w[size_t(y * ax.max_interp + j)];
-            fused_v_[size_t(y)] = ax.xsize[size_t(y)] <= kMaxFusedTaps ? 1 : 0;
+            unfused_v_[size_t(y)] = int32_t(unfused_adds(ax.xsize[size_t(y)], fma_));
         }
     } else {
         src_v_.resize(size_t(out_h_));
         for (int y = 0; y < out_h_; ++y) src_v_[size_t(y)] = y;
         w_v_.assign(size_t(out_h_), 1.f);
-        fused_v_.assign(size_t(out_h_), 1);
+        unfused_v_.assign(size_t(out_h_), 0);
     }
 }
 
@@ -554,18 +569,26 @@ void AaResizer::run(RgbView in, int top, int left, uint8_t* out, size_t out_row_
         for (int k = 0; k < in_w_ * 3; ++k) rowf[size_t(k)] = kByteToUnit[row[k]];
         float* hout = tmp.data() + size_t(y) * size_t(n);
         h_row(rowf.data(), src_h_.data(), w_h_.data(), taps_h_, n, hout);
-        // The outputs of more than kMaxFusedTaps taps again, multiply then add (the padded taps add exact zeros).
-        for (const int32_t e : unfused_h_) {
-            float t = rowf[size_t(src_h_[size_t(e)])] * w_h_[size_t(e)];
-            for (int j = 1; j < taps_h_; ++j)
-                t = t + rowf[size_t(src_h_[size_t(e)] + 3 * j)] * w_h_[size_t(j) * size_t(n) + size_t(e)];
+        // The outputs of more than kReductionBlock taps again, their first accumulations a multiply, then an add
+        // (the padded taps add exact zeros either way).
+        for (const auto& [e, unfused] : mixed_h_) {
+            const float* r = rowf.data() + src_h_[size_t(e)];
+            float t = r[0] * w_h_[size_t(e)];
+            for (int j = 1; j < taps_h_; ++j) {
+                const float wj = w_h_[size_t(j) * size_t(n) + size_t(e)];
+                t = j <= unfused ? t + r[3 * j] * wj : std::fma(r[3 * j], wj, t);
+            }
             hout[e] = t;
         }
     }
-    for (int y = 0; y < out_h_; ++y)
-        (fused_v_[size_t(y)] ? v_row : v_row_unfused)(tmp.data() + size_t(src_v_[size_t(y)]) * size_t(n), size_t(n),
-                                                      &w_v_[size_t(y) * size_t(taps_v_)], taps_v_, acc.data(),
-                                                      out + size_t(y) * out_row_stride, repeat_columns);
+    for (int y = 0; y < out_h_; ++y) {
+        const float* rows = tmp.data() + size_t(src_v_[size_t(y)]) * size_t(n);
+        const float* w = &w_v_[size_t(y) * size_t(taps_v_)];
+        const int unfused = unfused_v_[size_t(y)];
+        if (unfused > 0) v_row_unfused(rows, size_t(n), w, 0, unfused + 1, acc.data(), nullptr, false);
+        v_row(rows, size_t(n), w, unfused > 0 ? unfused + 1 : 0, taps_v_, acc.data(), out + size_t(y) * out_row_stride,
+              repeat_columns);
+    }
 }
 
 RgbImage AaResizer::run(RgbView in, int top, int left) const {

@@ -109,12 +109,12 @@ RgbImage resize_with_pad(RgbView in, int height, int width);
 int center_crop_offset(int in_size, int out_size);
 
 /// Arithmetic of the float bilinear resize. PyTorch's CPU kernel accumulates t0*w0, then
-/// `out += t_j * w_j`, which its AVX2/AVX512 builds contract into fused multiply-adds: torch 2.11 on
-/// an AVX512 CPU matches the fused form bit for bit (tests/data/preprocess_golden.safetensors) and
-/// differs from the unfused one in a few values per frame. Measured with torch 2.15, the fused rounding
-/// holds for outputs of at most 4 taps along an axis; outputs of 5 or 6 taps (strong down-scaling, such as
-/// 480x640 frames to 176x320 views) round as a plain multiply, then add, and `fused_multiply_add` follows
-/// that rule (docs/PARITY.md, Embodiments).
+/// `out += t_j * w_j`, which its AVX2/AVX512 builds (torch 2.11 and 2.15) round like an in-order
+/// vectorized reduction: the taps after t0 in whole blocks of 4 are a multiply, then an add, the
+/// (taps - 1) mod 4 left over fused multiply-adds. So outputs of at most 4 taps along an axis (every
+/// DROID geometry) are all fused, 5 taps all unfused, 6 taps 4 unfused and 1 fused (480x640 frames to
+/// 176x320 views). `fused_multiply_add` follows that rule; false rounds every accumulation unfused, as
+/// a build without FMA (docs/PARITY.md, Embodiments).
 struct ResizeOptions {
     bool fused_multiply_add = true;
 };
@@ -156,8 +156,12 @@ private:
     std::vector<float> w_h_;      // [taps_h][out_w * 3]
     std::vector<int32_t> src_v_;  // [out_h]: first source row
     std::vector<float> w_v_;      // [taps_v][out_h]
-    std::vector<int32_t> unfused_h_;  // elements of more than 4 taps (accumulated unfused, as PyTorch's kernel)
-    std::vector<uint8_t> fused_v_;    // [out_h]: the row has at most 4 taps
+    struct MixedElement {
+        int32_t element;  // index into the horizontal pass's output row
+        int32_t unfused;  // its first accumulations done as a multiply, then an add (the rest fused)
+    };
+    std::vector<MixedElement> mixed_h_;  // elements of more than 4 taps (as PyTorch's kernel rounds them)
+    std::vector<int32_t> unfused_v_;     // [out_h]: the row's first accumulations done as a multiply, then an add
 };
 
 /// Runs fn(0) .. fn(n - 1) on up to `threads` threads (the caller's included); rethrows the first

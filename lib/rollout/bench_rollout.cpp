@@ -69,18 +69,13 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     const RandomWeightSource weights(expected_weights(o.run.model), o.seed, o.threads);
     r.weights_ms = t.ms();
 
-    std::vector<std::unique_ptr<Backend>> owned;
-    Placement placement;
-    for (const Device& d : o.devices) {
-        owned.push_back(make_backend(d, o.backend));
-        placement.backends.push_back(owned.back().get());
-    }
     PolicyOptions po;
     po.sampling = o.run.sampling;
     po.kv = o.run.kv;
     po.kv_mode = o.kv_mode;
     t.reset();
-    Engine engine(o.run.model, weights, bench_embodiment(), o.tokenizer, po, placement);
+    const auto owned = Engine::create(o.run.model, weights, bench_embodiment(), o.tokenizer, po, o.devices, o.backend);
+    Engine& engine = *owned;
     auto session = engine.open_session();
     r.load_ms = t.ms();
     const auto sample_memory = [&] {
@@ -117,11 +112,7 @@ nlohmann::ordered_json BenchRolloutResult::to_json() const {
     // Steady calls: every call but the first (a prefill) and the window resets (every 4th).
     std::vector<PolicyCallResult> steady, resets;
     for (const auto& c : calls) (c.reset ? resets : steady).push_back(c);
-    const auto stats = [](const std::vector<double>& v) {
-        const TimingStats s = compute_stats(v);
-        return nlohmann::ordered_json{{"count", s.count}, {"median", s.median}, {"p90", s.p90},
-                                      {"mean", s.mean},   {"min", s.min},       {"max", s.max}};
-    };
+    const auto stats = [](const std::vector<double>& v) { return stats_json(compute_stats(v)); };
     using Set = std::pair<const char*, const std::vector<PolicyCallResult>*>;
     for (const auto& [name, set] : {Set{"all", &calls}, Set{"steady", &steady}, Set{"reset", &resets}}) {
         nlohmann::ordered_json phases;

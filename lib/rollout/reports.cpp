@@ -18,17 +18,16 @@ namespace dzr::rollout {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-/// Milliseconds rounded to microseconds: the timers resolve no finer, and 15 digits of noise help nobody.
 double ms_us(double ms) { return std::round(ms * 1000.0) / 1000.0; }
 
 Json stats_json(const TimingStats& s) {
     return {{"count", s.count}, {"mean", ms_us(s.mean)}, {"median", ms_us(s.median)}, {"p90", ms_us(s.p90)},
             {"min", ms_us(s.min)},  {"max", ms_us(s.max)}};
 }
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 /// NaN and infinities have no JSON spelling: they become null.
 Json number_or_null(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }

@@ -57,6 +57,10 @@ struct TimingStats {
 };
 
 TimingStats compute_stats(std::span<const double> values);
+/// Milliseconds rounded to microseconds: the timers resolve no finer, and 15 digits of noise help nobody.
+double ms_us(double ms);
+/// {"count", "mean", "median", "p90", "min", "max"} in milliseconds rounded to microseconds.
+Json stats_json(const TimingStats& s);
 double percentile(std::span<const double> sorted, double q);
 
 /// --save-video: the episode's predicted video, decoded once after the last call (not in any call's

@@ -9,6 +9,7 @@
 
 #include "config/model_json.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "core/log.h"
 #include "weights/keys.h"
 
@@ -22,17 +23,6 @@ namespace {
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
-std::string read_text(const fs::path& path) {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    DZR_CHECK(f != nullptr, "cannot open {}: {}", path.string(), std::strerror(errno));
-    std::string text;
-    char buf[65536];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-    const bool failed = std::ferror(f) != 0;
-    std::fclose(f);
-    DZR_CHECK(!failed, "cannot read {}", path.string());
-    return text;
-}
 
 json parse_json(const std::string& text, const std::string& source) {
     try {
@@ -115,7 +105,7 @@ void Checkpoint::load_config() {
     std::error_code ec;
     DZR_CHECK(fs::is_regular_file(p, ec), "{}: config.json is missing (the checkpoint's model geometry)",
               dir_.string());
-    config_json_ = parse_json(read_text(p), p.string());
+    config_json_ = parse_json(io::read_file(p), p.string());
     auto r = config::model_config_from_json(config_json_, p.string());
     model_config_ = r.model;
     defaulted_ = std::move(r.defaulted);
@@ -127,7 +117,7 @@ void Checkpoint::open_shards() {
     if (fs::exists(index_path, ec)) {
         has_index_ = true;
         const std::string src = index_path.string();
-        const json index = parse_json(read_text(index_path), src);
+        const json index = parse_json(io::read_file(index_path), src);
         DZR_CHECK(index.is_object(), "{}: expected a JSON object", src);
         if (index.contains("metadata")) {
             const json& md = index["metadata"];
@@ -194,7 +184,7 @@ void Checkpoint::load_metadata() {
     const fs::path p = dir_ / "experiment_cfg" / "metadata.json";
     std::error_code ec;
     if (!fs::exists(p, ec)) return;
-    statistics_ = parse_metadata_json(read_text(p), p.string());
+    statistics_ = parse_metadata_json(io::read_file(p), p.string());
 }
 
 void Checkpoint::find_tokenizer() {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "config/embodiment.h"
 #include "config/model_json.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -220,23 +221,8 @@ MakePlan write_random_checkpoint(const ModelConfig& config, std::vector<Expected
 std::string droid_metadata_json() {
     // Quantiles over plausible DROID (Franka Panda) data; min/max a little wider, mean the midpoint,
     // std a quarter of the q01..q99 range.
-    auto stats = [](std::vector<double> q01, std::vector<double> q99) {
-        json s = json::object();
-        std::vector<double> mn, mx, mean, sd;
-        for (size_t i = 0; i < q01.size(); ++i) {
-            const double span = q99[i] - q01[i];
-            mn.push_back(q01[i] - 0.05 * span);
-            mx.push_back(q99[i] + 0.05 * span);
-            mean.push_back(0.5 * (q01[i] + q99[i]));
-            sd.push_back(0.25 * span);
-        }
-        s["q01"] = q01;
-        s["q99"] = q99;
-        s["min"] = mn;
-        s["max"] = mx;
-        s["mean"] = mean;
-        s["std"] = sd;
-        return s;
+    const auto stats = [](const std::vector<double>& q01, const std::vector<double>& q99) {
+        return synthetic_statistics_json(q01, q99);
     };
     json state = {
         {"joint_position", stats({-1.05, -0.55, -0.95, -2.65, -1.10, 0.75, -1.35},

@@ -52,9 +52,10 @@ TEST_CASE("the fast resize is bit-identical to the reference resize, fused and u
     struct Geo {
         int in_h, in_w, out_h, out_w;
     };
-    // DROID (up), tiny (down), identity, and mixed directions.
+    // DROID (up), tiny (down), identity, mixed directions, and outputs of more than 4 taps (AgiBot's 5 and 6
+    // rows; 9 to 17 both ways), which accumulate partly unfused.
     for (const Geo g : {Geo{171, 304, 176, 320}, Geo{171, 304, 88, 160}, Geo{40, 50, 40, 50}, Geo{33, 70, 61, 35},
-                        Geo{9, 9, 1, 1}, Geo{1, 7, 5, 2}}) {
+                        Geo{9, 9, 1, 1}, Geo{1, 7, 5, 2}, Geo{456, 608, 176, 320}, Geo{120, 480, 15, 60}}) {
         for (bool fma : {true, false}) {
             CAPTURE(g.in_h);
             CAPTURE(g.out_w);
