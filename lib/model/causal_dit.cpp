@@ -101,21 +101,22 @@ CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, 
     for (int i = 0; i < cfg.num_layers; ++i) {
         const std::string block = keys::dit_block(i);  // "action_head.model.blocks.{i}."
         const auto key = [&block](std::string_view suffix) { return block + std::string(suffix); };
+        // an attention's q, k, v, o projections and q/k RMSNorms (`<block><name>.*`), in the checkpoint's order
+        const auto attention = [&](std::string_view name, Linear& q, Linear& k, Linear& v, Linear& o, RmsNorm& norm_q,
+                                   RmsNorm& norm_k) {
+            const std::string prefix = key(name) + ".";
+            q.load(loader, prefix + "q", C, C);
+            k.load(loader, prefix + "k", C, C);
+            v.load(loader, prefix + "v", C, C);
+            o.load(loader, prefix + "o", C, C);
+            norm_q.load(loader, prefix + "norm_q", C, cfg.eps);
+            norm_k.load(loader, prefix + "norm_k", C, cfg.eps);
+        };
         Layer& l = layers_[size_t(i)];
         l.modulation = reshaped(loader.require(key("modulation"), Shape{1, 6, C}, modulation_init), Shape{6, C});
-        l.q.load(loader, key("self_attn.q"), C, C);
-        l.k.load(loader, key("self_attn.k"), C, C);
-        l.v.load(loader, key("self_attn.v"), C, C);
-        l.o.load(loader, key("self_attn.o"), C, C);
-        l.norm_q.load(loader, key("self_attn.norm_q"), C, cfg.eps);
-        l.norm_k.load(loader, key("self_attn.norm_k"), C, cfg.eps);
+        attention("self_attn", l.q, l.k, l.v, l.o, l.norm_q, l.norm_k);
         l.norm3.load(loader, key("norm3"), C, cfg.eps);
-        l.cross_q.load(loader, key("cross_attn.q"), C, C);
-        l.cross_k.load(loader, key("cross_attn.k"), C, C);
-        l.cross_v.load(loader, key("cross_attn.v"), C, C);
-        l.cross_o.load(loader, key("cross_attn.o"), C, C);
-        l.cross_norm_q.load(loader, key("cross_attn.norm_q"), C, cfg.eps);
-        l.cross_norm_k.load(loader, key("cross_attn.norm_k"), C, cfg.eps);
+        attention("cross_attn", l.cross_q, l.cross_k, l.cross_v, l.cross_o, l.cross_norm_q, l.cross_norm_k);
         l.cross_k_img.load(loader, key("cross_attn.k_img"), C, C);
         l.cross_v_img.load(loader, key("cross_attn.v_img"), C, C);
         l.cross_norm_k_img.load(loader, key("cross_attn.norm_k_img"), C, cfg.eps);
