@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/profiling_backend.h"
 #include "core/error.h"
 
 namespace dzr {
@@ -49,8 +50,10 @@ void Backend::scatter_kv(const PagedKvView&, int, const TensorView&, const Tenso
 }
 
 std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& options) {
-    if (device.is_cpu()) return make_cpu_backend(options);
-    return make_cuda_backend(device.index, options);
+    std::unique_ptr<Backend> be =
+        device.is_cpu() ? make_cpu_backend(options) : make_cuda_backend(device.index, options);
+    if (options.profile) be = std::make_unique<ProfilingBackend>(std::move(be));
+    return be;
 }
 
 bool cuda_backend_built() {

@@ -214,6 +214,8 @@ public:
     virtual const DeviceContext& context() const = 0;
     virtual Stream& stream() = 0;
     Numerics numerics() const { return numerics_; }
+    /// The op profiler of a profiled backend (BackendOptions::profile: profiling_backend.h), else null.
+    virtual class Profiler* profiler() { return nullptr; }
 
     // ---- the device and the stream, for the common calls ---------------------------------------
     Device device() const { return context().device(); }
