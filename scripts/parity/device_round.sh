@@ -47,6 +47,7 @@ if want build; then
     fi
     check $? build
     grep -E "error" "$WORK/build/build.log" | head -20
+    grep -h "dzr: CUPTI" "$WORK/build/configure.log" 2>/dev/null
     git log -1 --format='dzr commit %h %s' 2>/dev/null
 fi
 
