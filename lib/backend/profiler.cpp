@@ -87,7 +87,17 @@ void Profiler::begin_op(std::string key) {
     DZR_CHECK(open_op_ < 0, "profiler: op '{}' begins inside op '{}'", key, ops_[size_t(open_op_)].key);
     OpRecord r;
     r.key = std::move(key);
-    r.region = stack_.empty() ? -1 : region_ids_.at(stack_.back());
+    if (stack_.empty()) {
+        // NOTE: ops outside every region are kept under "(none)"
+        auto [it, inserted] = region_ids_.try_emplace("(none)", int(region_names_.size()));
+        if (inserted) {
+            region_names_.push_back("(none)");
+            region_entries_.push_back(0);
+        }
+        r.region = it->second;
+    } else {
+        r.region = region_ids_.at(stack_.back());
+    }
     r.begin = &next_event();
     stream_.record(*r.begin);
     open_op_ = int(ops_.size());

@@ -128,6 +128,22 @@ void ProfilingBackend::sin_cos_table(float step, const TensorView& out) {
 void ProfilingBackend::count_nonfinite(const TensorView& x, const TensorView& out) {
     run(fmt::format("count_nonfinite {}", desc(x)), [&](Backend& b) { b.count_nonfinite(x, out); });
 }
+void ProfilingBackend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                      const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                      const TensorView& out) {
+    run(fmt::format("ada_layer_norm {}{}{}", desc(x), weight.defined() ? " affine" : "", scale.defined() ? " mod" : ""),
+        [&](Backend& b) { b.ada_layer_norm(p, x, weight, bias, scale, shift, out); });
+}
+void ProfilingBackend::gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                      const TensorView& gate) {
+    run(fmt::format("gated_residual {}{}", desc(x), gate.defined() ? " gate" : ""),
+        [&](Backend& b) { b.gated_residual(p, x, y, gate); });
+}
+void ProfilingBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                     const TensorView& table_a, const TensorView& table_b, const TensorView& out) {
+    run(fmt::format("rms_norm_rope {}{}", desc(x), table_a.defined() ? " rope" : ""),
+        [&](Backend& b) { b.rms_norm_rope(p, x, weight, table_a, table_b, out); });
+}
 void ProfilingBackend::paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
                                        int layer, const TensorView& k_cur, const TensorView& v_cur,
                                        const TensorView& out) {
