@@ -6,7 +6,8 @@
 namespace dzr::kernels {
 namespace {
 
-constexpr int kMaxChunks = 4;  // 8-element chunks per thread held in registers (cols <= 8 * 4 * threads)
+constexpr int kRowThreads = 128;  // threads per row of the register-resident row kernels
+constexpr int kMaxChunks = 8;     // 8-element chunks per thread held in registers: cols <= 8 * 8 * 128 = 8192
 
 struct GroupPtr {
     const void* data;
@@ -21,12 +22,21 @@ struct GroupPtr {
 
 GroupPtr group_ptr(const GroupVec& v) { return {v.data, v.dtype == DType::BF16, v.row_stride}; }
 
-template <typename Tx, typename To>
-__global__ void ada_layer_norm_kernel(const Tx* x, To* out, int64_t cols, float eps, ParamPtr w, ParamPtr b,
-                                      GroupPtr scale, GroupPtr shift, int64_t split) {
+template <typename T>
+__device__ __forceinline__ void load8(const void* base, int64_t off, float (&v)[8]) {
+    Vec8<T>::load(static_cast<const T*>(base) + off, v);
+}
+
+// One row per block of kRowThreads threads, the row in registers (kMaxChunks chunks of 8 per thread); the
+// per-group vectors (Tm) and the norm parameters (Tp) read 8 at a time.
+template <typename Tx, typename To, typename Tm, typename Tp>
+__global__ void __launch_bounds__(kRowThreads) ada_layer_norm_kernel(const Tx* x, To* out, int64_t cols, float eps,
+                                                                    const void* w, const void* b, const void* scale,
+                                                                    const void* shift, int64_t mod_stride,
+                                                                    int64_t split) {
     __shared__ float shared[kWarp];
     const int64_t r = blockIdx.x;
-    const int g = r < split ? 0 : 1;
+    const int64_t moff = (r < split ? 0 : 1) * mod_stride;
     const Tx* xr = x + r * cols;
     To* orow = out + r * cols;
     const int64_t chunks = cols / 8;
@@ -34,7 +44,7 @@ __global__ void ada_layer_norm_kernel(const Tx* x, To* out, int64_t cols, float 
     float sum = 0.f;
 #pragma unroll
     for (int k = 0; k < kMaxChunks; ++k) {
-        const int64_t ch = threadIdx.x + int64_t(k) * blockDim.x;
+        const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
         if (ch < chunks) {
             Vec8<Tx>::load(xr + ch * 8, v[k]);
 #pragma unroll
@@ -45,7 +55,7 @@ __global__ void ada_layer_norm_kernel(const Tx* x, To* out, int64_t cols, float 
     float sq = 0.f;
 #pragma unroll
     for (int k = 0; k < kMaxChunks; ++k) {
-        const int64_t ch = threadIdx.x + int64_t(k) * blockDim.x;
+        const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
         if (ch < chunks) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
@@ -57,20 +67,33 @@ __global__ void ada_layer_norm_kernel(const Tx* x, To* out, int64_t cols, float 
     const float rstd = rsqrtf(block_sum(sq, shared) / float(cols) + eps);
 #pragma unroll
     for (int k = 0; k < kMaxChunks; ++k) {
-        const int64_t ch = threadIdx.x + int64_t(k) * blockDim.x;
+        const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
         if (ch < chunks) {
-            float o[8];
+            const int64_t c0 = ch * 8;
+            float o[8], p[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int64_t c = ch * 8 + i;
-                float y = (v[k][i] - mean) * rstd;
-                if (w.defined()) y = y * w[c];
-                if (b.defined()) y = y + b[c];
-                if (scale.defined()) y = y * (1.f + scale.at(g, c));
-                if (shift.defined()) y = y + shift.at(g, c);
-                o[i] = y;
+            for (int i = 0; i < 8; ++i) o[i] = (v[k][i] - mean) * rstd;
+            if (w) {
+                load8<Tp>(w, c0, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] *= p[i];
             }
-            Vec8<To>::store(orow + ch * 8, o);
+            if (b) {
+                load8<Tp>(b, c0, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] += p[i];
+            }
+            if (scale) {
+                load8<Tm>(scale, moff + c0, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] *= 1.f + p[i];
+            }
+            if (shift) {
+                load8<Tm>(shift, moff + c0, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] += p[i];
+            }
+            Vec8<To>::store(orow + c0, o);
         }
     }
 }
@@ -141,10 +164,12 @@ __device__ __forceinline__ void rope_entry(const float* e, int entry, float& c, 
     }
 }
 
-// head_dim % 8 == 0: a chunk of 8 holds 4 whole pairs of one head.
-template <typename Tx, typename To>
-__global__ void rms_norm_rope_kernel(const Tx* x, To* out, int64_t cols, int64_t head_dim, float eps, ParamPtr w,
-                                     const float* ta, const float* tb, int64_t pairs, int entry, int64_t split) {
+// head_dim % 8 == 0: a chunk of 8 holds 4 whole pairs of one head. Tw: the weight's type.
+template <typename Tx, typename To, typename Tw, int kEntry>
+__global__ void __launch_bounds__(kRowThreads) rms_norm_rope_kernel(const Tx* x, To* out, int64_t cols,
+                                                                   int64_t head_dim, float eps, const void* w,
+                                                                   const float* ta, const float* tb, int64_t pairs,
+                                                                   int64_t split) {
     __shared__ float shared[kWarp];
     const int64_t r = blockIdx.x;
     const Tx* xr = x + r * cols;
@@ -154,7 +179,7 @@ __global__ void rms_norm_rope_kernel(const Tx* x, To* out, int64_t cols, int64_t
     float sq = 0.f;
 #pragma unroll
     for (int k = 0; k < kMaxChunks; ++k) {
-        const int64_t ch = threadIdx.x + int64_t(k) * blockDim.x;
+        const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
         if (ch < chunks) {
             Vec8<Tx>::load(xr + ch * 8, v[k]);
 #pragma unroll
@@ -166,25 +191,37 @@ __global__ void rms_norm_rope_kernel(const Tx* x, To* out, int64_t cols, int64_t
     const int64_t trow = r < split ? r : r - split;
 #pragma unroll
     for (int k = 0; k < kMaxChunks; ++k) {
-        const int64_t ch = threadIdx.x + int64_t(k) * blockDim.x;
+        const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
         if (ch < chunks) {
             float o[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int64_t c = ch * 8 + i;
-                o[i] = v[k][i] * rstd;
-                if (w.defined()) o[i] *= w[c];
+            for (int i = 0; i < 8; ++i) o[i] = v[k][i] * rstd;
+            if (w) {
+                float p[8];
+                load8<Tw>(w, ch * 8, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] *= p[i];
             }
             if (table) {
                 const int64_t j0 = (ch * 8 % head_dim) / 2;
+                if (j0 < pairs) {  // NOTE: pairs % 4 == 0 (host check): a chunk is wholly rotated or not
+                    const float* e = table + (trow * pairs + j0) * kEntry;
 #pragma unroll
-                for (int p = 0; p < 4; ++p) {
-                    if (j0 + p >= pairs) break;
-                    float c, s;
-                    rope_entry(table + (trow * pairs + j0 + p) * entry, entry, c, s);
-                    const float x0 = o[2 * p], x1 = o[2 * p + 1];
-                    o[2 * p] = x0 * c - x1 * s;
-                    o[2 * p + 1] = x0 * s + x1 * c;
+                    for (int q = 0; q < 4; ++q) {
+                        float c, sn;
+                        if constexpr (kEntry == 4) {
+                            const float4 t = reinterpret_cast<const float4*>(e)[q];
+                            c = t.x + t.y;
+                            sn = t.z + t.w;
+                        } else {
+                            const float2 t = reinterpret_cast<const float2*>(e)[q];
+                            c = t.x;
+                            sn = t.y;
+                        }
+                        const float x0 = o[2 * q], x1 = o[2 * q + 1];
+                        o[2 * q] = x0 * c - x1 * sn;
+                        o[2 * q + 1] = x0 * sn + x1 * c;
+                    }
                 }
             }
             Vec8<To>::store(orow + ch * 8, o);
@@ -235,21 +272,36 @@ cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t
                            const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
                            int64_t split, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
-    const int threads = row_block_threads(cols);
-    const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kMaxChunks * threads && aligned16(x) && aligned16(out) &&
-                     aligned16_stride(cols, 2);
-    return dispatch_float2(tx, to, [&](auto a, auto o) {
-        using Tx = decltype(a);
-        using To = decltype(o);
-        if (vec)
-            ada_layer_norm_kernel<Tx, To><<<unsigned(rows), threads, 0, stream>>>(
-                static_cast<const Tx*>(x), static_cast<To*>(out), cols, eps, param(weight, tparam),
-                param(bias, tparam), group_ptr(scale), group_ptr(shift), split);
-        else
+    // NOTE: the vector kernel reads scale and shift through one pointer type and one row stride
+    const bool mods_agree = !scale.data || !shift.data || (scale.dtype == shift.dtype && scale.row_stride == shift.row_stride);
+    const DType tm = scale.data ? scale.dtype : shift.dtype;
+    const int64_t mstride = scale.data ? scale.row_stride : shift.row_stride;
+    const auto ok16 = [](const void* p) { return !p || aligned16(p); };
+    const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kMaxChunks * kRowThreads && aligned16(x) &&
+                     aligned16(out) && ok16(weight) && ok16(bias) && ok16(scale.data) && ok16(shift.data) &&
+                     aligned16_stride(mstride, dtype_size(tm)) && mods_agree;
+    if (!vec) {
+        const int threads = row_block_threads(cols);
+        return dispatch_float2(tx, to, [&](auto a, auto o) {
+            using Tx = decltype(a);
+            using To = decltype(o);
             ada_layer_norm_any_kernel<Tx, To><<<unsigned(rows), threads, 0, stream>>>(
                 static_cast<const Tx*>(x), static_cast<To*>(out), cols, eps, param(weight, tparam),
                 param(bias, tparam), group_ptr(scale), group_ptr(shift), split);
-        return cudaGetLastError();
+            return cudaGetLastError();
+        });
+    }
+    return dispatch_float2(tx, to, [&](auto a, auto o) {
+        return dispatch_float2(tm, tparam, [&](auto m, auto p) {
+            using Tx = decltype(a);
+            using To = decltype(o);
+            using Tm = decltype(m);
+            using Tp = decltype(p);
+            ada_layer_norm_kernel<Tx, To, Tm, Tp><<<unsigned(rows), kRowThreads, 0, stream>>>(
+                static_cast<const Tx*>(x), static_cast<To*>(out), cols, eps, weight, bias, scale.data, shift.data,
+                mstride, split);
+            return cudaGetLastError();
+        });
     });
 }
 
@@ -275,21 +327,35 @@ cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t 
                           int64_t pairs, int entry, int64_t split, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
     const int64_t cols = heads * head_dim;
-    const int threads = row_block_threads(cols);
-    const bool vec = head_dim % 8 == 0 && cols <= int64_t(8) * kMaxChunks * threads && aligned16(x) &&
-                     aligned16(out);
-    return dispatch_float2(tx, to, [&](auto a, auto o) {
-        using Tx = decltype(a);
-        using To = decltype(o);
-        if (vec)
-            rms_norm_rope_kernel<Tx, To><<<unsigned(rows), threads, 0, stream>>>(
-                static_cast<const Tx*>(x), static_cast<To*>(out), cols, head_dim, eps, param(weight, tw), table_a,
-                table_b, pairs, entry, split);
-        else
+    const bool vec = head_dim % 8 == 0 && pairs % 4 == 0 && cols <= int64_t(8) * kMaxChunks * kRowThreads &&
+                     aligned16(x) && aligned16(out) && (!weight || aligned16(weight)) &&
+                     (!table_a || aligned16(table_a)) && (!table_b || aligned16(table_b));
+    if (!vec) {
+        const int threads = row_block_threads(cols);
+        return dispatch_float2(tx, to, [&](auto a, auto o) {
+            using Tx = decltype(a);
+            using To = decltype(o);
             rms_norm_rope_any_kernel<Tx, To><<<unsigned(rows), threads, 0, stream>>>(
                 static_cast<const Tx*>(x), static_cast<To*>(out), cols, head_dim, eps, param(weight, tw), table_a,
                 table_b, pairs, entry, split);
-        return cudaGetLastError();
+            return cudaGetLastError();
+        });
+    }
+    return dispatch_float2(tx, to, [&](auto a, auto o) {
+        return dispatch_float(weight ? tw : DType::F32, [&](auto wt) {
+            using Tx = decltype(a);
+            using To = decltype(o);
+            using Tw = decltype(wt);
+            if (entry == 4)
+                rms_norm_rope_kernel<Tx, To, Tw, 4><<<unsigned(rows), kRowThreads, 0, stream>>>(
+                    static_cast<const Tx*>(x), static_cast<To*>(out), cols, head_dim, eps, weight, table_a, table_b,
+                    pairs, split);
+            else
+                rms_norm_rope_kernel<Tx, To, Tw, 2><<<unsigned(rows), kRowThreads, 0, stream>>>(
+                    static_cast<const Tx*>(x), static_cast<To*>(out), cols, head_dim, eps, weight, table_a, table_b,
+                    pairs, split);
+            return cudaGetLastError();
+        });
     });
 }
 
