@@ -171,7 +171,7 @@ if want profile; then
         head -n 40 "$WORK/profile/profile-$n.txt"
         grep -A14 -E "^-- denoise.denoise.pos" "$WORK/profile/profile-$n.txt"
     done
-    "$DZR" bench attention --lq 1785 --lk "257,512,2665,7945" --heads 40 --head-dim 128 \
+    "$DZR" bench attention --lq 1785 --lk 257 512 2665 7945 --heads 40 --head-dim 128 \
         >"$WORK/profile/attention-dit.txt" 2>&1
     check $? "bench attention"
     grep -vE "^\s*$" "$WORK/profile/attention-dit.txt" | head -n 40
