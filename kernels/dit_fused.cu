@@ -6,8 +6,8 @@
 namespace dzr::kernels {
 namespace {
 
-constexpr int kRowThreads = 128;  // threads per row of the register-resident row kernels
-constexpr int kMaxChunks = 8;     // 8-element chunks per thread held in registers: cols <= 8 * 8 * 128 = 8192
+constexpr int kRowThreads = 256;  // threads per row of the register-resident row kernels
+constexpr int kMaxChunks = 4;     // 8-element chunks per thread held in registers: cols <= 8 * 4 * 256 = 8192
 
 struct GroupPtr {
     const void* data;
