@@ -52,6 +52,7 @@ struct BenchOptions {
     std::string numerics = "reference";
     std::string kv_mode = "paged";
     std::string json;
+    std::string profile;
     std::vector<std::string> sets_overrides;
     uint64_t seed = 0;
 };
@@ -460,8 +461,16 @@ int run_rollout_bench(const BenchOptions& o) {
     b.calls = o.calls;
     b.seed = o.seed;
     b.threads = o.threads;
+    b.backend.profile = !o.profile.empty();
     const rollout::BenchRolloutResult r = rollout::bench_rollout(b);
     std::printf("%s", r.table().c_str());
+    if (!o.profile.empty()) {
+        std::fprintf(stderr, "%s", r.profile_table.c_str());
+        std::ofstream f(o.profile);
+        DZR_CHECK(f.good(), "bench rollout: cannot write {}", o.profile);
+        f << r.profile.dump(1) << "\n";
+        std::printf("profile: %s\n", o.profile.c_str());
+    }
     if (!o.json.empty()) {
         std::ofstream f(o.json);
         DZR_CHECK(f.good(), "bench rollout: cannot write {}", o.json);
@@ -545,6 +554,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     roll->add_option("--tokenizer", opts->tokenizer, "umT5 spiece.model (any: a fixed prompt is tokenized)")
         ->capture_default_str();
     roll->add_option("--json", opts->json, "also write the numbers (every call's phases) as JSON");
+    roll->add_option("--profile", opts->profile,
+                     "profile the timed calls (every backend op timed with events, CUPTI kernel counts where built "
+                     "in): JSON to this file, a table on stderr; slows the calls down");
     roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });

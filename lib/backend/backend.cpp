@@ -1,8 +1,10 @@
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "backend/profiling_backend.h"
 #include "core/error.h"
 
 namespace dzr {
@@ -49,8 +51,10 @@ void Backend::scatter_kv(const PagedKvView&, int, const TensorView&, const Tenso
 }
 
 std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& options) {
-    if (device.is_cpu()) return make_cpu_backend(options);
-    return make_cuda_backend(device.index, options);
+    std::unique_ptr<Backend> be =
+        device.is_cpu() ? make_cpu_backend(options) : make_cuda_backend(device.index, options);
+    if (options.profile) be = std::make_unique<ProfilingBackend>(std::move(be));
+    return be;
 }
 
 bool cuda_backend_built() {
@@ -70,5 +74,69 @@ bool cuda_device_available() { return false; }
 
 int cuda_device_count() { return 0; }
 #endif
+
+// ---- fused ops of `fast` numerics, composed of the plain ops ----------------------------------------
+
+namespace {
+
+/// Row g of a per-group [G, C] view.
+TensorView group_row(const TensorView& v, int g) { return v.slice(0, g, 1).reshape(Shape{v.dim(1)}); }
+
+/// The row range of group g of an [L, ...] tensor split at `split`.
+TensorView group_rows(const TensorView& t, int64_t split, int g) {
+    const int64_t L = t.dim(0), s = std::min(split, L);
+    return g == 0 ? t.slice(0, 0, s) : t.slice(0, s, L - s);
+}
+
+int group_count(int64_t split, int64_t L) { return split < L ? 2 : 1; }
+
+}  // namespace
+
+void Backend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                             const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                             const TensorView& out) {
+    layer_norm({p.eps}, x, weight, bias, out);
+    const int64_t C = x.dim(x.rank() - 1);
+    ArenaScope scope(workspace());
+    const TensorView one_plus = scale.defined() ? scratch(Shape{C}, DType::F32) : TensorView{};
+    for (int g = 0; g < group_count(p.split, x.dim(0)); ++g) {
+        const TensorView og = group_rows(out, p.split, g);
+        if (og.dim(0) == 0) continue;
+        if (scale.defined()) {
+            this->scale({1.0f, 1.0f}, group_row(scale, g), one_plus);
+            mul(og, one_plus, og);
+        }
+        if (shift.defined()) add(og, group_row(shift, g), og);
+    }
+}
+
+void Backend::gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                             const TensorView& gate) {
+    if (!gate.defined()) {
+        add(x, y, x);
+        return;
+    }
+    for (int g = 0; g < group_count(p.split, x.dim(0)); ++g) {
+        const TensorView xg = group_rows(x, p.split, g), yg = group_rows(y, p.split, g);
+        if (xg.dim(0) == 0) continue;
+        mul(yg, group_row(gate, g), yg);
+        add(xg, yg, xg);
+    }
+}
+
+void Backend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                            const TensorView& table_a, const TensorView& table_b, const TensorView& out) {
+    const int64_t L = out.dim(0), H = out.dim(1), D = out.dim(2);
+    if (!table_a.defined()) {
+        rms_norm({p.eps}, x, weight, out.reshape(Shape{L, H * D}));
+        return;
+    }
+    ArenaScope scope(workspace());
+    const TensorView normed = scratch(Shape{L, H, D}, out.dtype);
+    rms_norm({p.eps}, x, weight, normed.reshape(Shape{L, H * D}));
+    const int64_t s = std::min(p.split, L);
+    if (s > 0) rope({}, normed.slice(0, 0, s), table_a, out.slice(0, 0, s));
+    if (s < L) rope({}, normed.slice(0, s, L - s), table_b, out.slice(0, s, L - s));
+}
 
 }  // namespace dzr

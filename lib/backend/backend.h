@@ -17,6 +17,7 @@
 ///    accumulation inside; GEMM inputs must share a dtype.
 ///  - No op allocates or synchronizes with the host (except Stream::synchronize/download and upload of a
 ///    strided host source), so a forward can be captured into a CUDA graph.
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -128,6 +129,15 @@ struct Conv3dParams {
     bool channels_last = false;
 };
 
+/// The fused chains of a DiT block that `fast` numerics use (model/causal_dit.cpp). Each computes in f32 and rounds
+/// once to the output dtype on a bf16 backend; the base implementations compose the plain ops (the CPU's f32 is the
+/// same computation). Rows are split in at most two groups: rows [0, split) read row 0 of the per-group vectors
+/// ([G, C] views, rows may be strided), rows [split, L) row 1; split >= L: one group.
+struct FusedRowParams {
+    float eps = 1e-6f;
+    int64_t split = INT64_MAX;
+};
+
 /// What a backend can do beyond the ops every backend has.
 struct Capabilities {
     /// resize_bicubic runs in the arithmetic of PyTorch's kernel for this device (else the caller resizes
@@ -214,6 +224,8 @@ public:
     virtual const DeviceContext& context() const = 0;
     virtual Stream& stream() = 0;
     Numerics numerics() const { return numerics_; }
+    /// The op profiler of a profiled backend (BackendOptions::profile: profiling_backend.h), else null.
+    virtual class Profiler* profiler() { return nullptr; }
 
     // ---- the device and the stream, for the common calls ---------------------------------------
     Device device() const { return context().device(); }
@@ -294,6 +306,19 @@ public:
     /// device backend computes it with the device's f32 exp/sin/cos; this default computes it on the host
     /// (std::exp, std::sin, std::cos in float) and uploads it. For tables built at load, not in a forward.
     virtual void sin_cos_table(float step, const TensorView& out);
+    // ---- fused ops of `fast` numerics (FusedRowParams) ---------------------------------------------
+    /// out = (LN(x) [* weight + bias]) [* (1 + scale[g])] [+ shift[g]]; x, out: contiguous [L, C].
+    virtual void ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                const TensorView& out);
+    /// x += y [* gate[g]]; x, y: contiguous [L, C] of one dtype. y may be overwritten (it is scratch to the caller).
+    virtual void gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                const TensorView& gate);
+    /// out [L, H, D] = rope(rms_norm(x) * weight): the RMS over each whole row of x (contiguous [L, H·D]), then
+    /// RopeParams' rotation with table_a's rows for rows [0, split) and table_b's rows for rows [split, L) (tables
+    /// absent: no rotation).
+    virtual void rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                               const TensorView& table_a, const TensorView& table_b, const TensorView& out);
     /// out (i32 [1] on this backend's device) = the number of NaN and ±Inf elements of x (a contiguous float
     /// tensor). Queued like any op: the caller downloads the count (policy/finite_check.h). This default
     /// downloads x and counts on the host.

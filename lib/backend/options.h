@@ -63,6 +63,9 @@ struct BackendOptions {
     /// Initial workspace arena; 0 = the backend's default (the policy plans and reserves its own).
     size_t workspace_bytes = 0;
     CudaBackendOptions cuda;
+    /// Wrap the backend in a ProfilingBackend (profiler.h): every op timed with events, regions, CUPTI kernel
+    /// counts where built in. For finding where time goes; it slows every op down.
+    bool profile = false;
 };
 
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),

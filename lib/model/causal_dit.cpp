@@ -396,7 +396,10 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
     }
 
     for (size_t i = 0; i < layers_.size(); ++i) {
-        layer_forward(be, s, int(i), cross.layers[i], cache, opt);
+        if (be.numerics() == Numerics::Fast)
+            layer_forward_fast(be, s, int(i), cross.layers[i], cache, opt);
+        else
+            layer_forward(be, s, int(i), cross.layers[i], cache, opt);
         if (opt.trace) opt.trace("layer_out", int(i), s.x);
     }
 
@@ -540,6 +543,98 @@ void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
     if (opt.trace) opt.trace("head", -1, tokens);
     if (opt.check_finite) check_finite(be, tokens, "head", -1);
     unpatchify(be, tokens, int(s.frames), grid_h_, grid_w_, ph, pw, out.video_velocity);  // converts dtype
+}
+
+// ---- `fast` numerics ---------------------------------------------------------------------------------------
+
+namespace {
+
+/// Vector i of every group of a [G, 6, C] modulation tensor: a [G, C] view with a row stride of 6·C.
+TensorView mod_vecs(const TensorView& mod, int i) {
+    const int64_t G = mod.dim(0), C = mod.dim(2);
+    char* base = static_cast<char*>(mod.data) + size_t(i) * size_t(C) * dtype_size(mod.dtype);
+    return TensorView(base, mod.dtype, Shape{G, C}, Shape{mod.strides[0], 1}, mod.device);
+}
+
+}  // namespace
+
+void CausalDit::layer_forward_fast(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
+                                   SelfAttentionCache& cache, const DitForwardOptions& opt) const {
+    // The same block as layer_forward with the memory-bound chains fused (Backend's FusedRowParams ops: f32
+    // inside, one rounding per output): the modulated norms, q/k RMSNorm with RoPE, the gated residuals.
+    const Layer& w = layers_[size_t(li)];
+    const int64_t L = s.x.dim(0), C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
+    const int64_t Lv = s.video_tokens;
+    const float attn_scale = float(1.0 / std::sqrt(double(D)));
+    const FusedRowParams rows{cfg_.eps, s.groups > 1 ? Lv : L};
+    ArenaScope scope(be.workspace());
+
+    const TensorView mod = be.scratch(Shape{s.groups, 6, C});
+    be.add(s.e0, w.modulation, mod);
+    const auto trace = [&](std::string_view name, const TensorView& t) {
+        if (opt.trace) opt.trace(name, li, t);
+    };
+
+    const TensorView h = be.scratch(Shape{L, C});
+    const TensorView y = be.scratch(Shape{L, C});
+
+    {  // self-attention over [history | video | registers]
+        ArenaScope tmp(be.workspace());
+        be.ada_layer_norm(rows, s.x, {}, {}, mod_vecs(mod, kScaleSa), mod_vecs(mod, kShiftSa), h);
+        trace("self_attn_in", h);
+        const TensorView raw = be.scratch(Shape{L, C});
+        const TensorView q = be.scratch(Shape{L, H, D});
+        const TensorView k = be.scratch(Shape{L, H, D});
+        const TensorView v = be.scratch(Shape{L, H, D});
+        const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
+        be.linear(h, w.q.w, w.q.b, raw);
+        be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_q.w, s.rope_video, regs_table, q);
+        be.linear(h, w.k.w, w.k.b, raw);
+        be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_k.w, s.rope_video, regs_table, k);
+        be.linear(h, w.v.w, w.v.b, v.reshape(Shape{L, C}));
+        trace("q", q);
+        trace("k", k);
+        trace("v", v);
+
+        const TensorView attn = be.scratch(Shape{L, H, D});
+        cache.attend(be, li, q, k, v, Lv, attn_scale, attn);
+        be.linear(attn.reshape(Shape{L, C}), w.o.w, w.o.b, y);
+        trace("self_attn", y);
+        be.gated_residual(rows, s.x, y, mod_vecs(mod, kGateSa));
+    }
+    trace("x_self", s.x);
+    if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
+
+    {  // cross-attention: separate softmaxes over text and image keys, summed, then o
+        ArenaScope tmp(be.workspace());
+        be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
+        const TensorView raw = be.scratch(Shape{L, C});
+        const TensorView q3 = be.scratch(Shape{L, H, D});
+        be.linear(h, w.cross_q.w, w.cross_q.b, raw);
+        be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q3);
+        const TensorView o_txt = be.scratch(Shape{L, H, D});
+        const TensorView o_img = be.scratch(Shape{L, H, D});
+        be.attention({attn_scale}, q3, ckv.k_txt, ckv.v_txt, {}, o_txt);
+        be.attention({attn_scale}, q3, ckv.k_img, ckv.v_img, {}, o_img);
+        be.add(o_txt, o_img, o_txt);
+        be.linear(o_txt.reshape(Shape{L, C}), w.cross_o.w, w.cross_o.b, y);
+        trace("cross_attn", y);
+        be.gated_residual(rows, s.x, y, {});
+    }
+    trace("x_cross", s.x);
+    if (opt.check_finite) check_finite(be, s.x, "cross-attention", li);
+
+    {  // feed-forward: C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
+        ArenaScope tmp(be.workspace());
+        be.ada_layer_norm(rows, s.x, {}, {}, mod_vecs(mod, kScaleFf), mod_vecs(mod, kShiftFf), h);
+        const TensorView hidden = be.scratch(Shape{L, cfg_.ffn_dim});
+        be.linear(h, w.ffn1.w, w.ffn1.b, hidden);
+        be.activation({Activation::GeluTanh}, hidden, hidden);
+        be.linear(hidden, w.ffn2.w, w.ffn2.b, y);
+        trace("ffn", y);
+        be.gated_residual(rows, s.x, y, mod_vecs(mod, kGateFf));
+    }
+    if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
 }
 
 }  // namespace dzr

@@ -3,6 +3,7 @@
 #include <array>
 #include <cmath>
 
+#include "backend/profiler.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -332,7 +333,9 @@ void Session::forward(int branch, ForwardKind kind, const BranchIo& io, int star
             trace_(layer < 0 ? prefix + std::string(name) : fmt::format("{}{}.{}", prefix, name, layer), call_index_, t);
         };
     }
-    runners_->branch[size_t(branch)]->forward(kind, io, start_frame, timestep, action_timestep, opt);
+    BranchRunner& runner = *runners_->branch[size_t(branch)];
+    ProfileScope profile(runner.backend(), fmt::format("{}.{}", forward_kind_name(kind), kBranchNames[branch]));
+    runner.forward(kind, io, start_frame, timestep, action_timestep, opt);
 }
 
 // ---- the stages of a call ----------------------------------------------------------------------
@@ -404,12 +407,18 @@ void Session::start_window(int frames) {
     // ---- window start: CLIP + `ys`, then the prefill of the reference latent -----------------------------
     Backend& be = engine_.backend();
     const ModelConfig& m = engine_.model_;
-    // NOTE: the reference's frame is channels-last in memory when the call has several frames (a slice
-    // of the clip), and PyTorch then runs CLIP's patch convolution as an NHWC one
-    engine_.image_encoder_->encode(be, buf_->ref_frame, buf_->clip_feats, encoder_trace("clip."), frames > 1);
-    // NOTE: the reference encodes ys under torch.autocast(bf16) (f32 norms, one rounding per conv
-    // input) and the commit clip with plain bf16 ops (docs/VAE.md, Precision).
-    engine_.vae_->encode_conditioning(buf_->ref_frame, m.num_frames, buf_->ys, VaePrecision::Autocast);
+    {
+        ProfileScope profile(be, "image_encoder");
+        // NOTE: the reference's frame is channels-last in memory when the call has several frames (a slice
+        // of the clip), and PyTorch then runs CLIP's patch convolution as an NHWC one
+        engine_.image_encoder_->encode(be, buf_->ref_frame, buf_->clip_feats, encoder_trace("clip."), frames > 1);
+    }
+    {
+        ProfileScope profile(be, "ys_encode");
+        // NOTE: the reference encodes ys under torch.autocast(bf16) (f32 norms, one rounding per conv
+        // input) and the commit clip with plain bf16 ops (docs/VAE.md, Precision).
+        engine_.vae_->encode_conditioning(buf_->ref_frame, m.num_frames, buf_->ys, VaePrecision::Autocast);
+    }
     trace("clip", buf_->clip_feats);
     trace("ys", buf_->ys);
     check_finite("image encoder", buf_->clip_feats);
@@ -433,7 +442,10 @@ void Session::commit_clip() {
     // ---- commit the two newest observed latent frames ---------------------------------------------------
     Backend& be = engine_.backend();
     const DitConfig& d = engine_.model_.dit;
-    engine_.vae_->encode(buf_->clip_video, buf_->clip_latent, VaePrecision::Eager);
+    {
+        ProfileScope profile(be, "vae_encode");
+        engine_.vae_->encode(buf_->clip_video, buf_->clip_latent, VaePrecision::Eager);
+    }
     trace("vae.clip", buf_->clip_latent);
     check_finite("VAE encode", buf_->clip_latent);
     be.stream().record(*events_->vae);
@@ -539,10 +551,16 @@ PolicyCallResult Session::step(const PreparedObservation& obs) {
         result.reset_reason = reset_reason(obs);
         result.reset = !result.reset_reason.empty();
         if (result.reset) apply_reset(obs);
-        upload_inputs(obs, result.reset);
+        {
+            ProfileScope profile(be, "preprocess");
+            upload_inputs(obs, result.reset);
+        }
         stream.record(*events_->preprocess);
 
-        encode_context(obs);
+        {
+            ProfileScope profile(be, "text");
+            encode_context(obs);
+        }
         stream.record(*events_->text);
 
         if (result.reset) {
@@ -552,10 +570,16 @@ PolicyCallResult Session::step(const PreparedObservation& obs) {
         }
         stream.record(*events_->commit);
 
-        result.dit_evaluations = denoise(result);
+        {
+            ProfileScope profile(be, "denoise");
+            result.dit_evaluations = denoise(result);
+        }
         stream.record(*events_->denoise);
 
-        postprocess(obs, result);
+        {
+            ProfileScope profile(be, "postprocess");
+            postprocess(obs, result);
+        }
         stream.record(*events_->post);
     } catch (...) {
         // Fail closed: the next call starts a new session (the KV sessions were aborted by the caches).
@@ -581,6 +605,8 @@ PolicyCallResult Session::step(const PreparedObservation& obs) {
     t.scheduler = ms(events_->commit, events_->denoise) - t.dit;
     t.postprocess = ms(events_->denoise, events_->post);
     t.total = total.ms();
+    for (Backend* b : engine_.placement_.backends)
+        if (Profiler* p = b->profiler()) p->end_call();
     ++call_index_;
     return result;
 }

@@ -25,6 +25,7 @@ struct BenchRolloutOptions {
     int calls = 21;                   ///< timed calls after the warm-up
     uint64_t seed = 0;
     int threads = 0;                  ///< random-weight generation threads (0: all)
+    /// backend.profile: the timed calls' op profile (backend/profiler.h) goes to BenchRolloutResult::profile.
 };
 
 struct BenchRolloutResult {
@@ -33,6 +34,9 @@ struct BenchRolloutResult {
     int warmup_calls = 0;
     std::optional<int64_t> peak_memory_bytes;
     std::vector<PolicyCallResult> calls;  ///< the timed calls (actions and phase times)
+    /// With backend.profile: per device, the profiler's JSON and table over the timed calls.
+    nlohmann::ordered_json profile;
+    std::string profile_table;
 
     nlohmann::ordered_json to_json() const;
     /// The table of phases (median, p90, max) and of the calls, for stderr/stdout.

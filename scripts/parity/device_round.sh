@@ -7,7 +7,8 @@
 # reference's aten-op trace of its first two calls), `substage` (substage_probe.sh: the DiT's and the
 # encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
 # BENCH_NUMERICS="reference fast", BENCH_DEVICE); `embodiments` runs the parity step on AgiBot- and YAM-shaped
-# checkpoints (EMBODIMENTS="agibot yam"). The device tool returns at most 8 files, so everything each step writes
+# checkpoints (EMBODIMENTS="agibot yam"); `profile` writes the op profile of DROID calls (PROFILE_CALLS,
+# PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'). The device tool returns at most 8 files, so everything each step writes
 # goes into one archive, $OUT/<step>.tar.gz, and a short summary is printed last.
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
@@ -46,6 +47,7 @@ if want build; then
     fi
     check $? build
     grep -E "error" "$WORK/build/build.log" | head -20
+    grep -h "dzr: CUPTI" "$WORK/build/configure.log" 2>/dev/null
     git log -1 --format='dzr commit %h %s' 2>/dev/null
 fi
 
@@ -154,6 +156,29 @@ if want bench; then
         cat "$WORK/bench/rollout-$n.log" | tail -n 20
     done
     pack bench
+fi
+
+if want profile; then
+    # The op profile of a DROID call (docs/PERF.md, where the time goes): every backend op timed with events, CUPTI
+    # kernel counts, launches and idle gaps where built in; plus the DiT GEMMs at one branch's and both branches' rows.
+    say "profile at the DROID geometry (${PROFILE_CALLS:-6} profiled calls, ${PROFILE_NUMERICS:-reference})"
+    mkdir -p "$WORK/profile"
+    for n in ${PROFILE_NUMERICS:-reference}; do
+        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" --numerics "$n" \
+            --calls "${PROFILE_CALLS:-6}" --json "$WORK/profile/rollout-$n.json" --profile "$WORK/profile/profile-$n.json" \
+            >"$WORK/profile/rollout-$n.log" 2>"$WORK/profile/profile-$n.txt"
+        check $? "profile $n"
+        head -n 40 "$WORK/profile/profile-$n.txt"
+        grep -A14 -E "^-- denoise.denoise.pos" "$WORK/profile/profile-$n.txt"
+    done
+    "$DZR" bench attention --lq 1785 --lk 257 512 2665 7945 --heads 40 --head-dim 128 \
+        >"$WORK/profile/attention-dit.txt" 2>&1
+    check $? "bench attention"
+    grep -vE "^\s*$" "$WORK/profile/attention-dit.txt" | head -n 40
+    "$DZR" bench gemm --dit >"$WORK/profile/gemm-dit.txt" 2>&1
+    check $? "bench gemm --dit"
+    tail -n 9 "$WORK/profile/gemm-dit.txt"
+    pack profile
 fi
 
 say "summary"

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -504,6 +505,73 @@ Stats run_scatter_kv(Harness& h) {
     return a;
 }
 
+// ---- fused ops of `fast` numerics -----------------------------------------------------------------------------
+
+/// Vector i of each group of a [G, 6, C] tensor as a [G, C] view (row stride 6·C), on either side.
+TensorView group_vecs(const TensorView& mod, int i) {
+    const int64_t G = mod.dim(0), C = mod.dim(2);
+    char* base = static_cast<char*>(mod.data) + size_t(i) * size_t(C) * dtype_size(mod.dtype);
+    return TensorView(base, mod.dtype, Shape{G, C}, Shape{6 * C, 1}, mod.device);
+}
+
+Stats run_ada_layer_norm(Harness& h, int64_t L, int64_t C, int64_t split, bool affine, bool mod) {
+    const int64_t G = split < L ? 2 : 1;
+    Tensor x = h.input({L, C}, -3.f, 3.f);
+    Tensor w = affine ? h.input({C}) : Tensor(), b = affine ? h.input({C}) : Tensor();
+    Tensor m = h.input({G, 6, C}, -0.5f, 0.5f);
+    const TensorView md = h.dev(m);
+    Tensor ref = Harness::cpu_out({L, C});
+    const FusedRowParams p{1e-6f, split};
+    cpu().ada_layer_norm(p, x, affine ? w.view() : TensorView{}, affine ? b.view() : TensorView{},
+                         mod ? group_vecs(m, 1) : TensorView{}, mod ? group_vecs(m, 0) : TensorView{}, ref);
+    const TensorView out = h.dev_out({L, C});
+    gpu().ada_layer_norm(p, h.dev(x), affine ? h.dev(w) : TensorView{}, affine ? h.dev(b) : TensorView{},
+                         mod ? group_vecs(md, 1) : TensorView{}, mod ? group_vecs(md, 0) : TensorView{}, out);
+    return h.compare(out, ref);
+}
+
+Stats run_gated_residual(Harness& h, int64_t L, int64_t C, int64_t split, bool gate) {
+    const int64_t G = split < L ? 2 : 1;
+    Tensor x = h.input({L, C}), y = h.input({L, C});
+    Tensor m = h.input({G, 6, C});
+    const TensorView xd = h.dev(x), yd = h.dev(y), md = h.dev(m);
+    const FusedRowParams p{1e-6f, split};
+    cpu().gated_residual(p, x, y, gate ? group_vecs(m, 2) : TensorView{});
+    gpu().gated_residual(p, xd, yd, gate ? group_vecs(md, 2) : TensorView{});
+    return h.compare(xd, x);
+}
+
+/// A RoPE table [rows, pairs, entry] of angles t · 0.01 · (j + 1), as (cos, sin) or double-float pairs.
+Tensor rope_table(int64_t rows, int64_t pairs, int entry, int64_t t0) {
+    Tensor t = Tensor::host({rows, pairs, entry}, DType::F32);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < pairs; ++j) {
+            const double a = double(t0 + r) * 0.01 * double(j + 1);
+            float* e = t.ptr<float>() + (r * pairs + j) * entry;
+            if (entry == 2) {
+                e[0] = float(std::cos(a)), e[1] = float(std::sin(a));
+            } else {
+                e[0] = float(std::cos(a)), e[1] = float(std::cos(a) - double(e[0]));
+                e[2] = float(std::sin(a)), e[3] = float(std::sin(a) - double(e[2]));
+            }
+        }
+    return t;
+}
+
+Stats run_rms_norm_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t split, int64_t pairs, int entry) {
+    Tensor x = h.input({L, H * D}, -2.f, 2.f), w = h.input({H * D});
+    const int64_t s = std::min(split, L);
+    Tensor ta = pairs ? rope_table(s, pairs, entry, 0) : Tensor();
+    Tensor tb = pairs && s < L ? rope_table(L - s, pairs, entry, 1000) : Tensor();
+    const FusedRowParams p{1e-6f, split};
+    Tensor ref = Harness::cpu_out({L, H, D});
+    cpu().rms_norm_rope(p, x, w, pairs ? ta.view() : TensorView{}, tb.defined() ? tb.view() : TensorView{}, ref);
+    const TensorView out = h.dev_out({L, H, D});
+    gpu().rms_norm_rope(p, h.dev(x), h.dev(w), pairs ? h.dev(ta, DType::F32) : TensorView{},
+                        tb.defined() ? h.dev(tb, DType::F32) : TensorView{}, out);
+    return h.compare(out, ref);
+}
+
 std::string shape_name(std::initializer_list<int64_t> dims) { return Shape(dims).str(); }
 
 std::vector<OpCase> make_cases() {
@@ -917,6 +985,31 @@ std::vector<OpCase> make_cases() {
         add("scatter_kv", "5 rows into a 2-layer pool, pad and out-of-range slots skipped", dt,
             [](Harness& h) { return run_scatter_kv(h); });
     }
+    // fused ops of `fast` numerics
+    for (DType dt : {DType::F32, DType::BF16}) {
+        add("ada_layer_norm", "[37, 40] two groups split 30, modulated", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 37, 40, 30, false, true); });
+        add("ada_layer_norm", "[19, 36] affine, one group (scalar path)", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 19, 36, INT64_MAX, true, false); });
+        add("ada_layer_norm", "[11, 4104] affine and modulated, split 0", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 11, 4104, 0, true, true); });
+        add_big("ada_layer_norm", "DreamZero [1785, 5120] split 1760, modulated", dt,
+                [](Harness& h) { return run_ada_layer_norm(h, 1785, 5120, 1760, false, true); });
+        add("gated_residual", "[37, 40] gated, split 30", dt,
+            [](Harness& h) { return run_gated_residual(h, 37, 40, 30, true); });
+        add("gated_residual", "[13, 20] no gate (scalar path)", dt,
+            [](Harness& h) { return run_gated_residual(h, 13, 20, INT64_MAX, false); });
+        add_big("gated_residual", "DreamZero [1785, 5120] gated, split 1760", dt,
+                [](Harness& h) { return run_gated_residual(h, 1785, 5120, 1760, true); });
+        add("rms_norm_rope", "[30, 2, 16] split 22, (cos, sin) tables", dt,
+            [](Harness& h) { return run_rms_norm_rope(h, 30, 2, 16, 22, 8, 2); });
+        add("rms_norm_rope", "[25, 3, 64] one table, double-float entries, partial 24 pairs", dt,
+            [](Harness& h) { return run_rms_norm_rope(h, 25, 3, 64, INT64_MAX, 24, 4); });
+        add("rms_norm_rope", "[9, 3, 10] no table (scalar path)", dt,
+            [](Harness& h) { return run_rms_norm_rope(h, 9, 3, 10, INT64_MAX, 0, 2); });
+        add_big("rms_norm_rope", "DreamZero [1785, 40, 128] split 1760, 64 pairs", dt,
+                [](Harness& h) { return run_rms_norm_rope(h, 1785, 40, 128, 1760, 64, 4); });
+    }
     // paged attention: bf16 pools only (the CUDA kernels take bf16/f16)
     add("paged_attention", "H2 D64 block 40, history 90 through a shuffled table, 37 current, Lq 29", DType::BF16,
         [](Harness& h) { return run_paged_attention(h, 2, 64, 40, 90, 37, 29); });
@@ -940,7 +1033,7 @@ std::set<std::string> declared_backend_ops() {
                                            "paged_attention_workspace_bytes", "memory_in_use", "capabilities",
                                            "make_event", "record", "wait", "elapsed_ms", "begin_capture",
                                            "end_capture", "launch", "context", "stream", "set_cuda_options",
-                                           "cuda_options", "last_attention_impl"};
+                                           "cuda_options", "last_attention_impl", "profiler"};
     std::set<std::string> ops;
     const std::regex decl(R"(virtual\s+[\w:<>&\s]+?[\s&*](\w+)\s*\()");
     for (auto it = std::sregex_iterator(text.begin(), text.end(), decl); it != std::sregex_iterator(); ++it) {
@@ -959,7 +1052,8 @@ TEST_CASE("every backend op has at least one parity case") {
                                             "gemm",    "binary",  "scale",      "activation", "layer_norm",
                                             "rms_norm", "l2_norm", "softmax", "reduce",     "rope",       "attention",
                                             "conv3d",  "paged_attention", "scatter_kv", "resize_bicubic",
-                                            "sin_cos_table", "count_nonfinite"};
+                                            "sin_cos_table", "count_nonfinite", "ada_layer_norm",
+                                            "gated_residual", "rms_norm_rope"};
     CHECK(declared == expected);
     std::set<std::string> covered;
     for (const OpCase& c : make_cases()) covered.insert(c.op);

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 
+#include "backend/profiling_backend.h"
 #include "model/causal_dit.h"
 #include "support/test_support.h"
 #include "unit/test_dit_support.h"
@@ -450,4 +451,48 @@ TEST_CASE("forward rejects bad shapes, timesteps, start frames and window overfl
     CHECK_THROWS_WITH_AS(fx.dit->forward(*fx.be, base(), empty, cache,
                                          DitOutputs{TensorView(video.data(), DType::F32, xs), {}}),
                          doctest::Contains("compute_cross_kv"), Error);
+}
+
+TEST_CASE("fast numerics (the fused block ops) give the reference forwards' outputs on the f32 backend") {
+    // The CPU backend runs the fused ops as their composition of plain ops in f32, so both modes compute the same
+    // block; what this checks is the fast layer's wiring (token groups, modulation vectors, RoPE tables of video and
+    // register rows, gates) through prefill, commit and a denoising forward with registers.
+    for (int heads : {1, 2}) {
+        Fixture fx(heads);
+        BackendOptions fast_options;
+        fast_options.numerics = Numerics::Fast;
+        std::unique_ptr<Backend> fast = std::make_unique<ProfilingBackend>(make_cpu_backend(fast_options));
+        const DitConfig& c = fx.cfg;
+        Output ref[3], got[3];
+        for (int mode = 0; mode < 2; ++mode) {
+            if (mode == 1) std::swap(fx.be, fast);
+            DenseTestCache cache = fx.make_cache();
+            Inputs prefill = make_inputs(c, 1, 0, 0, false, 61);
+            Inputs commit = make_inputs(c, 2, 1, 0, false, 62);
+            Inputs denoise = make_inputs(c, 2, 3, 512, true, 63, 431);
+            Output* o = mode == 0 ? ref : got;
+            o[0] = run(fx, cache, prefill, true);
+            o[1] = run(fx, cache, commit, true);
+            o[2] = run(fx, cache, denoise, false);
+            if (mode == 1) std::swap(fx.be, fast);
+        }
+        // the fast layer ran: its fused ops were called
+        fast->profiler()->end_call();
+        const auto ops = fast->profiler()->to_json()["totals"]["(none)"]["ops_by_time"];
+        int fused = 0;
+        for (const auto& op : ops) {
+            const std::string key = op["op"];
+            if (key.rfind("ada_layer_norm", 0) == 0 || key.rfind("rms_norm_rope", 0) == 0 ||
+                key.rfind("gated_residual", 0) == 0)
+                ++fused;
+        }
+        CHECK(fused >= 3);
+        for (int k = 0; k < 3; ++k) {
+            REQUIRE(ref[k].video.size() == got[k].video.size());
+            for (size_t i = 0; i < ref[k].video.size(); ++i)
+                REQUIRE(got[k].video[i] == doctest::Approx(ref[k].video[i]).epsilon(1e-5));
+        }
+        for (size_t i = 0; i < ref[2].action.size(); ++i)
+            REQUIRE(got[2].action[i] == doctest::Approx(ref[2].action[i]).epsilon(1e-5));
+    }
 }

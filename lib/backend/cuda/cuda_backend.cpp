@@ -15,6 +15,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/dit_fused.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/resize.cuh"
 #include "kernels/softmax.cuh"
@@ -592,6 +593,91 @@ void CudaBackend::count_nonfinite(const TensorView& x, const TensorView& out) {
               out.str());
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::count_nonfinite(x.data, x.dtype, x.numel(), static_cast<int32_t*>(out.data), stream_));
+}
+
+namespace {
+
+/// A [G, C] per-group view (rows may be strided, columns contiguous) as the kernels take it; absent: {}.
+kernels::GroupVec group_vec(const TensorView& v, int64_t C, int64_t min_groups, const char* op, const char* what) {
+    if (!v.defined()) return {};
+    DZR_CHECK(v.rank() == 2 && v.dim(1) == C && v.dim(0) >= min_groups && v.strides[1] == 1 &&
+                  (v.dtype == DType::F32 || v.dtype == DType::BF16),
+              "cuda backend: {} {} must be an f32/bf16 [>= {}, {}] view with contiguous rows, got {}", op, what,
+              min_groups, C, v.str());
+    return {v.data, v.dtype, v.strides[0]};
+}
+
+int64_t groups_of(int64_t split, int64_t L) { return split < L ? 2 : 1; }
+
+}  // namespace
+
+void CudaBackend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                 const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                 const TensorView& out) {
+    check_device_tensor(x, "ada_layer_norm", "x");
+    check_device_tensor(out, "ada_layer_norm", "out");
+    unary_checks(x, out, "ada_layer_norm");
+    const int64_t C = x.cols(), L = x.rows();
+    check_param(weight, C, "ada_layer_norm", "weight");
+    check_param(bias, C, "ada_layer_norm", "bias");
+    DZR_CHECK(!weight.defined() || !bias.defined() || weight.dtype == bias.dtype,
+              "cuda backend: ada_layer_norm weight and bias must share a dtype");
+    const int64_t G = groups_of(p.split, L);
+    const auto sc = group_vec(scale, C, G, "ada_layer_norm", "scale");
+    const auto sh = group_vec(shift, C, G, "ada_layer_norm", "shift");
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::ada_layer_norm(x.data, x.dtype, out.data, out.dtype, L, C, p.eps,
+                                           weight.defined() ? weight.data : nullptr,
+                                           bias.defined() ? bias.data : nullptr,
+                                           weight.defined() ? weight.dtype : bias.dtype, sc, sh, p.split, stream_));
+}
+
+void CudaBackend::gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                 const TensorView& gate) {
+    check_device_tensor(x, "gated_residual", "x");
+    check_device_tensor(y, "gated_residual", "y");
+    DZR_CHECK(x.is_contiguous() && y.is_contiguous() && x.shape == y.shape && x.dtype == y.dtype,
+              "cuda backend: gated_residual needs contiguous x and y of one shape and dtype: {} {}", x.str(), y.str());
+    const int64_t C = x.cols(), L = x.rows();
+    const auto g = group_vec(gate, C, groups_of(p.split, L), "gated_residual", "gate");
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::gated_residual(x.data, y.data, x.dtype, L, C, g, p.split, stream_));
+}
+
+void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                const TensorView& table_a, const TensorView& table_b, const TensorView& out) {
+    check_device_tensor(x, "rms_norm_rope", "x");
+    check_device_tensor(out, "rms_norm_rope", "out");
+    DZR_CHECK(out.rank() == 3 && out.is_contiguous() && x.is_contiguous() && x.numel() == out.numel() &&
+                  x.cols() == out.dim(1) * out.dim(2),
+              "cuda backend: rms_norm_rope needs a contiguous x [L, H*D] and out [L, H, D]: {} {}", x.str(),
+              out.str());
+    const int64_t L = out.dim(0), H = out.dim(1), D = out.dim(2);
+    check_param(weight, H * D, "rms_norm_rope", "weight");
+    int64_t pairs = 0;
+    int entry = 2;
+    if (table_a.defined()) {
+        const int64_t s = std::min(p.split, L);
+        const auto check_table = [&](const TensorView& t, int64_t rows, const char* what) {
+            DZR_CHECK(t.dtype == DType::F32 && t.is_contiguous() && t.rank() == 3 && t.dim(0) >= rows &&
+                          (t.dim(2) == 2 || t.dim(2) == 4) && t.dim(1) * 2 <= D && t.dim(1) == table_a.dim(1) &&
+                          t.dim(2) == table_a.dim(2),
+                      "cuda backend: rms_norm_rope {} {} must be a contiguous f32 [>= {}, P <= {}, 2 or 4]", what,
+                      t.str(), rows, D / 2);
+        };
+        check_table(table_a, s, "table_a");
+        if (s < L) {
+            DZR_CHECK(table_b.defined(), "cuda backend: rms_norm_rope needs table_b for rows past the split");
+            check_table(table_b, L - s, "table_b");
+        }
+        pairs = table_a.dim(1);
+        entry = int(table_a.dim(2));
+    }
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::rms_norm_rope(
+        x.data, x.dtype, out.data, out.dtype, L, H, D, p.eps, weight.defined() ? weight.data : nullptr, weight.dtype,
+        table_a.defined() ? static_cast<const float*>(table_a.data) : nullptr,
+        table_b.defined() ? static_cast<const float*>(table_b.data) : nullptr, pairs, entry, p.split, stream_));
 }
 
 void CudaBackend::rope(const RopeParams&, const TensorView& x, const TensorView& table, const TensorView& out) {

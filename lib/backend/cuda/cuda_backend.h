@@ -137,6 +137,12 @@ public:
     void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) override;
     void count_nonfinite(const TensorView& x, const TensorView& out) override;
     void rope(const RopeParams& p, const TensorView& x, const TensorView& table, const TensorView& out) override;
+    void ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight, const TensorView& bias,
+                        const TensorView& scale, const TensorView& shift, const TensorView& out) override;
+    void gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                        const TensorView& gate) override;
+    void rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                       const TensorView& table_a, const TensorView& table_b, const TensorView& out) override;
     void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                    const TensorView& bias, const TensorView& out) override;
     void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,

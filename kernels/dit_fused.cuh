@@ -1,0 +1,38 @@
+#pragma once
+/// Fused memory-bound chains of the DiT block for `fast` numerics: each computes in f32 and rounds once to the
+/// output dtype. Rows are split into at most two groups: rows [0, split) read row 0 of the per-group vectors,
+/// rows [split, rows) row 1 (the video tokens and the register tokens of a denoising forward).
+/// Per-group vectors (scale, shift, gate) are f32 or bf16 with a row stride in elements; norm parameters are f32 or
+/// bf16; activations f32 or bf16, contiguous rows.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace dzr::kernels {
+
+/// A per-group vector set: element (g, c) at data[g * row_stride + c]; data == nullptr: absent.
+struct GroupVec {
+    const void* data = nullptr;
+    DType dtype = DType::F32;
+    int64_t row_stride = 0;
+};
+
+/// out = (LN(x) [* weight + bias]) [* (1 + scale[g])] [+ shift[g]] over rows of `cols`.
+cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
+                           const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
+                           int64_t split, cudaStream_t stream);
+
+/// x += y [* gate[g]] over rows of `cols` (x and y of one dtype).
+cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_t cols, GroupVec gate, int64_t split,
+                           cudaStream_t stream);
+
+/// out[r] = rope(rms_norm(x[r]) * weight): the RMS over the whole row (heads · head_dim), then the rotation of each
+/// head's interleaved pairs j < pairs by (cos, sin) of table row r (table_a for r < split, table_b row r - split
+/// after); a table of `entry` 2 holds (cos, sin), of 4 (cos_hi, cos_lo, sin_hi, sin_lo). No tables: no rotation.
+cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t heads, int64_t head_dim,
+                          float eps, const void* weight, DType tw, const float* table_a, const float* table_b,
+                          int64_t pairs, int entry, int64_t split, cudaStream_t stream);
+
+}  // namespace dzr::kernels

@@ -1,0 +1,112 @@
+#pragma once
+/// Where a forward's time goes: the profiling mode of `dzr rollout --profile` and `dzr bench rollout --profile`.
+///
+/// A ProfilingBackend (profiling_backend.h) wraps a backend and brackets every op with two stream events; the
+/// Profiler keeps those records and, once per call (end_call, after the device has caught up), turns them into
+///  - per region (a named stretch of work: "denoise.cond", "commit.uncond", "vae_encode", ...): how many times it
+///    ran, its ops, the device time inside ops, the idle time between consecutive ops (the device waiting for the
+///    host), and, where a KernelTracer exists (CUPTI), its kernels, host launches and the idle gaps between kernels;
+///  - per op kind and shape ("gemm bf16 [1785,5120]x[5120,5120]"), within each region kind: calls and time.
+/// Regions nest by name ("denoise.cond" inside "denoise"); an op belongs to the innermost open region.
+/// Profiling adds two event records per op and host work per op: timings are for finding where time goes,
+/// not for the headline numbers (those come from an unprofiled `dzr bench rollout`).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dzr {
+
+class Backend;
+class Event;
+class Stream;
+
+/// What a kernel tracer (CUPTI) saw in one region over one call.
+struct KernelStats {
+    int64_t kernels = 0;   ///< kernels (and memcpy/memset) executed
+    int64_t launches = 0;  ///< host launch calls that issued them (a graph launch counts once)
+    double kernel_ms = 0;  ///< sum of kernel durations
+    double busy_ms = 0;    ///< union of the kernels' intervals
+    double span_ms = 0;    ///< first kernel start to last kernel end
+    double gap_ms = 0;     ///< span - busy: the device idle between this region's kernels
+};
+
+/// Device-side kernel tracing, attributed to host regions (backend/cuda/cupti_tracer.cpp).
+class KernelTracer {
+public:
+    virtual ~KernelTracer() = default;
+    /// Work launched by this thread from now on belongs to region `id` (-1: none).
+    virtual void set_region(int id) = 0;
+    /// After a device synchronize: the stats of every region id seen since the last collect.
+    virtual std::map<int, KernelStats> collect() = 0;
+};
+
+/// A tracer for the device of `backend` where one is built in (CUPTI), else null. Only one may exist at a time.
+std::unique_ptr<KernelTracer> make_kernel_tracer(const Backend& backend);
+
+class Profiler {
+public:
+    /// stream: where op events are recorded (the wrapped backend's); tracer: optional.
+    Profiler(Stream& stream, std::unique_ptr<KernelTracer> tracer);
+    ~Profiler();
+    Profiler(const Profiler&) = delete;
+    Profiler& operator=(const Profiler&) = delete;
+
+    /// Opens a region named `name` inside the current one ("denoise" + "cond" -> "denoise.cond").
+    void push_region(std::string_view name);
+    void pop_region();
+
+    /// Brackets of one op: begin_op before it is queued, end_op after. `key`: its kind and shapes.
+    void begin_op(std::string key);
+    void end_op();
+
+    /// Waits for the device, turns this call's records into its breakdown and adds them to the totals.
+    void end_call();
+    /// Forgets the calls so far (e.g. the warm-up's); regions keep their ids.
+    void reset();
+
+    /// The per-call breakdowns and the totals over all calls (regions and ops), as JSON.
+    nlohmann::ordered_json to_json() const;
+    /// The totals as a table: regions, then the top ops of each region kind by time.
+    std::string table(int top_ops = 12) const;
+    bool has_tracer() const { return tracer_ != nullptr; }
+
+private:
+    struct OpRecord;
+    struct RegionTotals;
+    struct OpTotals;
+    Event& next_event();
+
+    Stream& stream_;
+    std::unique_ptr<KernelTracer> tracer_;
+    std::vector<std::unique_ptr<Event>> events_;  // a pool reused every call
+    size_t next_event_ = 0;
+    std::vector<OpRecord> ops_;                   // this call's
+    std::vector<std::string> stack_;              // open region names (full)
+    std::map<std::string, int> region_ids_;       // full name -> id (stable over calls)
+    std::vector<std::string> region_names_;
+    std::vector<int64_t> region_entries_;         // this call's entries per id
+    int open_op_ = -1;
+    nlohmann::ordered_json calls_ = nlohmann::ordered_json::array();
+    std::map<std::string, RegionTotals> totals_;
+    std::map<std::string, std::map<std::string, OpTotals>> op_totals_;  // region kind -> op key -> totals
+    int64_t calls_done_ = 0;
+};
+
+/// Opens a region on `be`'s profiler for its lifetime; does nothing when `be` is not profiled.
+class ProfileScope {
+public:
+    ProfileScope(Backend& be, std::string_view name);
+    ~ProfileScope();
+    ProfileScope(const ProfileScope&) = delete;
+    ProfileScope& operator=(const ProfileScope&) = delete;
+
+private:
+    Profiler* profiler_;
+};
+
+}  // namespace dzr
