@@ -587,18 +587,18 @@ void CausalDit::layer_forward_fast(Backend& be, const Step& s, int li, const Dit
         const TensorView k = be.scratch(Shape{L, H, D});
         const TensorView v = be.scratch(Shape{L, H, D});
         const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
-        be.linear(h, w.q.w, w.q.b, raw);
+        w.q.forward(be, h, raw);
         be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_q.w, s.rope_video, regs_table, q);
-        be.linear(h, w.k.w, w.k.b, raw);
+        w.k.forward(be, h, raw);
         be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_k.w, s.rope_video, regs_table, k);
-        be.linear(h, w.v.w, w.v.b, v.reshape(Shape{L, C}));
+        w.v.forward(be, h, v.reshape(Shape{L, C}));
         trace("q", q);
         trace("k", k);
         trace("v", v);
 
         const TensorView attn = be.scratch(Shape{L, H, D});
         cache.attend(be, li, q, k, v, Lv, attn_scale, attn);
-        be.linear(attn.reshape(Shape{L, C}), w.o.w, w.o.b, y);
+        w.o.forward(be, attn.reshape(Shape{L, C}), y);
         trace("self_attn", y);
         be.gated_residual(rows, s.x, y, mod_vecs(mod, kGateSa));
     }
@@ -610,14 +610,14 @@ void CausalDit::layer_forward_fast(Backend& be, const Step& s, int li, const Dit
         be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
         const TensorView raw = be.scratch(Shape{L, C});
         const TensorView q3 = be.scratch(Shape{L, H, D});
-        be.linear(h, w.cross_q.w, w.cross_q.b, raw);
+        w.cross_q.forward(be, h, raw);
         be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q3);
         const TensorView o_txt = be.scratch(Shape{L, H, D});
         const TensorView o_img = be.scratch(Shape{L, H, D});
         be.attention({attn_scale}, q3, ckv.k_txt, ckv.v_txt, {}, o_txt);
         be.attention({attn_scale}, q3, ckv.k_img, ckv.v_img, {}, o_img);
         be.add(o_txt, o_img, o_txt);
-        be.linear(o_txt.reshape(Shape{L, C}), w.cross_o.w, w.cross_o.b, y);
+        w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), y);
         trace("cross_attn", y);
         be.gated_residual(rows, s.x, y, {});
     }
@@ -628,9 +628,9 @@ void CausalDit::layer_forward_fast(Backend& be, const Step& s, int li, const Dit
         ArenaScope tmp(be.workspace());
         be.ada_layer_norm(rows, s.x, {}, {}, mod_vecs(mod, kScaleFf), mod_vecs(mod, kShiftFf), h);
         const TensorView hidden = be.scratch(Shape{L, cfg_.ffn_dim});
-        be.linear(h, w.ffn1.w, w.ffn1.b, hidden);
+        w.ffn1.forward(be, h, hidden);
         be.activation({Activation::GeluTanh}, hidden, hidden);
-        be.linear(hidden, w.ffn2.w, w.ffn2.b, y);
+        w.ffn2.forward(be, hidden, y);
         trace("ffn", y);
         be.gated_residual(rows, s.x, y, mod_vecs(mod, kGateFf));
     }
