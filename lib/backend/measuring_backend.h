@@ -50,6 +50,10 @@ public:
     void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
                     int64_t) override {}
     void count_nonfinite(const TensorView&, const TensorView&) override {}
+    void quantize_fp8(const TensorView&, const TensorView&, const TensorView&) override {}
+    void dequantize_fp8(const TensorView&, const TensorView&, const TensorView&) override {}
+    void gemm_fp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                  const TensorView&) override {}
 
 private:
     /// Fake allocations at distinct addresses; an arena on a fake address.

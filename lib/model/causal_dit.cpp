@@ -261,18 +261,42 @@ size_t CausalDit::forward_workspace_bytes(int frames, bool registers) const {
         regs = sz(A * c.action_dim) + std::max(encoder, state);
         decoder = sz(A * c.action_dim) + sz(A * c.hidden_size);
     }
-    const size_t time = sz(G * c.freq_dim) + 2 * sz(G * C);
-    const size_t layer =
-        2 * sz(G * 6 * C) + 2 * sz(L * C) + std::max({7 * sz(L * C), 4 * sz(L * C), sz(L * c.ffn_dim)});
-    const size_t head = sz(2 * C) + sz(C) + sz(Lv * C) + sz(Lv * ph * pw * c.out_dim);
+    // NOTE: an FP8 Linear takes its quantized input from the arena while it runs (Linear::fp8_workspace_bytes),
+    // on top of what its caller holds at that point; 0 for bf16 Linears
+    const size_t time = sz(G * c.freq_dim) + std::max({sz(G * C) + time_emb1_.fp8_workspace_bytes(G),
+                                                       sz(G * C) + time_emb2_.fp8_workspace_bytes(G),
+                                                       2 * sz(G * C) + time_proj_.fp8_workspace_bytes(G)});
+    size_t layer_ops = 0;
+    for (const Layer& l : layers_) {
+        const size_t self = std::max({4 * sz(L * C) + std::max({l.q.fp8_workspace_bytes(L), l.k.fp8_workspace_bytes(L),
+                                                                l.v.fp8_workspace_bytes(L)}),
+                                      7 * sz(L * C) + l.o.fp8_workspace_bytes(L)});
+        const size_t cross = std::max(2 * sz(L * C) + l.cross_q.fp8_workspace_bytes(L),
+                                      4 * sz(L * C) + l.cross_o.fp8_workspace_bytes(L));
+        const size_t ffn =
+            sz(L * c.ffn_dim) + std::max(l.ffn1.fp8_workspace_bytes(L), l.ffn2.fp8_workspace_bytes(L));
+        layer_ops = std::max({layer_ops, self, cross, ffn});
+    }
+    const size_t layer = 2 * sz(G * 6 * C) + 2 * sz(L * C) + layer_ops;
+    const size_t head =
+        sz(2 * C) + sz(C) + sz(Lv * C) + sz(Lv * ph * pw * c.out_dim) + head_.fp8_workspace_bytes(Lv);
     return outer + std::max({embed, regs, time, layer, head, decoder});
 }
 
 size_t CausalDit::cross_kv_workspace_bytes(int64_t image_tokens) const {
     const ArenaSize sz{dtype_size(dtype_)};
     const int64_t C = cfg_.dim, Lt = cfg_.text_len, Li = image_tokens;
-    const size_t text = sz(Lt * cfg_.text_dim) + 3 * sz(Lt * C);
-    const size_t image = 3 * sz(Li * cfg_.image_dim) + 3 * sz(Li * C);
+    size_t text_kv = 0, image_kv = 0;  // the layers' FP8 projections (Linear::fp8_workspace_bytes; 0 for bf16)
+    for (const Layer& l : layers_) {
+        text_kv = std::max({text_kv, l.cross_k.fp8_workspace_bytes(Lt), l.cross_v.fp8_workspace_bytes(Lt)});
+        image_kv = std::max({image_kv, l.cross_k_img.fp8_workspace_bytes(Li), l.cross_v_img.fp8_workspace_bytes(Li)});
+    }
+    const size_t text = sz(Lt * cfg_.text_dim) + std::max({sz(Lt * C) + text_emb1_.fp8_workspace_bytes(Lt),
+                                                           2 * sz(Lt * C) + text_emb2_.fp8_workspace_bytes(Lt),
+                                                           3 * sz(Lt * C) + text_kv});
+    const size_t image = 3 * sz(Li * cfg_.image_dim) + std::max({img_fc1_.fp8_workspace_bytes(Li),
+                                                                 sz(Li * C) + img_fc2_.fp8_workspace_bytes(Li),
+                                                                 3 * sz(Li * C) + image_kv});
     return std::max(text, image);
 }
 

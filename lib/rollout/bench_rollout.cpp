@@ -79,6 +79,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     po.sampling = o.run.sampling;
     po.kv = o.run.kv;
     po.kv_mode = o.kv_mode;
+    po.precision = o.run.precision;
     t.reset();
     Engine engine(o.run.model, weights, bench_embodiment(), o.tokenizer, po, placement);
     auto session = engine.open_session();
