@@ -51,6 +51,8 @@ struct BenchOptions {
     int calls = 21;
     std::string numerics = "reference";
     std::string kv_mode = "paged";
+    std::string precision;  // empty: the config's
+    std::string kv_dtype;   // empty: the config's
     std::string json;
     std::string profile;
     std::vector<std::string> sets_overrides;
@@ -452,6 +454,8 @@ int run_rollout_bench(const BenchOptions& o) {
     std::vector<config::Override> overrides;
     for (const auto& s : o.sets_overrides) overrides.push_back(config::parse_override(s));
     b.run = config::load_run_config(o.config, overrides);
+    if (!o.precision.empty()) b.run.precision = parse_precision(o.precision, "--precision");
+    if (!o.kv_dtype.empty()) b.run.kv.dtype = parse_precision(o.kv_dtype, "--kv-dtype");
     b.devices = parse_device_list(o.device);
     b.backend = apply_env_overrides({});
     b.backend.numerics = parse_numerics(o.numerics);
@@ -547,6 +551,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
         ->capture_default_str();
     roll->add_option("--numerics", opts->numerics, "reference or fast")->capture_default_str();
     roll->add_option("--kv", opts->kv_mode, "paged or dense")->capture_default_str();
+    roll->add_option("--precision", opts->precision, "DiT Linear weights: bf16 or fp8 (default: the config's)");
+    roll->add_option("--kv-dtype", opts->kv_dtype, "KV pool: bf16 or fp8 (default: the config's kv.dtype)");
     roll->add_option("--calls", opts->calls, "timed calls after the warm-up")->capture_default_str()
         ->check(CLI::Range(1, 10000));
     roll->add_option("--seed", opts->seed, "random weights' seed")->capture_default_str();

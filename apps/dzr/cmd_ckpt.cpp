@@ -1,4 +1,4 @@
-// `dzr ckpt inspect|validate|make`: look into, check, or create DreamZero checkpoint directories.
+// `dzr ckpt inspect|validate|make|quantize`: look into, check, create or re-store DreamZero checkpoint directories.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -21,6 +21,7 @@
 #include "weights/checkpoint.h"
 #include "weights/checksums.h"
 #include "weights/inventory.h"
+#include "weights/quantize_checkpoint.h"
 #include "weights/random_checkpoint.h"
 
 namespace dzr::app {
@@ -46,6 +47,7 @@ struct CkptOptions {
     bool force = false;
     bool hash = false;
     int threads = 0;
+    std::string precision;  // quantize
 };
 
 std::vector<config::Override> overrides(const CkptOptions& o) {
@@ -331,8 +333,23 @@ int run_make(const CkptOptions& o) {
     return 0;
 }
 
+int run_quantize(const CkptOptions& o) {
+    DZR_CHECK(!o.precision.empty(), "ckpt quantize: --precision fp8 (or bf16) is required");
+    QuantizeOptions qo;
+    qo.precision = parse_precision(o.precision, "--precision");
+    qo.shard_size = config::parse_byte_size(o.shard_size, "--shard-size");
+    qo.threads = o.threads;
+    const Checkpoint in(o.dir);
+    const QuantizeResult r = quantize_checkpoint(in, expected_weights(in.model_config()), o.out, qo);
+    fmt::print("wrote {} ({}): {} tensors in {} shard{}, {} Linear weight{} {}, {} copied; {} of tensors (was {})\n",
+               o.out, o.precision, r.tensors, r.shards, r.shards == 1 ? "" : "s", r.converted,
+               r.converted == 1 ? "" : "s", qo.precision == Precision::Fp8 ? "quantized to f8_e4m3" : "dequantized to bf16",
+               r.copied, format_bytes(r.out_bytes), format_bytes(r.in_bytes));
+    return 0;
+}
+
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
-    auto* ckpt = app.add_subcommand("ckpt", "Inspect, validate or make DreamZero checkpoint directories");
+    auto* ckpt = app.add_subcommand("ckpt", "Inspect, validate, make or quantize DreamZero checkpoint directories");
     ckpt->require_subcommand(1);
     auto opts = std::make_shared<CkptOptions>();
 
@@ -370,6 +387,20 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     make->add_option("--threads", opts->threads, "Shards written at once (0: up to 8; the bytes never depend on it)")
         ->check(CLI::Range(0, 64));
     make->callback([&run, opts] { run = [opts] { return run_make(*opts); }; });
+
+    auto* quantize = ckpt->add_subcommand(
+        "quantize",
+        "Rewrite a checkpoint with FP8 DiT Linear weights (f8_e4m3 + per-output-channel f32 <module>.weight_scale; "
+        "docs/CHECKPOINTS.md), or back to bf16");
+    quantize->add_option("--precision", opts->precision, "fp8 (quantize) or bf16 (dequantize an FP8 checkpoint)")
+        ->required();
+    quantize->add_option("in", opts->dir, "Checkpoint directory to read")->required();
+    quantize->add_option("out", opts->out, "Output directory (must not exist, or be empty)")->required();
+    quantize->add_option("--shard-size", opts->shard_size, "Most tensor bytes per shard (e.g. 5GB, 64MiB)")
+        ->capture_default_str();
+    quantize->add_option("--threads", opts->threads, "Shards written at once (0: up to 8; the bytes never depend on it)")
+        ->check(CLI::Range(0, 64));
+    quantize->callback([&run, opts] { run = [opts] { return run_quantize(*opts); }; });
 });
 
 }  // namespace

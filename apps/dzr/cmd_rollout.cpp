@@ -25,6 +25,8 @@ struct RolloutArgs {
     std::string device = "cpu";
     std::string numerics = "reference";
     std::string kv = "paged";
+    std::string precision;  // empty: the config's (bf16 without one)
+    std::string kv_dtype;   // empty: the config's kv.dtype
     std::string tokenizer;
     bool no_warmup = false;
     bool resume = false;
@@ -64,6 +66,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     } else {
         DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
     }
+    if (!a.precision.empty()) o.run.precision = parse_precision(a.precision, "--precision");
+    if (!a.kv_dtype.empty()) o.run.kv.dtype = parse_precision(a.kv_dtype, "--kv-dtype");
     o.overrides = a.sets;
     o.embodiment = a.embodiment;
     const rollout::EnvLookup env = rollout::process_environment();
@@ -198,6 +202,11 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "reference (the official bf16 run's arithmetic, bit for bit) or fast (fused, reordered)")
         ->capture_default_str();
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
+    cmd->add_option("--precision", args->precision,
+                    "DiT Linear weights: bf16 or fp8 (E4M3, per-channel scales; quantized at load unless the "
+                    "checkpoint stores them; default: the config's precision, else bf16)");
+    cmd->add_option("--kv-dtype", args->kv_dtype, "KV pool: bf16 or fp8 (E4M3, a scale per token and head; default: "
+                                                  "the config's kv.dtype, else bf16)");
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
     cmd->add_flag("--no-warmup", args->no_warmup, "Skip the warm-up (timings then include first-call costs)");
     cmd->add_flag("--resume", args->resume,

@@ -50,6 +50,19 @@ void Backend::scatter_kv(const PagedKvView&, int, const TensorView&, const Tenso
     DZR_THROW("backend {} has no KV scatter", name());
 }
 
+void Backend::quantize_fp8(const TensorView&, const TensorView&, const TensorView&) {
+    DZR_THROW("backend {} has no FP8 quantization", name());
+}
+
+void Backend::dequantize_fp8(const TensorView&, const TensorView&, const TensorView&) {
+    DZR_THROW("backend {} has no FP8 dequantization", name());
+}
+
+void Backend::gemm_fp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       const TensorView&) {
+    DZR_THROW("backend {} has no FP8 GEMM", name());
+}
+
 std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& options) {
     std::unique_ptr<Backend> be =
         device.is_cpu() ? make_cpu_backend(options) : make_cuda_backend(device.index, options);

@@ -149,7 +149,7 @@ struct Capabilities {
     bool device_events = false;
     /// Stream::begin_capture / end_capture (CUDA graphs).
     bool graphs = false;
-    /// E4M3 (FP8) GEMMs: sm_89 and later.
+    /// The FP8 (E4M3) ops and an FP8 KV pool: on CUDA sm_89 and later; the CPU emulates them on decoded values.
     bool fp8 = false;
     /// Compute capability x 10 (90 = Hopper); 0 on the CPU.
     int compute_capability = 0;
@@ -336,6 +336,22 @@ public:
     /// [0, num_slots); the CPU checks, the CUDA kernel skips rows outside (it cannot throw).
     virtual void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                             const TensorView& v, int64_t num_slots);
+
+    // ---- FP8 (E4M3) ops (core/fp8.h defines the quantization); the base implementations throw ----------
+    /// Per-row quantization: x [rows, cols] (f32 or the compute dtype; rows may be strided, unit last stride) ->
+    /// q F8_E4M3 [rows, cols] (contiguous) and scales F32 [rows]: scale = max(amax, 1e-12) / 448, q = e4m3(x · 448 /
+    /// max(amax, 1e-12)), rounded to nearest even and saturating. The CPU and the CUDA backend write the same bits
+    /// for the same input (activations per token; the FP8 KV pool per token and head).
+    virtual void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales);
+    /// out[r, c] = e4m3 q[r, c] · scales[r] (f32 product) in out's dtype: q F8_E4M3 [rows, cols] and out
+    /// [rows, cols] contiguous, scales F32 [rows].
+    virtual void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out);
+    /// The FP8 Linear: out[m, n] = x_scales[m] · w_scales[n] · Σ_k xq[m, k] · wq[n, k] (+ bias[n]), the E4M3 products
+    /// summed in f32. xq: F8_E4M3 [M, K] and wq: F8_E4M3 [N, K] (a Linear weight), both contiguous; x_scales F32 [M],
+    /// w_scales F32 [N]; bias [N] (optional) and out [M, N] (unit last stride) in f32 or the compute dtype. Needs
+    /// capabilities().fp8 on a device; the CPU runs it on dequantized values.
+    virtual void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq,
+                          const TensorView& w_scales, const TensorView& bias, const TensorView& out);
 
     // ---- conveniences built on the ops ---------------------------------------------------------
     /// PyTorch Linear: out[M, N] = x[M, K] · w[N, K]^T + bias[N].

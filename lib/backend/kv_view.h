@@ -9,6 +9,10 @@
 ///   paged:      layer * layer_stride + block_table[t / block_size] * block_stride + (t % block_size) * token_stride
 ///               + head * head_stride
 ///   contiguous: layer * layer_stride + t * token_stride + head * head_stride
+///
+/// An FP8 pool (dtype F8_E4M3, kv.dtype: fp8) has one f32 scale per token and head (core/fp8.h's row quantization
+/// of that head's head_dim values): k_scale / v_scale are laid out as the pool without its head_dim axis, so the
+/// scale of the row at element offset o is k_scale[o / head_dim] (head_stride == head_dim).
 #include <cstdint>
 #include <type_traits>
 
@@ -37,8 +41,11 @@ struct PagedKvView {
     int32_t table_width;           // padded width (constant for a session)
     int32_t num_table_blocks;      // real entries: ceil(seq_len / block_size)
     int64_t seq_len;               // visible history tokens
+    void* k_scale = nullptr;       // FP8 pool: f32 scales of K (see above); null otherwise
+    void* v_scale = nullptr;
 
     int64_t num_tokens() const { return seq_len; }
+    bool fp8() const { return dtype == DType::F8_E4M3; }
     int64_t offset(int layer, int64_t token, int head) const {
         const int64_t block = block_table[token / block_size];
         return layer * layer_stride + block * block_stride + (token % block_size) * token_stride + head * head_stride;
@@ -55,6 +62,14 @@ struct PagedKvView {
     T* v(int layer, int64_t token, int head) const {
         return static_cast<T*>(v_base) + offset(layer, token, head);
     }
+    /// FP8 pool: the scale of the row at (layer, token, head) / of pool slot `slot`.
+    float* k_scale_at(int layer, int64_t token, int head) const {
+        return static_cast<float*>(k_scale) + offset(layer, token, head) / head_dim;
+    }
+    float* v_scale_at(int layer, int64_t token, int head) const {
+        return static_cast<float*>(v_scale) + offset(layer, token, head) / head_dim;
+    }
+    int64_t slot_scale_offset(int layer, int64_t slot, int head) const { return slot_offset(layer, slot, head) / head_dim; }
 };
 
 struct ContiguousKvView {

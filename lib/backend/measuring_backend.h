@@ -56,6 +56,10 @@ public:
     size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                   const TensorView& out) override;
     size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) override;
+    void quantize_fp8(const TensorView&, const TensorView&, const TensorView&) override {}
+    void dequantize_fp8(const TensorView&, const TensorView&, const TensorView&) override {}
+    void gemm_fp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                  const TensorView&) override {}
 
 private:
     /// Fake allocations at distinct addresses; an arena on a fake address.

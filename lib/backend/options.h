@@ -56,6 +56,9 @@ struct CudaBackendOptions {
     /// GEMMs and convolutions through dzr's plain kernels instead of cuBLASLt / cuDNN (tests of the fallback
     /// paths that odd shapes take).
     bool fallback_only = false;
+    /// FP8 GEMMs with cuBLASLt's fast accumulation (no periodic promotion of the tensor cores' partial sums to f32):
+    /// faster, less exact. Off by default.
+    bool fp8_fast_accum = false;
 };
 
 struct BackendOptions {

@@ -128,6 +128,17 @@ void ProfilingBackend::sin_cos_table(float step, const TensorView& out) {
 void ProfilingBackend::count_nonfinite(const TensorView& x, const TensorView& out) {
     run(fmt::format("count_nonfinite {}", desc(x)), [&](Backend& b) { b.count_nonfinite(x, out); });
 }
+void ProfilingBackend::quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) {
+    run(fmt::format("quantize_fp8 {}", desc(x)), [&](Backend& b) { b.quantize_fp8(x, q, scales); });
+}
+void ProfilingBackend::dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) {
+    run(fmt::format("dequantize_fp8 {}", desc(q)), [&](Backend& b) { b.dequantize_fp8(q, scales, out); });
+}
+void ProfilingBackend::gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq,
+                                const TensorView& w_scales, const TensorView& bias, const TensorView& out) {
+    run(fmt::format("gemm_fp8 {} x {}{}", desc(xq), desc(wq), bias.defined() ? " +bias" : ""),
+        [&](Backend& b) { b.gemm_fp8(xq, x_scales, wq, w_scales, bias, out); });
+}
 void ProfilingBackend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
                                       const TensorView& bias, const TensorView& scale, const TensorView& shift,
                                       const TensorView& out) {

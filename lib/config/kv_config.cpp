@@ -185,9 +185,12 @@ KvConfig parse_kv_config(const YAML::Node& kv) {
             } else if (key == "memory_budget") {
                 DZR_CHECK(value.IsScalar(), "kv.memory_budget: expected a scalar");
                 c.memory_budget = parse_kv_budget(value.Scalar());
+            } else if (key == "dtype") {
+                DZR_CHECK(value.IsScalar(), "kv.dtype: expected bf16 or fp8");
+                c.dtype = parse_precision(value.Scalar(), "kv.dtype");
             } else {
                 DZR_THROW("kv.{}: unknown key (known: window_frames, sink_frames, frames_per_block, memory_budget, "
-                          "reset_at_boundary)",
+                          "reset_at_boundary, dtype)",
                           key);
             }
         } catch (const YAML::Exception&) {

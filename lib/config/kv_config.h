@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "config/precision.h"
 #include "core/dtype.h"
 
 namespace YAML {
@@ -28,6 +29,9 @@ struct KvGeometry {
     int image_tokens = 257;
     int num_branches = 2;        // CFG branches held on this device (positive, negative)
     DType dtype = DType::BF16;   // element type of the pool, scratch and cross caches
+    /// The pool (not the scratch or the cross caches) holds E4M3 values with one f32 scale per token and head
+    /// (kv.dtype: fp8; core/fp8.h's row quantization over each head's head_dim values).
+    bool fp8_pool = false;
 
     /// Geometry of `model`'s DiT (layers, heads, frame tokens, register tokens, context lengths).
     static KvGeometry from_model(const ModelConfig& model, DType dtype, int num_branches = 2);
@@ -36,6 +40,13 @@ struct KvGeometry {
     size_t row_bytes() const { return size_t(num_kv_heads) * size_t(head_dim) * dtype_size(dtype); }
     /// Bytes of one token's K and V across every layer.
     size_t token_bytes() const { return 2 * row_bytes() * size_t(num_layers); }
+    /// Bytes of one token's K (or V) row in one layer of the pool: row_bytes(), or with fp8_pool heads * head_dim
+    /// E4M3 bytes plus one f32 scale per head.
+    size_t pool_row_bytes() const {
+        return fp8_pool ? size_t(num_kv_heads) * (size_t(head_dim) + sizeof(float)) : row_bytes();
+    }
+    /// Bytes of one token's K and V across every layer of the pool.
+    size_t pool_token_bytes() const { return 2 * pool_row_bytes() * size_t(num_layers); }
     int64_t max_current_video_frames() const { return chunk_frames > prefill_frames ? chunk_frames : prefill_frames; }
 
     /// Throws dzr::Error naming the first non-positive field.
@@ -80,6 +91,9 @@ struct KvConfig {
     int frames_per_block = 1;     // latent frames per KV block
     KvBudget memory_budget;       // "auto" by default
     bool reset_at_boundary = true;  // the owner resets the window (DreamZero's csf >= 9 rule); no sliding
+    /// The self-attention pool's element type: bf16 = the compute dtype; fp8 = E4M3 with an f32 scale per token
+    /// and head (KvGeometry::fp8_pool). Cross caches and the scratch keep the compute dtype.
+    Precision dtype = Precision::Bf16;
 
     /// Throws dzr::Error for an inconsistent setting, naming the `kv.` key, its value and the rule.
     void validate(const KvGeometry& geometry) const;

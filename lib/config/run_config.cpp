@@ -90,6 +90,10 @@ void read(const YAML::Node& n, std::string& out, const Context& c, const std::st
     if (!n.IsScalar()) bad(c, p, "a string", n);
     out = n.Scalar();
 }
+void read(const YAML::Node& n, Precision& out, const Context& c, const std::string& p) {
+    if (!n.IsScalar() || (n.Scalar() != "bf16" && n.Scalar() != "fp8")) bad(c, p, "bf16 or fp8", n);
+    out = parse_precision(n.Scalar(), p);
+}
 
 /// A quoted value left open on its line runs over the keys after it (YAML folds them into the value, and a
 /// double quote open to the end of the file is no syntax error for yaml-cpp): an error naming those keys.
@@ -326,6 +330,7 @@ RunConfig read_run_config(YAML::Node root, const std::string& source, std::strin
     read_kv(top.child("kv"), rc.kv, rc.model, ctx);
     read_rollout(top.child("rollout"), rc.rollout, ctx);
     top.get("embodiment", rc.embodiment, false);
+    top.get("precision", rc.precision, false);
     top.get("description", rc.description, false);
     top.finish();
     return rc;

@@ -12,6 +12,7 @@
 
 #include "config/kv_config.h"
 #include "config/model_config.h"
+#include "config/precision.h"
 
 namespace dzr::config {
 
@@ -54,6 +55,9 @@ struct RunConfig {
     RolloutConfig rollout;
     /// The checkpoint's embodiment tag to run; empty: the checkpoint's only one (config/embodiment.h).
     std::string embodiment;
+    /// The DiT's Linear weights: bf16 (the compute dtype) or fp8 (E4M3 with per-output-channel scales, quantized
+    /// on load or read from a `dzr ckpt quantize` checkpoint). Top-level `precision:`.
+    Precision precision = Precision::Bf16;
     std::string description;
     std::filesystem::path source;  // the YAML file it came from (empty for a string)
 };

@@ -32,6 +32,8 @@ Json value_json(const T& v) {
         if (v.kind == KvBudgetKind::Bytes) return Json(v.bytes);
         if (v.kind == KvBudgetKind::Fraction) return Json(fmt::format("{}%", v.fraction * 100.0));
         return Json("auto");
+    } else if constexpr (std::is_same_v<T, Precision>) {
+        return Json(precision_name(v));
     } else if constexpr (std::is_same_v<T, std::vector<bool>>) {
         Json a = Json::array();
         for (bool b : v) a.push_back(b);

@@ -36,6 +36,7 @@ void for_each_kv_field(K& k, F&& f) {
     f(RunField{"kv", "frames_per_block"}, k.frames_per_block);
     f(RunField{"kv", "memory_budget"}, k.memory_budget);
     f(RunField{"kv", "reset_at_boundary"}, k.reset_at_boundary);
+    f(RunField{"kv", "dtype"}, k.dtype);
 }
 
 /// The same for a `rollout:` section (RolloutConfig).
@@ -47,14 +48,16 @@ void for_each_rollout_field(R& r, F&& f) {
     f(RunField{"rollout", "start_frame"}, r.start_frame);
 }
 
-/// Every run setting of a RunConfig (const or not): the three sections, then the top-level `embodiment`. Field
-/// types: int, float, bool, uint64_t, std::string, std::vector<int>, std::vector<bool>, KvBudget.
+/// Every run setting of a RunConfig (const or not): the three sections, then the top-level `embodiment` and
+/// `precision`. Field types: int, float, bool, uint64_t, std::string, std::vector<int>, std::vector<bool>, KvBudget,
+/// Precision.
 template <class C, class F>
 void for_each_run_field(C& c, F&& f) {
     for_each_sampling_field(c.sampling, f);
     for_each_kv_field(c.kv, f);
     for_each_rollout_field(c.rollout, f);
     f(RunField{"", "embodiment"}, c.embodiment);
+    f(RunField{"", "precision"}, c.precision);
 }
 
 /// The whole configuration as nested JSON ({"model": {"dit": {...}, ...}, "sampling": {...}, "kv": {...},

@@ -63,7 +63,9 @@ void store(char* p, DType t, double v) {
             return;
         }
         case DType::F8_E4M3:
-            DZR_THROW("conversion to f8_e4m3 is not supported on the host");
+            // NOTE: a plain cast (no scale), saturating at ±448 (core/half.h); scaled quantization is core/fp8.h
+            *p = char(f32_to_f8e4m3(float(v)));
+            return;
         case DType::I32: {
             int32_t x = int32_t(v);
             std::memcpy(p, &x, 4);

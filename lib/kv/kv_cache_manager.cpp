@@ -37,8 +37,15 @@ void KvCacheManager::init() {
     const int64_t heads = geometry_.num_kv_heads, hd = geometry_.head_dim;
     if (storage_) {
         const Shape pool_shape{geometry_.num_layers, plan_.total_block_ids(), plan_.limits.block_tokens, heads, hd};
-        pool_k_ = storage_->alloc(pool_shape, geometry_.dtype);
-        pool_v_ = storage_->alloc(pool_shape, geometry_.dtype);
+        const DType pool_dtype = geometry_.fp8_pool ? DType::F8_E4M3 : geometry_.dtype;
+        pool_k_ = storage_->alloc(pool_shape, pool_dtype);
+        pool_v_ = storage_->alloc(pool_shape, pool_dtype);
+        if (geometry_.fp8_pool) {
+            // NOTE: zero-filled like the values, so the null block dequantizes to zeros
+            const Shape scale_shape{geometry_.num_layers, plan_.total_block_ids(), plan_.limits.block_tokens, heads};
+            pool_k_scale_ = storage_->alloc(scale_shape, DType::F32);
+            pool_v_scale_ = storage_->alloc(scale_shape, DType::F32);
+        }
         const Shape scratch_shape{geometry_.num_branches, plan_.limits.scratch_tokens, heads, hd};
         scratch_k_ = storage_->alloc(scratch_shape, geometry_.dtype);
         scratch_v_ = storage_->alloc(scratch_shape, geometry_.dtype);
@@ -69,8 +76,18 @@ TensorView KvCacheManager::layer_rows(const Tensor& t, int layer) const {
               geometry_.num_layers);
     const Shape rows{int64_t(plan_.total_block_ids()) * plan_.limits.block_tokens, geometry_.num_kv_heads,
                      geometry_.head_dim};
-    if (!t.defined()) return TensorView(nullptr, geometry_.dtype, rows);
+    if (!t.defined()) return TensorView(nullptr, geometry_.fp8_pool ? DType::F8_E4M3 : geometry_.dtype, rows);
     // [layers, block ids, block_tokens, H, D] -> [block ids * block_tokens, H, D] of one layer
+    return t.view().slice(0, layer, 1).reshape(rows);
+}
+
+TensorView KvCacheManager::layer_scales(const Tensor& t, int layer) const {
+    DZR_CHECK(layer >= 0 && layer < geometry_.num_layers, "kv cache: layer {} out of range [0, {})", layer,
+              geometry_.num_layers);
+    if (!geometry_.fp8_pool) return TensorView{};
+    const Shape rows{int64_t(plan_.total_block_ids()) * plan_.limits.block_tokens, geometry_.num_kv_heads};
+    if (!t.defined()) return TensorView(nullptr, DType::F32, rows);
+    // [layers, block ids, block_tokens, H] -> [block ids * block_tokens, H] of one layer
     return t.view().slice(0, layer, 1).reshape(rows);
 }
 
@@ -85,6 +102,8 @@ TensorView KvCacheManager::branch_rows(const Tensor& t, int branch) const {
 
 TensorView KvCacheManager::pool_k(int layer) const { return layer_rows(pool_k_, layer); }
 TensorView KvCacheManager::pool_v(int layer) const { return layer_rows(pool_v_, layer); }
+TensorView KvCacheManager::pool_k_scale(int layer) const { return layer_scales(pool_k_scale_, layer); }
+TensorView KvCacheManager::pool_v_scale(int layer) const { return layer_scales(pool_v_scale_, layer); }
 TensorView KvCacheManager::scratch_k(int branch) const { return branch_rows(scratch_k_, branch); }
 TensorView KvCacheManager::scratch_v(int branch) const { return branch_rows(scratch_v_, branch); }
 
@@ -186,10 +205,14 @@ PagedKvView KvSession::history_view(int branch) const {
     PagedKvView view{};
     view.k_base = k.data;
     view.v_base = v.data;
-    view.dtype = g.dtype;
+    view.dtype = k.dtype;  // F8_E4M3 with fp8_pool
     view.num_heads = g.num_kv_heads;
     view.head_dim = g.head_dim;
     view.block_size = int32_t(t.block_tokens());
+    if (g.fp8_pool) {
+        view.k_scale = manager_.pool_k_scale(0).data;
+        view.v_scale = manager_.pool_v_scale(0).data;
+    }
     view.head_stride = g.head_dim;
     view.token_stride = int64_t(g.num_kv_heads) * g.head_dim;
     view.block_stride = view.token_stride * t.block_tokens();

@@ -63,9 +63,14 @@ public:
     std::unique_ptr<KvSession> open_session(const std::string& name);
     bool session_open() const { return open_ != nullptr; }
 
-    /// Pool rows of one layer, [block ids * block_tokens, H, D]: row = slot. Null data without storage.
+    /// Pool rows of one layer, [block ids * block_tokens, H, D]: row = slot. Null data without storage. F8_E4M3
+    /// with geometry().fp8_pool, else the geometry's dtype.
     TensorView pool_k(int layer) const;
     TensorView pool_v(int layer) const;
+    /// With fp8_pool: the f32 scales of one layer's pool rows, [block ids * block_tokens, H] (one per token and
+    /// head); an undefined view otherwise.
+    TensorView pool_k_scale(int layer) const;
+    TensorView pool_v_scale(int layer) const;
     /// A branch's scratch rows, [scratch_tokens, H, D] (one layer at a time).
     TensorView scratch_k(int branch) const;
     TensorView scratch_v(int branch) const;
@@ -74,6 +79,7 @@ private:
     friend class KvSession;
     void init();
     TensorView layer_rows(const Tensor& t, int layer) const;
+    TensorView layer_scales(const Tensor& t, int layer) const;
     TensorView branch_rows(const Tensor& t, int branch) const;
     CrossAttentionCache& cross(int branch, CrossKind kind);
 
@@ -83,6 +89,7 @@ private:
     Backend* storage_ = nullptr;
     BlockPool pool_;
     Tensor pool_k_, pool_v_;        // [layers, block ids, block_tokens, H, D]
+    Tensor pool_k_scale_, pool_v_scale_;  // fp8_pool: f32 [layers, block ids, block_tokens, H]
     Tensor scratch_k_, scratch_v_;  // [branches, scratch_tokens, H, D]
     std::vector<std::unique_ptr<CrossAttentionCache>> cross_;  // [branch][text, image]
     KvSession* open_ = nullptr;

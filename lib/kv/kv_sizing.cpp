@@ -19,8 +19,8 @@ SessionParts session_parts(const KvGeometry& g, const KvConfig& c) {
     SessionParts p;
     p.limits = kv_limits(g, c);
     const size_t branches = size_t(g.num_branches);
-    // one block = K and V rows of block_tokens tokens in every layer
-    p.block_bytes = size_t(p.limits.block_tokens) * g.token_bytes();
+    // one block = K and V rows of block_tokens tokens in every layer (with fp8_pool: E4M3 rows and their scales)
+    p.block_bytes = size_t(p.limits.block_tokens) * g.pool_token_bytes();
     // cross caches: (text + image) tokens, K and V, every layer, every branch
     p.cross_bytes = size_t(g.text_tokens + g.image_tokens) * g.token_bytes() * branches;
     // NOTE: a forward runs its layers one after the other, so the scratch (current tokens' K and V, written

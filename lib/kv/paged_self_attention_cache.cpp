@@ -97,13 +97,30 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
 
     // 2. committing forward: video rows -> their pool slots (consecutive slots are consecutive rows)
     const TensorView pk = m.pool_k(layer), pv = m.pool_v(layer);
+    const TensorView pks = m.pool_k_scale(layer), pvs = m.pool_v_scale(layer);
+    const bool fp8 = g.fp8_pool;
+    const int64_t H = g.num_kv_heads, D = g.head_dim;
+    // NOTE: an FP8 pool quantizes each (token, head) row of D values on the way in and dequantizes it on the way
+    // out (core/fp8.h); [n, H, D] rows are [n * H, D] quantization rows with [n * H] scales
+    const auto store = [&](const TensorView& src, const TensorView& pool, const TensorView& scales, int64_t slot,
+                           int64_t n) {
+        if (!fp8) return be.copy(src, pool.slice(0, slot, n));
+        be.quantize_fp8(src.reshape(Shape{n * H, D}), pool.slice(0, slot, n).reshape(Shape{n * H, D}),
+                        scales.slice(0, slot, n).reshape(Shape{n * H}));
+    };
+    const auto load = [&](const TensorView& pool, const TensorView& scales, int64_t row, int64_t n,
+                          const TensorView& dst) {
+        if (!fp8) return be.copy(pool.slice(0, row, n), dst);
+        be.dequantize_fp8(pool.slice(0, row, n).reshape(Shape{n * H, D}), scales.slice(0, row, n).reshape(Shape{n * H}),
+                          dst.reshape(Shape{n * H, D}));
+    };
     if (t.committing()) {
         const std::vector<int64_t>& slots = t.slot_mapping();
         for (int64_t i = 0; i < video_tokens;) {
             int64_t n = 1;
             while (i + n < video_tokens && slots[size_t(i + n)] == slots[size_t(i)] + n) ++n;
-            be.copy(k.slice(0, i, n), pk.slice(0, slots[size_t(i)], n));
-            be.copy(v.slice(0, i, n), pv.slice(0, slots[size_t(i)], n));
+            store(k.slice(0, i, n), pk, pks, slots[size_t(i)], n);
+            store(v.slice(0, i, n), pv, pvs, slots[size_t(i)], n);
             i += n;
         }
     }
@@ -117,8 +134,8 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
     for (int j = 0; j < t.num_table_blocks(); ++j) {
         const int64_t start = int64_t(j) * bs, n = std::min(bs, hist - start);
         const int64_t row = int64_t(table[size_t(j)]) * bs;
-        be.copy(pk.slice(0, row, n), kall.slice(0, start, n));
-        be.copy(pv.slice(0, row, n), vall.slice(0, start, n));
+        load(pk, pks, row, n, kall.slice(0, start, n));
+        load(pv, pvs, row, n, vall.slice(0, start, n));
     }
     be.copy(sk, kall.slice(0, hist, cur));
     be.copy(sv, vall.slice(0, hist, cur));

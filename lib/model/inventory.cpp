@@ -19,7 +19,7 @@ std::vector<ExpectedWeight> expected_weights(const ModelConfig& config) {
     std::vector<ExpectedWeight> out;
     out.reserve(recorder.declarations().size());
     for (const WeightDeclaration& d : recorder.declarations())
-        out.push_back({d.key, d.shape, component_of(d.key), d.init});
+        out.push_back({d.key, d.shape, component_of(d.key), d.init, d.linear});
     return out;
 }
 

@@ -12,14 +12,30 @@ Tensor reshaped(const Tensor& t, Shape shape) {
 
 void Linear::load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out, bool bias,
                   WeightInit init) {
-    w = loader.require(prefix + ".weight", Shape{out, in}, init);
+    LinearWeight lw = loader.require_linear(prefix + ".weight", Shape{out, in}, init);
+    w = std::move(lw.w);
+    scale = std::move(lw.scale);
     b = bias ? loader.require(prefix + ".bias", Shape{out}, WeightInit::bias()) : Tensor{};
-    scale = Tensor{};
 }
 
 void Linear::forward(Backend& be, const TensorView& x, const TensorView& out) const {
-    DZR_CHECK(!scale.defined(), "linear: scaled (FP8) weights {} are not supported yet", w.view().str());
-    be.linear(x, w, b, out);
+    if (!fp8()) {
+        be.linear(x, w, b, out);
+        return;
+    }
+    // FP8: x quantized per token (row) into the workspace, then the E4M3 GEMM with both scales and the bias
+    const int64_t rows = x.rows(), in = x.cols();
+    ArenaScope scope(be.workspace());
+    const TensorView xq = be.scratch(Shape{rows, in}, DType::F8_E4M3);
+    const TensorView xs = be.scratch(Shape{rows}, DType::F32);
+    be.quantize_fp8(x.rank() == 2 ? x : x.reshape(Shape{rows, in}), xq, xs);
+    be.gemm_fp8(xq, xs, w, scale, b, out);
+}
+
+size_t Linear::fp8_workspace_bytes(int64_t rows) const {
+    if (!fp8()) return 0;
+    const auto aligned = [](size_t n) { return (n + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
+    return aligned(size_t(rows * in_features())) + aligned(size_t(rows) * sizeof(float));
 }
 
 void RmsNorm::load(WeightLoader& loader, const std::string& prefix, int64_t channels, float epsilon) {

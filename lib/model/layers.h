@@ -17,17 +17,21 @@ namespace dzr {
 
 /// nn.Linear: out[M, out] = x[M, in] · wᵀ (+ b), one GEMM with the bias in its epilogue.
 struct Linear {
-    Tensor w;      // [out, in]
+    Tensor w;      // [out, in]: the compute dtype, or F8_E4M3 with `scale`
     Tensor b;      // [out]; undefined without bias
-    // NOTE: the slot of per-output-channel dequantization scales [out] for FP8 weights; nothing loads it yet,
-    // and forward() refuses a Linear that has one rather than ignore it.
-    Tensor scale;
+    Tensor scale;  // F32 [out]: per-output-channel scales of an FP8 weight; undefined otherwise
 
-    /// Loads `<prefix>.weight` [out, in] and, with `bias`, `<prefix>.bias` [out]. `init`: the weight's hint
-    /// (the bias's is WeightInit::bias()).
+    /// Loads `<prefix>.weight` [out, in] (WeightLoader::require_linear: FP8 with its scale, or the compute dtype)
+    /// and, with `bias`, `<prefix>.bias` [out]. `init`: the weight's hint (the bias's is WeightInit::bias()).
     void load(WeightLoader& loader, const std::string& prefix, int64_t in, int64_t out, bool bias = true,
               WeightInit init = WeightInit::fan_in());
+    /// out = x · wᵀ + b. With an FP8 weight: x is quantized per row (Backend::quantize_fp8, per-token scales) into
+    /// the workspace, then Backend::gemm_fp8 applies both scales and the bias.
     void forward(Backend& be, const TensorView& x, const TensorView& out) const;
+
+    bool fp8() const { return scale.defined(); }
+    /// Workspace forward() takes for `rows` input rows (the quantized activations and their scales; 0 unless FP8).
+    size_t fp8_workspace_bytes(int64_t rows) const;
 
     int64_t in_features() const { return w.shape()[1]; }
     int64_t out_features() const { return w.shape()[0]; }

@@ -16,6 +16,7 @@
 #include "policy/branch_runner.h"
 #include "policy/step_plan.h"
 #include "sampling/step_schedule.h"
+#include "weights/fp8_weights.h"
 
 namespace dzr {
 
@@ -23,9 +24,16 @@ namespace {
 
 class ShapeOnlyWeights final : public WeightSource {
 public:
-    explicit ShapeOnlyWeights(const ModelConfig& model) {
-        for (const auto& w : expected_weights(model))
+    ShapeOnlyWeights(const ModelConfig& model, const WeightSource* like) {
+        for (const auto& w : expected_weights(model)) {
+            const auto stored = like && w.linear ? like->find(w.key) : std::nullopt;
+            if (stored && stored->dtype == DType::F8_E4M3) {
+                views_.emplace(w.key, MeasuringBackend::shape_only(w.shape, DType::F8_E4M3).view());
+                views_.emplace(fp8_scale_key(w.key), MeasuringBackend::shape_only(Shape{w.shape[0]}, DType::F32).view());
+                continue;
+            }
             views_.emplace(w.key, MeasuringBackend::shape_only(w.shape, DType::BF16).view());
+        }
     }
     std::optional<TensorView> find(const std::string& key) const override {
         auto it = views_.find(key);
@@ -66,8 +74,22 @@ void require_decoder(ModelConfig& model, const Checkpoint& ckpt, const std::file
 
 }  // namespace
 
-std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model) {
-    return std::make_unique<ShapeOnlyWeights>(model);
+std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model, const WeightSource* like) {
+    return std::make_unique<ShapeOnlyWeights>(model, like);
+}
+
+void check_fp8_support(const Placement& placement, Precision weights, Precision kv) {
+    if (weights != Precision::Fp8 && kv != Precision::Fp8) return;
+    const std::string what = weights == Precision::Fp8 && kv == Precision::Fp8 ? "precision fp8 and kv.dtype fp8"
+                             : weights == Precision::Fp8                       ? "precision fp8"
+                                                                               : "kv.dtype fp8";
+    for (const Backend* b : placement.backends) {
+        const Capabilities c = b->capabilities();
+        DZR_CHECK(c.fp8,
+                  "{} needs FP8 (E4M3) support, which {} ({}) lacks: compute capability {}.{}, FP8 needs 8.9 or later "
+                  "(Ada, Hopper, Blackwell); run with precision bf16 and kv.dtype bf16",
+                  what, b->device().str(), b->name(), c.compute_capability / 10, c.compute_capability % 10);
+    }
 }
 
 // ---- Engine ------------------------------------------------------------------------------------
@@ -114,6 +136,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
     po.check_finite = o.check_finite;
     po.video_decode = o.video_decode;
     po.noise = o.noise;
+    po.precision = o.run.precision;
     auto engine = create(model, *ckpt, embodiment, tokenizer, po, o.devices, o.backend);
     engine->checkpoint_ = std::move(ckpt);
     return engine;
@@ -144,6 +167,9 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
         DZR_CHECK(b->compute_dtype() == be.compute_dtype(),
                   "engine: the backends compute in different dtypes ({} and {})", be.name(), b->name());
     measuring_ = be.capabilities().measuring;
+    check_fp8_support(placement_, options_.precision, options_.kv.dtype);
+    DZR_CHECK(options_.kv.dtype != Precision::Fp8 || options_.kv_mode == KvMode::Paged,
+              "kv.dtype fp8 needs the paged KV cache (--kv paged); the dense cache is the bf16 reference path");
     const DitConfig& d = model_.dit;
     const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
     DZR_CHECK(d.num_frame_per_block == 2, "model: num_frame_per_block {} is not supported (DreamZero uses 2)",
@@ -153,7 +179,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
 
     // Plan the workspace first (on measuring backends running the same calls), so that the real loading below
     // can already use it.
-    if (!measuring_) plan_workspace(tokenizer);
+    if (!measuring_) plan_workspace(tokenizer, weights);
 
     preprocessor_ = std::make_unique<ObservationPreprocessor>(canvas_spec(embodiment_, model_), options_.unit_range);
     tokenizer_path_ = tokenizer;
@@ -163,6 +189,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
               tokenizer_->model_path().string(), tokenizer_->vocab_size(), model_.t5.vocab);
 
     WeightLoader loader(weights, be);
+    loader.set_precision(options_.precision);
     text_encoder_ = std::make_unique<Umt5Encoder>(loader, model_.t5);
     image_encoder_ = std::make_unique<ClipVision>(loader, model_.clip, model_.canvas_height, model_.canvas_width);
     vae_ = std::make_unique<WanVae>(loader, model_.vae);
@@ -170,6 +197,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
     for (size_t i = 1; i < placement_.backends.size(); ++i) {
         // NOTE: a second device holds only the DiT (its branch's forwards); the encoders run once, on the primary
         WeightLoader remote(weights, *placement_.backends[i]);
+        remote.set_precision(options_.precision);
         dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, remote));
     }
     if (placement_.backends.size() > 1) communicator_ = make_host_communicator();
@@ -183,7 +211,8 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
             int branches = 0;
             for (int b = 0; b < 2; ++b) branches += placement_.device_of(b) == int(i) ? 1 : 0;
             Backend& dev = *placement_.backends[i];
-            const KvGeometry geometry = KvGeometry::from_model(model_, dev.compute_dtype(), branches);
+            KvGeometry geometry = KvGeometry::from_model(model_, dev.compute_dtype(), branches);
+            geometry.fp8_pool = options_.kv.dtype == Precision::Fp8;
             options_.kv.validate(geometry);
             const size_t budget = resolve_kv_budget(geometry, options_.kv, options_.free_device_bytes);
             kv_managers_.push_back(std::make_unique<KvCacheManager>(geometry, options_.kv, budget, &dev));
@@ -196,7 +225,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
 
 Engine::~Engine() = default;
 
-void Engine::plan_workspace(const std::filesystem::path& tokenizer) {
+void Engine::plan_workspace(const std::filesystem::path& tokenizer, const WeightSource& weights) {
     // NOTE: each measuring backend asks the backend that will run the calls for its ops' own workspace (a cuDNN
     // convolution's engine as PyTorch picks it, whatever its workspace), so the workspaces hold what they take
     std::vector<std::unique_ptr<MeasuringBackend>> measuring;
@@ -205,7 +234,7 @@ void Engine::plan_workspace(const std::filesystem::path& tokenizer) {
         measuring.push_back(std::make_unique<MeasuringBackend>(b->compute_dtype(), b));
         shadow_placement.backends.push_back(measuring.back().get());
     }
-    auto shapes = make_shape_only_weights(model_);
+    auto shapes = make_shape_only_weights(model_, &weights);
     PolicyOptions o = options_;
     o.check_finite = false;
     o.noise = std::make_shared<SeededNoise>(0);
@@ -281,11 +310,12 @@ bool Engine::kv_pools_whole() const {
 std::string Engine::describe() const {
     size_t workspace = 0;
     for (size_t w : workspace_bytes_) workspace += w;
-    return fmt::format("DiT {}x{} ({} heads), umT5 {}x{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} KV {:.2f} GiB, "
-                       "workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches on {}, noise: {}",
-                       model_.dit.num_layers, model_.dit.dim, model_.dit.num_heads, model_.t5.num_layers, model_.t5.dim,
-                       model_.clip.use_layers, model_.clip.width, model_.vae.base_dim, model_.canvas_height,
-                       model_.canvas_width, options_.kv_mode == KvMode::Paged ? "paged" : "dense",
+    return fmt::format("DiT {}x{} ({} heads, {} weights), umT5 {}x{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} {} KV "
+                       "{:.2f} GiB, workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches on {}, noise: {}",
+                       model_.dit.num_layers, model_.dit.dim, model_.dit.num_heads, precision_name(options_.precision),
+                       model_.t5.num_layers, model_.t5.dim, model_.clip.use_layers, model_.clip.width,
+                       model_.vae.base_dim, model_.canvas_height, model_.canvas_width,
+                       options_.kv_mode == KvMode::Paged ? "paged" : "dense", precision_name(options_.kv.dtype),
                        double(kv_bytes()) / double(1ull << 30), double(workspace) / double(1ull << 30),
                        options_.sampling.num_inference_steps, schedule_->describe(), options_.sampling.cfg_scale,
                        numerics_name(backend().numerics()), devices(), noise_->describe());

@@ -50,6 +50,9 @@ struct PolicyOptions {
     bool check_finite = false;           ///< debug: check every stage (synchronizes) and name the culprit
     size_t free_device_bytes = 0;        ///< for a fractional kv.memory_budget (0 = unknown)
     bool video_decode = false;           ///< also plan the workspace for decode_video() (needs the decoder)
+    /// The DiT's Linear weights: bf16 = the compute dtype; fp8 = E4M3 with per-output-channel scales (stored so in
+    /// the checkpoint, or quantized at load: weights/fp8_weights.h). The KV pool's is kv.dtype.
+    Precision precision = Precision::Bf16;
 };
 
 /// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during
@@ -163,7 +166,7 @@ public:
 private:
     friend class Session;
 
-    void plan_workspace(const std::filesystem::path& tokenizer);
+    void plan_workspace(const std::filesystem::path& tokenizer, const WeightSource& weights);
 
     ModelConfig model_;
     PolicyOptions options_;
@@ -281,7 +284,13 @@ private:
     PolicyOverrideFn override_;
 };
 
-/// A WeightSource of shapes only (no data), from the inventory of a geometry, for workspace planning.
-std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model);
+/// A WeightSource of shapes only (no data), from the inventory of a geometry, for workspace planning. With `like`,
+/// a Linear weight stored there as F8_E4M3 is F8_E4M3 here too (with its scale), so the plan loads what the real
+/// load will.
+std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model, const WeightSource* like = nullptr);
+
+/// Throws, before anything is loaded, when the run asks for FP8 (weights or KV pool) on a backend without FP8
+/// (a GPU before sm_89), naming the device, its compute capability and the setting.
+void check_fp8_support(const Placement& placement, Precision weights, Precision kv);
 
 }  // namespace dzr

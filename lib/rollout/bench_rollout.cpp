@@ -74,6 +74,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     po.sampling = o.run.sampling;
     po.kv = o.run.kv;
     po.kv_mode = o.kv_mode;
+    po.precision = o.run.precision;
     t.reset();
     const auto owned = Engine::create(o.run.model, weights, bench_embodiment(), o.tokenizer, po, o.devices, o.backend);
     Engine& engine = *owned;

@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "weights/fp8_weights.h"
 #include "weights/keys.h"
 
 namespace dzr {
@@ -66,7 +67,7 @@ bool is_lora_key(std::string_view key) {
 
 bool WeightCheckReport::ok() const {
     return missing.empty() && unexpected.empty() && lora.empty() && shape_mismatch.empty() &&
-           dtype_mismatch.empty();
+           dtype_mismatch.empty() && fp8_scale.empty();
 }
 
 std::string WeightCheckReport::message(const std::string& what, size_t cap) const {
@@ -80,6 +81,7 @@ std::string WeightCheckReport::message(const std::string& what, size_t cap) cons
     count(unexpected.size(), "unexpected", "unexpected");
     count(shape_mismatch.size(), "with the wrong shape", "with the wrong shape");
     count(dtype_mismatch.size(), "with the wrong dtype", "with the wrong dtype");
+    count(fp8_scale.size(), "FP8 weight with a bad scale", "FP8 weights with a bad scale");
     count(lora.size(), "LoRA adapter tensor", "LoRA adapter tensors");
     std::string msg =
         fmt::format("{} does not match the expected weights: {}", what, fmt::join(counts, ", "));
@@ -101,6 +103,10 @@ std::string WeightCheckReport::message(const std::string& what, size_t cap) cons
         const auto& m = dtype_mismatch[i];
         return fmt::format("{}: expected {}, found {} ({})", m.key, m.expected, m.found, m.location);
     });
+    group("bad FP8 scales", fp8_scale.size(), "", [&](size_t i) {
+        const auto& m = fp8_scale[i];
+        return fmt::format("{}: {} ({})", m.key, m.found, m.location);
+    });
     group("LoRA adapters", lora.size(),
           "; unmerged PEFT adapters are not supported: merge them into the base weights and save the "
           "checkpoint "
@@ -119,9 +125,21 @@ WeightCheckReport check_weights(const WeightSource& source, const std::vector<Ex
             r.missing.push_back(e);
         } else if (v->shape != e.shape) {
             r.shape_mismatch.push_back({e.key, source.location(e.key), e.shape.str(), v->shape.str()});
+        } else if (v->dtype == DType::F8_E4M3 && e.linear) {
+            // an FP8 Linear weight: its scale is part of it
+            known.insert(fp8_scale_key(e.key));
+            const std::string problem = fp8_scale_problem(source, e.key, e.shape[0]);
+            if (problem.empty()) {
+                ++r.checked;
+            } else {
+                const auto scale = source.find(fp8_scale_key(e.key));
+                r.fp8_scale.push_back({e.key, scale ? source.location(fp8_scale_key(e.key)) : source.location(e.key),
+                                       "", problem});
+            }
         } else if (v->dtype != DType::BF16 && v->dtype != DType::F16 && v->dtype != DType::F32) {
-            r.dtype_mismatch.push_back(
-                {e.key, source.location(e.key), "bf16, f16 or f32", std::string(dtype_name(v->dtype))});
+            r.dtype_mismatch.push_back({e.key, source.location(e.key),
+                                        e.linear ? "bf16, f16, f32 or f8_e4m3" : "bf16, f16 or f32",
+                                        std::string(dtype_name(v->dtype))});
         } else {
             ++r.checked;
         }

@@ -27,6 +27,7 @@ struct ExpectedWeight {
     Shape shape;
     Component component = Component::Other;
     WeightInit init;  // how `dzr ckpt make` fills it (the check ignores it)
+    bool linear = false;  // a Linear's [out, in] weight: may be stored F8_E4M3 with `<key>_scale` (fp8_weights.h)
 };
 
 /// Tensor count, parameters and bytes of a set of tensors, per component.
@@ -51,7 +52,8 @@ struct WeightCheckReport {
     std::vector<std::string> unexpected;  // keys the inventory does not know
     std::vector<std::string> lora;        // lora_A / lora_B / ... adapter tensors (unmerged)
     std::vector<Mismatch> shape_mismatch;
-    std::vector<Mismatch> dtype_mismatch;  // stored dtype not bf16 / f16 / f32
+    std::vector<Mismatch> dtype_mismatch;  // stored dtype not bf16 / f16 / f32 (F8_E4M3 allowed for Linear weights)
+    std::vector<Mismatch> fp8_scale;       // an F8_E4M3 weight whose scale is missing, misshapen or not finite > 0
     uint64_t checked = 0;                  // expected weights found with the right shape and dtype
 
     bool ok() const;
@@ -61,7 +63,8 @@ struct WeightCheckReport {
 };
 
 /// Compares `source` against `expected`: missing keys, unexpected keys, shape mismatches and dtype
-/// mismatches (bf16, f16 and f32 storage are accepted).
+/// mismatches (bf16, f16 and f32 storage are accepted; F8_E4M3 for Linear weights, whose `<key>_scale` must then
+/// be f32 [out] with finite positive values: every scale is read).
 WeightCheckReport check_weights(const WeightSource& source, const std::vector<ExpectedWeight>& expected);
 
 /// True for keys of unmerged PEFT LoRA adapters (".lora_A.", ".lora_B.", ".lora_embedding_",

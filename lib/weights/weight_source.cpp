@@ -1,6 +1,8 @@
 #include "weights/weight_source.h"
 
 #include "core/error.h"
+#include "core/fp8.h"
+#include "weights/fp8_weights.h"
 
 namespace dzr {
 
@@ -12,24 +14,82 @@ Tensor WeightLoader::require(const std::string& key, const Shape& shape, DType d
     record(key, shape, init, !declare_only_);
     if (declare_only_) return Tensor{};
     if (recording()) return backend_.alloc(shape, dtype);
+    const TensorView view = stored(key, shape);
+    DZR_CHECK(view.dtype != DType::F8_E4M3,
+              "{}: tensor {} is stored as f8_e4m3, but only Linear weights (with a .weight_scale) may be FP8",
+              source_->location(key), key);
+    Tensor t = backend_.alloc(shape, dtype);
+    backend_.upload(view, t);
+    used_.insert(key);
+    return t;
+}
+
+LinearWeight WeightLoader::require_linear(const std::string& key, const Shape& shape, WeightInit init) {
+    record(key, shape, init, !declare_only_, true);
+    if (declare_only_) return {};
+    DZR_CHECK(shape.rank() == 2, "{}: a Linear weight is [out, in], got {}", key, shape.str());
+    const int64_t out = shape[0];
+    const auto fp8_tensors = [&] {
+        return LinearWeight{backend_.alloc(shape, DType::F8_E4M3), backend_.alloc(Shape{out}, DType::F32)};
+    };
+    if (recording()) {
+        if (precision_ == Precision::Fp8 && fp8_by_default(key)) return fp8_tensors();
+        return {backend_.alloc(shape, backend_.compute_dtype()), {}};
+    }
+    const TensorView view = stored(key, shape);
+    const bool stored_fp8 = view.dtype == DType::F8_E4M3;
+    const bool run_fp8 = precision_ == Precision::Fp8 && (stored_fp8 || fp8_by_default(key));
+    // NOTE: a measuring backend plans with data-less views: nothing may be read, only the dtypes matter
+    const bool measuring = backend_.capabilities().measuring;
+    const std::string scale_key = stored_fp8 ? fp8_scale_key(key) : std::string();
+    if (stored_fp8 && !measuring) {
+        const std::string problem = fp8_scale_problem(*source_, key, out);
+        DZR_CHECK(problem.empty(), "{}: tensor {}: {}", source_->location(key), key, problem);
+    }
+    used_.insert(key);
+    if (stored_fp8) used_.insert(scale_key);
+    if (run_fp8) {
+        LinearWeight lw = fp8_tensors();
+        if (measuring) return lw;
+        if (stored_fp8) {
+            backend_.upload(view, lw.w);
+            backend_.upload(*source_->find(scale_key), lw.scale);
+        } else {
+            const Fp8Weight q = quantize_weight_fp8(view, key);
+            backend_.upload(q.q, lw.w);
+            backend_.upload(q.scale, lw.scale);
+        }
+        return lw;
+    }
+    Tensor w = backend_.alloc(shape, backend_.compute_dtype());
+    if (measuring) return {w, {}};
+    if (stored_fp8) {
+        // precision bf16 over an FP8 checkpoint: the stored values times their scales, in the compute dtype
+        const Tensor deq = Tensor::host(shape, DType::F32);
+        dequantize_rows_fp8_host(view, *source_->find(scale_key), deq);
+        backend_.upload(deq, w);
+    } else {
+        backend_.upload(view, w);
+    }
+    return {w, {}};
+}
+
+TensorView WeightLoader::stored(const std::string& key, const Shape& shape) const {
     auto view = source_->find(key);
     DZR_CHECK(view.has_value(), "checkpoint is missing tensor {} (expected {})", key, shape.str());
     DZR_CHECK(view->shape == shape, "{}: tensor {}: expected {}, got {} {}", source_->location(key), key,
               shape.str(), dtype_name(view->dtype), view->shape.str());
     DZR_CHECK(dtype_is_float(view->dtype), "{}: tensor {}: expected a float dtype, got {}",
               source_->location(key), key, dtype_name(view->dtype));
-    Tensor t = backend_.alloc(shape, dtype);
-    backend_.upload(*view, t);
-    used_.insert(key);
-    return t;
+    return *view;
 }
 
 void WeightLoader::declare(const std::string& key, const Shape& shape, WeightInit init) {
     record(key, shape, init, false);
 }
 
-void WeightLoader::record(const std::string& key, const Shape& shape, WeightInit init, bool loaded) {
-    declarations_.push_back({key, shape, init.resolved(shape), loaded});
+void WeightLoader::record(const std::string& key, const Shape& shape, WeightInit init, bool loaded, bool linear) {
+    declarations_.push_back({key, shape, init.resolved(shape), loaded, linear});
 }
 
 std::vector<std::string> WeightLoader::unused(const std::string& prefix) const {

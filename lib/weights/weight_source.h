@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/precision.h"
 #include "core/tensor.h"
 #include "weights/weight_init.h"
 
@@ -32,6 +33,14 @@ struct WeightDeclaration {
     Shape shape;
     WeightInit init;     // resolved (never FanIn)
     bool loaded = true;  // false: declare()d only (stored in the checkpoint, never run)
+    bool linear = false;  // a Linear's [out, in] weight (require_linear): may be stored F8_E4M3 with a scale
+};
+
+/// A Linear's weight as it runs: `w` [out, in] in the compute dtype (scale undefined), or `w` F8_E4M3 [out, in]
+/// with `scale` F32 [out] (per output channel, fp8_weights.h).
+struct LinearWeight {
+    Tensor w;
+    Tensor scale;
 };
 
 /// Uploads weights to a backend, converting to the backend's compute dtype, and records which keys
@@ -52,6 +61,17 @@ public:
     /// checkpoint fills it (recorded only).
     Tensor require(const std::string& key, const Shape& shape, WeightInit init = {});
     Tensor require(const std::string& key, const Shape& shape, DType dtype, WeightInit init = {});
+    /// A Linear's weight `key` ([out, in] = `shape`), in one of four ways:
+    ///  - FP8 (precision fp8 and the key stored as F8_E4M3, or stored as a float and fp8_by_default): E4M3 values
+    ///    and the per-output-channel scale, read from the checkpoint (`<key>_scale`, checked) or quantized on the host
+    ///    at load (core/fp8.h);
+    ///  - else the compute dtype: a stored F8_E4M3 weight is dequantized on the host (values * scale) at load.
+    /// On a measuring backend nothing is read: the tensors are allocated with the dtypes the real load would give.
+    /// Recorded as a Linear weight (WeightDeclaration::linear). Throws naming the key and its file.
+    LinearWeight require_linear(const std::string& key, const Shape& shape, WeightInit init = {});
+    /// The precision require_linear loads for (default: the compute dtype).
+    void set_precision(Precision p) { precision_ = p; }
+    Precision precision() const { return precision_; }
     /// A weight the checkpoint holds but the network never runs (CLIP's head): recorded, not loaded (and so
     /// reported by unused()).
     void declare(const std::string& key, const Shape& shape, WeightInit init = {});
@@ -80,13 +100,16 @@ public:
     Backend& backend() { return backend_; }
 
 private:
-    void record(const std::string& key, const Shape& shape, WeightInit init, bool loaded);
+    void record(const std::string& key, const Shape& shape, WeightInit init, bool loaded, bool linear = false);
+    /// The stored view of `key` with exactly `shape` (any float dtype, F8_E4M3 included); throws otherwise.
+    TensorView stored(const std::string& key, const Shape& shape) const;
 
     const WeightSource* source_ = nullptr;
     Backend& backend_;
     std::set<std::string> used_;
     std::vector<WeightDeclaration> declarations_;
     bool declare_only_ = false;
+    Precision precision_ = Precision::Bf16;
 };
 
 }  // namespace dzr

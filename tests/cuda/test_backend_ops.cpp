@@ -570,6 +570,62 @@ Stats run_rms_norm_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t spl
     gpu().rms_norm_rope(p, h.dev(x), h.dev(w), pairs ? h.dev(ta, DType::F32) : TensorView{},
                         tb.defined() ? h.dev(tb, DType::F32) : TensorView{}, out);
     return h.compare(out, ref);
+/// FP8 operands on both sides: random rows (rounded to the case dtype) quantized by the CPU (core/fp8.h), the codes
+/// and scales uploaded unchanged.
+struct Fp8Operand {
+    Tensor values;  // host f32 [rows, cols] (case-dtype values)
+    Tensor q, s;    // host F8_E4M3 [rows, cols], F32 [rows]
+    TensorView q_dev, s_dev;
+};
+
+Fp8Operand fp8_operand(Harness& h, int64_t rows, int64_t cols, float lo, float hi) {
+    Fp8Operand o;
+    o.values = h.input({rows, cols}, lo, hi);
+    o.q = Tensor::host({rows, cols}, DType::F8_E4M3);
+    o.s = Tensor::host({rows}, DType::F32);
+    cpu().quantize_fp8(o.values, o.q, o.s);
+    Tensor qd = gpu().alloc({rows, cols}, DType::F8_E4M3), sd = gpu().alloc({rows}, DType::F32);
+    gpu().upload(o.q, qd);
+    gpu().upload(o.s, sd);
+    o.q_dev = qd.view(), o.s_dev = sd.view();
+    static std::vector<Tensor> keep;  // NOTE: the harness keeps float tensors only; these live for the run
+    keep.push_back(qd);
+    keep.push_back(sd);
+    return o;
+}
+
+/// quantize_fp8: the GPU's codes and scales, dequantized on the CPU, against the CPU's (exact: same bits).
+Stats run_quantize_fp8(Harness& h, int64_t rows, int64_t cols, float lo, float hi) {
+    Tensor x = h.input({rows, cols}, lo, hi);
+    Tensor q = Tensor::host({rows, cols}, DType::F8_E4M3), s = Tensor::host({rows}, DType::F32);
+    cpu().quantize_fp8(x, q, s);
+    Tensor ref = Tensor::host({rows, cols}, DType::F32);
+    cpu().dequantize_fp8(q, s, ref);
+    Tensor qd = gpu().alloc({rows, cols}, DType::F8_E4M3), sd = gpu().alloc({rows}, DType::F32);
+    gpu().quantize_fp8(h.dev(x), qd, sd);
+    Tensor qh = Tensor::host({rows, cols}, DType::F8_E4M3), sh = Tensor::host({rows}, DType::F32);
+    gpu().download(qd, qh);
+    gpu().download(sd, sh);
+    Tensor got = Tensor::host({rows, cols}, DType::F32);
+    cpu().dequantize_fp8(qh, sh, got);
+    const TensorView got_dev = h.dev(got, DType::F32);
+    return h.compare(got_dev, ref, 0.0);
+}
+
+/// gemm_fp8 against the CPU's (decoded E4M3 codes, f32 sums, the two scales and the bias).
+Stats run_gemm_fp8(Harness& h, int64_t M, int64_t N, int64_t K, bool bias, bool fallback) {
+    const Fp8Operand x = fp8_operand(h, M, K, -3.f, 3.f), w = fp8_operand(h, N, K, -0.2f, 0.2f);
+    Tensor b = bias ? h.input({N}, -0.5f, 0.5f) : Tensor();
+    Tensor ref = Harness::cpu_out({M, N});
+    cpu().gemm_fp8(x.q, x.s, w.q, w.s, bias ? b.view() : TensorView{}, ref);
+    const TensorView od = h.dev_out({M, N});
+    gpu().set_fallback_only(fallback);
+    gpu().gemm_fp8(x.q_dev, x.s_dev, w.q_dev, w.s_dev, bias ? h.dev(b) : TensorView{}, od);
+    gpu().set_fallback_only(false);
+    // NOTE: the same exact E4M3 products summed in f32 in another order, then rounded to the output dtype: bf16's
+    // tolerance; an f32 output keeps a looser one too (cuBLASLt's FP8 tensor cores promote partial sums to f32 in
+    // blocks)
+    return h.compare(od, ref, h.dt() == DType::F32 ? 1e-4 : h.rtol());
 }
 
 std::string shape_name(std::initializer_list<int64_t> dims) { return Shape(dims).str(); }
@@ -1009,6 +1065,28 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_rms_norm_rope(h, 9, 3, 10, INT64_MAX, 0, 2); });
         add_big("rms_norm_rope", "DreamZero [1785, 40, 128] split 1760, 64 pairs", dt,
                 [](Harness& h) { return run_rms_norm_rope(h, 1785, 40, 128, 1760, 64, 4); });
+    // FP8 (E4M3): quantization bit for bit, its inverse, the GEMM through cuBLASLt and through the plain kernel
+    for (DType dt : {DType::F32, DType::BF16}) {
+        add("quantize_fp8", "[37, 300] rows in [-5, 5]", dt, [](Harness& h) { return run_quantize_fp8(h, 37, 300, -5.f, 5.f); });
+        add("quantize_fp8", "[3, 7] values below the amax floor 1e-12 (zero codes)", dt,
+            [](Harness& h) { return run_quantize_fp8(h, 3, 7, -1e-30f, 1e-30f); });
+        add_big("quantize_fp8", "DreamZero FFN input [1785, 13824]", dt,
+                [](Harness& h) { return run_quantize_fp8(h, 1785, 13824, -4.f, 4.f); });
+        add("dequantize_fp8", "[45, 128]", dt, [](Harness& h) {
+            const Fp8Operand x = fp8_operand(h, 45, 128, -2.f, 2.f);
+            Tensor ref = Tensor::host({45, 128}, DType::F32);
+            cpu().dequantize_fp8(x.q, x.s, ref);
+            for (int64_t i = 0; i < ref.numel(); ++i) ref.ptr<float>()[i] = round_to(h.dt(), fp(ref)[i]);
+            const TensorView od = h.dev_out({45, 128});
+            gpu().dequantize_fp8(x.q_dev, x.s_dev, od);
+            return h.compare(od, ref, 0.0);
+        });
+        add("gemm_fp8", "M64 N96 K128 + bias", dt, [](Harness& h) { return run_gemm_fp8(h, 64, 96, 128, true, false); });
+        add("gemm_fp8", "M7 N5 K48 no bias", dt, [](Harness& h) { return run_gemm_fp8(h, 7, 5, 48, false, false); });
+        add("gemm_fp8", "M33 N40 K32 + bias, plain kernel", dt,
+            [](Harness& h) { return run_gemm_fp8(h, 33, 40, 32, true, true); });
+        add_big("gemm_fp8", "DreamZero M1785 N5120 K5120 + bias", dt,
+                [](Harness& h) { return run_gemm_fp8(h, 1785, 5120, 5120, true, false); });
     }
     // paged attention: bf16 pools only (the CUDA kernels take bf16/f16)
     add("paged_attention", "H2 D64 block 40, history 90 through a shuffled table, 37 current, Lq 29", DType::BF16,
@@ -1053,7 +1131,8 @@ TEST_CASE("every backend op has at least one parity case") {
                                             "rms_norm", "l2_norm", "softmax", "reduce",     "rope",       "attention",
                                             "conv3d",  "paged_attention", "scatter_kv", "resize_bicubic",
                                             "sin_cos_table", "count_nonfinite", "ada_layer_norm",
-                                            "gated_residual", "rms_norm_rope"};
+                                            "gated_residual", "rms_norm_rope", "quantize_fp8", "dequantize_fp8",
+                                            "gemm_fp8"};
     CHECK(declared == expected);
     std::set<std::string> covered;
     for (const OpCase& c : make_cases()) covered.insert(c.op);

@@ -57,10 +57,12 @@ struct Fixture {
     std::vector<float> clip, text;
     DitCrossKv kv;
 
-    explicit Fixture(int heads = 1, uint64_t seed = 7, float poison = 0.0f) : cfg(tiny_dit_config(heads)) {
+    explicit Fixture(int heads = 1, uint64_t seed = 7, float poison = 0.0f, Precision precision = Precision::Bf16)
+        : cfg(tiny_dit_config(heads)) {
         fill_dit_weights(src, cfg, seed);
         if (poison != 0.0f) src.tensors["action_head.model.blocks.1.ffn.2.bias"].ptr<float>()[3] = poison;
         WeightLoader loader(src, *be);
+        loader.set_precision(precision);
         dit = std::make_unique<CausalDit>(cfg, kTinyLatentH, kTinyLatentW, loader);
         clip = random_floats(size_t(kTinyImageTokens) * cfg.image_dim, seed + 100);
         text = random_floats(size_t(cfg.text_len) * cfg.text_dim, seed + 101);
@@ -298,8 +300,10 @@ TEST_CASE("two denoise forwards with the same inputs are bit-identical and finit
     for (float v : o[0].action) REQUIRE(std::isfinite(v));
 }
 
-TEST_CASE("forwards run in a workspace of exactly their measured size and take all of it") {
-    Fixture fx(2);
+TEST_CASE("forwards run in a workspace of exactly their measured size and take all of it, with bf16 and with FP8 Linears") {
+  for (Precision precision : {Precision::Bf16, Precision::Fp8}) {
+    CAPTURE(precision_name(precision));
+    Fixture fx(2, 7, 0.0f, precision);
     const DitConfig& c = fx.cfg;
     // NOTE: a fresh arena of exactly the measured size: one byte short, the arena's alloc throws
     const size_t cross = fx.dit->cross_kv_workspace_bytes(*fx.be, kTinyImageTokens);
@@ -323,6 +327,38 @@ TEST_CASE("forwards run in a workspace of exactly their measured size and take a
     }
     // more frames and the registers take more
     CHECK(fx.dit->forward_workspace_bytes(*fx.be, 2, true) > fx.dit->forward_workspace_bytes(*fx.be, 1, false));
+  }
+}
+
+TEST_CASE("a DiT with FP8 Linears stays within FP8's rounding of the f32 DiT") {
+    // NOTE: E4M3 keeps 3 mantissa bits: a rounding error of at most 2^-4 (6.25%) of each value, about 3.6% RMS for
+    // values spread over a binade. One GEMM with both operands rounded then has ~5% relative RMS error (the two
+    // independent roundings add in quadrature; the sum over k averages the signs but not the relative size). The DiT
+    // adds such GEMM outputs into its residual stream, so its outputs should stay near that: the bound is twice it
+    // (10%), while a wrong scale, a transposed operand or a missing bias moves them by O(100%).
+    Fixture f32(1, 7), fp8(1, 7, 0.0f, Precision::Fp8);
+    const DitConfig& c = f32.cfg;
+    const auto rel_l2 = [](const std::vector<float>& a, const std::vector<float>& b) {
+        double e = 0, n = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+            e += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+            n += double(b[i]) * b[i];
+        }
+        return std::sqrt(e / n);
+    };
+    DenseTestCache c32 = f32.make_cache(), c8 = fp8.make_cache();
+    Inputs prefill = make_inputs(c, 1, 0, 0, false, 61);
+    run(f32, c32, prefill, true);
+    run(fp8, c8, prefill, true);
+    Inputs denoise = make_inputs(c, 2, 1, 700, true, 62, 700);
+    const Output a = run(f32, c32, denoise, false), b = run(fp8, c8, denoise, false);
+    for (float v : b.video) REQUIRE(std::isfinite(v));
+    for (float v : b.action) REQUIRE(std::isfinite(v));
+    const double video = rel_l2(b.video, a.video), action = rel_l2(b.action, a.action);
+    MESSAGE("FP8 vs f32 DiT: video rel-L2 " << video << ", action rel-L2 " << action);
+    CHECK(video > 0.0);  // the FP8 path ran
+    CHECK(video < 0.1);
+    CHECK(action < 0.1);
 }
 
 TEST_CASE("recomputing the cross-attention K/V gives the same tensors") {

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/host_context.h"
+#include "backend/cpu/cpu_fp8.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/convert.h"
 #include "core/error.h"
@@ -76,6 +77,7 @@ public:
     explicit CpuBackend(const BackendOptions& o) : Backend(o.numerics), device_(o.workspace_bytes) {
         Capabilities c;
         c.paged_kv = true;
+        c.fp8 = true;  // emulated: E4M3 values decoded to f32 (cpu_fp8.h)
         device_.set_capabilities(c);
     }
 
@@ -397,6 +399,17 @@ public:
         DZR_CHECK(slots.device.is_cpu() && slots.dtype == DType::I64 && slots.is_contiguous(),
                   "cpu backend: scatter_kv slots {} must be a contiguous i64 host vector", slots.str());
         scatter_kv_cpu(pool, layer, slots.ptr<const int64_t>(), slots.numel(), num_slots, k, v);
+    }
+
+    void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override {
+        cpu::quantize_fp8(x, q, scales);
+    }
+    void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override {
+        cpu::dequantize_fp8(q, scales, out);
+    }
+    void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq, const TensorView& w_scales,
+                  const TensorView& bias, const TensorView& out) override {
+        cpu::gemm_fp8(xq, x_scales, wq, w_scales, bias, out);
     }
 
 private:

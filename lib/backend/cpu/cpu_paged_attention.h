@@ -1,7 +1,8 @@
 #pragma once
-/// CPU reference kernels over KV views (f32 host memory): the paged attention a CUDA kernel will
-/// implement later, and the scatter of current K/V rows into pool slots. Straight loops with double
-/// accumulation; the point is clarity, not speed.
+/// CPU reference kernels over KV views (f32 host memory, or an f8_e4m3 pool with its per-token-and-head scales):
+/// the paged attention and the scatter of current K/V rows into pool slots. Straight loops with double
+/// accumulation; the point is clarity, not speed. An f8_e4m3 pool is quantized on the scatter and dequantized
+/// (code * scale, f32) before the attention, as the CUDA path does.
 #include <cstdint>
 
 #include "core/tensor.h"

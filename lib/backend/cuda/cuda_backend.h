@@ -154,6 +154,11 @@ public:
                          const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                     const TensorView& v, int64_t num_slots) override;
+    // FP8 (cuda_fp8.cpp)
+    void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override;
+    void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override;
+    void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq, const TensorView& w_scales,
+                  const TensorView& bias, const TensorView& out) override;
 
     void set_cuda_options(const CudaBackendOptions& o) override;
     CudaBackendOptions cuda_options() const override { return options_; }
@@ -171,6 +176,8 @@ public:
     /// Direct or Gather: how the last paged_attention ran.
     PagedAttentionImpl last_paged_attention_impl() const { return last_paged_impl_; }
     void set_fallback_only(bool on) { options_.fallback_only = on; }
+    /// True when the last gemm_fp8 ran through cuBLASLt (false: the plain FP8 kernel).
+    bool last_fp8_gemm_used_cublaslt() const { return last_fp8_gemm_lt_; }
 
     /// The stream all of this backend's work is queued on (for the tests' raw CUDA calls).
     cudaStream_t cuda_stream() const { return stream_; }
@@ -201,6 +208,14 @@ private:
     bool try_mem_efficient(const cuda_detail::AttentionCall& c);
     AttentionImpl run_fused_attention(const cuda_detail::AttentionCall& c);
     void check_device_tensor(const TensorView& t, const char* op, const char* what) const;
+    // FP8 (cuda_fp8.cpp): the cuBLASLt plan of an FP8 GEMM shape; the FP8 pool's paged attention and scatter
+    using Fp8GemmKey = std::array<int64_t, 11>;
+    cuda_detail::GemmPlan& fp8_gemm_plan(int64_t M, int64_t N, int64_t K, int64_t ldc, DType out_dtype, const void* xq,
+                                         const void* wq, const void* out, const void* bias);
+    void paged_attention_fp8(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
+                             const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
+    void scatter_kv_fp8(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                        const TensorView& v, int64_t num_slots);
 
     int index_ = 0;
     CudaDevice device_;
@@ -213,10 +228,12 @@ private:
     cudnnHandle_t cudnn_ = nullptr;
     CudaBackendOptions options_;
     std::map<cuda_detail::GemmKey, std::unique_ptr<cuda_detail::GemmPlan>> gemm_plans_;
+    std::map<Fp8GemmKey, std::unique_ptr<cuda_detail::GemmPlan>> fp8_gemm_plans_;
     std::map<std::string, std::unique_ptr<cuda_detail::ConvPlan>> conv_plans_;
     std::map<cuda_detail::SdpaKey, std::unique_ptr<cuda_detail::SdpaPlan>> sdpa_plans_;
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
+    bool last_fp8_gemm_lt_ = false;
 };
 
 }  // namespace dzr

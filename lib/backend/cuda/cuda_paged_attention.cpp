@@ -44,6 +44,7 @@ kernels::KvPoolLayer pool_layer(const PagedKvView& pool, int layer) {
 void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
                                   int layer, const TensorView& k_cur, const TensorView& v_cur,
                                   const TensorView& out) {
+    if (history.fp8()) return paged_attention_fp8(p, q, history, layer, k_cur, v_cur, out);  // cuda_fp8.cpp
     const char* op = "paged_attention";
     for (const auto& [t, what] :
          {std::pair{&q, "q"}, std::pair{&k_cur, "k"}, std::pair{&v_cur, "v"}, std::pair{&out, "out"}})
@@ -159,13 +160,15 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
 size_t CudaBackend::paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) {
     // NOTE: the gathered path's [history | current] K and V rows, whichever path the call then takes
     const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
+    // NOTE: an f8_e4m3 pool is gathered (dequantized) into the compute dtype of the current rows
     const size_t rows = size_t(history.seq_len + k_cur.dim(0)) * size_t(history.num_heads) * size_t(history.head_dim) *
-                        dtype_size(history.dtype);
+                        dtype_size(history.fp8() ? k_cur.dtype : history.dtype);
     return 2 * aligned(rows);
 }
 
 void CudaBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                              const TensorView& v, int64_t num_slots) {
+    if (pool.fp8()) return scatter_kv_fp8(pool, layer, slots, k, v, num_slots);  // cuda_fp8.cpp
     const char* op = "scatter_kv";
     for (const auto& [t, what] : {std::pair{&slots, "slots"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
         check_device_tensor(*t, op, what);

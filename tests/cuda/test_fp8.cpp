@@ -1,0 +1,316 @@
+// FP8 (E4M3) on the GPU against the CPU path: the device conversion against the host's f32_to_f8e4m3 over a wide
+// sweep of f32 bit patterns; the quantize kernel bit for bit against the CPU's (bf16 and f32 rows, DreamZero sizes);
+// the FP8 GEMM through cuBLASLt with outer-vector scales (which must be what runs at DreamZero's shapes on Hopper)
+// and through the plain kernel; a Linear with FP8 weights on both backends; the FP8 KV pool's scatter (bit for bit)
+// and dequantizing paged attention; the refusal of FP8 before sm_89.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_paged_attention.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/fp8.h"
+#include "core/half.h"
+#include "model/layers.h"
+#include "policy/engine.h"
+#include "support/map_weight_source.h"
+#include "support/test_support.h"
+#include "weights/fp8_weights.h"
+
+DZR_TEST_REQUIRES_GPU()
+
+using namespace dzr;
+
+namespace {
+
+CudaBackend& gpu() {
+    static std::unique_ptr<Backend> be = make_cuda_backend(0, size_t(2) << 30);
+    return dynamic_cast<CudaBackend&>(*be);
+}
+
+Backend& cpu() {
+    static std::unique_ptr<Backend> be = make_cpu_backend(size_t(1) << 30);
+    return *be;
+}
+
+bool fp8_gpu() { return gpu().capabilities().fp8; }
+
+Tensor bf16_values(Shape s, uint64_t seed, float lo, float hi) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    Tensor x = Tensor::host(s, DType::F32);
+    for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = bf16_to_f32(f32_to_bf16(dist(rng)));
+    return x;
+}
+
+Tensor upload(const Tensor& host, DType dtype) {
+    Tensor d = gpu().alloc(host.shape(), dtype);
+    gpu().upload(host, d);
+    return d;
+}
+
+Tensor download(const TensorView& dev, DType dtype) {
+    Tensor h = Tensor::host(dev.shape, dtype);
+    gpu().download(dev, h);
+    return h;
+}
+
+/// rel-L2 and the worst |a - b| / (|b| + rms(b)).
+struct Diff {
+    double rel_l2 = 0, worst = 0;
+};
+Diff diff(const Tensor& got, const Tensor& ref) {
+    double e = 0, n = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) n += double(ref.ptr<float>()[i]) * ref.ptr<float>()[i];
+    const double rms = std::sqrt(n / double(std::max<int64_t>(ref.numel(), 1)));
+    Diff d;
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+        const double a = got.ptr<float>()[i], b = ref.ptr<float>()[i], x = std::fabs(a - b);
+        e += x * x;
+        d.worst = std::max(d.worst, std::isnan(x) ? INFINITY : x / (std::fabs(b) + rms));
+    }
+    d.rel_l2 = std::sqrt(e / n);
+    return d;
+}
+
+/// Quantizes `x` (host f32 values) on both backends; checks codes and scales are identical.
+void check_quantize(const Tensor& x, DType device_dtype) {
+    const int64_t rows = x.shape()[0], cols = x.shape()[1];
+    Tensor q = Tensor::host({rows, cols}, DType::F8_E4M3), s = Tensor::host({rows}, DType::F32);
+    cpu().quantize_fp8(x, q, s);
+    Tensor xd = upload(x, device_dtype), qd = gpu().alloc({rows, cols}, DType::F8_E4M3),
+           sd = gpu().alloc({rows}, DType::F32);
+    gpu().quantize_fp8(xd, qd, sd);
+    const Tensor qh = download(qd, DType::F8_E4M3), sh = download(sd, DType::F32);
+    int64_t bad_codes = 0, bad_scales = 0;
+    for (int64_t i = 0; i < q.numel(); ++i) bad_codes += q.ptr<uint8_t>()[i] != qh.ptr<uint8_t>()[i];
+    for (int64_t r = 0; r < rows; ++r) bad_scales += std::memcmp(s.ptr<float>() + r, sh.ptr<float>() + r, 4) != 0;
+    CHECK_MESSAGE(bad_codes == 0, bad_codes << " of " << q.numel() << " codes differ");
+    CHECK_MESSAGE(bad_scales == 0, bad_scales << " of " << rows << " scales differ");
+}
+
+}  // namespace
+
+TEST_CASE("the GPU's e4m3 conversion equals the host's over a sweep of f32 bit patterns") {
+    if (!fp8_gpu()) {
+        MESSAGE("no FP8 on " << gpu().name() << ": skipped");
+        return;
+    }
+    // NOTE: rows whose maximum is 448 quantize with the multiplier 448 / 448 = 1 exactly, so each code is the plain
+    // conversion of its value: every 7th positive f32 pattern up to 448 (and its negative) goes through the kernel.
+    constexpr int64_t kCols = 4096, kRowsPerChunk = 8192, kStride = 7;
+    const uint32_t top = 0x43e00000u;  // 448.0f
+    Tensor x = Tensor::host({kRowsPerChunk, kCols}, DType::F32);
+    Tensor xd = gpu().alloc(x.shape(), DType::F32), qd = gpu().alloc(x.shape(), DType::F8_E4M3),
+           sd = gpu().alloc({kRowsPerChunk}, DType::F32);
+    Tensor qh = Tensor::host(x.shape(), DType::F8_E4M3);
+    uint64_t checked = 0, bad = 0;
+    uint64_t pattern = 0;
+    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    while (pattern <= top) {
+        float* px = x.ptr<float>();
+        for (int64_t r = 0; r < kRowsPerChunk; ++r) {
+            px[r * kCols] = 448.0f;
+            for (int64_t c = 1; c < kCols; ++c) {
+                const uint32_t u = uint32_t(std::min<uint64_t>(pattern, top)) | ((c & 1) ? 0x80000000u : 0u);
+                std::memcpy(px + r * kCols + c, &u, 4);
+                pattern += (c & 1) ? 0 : kStride;
+            }
+        }
+        gpu().upload(x, xd);
+        gpu().quantize_fp8(xd, qd, sd);
+        gpu().download(qd, qh);
+        std::vector<uint64_t> bad_t(threads, 0);
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+            pool.emplace_back([&, t] {
+                for (int64_t i = t; i < x.numel(); i += threads)
+                    bad_t[t] += qh.ptr<uint8_t>()[i] != f32_to_f8e4m3(px[i]);
+            });
+        for (auto& th : pool) th.join();
+        for (uint64_t b : bad_t) bad += b;
+        checked += uint64_t(x.numel());
+    }
+    MESSAGE("checked " << checked << " conversions, " << bad << " differ");
+    CHECK(bad == 0);
+}
+
+TEST_CASE("the quantize kernel writes the CPU's codes and scales bit for bit") {
+    for (DType dt : {DType::BF16, DType::F32}) {
+        CAPTURE(dtype_name(dt));
+        check_quantize(bf16_values({1, 7}, 1, -1.f, 1.f), dt);
+        check_quantize(bf16_values({33, 128}, 2, -40.f, 40.f), dt);
+        check_quantize(bf16_values({1785, 5120}, 3, -4.f, 4.f), dt);   // DreamZero's Linear inputs
+        check_quantize(bf16_values({1785, 13824}, 4, -4.f, 4.f), dt);  // the FFN's second GEMM
+        Tensor mixed = bf16_values({64, 512}, 5, -1.f, 1.f);
+        for (int64_t c = 0; c < 512; ++c) mixed.ptr<float>()[c] = 0.0f;                           // all zero
+        for (int64_t c = 0; c < 512; ++c) mixed.ptr<float>()[512 + c] *= 1e-20f;                   // below the floor
+        mixed.ptr<float>()[2 * 512] = 3e4f;                                                        // one outlier
+        for (int64_t c = 0; c < 512; ++c) mixed.ptr<float>()[3 * 512 + c] *= c % 2 ? 1e-4f : 1.f;  // subnormal codes
+        check_quantize(mixed, dt);
+    }
+}
+
+TEST_CASE("the FP8 GEMM runs through cuBLASLt at DreamZero's shapes and matches the CPU's") {
+    if (!fp8_gpu()) {
+        MESSAGE("no FP8 on " << gpu().name() << ": skipped");
+        return;
+    }
+    struct Case {
+        int64_t M, N, K;
+        bool bias;
+        bool expect_lt;  // cuBLASLt must take it (Hopper, cuBLAS 12.9+); the small ones are reported only
+    };
+    // DreamZero-DROID's per-forward GEMMs at one CFG branch (1785 tokens) and the tiny config's
+    const Case cases[] = {{1785, 15360, 5120, true, true}, {1785, 5120, 5120, true, true},
+                          {1785, 13824, 5120, true, true}, {1785, 5120, 13824, true, true},
+                          {470, 256, 128, true, false},    {470, 128, 256, false, false},
+                          {7, 48, 32, true, false}};
+    for (const Case& c : cases) {
+        CAPTURE(c.M);
+        CAPTURE(c.N);
+        CAPTURE(c.K);
+        const Tensor x = bf16_values({c.M, c.K}, 10, -3.f, 3.f), w = bf16_values({c.N, c.K}, 11, -0.05f, 0.05f);
+        const Tensor b = bf16_values({c.N}, 12, -0.5f, 0.5f);
+        Tensor xq = Tensor::host({c.M, c.K}, DType::F8_E4M3), xs = Tensor::host({c.M}, DType::F32);
+        cpu().quantize_fp8(x, xq, xs);
+        const Fp8Weight wq = quantize_weight_fp8(w, "w");
+        Tensor ref = Tensor::host({c.M, c.N}, DType::F32);
+        cpu().gemm_fp8(xq, xs, wq.q, wq.scale, c.bias ? b.view() : TensorView{}, ref);
+        for (int64_t i = 0; i < ref.numel(); ++i) ref.ptr<float>()[i] = bf16_to_f32(f32_to_bf16(ref.ptr<float>()[i]));
+        const Tensor xqd = upload(xq, DType::F8_E4M3), xsd = upload(xs, DType::F32), wqd = upload(wq.q, DType::F8_E4M3),
+                     wsd = upload(wq.scale, DType::F32), bd = upload(b, DType::BF16);
+        for (bool plain : {false, true}) {
+            if (plain && c.M * c.N * c.K > (int64_t(1) << 33)) continue;  // the plain kernel is slow at full size
+            CAPTURE(plain);
+            Tensor od = gpu().alloc({c.M, c.N}, DType::BF16);
+            gpu().set_fallback_only(plain);
+            gpu().gemm_fp8(xqd, xsd, wqd, wsd, c.bias ? bd.view() : TensorView{}, od);
+            gpu().set_fallback_only(false);
+            if (!plain && c.expect_lt) CHECK(gpu().last_fp8_gemm_used_cublaslt());
+            if (plain) CHECK_FALSE(gpu().last_fp8_gemm_used_cublaslt());
+            const Diff d = diff(download(od, DType::F32), ref);
+            MESSAGE((plain ? "plain" : (gpu().last_fp8_gemm_used_cublaslt() ? "cuBLASLt" : "plain (no algo)"))
+                    << " M" << c.M << " N" << c.N << " K" << c.K << ": rel-L2 " << d.rel_l2 << ", worst " << d.worst);
+            // NOTE: the same exact E4M3 products in f32 sums of another order (the tensor cores' partial sums are
+            // promoted to f32 in blocks), then bf16: a bf16 ulp (2^-8 relative) of the row's magnitude and a little
+            CHECK(d.rel_l2 < 4e-3);
+            CHECK(d.worst < 1.6e-2);
+        }
+    }
+}
+
+TEST_CASE("a Linear with FP8 weights gives the same result on the GPU as on the CPU") {
+    if (!fp8_gpu()) {
+        MESSAGE("no FP8 on " << gpu().name() << ": skipped");
+        return;
+    }
+    const int64_t M = 300, K = 512, N = 640;
+    test::MapSource src;
+    src.tensors["m.weight"] = bf16_values({N, K}, 21, -0.06f, 0.06f);
+    src.tensors["m.bias"] = bf16_values({N}, 22, -0.2f, 0.2f);
+    const Fp8Weight q = quantize_weight_fp8(src.tensors.at("m.weight"), "m.weight");
+    src.tensors["m.weight"] = q.q;
+    src.tensors["m.weight_scale"] = q.scale;
+    Linear on_cpu, on_gpu;
+    for (auto [lin, be] : {std::pair{&on_cpu, &cpu()}, std::pair{&on_gpu, static_cast<Backend*>(&gpu())}}) {
+        WeightLoader loader(src, *be);
+        loader.set_precision(Precision::Fp8);
+        lin->load(loader, "m", K, N);
+        REQUIRE(lin->fp8());
+    }
+    const Tensor x = bf16_values({M, K}, 23, -2.f, 2.f);
+    Tensor ref = Tensor::host({M, N}, DType::F32);
+    on_cpu.forward(cpu(), x, ref);
+    for (int64_t i = 0; i < ref.numel(); ++i) ref.ptr<float>()[i] = bf16_to_f32(f32_to_bf16(ref.ptr<float>()[i]));
+    const Tensor xd = upload(x, DType::BF16);
+    Tensor od = gpu().alloc({M, N}, DType::BF16);
+    on_gpu.forward(gpu(), xd, od);
+    const Diff d = diff(download(od, DType::F32), ref);
+    MESSAGE("FP8 Linear GPU vs CPU: rel-L2 " << d.rel_l2 << ", worst " << d.worst);
+    CHECK(d.rel_l2 < 4e-3);
+    CHECK(d.worst < 1.6e-2);
+}
+
+TEST_CASE("the FP8 pool's scatter writes the CPU's codes and scales, and paged attention matches the CPU's") {
+    const int H = 4, D = 128, bs = 16, ids = 6;
+    const int64_t row = int64_t(H) * D, slots_total = int64_t(ids) * bs;
+    const std::vector<BlockId> table = {4, 1, 3, kNullBlockId};
+    const int64_t hist = 40, cur = 25, lq = 31;
+    const Tensor hk = bf16_values({hist, H, D}, 31, -3.f, 3.f), hv = bf16_values({hist, H, D}, 32, -1.f, 1.f);
+    std::vector<int64_t> slots;
+    for (int64_t t = 0; t < hist; ++t) slots.push_back(int64_t(table[size_t(t / bs)]) * bs + t % bs);
+    Tensor slots_host = Tensor::host({hist}, DType::I64);
+    std::copy(slots.begin(), slots.end(), slots_host.ptr<int64_t>());
+
+    // CPU pool
+    Tensor kp = Tensor::host({slots_total, H, D}, DType::F8_E4M3), vp = Tensor::host(kp.shape(), DType::F8_E4M3);
+    Tensor ks = Tensor::host({slots_total, H}, DType::F32), vs = Tensor::host(ks.shape(), DType::F32);
+    PagedKvView view{kp.data(), vp.data(), DType::F8_E4M3, H, D, bs, 0, bs * row, row, D, table.data(),
+                     int32_t(table.size()), int32_t((hist + bs - 1) / bs), hist, ks.data(), vs.data()};
+    cpu().scatter_kv(view, 0, slots_host, hk, hv, slots_total);
+
+    // GPU pool
+    Tensor kpd = gpu().alloc(kp.shape(), DType::F8_E4M3), vpd = gpu().alloc(kp.shape(), DType::F8_E4M3);
+    Tensor ksd = gpu().alloc(ks.shape(), DType::F32), vsd = gpu().alloc(ks.shape(), DType::F32);
+    const Tensor slots_dev = upload(slots_host, DType::I64);
+    Tensor table_host = Tensor::host({int64_t(table.size())}, DType::I32);
+    std::copy(table.begin(), table.end(), table_host.ptr<int32_t>());
+    const Tensor table_dev = upload(table_host, DType::I32);
+    PagedKvView dview = view;
+    dview.k_base = kpd.data(), dview.v_base = vpd.data(), dview.k_scale = ksd.data(), dview.v_scale = vsd.data();
+    dview.block_table = table_dev.ptr<const BlockId>();
+    gpu().scatter_kv(dview, 0, slots_dev, upload(hk, DType::BF16), upload(hv, DType::BF16), slots_total);
+    for (const auto& [h, d] : {std::pair{&kp, &kpd}, std::pair{&vp, &vpd}, std::pair{&ks, &ksd}, std::pair{&vs, &vsd}})
+        CHECK(std::memcmp(h->data(), download(*d, h->dtype()).data(), h->nbytes()) == 0);
+
+    // attention over [history | current]
+    const Tensor q = bf16_values({lq, H, D}, 33, -2.f, 2.f), k = bf16_values({cur, H, D}, 34, -2.f, 2.f),
+                 v = bf16_values({cur, H, D}, 35, -1.f, 1.f);
+    Tensor ref = Tensor::host({lq, H, D}, DType::F32);
+    const float scale = 1.0f / std::sqrt(float(D));
+    cpu().paged_attention({scale}, q, view, 0, k, v, ref);
+    for (int64_t i = 0; i < ref.numel(); ++i) ref.ptr<float>()[i] = bf16_to_f32(f32_to_bf16(ref.ptr<float>()[i]));
+    Tensor od = gpu().alloc({lq, H, D}, DType::BF16);
+    gpu().paged_attention({scale}, upload(q, DType::BF16), dview, 0, upload(k, DType::BF16), upload(v, DType::BF16),
+                          od);
+    CHECK(gpu().last_paged_attention_impl() == PagedAttentionImpl::Gather);
+    const Diff d = diff(download(od, DType::F32), ref);
+    MESSAGE("FP8 pool paged attention GPU vs CPU: rel-L2 " << d.rel_l2 << ", worst " << d.worst);
+    // NOTE: the same dequantized rows (the GPU rounds them to bf16 before its bf16 attention): bf16 tolerance
+    CHECK(d.rel_l2 < 1e-2);
+    CHECK(d.worst < 3e-2);
+    CHECK(gpu().paged_attention_workspace_bytes(dview, upload(k, DType::BF16)) >=
+          size_t(2) * size_t(hist + cur) * size_t(row) * 2);
+    gpu().synchronize();
+}
+
+TEST_CASE("FP8 is refused before any weight is loaded on a GPU without it, and allowed with it") {
+    Placement p;
+    p.backends = {&gpu()};
+    const std::string e = [&] {
+        try {
+            check_fp8_support(p, Precision::Fp8, Precision::Bf16);
+        } catch (const Error& err) {
+            return std::string(err.what());
+        }
+        return std::string();
+    }();
+    if (fp8_gpu()) {
+        CHECK(e.empty());
+    } else {
+        CHECK(e.find("precision fp8 needs FP8") != std::string::npos);
+        CHECK(e.find("8.9") != std::string::npos);
+    }
+    CHECK_NOTHROW(check_fp8_support(p, Precision::Bf16, Precision::Bf16));
+}
