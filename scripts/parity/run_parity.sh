@@ -200,7 +200,7 @@ if ((${#args[@]})); then
 else
     failed+=("compare (no pair of dumps to compare)")
 fi
-rm -f "$OUT/gate.txt"
+rm -f "$OUT/gate.txt" "$OUT/gate-reference.txt"
 if [[ " $runs " == *" dzr-cudafast-gpu "* ]]; then
     # The numerics gate of fast: per call, fast vs ref fp32 within GATE_SLACK x ref bf16 vs ref fp32 (actions).
     if have dzr-cudafast-gpu ref-fp32-gpu && have ref-bf16-gpu ref-fp32-gpu; then
@@ -211,6 +211,12 @@ if [[ " $runs " == *" dzr-cudafast-gpu "* ]]; then
     else
         failed+=("gate (needs the dumps of dzr-cudafast-gpu, ref-bf16-gpu and ref-fp32-gpu)")
     fi
+fi
+# For scale (not gated): dzr's reference numerics measured the same way.
+if have dzr-cuda-gpu ref-fp32-gpu && have ref-bf16-gpu ref-fp32-gpu; then
+    "$PYTHON" scripts/parity/gate.py --candidate "$WORK/dzr-cuda-gpu.safetensors" --label reference-numerics \
+        --baseline "$WORK/ref-bf16-gpu.safetensors" --reference "$WORK/ref-fp32-gpu.safetensors" \
+        --slack "$GATE_SLACK" --calls "$CALLS" --out "$OUT/gate-reference.txt" >/dev/null 2>&1
 fi
 (cd "$WORK" && tar -czf "$OUT/logs.tar.gz" ./*.log inputs/manifest.json ckpt-gpu/config.json ckpt-gpu/experiment_cfg \
     2>/dev/null)
@@ -223,4 +229,5 @@ else
 fi
 [[ -f "$OUT/table.txt" ]] && cat "$OUT/table.txt"
 [[ -f "$OUT/gate.txt" ]] && { echo; cat "$OUT/gate.txt"; }
+[[ -f "$OUT/gate-reference.txt" ]] && { echo; echo "(not gated)"; cat "$OUT/gate-reference.txt"; }
 ((${#failed[@]} == 0))
