@@ -115,8 +115,8 @@ TEST_CASE("the DROID config reproduces the verified key inventory exactly") {
 }
 
 TEST_CASE("the real-width parity config has the DROID shape of every tensor but the token embedding") {
-    // configs/parity_wide.yaml: the numerics gate of fast at the real widths (docs/PARITY.md), 2 DiT and umT5 layers,
-    // 2 stored CLIP blocks, a 1000-token vocabulary.
+    // configs/parity_wide.yaml: the numerics gate of fast at the real widths (docs/PARITY.md), 2 DiT and umT5
+    // layers, 2 stored CLIP blocks, a 1000-token vocabulary.
     const auto tsv = read_tsv();
     const auto inv = expected_weights(load_model("parity_wide.yaml"));
     CHECK(inv.size() == 350);

@@ -8,10 +8,10 @@
 //                both CFG branches, and the initial noise drawn by dzr's seeded generator (the reference's
 //                generate_noise is replaced to return it).
 //   attention, linear, conv3d, op: one bf16 op on .npy operands through the CUDA backend (parity_kernels.cpp).
-//   run          runs DreamZeroPolicy on those inputs with the injected noise (in the --numerics mode asked for)
-//                and writes the traced stages of every call into one .safetensors file (f32), named as the reference
-//                harness names them. With --inject-from FILE (a reference dump) the stages matching
-//                --inject (default: the encoder outputs) are replaced by FILE's tensors before the
+//   run          runs DreamZeroPolicy on those inputs with the injected noise (in the --numerics mode asked
+//                for) and writes the traced stages of every call into one .safetensors file (f32), named as
+//                the reference harness names them. With --inject-from FILE (a reference dump) the stages
+//                matching --inject (default: the encoder outputs) are replaced by FILE's tensors before the
 //                policy consumes them, so the DiT and sampler run on the reference's conditioning.
 #include <fmt/format.h>
 
