@@ -400,7 +400,8 @@ int run_parity(const RunArgs& a) {
         policy.set_override([&inject](std::string_view stage, int call, const TensorView& t) { (*inject)(stage, call, t); });
     }
     std::fprintf(stderr, "dzr parity run: %s on %s (%s numerics), load %.1f s\n  %s\n", a.ckpt.c_str(),
-                 be->name().c_str(), numerics_name(be->numerics()), load.ms() / 1e3, policy.describe().c_str());
+                 be->name().c_str(), numerics_name(be->numerics()), load.ms() / 1e3,
+                 policy.describe().c_str());
 
     const auto& calls = manifest.at("calls");
     const int n = a.calls < 0 ? int(calls.size()) : std::min<int>(a.calls, int(calls.size()));
