@@ -8,7 +8,10 @@
 # encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
 # BENCH_NUMERICS="reference fast", BENCH_DEVICE); `embodiments` runs the parity step on AgiBot- and YAM-shaped
 # checkpoints (EMBODIMENTS="agibot yam"); `profile` writes the op profile of DROID calls (PROFILE_CALLS,
-# PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'). The device tool returns at most 8 files, so everything each step writes
+# PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'); `wide` is the parity run at the real widths
+# (configs/parity_wide.yaml, WIDE_CALLS=9: three resets) with the reference fp32 and bf16 runs and dzr CUDA bf16 in
+# reference and fast numerics: the gate of fast (gate.py) and reference numerics against the reference bf16 run.
+# The device tool returns at most 8 files, so everything each step writes
 # goes into one archive, $OUT/<step>.tar.gz, and a short summary is printed last.
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
@@ -84,6 +87,31 @@ if want embodiments; then
         grep -E "^(cpu-f32|cuda-bf16|dit-only|dzr-bf16|ref-bf16)|^  call|failed|canvas" "$WORK/parity-$e/parity.log" | head -40
         pack "parity-$e"
     done
+fi
+
+if want wide; then
+    # The numerics gate of fast at the real widths (docs/PARITY.md): per call, dzr fast vs the reference fp32 run
+    # within 1.1 x the reference bf16 run's own distance from it (actions max rel and rel l2). No per-layer dumps
+    # (at width 5120 they would be ~12 GB per run).
+    say "wide: parity at the real widths (${WIDE_CONFIG:-configs/parity_wide.yaml}, ${WIDE_CALLS:-9} calls; reference fp32 and bf16, dzr reference and fast)"
+    mkdir -p "$WORK/wide"
+    OUT="$WORK/wide" DZR_BIN=$DZR WORK=$WORK/wide-work CONFIG=${WIDE_CONFIG:-configs/parity_wide.yaml} CALLS=${WIDE_CALLS:-9} \
+        GPU_RUNS="ref-fp32-gpu ref-bf16-gpu dzr-cuda-gpu dzr-cudafast-gpu" CPU_RUN=0 INJECT_RUN=0 DUMP_LAYERS=0 \
+        RUN_TIMEOUT=${WIDE_TIMEOUT:-360} bash scripts/parity/run_parity.sh >"$WORK/wide/parity.log" 2>&1
+    check $? wide
+    # each step's exit status and seconds, then the pairs' verdicts and the state machine
+    grep -E "^-- " "$WORK/wide/run.log"
+    grep -E "^== |^(cuda-bf16|[a-z0-9-]+-vs-[a-z0-9-]+): |^  call|^failed" "$WORK/wide/parity.log"
+    if grep -q "^cuda-bf16:" "$WORK/wide/table.txt" 2>/dev/null; then
+        # NOTE: with CPU_RUN=0 the first pair of the table (columns 4-6) is cuda-bf16
+        echo "-- actions per call: dzr reference numerics vs the reference bf16 run (cuda-bf16, gate 2e-2)"
+        awk '$1 == "actions" { printf "  call %s  max abs %s  max rel %s  %s\n", $2, $4, $5, $6 }' "$WORK/wide/table.txt"
+    fi
+    echo "-- the gate of fast"
+    cat "$WORK/wide/gate.txt" 2>/dev/null || echo "  no gate table (see parity.log)"
+    echo "-- dzr reference numerics measured the same way (not gated)"
+    cat "$WORK/wide/gate-reference.txt" 2>/dev/null || echo "  none"
+    pack wide
 fi
 
 if want variants; then

@@ -19,11 +19,17 @@
 # metadata.json of that embodiment) and the inputs with its cameras, state keys and prompt template; the reference
 # then builds the canvases, the normalized state and the robot actions with the official eval transform of the
 # embodiment (embodiment_ref.py). Unset: the DROID checkpoints of before (metadata.json only, no conf.yaml).
+# The numerics gate of `fast` (docs/PARITY.md): GPU_RUNS with dzr-cudafast-gpu (dzr CUDA bf16, paged KV, --numerics
+# fast), ref-bf16-gpu and ref-fp32-gpu runs scripts/parity/gate.py: per call, fast's actions no further from the fp32
+# reference than the bf16 reference is (max rel and rel l2, slack GATE_SLACK=1.1); its table goes to $OUT/gate.txt.
+# At the real widths: CONFIG=configs/parity_wide.yaml CALLS=9 DUMP_LAYERS=0 (device_round.sh step `wide`).
 # Settings: CONFIG=configs/parity.yaml SEED=1 CALLS=7 CPU_VAE_BASE=8 REF=.ref/dreamzero WORK=/tmp/dzr-parity
 #   BUILD_DIR=build-parity-device JOBS=$(nproc) DZR_CUDA_ARCHS=90a DZR_BIN=(use this dzr, skip the build)
 #   GPU_RUNS="ref-fp32-cpu ref-bf16-gpu ref-fp32-gpu dzr-cuda-gpu dzr-cudadense-gpu" (in parallel with
 #   dzr-cpu-cpu) CPU_RUN=1 CPU_TIMEOUT=200 RUN_TIMEOUT=240
 #   INJECT_RUN=1 (after the others: dzr-cudainject-gpu, dzr CUDA bf16 on ref-bf16-gpu's encoder outputs)
+#   DUMP_LAYERS=1 (0: no per-layer DiT outputs in any dump; at the real widths they would be ~12 GB per run)
+#   GATE_SLACK=1.1
 #   PYTHON=python3 REF_DEVICE=cuda (cpu: try the plumbing on a machine without a GPU, fp32 runs only)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,6 +52,8 @@ INJECT_RUN=${INJECT_RUN:-1}
 CPU_TIMEOUT=${CPU_TIMEOUT:-200}
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 REF_DEVICE=${REF_DEVICE:-cuda}
+DUMP_LAYERS=${DUMP_LAYERS:-1}
+GATE_SLACK=${GATE_SLACK:-1.1}
 TOKENIZER=tests/data/tokenizer/spiece.model
 export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$WORK"
@@ -97,37 +105,53 @@ if [[ -z "${DZR_BIN:-}" ]]; then
     fi
 fi
 
+runs="$GPU_RUNS"
+((CPU_RUN)) && runs="$runs dzr-cpu-cpu"
 say "parity checkpoints ($CONFIG, seed $SEED, f32; cpu: vae.base_dim=$CPU_VAE_BASE; embodiment ${EMBODIMENT:-oxe_droid}) and inputs"
 rm -rf "$WORK/ckpt-gpu" "$WORK/ckpt-cpu" "$WORK/inputs"
+# NOTE: --force: the real-width configuration is 6.8 GB as f32; shards of 1 GB are written in parallel (the tensor
+# bytes do not depend on the sharding).
 run ckpt-gpu "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --tokenizer "$TOKENIZER" \
-    "${emb[@]}" --out "$WORK/ckpt-gpu"
-run ckpt-cpu "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --tokenizer "$TOKENIZER" \
-    "${emb[@]}" --set "model.vae.base_dim=$CPU_VAE_BASE" --out "$WORK/ckpt-cpu"
+    "${emb[@]}" --force --shard-size 1GB --out "$WORK/ckpt-gpu"
+# the narrowed-VAE checkpoint only when a run uses it
+if [[ " $runs " == *"-cpu "* ]]; then
+    run ckpt-cpu "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --tokenizer "$TOKENIZER" \
+        "${emb[@]}" --set "model.vae.base_dim=$CPU_VAE_BASE" --force --shard-size 1GB --out "$WORK/ckpt-cpu"
+fi
 run inputs "$DZR" parity make-inputs --ckpt "$WORK/ckpt-gpu" --out "$WORK/inputs" --calls "$CALLS" "${emb[@]}"
 
 # Every run in parallel: the GPU ones are small next to an H200, and dzr's CPU run uses the cores.
-# NAME = ref-<fp32|bf16>-<ckpt> | dzr-cuda-<ckpt> (paged KV) | dzr-cudadense-<ckpt> | dzr-cpu-<ckpt>
-# | dzr-cudainject-<ckpt> (paged KV, on the encoder outputs of ref-bf16-<ckpt>'s dump; launched after it).
+# NAME = ref-<fp32|bf16>-<ckpt> | dzr-cuda-<ckpt> (paged KV) | dzr-cudadense-<ckpt> | dzr-cudafast-<ckpt> (paged KV,
+# --numerics fast) | dzr-cpu-<ckpt> | dzr-cudainject-<ckpt> (paged KV, on the encoder outputs of ref-bf16-<ckpt>'s
+# dump; launched after it).
 # Each leaves $WORK/NAME.rc.
+# Without DUMP_LAYERS, dzr dumps what the reference dumps with --no-layers (its default stages less layer_out).
+ref_dump=()
+dzr_dump=()
+if ((!DUMP_LAYERS)); then
+    ref_dump=(--no-layers)
+    dzr_dump=(--dump '^(input\.video|state|text\.(pos|neg)|clip|ys|vae\.clip|noise\.(video|action)|sample\.|velocity\.|x$|actions$)|^dit\..*\.(head|action_velocity)$')
+fi
 launch() {
     local r=$1 ck=${1##*-} limit=$RUN_TIMEOUT cmd=()
     case $r in
     ref-*)
         local dt=${r#ref-}
         cmd=("$PYTHON" scripts/parity/reference_run.py --ref "$REF" --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs"
-            --out "$WORK/$r.safetensors" --dtype "${dt%-*}" --device "$REF_DEVICE") ;;
-    dzr-cuda-* | dzr-cudadense-* | dzr-cudainject-*)
-        local kv=paged
+            --out "$WORK/$r.safetensors" --dtype "${dt%-*}" --device "$REF_DEVICE" "${ref_dump[@]}") ;;
+    dzr-cuda-* | dzr-cudadense-* | dzr-cudafast-* | dzr-cudainject-*)
+        local kv=paged numerics=reference
         [[ $r == dzr-cudadense-* ]] && kv=dense
+        [[ $r == dzr-cudafast-* ]] && numerics=fast
         cmd=("$DZR" parity run --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs" --out "$WORK/$r.safetensors"
-            --device cuda --dtype bf16 --kv "$kv" --check-finite)
+            --device cuda --dtype bf16 --kv "$kv" --numerics "$numerics" --check-finite "${dzr_dump[@]}")
         # dzr-cudainject: text, CLIP, ys and the commit latents replaced by the bf16 reference's, so that
         # only the DiT and the sampler differ.
         [[ $r == dzr-cudainject-* ]] && cmd+=(--inject-from "$WORK/ref-bf16-$ck.safetensors") ;;
     dzr-cpu-*)
         limit=$CPU_TIMEOUT
         cmd=("$DZR" parity run --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs" --out "$WORK/$r.safetensors"
-            --device cpu --dtype f32) ;;
+            --device cpu --dtype f32 "${dzr_dump[@]}") ;;
     esac
     (
         failed=()
@@ -135,8 +159,6 @@ launch() {
         echo $? >"$WORK/$r.rc"
     ) &
 }
-runs="$GPU_RUNS"
-((CPU_RUN)) && runs="$runs dzr-cpu-cpu"
 say "runs (in parallel): $runs"
 for r in $runs; do launch "$r"; done
 wait
@@ -166,6 +188,10 @@ have $cuda ref-bf16-gpu && args+=(--pair "$(pair cuda-bf16 $cuda ref-bf16-gpu 2e
 have $cuda ref-fp32-gpu && args+=(--info-pair "$(pair dzr-bf16-vs-ref-f32 $cuda ref-fp32-gpu 2e-2)")
 have ref-bf16-gpu ref-fp32-gpu && args+=(--info-pair "$(pair ref-bf16-vs-ref-f32 ref-bf16-gpu ref-fp32-gpu 2e-2)")
 have dzr-cudadense-gpu dzr-cuda-gpu && args+=(--info-pair "$(pair cuda-paged-vs-dense dzr-cuda-gpu dzr-cudadense-gpu 2e-2)")
+# fast numerics against the fp32 and bf16 references and against dzr's reference numerics.
+have dzr-cudafast-gpu ref-fp32-gpu && args+=(--info-pair "$(pair fast-vs-ref-f32 dzr-cudafast-gpu ref-fp32-gpu 2e-2)")
+have dzr-cudafast-gpu ref-bf16-gpu && args+=(--info-pair "$(pair fast-vs-ref-bf16 dzr-cudafast-gpu ref-bf16-gpu 2e-2)")
+have dzr-cudafast-gpu dzr-cuda-gpu && args+=(--info-pair "$(pair fast-vs-reference-numerics dzr-cudafast-gpu dzr-cuda-gpu 2e-2)")
 # DiT + sampler alone: the encoder stages read 0 there by construction.
 have dzr-cudainject-gpu ref-bf16-gpu && args+=(--info-pair "$(pair dit-only-bf16 dzr-cudainject-gpu ref-bf16-gpu 2e-2)")
 if ((${#args[@]})); then
@@ -173,6 +199,24 @@ if ((${#args[@]})); then
         --details "$OUT/details.txt"
 else
     failed+=("compare (no pair of dumps to compare)")
+fi
+rm -f "$OUT/gate.txt" "$OUT/gate-reference.txt"
+if [[ " $runs " == *" dzr-cudafast-gpu "* ]]; then
+    # The numerics gate of fast: per call, fast vs ref fp32 within GATE_SLACK x ref bf16 vs ref fp32 (actions).
+    if have dzr-cudafast-gpu ref-fp32-gpu && have ref-bf16-gpu ref-fp32-gpu; then
+        say "gate of fast numerics (slack $GATE_SLACK)"
+        run gate "$PYTHON" scripts/parity/gate.py --candidate "$WORK/dzr-cudafast-gpu.safetensors" \
+            --baseline "$WORK/ref-bf16-gpu.safetensors" --reference "$WORK/ref-fp32-gpu.safetensors" \
+            --slack "$GATE_SLACK" --calls "$CALLS" --out "$OUT/gate.txt"
+    else
+        failed+=("gate (needs the dumps of dzr-cudafast-gpu, ref-bf16-gpu and ref-fp32-gpu)")
+    fi
+fi
+# For scale (not gated): dzr's reference numerics measured the same way.
+if have dzr-cuda-gpu ref-fp32-gpu && have ref-bf16-gpu ref-fp32-gpu; then
+    "$PYTHON" scripts/parity/gate.py --candidate "$WORK/dzr-cuda-gpu.safetensors" --label reference-numerics \
+        --baseline "$WORK/ref-bf16-gpu.safetensors" --reference "$WORK/ref-fp32-gpu.safetensors" \
+        --slack "$GATE_SLACK" --calls "$CALLS" --out "$OUT/gate-reference.txt" >/dev/null 2>&1
 fi
 (cd "$WORK" && tar -czf "$OUT/logs.tar.gz" ./*.log inputs/manifest.json ckpt-gpu/config.json ckpt-gpu/experiment_cfg \
     2>/dev/null)
@@ -184,4 +228,6 @@ else
     echo "every step passed" | tee -a "$LOG"
 fi
 [[ -f "$OUT/table.txt" ]] && cat "$OUT/table.txt"
+[[ -f "$OUT/gate.txt" ]] && { echo; cat "$OUT/gate.txt"; }
+[[ -f "$OUT/gate-reference.txt" ]] && { echo; echo "(not gated)"; cat "$OUT/gate-reference.txt"; }
 ((${#failed[@]} == 0))

@@ -207,7 +207,7 @@ TEST_CASE("inconsistent geometries and run settings are rejected with every prob
 }
 
 TEST_CASE("config.json written from a geometry reads back identically") {
-    for (const char* name : {"tiny.yaml", "parity.yaml", "dreamzero_droid.yaml"}) {
+    for (const char* name : {"tiny.yaml", "parity.yaml", "parity_wide.yaml", "dreamzero_droid.yaml"}) {
         const ModelConfig m = load_run_config(config_path(name)).model;
         const auto j = model_config_to_json(m, {{"seed", 7}});
         CHECK(j["model_type"] == "vla");

@@ -121,6 +121,43 @@ TEST_CASE("the DROID config reproduces the verified key inventory exactly") {
     CHECK(c.total_params() == 22'924'172'116ull);
 }
 
+TEST_CASE("the real-width parity config has the DROID shape of every tensor but the token embedding") {
+    // configs/parity_wide.yaml: the numerics gate of fast at the real widths (docs/PARITY.md), 2 DiT and umT5
+    // layers, 2 stored CLIP blocks, a 1000-token vocabulary.
+    const auto tsv = read_tsv();
+    const auto inv = expected_weights(load_model("parity_wide.yaml"));
+    CHECK(inv.size() == 350);
+    uint64_t params = 0;
+    for (const auto& w : inv) {
+        INFO(w.key);
+        const auto it = tsv.find(w.key);
+        REQUIRE(it != tsv.end());
+        params += uint64_t(w.shape.numel());
+        if (w.key == keys::t5("token_embedding.weight"))
+            CHECK(w.shape.str() == "[1000, 4096]");
+        else
+            CHECK(w.shape.str() == it->second.shape);
+    }
+    CHECK(params == 1'697'073'492ull);
+    // every DROID tensor of the first two blocks of each network (and outside the blocks) is there
+    const std::set<std::string> have = [&] {
+        std::set<std::string> k;
+        for (const auto& w : inv) k.insert(w.key);
+        return k;
+    }();
+    for (const auto& [key, row] : tsv) {
+        const bool later_block = [&] {
+            for (const std::string prefix : {keys::dit_block(0), keys::t5_block(0), keys::clip_block(0)}) {
+                const std::string stem = prefix.substr(0, prefix.size() - 2);  // "...blocks."
+                if (key.rfind(stem, 0) == 0) return std::stoi(key.substr(stem.size())) >= 2;
+            }
+            return false;
+        }();
+        INFO(key);
+        if (!later_block) CHECK(have.count(key) == 1);
+    }
+}
+
 TEST_CASE("key helpers build the reference key strings") {
     CHECK(keys::dit_block(3) + "self_attn.q.weight" == "action_head.model.blocks.3.self_attn.q.weight");
     CHECK(keys::dit("patch_embedding.weight") == "action_head.model.patch_embedding.weight");

@@ -8,10 +8,10 @@
 //                both CFG branches, and the initial noise drawn by dzr's seeded generator (the reference's
 //                generate_noise is replaced to return it).
 //   attention, linear, conv3d, op: one bf16 op on .npy operands through the CUDA backend (parity_kernels.cpp).
-//   run          runs DreamZeroPolicy on those inputs with the injected noise and writes the traced
-//                stages of every call into one .safetensors file (f32), named as the reference
-//                harness names them. With --inject-from FILE (a reference dump) the stages matching
-//                --inject (default: the encoder outputs) are replaced by FILE's tensors before the
+//   run          runs DreamZeroPolicy on those inputs with the injected noise (in the --numerics mode asked
+//                for) and writes the traced stages of every call into one .safetensors file (f32), named as
+//                the reference harness names them. With --inject-from FILE (a reference dump) the stages
+//                matching --inject (default: the encoder outputs) are replaced by FILE's tensors before the
 //                policy consumes them, so the DiT and sampler run on the reference's conditioning.
 #include <fmt/format.h>
 
@@ -77,6 +77,7 @@ struct RunArgs {
     std::string device = "cpu";
     std::string dtype;
     std::string kv = "paged";
+    std::string numerics = "reference";
     std::string config;
     std::string dump = kDefaultDump;
     std::string inject_from;
@@ -355,7 +356,9 @@ int run_parity(const RunArgs& a) {
     const ModelConfig& m = ckpt.model_config();
     const Device device = parse_device(a.device);
     // NOTE: the documented environment overrides apply, so device_round.sh can run variants of the same inputs
-    std::unique_ptr<Backend> be = make_backend(device, apply_env_overrides({}));
+    BackendOptions options = apply_env_overrides({});
+    options.numerics = parse_numerics(a.numerics);
+    std::unique_ptr<Backend> be = make_backend(device, options);
     const DType dtype = be->compute_dtype();
     if (!a.dtype.empty())
         DZR_CHECK(a.dtype == dtype_name(dtype), "--dtype {}: the {} backend computes in {}", a.dtype, be->name(),
@@ -396,8 +399,9 @@ int run_parity(const RunArgs& a) {
         inject = std::make_unique<StageInjector>(*be, a.inject_from, a.inject);
         policy.set_override([&inject](std::string_view stage, int call, const TensorView& t) { (*inject)(stage, call, t); });
     }
-    std::fprintf(stderr, "dzr parity run: %s on %s, load %.1f s\n  %s\n", a.ckpt.c_str(), be->name().c_str(),
-                 load.ms() / 1e3, policy.describe().c_str());
+    std::fprintf(stderr, "dzr parity run: %s on %s (%s numerics), load %.1f s\n  %s\n", a.ckpt.c_str(),
+                 be->name().c_str(), numerics_name(be->numerics()), load.ms() / 1e3,
+                 policy.describe().c_str());
 
     const auto& calls = manifest.at("calls");
     const int n = a.calls < 0 ? int(calls.size()) : std::min<int>(a.calls, int(calls.size()));
@@ -442,6 +446,7 @@ int run_parity(const RunArgs& a) {
                     {"backend", be->name()},
                     {"dtype", dtype_name(dtype)},
                     {"kv", a.kv},
+                    {"numerics", numerics_name(be->numerics())},
                     {"checkpoint", fs::absolute(a.ckpt).string()},
                     {"inputs", fs::absolute(in).string()},
                     {"calls", per_call}};
@@ -481,6 +486,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     r->add_option("--device", ra->device, "cpu, cuda or cuda:N")->capture_default_str();
     r->add_option("--dtype", ra->dtype, "Expected compute dtype (f32 on cpu, bf16 on cuda); checked");
     r->add_option("--kv", ra->kv, "KV cache: paged or dense")->capture_default_str();
+    r->add_option("--numerics", ra->numerics, "reference or fast (docs/PARITY.md: the gate of fast)")
+        ->capture_default_str();
     r->add_option("--config", ra->config, "Run config for the sampling and kv settings (default: built-in)");
     r->add_option("--dump", ra->dump, "Regex of the stage names to write (searched)")->capture_default_str();
     r->add_option("--inject-from", ra->inject_from,
