@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "policy/observation.h"
 #include "policy/tokenizer.h"
 #include "sampling/noise.h"
+#include "weights/bulk_load.h"
 #include "weights/checkpoint.h"
 #include "weights/weight_source.h"
 
@@ -50,6 +52,8 @@ struct PolicyOptions {
     bool check_finite = false;           ///< debug: check every stage (synchronizes) and name the culprit
     size_t free_device_bytes = 0;        ///< for a fractional kv.memory_budget (0 = unknown)
     bool video_decode = false;           ///< also plan the workspace for decode_video() (needs the decoder)
+    /// How the weights are read (weights/bulk_load.h); nullopt: each weight is uploaded as its network requires it.
+    std::optional<BulkLoadOptions> bulk_load = BulkLoadOptions{};
 };
 
 /// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during
@@ -95,6 +99,7 @@ struct EngineOptions {
     bool check_finite = false;
     bool video_decode = false;
     std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(run.sampling.seed)
+    std::optional<BulkLoadOptions> bulk_load = BulkLoadOptions{};  ///< PolicyOptions::bulk_load
 };
 
 /// Everything a session needs, loaded once.
