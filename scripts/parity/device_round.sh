@@ -7,8 +7,11 @@
 # reference's aten-op trace of its first two calls), `substage` (substage_probe.sh: the DiT's and the
 # encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
 # BENCH_NUMERICS="reference fast", BENCH_DEVICE); `embodiments` runs the parity step on AgiBot- and YAM-shaped
-# checkpoints (EMBODIMENTS="agibot yam"). The device tool returns at most 8 files, so everything each step writes
-# goes into one archive, $OUT/<step>.tar.gz, and a short summary is printed last.
+# checkpoints (EMBODIMENTS="agibot yam"); `load` times loading the DROID checkpoint cold and warm, old path and new
+# (scripts/bench/load_cold_warm.sh; the random 46 GB checkpoint is made once into LOAD_CKPT, default
+# .dzr-load/droid in the repository, on the machine's disk, and kept for later rounds). The device tool returns at
+# most 8 files, so everything each step writes goes into one archive, $OUT/<step>.tar.gz, and a short summary is
+# printed last.
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
 # Settings: BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
@@ -142,6 +145,25 @@ if want substage; then
         grep -vE " 0\.00e\+00$" | head -80
     echo "(tensors with no differing element not shown)"
     pack substage
+fi
+
+if want load; then
+    say "load: the DROID checkpoint cold and warm, old path and new (scripts/bench/load_cold_warm.sh)"
+    mkdir -p "$WORK/load"
+    # NOTE: on the machine's disk, not under /tmp (a tmpfs holds the files in memory: no cold read to measure)
+    LOAD_CKPT=${LOAD_CKPT:-$PWD/.dzr-load/droid}
+    if [[ ! -f "$LOAD_CKPT/model.safetensors.index.json" ]]; then
+        mkdir -p "$(dirname "$LOAD_CKPT")"
+        df -h "$(dirname "$LOAD_CKPT")" | tail -n 1
+        "$DZR" ckpt make --config configs/dreamzero_droid.yaml --seed 1 --out "$LOAD_CKPT" --force --threads 10 \
+            >"$WORK/load/make.log" 2>&1
+        check $? "load: ckpt make"
+        tail -n 3 "$WORK/load/make.log"
+    fi
+    CKPT=$LOAD_CKPT DZR=$DZR OUT="$WORK/load" bash scripts/bench/load_cold_warm.sh >"$WORK/load/load.log" 2>&1
+    check $? "load (a target not met, or a run failed)"
+    grep -E "^(path|run [0-9])|^\||^target|failed|cannot|NOT" "$WORK/load/load.log" | cut -c1-220
+    pack load
 fi
 
 if want bench; then
