@@ -20,16 +20,16 @@ namespace dzr::app {
 namespace {
 
 struct LoadRun {
-    double open_s = 0;     // Checkpoint: headers, index, config
-    double build_s = 0;    // the networks' constructors: allocations (and the old path's uploads)
-    double total_s = 0;    // open + build + the bulk read + the final synchronize
-    uint64_t bytes = 0;    // stored bytes of the weights the networks loaded
+    double open_s = 0;   // Checkpoint: headers, index, config
+    double build_s = 0;  // the networks' constructors: allocations (and the old path's uploads)
+    double total_s = 0;  // open + build + the bulk read + the final synchronize
+    uint64_t bytes = 0;  // stored bytes of the weights the networks loaded
     size_t weights = 0;
-    BulkLoadStats bulk;    // the new path's read
+    BulkLoadStats bulk;  // the new path's read
 };
 
-/// One load as Engine does it: the checkpoint opened, the four networks built over one WeightLoader, every weight
-/// on the device. The networks are freed after the clock stops.
+/// One load as Engine does it: the checkpoint opened, the four networks built over one WeightLoader, every
+/// weight on the device. The networks are freed after the clock stops.
 LoadRun load_once(const LoadBenchOptions& o, Backend& be) {
     LoadRun run;
     const Timer total;
@@ -73,7 +73,8 @@ int run_load_bench(const LoadBenchOptions& o) {
         shards = ck.shards().size();
     }
     std::printf("dzr bench load: %s (%zu shard%s, %.2f GB of tensors) onto %s (backend made in %.2f s)\n",
-                o.checkpoint.c_str(), shards, shards == 1 ? "" : "s", double(stored) / 1e9, be->name().c_str(), init_s);
+                o.checkpoint.c_str(), shards, shards == 1 ? "" : "s", double(stored) / 1e9,
+                be->name().c_str(), init_s);
     if (o.path == "new")
         std::printf("path new: bulk_load, %d reader threads, %zu MiB reads, %s staging slots, %s\n",
                     bulk_load_threads(o.bulk), o.bulk.chunk_bytes >> 20,
@@ -85,12 +86,13 @@ int run_load_bench(const LoadBenchOptions& o) {
     for (int r = 1; r <= o.repeat; ++r) {
         const LoadRun run = load_once(o, *be);
         const double gb = double(run.bytes) / 1e9;
-        std::printf("run %d: %zu weights, %.2f GB in %.2f s = %.2f GB/s (open %.2f s, networks %.2f s", r, run.weights,
-                    gb, run.total_s, gb / run.total_s, run.open_s, run.build_s);
-        if (run.bulk.tensors > 0) std::printf(", bulk read %.2f s: %s", run.bulk.seconds, run.bulk.summary().c_str());
+        std::printf("run %d: %zu weights, %.2f GB in %.2f s = %.2f GB/s (open %.2f s, networks %.2f s", r,
+                    run.weights, gb, run.total_s, gb / run.total_s, run.open_s, run.build_s);
+        if (run.bulk.tensors > 0)
+            std::printf(", bulk read %.2f s: %s", run.bulk.seconds, run.bulk.summary().c_str());
         std::printf(")\n");
-        std::printf("result path=%s run=%d seconds=%.3f gb=%.3f gb_per_s=%.3f\n", o.path.c_str(), r, run.total_s, gb,
-                    gb / run.total_s);
+        std::printf("result path=%s run=%d seconds=%.3f gb=%.3f gb_per_s=%.3f\n", o.path.c_str(), r,
+                    run.total_s, gb, gb / run.total_s);
         std::fflush(stdout);
         runs.push_back({{"run", r},
                         {"seconds", run.total_s},

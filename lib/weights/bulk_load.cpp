@@ -38,18 +38,24 @@ constexpr uint64_t kMaxRead = uint64_t(1) << 30;
 constexpr size_t kMaxChunkBytes = size_t(1) << 30;
 constexpr int kMaxThreads = 256;
 
-uint64_t align_down(uint64_t x) { return x / kAlign * kAlign; }
-uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_down(uint64_t x) {
+    return x / kAlign * kAlign;
+}
+uint64_t align_up(uint64_t x) {
+    return (x + kAlign - 1) / kAlign * kAlign;
+}
 
 /// One file opened for reading, closed with the object.
 class ReadFile {
-public:
+  public:
     ReadFile(const fs::path& path, bool want_direct) : path_(path) {
         if (want_direct) {
             fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-            // NOTE: a file system without O_DIRECT (tmpfs before Linux 6.6) refuses the flag: read it buffered.
-            if (fd_ >= 0) direct_ = true;
-            else if (errno != EINVAL) fail_open();
+            // NOTE: a file system without O_DIRECT (tmpfs before Linux 6.6) refuses it: read buffered.
+            if (fd_ >= 0)
+                direct_ = true;
+            else if (errno != EINVAL)
+                fail_open();
         }
         if (fd_ < 0) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd_ < 0) fail_open();
@@ -76,7 +82,8 @@ public:
     void read_exact(uint8_t* buf, uint64_t offset, uint64_t n, const std::string& what) const {
         uint64_t got = 0;
         while (got < n) {
-            const ssize_t r = ::pread(fd_, buf + got, size_t(std::min(n - got, kMaxRead)), off_t(offset + got));
+            const ssize_t r =
+                ::pread(fd_, buf + got, size_t(std::min(n - got, kMaxRead)), off_t(offset + got));
             if (r < 0 && errno == EINTR) continue;
             if (r < 0) fail_read(offset, n, what, errno);
             if (r == 0) fail_short(offset, n, offset + got, what);
@@ -90,18 +97,19 @@ public:
         const uint64_t a0 = align_down(offset), want = align_up(offset + n) - a0, need = offset + n - a0;
         uint64_t got = 0;
         while (got < need) {
-            const ssize_t r = ::pread(fd_, buf + got, size_t(std::min(want - got, kMaxRead)), off_t(a0 + got));
+            const ssize_t r =
+                ::pread(fd_, buf + got, size_t(std::min(want - got, kMaxRead)), off_t(a0 + got));
             if (r < 0 && errno == EINTR) continue;
             if (r < 0) fail_read(offset, n, what, errno);
             if (r == 0) fail_short(offset, n, a0 + got, what);
             got += uint64_t(r);
-            // NOTE: O_DIRECT returns an unaligned count only at the end of the file; the next read would be refused.
+            // NOTE: O_DIRECT returns an unaligned count only at the file's end (a next read is refused).
             if (got < need && uint64_t(r) % kAlign != 0) fail_short(offset, n, a0 + got, what);
         }
         return size_t(offset - a0);
     }
 
-private:
+  private:
     [[noreturn]] void fail_open() const {
         DZR_THROW("cannot open {}: {}", path_.string(), std::strerror(errno));
     }
@@ -110,9 +118,10 @@ private:
                   direct_ ? " with O_DIRECT" : "", std::strerror(err));
     }
     [[noreturn]] void fail_short(uint64_t offset, uint64_t n, uint64_t end, const std::string& what) const {
-        DZR_THROW("{}: the file ends at byte {}, inside {} (bytes [{}, {})): it is shorter than its header says "
-                  "(truncated or rewritten while loading?)",
-                  path_.string(), end, what, offset, offset + n);
+        DZR_THROW(
+            "{}: the file ends at byte {}, inside {} (bytes [{}, {})): it is shorter than its header says "
+            "(truncated or rewritten while loading?)",
+            path_.string(), end, what, offset, offset + n);
     }
 
     fs::path path_;
@@ -125,10 +134,10 @@ struct FreeDeleter {
     void operator()(uint8_t* p) const { std::free(p); }
 };
 
-/// Free staging slots, handed out first in, first out (the slot released longest ago has most likely finished its
-/// copies).
+/// Free staging slots, handed out first in, first out (the slot released longest ago has most likely finished
+/// its copies).
 class SlotPool {
-public:
+  public:
     explicit SlotPool(int slots) {
         for (int i = 0; i < slots; ++i) free_.push_back(i);
     }
@@ -147,16 +156,16 @@ public:
         cv_.notify_one();
     }
 
-private:
+  private:
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<int> free_;
 };
 
-/// One slot for one chunk: taken from the pool and acquired (its last copies done); released and given back at the
-/// end, also when reading fails, so the slot's next user waits for whatever copies were queued.
+/// One slot for one chunk: taken from the pool and acquired (its last copies done); released and given back
+/// at the end, also when reading fails, so the slot's next user waits for whatever copies were queued.
 class SlotLease {
-public:
+  public:
     SlotLease(SlotPool& pool, StagingRing& ring) : pool_(pool), ring_(ring), slot_(pool.take()) {
         try {
             data_ = ring.acquire(slot_);
@@ -178,7 +187,7 @@ public:
     int slot() const { return slot_; }
     uint8_t* data() const { return data_; }
 
-private:
+  private:
     SlotPool& pool_;
     StagingRing& ring_;
     int slot_;
@@ -192,11 +201,13 @@ std::string describe(const BulkChunk& c, const std::vector<BulkLoadItem>& items)
     return fmt::format("tensors {} .. {}", first, items[c.pieces.back().item].key);
 }
 
-uint8_t* dst_bytes(const BulkLoadItem& item) { return static_cast<uint8_t*>(item.dst.data); }
+uint8_t* dst_bytes(const BulkLoadItem& item) {
+    return static_cast<uint8_t*>(item.dst.data);
+}
 
 /// One reader thread's state: its bounce buffer for conversions and O_DIRECT reads on the host path.
 class Reader {
-public:
+  public:
     Reader(const std::vector<BulkLoadItem>& items, const std::vector<std::unique_ptr<ReadFile>>& files,
            size_t buffer_bytes, StagingRing* ring, SlotPool* pool)
         : items_(items), files_(files), buffer_bytes_(buffer_bytes), ring_(ring), pool_(pool) {}
@@ -208,7 +219,7 @@ public:
             read_host(c);
     }
 
-private:
+  private:
     uint8_t* bounce() {
         if (!bounce_) {
             bounce_.reset(static_cast<uint8_t*>(std::aligned_alloc(size_t(kAlign), buffer_bytes_)));
@@ -217,7 +228,8 @@ private:
         return bounce_.get();
     }
 
-    /// Reads the chunk's file bytes into buf (room for buffer_bytes_); returns the first byte's position in buf.
+    /// Reads the chunk's file bytes into buf (room for buffer_bytes_); returns the first byte's position in
+    /// buf.
     size_t read_into(const BulkChunk& c, uint8_t* buf) {
         const ReadFile& f = *files_[c.file];
         const std::string what = describe(c, items_);
@@ -226,7 +238,8 @@ private:
         return 0;
     }
 
-    /// The one piece of a conversion chunk from its stored dtype at `raw` into `out` (the destination's dtype).
+    /// The one piece of a conversion chunk from its stored dtype at `raw` into `out` (the destination's
+    /// dtype).
     void convert(const BulkChunk& c, const uint8_t* raw, uint8_t* out) const {
         const BulkPiece& p = c.pieces.front();
         const BulkLoadItem& item = items_[p.item];
@@ -271,7 +284,8 @@ private:
             // NOTE: straight into the tensors, one read per piece (the pieces are consecutive in the file).
             uint64_t pos = c.offset;
             for (const BulkPiece& p : c.pieces) {
-                f.read_exact(dst_bytes(items_[p.item]) + p.item_offset, pos, p.bytes, "tensor " + items_[p.item].key);
+                f.read_exact(dst_bytes(items_[p.item]) + p.item_offset, pos, p.bytes,
+                             "tensor " + items_[p.item].key);
                 pos += p.bytes;
             }
             return;
@@ -295,8 +309,10 @@ private:
 void check_item(const BulkLoadItem& item, const Backend& be) {
     const TensorView& d = item.dst;
     DZR_CHECK(d.device == be.device() && (d.data != nullptr || d.numel() == 0),
-              "bulk load: tensor {}: the destination {} is not a tensor on {}", item.key, d.str(), be.device().str());
-    DZR_CHECK(d.is_contiguous(), "bulk load: tensor {}: the destination {} is not contiguous", item.key, d.str());
+              "bulk load: tensor {}: the destination {} is not a tensor on {}", item.key, d.str(),
+              be.device().str());
+    DZR_CHECK(d.is_contiguous(), "bulk load: tensor {}: the destination {} is not contiguous", item.key,
+              d.str());
     DZR_CHECK(item.stored == d.dtype || (dtype_is_float(item.stored) && dtype_is_float(d.dtype)),
               "bulk load: tensor {}: cannot convert the stored {} to {}", item.key, dtype_name(item.stored),
               dtype_name(d.dtype));
@@ -305,12 +321,13 @@ void check_item(const BulkLoadItem& item, const Backend& be) {
 }  // namespace
 
 std::string BulkLoadStats::summary() const {
-    std::string how =
-        slots > 0 ? fmt::format("{} x {} MiB pinned staging", slots, slot_bytes >> 20) : "straight into host tensors";
-    return fmt::format("{:.2f} GB from {} file{} in {:.2f} s ({:.2f} GB/s): {} tensors, {} reads, {} thread{}, {}, {} "
-                       "reads",
-                       double(file_bytes) / 1e9, files, files == 1 ? "" : "s", seconds, gb_per_s(), tensors, chunks,
-                       threads, threads == 1 ? "" : "s", how, direct ? "O_DIRECT" : "buffered");
+    std::string how = slots > 0 ? fmt::format("{} x {} MiB pinned staging", slots, slot_bytes >> 20)
+                                : "straight into host tensors";
+    return fmt::format(
+        "{:.2f} GB from {} file{} in {:.2f} s ({:.2f} GB/s): {} tensors, {} reads, {} thread{}, {}, {} "
+        "reads",
+        double(file_bytes) / 1e9, files, files == 1 ? "" : "s", seconds, gb_per_s(), tensors, chunks, threads,
+        threads == 1 ? "" : "s", how, direct ? "O_DIRECT" : "buffered");
 }
 
 int bulk_load_threads(const BulkLoadOptions& o) {
@@ -319,8 +336,8 @@ int bulk_load_threads(const BulkLoadOptions& o) {
 }
 
 BulkPlan plan_bulk_load(const std::vector<BulkLoadItem>& items, size_t chunk_bytes) {
-    DZR_CHECK(chunk_bytes > 0 && chunk_bytes <= kMaxChunkBytes, "bulk load: a read of {} bytes is not in (0, {}]",
-              chunk_bytes, kMaxChunkBytes);
+    DZR_CHECK(chunk_bytes > 0 && chunk_bytes <= kMaxChunkBytes,
+              "bulk load: a read of {} bytes is not in (0, {}]", chunk_bytes, kMaxChunkBytes);
     const uint64_t S = align_up(chunk_bytes);
     BulkPlan plan;
     std::map<std::string, size_t> file_index;
@@ -382,8 +399,8 @@ BulkPlan plan_bulk_load(const std::vector<BulkLoadItem>& items, size_t chunk_byt
 
 BulkLoadStats bulk_load(const std::vector<BulkLoadItem>& items, Backend& be, const BulkLoadOptions& o) {
     const Timer timer;
-    DZR_CHECK(o.threads >= 0 && o.threads <= kMaxThreads, "bulk load: threads must be in [0, {}], got {}", kMaxThreads,
-              o.threads);
+    DZR_CHECK(o.threads >= 0 && o.threads <= kMaxThreads, "bulk load: threads must be in [0, {}], got {}",
+              kMaxThreads, o.threads);
     DZR_CHECK(o.slots >= 0, "bulk load: staging slots must be 0 (automatic) or more, got {}", o.slots);
     for (const auto& item : items) check_item(item, be);
     const BulkPlan plan = plan_bulk_load(items, o.chunk_bytes);
@@ -406,17 +423,19 @@ BulkLoadStats bulk_load(const std::vector<BulkLoadItem>& items, Backend& be, con
     std::vector<std::unique_ptr<ReadFile>> files;
     for (const auto& path : plan.files) files.push_back(std::make_unique<ReadFile>(path, o.direct));
     stats.direct = std::all_of(files.begin(), files.end(), [](const auto& f) { return f->direct(); });
-    if (o.direct && !stats.direct) log()->warn("bulk load: O_DIRECT refused by the file system; reading buffered");
+    if (o.direct && !stats.direct)
+        log()->warn("bulk load: O_DIRECT refused by the file system; reading buffered");
     for (const auto& c : plan.chunks) {
         const ReadFile& f = *files[c.file];
         if (c.offset + c.bytes <= f.size()) continue;
         for (const auto& p : c.pieces) {
             const BulkLoadItem& item = items[p.item];
             const uint64_t begin = item.offset, end = item.offset + item.stored_bytes();
-            DZR_CHECK(end <= f.size(),
-                      "{}: the file has {} bytes but tensor {} is stored at bytes [{}, {}): it is shorter than its "
-                      "header says (truncated or rewritten after it was opened?)",
-                      f.path().string(), f.size(), item.key, begin, end);
+            DZR_CHECK(
+                end <= f.size(),
+                "{}: the file has {} bytes but tensor {} is stored at bytes [{}, {}): it is shorter than its "
+                "header says (truncated or rewritten after it was opened?)",
+                f.path().string(), f.size(), item.key, begin, end);
         }
     }
 

@@ -1,7 +1,8 @@
-// The bulk loader on the GPU: a load through pinned staging slots (backend/staging.h) on the ring's copy stream
-// gives the tensors the plain path (one upload per require) gives, bit for bit, for bf16 and f32 storage into bf16
-// and f32 tensors, with 1..8 threads, reads that split tensors, one slot or several, buffered and O_DIRECT reads;
-// the ring's copies start after the allocations' zero fill and are complete after finish().
+// The bulk loader on the GPU: a load through pinned staging slots (backend/staging.h) on the ring's copy
+// stream gives the tensors the plain path (one upload per require) gives, bit for bit, for bf16 and f32
+// storage into bf16 and f32 tensors, with 1..8 threads, reads that split tensors, one slot or several,
+// buffered and O_DIRECT reads; the ring's copies start after the allocations' zero fill and are complete
+// after finish().
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -65,7 +66,8 @@ std::unique_ptr<Made> make(const ModelConfig& model, DType dtype, uint64_t shard
 
 /// Every weight as `dtype` device tensors, downloaded to host bytes after the load.
 std::vector<std::vector<uint8_t>> load_all(const Checkpoint& ck, const MakePlan& plan, DType dtype,
-                                           const std::optional<BulkLoadOptions>& bulk, BulkLoadStats* stats = nullptr) {
+                                           const std::optional<BulkLoadOptions>& bulk,
+                                           BulkLoadStats* stats = nullptr) {
     Backend& be = gpu();
     std::vector<Tensor> dev;
     {
@@ -83,7 +85,8 @@ std::vector<std::vector<uint8_t>> load_all(const Checkpoint& ck, const MakePlan&
     return out;
 }
 
-size_t count_different(const std::vector<std::vector<uint8_t>>& a, const std::vector<std::vector<uint8_t>>& b) {
+size_t count_different(const std::vector<std::vector<uint8_t>>& a,
+                       const std::vector<std::vector<uint8_t>>& b) {
     REQUIRE(a.size() == b.size());
     size_t n = 0;
     for (size_t i = 0; i < a.size(); ++i) n += a[i] == b[i] ? 0 : 1;
@@ -117,7 +120,8 @@ void check_identical(const Made& m, const std::vector<int>& threads, const std::
                         CAPTURE(slots);
                         CAPTURE(direct);
                         BulkLoadStats stats;
-                        const auto staged = load_all(ck, m.plan, dtype, opts(t, chunk, slots, direct), &stats);
+                        const auto staged =
+                            load_all(ck, m.plan, dtype, opts(t, chunk, slots, direct), &stats);
                         CHECK(count_different(plain, staged) == 0);
                         CHECK(stats.slots == (slots > 0 ? slots : stats.threads + 2));
                         CHECK(stats.file_bytes == m.plan.total_bytes);
@@ -164,7 +168,8 @@ TEST_CASE("the staging ring's copies follow the zero fill and are on the device 
         std::vector<float> host(size_t(dst[size_t(i)].numel()));
         be.download(dst[size_t(i)], TensorView(host.data(), DType::F32, dst[size_t(i)].shape()));
         size_t wrong = 0;
-        for (size_t j = 0; j < host.size(); ++j) wrong += host[j] == float(i * 1000 + int64_t(j) % 977) ? 0 : 1;
+        for (size_t j = 0; j < host.size(); ++j)
+            wrong += host[j] == float(i * 1000 + int64_t(j) % 977) ? 0 : 1;
         CAPTURE(i);
         CHECK(wrong == 0);
     }

@@ -1,7 +1,7 @@
-// The bulk loader (weights/bulk_load.h) on the CPU backend: the deferred WeightLoader path gives the bytes the old
-// path (one upload per require) gives, for the tiny and a medium geometry, bf16 and f32 storage, into f32 and bf16
-// tensors, with 1..8 reader threads, small reads that split tensors, buffered and O_DIRECT reads; the chunk plan's
-// invariants; broken files give one error naming the file and the tensor.
+// The bulk loader (weights/bulk_load.h) on the CPU backend: the deferred WeightLoader path gives the bytes
+// the old path (one upload per require) gives, for the tiny and a medium geometry, bf16 and f32 storage, into
+// f32 and bf16 tensors, with 1..8 reader threads, small reads that split tensors, buffered and O_DIRECT
+// reads; the chunk plan's invariants; broken files give one error naming the file and the tensor.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "backend/staging.h"
 #include "config/run_config.h"
 #include "core/error.h"
+#include "support/cli.h"
 #include "support/test_support.h"
 #include "weights/bulk_load.h"
 #include "weights/checkpoint.h"
@@ -36,15 +37,17 @@ std::string error_of(F&& f) {
     return "";
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+}
 
 const ModelConfig& tiny_model() {
     static const ModelConfig m = config::load_run_config(test::source_dir() / "configs" / "tiny.yaml").model;
     return m;
 }
 
-/// The tiny geometry with a wider, deeper DiT and a larger vocabulary: some 30 MB of bf16 tensors, the largest
-/// 1.5 MB, so small reads split many of them.
+/// The tiny geometry with a wider, deeper DiT and a larger vocabulary: some 30 MB of bf16 tensors, the
+/// largest 1.5 MB, so small reads split many of them.
 ModelConfig medium_model() {
     ModelConfig m = tiny_model();
     m.dit.dim = 512;
@@ -128,7 +131,8 @@ void check_identical(const Made& m, const std::vector<int>& threads) {
                     CAPTURE(chunk);
                     CAPTURE(direct);
                     BulkLoadStats stats;
-                    const std::vector<Tensor> bulk = load_all(ck, m.plan, *be, dtype, opts(t, chunk, direct), &stats);
+                    const std::vector<Tensor> bulk =
+                        load_all(ck, m.plan, *be, dtype, opts(t, chunk, direct), &stats);
                     std::string first;
                     CHECK(count_different(m.plan, old, bulk, first) == 0);
                     CHECK(first == "");
@@ -176,7 +180,8 @@ TEST_CASE("the bulk loader handles skipped tensors, a weight required twice and 
     std::vector<Tensor> old, bulk;
     {
         WeightLoader loader(ck, *be);
-        for (size_t i : picked) old.push_back(loader.require(m->plan.weights[i].key, m->plan.weights[i].shape));
+        for (size_t i : picked)
+            old.push_back(loader.require(m->plan.weights[i].key, m->plan.weights[i].shape));
     }
     WeightLoader loader(ck, *be);
     loader.defer(opts(4, 8192));
@@ -202,7 +207,7 @@ TEST_CASE("the bulk load plan cuts sorted consecutive reads that cover every ite
     std::vector<BulkLoadItem> items = {
         {"b0", "b.safetensors", 100, DType::BF16, dst(DType::BF16, 3000)},  // [100, 6100)
         {"a1", "a.safetensors", 8 + 6000, DType::BF16, dst(DType::BF16, 10)},
-        {"a0", "a.safetensors", 8, DType::BF16, dst(DType::BF16, 3000)},  // [8, 6008)
+        {"a0", "a.safetensors", 8, DType::BF16, dst(DType::BF16, 3000)},    // [8, 6008)
         {"a2", "a.safetensors", 7000, DType::F32, dst(DType::BF16, 2500)},  // gap before; converted
         {"a0again", "a.safetensors", 8, DType::BF16, dst(DType::BF16, 3000)},
         {"empty", "a.safetensors", 50, DType::BF16, dst(DType::BF16, 0)},
@@ -239,13 +244,14 @@ TEST_CASE("the bulk load plan cuts sorted consecutive reads that cover every ite
         CAPTURE(items[i].key);
         CHECK(covered[i] == items[i].stored_bytes());
     }
-    // a0: 2 reads; a0again: 2, the second one also holding a1 (back to back); a2: 3 conversions of at most 1024
-    // f32 values; b0: 2
+    // a0: 2 reads; a0again: 2, the second one also holding a1 (back to back); a2: 3 conversions of at most
+    // 1024 f32 values; b0: 2
     CHECK(plan.chunks.size() == 2 + 2 + 3 + 2);
     CHECK_THROWS_AS(plan_bulk_load(items, 0), Error);
 }
 
-TEST_CASE("a shard truncated after the checkpoint was opened fails the bulk load naming the file and the tensor") {
+TEST_CASE(
+    "a shard truncated after the checkpoint was opened fails the bulk load naming the file and the tensor") {
     auto m = make(tiny_model(), DType::BF16, 1'000'000, 25);
     const Checkpoint ck(m->dir());
     auto be = make_cpu_backend();
@@ -282,4 +288,33 @@ TEST_CASE("bulk load options out of range are refused by name") {
     loader.require(m->plan.weights.front().key, m->plan.weights.front().shape);
     CHECK(contains(error_of([&] { loader.finish(); }), "threads must be in"));
     CHECK(make_staging_ring(*be, StagingOptions{}) == nullptr);  // the CPU backend needs no staging
+}
+
+TEST_CASE("dzr bench load times both paths on the CPU and names a bad checkpoint") {
+    if (test::dzr_bin().empty()) {
+        MESSAGE("DZR_BIN is not set (run through ctest); skipping the binary checks");
+        return;
+    }
+    auto m = make(tiny_model(), DType::BF16, 1'000'000, 27);
+    const std::string ck = m->dir().string();
+    test::CliResult r =
+        test::run_dzr("bench load --checkpoint '" + ck + "' --device cpu --path old", m->tmp.path());
+    CHECK(r.code == 0);
+    CHECK(r.has("result path=old run=1"));
+    r = test::run_dzr("bench load --checkpoint '" + ck +
+                          "' --device cpu --threads 3 --staging-mb 1 --direct --repeat 2 "
+                          "--json '" +
+                          (m->tmp / "load.json").string() + "'",
+                      m->tmp.path());
+    CHECK(r.code == 0);
+    CHECK(r.has("result path=new run=2"));
+    CHECK(r.has("3 threads, straight into host tensors"));
+    CHECK(fs::exists(m->tmp / "load.json"));
+    r = test::run_dzr("bench load --checkpoint '" + ck + "' --device cpu --path sideways", m->tmp.path());
+    CHECK(r.code != 0);
+    CHECK(r.has("--path must be new or old"));
+    r = test::run_dzr("bench load --checkpoint '" + (m->tmp / "nowhere").string() + "' --device cpu",
+                      m->tmp.path());
+    CHECK(r.code != 0);
+    CHECK(r.has("does not exist"));
 }

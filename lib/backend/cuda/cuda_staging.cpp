@@ -1,5 +1,5 @@
-// The CUDA StagingRing (backend/staging.h): one cudaHostAlloc block cut into slots, a non-blocking copy stream of
-// the ring's own and one event per slot that the next acquire of the slot waits for.
+// The CUDA StagingRing (backend/staging.h): one cudaHostAlloc block cut into slots, a non-blocking copy
+// stream of the ring's own and one event per slot that the next acquire of the slot waits for.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -14,19 +14,19 @@ namespace {
 using cuda_detail::DeviceGuard;
 
 class CudaStagingRing final : public StagingRing {
-public:
+  public:
     CudaStagingRing(CudaBackend& be, const StagingOptions& o)
         : index_(be.index()), compute_stream_(be.cuda_stream()), slot_bytes_(o.slot_bytes), slots_(o.slots) {
         DeviceGuard guard(index_);
-        // NOTE: one block for every slot: pinning is paid once, and cudaHostAlloc memory is page aligned, which
-        // O_DIRECT reads into a slot need.
+        // NOTE: one block for every slot: pinning is paid once, and cudaHostAlloc memory is page aligned,
+        // which O_DIRECT reads into a slot need.
         const size_t total = slot_bytes_ * size_t(slots_);
         const cudaError_t st = cudaHostAlloc(&base_, total, cudaHostAllocDefault);
         if (st != cudaSuccess) {
             cudaGetLastError();
             base_ = nullptr;
-            DZR_THROW("cuda:{}: cannot pin {} bytes of host memory for {} staging buffers of {} bytes ({})", index_,
-                      total, slots_, slot_bytes_, cudaGetErrorString(st));
+            DZR_THROW("cuda:{}: cannot pin {} bytes of host memory for {} staging buffers of {} bytes ({})",
+                      index_, total, slots_, slot_bytes_, cudaGetErrorString(st));
         }
         try {
             DZR_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
@@ -58,8 +58,8 @@ public:
     }
 
     void copy(int slot, size_t offset, void* dst, size_t bytes) override {
-        DZR_CHECK(offset + bytes <= slot_bytes_, "staging: copy of {} bytes at {} runs past a {}-byte slot", bytes,
-                  offset, slot_bytes_);
+        DZR_CHECK(offset + bytes <= slot_bytes_, "staging: copy of {} bytes at {} runs past a {}-byte slot",
+                  bytes, offset, slot_bytes_);
         DeviceGuard guard(index_);
         const uint8_t* src = static_cast<const uint8_t*>(base_) + size_t(slot) * slot_bytes_ + offset;
         DZR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
@@ -75,7 +75,7 @@ public:
         DZR_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
     }
 
-private:
+  private:
     /// Waits for the copies still reading the slots before the pinned memory goes.
     void release_all() noexcept {
         int prev = 0;
@@ -106,7 +106,8 @@ private:
 
 std::unique_ptr<StagingRing> make_cuda_staging_ring(Backend& be, const StagingOptions& options) {
     auto* cuda = dynamic_cast<CudaBackend*>(&be);
-    DZR_CHECK(cuda != nullptr, "staging for {}: backend {} is not a CUDA backend", be.device().str(), be.name());
+    DZR_CHECK(cuda != nullptr, "staging for {}: backend {} is not a CUDA backend", be.device().str(),
+              be.name());
     return std::make_unique<CudaStagingRing>(*cuda, options);
 }
 
