@@ -3,13 +3,13 @@
 #   1. the disk's own speed: `cat` of every shard to /dev/null after dropping the page cache (then once more from
 #      the page cache, and 8 cats at once after another drop, for reference);
 #   2. `dzr bench load` for the old path (one upload per weight from the memory mapping) and the new one (parallel
-#      reads into pinned staging, weights/bulk_load.h) and each VARIANTS setting: the caches are dropped, the
+#      reads into pinned staging, weights/bulk_load.h) and each LOAD_VARIANTS setting: the caches are dropped, the
 #      process loads twice (run 1 cold, from the disk; run 2 warm, from the page cache).
 # Dropping the caches needs root (`echo 3 > /proc/sys/vm/drop_caches`); without it the cold runs are not cold and
 # the script says so and measures the warm ones only. A checkpoint on tmpfs is refused: it lives in memory.
 #
 # Usage: CKPT=DIR [DZR=build/bin/dzr] [DEVICE=cuda:0] [OUT=/tmp/dzr-load] scripts/bench/load_cold_warm.sh
-#   VARIANTS: new-path settings separated by '|' (default "--direct|--threads 16|--staging-mb 16")
+#   LOAD_VARIANTS: new-path settings separated by '|' (default "--direct|--threads 16|--staging-mb 16"; empty: none)
 #   SKIP_OLD=1: leave out the old path (33 s cold for the DROID checkpoint)
 #   NO_DROP=1: never drop the caches (a shared machine; only the warm numbers then mean anything)
 # Writes OUT/results.tsv (what, cold_s, warm_s, gb), OUT/results.md (the table for docs/PERF.md), one log and one
@@ -21,7 +21,7 @@ CKPT=${CKPT:?set CKPT to a checkpoint directory (dzr ckpt make --config configs/
 DZR=${DZR:-build/bin/dzr}
 DEVICE=${DEVICE:-cuda:0}
 OUT=${OUT:-/tmp/dzr-load}
-VARIANTS=${VARIANTS:---direct|--threads 16|--staging-mb 16}
+LOAD_VARIANTS=${LOAD_VARIANTS---direct|--threads 16|--staging-mb 16}
 mkdir -p "$OUT"
 [[ -x "$DZR" ]] || { echo "load_cold_warm: no dzr binary at $DZR (set DZR)" >&2; exit 2; }
 shopt -s nullglob
@@ -99,7 +99,7 @@ bench() {
 
 [[ -n "${SKIP_OLD:-}" ]] || bench "dzr old path" --path old
 bench "dzr new path (defaults)" --path new
-IFS='|' read -r -a variants <<<"$VARIANTS"
+IFS='|' read -r -a variants <<<"$LOAD_VARIANTS"
 for v in "${variants[@]}"; do
     [[ -n "${v// /}" ]] || continue
     # shellcheck disable=SC2086

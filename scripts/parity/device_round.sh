@@ -17,6 +17,7 @@
 # Settings: BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
 #   PARITY_CALLS=7 (the parity step's calls; CALLS is the sub-stage probe's)
 #   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80")
+#   LOAD_CKPT (the load step's checkpoint), LOAD_VARIANTS and SKIP_OLD (scripts/bench/load_cold_warm.sh's)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dzr-round-out}
