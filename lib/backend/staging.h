@@ -29,8 +29,8 @@ class StagingRing {
     /// Orders every later copy after the work queued on the backend's stream so far (the zero fill of the
     /// tensors the copies write). Call it once before the first copy.
     virtual void begin() = 0;
-    /// The host memory of `slot` (slot_bytes() bytes, 4096-byte aligned) once every copy queued from it has
-    /// finished.
+    /// The host memory of `slot` (slot_bytes() bytes; 4096-byte aligned when slot_bytes() is a multiple of
+    /// 4096, as O_DIRECT reads need) once every copy queued from it has finished.
     virtual uint8_t* acquire(int slot) = 0;
     /// Queues a copy of `bytes` bytes at `offset` in `slot` to the device address `dst` (on the backend's
     /// device).

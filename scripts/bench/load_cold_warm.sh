@@ -78,7 +78,7 @@ fi
 bench() {
     local label=$1 tag
     shift
-    tag=$(echo "$label" | tr -c 'A-Za-z0-9_.-' '_')
+    tag=$(printf '%s' "$label" | tr -c 'A-Za-z0-9_.-' '_')
     drop
     "$DZR" bench load --checkpoint "$CKPT" --device "$DEVICE" --repeat 2 --json "$OUT/$tag.json" "$@" \
         >"$OUT/$tag.log" 2>&1

@@ -1,7 +1,9 @@
-// The CUDA StagingRing (backend/staging.h): one cudaHostAlloc block cut into slots, a non-blocking copy
-// stream of the ring's own and one event per slot that the next acquire of the slot waits for.
+// The CUDA StagingRing (backend/staging.h): one page-aligned host block, pinned with cudaHostRegister and cut
+// into slots, a non-blocking copy stream of the ring's own and one event per slot that the next acquire of
+// the slot waits for.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/cuda_internal.h"
@@ -13,17 +15,24 @@ namespace {
 
 using cuda_detail::DeviceGuard;
 
+constexpr size_t kPage = 4096;
+
 class CudaStagingRing final : public StagingRing {
   public:
     CudaStagingRing(CudaBackend& be, const StagingOptions& o)
         : index_(be.index()), compute_stream_(be.cuda_stream()), slot_bytes_(o.slot_bytes), slots_(o.slots) {
         DeviceGuard guard(index_);
-        // NOTE: one block for every slot: pinning is paid once, and cudaHostAlloc memory is page aligned,
-        // which O_DIRECT reads into a slot need.
-        const size_t total = slot_bytes_ * size_t(slots_);
-        const cudaError_t st = cudaHostAlloc(&base_, total, cudaHostAllocDefault);
+        // NOTE: one block for every slot, so pinning is paid once. Ordinary page-aligned memory pinned in
+        // place (rather than cudaHostAlloc's) is what O_DIRECT reads into a slot need: aligned, and pages the
+        // kernel can pin for the read like any other.
+        const size_t total = (slot_bytes_ * size_t(slots_) + kPage - 1) / kPage * kPage;
+        base_ = std::aligned_alloc(kPage, total);
+        DZR_CHECK(base_ != nullptr, "cuda:{}: cannot allocate {} bytes of host memory for {} staging buffers",
+                  index_, total, slots_);
+        const cudaError_t st = cudaHostRegister(base_, total, cudaHostRegisterDefault);
         if (st != cudaSuccess) {
             cudaGetLastError();
+            std::free(base_);
             base_ = nullptr;
             DZR_THROW("cuda:{}: cannot pin {} bytes of host memory for {} staging buffers of {} bytes ({})",
                       index_, total, slots_, slot_bytes_, cudaGetErrorString(st));
@@ -87,7 +96,10 @@ class CudaStagingRing final : public StagingRing {
         done_.clear();
         if (start_) cudaEventDestroy(start_);
         if (copy_stream_) cudaStreamDestroy(copy_stream_);
-        if (base_) cudaFreeHost(base_);
+        if (base_) {
+            cudaHostUnregister(base_);
+            std::free(base_);
+        }
         start_ = nullptr, copy_stream_ = nullptr, base_ = nullptr;
         cudaSetDevice(prev);
     }
