@@ -66,8 +66,10 @@ public:
     /// Defers the bytes of the weights the source can locate in a file (stored_range) to finish(); others, and every
     /// weight on a measuring backend, still upload in require().
     void defer(const BulkLoadOptions& options);
-    /// Reads every deferred weight (bulk_load) and waits until they are on the backend. Throws dzr::Error naming
-    /// the file and the tensor. Without deferred weights it returns empty statistics.
+    /// Reads every weight deferred since the last finish() (bulk_load) and waits until they are on the backend;
+    /// the loader stays deferred, so a network that must run during loading (a text pre-pass) is built, finished,
+    /// run, and the other networks then load with a later finish(). Throws dzr::Error naming the file and the
+    /// tensor. Without deferred weights it returns empty statistics.
     BulkLoadStats finish();
 
 private:

@@ -193,8 +193,14 @@ TEST_CASE("the bulk loader handles skipped tensors, a weight required twice and 
         CHECK(std::memcmp(old[j].data(), bulk[j].data(), old[j].nbytes()) == 0);
     }
     CHECK(loader.unused("").size() == m->plan.weights.size() - (picked.size() - 1));
-    // nothing deferred: finish() reads nothing
+    // nothing deferred since: finish() reads nothing; the loader stays deferred for a later batch
     CHECK(loader.finish().tensors == 0);
+    const auto& last = m->plan.weights.back();
+    const Tensor later = loader.require(last.key, last.shape);
+    CHECK(loader.finish().tensors == 1);
+    WeightLoader plain(ck, *be);
+    const Tensor expected = plain.require(last.key, last.shape);
+    CHECK(std::memcmp(later.data(), expected.data(), later.nbytes()) == 0);
     WeightLoader idle(ck, *be);
     idle.defer({});
     CHECK(idle.finish().file_bytes == 0);
