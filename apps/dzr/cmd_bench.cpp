@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/dzr/bench_load.h"
 #include "apps/dzr/command.h"
 #include "backend/backend.h"
 #include "config/run_config.h"
@@ -486,7 +487,8 @@ int run_rollout_bench(const BenchOptions& o) {
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* cmd = app.add_subcommand(
-        "bench", "Time the CUDA backend's GEMM, kernels and attention at DreamZero shapes, and the host-side prepare()");
+        "bench", "Time the CUDA backend's GEMM, kernels and attention at DreamZero shapes, the host-side prepare() and "
+                 "checkpoint loading");
     cmd->require_subcommand(1);
     auto opts = std::make_shared<BenchOptions>();
     const auto common = [opts](CLI::App* sub) {
@@ -564,6 +566,32 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
                      "profile the timed calls (every backend op timed with events, CUPTI kernel counts where built "
                      "in): JSON to this file, a table on stderr; slows the calls down");
     roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
+
+    auto load_opts = std::make_shared<LoadBenchOptions>();
+    auto load_mb = std::make_shared<size_t>(load_opts->bulk.chunk_bytes >> 20);
+    auto* load = cmd->add_subcommand(
+        "load", "Load a checkpoint's weights onto a device as the engine does (the bulk path or the old one); GB/s");
+    load->add_option("--checkpoint", load_opts->checkpoint, "checkpoint directory")->required();
+    load->add_option("--device", load_opts->device, "device (cuda:N, or cpu)")->capture_default_str();
+    load->add_option("--path", load_opts->path, "new (parallel reads, pinned staging) or old (upload per weight)")
+        ->capture_default_str();
+    load->add_option("--threads", load_opts->bulk.threads, "reader threads (0: min(8, hardware threads))")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 256));
+    load->add_option("--staging-mb", *load_mb, "the largest read and each staging slot, MiB")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1024));
+    load->add_option("--slots", load_opts->bulk.slots, "pinned staging slots (0: threads + 2)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1024));
+    load->add_flag("--direct", load_opts->bulk.direct, "O_DIRECT reads (past the page cache)");
+    load->add_option("--repeat", load_opts->repeat, "loads in this process")->capture_default_str()
+        ->check(CLI::Range(1, 100));
+    load->add_option("--json", load_opts->json, "also write the numbers as JSON");
+    load->callback([&run, load_opts, load_mb] {
+        load_opts->bulk.chunk_bytes = *load_mb << 20;
+        run = [load_opts] { return run_load_bench(*load_opts); };
+    });
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });
     attention->callback([&run, opts] { run = [opts] { return run_attention_bench(*opts); }; });

@@ -72,6 +72,10 @@ void require_decoder(ModelConfig& model, const Checkpoint& ckpt, const std::file
               path.string(), missing.size(), list, missing.size() > 3 ? ", ..." : "");
 }
 
+void log_bulk_load(const BulkLoadStats& stats, const Backend& be) {
+    if (stats.tensors > 0) log()->info("weights onto {}: {}", be.device().str(), stats.summary());
+}
+
 }  // namespace
 
 std::unique_ptr<WeightSource> make_shape_only_weights(const ModelConfig& model, const WeightSource* like) {
@@ -137,6 +141,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
     po.video_decode = o.video_decode;
     po.noise = o.noise;
     po.precision = o.run.precision;
+    po.bulk_load = o.bulk_load;
     auto engine = create(model, *ckpt, embodiment, tokenizer, po, o.devices, o.backend);
     engine->checkpoint_ = std::move(ckpt);
     return engine;
@@ -190,15 +195,19 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
 
     WeightLoader loader(weights, be);
     loader.set_precision(options_.precision);
+    if (options_.bulk_load) loader.defer(*options_.bulk_load);
     text_encoder_ = std::make_unique<Umt5Encoder>(loader, model_.t5);
     image_encoder_ = std::make_unique<ClipVision>(loader, model_.clip, model_.canvas_height, model_.canvas_width);
     vae_ = std::make_unique<WanVae>(loader, model_.vae);
     dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, loader));
+    log_bulk_load(loader.finish(), be);
     for (size_t i = 1; i < placement_.backends.size(); ++i) {
         // NOTE: a second device holds only the DiT (its branch's forwards); the encoders run once, on the primary
         WeightLoader remote(weights, *placement_.backends[i]);
         remote.set_precision(options_.precision);
+        if (options_.bulk_load) remote.defer(*options_.bulk_load);
         dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, remote));
+        log_bulk_load(remote.finish(), *placement_.backends[i]);
     }
     if (placement_.backends.size() > 1) communicator_ = make_host_communicator();
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "policy/observation.h"
 #include "policy/tokenizer.h"
 #include "sampling/noise.h"
+#include "weights/bulk_load.h"
 #include "weights/checkpoint.h"
 #include "weights/weight_source.h"
 
@@ -53,6 +55,8 @@ struct PolicyOptions {
     /// The DiT's Linear weights: bf16 = the compute dtype; fp8 = E4M3 with per-output-channel scales (stored so in
     /// the checkpoint, or quantized at load: weights/fp8_weights.h). The KV pool's is kv.dtype.
     Precision precision = Precision::Bf16;
+    /// How the weights are read (weights/bulk_load.h); nullopt: each weight is uploaded as its network requires it.
+    std::optional<BulkLoadOptions> bulk_load = BulkLoadOptions{};
 };
 
 /// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during
@@ -98,6 +102,7 @@ struct EngineOptions {
     bool check_finite = false;
     bool video_decode = false;
     std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(run.sampling.seed)
+    std::optional<BulkLoadOptions> bulk_load = BulkLoadOptions{};  ///< PolicyOptions::bulk_load
 };
 
 /// Everything a session needs, loaded once.

@@ -223,6 +223,15 @@ std::string Checkpoint::location(const std::string& key) const {
     return s ? s->name : dir_.string();
 }
 
+std::optional<StoredRange> Checkpoint::stored_range(const std::string& key) const {
+    auto it = keys_.find(key);
+    if (it == keys_.end()) return std::nullopt;
+    const SafetensorsFile& file = *shards_[it->second.shard].file;
+    const SafetensorsEntry* e = file.entry(it->second.stored);
+    if (!e) return std::nullopt;
+    return StoredRange{file.path(), file.data_offset() + e->begin};
+}
+
 uint64_t Checkpoint::tensor_bytes() const {
     uint64_t n = 0;
     for (const auto& s : shards_)

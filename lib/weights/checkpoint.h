@@ -40,6 +40,8 @@ class Checkpoint final : public WeightSource {
     std::optional<TensorView> find(const std::string& key) const override;
     std::vector<std::string> keys() const override;
     std::string location(const std::string& key) const override;
+    /// The shard file and the byte offset of the key's data (data_offset() + begin).
+    std::optional<StoredRange> stored_range(const std::string& key) const override;
 
     const std::filesystem::path& dir() const { return dir_; }
     const std::vector<CheckpointShard>& shards() const { return shards_; }

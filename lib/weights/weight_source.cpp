@@ -1,8 +1,11 @@
 #include "weights/weight_source.h"
 
+#include <exception>
+
 #include "core/error.h"
 #include "core/fp8.h"
 #include "weights/fp8_weights.h"
+#include "core/log.h"
 
 namespace dzr {
 
@@ -19,7 +22,7 @@ Tensor WeightLoader::require(const std::string& key, const Shape& shape, DType d
               "{}: tensor {} is stored as f8_e4m3, but only Linear weights (with a .weight_scale) may be FP8",
               source_->location(key), key);
     Tensor t = backend_.alloc(shape, dtype);
-    backend_.upload(view, t);
+    upload_or_defer(key, view, t);
     used_.insert(key);
     return t;
 }
@@ -69,9 +72,20 @@ LinearWeight WeightLoader::require_linear(const std::string& key, const Shape& s
         dequantize_rows_fp8_host(view, *source_->find(scale_key), deq);
         backend_.upload(deq, w);
     } else {
-        backend_.upload(view, w);
+        upload_or_defer(key, view, w);
     }
     return {w, {}};
+}
+
+void WeightLoader::upload_or_defer(const std::string& key, const TensorView& view, const Tensor& t) {
+    std::optional<StoredRange> range;
+    if (defer_) range = source_->stored_range(key);
+    if (range) {
+        pending_.push_back({key, range->file, range->offset, view.dtype, t.view()});
+        pending_tensors_.push_back(t);
+    } else {
+        backend_.upload(view, t);
+    }
 }
 
 TensorView WeightLoader::stored(const std::string& key, const Shape& shape) const {
@@ -90,6 +104,25 @@ void WeightLoader::declare(const std::string& key, const Shape& shape, WeightIni
 
 void WeightLoader::record(const std::string& key, const Shape& shape, WeightInit init, bool loaded, bool linear) {
     declarations_.push_back({key, shape, init.resolved(shape), loaded, linear});
+}
+
+WeightLoader::~WeightLoader() {
+    if (!pending_.empty() && std::uncaught_exceptions() == 0)
+        log()->error("weight loader: {} deferred weights were never read (finish() was not called)", pending_.size());
+}
+
+void WeightLoader::defer(const BulkLoadOptions& options) {
+    if (backend_.capabilities().measuring) return;
+    defer_ = options;
+}
+
+BulkLoadStats WeightLoader::finish() {
+    std::vector<BulkLoadItem> items = std::move(pending_);
+    std::vector<Tensor> keep = std::move(pending_tensors_);
+    pending_.clear();
+    pending_tensors_.clear();
+    if (items.empty()) return {};
+    return bulk_load(items, backend_, *defer_);
 }
 
 std::vector<std::string> WeightLoader::unused(const std::string& prefix) const {

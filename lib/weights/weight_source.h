@@ -3,6 +3,8 @@
 /// "action_head.model.blocks.3.self_attn.q.weight") to a host view of the stored bytes. Models call
 /// WeightLoader::require() once per weight at load and keep typed members; nothing is looked up by
 /// string inside a forward.
+#include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <set>
@@ -13,8 +15,15 @@
 #include "config/precision.h"
 #include "core/tensor.h"
 #include "weights/weight_init.h"
+#include "weights/bulk_load.h"
 
 namespace dzr {
+
+/// Where a stored tensor's bytes lie in a file.
+struct StoredRange {
+    std::filesystem::path file;
+    uint64_t offset = 0;  ///< of the first byte
+};
 
 class WeightSource {
 public:
@@ -25,6 +34,12 @@ public:
     virtual std::vector<std::string> keys() const = 0;
     /// Where the key lives, for messages ("model-00003-of-00010.safetensors").
     virtual std::string location(const std::string& key) const = 0;
+    /// Where the key's stored bytes lie in a file, for loaders that read the files themselves (bulk_load); nullopt
+    /// for a source without files (made-up weights) or an absent key.
+    virtual std::optional<StoredRange> stored_range(const std::string& key) const {
+        (void)key;
+        return std::nullopt;
+    }
 };
 
 /// One weight a network declared: its key, its shape and how `dzr ckpt make` initialises it.
@@ -50,11 +65,19 @@ struct LinearWeight {
 /// MeasuringBackend: no memory). Building a network over a recording loader lists its weights, in the order it
 /// declares them, with their shapes and init hints: the networks' constructors are the one schema of the
 /// checkpoint (model/inventory.h).
+///
+/// Deferred mode (defer()): require() allocates and checks each weight but leaves its bytes for finish(), which
+/// reads them all at once with bulk_load (parallel reads; pinned staging overlapped with the uploads on a GPU). A
+/// network must therefore not read a weight's values before finish() (none does: values are used by forwards only).
+/// FP8 weights quantized or dequantized at load are converted on the host and uploaded at once.
 class WeightLoader {
 public:
     WeightLoader(const WeightSource& source, Backend& backend) : source_(&source), backend_(backend) {}
     /// A recording loader.
     explicit WeightLoader(Backend& backend) : backend_(backend) {}
+    ~WeightLoader();
+    WeightLoader(const WeightLoader&) = delete;
+    WeightLoader& operator=(const WeightLoader&) = delete;
 
     /// The weight `key` with exactly `shape`, on the backend in its compute dtype (or `dtype`).
     /// Throws dzr::Error naming the key, its file, the expected and the found shape. `init`: how a made-up
@@ -99,8 +122,19 @@ public:
     bool recording() const { return source_ == nullptr; }
     Backend& backend() { return backend_; }
 
+    /// Defers the bytes of the weights the source can locate in a file (stored_range) to finish(); others, and every
+    /// weight on a measuring backend, still upload in require().
+    void defer(const BulkLoadOptions& options);
+    /// Reads every weight deferred since the last finish() (bulk_load) and waits until they are on the backend;
+    /// the loader stays deferred, so a network that must run during loading (a text pre-pass) is built, finished,
+    /// run, and the other networks then load with a later finish(). Throws dzr::Error naming the file and the
+    /// tensor. Without deferred weights it returns empty statistics.
+    BulkLoadStats finish();
+
 private:
     void record(const std::string& key, const Shape& shape, WeightInit init, bool loaded, bool linear = false);
+    /// Uploads `view` into t now, or queues it for finish() when deferred and the source knows its file range.
+    void upload_or_defer(const std::string& key, const TensorView& view, const Tensor& t);
     /// The stored view of `key` with exactly `shape` (any float dtype, F8_E4M3 included); throws otherwise.
     TensorView stored(const std::string& key, const Shape& shape) const;
 
@@ -110,6 +144,9 @@ private:
     std::vector<WeightDeclaration> declarations_;
     bool declare_only_ = false;
     Precision precision_ = Precision::Bf16;
+    std::optional<BulkLoadOptions> defer_;
+    std::vector<BulkLoadItem> pending_;
+    std::vector<Tensor> pending_tensors_;  // keep the destinations alive until finish()
 };
 
 }  // namespace dzr

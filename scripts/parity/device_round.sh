@@ -10,14 +10,17 @@
 # checkpoints (EMBODIMENTS="agibot yam"); `profile` writes the op profile of DROID calls (PROFILE_CALLS,
 # PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'); `wide` is the parity run at the real widths
 # (configs/parity_wide.yaml, WIDE_CALLS=9: three resets) with the reference fp32 and bf16 runs and dzr CUDA bf16 in
-# reference and fast numerics: the gate of fast (gate.py) and reference numerics against the reference bf16 run.
-# The device tool returns at most 8 files, so everything each step writes
-# goes into one archive, $OUT/<step>.tar.gz, and a short summary is printed last.
+# reference and fast numerics: the gate of fast (gate.py) and reference numerics against the reference bf16 run;
+# `load` times loading the DROID checkpoint cold and warm, old path and new (scripts/bench/load_cold_warm.sh; the
+# random 46 GB checkpoint is made once into LOAD_CKPT, default .dzr-load/droid in the repository, on the machine's
+# disk). The device tool returns at most 8 files, so everything each step writes goes into one archive,
+# $OUT/<step>.tar.gz, and a short summary is printed last.
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
 # Settings: BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
 #   PARITY_CALLS=7 (the parity step's calls; CALLS is the sub-stage probe's)
 #   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80")
+#   LOAD_CKPT (the load step's checkpoint), LOAD_VARIANTS and SKIP_OLD (scripts/bench/load_cold_warm.sh's)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dzr-round-out}
@@ -172,6 +175,25 @@ if want substage; then
         grep -vE " 0\.00e\+00$" | head -80
     echo "(tensors with no differing element not shown)"
     pack substage
+fi
+
+if want load; then
+    say "load: the DROID checkpoint cold and warm, old path and new (scripts/bench/load_cold_warm.sh)"
+    mkdir -p "$WORK/load"
+    # NOTE: on the machine's disk, not under /tmp (a tmpfs holds the files in memory: no cold read to measure)
+    LOAD_CKPT=${LOAD_CKPT:-$PWD/.dzr-load/droid}
+    if [[ ! -f "$LOAD_CKPT/model.safetensors.index.json" ]]; then
+        mkdir -p "$(dirname "$LOAD_CKPT")"
+        df -h "$(dirname "$LOAD_CKPT")" | tail -n 1
+        "$DZR" ckpt make --config configs/dreamzero_droid.yaml --seed 1 --out "$LOAD_CKPT" --force --threads 10 \
+            >"$WORK/load/make.log" 2>&1
+        check $? "load: ckpt make"
+        tail -n 3 "$WORK/load/make.log"
+    fi
+    CKPT=$LOAD_CKPT DZR=$DZR OUT="$WORK/load" bash scripts/bench/load_cold_warm.sh >"$WORK/load/load.log" 2>&1
+    check $? "load (a target not met, or a run failed)"
+    grep -E "^(path|run [0-9])|^\||^target|failed|cannot|NOT" "$WORK/load/load.log" | cut -c1-220
+    pack load
 fi
 
 if want bench; then
