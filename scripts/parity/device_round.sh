@@ -6,7 +6,7 @@
 # VARIANTS, each compared with the reference bf16 dump of `parity`), `probe` (kernel_probe.py), `trace` (the
 # reference's aten-op trace of its first two calls), `substage` (substage_probe.sh: the DiT's and the
 # encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
-# BENCH_NUMERICS="reference fast", BENCH_DEVICE); `embodiments` runs the parity step on AgiBot- and YAM-shaped
+# BENCH_NUMERICS="reference fast", BENCH_DEVICE; BENCH_FP8=1 adds fast numerics with FP8 weights and KV); `embodiments` runs the parity step on AgiBot- and YAM-shaped
 # checkpoints (EMBODIMENTS="agibot yam"); `profile` writes the op profile of DROID calls (PROFILE_CALLS,
 # PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'); `wide` is the parity run at the real widths
 # (configs/parity_wide.yaml, WIDE_CALLS=9: three resets) with the reference fp32 and bf16 runs and dzr CUDA bf16 in
@@ -205,6 +205,14 @@ if want bench; then
         check $? "bench rollout $n"
         cat "$WORK/bench/rollout-$n.log" | tail -n 20
     done
+    if [[ -n "${BENCH_FP8:-}" ]]; then
+        # FP8 DiT weights (quantized at load from the random bf16 ones) and the FP8 KV pool, fast numerics
+        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" --numerics fast \
+            --precision fp8 --kv-dtype fp8 --calls "${BENCH_CALLS:-21}" --json "$WORK/bench/rollout-fp8.json" \
+            >"$WORK/bench/rollout-fp8.log" 2>&1
+        check $? "bench rollout fp8"
+        tail -n 20 "$WORK/bench/rollout-fp8.log"
+    fi
     pack bench
 fi
 
