@@ -47,14 +47,16 @@ void for_each_rollout_field(R& r, F&& f) {
     f(RunField{"rollout", "start_frame"}, r.start_frame);
 }
 
-/// Every run setting of a RunConfig (const or not): the three sections, then the top-level `embodiment`. Field
-/// types: int, float, bool, uint64_t, std::string, std::vector<int>, std::vector<bool>, KvBudget.
+/// Every run setting of a RunConfig (const or not): the three sections, then the top-level `embodiment` and
+/// `gpu_memory_budget`. Field types: int, float, bool, uint64_t, std::string, std::vector<int>, std::vector<bool>,
+/// KvBudget.
 template <class C, class F>
 void for_each_run_field(C& c, F&& f) {
     for_each_sampling_field(c.sampling, f);
     for_each_kv_field(c.kv, f);
     for_each_rollout_field(c.rollout, f);
     f(RunField{"", "embodiment"}, c.embodiment);
+    f(RunField{"", "gpu_memory_budget"}, c.gpu_memory_budget);
 }
 
 /// The whole configuration as nested JSON ({"model": {"dit": {...}, ...}, "sampling": {...}, "kv": {...},
