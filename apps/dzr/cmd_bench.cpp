@@ -54,6 +54,8 @@ struct BenchOptions {
     std::string json;
     std::vector<std::string> sets_overrides;
     uint64_t seed = 0;
+    bool text_prepass = false;
+    std::string gpu_memory_budget;
 };
 
 /// median, min, mean of host wall times.
@@ -460,6 +462,9 @@ int run_rollout_bench(const BenchOptions& o) {
     b.calls = o.calls;
     b.seed = o.seed;
     b.threads = o.threads;
+    b.text_prepass = o.text_prepass;
+    b.gpu_memory_budget = o.gpu_memory_budget;
+    if (!b.gpu_memory_budget.empty()) config::parse_memory_budget(b.gpu_memory_budget, "--gpu-memory-budget");
     const rollout::BenchRolloutResult r = rollout::bench_rollout(b);
     std::printf("%s", r.table().c_str());
     if (!o.json.empty()) {
@@ -545,6 +550,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     roll->add_option("--tokenizer", opts->tokenizer, "umT5 spiece.model (any: a fixed prompt is tokenized)")
         ->capture_default_str();
     roll->add_option("--json", opts->json, "also write the numbers (every call's phases) as JSON");
+    roll->add_flag("--text-prepass", opts->text_prepass,
+                   "encode the prompts with umT5 alone before the other networks load, then free it (as dzr rollout)");
+    roll->add_option("--gpu-memory-budget", opts->gpu_memory_budget,
+                     "refuse before loading when the memory plan exceeds this (44GiB, 48GB, 32000MiB)");
     roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });

@@ -25,6 +25,8 @@ struct BenchRolloutOptions {
     int calls = 21;                   ///< timed calls after the warm-up
     uint64_t seed = 0;
     int threads = 0;                  ///< random-weight generation threads (0: all)
+    bool text_prepass = false;        ///< the text encoder pre-pass (the bench's prompt and the warm-up's)
+    std::string gpu_memory_budget;    ///< refuse before loading when the plan exceeds it (empty: no limit)
 };
 
 struct BenchRolloutResult {
@@ -32,6 +34,9 @@ struct BenchRolloutResult {
     double weights_ms = 0, load_ms = 0, warmup_ms = 0;
     int warmup_calls = 0;
     std::optional<int64_t> peak_memory_bytes;
+    /// The memory plan (one device; policy/memory_plan.h): its peak and its JSON.
+    std::optional<int64_t> planned_peak_bytes;
+    nlohmann::ordered_json memory_plan;
     std::vector<PolicyCallResult> calls;  ///< the timed calls (actions and phase times)
 
     nlohmann::ordered_json to_json() const;
