@@ -13,6 +13,8 @@
 #include "core/error.h"
 #include "policy/memory_plan.h"
 #include "support/test_support.h"
+#include "weights/checkpoint.h"
+#include "weights/random_checkpoint.h"
 #include "weights/random_weights.h"
 
 using namespace dzr;
@@ -206,6 +208,30 @@ TEST_CASE("the tiny plan's KV cache matches the geometry by hand and its workspa
     CHECK(plan.part_bytes("workspace") == engine->workspace_bytes().at(0));
     CHECK(plan.part_bytes("kv.pool") + plan.part_bytes("kv.cross") + plan.part_bytes("kv.scratch") ==
           engine->kv_bytes());
+}
+
+TEST_CASE("the tiny plan's weights are a written checkpoint's tensors in bf16, CLIP's unused block excluded") {
+    test::TempDir dir;
+    const config::RunConfig run = tiny();
+    MakeOptions mo;
+    mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
+    write_random_checkpoint(run.model, mo, dir / "ckpt");
+    const Checkpoint ckpt(dir / "ckpt");
+    // tiny CLIP stores 3 blocks and runs 2 (use_layers), without post_norm, head or log_scale
+    const std::regex clip_unused(R"(action_head\.image_encoder\.model\.(visual\.transformer\.2\..*|visual\.post_norm\..*|visual\.head|log_scale))");
+    uint64_t dit = 0, umt5 = 0, clip = 0, vae = 0;
+    for (const std::string& key : ckpt.keys()) {
+        const uint64_t n = uint64_t(ckpt.find(key)->numel());
+        if (key.rfind("action_head.model.", 0) == 0) dit += n;
+        if (key.rfind("action_head.text_encoder.", 0) == 0) umt5 += n;
+        if (key.rfind("action_head.image_encoder.", 0) == 0 && !std::regex_match(key, clip_unused)) clip += n;
+        if (key.rfind("action_head.vae.", 0) == 0) vae += n;
+    }
+    const MemoryPlan plan = offline_plan(run, WeightPrecision::Bf16, DType::BF16);
+    CHECK(plan.part_bytes("weights.dit") == 2 * dit);
+    CHECK(plan.part_bytes("weights.umt5") == 2 * umt5);
+    CHECK(plan.part_bytes("weights.clip") == 2 * clip);
+    CHECK(plan.part_bytes("weights.vae") == 2 * vae);
 }
 
 TEST_CASE("a budget the plan exceeds is refused naming the peak phase, its largest parts and the shortfall") {
