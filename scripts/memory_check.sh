@@ -8,6 +8,8 @@
 # Usage: scripts/memory_check.sh            (after scripts/device-test.sh, or any CUDA build)
 #   DZR=build-device/bin/dzr  CONFIG=configs/dreamzero_droid.yaml  CALLS=9  DEVICE=cuda:0
 #   OUT=dir (the JSON and logs; default build-device/logs/memory)  VARIANTS="resident prepass refuse44"
+#   ROLLOUT_OUT=dir: also check every episode's timing.json of a finished `dzr rollout --out dir` (VARIANTS= to
+#   check only that)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DZR=${DZR:-build-device/bin/dzr}
@@ -15,7 +17,7 @@ CONFIG=${CONFIG:-configs/dreamzero_droid.yaml}
 CALLS=${CALLS:-9}
 DEVICE=${DEVICE:-cuda:0}
 OUT=${OUT:-build-device/logs/memory}
-VARIANTS=${VARIANTS:-"resident prepass refuse44"}
+VARIANTS=${VARIANTS-"resident prepass refuse44"}
 mkdir -p "$OUT"
 failed=()
 
@@ -33,10 +35,12 @@ bench() {
         failed+=("$name: the bench failed")
         return
     fi
-    python3 - "$OUT/$name.json" "$name" <<'EOF' || failed+=("$name: measured peak above the plan")
+    python3 - "$OUT/$name.json" "$name" <<'EOF' || failed+=("$name: measured peak above the plan (or none measured)")
 import json, sys
 j = json.load(open(sys.argv[1]))
 measured, planned = j["peak_gpu_memory_bytes"], j["planned_peak_gpu_memory_bytes"]
+if not isinstance(measured, int) or not isinstance(planned, int):
+    sys.exit(f"{sys.argv[2]}: measured {measured}, planned {planned}: a GPU run records both")
 gib = 1 << 30
 print(f"{sys.argv[2]}: measured peak {measured:,} B ({measured / gib:.2f} GiB), "
       f"plan {planned:,} B ({planned / gib:.2f} GiB), plan - measured {(planned - measured) / gib:+.2f} GiB")
@@ -73,17 +77,40 @@ for v in $VARIANTS; do
     esac
 done
 
+# A rollout's own record: each episode's timing.json has the measured and the planned peak side by side.
+if [[ -n "${ROLLOUT_OUT:-}" ]]; then
+    printf '\n== rollout %s ==\n' "$ROLLOUT_OUT"
+    python3 - "$ROLLOUT_OUT" <<'EOF' || failed+=("rollout $ROLLOUT_OUT: a measured peak above its plan, or none recorded")
+import json, pathlib, sys
+bad = 0
+files = sorted(pathlib.Path(sys.argv[1]).glob("*/timing.json"))
+for f in files:
+    t = json.loads(f.read_text())
+    m, p = t.get("peak_gpu_memory_bytes"), t.get("planned_peak_gpu_memory_bytes")
+    ok = isinstance(m, int) and isinstance(p, int) and m <= p
+    bad += not ok
+    print(f"{f.parent.name}: measured {m}, planned {p}: {'ok' if ok else 'FAIL'}")
+sys.exit(1 if bad or not files else 0)
+EOF
+fi
+
 # The offline plan (no GPU) beside the device's: the difference is the convolution library's own scratch.
-"$DZR" plan --config "$CONFIG" --json >"$OUT/offline.plan.json"
-python3 - "$OUT/offline.plan.json" "$OUT"/*.plan.json <<'EOF'
+if [[ -s "$OUT/prepass.plan.json" || -s "$OUT/resident.plan.json" ]]; then
+    "$DZR" plan --config "$CONFIG" --json >"$OUT/offline.plan.json"
+    python3 - "$OUT/offline.plan.json" "$OUT"/resident.plan.json "$OUT"/prepass.plan.json <<'EOF' || true
 import json, sys
-ws = lambda p: next(x["bytes"] for x in json.load(open(p))["parts"] if x["key"] == "workspace")
+def ws(p):
+    try:
+        return next(x["bytes"] for x in json.load(open(p))["parts"] if x["key"] == "workspace")
+    except Exception:
+        return None
 off = ws(sys.argv[1])
 for p in sys.argv[2:]:
-    if p != sys.argv[1]:
-        print(f"workspace: offline {off / (1 << 30):.3f} GiB, {p.split('/')[-1]} {ws(p) / (1 << 30):.3f} GiB")
+    if ws(p) is not None:
+        print(f"workspace: offline {off / (1 << 30):.3f} GiB, on {p.split('/')[-1]} {ws(p) / (1 << 30):.3f} GiB")
         break
 EOF
+fi
 
 if ((${#failed[@]})); then
     printf '\nFAILED:\n'

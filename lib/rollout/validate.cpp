@@ -314,7 +314,8 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
     for (const EpisodeCheck& c : run.episodes)
         if (c.valid && std::find(run.prompts.begin(), run.prompts.end(), c.prompt) == run.prompts.end())
             run.prompts.push_back(c.prompt);
-    if (facts.ckpt && problems.checkpoint.empty() && invalid < dirs.size())
+    // NOTE: the plan runs the engine's calls on measuring backends, which needs a sound checkpoint and statistics
+    if (facts.ckpt && problems.checkpoint.empty() && problems.statistics.empty() && invalid < dirs.size())
         check_memory(opt, *facts.ckpt, embodiment, schedule, run, problems);
 
     collect(problems.output, [&] {
