@@ -3,11 +3,12 @@
 # (its convolutions' scratch included), then `dzr bench rollout` at the DROID geometry (random weights made on the
 # host, the warm-up, then CALLS timed calls), whose JSON holds the measured `peak_gpu_memory_bytes` next to the
 # `planned_peak_gpu_memory_bytes`. Fails when a measured peak exceeds its plan, or when a budget the plan exceeds
-# does not refuse the run before the load. Nothing here needs a checkpoint.
+# does not refuse the run before the load; and that the text pre-pass changes no action on the GPU (a tiny
+# checkpoint it makes). Nothing here needs a real checkpoint.
 #
 # Usage: scripts/memory_check.sh            (after scripts/device-test.sh, or any CUDA build)
 #   DZR=build-device/bin/dzr  CONFIG=configs/dreamzero_droid.yaml  CALLS=9  DEVICE=cuda:0
-#   OUT=dir (the JSON and logs; default build-device/logs/memory)  VARIANTS="resident prepass refuse44"
+#   OUT=dir (the JSON and logs; default build-device/logs/memory)  VARIANTS="resident prepass refuse44 identical"
 #   ROLLOUT_OUT=dir: also check every episode's timing.json of a finished `dzr rollout --out dir` (VARIANTS= to
 #   check only that)
 set -uo pipefail
@@ -17,7 +18,7 @@ CONFIG=${CONFIG:-configs/dreamzero_droid.yaml}
 CALLS=${CALLS:-9}
 DEVICE=${DEVICE:-cuda:0}
 OUT=${OUT:-build-device/logs/memory}
-VARIANTS=${VARIANTS-"resident prepass refuse44"}
+VARIANTS=${VARIANTS-"resident prepass refuse44 identical"}
 mkdir -p "$OUT"
 failed=()
 
@@ -65,6 +66,34 @@ refuse() {
     fi
 }
 
+# identical: the text pre-pass must not change an action on the GPU either: a tiny checkpoint, two synthetic
+# episodes with different prompts, `dzr rollout` with and without the pre-pass, actions.npy compared byte for byte.
+identical() {
+    printf '\n== identical (text pre-pass on %s) ==\n' "$DEVICE"
+    local d="$OUT/identical"
+    rm -rf "$d" && mkdir -p "$d"
+    "$DZR" ckpt make --config configs/tiny.yaml --seed 1 --out "$d/ckpt" --tokenizer tests/data/tokenizer/spiece.model \
+        >"$d/make.log" 2>&1 || { failed+=("identical: ckpt make"); return; }
+    for seed in 0 1; do
+        "$DZR" episode synth --out "$d/episodes/ep$seed" --seed "$seed" --frames 100 --frames-format npy >/dev/null ||
+            { failed+=("identical: episode synth"); return; }
+    done
+    for mode in prepass resident; do
+        local extra=()
+        [[ $mode == resident ]] && extra=(--no-text-prepass)
+        "$DZR" rollout "$d/episodes" --ckpt "$d/ckpt" --config configs/tiny.yaml --device "$DEVICE" --quiet \
+            --no-report --out "$d/$mode" "${extra[@]}" >"$d/$mode.log" 2>&1 || { failed+=("identical: rollout $mode"); return; }
+    done
+    for ep in ep0 ep1; do
+        if cmp "$d/prepass/$ep/actions.npy" "$d/resident/$ep/actions.npy"; then
+            echo "identical: $ep actions.npy bit-identical with and without the pre-pass"
+        else
+            failed+=("identical: $ep actions differ with the text pre-pass")
+        fi
+    done
+    ROLLOUT_OUT=${ROLLOUT_OUT:-$d/prepass}
+}
+
 for v in $VARIANTS; do
     case $v in
     resident) bench resident ;;               # umT5 resident (today's default before the pre-pass)
@@ -73,6 +102,7 @@ for v in $VARIANTS; do
     # branch) the same budget must fit and complete: VARIANTS=... with `bench budget44 --text-prepass
     # --gpu-memory-budget 44GiB --set kv.dtype=fp8` once that key exists.
     refuse44) refuse refuse44 --text-prepass --gpu-memory-budget 44GiB ;;
+    identical) identical ;;
     *) failed+=("unknown variant $v") ;;
     esac
 done
