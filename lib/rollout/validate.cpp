@@ -219,6 +219,7 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
     const EngineOptions eo = rollout_engine_options(opt, run.prompts);
     const std::optional<uint64_t> budget = rollout_memory_budget(opt);
     if (!budget) {
+        if (eo.devices.size() != 1) return;  // a plan covers one device
         try {
             run.memory_plan = plan_rollout_memory(ckpt.model_config(), embodiment, eo, video_frames);
         } catch (const Interrupted&) {
