@@ -58,6 +58,8 @@ struct BenchOptions {
     std::string profile;
     std::vector<std::string> sets_overrides;
     uint64_t seed = 0;
+    bool text_prepass = false;
+    std::string gpu_memory_budget;
 };
 
 /// median, min, mean of host wall times.
@@ -467,6 +469,9 @@ int run_rollout_bench(const BenchOptions& o) {
     b.seed = o.seed;
     b.threads = o.threads;
     b.backend.profile = !o.profile.empty();
+    b.text_prepass = o.text_prepass;
+    b.gpu_memory_budget = o.gpu_memory_budget;
+    if (!b.gpu_memory_budget.empty()) config::parse_memory_budget(b.gpu_memory_budget, "--gpu-memory-budget");
     const rollout::BenchRolloutResult r = rollout::bench_rollout(b);
     std::printf("%s", r.table().c_str());
     if (!o.profile.empty()) {
@@ -565,6 +570,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     roll->add_option("--profile", opts->profile,
                      "profile the timed calls (every backend op timed with events, CUPTI kernel counts where built "
                      "in): JSON to this file, a table on stderr; slows the calls down");
+    roll->add_flag("--text-prepass", opts->text_prepass,
+                   "encode the prompts with umT5 alone before the other networks load, then free it (as dzr rollout)");
+    roll->add_option("--gpu-memory-budget", opts->gpu_memory_budget,
+                     "refuse before loading when the memory plan exceeds this (44GiB, 48GB, 32000MiB)");
     roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
 
     auto load_opts = std::make_shared<LoadBenchOptions>();

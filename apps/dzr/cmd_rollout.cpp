@@ -5,6 +5,7 @@
 
 #include "apps/dzr/command.h"
 #include "backend/backend.h"
+#include "config/run_config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/plots.h"
@@ -44,6 +45,8 @@ struct RolloutArgs {
     bool save_video = false;
     std::string shard;
     bool allow_shared_gpu = false;
+    std::string gpu_memory_budget;
+    bool no_text_prepass = false;
 };
 
 extern "C" void on_stop_signal(int sig) {
@@ -69,6 +72,11 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     if (!a.precision.empty()) o.run.precision = parse_precision(a.precision, "--precision");
     if (!a.kv_dtype.empty()) o.run.kv.dtype = parse_precision(a.kv_dtype, "--kv-dtype");
     o.overrides = a.sets;
+    if (!a.gpu_memory_budget.empty()) {
+        config::parse_memory_budget(a.gpu_memory_budget, "--gpu-memory-budget");
+        o.run.gpu_memory_budget = a.gpu_memory_budget;
+    }
+    o.text_prepass = !a.no_text_prepass;
     o.embodiment = a.embodiment;
     const rollout::EnvLookup env = rollout::process_environment();
     o.shard = rollout::detect_shard(env, a.shard.empty() ? std::nullopt : std::optional<std::string>(a.shard));
@@ -238,6 +246,12 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "(SLURM_PROCID/NTASKS, job arrays) or Open MPI (OMPI_COMM_WORLD_RANK/SIZE), when present");
     cmd->add_flag("--allow-shared-gpu", args->allow_shared_gpu,
                   "Let several ranks of a sharded run use one GPU (each loads its own copy of the model)");
+    cmd->add_option("--gpu-memory-budget", args->gpu_memory_budget,
+                    "Refuse the run, before anything is loaded, when its memory plan (`dzr plan`) needs more device "
+                    "memory than this (44GiB, 48GB, 32000MiB; default: the config's gpu_memory_budget, else none)");
+    cmd->add_flag("--no-text-prepass", args->no_text_prepass,
+                  "Keep umT5 resident and encode each prompt in its call, instead of encoding the run's prompts "
+                  "before the other networks load (same actions; more device memory)");
     cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
     cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });

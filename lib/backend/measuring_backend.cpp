@@ -14,28 +14,31 @@ Tensor MeasuringBackend::shape_only(Shape shape, DType dtype) {
 
 // NOTE: the arena sits on the fake address too (not a null measuring arena), so that slicing
 // activation views never does arithmetic on null pointers.
-MeasuringBackend::Device::Device(Backend* planner)
+MeasuringBackend::Device::Device(Backend* planner, std::optional<Capabilities> assumed)
     : planner_(planner),
+      assumed_(assumed),
       arena_(reinterpret_cast<void*>(uintptr_t(1) << 46), size_t(1) << 45, dzr::Device::cpu()),
       next_alloc_(uintptr_t(1) << 44) {}
 
 Tensor MeasuringBackend::Device::alloc(Shape shape, DType dtype) {
     void* p = reinterpret_cast<void*>(next_alloc_);
-    next_alloc_ += (size_t(shape.numel()) * dtype_size(dtype) + 255) / 256 * 256 + 256;
+    const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+    next_alloc_ += (bytes + 255) / 256 * 256 + 256;
+    allocated_ += bytes;
     return Tensor(nullptr, TensorView(p, dtype, shape, dzr::Device::cpu()));
 }
 
 Capabilities MeasuringBackend::Device::capabilities() const {
     // NOTE: the planner's capabilities, so the measured calls take the paths the real ones will take
-    Capabilities c = planner_ ? planner_->capabilities() : Capabilities{};
+    Capabilities c = planner_ ? planner_->capabilities() : assumed_.value_or(Capabilities{});
     c.measuring = true;
     c.graphs = false;
     return c;
 }
 
-MeasuringBackend::MeasuringBackend(DType compute_dtype, Backend* planner)
+MeasuringBackend::MeasuringBackend(DType compute_dtype, Backend* planner, std::optional<Capabilities> assumed)
     : Backend(planner ? planner->numerics() : Numerics::Reference), planner_(planner), dtype_(compute_dtype),
-      device_(planner) {}
+      device_(planner, assumed) {}
 
 void MeasuringBackend::touch(size_t bytes) {
     if (bytes == 0) return;

@@ -6,6 +6,7 @@
 /// that will run the calls (the planner) how much, so nothing here mirrors another backend's internals.
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "backend/backend.h"
 
@@ -14,8 +15,14 @@ namespace dzr {
 class MeasuringBackend final : public Backend {
 public:
     /// planner: the backend that will run the calls, asked for the workspace of its ops (may be null: the ops'
-    /// own workspace is then not counted).
-    explicit MeasuringBackend(DType compute_dtype, Backend* planner = nullptr);
+    /// own workspace is then not counted). assumed: the capabilities the measured calls see when there is no
+    /// planner (a plan for a device this machine lacks); the planner's own otherwise.
+    explicit MeasuringBackend(DType compute_dtype, Backend* planner = nullptr,
+                              std::optional<Capabilities> assumed = std::nullopt);
+
+    /// Bytes of every alloc() so far (persistent tensors: weights, tables, KV pools, buffers), as requested
+    /// (no alignment or rounding).
+    size_t allocated_bytes() const { return device_.allocated_bytes(); }
 
     /// A fake address for data-less tensors: never dereferenced, but arithmetic on it is defined.
     static void* fake_address();
@@ -65,17 +72,20 @@ private:
     /// Fake allocations at distinct addresses; an arena on a fake address.
     class Device final : public DeviceContext {
     public:
-        Device(Backend* planner);
+        Device(Backend* planner, std::optional<Capabilities> assumed);
         dzr::Device device() const override { return dzr::Device::cpu(); }
         Tensor alloc(Shape shape, DType dtype) override;
         Arena& workspace() override { return arena_; }
         void reserve_workspace(size_t) override {}
         Capabilities capabilities() const override;
+        size_t allocated_bytes() const { return allocated_; }
 
     private:
         Backend* planner_;
+        std::optional<Capabilities> assumed_;
         Arena arena_;
         uintptr_t next_alloc_ = 0;
+        size_t allocated_ = 0;
     };
     /// Nothing is queued; events measure nothing.
     class Queue final : public Stream {

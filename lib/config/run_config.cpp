@@ -331,6 +331,10 @@ RunConfig read_run_config(YAML::Node root, const std::string& source, std::strin
     read_rollout(top.child("rollout"), rc.rollout, ctx);
     top.get("embodiment", rc.embodiment, false);
     top.get("precision", rc.precision, false);
+    top.get("gpu_memory_budget", rc.gpu_memory_budget, false);
+    if (!rc.gpu_memory_budget.empty())
+        parse_memory_budget(rc.gpu_memory_budget, fmt::format("{}: gpu_memory_budget{}", source,
+                                                              ctx.origin("gpu_memory_budget")));
     top.get("description", rc.description, false);
     top.finish();
     return rc;
@@ -427,6 +431,18 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
     const double bytes = v * it->second;
     DZR_CHECK(bytes < 1.8e19, "{}: '{}' is too large", what, text);
     return uint64_t(std::llround(bytes));
+}
+
+uint64_t parse_memory_budget(const std::string& text, const std::string& what) {
+    DZR_CHECK(!text.empty(), "{}: empty; give a size such as 44GiB, 48GB or 32000MiB", what);
+    uint64_t bytes = 0;
+    try {
+        bytes = parse_byte_size(text, what);
+    } catch (const Error&) {
+        DZR_THROW("{}: '{}' is not a memory size (examples: 44GiB, 48GB, 32000MiB, 47244640256)", what, text);
+    }
+    DZR_CHECK(bytes > 0, "{}: '{}' is zero bytes; give a positive size such as 44GiB", what, text);
+    return bytes;
 }
 
 std::string format_count(uint64_t n) {

@@ -58,6 +58,9 @@ struct RunConfig {
     /// The DiT's Linear weights: bf16 (the compute dtype) or fp8 (E4M3 with per-output-channel scales, quantized
     /// on load or read from a `dzr ckpt quantize` checkpoint). Top-level `precision:`.
     Precision precision = Precision::Bf16;
+    /// The most device memory a run may plan for, as written ("44GiB", "48GB", a byte count); empty: no limit. A
+    /// rollout whose memory plan (policy/memory_plan.h) exceeds it is refused before anything is loaded.
+    std::string gpu_memory_budget;
     std::string description;
     std::filesystem::path source;  // the YAML file it came from (empty for a string)
 };
@@ -89,6 +92,10 @@ ModelConfig model_config_from_yaml(const YAML::Node& model, const std::string& s
 /// Parses "1234", "64MiB", "5GB", "1.5GiB" (B, KB/MB/GB/TB = powers of 1000, KiB/MiB/GiB/TiB = powers of
 /// 1024). Throws dzr::Error naming `what` on anything else.
 uint64_t parse_byte_size(const std::string& text, const std::string& what);
+
+/// A device memory budget ("44GiB", "48GB", "32000MiB", a byte count): parse_byte_size, and positive. Throws
+/// dzr::Error naming `what` ("--gpu-memory-budget", "run.yaml: gpu_memory_budget") otherwise.
+uint64_t parse_memory_budget(const std::string& text, const std::string& what);
 
 /// "45.85 GB (45,848,344,232 bytes)"-style text for reports.
 std::string format_bytes(uint64_t bytes);

@@ -15,6 +15,7 @@
 #include "model/wan_vae.h"
 #include "policy/branch_runner.h"
 #include "policy/step_plan.h"
+#include "policy/text_prepass.h"
 #include "sampling/step_schedule.h"
 #include "weights/fp8_weights.h"
 
@@ -98,6 +99,21 @@ void check_fp8_support(const Placement& placement, Precision weights, Precision 
 
 // ---- Engine ------------------------------------------------------------------------------------
 
+PolicyOptions EngineOptions::policy_options() const {
+    PolicyOptions po;
+    po.sampling = run.sampling;
+    po.kv = run.kv;
+    po.kv_mode = kv_mode;
+    po.check_finite = check_finite;
+    po.video_decode = video_decode;
+    po.noise = noise;
+    po.text_prepass = text_prepass;
+    po.prepass_prompts = prepass_prompts;
+    po.precision = run.precision;
+    po.bulk_load = bulk_load;
+    return po;
+}
+
 std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
     DZR_CHECK(o.devices.size() == 1 || o.devices.size() == 2,
               "--device takes one device or two (the second runs the unconditional CFG branch), got {}",
@@ -133,16 +149,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
         tokenizer = *ckpt->tokenizer_path();
     }
 
-    PolicyOptions po;
-    po.sampling = o.run.sampling;
-    po.kv = o.run.kv;
-    po.kv_mode = o.kv_mode;
-    po.check_finite = o.check_finite;
-    po.video_decode = o.video_decode;
-    po.noise = o.noise;
-    po.precision = o.run.precision;
-    po.bulk_load = o.bulk_load;
-    auto engine = create(model, *ckpt, embodiment, tokenizer, po, o.devices, o.backend);
+    auto engine = create(model, *ckpt, embodiment, tokenizer, o.policy_options(), o.devices, o.backend);
     engine->checkpoint_ = std::move(ckpt);
     return engine;
 }
@@ -188,15 +195,28 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
 
     preprocessor_ = std::make_unique<ObservationPreprocessor>(canvas_spec(embodiment_, model_), options_.unit_range);
     tokenizer_path_ = tokenizer;
-    tokenizer_ = std::make_unique<Umt5Tokenizer>(tokenizer);
-    DZR_CHECK(tokenizer_->vocab_size() <= model_.t5.vocab,
-              "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this checkpoint",
-              tokenizer_->model_path().string(), tokenizer_->vocab_size(), model_.t5.vocab);
+    // NOTE: a measuring engine (workspace and memory planning) may have none: its calls carry placeholder tokens
+    DZR_CHECK(!tokenizer.empty() || measuring_, "engine: no tokenizer given");
+    if (!tokenizer.empty()) {
+        tokenizer_ = std::make_unique<Umt5Tokenizer>(tokenizer);
+        DZR_CHECK(tokenizer_->vocab_size() <= model_.t5.vocab,
+                  "tokenizer {} has {} pieces but the text encoder's vocabulary is {}: wrong tokenizer for this "
+                  "checkpoint",
+                  tokenizer_->model_path().string(), tokenizer_->vocab_size(), model_.t5.vocab);
+    }
 
     WeightLoader loader(weights, be);
     loader.set_precision(options_.precision);
     if (options_.bulk_load) loader.defer(*options_.bulk_load);
-    text_encoder_ = std::make_unique<Umt5Encoder>(loader, model_.t5);
+    if (options_.text_prepass) {
+        // NOTE: umT5 alone on the device, freed before the other networks load (policy/text_prepass.h); with
+        // deferred loading its weights are read (loader.finish()) inside encode, before it runs
+        DZR_CHECK(tokenizer_ != nullptr, "engine: the text pre-pass needs a tokenizer");
+        text_embeddings_ = std::make_unique<TextEmbeddings>(
+            TextEmbeddings::encode(loader, model_, embodiment_, *tokenizer_, options_.prepass_prompts));
+    } else {
+        text_encoder_ = std::make_unique<Umt5Encoder>(loader, model_.t5);
+    }
     image_encoder_ = std::make_unique<ClipVision>(loader, model_.clip, model_.canvas_height, model_.canvas_width);
     vae_ = std::make_unique<WanVae>(loader, model_.vae);
     dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, loader));
@@ -234,50 +254,94 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
 
 Engine::~Engine() = default;
 
-void Engine::plan_workspace(const std::filesystem::path& tokenizer, const WeightSource& weights) {
-    // NOTE: each measuring backend asks the backend that will run the calls for its ops' own workspace (a cuDNN
-    // convolution's engine as PyTorch picks it, whatever its workspace), so the workspaces hold what they take
-    std::vector<std::unique_ptr<MeasuringBackend>> measuring;
-    Placement shadow_placement;
-    for (Backend* b : placement_.backends) {
-        measuring.push_back(std::make_unique<MeasuringBackend>(b->compute_dtype(), b));
-        shadow_placement.backends.push_back(measuring.back().get());
+namespace {
+
+/// A call's prepared observation for a measuring engine: inputs of the right sizes (a measuring upload reads
+/// nothing) and a placeholder prompt (EOS only), so no tokenizer or preprocessing is needed.
+PreparedObservation measuring_observation(const ModelConfig& model, const Embodiment& embodiment, int frames) {
+    PreparedObservation p;
+    p.frames = frames;
+    const size_t frame_values = size_t(3) * size_t(model.canvas_height) * size_t(model.canvas_width);
+    p.reference_input.resize(frame_values);
+    if (frames > 1) p.clip_input.resize(frame_values * 9);
+    p.state.assign(size_t(embodiment.state_dim()), 0.0);
+    for (TokenizedText* t : {&p.tokens.positive, &p.tokens.negative}) {
+        t->ids.assign(size_t(model.t5.text_len), Umt5Tokenizer::kPadId);
+        t->ids[0] = Umt5Tokenizer::kEosId;
+        t->attention_mask.assign(size_t(model.t5.text_len), 0);
+        t->attention_mask[0] = 1;
+        t->length = 1;
     }
-    auto shapes = make_shape_only_weights(model_, &weights);
-    PolicyOptions o = options_;
+    return p;
+}
+
+}  // namespace
+
+EngineFootprint Engine::measure(const ModelConfig& model, const Embodiment& embodiment,
+                                const std::filesystem::path& tokenizer, const PolicyOptions& options,
+                                const std::vector<MeasuringBackend*>& backends, const WeightSource* shapes) {
+    Placement shadow_placement;
+    for (MeasuringBackend* b : backends) shadow_placement.backends.push_back(b);
+    const auto allocated = [&] {
+        std::vector<size_t> bytes;
+        for (const MeasuringBackend* b : backends) bytes.push_back(b->allocated_bytes());
+        return bytes;
+    };
+    const auto since = [](const std::vector<size_t>& now, const std::vector<size_t>& before) {
+        std::vector<size_t> d(now.size());
+        for (size_t i = 0; i < now.size(); ++i) d[i] = now[i] - before[i];
+        return d;
+    };
+    std::unique_ptr<WeightSource> own_shapes;
+    if (!shapes) {
+        own_shapes = make_shape_only_weights(model);
+        shapes = own_shapes.get();
+    }
+    PolicyOptions o = options;
     o.check_finite = false;
     o.noise = std::make_shared<SeededNoise>(0);
-    Engine shadow(model_, *shapes, embodiment_, tokenizer, o, shadow_placement);
+    // NOTE: the shadow keeps umT5 resident: its forward's workspace is what the pre-pass needs too
+    o.text_prepass = false;
+    o.prepass_prompts.clear();
+    EngineFootprint f;
+    const std::vector<size_t> start = allocated();
+    Engine shadow(model, *shapes, embodiment, tokenizer, o, shadow_placement);
+    const std::vector<size_t> loaded = allocated();
+    f.engine_bytes = since(loaded, start);
     {
         Session session(shadow);
         // A first call (prefill, CLIP, the 33-frame conditioning) and a commit call walk every shape.
-        const CameraSpec& cam = embodiment_.cameras.at(0);
-        const int fh = cam.height > 0 ? cam.height : kFrameHeight, fw = cam.width > 0 ? cam.width : kFrameWidth;
-        std::vector<uint8_t> frames(size_t(4) * size_t(fh) * size_t(fw) * 3, 0);
-        Observation obs;
-        obs.prompt = "plan the workspace";
-        obs.state.assign(size_t(embodiment_.state_dim()), 0.0);
-        for (int T : {1, 4}) {
-            obs.views.assign(embodiment_.cameras.size(),
-                             TensorView(frames.data(), DType::U8, Shape{T, fh, fw, 3}, Device::cpu()));
-            session.step(shadow.prepare(obs));
-        }
+        for (int T : {1, 4}) session.step(measuring_observation(model, embodiment, T));
+        f.session_bytes = since(allocated(), loaded);
     }
-    if (options_.video_decode) {
-        DZR_CHECK(model_.vae.has_decoder, "policy: video decoding needs the VAE decoder (model.vae.has_decoder)");
+    if (options.video_decode) {
+        DZR_CHECK(model.vae.has_decoder, "policy: video decoding needs the VAE decoder (model.vae.has_decoder)");
         // NOTE: the chunked decode's workspace does not depend on the number of latent frames.
-        MeasuringBackend& mb = *measuring[0];
-        const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
-        const Tensor latent = mb.alloc(Shape{model_.vae.z_dim, 3, lh, lw}, mb.compute_dtype());
+        MeasuringBackend& mb = *backends[0];
+        const int lh = model.canvas_height / 8, lw = model.canvas_width / 8;
+        const Tensor latent = mb.alloc(Shape{model.vae.z_dim, 3, lh, lw}, mb.compute_dtype());
         const Tensor video = mb.alloc(shadow.vae_->video_shape(latent.shape()), mb.compute_dtype());
         ArenaScope scope(mb.workspace());
         shadow.vae_->decode(latent, video);
     }
-    workspace_bytes_.clear();
-    for (size_t i = 0; i < placement_.backends.size(); ++i) {
-        workspace_bytes_.push_back(measuring[i]->workspace().high_water() + (size_t(1) << 20));
-        placement_.backends[i]->reserve_workspace(workspace_bytes_.back());
+    for (MeasuringBackend* b : backends) f.workspace_bytes.push_back(b->workspace().high_water() + kWorkspaceMargin);
+    return f;
+}
+
+void Engine::plan_workspace(const std::filesystem::path& tokenizer, const WeightSource& weights) {
+    // NOTE: each measuring backend asks the backend that will run the calls for its ops' own workspace (a cuDNN
+    // convolution's engine as PyTorch picks it, whatever its workspace), so the workspaces hold what they take
+    std::vector<std::unique_ptr<MeasuringBackend>> measuring;
+    std::vector<MeasuringBackend*> views;
+    for (Backend* b : placement_.backends) {
+        measuring.push_back(std::make_unique<MeasuringBackend>(b->compute_dtype(), b));
+        views.push_back(measuring.back().get());
     }
+    // NOTE: shapes like the real weights (an FP8 checkpoint's stored dtypes), so the plan sees the same Linears
+    const auto shapes = make_shape_only_weights(model_, &weights);
+    workspace_bytes_ = measure(model_, embodiment_, tokenizer, options_, views, shapes.get()).workspace_bytes;
+    for (size_t i = 0; i < placement_.backends.size(); ++i)
+        placement_.backends[i]->reserve_workspace(workspace_bytes_[i]);
 }
 
 std::unique_ptr<Session> Engine::open_session() { return std::make_unique<Session>(*this); }
@@ -319,10 +383,11 @@ bool Engine::kv_pools_whole() const {
 std::string Engine::describe() const {
     size_t workspace = 0;
     for (size_t w : workspace_bytes_) workspace += w;
-    return fmt::format("DiT {}x{} ({} heads, {} weights), umT5 {}x{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} {} KV "
+    const std::string text = text_embeddings_ ? fmt::format(" (pre-pass: {} texts)", text_embeddings_->size()) : "";
+    return fmt::format("DiT {}x{} ({} heads, {} weights), umT5 {}x{}{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} {} KV "
                        "{:.2f} GiB, workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches on {}, noise: {}",
                        model_.dit.num_layers, model_.dit.dim, model_.dit.num_heads, precision_name(options_.precision),
-                       model_.t5.num_layers, model_.t5.dim, model_.clip.use_layers, model_.clip.width,
+                       model_.t5.num_layers, model_.t5.dim, text, model_.clip.use_layers, model_.clip.width,
                        model_.vae.base_dim, model_.canvas_height, model_.canvas_width,
                        options_.kv_mode == KvMode::Paged ? "paged" : "dense", precision_name(options_.kv.dtype),
                        double(kv_bytes()) / double(1ull << 30), double(workspace) / double(1ull << 30),
@@ -333,6 +398,7 @@ std::string Engine::describe() const {
 PreparedObservation Engine::prepare(const Observation& obs) const {
     // NOTE: on a bf16 backend the inputs are rounded to bf16 here, on the caller's (prefetch) thread, in
     // the same pass that builds them: step() then uploads without converting.
+    DZR_CHECK(tokenizer_ != nullptr, "engine: prepare() on an engine built without a tokenizer");
     PreparedObservation reuse;
     {
         std::lock_guard<std::mutex> lock(spare_mu_);

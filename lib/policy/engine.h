@@ -39,6 +39,8 @@ class CausalDit;
 class StepSchedule;
 class Communicator;
 class Session;
+class MeasuringBackend;
+class TextEmbeddings;
 
 /// How the self-attention history is kept.
 enum class KvMode : uint8_t { Paged, Dense };
@@ -57,6 +59,20 @@ struct PolicyOptions {
     Precision precision = Precision::Bf16;
     /// How the weights are read (weights/bulk_load.h); nullopt: each weight is uploaded as its network requires it.
     std::optional<BulkLoadOptions> bulk_load = BulkLoadOptions{};
+    /// The text encoder pre-pass (an offline run knows its prompts): umT5 is loaded alone, encodes the negative
+    /// prompt and every prompt of `prepass_prompts` (instructions, as an Observation carries them), and is freed
+    /// before the other networks load; sessions take the embeddings from that cache and never run umT5, so a
+    /// prompt outside the list is an error. Off: umT5 stays resident and encodes each new prompt in its call.
+    bool text_prepass = false;
+    std::vector<std::string> prepass_prompts;
+};
+
+/// What an engine takes on each device of its placement besides what it was given, found by running its calls on
+/// measuring backends (Engine::measure): nothing is loaded or computed.
+struct EngineFootprint {
+    std::vector<size_t> workspace_bytes;  ///< the workspace to reserve: the arena's high water + kWorkspaceMargin
+    std::vector<size_t> engine_bytes;     ///< the engine's allocations: the networks (weights, tables), KV pools
+    std::vector<size_t> session_bytes;    ///< a session's: buffers, samplers, cross-attention staging
 };
 
 /// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during
@@ -103,6 +119,12 @@ struct EngineOptions {
     bool video_decode = false;
     std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(run.sampling.seed)
     std::optional<BulkLoadOptions> bulk_load = BulkLoadOptions{};  ///< PolicyOptions::bulk_load
+    /// The text encoder pre-pass over these prompts (PolicyOptions::text_prepass).
+    bool text_prepass = false;
+    std::vector<std::string> prepass_prompts;
+
+    /// The policy options Engine::load builds from these (the memory plan of a run uses the same).
+    PolicyOptions policy_options() const;
 };
 
 /// Everything a session needs, loaded once.
@@ -124,6 +146,19 @@ public:
     Engine(const ModelConfig& model, const WeightSource& weights, const Embodiment& embodiment,
            const std::filesystem::path& tokenizer, const PolicyOptions& options, const Placement& placement);
     ~Engine();
+
+    /// Added to the measured workspace high water when it is reserved.
+    static constexpr size_t kWorkspaceMargin = size_t(1) << 20;
+    /// Builds the engine on `backends` (measuring backends, one per device of the placement) with shape-only
+    /// weights, opens a session and runs a window's first call and a commit call (every shape), and the video
+    /// decode with options.video_decode: the workspace each device needs and what the engine and a session
+    /// allocate there. Every engine plans its workspace with this; the memory plan (memory_plan.h) too.
+    /// `tokenizer` may be empty (the calls carry placeholder prompts either way). `shapes`: the shape-only weights
+    /// to load (null: make_shape_only_weights(model)).
+    static EngineFootprint measure(const ModelConfig& model, const Embodiment& embodiment,
+                                   const std::filesystem::path& tokenizer, const PolicyOptions& options,
+                                   const std::vector<MeasuringBackend*>& backends,
+                                   const WeightSource* shapes = nullptr);
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
@@ -157,6 +192,8 @@ public:
     const KvCacheManager* kv_manager(int device = 0) const {
         return size_t(device) < kv_managers_.size() ? kv_managers_[size_t(device)].get() : nullptr;
     }
+    /// The text pre-pass's embeddings (null when umT5 is resident).
+    const TextEmbeddings* text_embeddings() const { return text_embeddings_.get(); }
     /// The checkpoint Engine::load opened (null for an engine built on a given WeightSource).
     const Checkpoint* checkpoint() const { return checkpoint_.get(); }
     const std::filesystem::path& tokenizer_path() const { return tokenizer_path_; }
@@ -185,8 +222,9 @@ private:
     std::unique_ptr<ObservationPreprocessor> preprocessor_;  // prepare()'s frames -> model inputs
     mutable std::mutex spare_mu_;                              // guards spare_
     mutable std::vector<PreparedObservation> spare_;           // recycled buffers for prepare()
-    std::unique_ptr<Umt5Tokenizer> tokenizer_;
-    std::unique_ptr<Umt5Encoder> text_encoder_;
+    std::unique_ptr<Umt5Tokenizer> tokenizer_;         // null only on a measuring engine built without one
+    std::unique_ptr<Umt5Encoder> text_encoder_;        // null with the text pre-pass
+    std::unique_ptr<TextEmbeddings> text_embeddings_;  // the text pre-pass's embeddings (null without it)
     std::unique_ptr<ClipVision> image_encoder_;
     std::unique_ptr<WanVae> vae_;
     std::vector<std::unique_ptr<CausalDit>> dits_;  // one per backend of the placement that runs a branch

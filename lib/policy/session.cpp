@@ -16,6 +16,7 @@
 #include "policy/finite_check.h"
 #include "policy/normalization.h"
 #include "policy/postprocess.h"
+#include "policy/text_prepass.h"
 #include "sampling/cfg.h"
 #include "sampling/denoise_loop.h"
 #include "sampling/flow_unipc.h"
@@ -394,8 +395,12 @@ void Session::upload_inputs(const PreparedObservation& obs, bool reset) {
 void Session::encode_context(const PreparedObservation& obs) {
     if (text_ready_) return;
     const PromptTokens& tokens = obs.tokens;
-    encode_text(tokens.positive.ids, tokens.positive.length, buf_->text_pos, "pos");
-    encode_text(tokens.negative.ids, tokens.negative.length, buf_->text_neg, "neg");
+    if (engine_.text_embeddings_) {  // the text pre-pass encoded the run's prompts at load
+        engine_.text_embeddings_->fetch(engine_.backend(), tokens, buf_->text_pos, buf_->text_neg);
+    } else {
+        encode_text(tokens.positive.ids, tokens.positive.length, buf_->text_pos, "pos");
+        encode_text(tokens.negative.ids, tokens.negative.length, buf_->text_neg, "neg");
+    }
     trace("text.pos", buf_->text_pos);
     trace("text.neg", buf_->text_neg);
     check_finite("text encoder", buf_->text_pos);

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include "backend/profiler.h"
+#include "config/run_config.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "model/inventory.h"
 #include "rollout/progress.h"
 #include "rollout/reports.h"
+#include "rollout/run_memory.h"
 #include "rollout/runner.h"
 #include "weights/random_weights.h"
 
@@ -23,6 +25,8 @@ Embodiment bench_embodiment() {
     return e;
 }
 
+constexpr const char* kBenchPrompt = "pick up the cup and put it on the plate";
+
 /// Synthetic camera frames [T, 180, 320, 3], different per call.
 struct Frames {
     std::vector<uint8_t> data[3];
@@ -37,7 +41,7 @@ struct Frames {
             views[c] = TensorView(data[c].data(), DType::U8, s);
         }
         const double joints[7] = {-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3};
-        obs = droid_observation(views[0], views[1], views[2], joints, 0.5, "pick up the cup and put it on the plate");
+        obs = droid_observation(views[0], views[1], views[2], joints, 0.5, kBenchPrompt);
     }
 };
 
@@ -66,17 +70,32 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     DZR_CHECK(o.devices.size() == 1 || o.devices.size() == 2, "bench rollout: one or two devices, got {}",
               o.devices.size());
     BenchRolloutResult r;
-    Timer t;
-    const RandomWeightSource weights(expected_weights(o.run.model), o.seed, o.threads);
-    r.weights_ms = t.ms();
-
     PolicyOptions po;
     po.sampling = o.run.sampling;
     po.kv = o.run.kv;
     po.kv_mode = o.kv_mode;
     po.precision = o.run.precision;
+    po.text_prepass = o.text_prepass;
+    if (o.text_prepass) po.prepass_prompts = {kBenchPrompt, kWarmupPrompt};
+    const Embodiment embodiment = bench_embodiment();
+    // The plan first: a budget it exceeds refuses the bench before the weights are made.
+    if (o.devices.size() == 1) {
+        const MemoryPlan plan = plan_device_memory(o.run.model, embodiment, po, o.devices[0], o.backend, 0);
+        if (!o.gpu_memory_budget.empty())
+            check_memory_budget(plan, config::parse_memory_budget(o.gpu_memory_budget, "--gpu-memory-budget"),
+                                "--gpu-memory-budget " + o.gpu_memory_budget);
+        if (plan.options.cuda) r.planned_peak_bytes = int64_t(plan.peak_bytes());
+        r.memory_plan = plan.to_json();
+    } else {
+        DZR_CHECK(o.gpu_memory_budget.empty(), "bench rollout: --gpu-memory-budget plans one device, got {}",
+                  o.devices.size());
+    }
+    Timer t;
+    const RandomWeightSource weights(expected_weights(o.run.model), o.seed, o.threads);
+    r.weights_ms = t.ms();
+
     t.reset();
-    const auto owned = Engine::create(o.run.model, weights, bench_embodiment(), o.tokenizer, po, o.devices, o.backend);
+    const auto owned = Engine::create(o.run.model, weights, embodiment, o.tokenizer, po, o.devices, o.backend);
     Engine& engine = *owned;
     auto session = engine.open_session();
     r.load_ms = t.ms();
@@ -118,6 +137,8 @@ nlohmann::ordered_json BenchRolloutResult::to_json() const {
     j["load_ms"] = load_ms;
     j["warmup"] = {{"calls", warmup_calls}, {"ms", warmup_ms}};
     j["peak_gpu_memory_bytes"] = peak_memory_bytes ? nlohmann::ordered_json(*peak_memory_bytes) : nullptr;
+    j["planned_peak_gpu_memory_bytes"] = planned_peak_bytes ? nlohmann::ordered_json(*planned_peak_bytes) : nullptr;
+    j["memory_plan"] = memory_plan;
     // Steady calls: every call but the first (a prefill) and the window resets (every 4th).
     std::vector<PolicyCallResult> steady, resets;
     for (const auto& c : calls) (c.reset ? resets : steady).push_back(c);
@@ -154,9 +175,10 @@ std::string BenchRolloutResult::table() const {
     }
     std::string out = fmt::format(
         "bench rollout on {} ({} numerics): random weights {:.1f} s, load {:.1f} s, warm-up {} calls {:.1f} s, "
-        "peak device memory {}\n",
+        "peak device memory {} (planned {})\n",
         devices, numerics, weights_ms / 1e3, load_ms / 1e3, warmup_calls, warmup_ms / 1e3,
-        peak_memory_bytes ? fmt::format("{:.2f} GiB", double(*peak_memory_bytes) / double(1ull << 30)) : "-");
+        peak_memory_bytes ? fmt::format("{:.2f} GiB", double(*peak_memory_bytes) / double(1ull << 30)) : "-",
+        planned_peak_bytes ? fmt::format("{:.2f} GiB", double(*planned_peak_bytes) / double(1ull << 30)) : "-");
     out += fmt::format("{} timed calls: {} steady, {} window resets\n", calls.size(), steady.size(), resets.size());
     out += format_table({"phase (ms)", "all median", "all p90", "steady median", "steady p90", "reset median"}, rows);
     return out;

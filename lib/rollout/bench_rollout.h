@@ -26,6 +26,8 @@ struct BenchRolloutOptions {
     uint64_t seed = 0;
     int threads = 0;                  ///< random-weight generation threads (0: all)
     /// backend.profile: the timed calls' op profile (backend/profiler.h) goes to BenchRolloutResult::profile.
+    bool text_prepass = false;        ///< the text encoder pre-pass (the bench's prompt and the warm-up's)
+    std::string gpu_memory_budget;    ///< refuse before loading when the plan exceeds it (empty: no limit)
 };
 
 struct BenchRolloutResult {
@@ -33,6 +35,9 @@ struct BenchRolloutResult {
     double weights_ms = 0, load_ms = 0, warmup_ms = 0;
     int warmup_calls = 0;
     std::optional<int64_t> peak_memory_bytes;
+    /// The memory plan (one device; policy/memory_plan.h): its peak and its JSON.
+    std::optional<int64_t> planned_peak_bytes;
+    nlohmann::ordered_json memory_plan;
     std::vector<PolicyCallResult> calls;  ///< the timed calls (actions and phase times)
     /// With backend.profile: per device, the profiler's JSON and table over the timed calls.
     nlohmann::ordered_json profile;

@@ -73,6 +73,8 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
     // NOTE: the run settings through the config's field tables (the geometry is the checkpoint's identity)
     Json run = config::run_config_json(opt.run);
     run.erase("model");
+    // NOTE: the budget only refuses runs that do not fit; it never changes an output
+    run.erase("gpu_memory_budget");
     run["embodiment"] = opt.embodiment.empty() ? opt.run.embodiment : opt.embodiment;
     run["prompt_override"] = opt.prompt ? Json(*opt.prompt) : Json(nullptr);
     run["allow_truncate"] = opt.allow_truncate;

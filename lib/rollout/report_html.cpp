@@ -130,7 +130,8 @@ void read_timing(Episode& e, const Json& t) {
     }
     e.stats = compute_stats(timed);
     Json extra = Json::object();
-    for (const char* k : {"device", "checkpoint_load_ms", "warmup", "peak_gpu_memory_bytes", "video"})
+    for (const char* k : {"device", "checkpoint_load_ms", "warmup", "peak_gpu_memory_bytes",
+                          "planned_peak_gpu_memory_bytes", "video"})
         if (t.contains(k)) extra[k] = t.at(k);
     e.timing_extra = extra;
 }
@@ -452,6 +453,10 @@ std::string timing_section(const Episode& e) {
         if (t.contains("peak_gpu_memory_bytes") && t.at("peak_gpu_memory_bytes").is_number())
             info_row(out, "peak GPU memory",
                      fmt::format("{:.2f} GiB", t.at("peak_gpu_memory_bytes").get<double>() / double(1ull << 30)));
+        if (t.contains("planned_peak_gpu_memory_bytes") && t.at("planned_peak_gpu_memory_bytes").is_number())
+            info_row(out, "planned GPU memory",
+                     fmt::format("{:.2f} GiB (dzr plan)",
+                                 t.at("planned_peak_gpu_memory_bytes").get<double>() / double(1ull << 30)));
         if (t.contains("video") && t.at("video").is_object())
             info_row(out, "video", fmt::format("{} frames at {} fps; decode {:.2f} s, write {:.2f} s",
                                                t.at("video").value("frames", int64_t(0)), t.at("video").value("fps", 0.0),

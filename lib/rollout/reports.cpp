@@ -90,6 +90,17 @@ Json TimingReport::to_json() const {
     j["checkpoint_load_ms"] = ms_us(checkpoint_load_ms);
     j["warmup"] = {{"calls", warmup_calls}, {"total_ms", ms_us(warmup_ms)}};
     j["peak_gpu_memory_bytes"] = peak_gpu_memory_bytes ? Json(*peak_gpu_memory_bytes) : Json(nullptr);
+    // NOTE: beside the measured peak, so a GPU run can check the plan holds (docs/MEMORY.md)
+    j["planned_peak_gpu_memory_bytes"] =
+        memory_plan && memory_plan->cuda ? Json(memory_plan->peak_bytes) : Json(nullptr);
+    if (memory_plan) {
+        j["memory_plan"] = {{"device", memory_plan->cuda ? "cuda" : "cpu"},
+                            {"peak_bytes", memory_plan->peak_bytes},
+                            {"peak_phase", memory_plan->peak_phase},
+                            {"phases", memory_plan->phases}};
+    } else {
+        j["memory_plan"] = nullptr;
+    }
     if (video) {
         j["video"] = {{"latent_frames", video->latent_frames}, {"frames", video->frames}, {"fps", video->fps},
                       {"decode_ms", ms_us(video->decode_ms)}, {"write_ms", ms_us(video->write_ms)}};

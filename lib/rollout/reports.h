@@ -73,12 +73,21 @@ struct VideoTiming {
     double write_ms = 0;        ///< the observed canvases and both files
 };
 
+/// The memory plan's figures (policy/memory_plan.h) a timing report carries next to the measured peak.
+struct PlannedMemory {
+    bool cuda = false;       ///< planned for a CUDA device (on the CPU: the engine's host memory)
+    int64_t peak_bytes = 0;  ///< the plan's peak over its phases
+    std::string peak_phase;  ///< "rollout", "text_prepass", ...
+    Json phases = Json::object();  ///< phase key -> planned bytes
+};
+
 struct TimingReport {
     std::string device;
     double checkpoint_load_ms = 0;
     int64_t warmup_calls = 0;
     double warmup_ms = 0;
     std::optional<int64_t> peak_gpu_memory_bytes;  // null when not measured (CPU)
+    std::optional<PlannedMemory> memory_plan;      // null when the run made no plan
     std::optional<VideoTiming> video;              // null without --save-video
     std::vector<CallTiming> calls;
 

@@ -19,6 +19,7 @@
 #include "rollout/noise_files.h"
 #include "rollout/progress.h"
 #include "rollout/report_html.h"
+#include "rollout/run_memory.h"
 #include "rollout/validate.h"
 #include "weights/checkpoint.h"
 
@@ -92,7 +93,7 @@ double run_warmup(Engine& engine, Session& session, int& calls) {
     std::vector<uint8_t> buf(size_t(4) * size_t(fh) * size_t(fw) * 3);
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t((i * 2654435761u) >> 24);
     Observation obs;
-    obs.prompt = "warm up";
+    obs.prompt = kWarmupPrompt;
     obs.state.assign(size_t(e.state_dim()), 0.0);
     const int window_calls = engine.model().dit.max_chunk_size + 1;
     for (int c = 0; c < window_calls + 1; ++c) {
@@ -223,22 +224,12 @@ struct LoadedRun {
     }
 };
 
-/// Loads the engine (the checkpoint checked against the run's geometry) on the run's devices and opens its session.
-LoadedRun load_run(const RolloutOptions& opt) {
+/// Loads the engine (the checkpoint checked against the run's geometry) on the run's devices and opens its session;
+/// with the text pre-pass, umT5 encodes `prompts` (the valid episodes') first.
+LoadedRun load_run(const RolloutOptions& opt, const std::vector<std::string>& prompts) {
     LoadedRun run;
     Timer load_timer;
-    EngineOptions eo;
-    eo.checkpoint = opt.checkpoint;
-    eo.run = opt.run;
-    eo.check_config_model = opt.have_config_model;
-    eo.embodiment = opt.embodiment;
-    eo.devices = opt.devices;
-    eo.backend = apply_env_overrides({});
-    eo.backend.numerics = opt.numerics;
-    eo.kv_mode = opt.kv_mode;
-    eo.tokenizer = opt.tokenizer;
-    eo.check_finite = opt.check_finite;
-    eo.video_decode = opt.save_video;
+    EngineOptions eo = rollout_engine_options(opt, prompts);
     if (!opt.noise_video.empty() || !opt.noise_action.empty()) {
         DZR_CHECK(!opt.noise_video.empty() && !opt.noise_action.empty(),
                   "--noise-video and --noise-action go together");
@@ -254,7 +245,7 @@ LoadedRun load_run(const RolloutOptions& opt) {
 /// The manifest.json of one episode: what ran, with which settings.
 RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const FrameSchedule& schedule,
                           const std::filesystem::path& episode_dir, const io::Episode& ep,
-                          std::chrono::system_clock::time_point run_start) {
+                          std::chrono::system_clock::time_point run_start, const std::optional<MemoryPlan>& memory_plan) {
     RunManifest manifest;
     manifest.episode = episode_dir.string();
     manifest.checkpoint = opt.checkpoint.string();
@@ -281,6 +272,7 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
                           {"prompt", ep.prompt},
                           {"tokenizer", run.engine->tokenizer_path().string()},
                           {"warnings", ep.warnings}};
+    manifest.extra["memory_plan"] = memory_plan ? memory_plan->to_json() : Json(nullptr);
     return manifest;
 }
 
@@ -407,7 +399,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     }
 
     // ---- checkpoint and engine ------------------------------------------------------------------------
-    LoadedRun run = load_run(opt);
+    LoadedRun run = load_run(opt, checked.prompts);
     Engine& engine = *run.engine;
     if (!opt.quiet) {
         std::fprintf(stderr,
@@ -494,8 +486,9 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                 run.sample_memory();
             }
             er.timing.peak_gpu_memory_bytes = run.peak_memory;
+            if (checked.memory_plan) er.timing.memory_plan = memory_plan_summary(*checked.memory_plan);
             writer.write_json("timing.json", er.timing.to_json());
-            RunManifest manifest = make_manifest(opt, run, schedule, plan.dirs[e], ep, run_start);
+            RunManifest manifest = make_manifest(opt, run, schedule, plan.dirs[e], ep, run_start, checked.memory_plan);
             if (opt.shard.sharded()) manifest.extra["shard"] = opt.shard.to_json();
             if (partial)
                 manifest.extra["interrupted"] = {{"calls_done", er.chunks.num_calls()}, {"calls_scheduled", er.calls.size()}};

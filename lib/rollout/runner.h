@@ -37,6 +37,9 @@ struct RolloutOptions {
     KvMode kv_mode = KvMode::Paged;
     std::string tokenizer;                        ///< empty: from the checkpoint
     bool warmup = true;
+    /// The text encoder pre-pass (policy/text_prepass.h): umT5 encodes the run's prompts at load and is freed before
+    /// the other networks load; off, it stays resident. The actions are the same either way.
+    bool text_prepass = true;
     bool resume = false;
     /// Run the valid episodes and record the invalid ones in the summary (status "invalid") instead of refusing
     /// the whole run.

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "config/model_fields.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -15,6 +17,7 @@
 #include "policy/tokenizer.h"
 #include "rollout/episode_layout.h"
 #include "rollout/fingerprint.h"
+#include "rollout/run_memory.h"
 #include "weights/checkpoint.h"
 
 namespace dzr::rollout {
@@ -34,17 +37,17 @@ constexpr const char* kRunOutputs[] = {"summary.json", "summary.csv", "report.ht
 
 /// Problems in the order they are reported.
 struct Problems {
-    std::vector<std::string> options, episodes, output, checkpoint, statistics, resume;
+    std::vector<std::string> options, episodes, output, checkpoint, statistics, memory, resume;
 
     size_t count() const {
         return options.size() + episodes.size() + output.size() + checkpoint.size() + statistics.size() +
-               resume.size();
+               memory.size() + resume.size();
     }
     [[noreturn]] void raise(bool hint_skip_invalid) const {
         std::string msg = fmt::format(
             "{} problem{} found before loading the checkpoint's weights; nothing was run:", count(),
             count() == 1 ? "" : "s");
-        for (const auto* group : {&options, &episodes, &output, &checkpoint, &statistics, &resume})
+        for (const auto* group : {&options, &episodes, &output, &checkpoint, &statistics, &memory, &resume})
             for (const auto& p : *group) msg += "\n  " + p;
         if (hint_skip_invalid)
             msg += "\n(--skip-invalid runs the valid episodes and records the others in the summary)";
@@ -204,6 +207,35 @@ void check_resume(const RolloutOptions& opt, const std::vector<std::string>& nam
     }
 }
 
+/// The run's memory plan, checked against its budget: a plan that does not fit is a problem; without a budget, a
+/// plan that cannot be made is only a warning (the run does not need it).
+void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embodiment& embodiment,
+                  const FrameSchedule& schedule, ValidatedRun& run, Problems& problems) {
+    int64_t video_frames = 0;
+    if (opt.save_video)
+        for (const EpisodeCheck& c : run.episodes)
+            // NOTE: a call adds 2 latent frames, 3 on a window's first call: 3 per call bounds the joined video
+            if (c.valid) video_frames = std::max(video_frames, 3 * schedule.num_calls(c.num_frames));
+    const EngineOptions eo = rollout_engine_options(opt, run.prompts);
+    const std::optional<uint64_t> budget = rollout_memory_budget(opt);
+    if (!budget) {
+        if (eo.devices.size() != 1) return;  // a plan covers one device
+        try {
+            run.memory_plan = plan_rollout_memory(ckpt.model_config(), embodiment, eo, video_frames);
+        } catch (const Interrupted&) {
+            throw;
+        } catch (const Error& e) {
+            log()->warn("memory plan: not made ({})", e.what());
+        }
+        return;
+    }
+    collect(problems.memory, [&] {
+        run.memory_plan = plan_rollout_memory(ckpt.model_config(), embodiment, eo, video_frames);
+        check_memory_budget(*run.memory_plan, *budget,
+                            fmt::format("GPU memory budget {} ({})", opt.run.gpu_memory_budget, gib(*budget)));
+    });
+}
+
 std::string joined(const std::vector<std::string>& words) {
     std::string s;
     for (const auto& w : words) s += (s.empty() ? "" : " ") + w;
@@ -280,6 +312,12 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
     if (opt.skip_invalid && invalid == dirs.size())
         problems.episodes.push_back(
             fmt::format("none of the {} episodes is valid (see the warnings above)", dirs.size()));
+    for (const EpisodeCheck& c : run.episodes)
+        if (c.valid && std::find(run.prompts.begin(), run.prompts.end(), c.prompt) == run.prompts.end())
+            run.prompts.push_back(c.prompt);
+    // NOTE: the plan runs the engine's calls on measuring backends, which needs a sound checkpoint and statistics
+    if (facts.ckpt && problems.checkpoint.empty() && problems.statistics.empty() && invalid < dirs.size())
+        check_memory(opt, *facts.ckpt, embodiment, schedule, run, problems);
 
     collect(problems.output, [&] {
         inputs.check_output_dir(opt.out_dir);

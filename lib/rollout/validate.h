@@ -10,7 +10,8 @@
 ///   5. the normalization statistics of the embodiment's keys (q01 < q99, min < max, std > 0) and, against them,
 ///      the episodes' state (far outside the range: one warning per episode naming the joint and the likely
 ///      cause);
-///   6. --resume: the done episodes' fingerprints (fingerprint.h) against this run's.
+///   6. the memory plan (run_memory.h) against --gpu-memory-budget (or the config's gpu_memory_budget);
+///   7. --resume: the done episodes' fingerprints (fingerprint.h) against this run's.
 /// Problems are gathered and thrown as one dzr::Error, in that order. With --skip-invalid the invalid
 /// episodes are set aside (the summary records them) and the others run.
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "io/run_lock.h"
+#include "policy/memory_plan.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/reports.h"
 #include "rollout/runner.h"
@@ -44,6 +46,9 @@ struct ValidatedRun {
     Json fingerprint;                    ///< the run's fingerprint, without the episode part
     std::filesystem::path tokenizer;
     std::unique_ptr<io::RunLock> lock;  ///< held until the run ends (none for --dry-run)
+    std::vector<std::string> prompts;   ///< the valid episodes' distinct prompts (the text pre-pass's list)
+    /// The run's memory plan (none for two devices without a budget, or when it could not be made).
+    std::optional<MemoryPlan> memory_plan;
 
     /// Not run: invalid (only with --skip-invalid) or finished (--resume).
     bool runnable(size_t e) const { return episodes[e].valid && !finished[e]; }

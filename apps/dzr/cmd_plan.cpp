@@ -1,0 +1,148 @@
+// `dzr plan`: the device-memory plan of a run (policy/memory_plan.h), without a GPU and without loading anything.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/dzr/command.h"
+#include "backend/backend.h"
+#include "config/embodiment.h"
+#include "config/run_config.h"
+#include "core/error.h"
+#include "policy/memory_plan.h"
+#include "weights/checkpoint.h"
+
+namespace dzr::app {
+namespace {
+
+struct PlanArgs {
+    std::string config;
+    std::string checkpoint;
+    std::vector<std::string> sets;
+    std::string embodiment;
+    std::string precision = "bf16";
+    std::string kv_dtype = "bf16";
+    std::string budget;
+    std::string device;
+    std::string kv = "paged";
+    bool no_text_prepass = false;
+    bool json = false;
+};
+
+/// The embodiment a plan runs: the checkpoint's, else the built-in of --embodiment or the config's tag (DROID by
+/// default) with the smooth statistics `dzr ckpt make` writes (the plan reads none of them).
+Embodiment plan_embodiment(const PlanArgs& a, const config::RunConfig& run, const ModelConfig& model) {
+    const std::string tag = !a.embodiment.empty() ? a.embodiment : run.embodiment;
+    if (!a.checkpoint.empty()) return select_embodiment(load_checkpoint_embodiments(a.checkpoint), tag, model);
+    Embodiment e = builtin_embodiment(tag.empty() ? "oxe_droid" : tag);
+    const std::string source = "dzr plan (synthetic metadata)";
+    bind_metadata(e, parse_embodiment_metadata(synthetic_metadata_json(e), source).at(e.tag), source);
+    check_embodiment(e, model);
+    return e;
+}
+
+int run(const PlanArgs& a) {
+    DZR_CHECK(!a.config.empty() || !a.checkpoint.empty(),
+              "dzr plan needs --config CFG (a geometry and run settings) or --checkpoint DIR (its config.json)");
+    std::vector<config::Override> overrides;
+    for (const auto& s : a.sets) overrides.push_back(config::parse_override(s));
+    config::RunConfig run;
+    if (!a.config.empty()) {
+        run = config::load_run_config(a.config, overrides);
+    } else {
+        DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
+    }
+    // NOTE: a checkpoint's geometry is its config.json's (no weight is read)
+    const ModelConfig model = a.checkpoint.empty() ? run.model : Checkpoint(a.checkpoint).model_config();
+    const Embodiment embodiment = plan_embodiment(a, run, model);
+
+    MemoryPlanOptions po;
+    po.precision = parse_weight_precision(a.precision, "--precision");
+    po.kv_dtype = parse_kv_dtype(a.kv_dtype, "--kv-dtype");
+    const std::string budget_text = !a.budget.empty() ? a.budget : run.gpu_memory_budget;
+    const uint64_t budget = budget_text.empty() ? 0
+                                                : config::parse_memory_budget(budget_text, !a.budget.empty()
+                                                                                                ? "--gpu-memory-budget"
+                                                                                                : "gpu_memory_budget");
+    DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
+    PolicyOptions options;
+    options.sampling = run.sampling;
+    options.kv = run.kv;
+    options.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
+    options.text_prepass = !a.no_text_prepass;
+
+    // Offline by default; --device plans with that device's backend (a GPU's convolution scratch included).
+    std::unique_ptr<Backend> planner;
+    if (!a.device.empty()) {
+        const Device device = parse_device(a.device);
+        BackendOptions bo;
+        bo.workspace_bytes = size_t(1) << 20;
+        planner = make_backend(device, bo);
+        po.compute_dtype = planner->compute_dtype();
+        po.cuda = device.is_cuda();
+        if (!device.is_cuda()) {
+            DZR_CHECK(po.precision == WeightPrecision::Bf16 && po.kv_dtype == DType::BF16,
+                      "--device cpu plans the CPU backend's f32 engine; --precision and --kv-dtype fp8 are for GPUs");
+            po.kv_dtype = po.compute_dtype;
+        }
+    }
+    const MemoryPlan plan = plan_memory(model, embodiment, options, po, planner.get());
+    const bool fits = budget == 0 || plan.peak_bytes() <= budget;
+    if (a.json) {
+        nlohmann::ordered_json j;
+        j["config"] = a.config.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.config);
+        j["checkpoint"] = a.checkpoint.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.checkpoint);
+        j["embodiment"] = embodiment.tag;
+        const nlohmann::ordered_json pj = plan.to_json();
+        for (auto it = pj.begin(); it != pj.end(); ++it) j[it.key()] = it.value();
+        if (budget > 0)
+            j["budget"] = {{"bytes", budget},
+                           {"fits", fits},
+                           {"spare_bytes", fits ? budget - plan.peak_bytes() : 0},
+                           {"shortfall_bytes", fits ? 0 : plan.peak_bytes() - budget}};
+        else
+            j["budget"] = nullptr;
+        std::printf("%s\n", j.dump(2).c_str());
+    } else {
+        std::printf("dzr plan: %s, embodiment %s; planned %s; %s weights (DiT), %s KV cache, text pre-pass %s\n",
+                    !a.checkpoint.empty() ? a.checkpoint.c_str() : a.config.c_str(), embodiment.tag.c_str(),
+                    plan.planner.c_str(), std::string(precision_name(po.precision)).c_str(),
+                    po.kv_dtype == DType::F8_E4M3 ? "fp8" : std::string(dtype_name(po.kv_dtype)).c_str(),
+                    plan.text_prepass ? "on" : "off");
+        std::printf("%s", plan.table(budget).c_str());
+    }
+    if (!fits) {
+        std::fprintf(stderr, "dzr: error: the plan's peak (%s) exceeds the budget %s by %s\n",
+                     gib(plan.peak_bytes()).c_str(), budget_text.c_str(), gib(plan.peak_bytes() - budget).c_str());
+        return 1;
+    }
+    return 0;
+}
+
+CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
+    auto args = std::make_shared<PlanArgs>();
+    auto* cmd = app.add_subcommand(
+        "plan", "The device-memory plan of a run: every part's bytes and each phase's peak, without a GPU");
+    cmd->add_option("--config", args->config, "Run config (configs/*.yaml): the geometry, kv and sampling settings");
+    cmd->add_option("--checkpoint", args->checkpoint,
+                    "Take the geometry from a checkpoint's config.json and its embodiment (no weight is read)");
+    cmd->add_option("--set", args->sets, "Override a key of the --config file: --set kv.window_frames=5");
+    cmd->add_option("--embodiment", args->embodiment, "Embodiment tag (default: the config's, else oxe_droid)");
+    cmd->add_option("--precision", args->precision, "DiT linear weights: bf16, or fp8 (E4M3, per-channel scales)")
+        ->capture_default_str();
+    cmd->add_option("--kv-dtype", args->kv_dtype, "KV cache elements: bf16, or fp8 (E4M3, per-head scales)")
+        ->capture_default_str();
+    cmd->add_option("--gpu-memory-budget", args->budget,
+                    "Say whether the plan fits (44GiB, 48GB, 32000MiB; exit 1 when it does not); default: the "
+                    "config's gpu_memory_budget");
+    cmd->add_option("--device", args->device,
+                    "Plan with this device's backend (cuda:N: the GPU sizes its convolutions' scratch; cpu: the f32 "
+                    "CPU engine); default: offline, for a CUDA GPU");
+    cmd->add_option("--kv", args->kv, "KV cache: paged or dense")->capture_default_str();
+    cmd->add_flag("--no-text-prepass", args->no_text_prepass, "Plan with umT5 resident (no text encoder pre-pass)");
+    cmd->add_flag("--json", args->json, "Machine-readable output");
+    cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args); }; });
+});
+
+}  // namespace
+}  // namespace dzr::app

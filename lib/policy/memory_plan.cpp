@@ -1,0 +1,346 @@
+#include "policy/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <set>
+
+#include "backend/measuring_backend.h"
+#include "config/run_config.h"
+#include "core/error.h"
+#include "kv/kv_sizing.h"
+#include "model/umt5.h"
+#include "weights/keys.h"
+
+namespace dzr {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+/// What a plan for a GPU this machine lacks assumes the device does (a Hopper GPU, as the CUDA backend reports it).
+Capabilities assumed_cuda_capabilities() {
+    Capabilities c;
+    c.resize_bicubic = true;
+    c.paged_kv = true;
+    c.device_events = true;
+    c.graphs = true;
+    c.fp8 = true;
+    c.compute_capability = 90;
+    return c;
+}
+
+/// Shape-only weights that record which keys the networks load (a network may load a subset of the checkpoint's
+/// inventory: CLIP runs 31 of its 32 stored blocks).
+class RecordingWeights final : public WeightSource {
+public:
+    explicit RecordingWeights(std::unique_ptr<WeightSource> inner) : inner_(std::move(inner)) {}
+    std::optional<TensorView> find(const std::string& key) const override {
+        auto t = inner_->find(key);
+        if (t) found_.insert(key);
+        return t;
+    }
+    std::vector<std::string> keys() const override { return inner_->keys(); }
+    std::string location(const std::string& key) const override { return inner_->location(key); }
+    bool loaded(const std::string& key) const { return found_.count(key) > 0; }
+
+private:
+    std::unique_ptr<WeightSource> inner_;
+    mutable std::set<std::string> found_;
+};
+
+/// One component's weights in the plan.
+struct ComponentWeights {
+    uint64_t bytes = 0;       // at the plan's precision
+    uint64_t at_compute = 0;  // every weight in the compute dtype (what a measuring backend allocates)
+    uint64_t params = 0;
+    uint64_t fp8_params = 0;
+    uint64_t fp8_scales = 0;      // output channels with a scale
+    uint64_t stored_params = 0;   // the checkpoint's, loaded or not
+};
+
+std::string weights_detail(const ComponentWeights& w, DType compute) {
+    std::string s = w.fp8_params == 0
+                        ? fmt::format("{} parameters in {}", config::format_count(w.params), dtype_name(compute))
+                        : fmt::format("{} parameters: {} in fp8 with {} float32 scales, {} in {}",
+                                      config::format_count(w.params), config::format_count(w.fp8_params),
+                                      config::format_count(w.fp8_scales),
+                                      config::format_count(w.params - w.fp8_params), dtype_name(compute));
+    if (w.stored_params != w.params)
+        s += fmt::format(" (the checkpoint stores {}; the rest is never loaded)", config::format_count(w.stored_params));
+    return s;
+}
+
+/// "bf16", "fp8" (E4M3), "f32".
+std::string kv_dtype_name(DType t) { return t == DType::F8_E4M3 ? "fp8" : std::string(dtype_name(t)); }
+
+/// a - b for measured totals that must contain b.
+uint64_t remainder(uint64_t a, uint64_t b, std::string_view what) {
+    DZR_CHECK(a >= b, "memory plan: {}: the measuring engine allocated {} bytes, fewer than the {} bytes planned for "
+                      "its parts (the plan's parts and the engine disagree)",
+              what, a, b);
+    return a - b;
+}
+
+}  // namespace
+
+std::string_view precision_name(WeightPrecision p) { return p == WeightPrecision::Fp8 ? "fp8" : "bf16"; }
+
+WeightPrecision parse_weight_precision(std::string_view text, std::string_view what) {
+    if (text == "bf16") return WeightPrecision::Bf16;
+    if (text == "fp8") return WeightPrecision::Fp8;
+    DZR_THROW("{}: expected bf16 or fp8, got '{}'", what, text);
+}
+
+DType parse_kv_dtype(std::string_view text, std::string_view what) {
+    if (text == "bf16") return DType::BF16;
+    if (text == "fp8") return DType::F8_E4M3;
+    DZR_THROW("{}: expected bf16 or fp8, got '{}'", what, text);
+}
+
+bool fp8_weight(const ExpectedWeight& w) {
+    // NOTE: "action_head.model.blocks.<i>." holds exactly the transformer layers; their rank-2 weights are the
+    // linear layers' (the norms are rank 1, the modulation rank 3)
+    static const std::string kLayers = keys::dit("blocks.");
+    const std::string_view key = w.key;
+    return w.component == Component::Dit && key.substr(0, kLayers.size()) == kLayers && w.shape.rank() == 2 &&
+           key.size() > 7 && key.substr(key.size() - 7) == ".weight";
+}
+
+uint64_t weight_bytes(const ExpectedWeight& w, WeightPrecision precision, DType compute_dtype) {
+    const uint64_t n = uint64_t(w.shape.numel());
+    if (precision == WeightPrecision::Fp8 && fp8_weight(w))
+        return n * dtype_size(DType::F8_E4M3) + uint64_t(w.shape[0]) * kFp8ScaleBytes;
+    return n * dtype_size(compute_dtype);
+}
+
+uint64_t kv_scale_bytes(const KvGeometry& g, int total_block_ids) {
+    if (g.dtype != DType::F8_E4M3) return 0;
+    const uint64_t per_cache = uint64_t(g.num_layers) * 2 * uint64_t(g.num_kv_heads) * kFp8ScaleBytes;
+    const uint64_t cross_caches = 2 * uint64_t(g.num_branches);  // text and image, per branch
+    return per_cache * (uint64_t(total_block_ids) + cross_caches);
+}
+
+std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / double(uint64_t(1) << 30)); }
+
+uint64_t MemoryPlan::part_bytes(std::string_view key) const {
+    for (const auto& p : parts)
+        if (p.key == key) return p.bytes;
+    return 0;
+}
+
+const MemoryPhase& MemoryPlan::peak() const {
+    DZR_CHECK(!phases.empty(), "memory plan: no phases");
+    const MemoryPhase* best = &phases[0];
+    for (const auto& ph : phases)
+        if (ph.bytes > best->bytes) best = &ph;
+    return *best;
+}
+
+MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, const PolicyOptions& options,
+                       const MemoryPlanOptions& po, Backend* planner) {
+    DZR_CHECK(po.kv_dtype == DType::BF16 || po.kv_dtype == DType::F8_E4M3 || po.kv_dtype == DType::F32,
+              "memory plan: the KV cache is bf16 or fp8, got {}", dtype_name(po.kv_dtype));
+    MemoryPlan plan;
+    plan.options = po;
+    plan.text_prepass = options.text_prepass;
+    plan.planner = planner ? planner->device().str() : "offline (a CUDA GPU assumed)";
+    const DType dt = po.compute_dtype;
+    const std::optional<Capabilities> assumed =
+        planner ? std::nullopt : std::optional<Capabilities>(assumed_cuda_capabilities());
+
+    // ---- the engine's calls on a measuring backend: workspace, allocations, a session's buffers ---------------
+    MeasuringBackend measuring(dt, planner, assumed);
+    RecordingWeights shapes(make_shape_only_weights(model));
+    const EngineFootprint footprint = Engine::measure(model, embodiment, {}, options, {&measuring}, &shapes);
+    // umT5 alone (what the pre-pass loads, and frees)
+    uint64_t t5_allocated = 0;
+    {
+        MeasuringBackend alone(dt, planner, assumed);
+        WeightLoader loader(shapes, alone);
+        const Umt5Encoder encoder(loader, model.t5);
+        t5_allocated = alone.allocated_bytes();
+    }
+
+    // ---- weights: the inventory's weights the networks load, at the plan's precision --------------------------
+    std::array<ComponentWeights, kNumComponents> weights{};
+    for (const ExpectedWeight& w : expected_weights(model)) {
+        ComponentWeights& c = weights[size_t(w.component)];
+        const uint64_t n = uint64_t(w.shape.numel());
+        c.stored_params += n;
+        if (!shapes.loaded(w.key)) continue;
+        c.bytes += weight_bytes(w, po.precision, dt);
+        c.at_compute += n * dtype_size(dt);
+        c.params += n;
+        if (po.precision == WeightPrecision::Fp8 && fp8_weight(w)) {
+            c.fp8_params += n;
+            c.fp8_scales += uint64_t(w.shape[0]);
+        }
+    }
+    const ComponentWeights& t5 = weights[size_t(Component::TextEncoder)];
+    const ComponentWeights& clip = weights[size_t(Component::ImageEncoder)];
+    const ComponentWeights& vae = weights[size_t(Component::Vae)];
+    const ComponentWeights& dit = weights[size_t(Component::Dit)];
+
+    // ---- the KV cache (paged: the engine's pool; dense: the session's own caches, in its buffers) -------------
+    KvMemoryPlan kv;
+    uint64_t kv_scales = 0, kv_measured = 0;
+    const bool paged = options.kv_mode == KvMode::Paged;
+    if (paged) {
+        const KvGeometry g = KvGeometry::from_model(model, po.kv_dtype, 2);
+        options.kv.validate(g);
+        kv = plan_kv_memory(g, options.kv, resolve_kv_budget(g, options.kv, 0));
+        kv_scales = kv_scale_bytes(g, kv.total_block_ids());
+        // NOTE: the measuring engine's pool is in its compute dtype
+        const KvGeometry gm = KvGeometry::from_model(model, dt, 2);
+        kv_measured = plan_kv_memory(gm, options.kv, resolve_kv_budget(gm, options.kv, 0)).total_bytes;
+    } else {
+        DZR_CHECK(po.kv_dtype == dt, "memory plan: an fp8 KV cache needs the paged cache (--kv paged)");
+    }
+
+    const uint64_t engine_bytes = footprint.engine_bytes.at(0);
+    const uint64_t t5_tables = remainder(t5_allocated, t5.at_compute, "umT5");
+    const uint64_t tables = remainder(engine_bytes, t5_allocated + clip.at_compute + vae.at_compute + dit.at_compute +
+                                                        kv_measured,
+                                      "the engine");
+
+    // ---- the parts ------------------------------------------------------------------------------------------
+    const auto add = [&](std::string key, std::string name, uint64_t bytes, std::string detail) {
+        plan.parts.push_back({std::move(key), std::move(name), bytes, std::move(detail)});
+    };
+    add("weights.umt5", "umT5 weights", t5.bytes, weights_detail(t5, dt));
+    add("weights.clip", "CLIP weights", clip.bytes, weights_detail(clip, dt));
+    add("weights.vae", "VAE weights", vae.bytes, weights_detail(vae, dt));
+    add("weights.dit", "DiT weights", dit.bytes, weights_detail(dit, dt));
+    add("tables.umt5", "umT5 tables", t5_tables, "umT5's relative-position bucket one-hot");
+    add("tables.networks", "network tables", tables,
+        "CLIP, VAE and DiT tables besides their weights (RoPE, timestep embeddings, resize matrices)");
+    if (paged) {
+        add("kv.pool", "KV pool", kv.pool_bytes,
+            fmt::format("{} blocks of {} tokens + the null block, {} each, {}", kv.num_blocks, kv.limits.block_tokens,
+                        format_bytes(kv.block_bytes), kv_dtype_name(po.kv_dtype)));
+        add("kv.scratch", "KV scratch", kv.scratch_bytes, "the current rows of one layer, K and V, per branch");
+        add("kv.cross", "cross-attention caches", kv.cross_bytes,
+            fmt::format("text and image K and V of every layer, 2 branches, {}", kv_dtype_name(po.kv_dtype)));
+        if (kv_scales > 0) add("kv.scales", "KV scales", kv_scales, "float32 per head, K and V, per layer and cache");
+    }
+    add("session", "session buffers", footprint.session_bytes.at(0),
+        paged ? "inputs, samples, sampler history, cross-attention staging (measured)"
+              : "inputs, samples, sampler history, the dense KV caches and cross K/V (measured)");
+    if (options.text_prepass)
+        add("text.prepass_output", "pre-pass output", uint64_t(model.t5.text_len) * uint64_t(model.t5.dim) * dtype_size(dt),
+            "umT5's output buffer during the pre-pass");
+    add("workspace", "workspace", footprint.workspace_bytes.at(0),
+        planner ? fmt::format("activations and the ops' scratch, planned on {}", planner->device().str())
+                : "activations and the ops' scratch (without a convolution library's own scratch: no GPU here)");
+    if (po.video_latent_frames > 0) {
+        const int64_t k = po.video_latent_frames, lh = model.canvas_height / 8, lw = model.canvas_width / 8;
+        // NOTE: decode_video's latents [z, K, h, w] and video [3, 1 + 4 (K - 1), H, W] (WanVae::video_shape)
+        const uint64_t latent = uint64_t(model.vae.z_dim) * uint64_t(k * lh * lw);
+        const uint64_t video = uint64_t(3) * uint64_t(1 + 4 * (k - 1)) * uint64_t(model.canvas_height) *
+                               uint64_t(model.canvas_width);
+        add("video.decode", "video decode buffers", (latent + video) * dtype_size(dt),
+            fmt::format("{} latent frames and {} decoded frames", k, 1 + 4 * (k - 1)));
+    }
+    if (po.cuda) add("cuda.context", "CUDA context allowance", kCudaContextBytes, "context, library modules, rounding");
+
+    // ---- the phases ------------------------------------------------------------------------------------------
+    const auto phase = [&](std::string key, std::string name, std::vector<std::string> keys) {
+        MemoryPhase ph{std::move(key), std::move(name), {}, 0};
+        for (auto& k : keys) {
+            bool found = false;
+            for (const auto& p : plan.parts)
+                if (p.key == k) {
+                    ph.bytes += p.bytes;
+                    found = true;
+                }
+            if (found) ph.parts.push_back(std::move(k));
+        }
+        plan.phases.push_back(std::move(ph));
+    };
+    const std::vector<std::string> base = {"cuda.context", "workspace"};
+    std::vector<std::string> loaded = base;
+    if (!options.text_prepass) loaded.insert(loaded.end(), {"weights.umt5", "tables.umt5"});
+    loaded.insert(loaded.end(), {"weights.clip", "weights.vae", "weights.dit", "tables.networks", "kv.pool",
+                                 "kv.scratch", "kv.cross", "kv.scales"});
+    if (options.text_prepass) {
+        std::vector<std::string> t = base;
+        t.insert(t.end(), {"weights.umt5", "tables.umt5", "text.prepass_output"});
+        phase("text_prepass", "text pre-pass (umT5 alone)", t);
+    }
+    phase("load", "load (networks and KV cache)", loaded);
+    std::vector<std::string> rollout = loaded;
+    rollout.push_back("session");
+    phase("rollout", "warm-up and rollout calls", rollout);
+    if (po.video_latent_frames > 0) {
+        rollout.push_back("video.decode");
+        phase("video_decode", "video decode (--save-video)", rollout);
+    }
+    return plan;
+}
+
+std::string MemoryPlan::table(uint64_t budget_bytes) const {
+    std::string s;
+    size_t width = 5;
+    for (const auto& p : parts) width = std::max(width, p.name.size());
+    for (const auto& ph : phases) width = std::max(width, ph.name.size());
+    const auto row = [&](std::string_view name, uint64_t bytes, std::string_view detail) {
+        s += fmt::format("  {:<{}}  {:>18}  {:>11}  {}\n", name, width, config::format_count(bytes), gib(bytes), detail);
+    };
+    s += fmt::format("  {:<{}}  {:>18}  {:>11}\n", "part", width, "bytes", "GiB");
+    for (const auto& p : parts) row(p.name, p.bytes, p.detail);
+    s += "\n";
+    s += fmt::format("  {:<{}}  {:>18}  {:>11}\n", "phase", width, "peak bytes", "GiB");
+    const MemoryPhase& top = peak();
+    for (const auto& ph : phases) row(ph.name, ph.bytes, &ph == &top ? "<- peak" : "");
+    if (budget_bytes > 0) {
+        const uint64_t need = top.bytes;
+        s += "\n";
+        if (need <= budget_bytes)
+            s += fmt::format("  budget {} ({} bytes): fits, {} to spare\n", gib(budget_bytes),
+                             config::format_count(budget_bytes), gib(budget_bytes - need));
+        else
+            s += fmt::format("  budget {} ({} bytes): does NOT fit, {} ({} bytes) short\n", gib(budget_bytes),
+                             config::format_count(budget_bytes), gib(need - budget_bytes),
+                             config::format_count(need - budget_bytes));
+    }
+    return s;
+}
+
+Json MemoryPlan::to_json() const {
+    Json j;
+    j["planner"] = planner;
+    j["precision"] = std::string(precision_name(options.precision));
+    j["kv_dtype"] = kv_dtype_name(options.kv_dtype);
+    j["compute_dtype"] = std::string(dtype_name(options.compute_dtype));
+    j["text_prepass"] = text_prepass;
+    Json ps = Json::array();
+    for (const auto& p : parts) ps.push_back({{"key", p.key}, {"name", p.name}, {"bytes", p.bytes}, {"detail", p.detail}});
+    j["parts"] = ps;
+    Json phs = Json::array();
+    for (const auto& ph : phases) phs.push_back({{"key", ph.key}, {"name", ph.name}, {"bytes", ph.bytes}, {"parts", ph.parts}});
+    j["phases"] = phs;
+    j["peak"] = {{"phase", peak().key}, {"bytes", peak().bytes}};
+    return j;
+}
+
+void check_memory_budget(const MemoryPlan& plan, uint64_t budget_bytes, std::string_view what) {
+    const MemoryPhase& top = plan.peak();
+    if (top.bytes <= budget_bytes) return;
+    std::vector<const MemoryPart*> parts;
+    for (const auto& k : top.parts)
+        for (const auto& p : plan.parts)
+            if (p.key == k) parts.push_back(&p);
+    std::stable_sort(parts.begin(), parts.end(), [](const MemoryPart* a, const MemoryPart* b) { return a->bytes > b->bytes; });
+    std::string list;
+    for (const MemoryPart* p : parts) list += fmt::format("\n    {:<24} {:>10}", p->name, gib(p->bytes));
+    DZR_THROW("{}: the run does not fit: its {} phase needs {} ({} bytes), {} ({} bytes) more than the budget of {} "
+              "({} bytes); nothing was loaded. The phase holds:{}\n(`dzr plan` shows the whole plan)",
+              what, top.name, gib(top.bytes), config::format_count(top.bytes), gib(top.bytes - budget_bytes),
+              config::format_count(top.bytes - budget_bytes), gib(budget_bytes), config::format_count(budget_bytes),
+              list);
+}
+
+}  // namespace dzr

@@ -1,0 +1,64 @@
+#include "rollout/run_memory.h"
+
+#include "backend/options.h"
+#include "config/run_config.h"
+#include "core/error.h"
+
+namespace dzr::rollout {
+
+EngineOptions rollout_engine_options(const RolloutOptions& opt, std::vector<std::string> prompts) {
+    EngineOptions eo;
+    eo.checkpoint = opt.checkpoint;
+    eo.run = opt.run;
+    eo.check_config_model = opt.have_config_model;
+    eo.embodiment = opt.embodiment;
+    eo.devices = opt.devices;
+    eo.backend = apply_env_overrides({});
+    eo.backend.numerics = opt.numerics;
+    eo.kv_mode = opt.kv_mode;
+    eo.tokenizer = opt.tokenizer;
+    eo.check_finite = opt.check_finite;
+    eo.video_decode = opt.save_video;
+    eo.text_prepass = opt.text_prepass;
+    if (opt.text_prepass) {
+        if (opt.warmup) prompts.emplace_back(kWarmupPrompt);
+        eo.prepass_prompts = std::move(prompts);
+    }
+    return eo;
+}
+
+MemoryPlan plan_device_memory(const ModelConfig& model, const Embodiment& embodiment, const PolicyOptions& options,
+                              const Device& device, BackendOptions backend, int64_t video_latent_frames) {
+    // NOTE: the planner only answers for its ops' workspace; it needs none of its own
+    backend.workspace_bytes = size_t(1) << 20;
+    const std::unique_ptr<Backend> planner = make_backend(device, backend);
+    MemoryPlanOptions po;
+    po.compute_dtype = planner->compute_dtype();
+    po.kv_dtype = planner->compute_dtype();
+    po.cuda = device.is_cuda();
+    po.video_latent_frames = video_latent_frames;
+    return plan_memory(model, embodiment, options, po, planner.get());
+}
+
+MemoryPlan plan_rollout_memory(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
+                               int64_t video_latent_frames) {
+    DZR_CHECK(eo.devices.size() == 1,
+              "the memory plan covers one device; this run places the CFG branches on {} devices", eo.devices.size());
+    return plan_device_memory(model, embodiment, eo.policy_options(), eo.devices[0], eo.backend, video_latent_frames);
+}
+
+PlannedMemory memory_plan_summary(const MemoryPlan& plan) {
+    PlannedMemory m;
+    m.cuda = plan.options.cuda;
+    m.peak_bytes = int64_t(plan.peak_bytes());
+    m.peak_phase = plan.peak().key;
+    for (const MemoryPhase& ph : plan.phases) m.phases[ph.key] = ph.bytes;
+    return m;
+}
+
+std::optional<uint64_t> rollout_memory_budget(const RolloutOptions& opt) {
+    if (opt.run.gpu_memory_budget.empty()) return std::nullopt;
+    return config::parse_memory_budget(opt.run.gpu_memory_budget, "gpu_memory_budget");
+}
+
+}  // namespace dzr::rollout
