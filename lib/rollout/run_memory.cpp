@@ -34,7 +34,8 @@ MemoryPlan plan_device_memory(const ModelConfig& model, const Embodiment& embodi
     const std::unique_ptr<Backend> planner = make_backend(device, backend);
     MemoryPlanOptions po;
     po.compute_dtype = planner->compute_dtype();
-    po.kv_dtype = planner->compute_dtype();
+    po.kv_dtype = options.kv.dtype == Precision::Fp8 ? DType::F8_E4M3 : planner->compute_dtype();
+    po.precision = options.precision == Precision::Fp8 ? WeightPrecision::Fp8 : WeightPrecision::Bf16;
     po.cuda = device.is_cuda();
     po.video_latent_frames = video_latent_frames;
     return plan_memory(model, embodiment, options, po, planner.get());

@@ -570,6 +570,8 @@ Stats run_rms_norm_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t spl
     gpu().rms_norm_rope(p, h.dev(x), h.dev(w), pairs ? h.dev(ta, DType::F32) : TensorView{},
                         tb.defined() ? h.dev(tb, DType::F32) : TensorView{}, out);
     return h.compare(out, ref);
+}
+
 /// FP8 operands on both sides: random rows (rounded to the case dtype) quantized by the CPU (core/fp8.h), the codes
 /// and scales uploaded unchanged.
 struct Fp8Operand {
@@ -1065,6 +1067,7 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_rms_norm_rope(h, 9, 3, 10, INT64_MAX, 0, 2); });
         add_big("rms_norm_rope", "DreamZero [1785, 40, 128] split 1760, 64 pairs", dt,
                 [](Harness& h) { return run_rms_norm_rope(h, 1785, 40, 128, 1760, 64, 4); });
+    }
     // FP8 (E4M3): quantization bit for bit, its inverse, the GEMM through cuBLASLt and through the plain kernel
     for (DType dt : {DType::F32, DType::BF16}) {
         add("quantize_fp8", "[37, 300] rows in [-5, 5]", dt, [](Harness& h) { return run_quantize_fp8(h, 37, 300, -5.f, 5.f); });

@@ -15,6 +15,7 @@
 #include "config/run_config.h"
 #include "core/error.h"
 #include "support/test_support.h"
+#include "model/inventory.h"
 #include "weights/bulk_load.h"
 #include "weights/checkpoint.h"
 #include "weights/random_checkpoint.h"

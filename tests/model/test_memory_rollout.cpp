@@ -17,6 +17,7 @@
 #include "support/cli.h"
 #include "support/json_file.h"
 #include "support/test_support.h"
+#include "model/inventory.h"
 #include "weights/random_checkpoint.h"
 #include "weights/random_weights.h"
 
@@ -94,7 +95,7 @@ TEST_CASE("the text pre-pass gives bit-identical actions over episodes with diff
 
 TEST_CASE("an engine with the text pre-pass holds each prompt once and refuses a prompt it did not encode") {
     const config::RunConfig run = tiny();
-    const RandomWeightSource weights(run.model, 3, 1);
+    const RandomWeightSource weights(expected_weights(run.model), 3, 1);
     PolicyOptions po;
     po.sampling = run.sampling;
     po.kv = run.kv;

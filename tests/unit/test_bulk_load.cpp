@@ -19,6 +19,7 @@
 #include "support/test_support.h"
 #include "weights/bulk_load.h"
 #include "weights/checkpoint.h"
+#include "model/inventory.h"
 #include "weights/random_checkpoint.h"
 #include "weights/weight_source.h"
 

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "policy/memory_plan.h"
 #include "support/test_support.h"
+#include "model/inventory.h"
 #include "weights/checkpoint.h"
 #include "weights/random_checkpoint.h"
 #include "weights/random_weights.h"
@@ -201,7 +202,7 @@ TEST_CASE("the tiny plan's KV cache matches the geometry by hand and its workspa
     CHECK(plan.part_bytes("cuda.context") == 0);
 
     // a real engine on the CPU backend, loaded from random weights: the same workspace, the same KV cache
-    const RandomWeightSource weights(run.model, 1, 1);
+    const RandomWeightSource weights(expected_weights(run.model), 1, 1);
     const auto engine =
         Engine::create(run.model, weights, e, test::data_dir() / "tokenizer/spiece.model", policy(run, false),
                        {Device::cpu()}, BackendOptions{});
