@@ -11,6 +11,7 @@
 #include "config/run_config.h"
 #include "core/error.h"
 #include "kv/kv_sizing.h"
+#include "model/inventory.h"
 #include "model/umt5.h"
 #include "weights/keys.h"
 
