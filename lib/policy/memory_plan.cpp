@@ -155,7 +155,12 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     // ---- the engine's calls on a measuring backend: workspace, allocations, a session's buffers ---------------
     MeasuringBackend measuring(dt, planner, assumed);
     RecordingWeights shapes(make_shape_only_weights(model));
-    const EngineFootprint footprint = Engine::measure(model, embodiment, {}, options, {&measuring}, &shapes);
+    // NOTE: measured at the compute dtype (bf16 Linears, a compute-dtype KV pool); the plan below sizes the FP8
+    // weights and KV itself, and the FP8 Linears' quantized activations as a part of their own
+    PolicyOptions measured = options;
+    measured.precision = Precision::Bf16;
+    measured.kv.dtype = Precision::Bf16;
+    const EngineFootprint footprint = Engine::measure(model, embodiment, {}, measured, {&measuring}, &shapes);
     // umT5 alone (what the pre-pass loads, and frees)
     uint64_t t5_allocated = 0;
     {
@@ -236,6 +241,15 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     add("workspace", "workspace", footprint.workspace_bytes.at(0),
         planner ? fmt::format("activations and the ops' scratch, planned on {}", planner->device().str())
                 : "activations and the ops' scratch (without a convolution library's own scratch: no GPU here)");
+    if (po.precision == WeightPrecision::Fp8) {
+        // an FP8 Linear quantizes its input per token into the workspace while it runs: [tokens, in] codes and a
+        // float32 scale per token, at most the denoising forward's tokens times the widest input (the FFN's)
+        const int64_t tokens = int64_t(model.dit.num_frame_per_block) * model.dit.frame_seqlen +
+                               model.dit.num_action_per_block + model.dit.num_state_per_block;
+        const int64_t in = std::max<int64_t>(model.dit.dim, model.dit.ffn_dim);
+        add("workspace.fp8", "FP8 activations", uint64_t(tokens) * uint64_t(in) + uint64_t(tokens) * 4,
+            fmt::format("{} tokens x {} E4M3 codes and a float32 scale per token", tokens, in));
+    }
     if (po.video_latent_frames > 0) {
         const int64_t k = po.video_latent_frames, lh = model.canvas_height / 8, lw = model.canvas_width / 8;
         // NOTE: decode_video's latents [z, K, h, w] and video [3, 1 + 4 (K - 1), H, W] (WanVae::video_shape)
@@ -261,7 +275,7 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
         }
         plan.phases.push_back(std::move(ph));
     };
-    const std::vector<std::string> base = {"cuda.context", "workspace"};
+    const std::vector<std::string> base = {"cuda.context", "workspace", "workspace.fp8"};
     std::vector<std::string> loaded = base;
     if (!options.text_prepass) loaded.insert(loaded.end(), {"weights.umt5", "tables.umt5"});
     loaded.insert(loaded.end(), {"weights.clip", "weights.vae", "weights.dit", "tables.networks", "kv.pool",
