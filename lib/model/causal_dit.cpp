@@ -23,6 +23,14 @@ TensorView mod_vec(const TensorView& mod, int g, int i) {
     return mod.slice(0, g, 1).slice(1, i, 1).reshape(Shape{mod.dim(2)});
 }
 
+/// Vector i of every group of a [G, 6, C] modulation tensor: a [G, C] view with a row stride of 6·C (fast numerics'
+/// fused ops read the groups' rows through it).
+TensorView mod_vecs(const TensorView& mod, int i) {
+    const int64_t G = mod.dim(0), C = mod.dim(2);
+    char* base = static_cast<char*>(mod.data) + size_t(i) * size_t(C) * dtype_size(mod.dtype);
+    return TensorView(base, mod.dtype, Shape{G, C}, Shape{mod.strides[0], 1}, mod.device);
+}
+
 /// Debug mode: download `t` and throw naming the stage and layer at the first NaN/Inf.
 void check_finite(Backend& be, const TensorView& t, std::string_view stage, int layer) {
     std::vector<float> host(size_t(t.numel()));
@@ -396,10 +404,7 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
     }
 
     for (size_t i = 0; i < layers_.size(); ++i) {
-        if (be.numerics() == Numerics::Fast)
-            layer_forward_fast(be, s, int(i), cross.layers[i], cache, opt);
-        else
-            layer_forward(be, s, int(i), cross.layers[i], cache, opt);
+        layer_forward(be, s, int(i), cross.layers[i], cache, opt);
         if (opt.trace) opt.trace("layer_out", int(i), s.x);
     }
 
@@ -421,16 +426,27 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
     const int64_t L = s.x.dim(0), C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
     const int64_t Lv = s.video_tokens;
     const float attn_scale = float(1.0 / std::sqrt(double(D)));
+    // NOTE: fast numerics run the memory-bound chains fused (Backend's FusedRowParams ops: f32 inside, one rounding
+    // per output); reference numerics run PyTorch's eager ops with their rounding points
+    const bool fast = be.numerics() == Numerics::Fast;
+    const FusedRowParams rows{cfg_.eps, s.groups > 1 ? Lv : L};
     ArenaScope scope(be.workspace());
 
-    // mod[g] = modulation [6, C] + e0[g]; mod1 = mod + 1 serves the (1 + scale) factors
+    // mod[g] = modulation [6, C] + e0[g]; mod1 = mod + 1 serves the (1 + scale) factors (fast: added in f32)
     const TensorView mod = be.scratch(Shape{s.groups, 6, C});
     be.add(s.e0, w.modulation, mod);
-    const TensorView mod1 = be.scratch(Shape{s.groups, 6, C});
-    be.scale({1.0f, 1.0f}, mod, mod1);
+    TensorView mod1;
+    if (!fast) {
+        mod1 = be.scratch(Shape{s.groups, 6, C});
+        be.scale({1.0f, 1.0f}, mod, mod1);
+    }
 
     // h = LN(x) · (1 + scale) + shift, per token group
     const auto modulated_norm = [&](int shift_i, int scale_i, const TensorView& h) {
+        if (fast) {
+            be.ada_layer_norm(rows, s.x, {}, {}, mod_vecs(mod, scale_i), mod_vecs(mod, shift_i), h);
+            return;
+        }
         norm_.forward(be, s.x, h);
         for (int g = 0; g < s.groups; ++g) {
             const TensorView hg = s.rows(h, g);
@@ -440,6 +456,10 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
     };
     // x += gate · y, per token group (y is scaled in place)
     const auto gated_residual = [&](const TensorView& y, int gate_i) {
+        if (fast) {
+            be.gated_residual(rows, s.x, y, mod_vecs(mod, gate_i));
+            return;
+        }
         for (int g = 0; g < s.groups; ++g) {
             const TensorView yg = s.rows(y, g), xg = s.rows(s.x, g);
             be.mul(yg, mod_vec(mod, g, gate_i), yg);
@@ -458,26 +478,40 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         modulated_norm(kShiftSa, kScaleSa, h);
         trace("self_attn_in", h);
         const TensorView raw = be.scratch(Shape{L, C});
-        const TensorView qn = be.scratch(Shape{L, C});
-        const TensorView kn = be.scratch(Shape{L, C});
-        const TensorView v = be.scratch(Shape{L, C});
-        w.q.forward(be, h, raw);  // [L, C] -> [L, C]
-        w.norm_q.forward(be, raw, qn);
-        w.k.forward(be, h, raw);  // [L, C] -> [L, C]
-        w.norm_k.forward(be, raw, kn);
-        w.v.forward(be, h, v);  // [L, C] -> [L, C]
+        TensorView q, k, v3;  // [L, H, D]
+        if (fast) {
+            // q/k RMSNorm and RoPE (3-D on video rows, 1-D on register rows) in one op each
+            q = be.scratch(Shape{L, H, D});
+            k = be.scratch(Shape{L, H, D});
+            v3 = be.scratch(Shape{L, H, D});
+            const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
+            w.q.forward(be, h, raw);
+            be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_q.w, s.rope_video, regs_table, q);
+            w.k.forward(be, h, raw);
+            be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_k.w, s.rope_video, regs_table, k);
+            w.v.forward(be, h, v3.reshape(Shape{L, C}));
+        } else {
+            const TensorView qn = be.scratch(Shape{L, C});
+            const TensorView kn = be.scratch(Shape{L, C});
+            const TensorView v = be.scratch(Shape{L, C});
+            w.q.forward(be, h, raw);  // [L, C] -> [L, C]
+            w.norm_q.forward(be, raw, qn);
+            w.k.forward(be, h, raw);  // [L, C] -> [L, C]
+            w.norm_k.forward(be, raw, kn);
+            w.v.forward(be, h, v);  // [L, C] -> [L, C]
 
-        // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
-        const TensorView q = be.scratch(Shape{L, H, D});
-        const TensorView k = be.scratch(Shape{L, H, D});
-        const TensorView qn3 = qn.reshape(Shape{L, H, D}), kn3 = kn.reshape(Shape{L, H, D});
-        be.rope({}, qn3.slice(0, 0, Lv), s.rope_video, q.slice(0, 0, Lv));
-        be.rope({}, kn3.slice(0, 0, Lv), s.rope_video, k.slice(0, 0, Lv));
-        if (L > Lv) {
-            be.rope({}, qn3.slice(0, Lv, L - Lv), s.rope_registers, q.slice(0, Lv, L - Lv));
-            be.rope({}, kn3.slice(0, Lv, L - Lv), s.rope_registers, k.slice(0, Lv, L - Lv));
+            // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
+            q = be.scratch(Shape{L, H, D});
+            k = be.scratch(Shape{L, H, D});
+            const TensorView qn3 = qn.reshape(Shape{L, H, D}), kn3 = kn.reshape(Shape{L, H, D});
+            be.rope({}, qn3.slice(0, 0, Lv), s.rope_video, q.slice(0, 0, Lv));
+            be.rope({}, kn3.slice(0, 0, Lv), s.rope_video, k.slice(0, 0, Lv));
+            if (L > Lv) {
+                be.rope({}, qn3.slice(0, Lv, L - Lv), s.rope_registers, q.slice(0, Lv, L - Lv));
+                be.rope({}, kn3.slice(0, Lv, L - Lv), s.rope_registers, k.slice(0, Lv, L - Lv));
+            }
+            v3 = v.reshape(Shape{L, H, D});
         }
-        const TensorView v3 = v.reshape(Shape{L, H, D});
         trace("q", q);
         trace("k", k);
         trace("v", v3);
@@ -493,11 +527,17 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
 
     {  // cross-attention: separate softmaxes over text and image keys, summed, then o
         ArenaScope tmp(be.workspace());
-        w.norm3.forward(be, s.x, h);
+        if (fast)
+            be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
+        else
+            w.norm3.forward(be, s.x, h);
         const TensorView raw = be.scratch(Shape{L, C});
         const TensorView q = be.scratch(Shape{L, C});
         w.cross_q.forward(be, h, raw);  // [L, C] -> [L, C]
-        w.cross_norm_q.forward(be, raw, q);
+        if (fast)
+            be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q.reshape(Shape{L, H, D}));
+        else
+            w.cross_norm_q.forward(be, raw, q);
         const TensorView q3 = q.reshape(Shape{L, H, D});  // [L, C] -> [L, H, D]
         const TensorView o_txt = be.scratch(Shape{L, H, D});
         const TensorView o_img = be.scratch(Shape{L, H, D});
@@ -543,98 +583,6 @@ void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
     if (opt.trace) opt.trace("head", -1, tokens);
     if (opt.check_finite) check_finite(be, tokens, "head", -1);
     unpatchify(be, tokens, int(s.frames), grid_h_, grid_w_, ph, pw, out.video_velocity);  // converts dtype
-}
-
-// ---- `fast` numerics ---------------------------------------------------------------------------------------
-
-namespace {
-
-/// Vector i of every group of a [G, 6, C] modulation tensor: a [G, C] view with a row stride of 6·C.
-TensorView mod_vecs(const TensorView& mod, int i) {
-    const int64_t G = mod.dim(0), C = mod.dim(2);
-    char* base = static_cast<char*>(mod.data) + size_t(i) * size_t(C) * dtype_size(mod.dtype);
-    return TensorView(base, mod.dtype, Shape{G, C}, Shape{mod.strides[0], 1}, mod.device);
-}
-
-}  // namespace
-
-void CausalDit::layer_forward_fast(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
-                                   SelfAttentionCache& cache, const DitForwardOptions& opt) const {
-    // The same block as layer_forward with the memory-bound chains fused (Backend's FusedRowParams ops: f32
-    // inside, one rounding per output): the modulated norms, q/k RMSNorm with RoPE, the gated residuals.
-    const Layer& w = layers_[size_t(li)];
-    const int64_t L = s.x.dim(0), C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
-    const int64_t Lv = s.video_tokens;
-    const float attn_scale = float(1.0 / std::sqrt(double(D)));
-    const FusedRowParams rows{cfg_.eps, s.groups > 1 ? Lv : L};
-    ArenaScope scope(be.workspace());
-
-    const TensorView mod = be.scratch(Shape{s.groups, 6, C});
-    be.add(s.e0, w.modulation, mod);
-    const auto trace = [&](std::string_view name, const TensorView& t) {
-        if (opt.trace) opt.trace(name, li, t);
-    };
-
-    const TensorView h = be.scratch(Shape{L, C});
-    const TensorView y = be.scratch(Shape{L, C});
-
-    {  // self-attention over [history | video | registers]
-        ArenaScope tmp(be.workspace());
-        be.ada_layer_norm(rows, s.x, {}, {}, mod_vecs(mod, kScaleSa), mod_vecs(mod, kShiftSa), h);
-        trace("self_attn_in", h);
-        const TensorView raw = be.scratch(Shape{L, C});
-        const TensorView q = be.scratch(Shape{L, H, D});
-        const TensorView k = be.scratch(Shape{L, H, D});
-        const TensorView v = be.scratch(Shape{L, H, D});
-        const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
-        w.q.forward(be, h, raw);
-        be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_q.w, s.rope_video, regs_table, q);
-        w.k.forward(be, h, raw);
-        be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_k.w, s.rope_video, regs_table, k);
-        w.v.forward(be, h, v.reshape(Shape{L, C}));
-        trace("q", q);
-        trace("k", k);
-        trace("v", v);
-
-        const TensorView attn = be.scratch(Shape{L, H, D});
-        cache.attend(be, li, q, k, v, Lv, attn_scale, attn);
-        w.o.forward(be, attn.reshape(Shape{L, C}), y);
-        trace("self_attn", y);
-        be.gated_residual(rows, s.x, y, mod_vecs(mod, kGateSa));
-    }
-    trace("x_self", s.x);
-    if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
-
-    {  // cross-attention: separate softmaxes over text and image keys, summed, then o
-        ArenaScope tmp(be.workspace());
-        be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
-        const TensorView raw = be.scratch(Shape{L, C});
-        const TensorView q3 = be.scratch(Shape{L, H, D});
-        w.cross_q.forward(be, h, raw);
-        be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q3);
-        const TensorView o_txt = be.scratch(Shape{L, H, D});
-        const TensorView o_img = be.scratch(Shape{L, H, D});
-        be.attention({attn_scale}, q3, ckv.k_txt, ckv.v_txt, {}, o_txt);
-        be.attention({attn_scale}, q3, ckv.k_img, ckv.v_img, {}, o_img);
-        be.add(o_txt, o_img, o_txt);
-        w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), y);
-        trace("cross_attn", y);
-        be.gated_residual(rows, s.x, y, {});
-    }
-    trace("x_cross", s.x);
-    if (opt.check_finite) check_finite(be, s.x, "cross-attention", li);
-
-    {  // feed-forward: C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
-        ArenaScope tmp(be.workspace());
-        be.ada_layer_norm(rows, s.x, {}, {}, mod_vecs(mod, kScaleFf), mod_vecs(mod, kShiftFf), h);
-        const TensorView hidden = be.scratch(Shape{L, cfg_.ffn_dim});
-        w.ffn1.forward(be, h, hidden);
-        be.activation({Activation::GeluTanh}, hidden, hidden);
-        w.ffn2.forward(be, hidden, y);
-        trace("ffn", y);
-        be.gated_residual(rows, s.x, y, mod_vecs(mod, kGateFf));
-    }
-    if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
 }
 
 }  // namespace dzr

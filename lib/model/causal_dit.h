@@ -130,9 +130,6 @@ class CausalDit {
     void layer_forward(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
                        SelfAttentionCache& cache, const DitForwardOptions& opt) const;
     void head_forward(Backend& be, const Step& s, const DitOutputs& out, const DitForwardOptions& opt) const;
-    /// layer_forward with the memory-bound chains fused (Numerics::Fast).
-    void layer_forward_fast(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
-                            SelfAttentionCache& cache, const DitForwardOptions& opt) const;
 
     DitConfig cfg_;
     int grid_h_ = 0;
