@@ -27,6 +27,23 @@ __device__ __forceinline__ void load8(const void* base, int64_t off, float (&v)[
     Vec8<T>::load(static_cast<const T*>(base) + off, v);
 }
 
+/// This thread's chunks of a row (chunk k at threadIdx.x + k · kRowThreads) into registers; returns the sum of f
+/// over the values it loaded.
+template <typename Tx, typename F>
+__device__ __forceinline__ float load_row(const Tx* xr, int64_t chunks, float (&v)[kMaxChunks][8], F f) {
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxChunks; ++k) {
+        const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
+        if (ch < chunks) {
+            Vec8<Tx>::load(xr + ch * 8, v[k]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc += f(v[k][i]);
+        }
+    }
+    return acc;
+}
+
 // One row per block of kRowThreads threads, the row in registers (kMaxChunks chunks of 8 per thread); the
 // per-group vectors (Tm) and the norm parameters (Tp) read 8 at a time.
 template <typename Tx, typename To, typename Tm, typename Tp>
@@ -41,16 +58,7 @@ __global__ void __launch_bounds__(kRowThreads) ada_layer_norm_kernel(const Tx* x
     To* orow = out + r * cols;
     const int64_t chunks = cols / 8;
     float v[kMaxChunks][8];
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxChunks; ++k) {
-        const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
-        if (ch < chunks) {
-            Vec8<Tx>::load(xr + ch * 8, v[k]);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) sum += v[k][i];
-        }
-    }
+    const float sum = load_row(xr, chunks, v, [](float a) { return a; });
     const float mean = block_sum(sum, shared) / float(cols);
     float sq = 0.f;
 #pragma unroll
@@ -176,16 +184,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_rope_kernel(const Tx* x,
     To* orow = out + r * cols;
     const int64_t chunks = cols / 8;
     float v[kMaxChunks][8];
-    float sq = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxChunks; ++k) {
-        const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
-        if (ch < chunks) {
-            Vec8<Tx>::load(xr + ch * 8, v[k]);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) sq += v[k][i] * v[k][i];
-        }
-    }
+    const float sq = load_row(xr, chunks, v, [](float a) { return a * a; });
     const float rstd = rsqrtf(block_sum(sq, shared) / float(cols) + eps);
     const float* table = r < split ? ta : tb;
     const int64_t trow = r < split ? r : r - split;
