@@ -13,6 +13,7 @@
 #include "kv/kv_sizing.h"
 #include "model/inventory.h"
 #include "model/umt5.h"
+#include "weights/fp8_weights.h"
 #include "weights/keys.h"
 
 namespace dzr {
@@ -102,12 +103,8 @@ DType parse_kv_dtype(std::string_view text, std::string_view what) {
 }
 
 bool fp8_weight(const ExpectedWeight& w) {
-    // NOTE: "action_head.model.blocks.<i>." holds exactly the transformer layers; their rank-2 weights are the
-    // linear layers' (the norms are rank 1, the modulation rank 3)
-    static const std::string kLayers = keys::dit("blocks.");
-    const std::string_view key = w.key;
-    return w.component == Component::Dit && key.substr(0, kLayers.size()) == kLayers && w.shape.rank() == 2 &&
-           key.size() > 7 && key.substr(key.size() - 7) == ".weight";
+    // NOTE: the one table of which Linears are FP8 (weights/fp8_weights.h), as WeightLoader::require_linear reads it
+    return w.linear && fp8_by_default(w.key);
 }
 
 uint64_t weight_bytes(const ExpectedWeight& w, WeightPrecision precision, DType compute_dtype) {
