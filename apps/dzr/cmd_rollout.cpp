@@ -25,6 +25,7 @@ struct RolloutArgs {
     std::vector<std::string> sets;
     std::string device = "cpu";
     std::string numerics = "reference";
+    std::string profile;
     std::string kv = "paged";
     std::string precision;  // empty: the config's (bf16 without one)
     std::string kv_dtype;   // empty: the config's kv.dtype
@@ -94,6 +95,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
                   a.device);
     }
     o.numerics = parse_numerics(a.numerics);
+    o.profile = a.profile;
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
     o.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     o.tokenizer = a.tokenizer;
@@ -210,6 +212,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "reference (the official bf16 run's arithmetic, bit for bit) or fast (fused, reordered)")
         ->capture_default_str();
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
+    cmd->add_option("--profile", args->profile,
+                    "profile the episodes' calls: every backend op timed with events, grouped by phase, forward and op "
+                    "shape (CUPTI kernel counts on CUDA where built in); JSON to this file, a table on stderr; slows "
+                    "every call down");
     cmd->add_option("--precision", args->precision,
                     "DiT Linear weights: bf16 or fp8 (E4M3, per-channel scales; quantized at load unless the "
                     "checkpoint stores them; default: the config's precision, else bf16)");

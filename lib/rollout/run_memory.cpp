@@ -15,6 +15,7 @@ EngineOptions rollout_engine_options(const RolloutOptions& opt, std::vector<std:
     eo.devices = opt.devices;
     eo.backend = apply_env_overrides({});
     eo.backend.numerics = opt.numerics;
+    eo.backend.profile = !opt.profile.empty();
     eo.kv_mode = opt.kv_mode;
     eo.tokenizer = opt.tokenizer;
     eo.check_finite = opt.check_finite;
@@ -31,6 +32,7 @@ MemoryPlan plan_device_memory(const ModelConfig& model, const Embodiment& embodi
                               const Device& device, BackendOptions backend, int64_t video_latent_frames) {
     // NOTE: the planner only answers for its ops' workspace; it needs none of its own
     backend.workspace_bytes = size_t(1) << 20;
+    backend.profile = false;
     const std::unique_ptr<Backend> planner = make_backend(device, backend);
     MemoryPlanOptions po;
     po.compute_dtype = planner->compute_dtype();

@@ -5,11 +5,13 @@
 #include <future>
 
 #include "backend/backend.h"
+#include "backend/profiler.h"
 #include "config/model_fields.h"
 #include "config/run_fields.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "io/atomic_file.h"
 #include "io/episode.h"
 #include "io/result_writer.h"
 #include "rollout/episode_layout.h"
@@ -359,6 +361,21 @@ RolloutResult dry_run_result(const std::vector<std::string>& names, const Valida
     return result;
 }
 
+/// --profile: every profiled backend's JSON (keyed by device) into `path`, their tables on stderr.
+void write_profile(const std::filesystem::path& path, Engine& engine, bool quiet) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    std::string table;
+    const auto& backends = engine.placement().backends;
+    for (size_t i = 0; i < backends.size(); ++i)
+        if (Profiler* p = backends[i]->profiler()) {
+            j[backends[i]->device().str() + (i ? "#" + std::to_string(i) : "")] = p->to_json();
+            table += p->table();
+        }
+    io::write_file_atomic(path, j.dump(1) + "\n");
+    if (!quiet) std::fprintf(stderr, "%s", table.c_str());
+    dzr::log()->info("profile: {}", path.string());
+}
+
 }  // namespace
 
 RolloutResult run_rollout(const RolloutOptions& opt) {
@@ -421,6 +438,8 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     if (opt.warmup) {
         run.warmup_ms = run_warmup(engine, *run.session, run.warmup_calls);
         run.sample_memory();
+        for (Backend* b : engine.placement().backends)
+            if (Profiler* p = b->profiler()) p->reset();  // NOTE: --profile covers the episodes' calls only
         if (!opt.quiet)
             std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole\n", run.warmup_calls, run.warmup_ms / 1e3);
     }
@@ -524,6 +543,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
         shard->note(summary);
         result.episodes.push_back(std::move(summary));
     }
+    if (!opt.profile.empty()) write_profile(opt.profile, engine, opt.quiet);
     result.shard = shard->finish(result.episodes, result.interrupted, opt.plot_png);
     // NOTE: the report covers the whole run, so the process that merged the summary writes it (the only process of
     // an unsharded run, the last rank of a sharded one)

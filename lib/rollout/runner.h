@@ -67,6 +67,9 @@ struct RolloutOptions {
     std::optional<io::VideoEncoder> video_encoder;
     /// Writes report.html (and report/) in out_dir at the end (rollout/report_html.h).
     bool report = true;
+    /// --profile: every backend op of the episodes' calls timed (backend/profiler.h; the warm-up's are dropped); the
+    /// JSON goes to this file and the table to stderr at the end. Slows every call down.
+    std::filesystem::path profile;
 };
 
 /// The warm-up: synthetic calls that walk every forward shape of a window (prefill, the commits at start frames

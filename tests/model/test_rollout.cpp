@@ -130,3 +130,43 @@ TEST_CASE("a rollout of an episode with a missing camera is refused before the l
     CHECK(error.find("none of the 1 episodes is valid") != std::string::npos);
     CHECK_FALSE(fs::exists(dir / "out/ep/done.json"));
 }
+
+TEST_CASE("a profiled rollout writes the op profile of its episode calls and the same actions as an unprofiled one") {
+    test::TempDir dir;
+    const auto cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
+    MakeOptions mo;
+    mo.dtype = DType::F32;
+    mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
+    write_random_checkpoint(cfg.model, mo, dir / "ckpt");
+
+    auto plain = tiny_options(sample_episode(dir), dir / "ckpt", dir / "plain");
+    plain.report = false;
+    REQUIRE(rollout::run_rollout(plain).failed == 0);
+    auto profiled = tiny_options(sample_episode(dir), dir / "ckpt", dir / "profiled");
+    profiled.report = false;
+    profiled.profile = dir / "profile.json";
+    REQUIRE(rollout::run_rollout(profiled).failed == 0);
+
+    // profiling only observes: the actions are the same bits
+    CHECK(io::read_npy(dir / "profiled/episode_000/actions.npy").to_f32() ==
+          io::read_npy(dir / "plain/episode_000/actions.npy").to_f32());
+
+    const auto timing = read_json(dir / "profiled/episode_000/timing.json");
+    int64_t evaluations = 0;
+    for (const auto& c : timing["calls"]) evaluations += c["dit_evaluations"].get<int64_t>();
+    REQUIRE(evaluations > 0);
+    const auto profile = read_json(dir / "profile.json");
+    REQUIRE(profile.contains("cpu"));
+    const auto& p = profile["cpu"];
+    // the warm-up's calls are dropped: the episode's 3 calls, one conditional denoising forward per evaluation
+    CHECK(p["calls_profiled"].get<int64_t>() == 3);
+    const auto& totals = p["totals"];
+    REQUIRE(totals.contains("denoise.denoise.pos"));
+    CHECK(totals["denoise.denoise.pos"]["entries"].get<int64_t>() == evaluations);
+    CHECK(totals["denoise.denoise.neg"]["entries"].get<int64_t>() == evaluations);
+    CHECK(totals["denoise.denoise.pos"]["per_entry"]["ops"].get<double>() > 10.0);
+    bool gemm = false;
+    for (const auto& op : totals["denoise.denoise.pos"]["ops_by_time"])
+        gemm = gemm || op["op"].get<std::string>().rfind("gemm", 0) == 0;
+    CHECK(gemm);
+}
