@@ -180,6 +180,12 @@ void Profiler::end_call() {
     ++calls_done_;
 }
 
+std::vector<std::pair<std::string, Profiler::OpTotals>> Profiler::by_time(const std::map<std::string, OpTotals>& ops) {
+    std::vector<std::pair<std::string, OpTotals>> sorted(ops.begin(), ops.end());
+    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    return sorted;
+}
+
 void Profiler::reset() {
     calls_ = nlohmann::ordered_json::array();
     totals_.clear();
@@ -214,8 +220,7 @@ nlohmann::ordered_json Profiler::to_json() const {
         if (t.traced) r["device"] = kernel_json(t.kernels, 1.0);
         const auto ops = op_totals_.find(name);
         if (ops != op_totals_.end()) {
-            std::vector<std::pair<std::string, OpTotals>> sorted(ops->second.begin(), ops->second.end());
-            std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+            const auto sorted = by_time(ops->second);
             nlohmann::ordered_json list = nlohmann::ordered_json::array();
             for (const auto& [key, o] : sorted)
                 list.push_back({{"op", key}, {"count", o.count}, {"ms", o.ms}, {"ms_per_entry", o.ms / per}});
@@ -245,8 +250,7 @@ std::string Profiler::table(int top_ops) const {
     for (const auto& [name, ops] : op_totals_) {
         const auto t = totals_.find(name);
         const double per = t != totals_.end() && t->second.entries > 0 ? double(t->second.entries) : 1.0;
-        std::vector<std::pair<std::string, OpTotals>> sorted(ops.begin(), ops.end());
-        std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+        const auto sorted = by_time(ops);
         s += fmt::format("-- {}: top ops by time (ms per entry, calls per entry)\n", name);
         for (int i = 0; i < int(sorted.size()) && i < top_ops; ++i)
             s += fmt::format("   {:>9.3f} ms {:>7.1f}x  {}\n", sorted[size_t(i)].second.ms / per,

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -80,6 +81,8 @@ private:
     struct RegionTotals;
     struct OpTotals;
     Event& next_event();
+    /// An op-key map's entries, longest total time first.
+    static std::vector<std::pair<std::string, OpTotals>> by_time(const std::map<std::string, OpTotals>& ops);
 
     Stream& stream_;
     std::unique_ptr<KernelTracer> tracer_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "backend/profiler.h"
 #include "backend/measuring_backend.h"
 #include "config/model_fields.h"
 #include "core/error.h"
@@ -378,6 +379,23 @@ bool Engine::kv_pools_whole() const {
     for (const auto& m : kv_managers_)
         if (m->pool().num_free() != m->plan().num_blocks) return false;
     return true;
+}
+
+void Engine::reset_profiles() {
+    for (Backend* b : placement_.backends)
+        if (Profiler* p = b->profiler()) p->reset();
+}
+
+nlohmann::ordered_json Engine::profile_json(std::string* table) const {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (size_t i = 0; i < placement_.backends.size(); ++i)
+        if (Profiler* p = placement_.backends[i]->profiler()) {
+            std::string key = placement_.backends[i]->device().str();
+            if (i > 0) key += fmt::format("#{}", i);
+            j[key] = p->to_json();
+            if (table) *table += p->table();
+        }
+    return j;
 }
 
 std::string Engine::describe() const {

@@ -18,6 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/backend.h"
 #include "config/embodiment.h"
 #include "config/run_config.h"
@@ -204,6 +206,12 @@ public:
     /// True when every KV pool is whole (no session holds blocks).
     bool kv_pools_whole() const;
     std::string describe() const;
+
+    /// Profiled backends (BackendOptions::profile): forget the calls so far (e.g. the warm-up's).
+    void reset_profiles();
+    /// Profiled backends: each one's profile (Profiler::to_json) keyed by its device ("cuda:0", a second backend on
+    /// the same device "cpu#1"), and their tables appended to `table` when given; {} when none is profiled.
+    nlohmann::ordered_json profile_json(std::string* table = nullptr) const;
 
 private:
     friend class Session;

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "backend/profiler.h"
 #include "config/run_config.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -106,8 +105,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     sample_memory();
     r.warmup_ms = run_warmup(engine, *session, r.warmup_calls);
     sample_memory();
-    for (Backend* b : engine.placement().backends)
-        if (Profiler* p = b->profiler()) p->reset();
+    engine.reset_profiles();
     for (int c = 0; c < o.calls; ++c) {
         Frames f(c == 0 ? 1 : 4, c);
         PreparedObservation prepared = engine.prepare(f.obs);
@@ -115,11 +113,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
         engine.recycle(std::move(prepared));
         sample_memory();
     }
-    for (size_t i = 0; i < engine.placement().backends.size(); ++i)
-        if (Profiler* p = engine.placement().backends[i]->profiler()) {
-            r.profile[engine.placement().backends[i]->device().str() + (i ? "#" + std::to_string(i) : "")] = p->to_json();
-            r.profile_table += p->table();
-        }
+    if (o.backend.profile) r.profile = engine.profile_json(&r.profile_table);
     r.devices = engine.devices();
     r.backend = engine.backend().name();
     r.numerics = numerics_name(engine.backend().numerics());

@@ -5,7 +5,6 @@
 #include <future>
 
 #include "backend/backend.h"
-#include "backend/profiler.h"
 #include "config/model_fields.h"
 #include "config/run_fields.h"
 #include "core/error.h"
@@ -362,16 +361,9 @@ RolloutResult dry_run_result(const std::vector<std::string>& names, const Valida
 }
 
 /// --profile: every profiled backend's JSON (keyed by device) into `path`, their tables on stderr.
-void write_profile(const std::filesystem::path& path, Engine& engine, bool quiet) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+void write_profile(const std::filesystem::path& path, const Engine& engine, bool quiet) {
     std::string table;
-    const auto& backends = engine.placement().backends;
-    for (size_t i = 0; i < backends.size(); ++i)
-        if (Profiler* p = backends[i]->profiler()) {
-            j[backends[i]->device().str() + (i ? "#" + std::to_string(i) : "")] = p->to_json();
-            table += p->table();
-        }
-    io::write_file_atomic(path, j.dump(1) + "\n");
+    io::write_file_atomic(path, engine.profile_json(&table).dump(1) + "\n");
     if (!quiet) std::fprintf(stderr, "%s", table.c_str());
     dzr::log()->info("profile: {}", path.string());
 }
@@ -438,8 +430,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     if (opt.warmup) {
         run.warmup_ms = run_warmup(engine, *run.session, run.warmup_calls);
         run.sample_memory();
-        for (Backend* b : engine.placement().backends)
-            if (Profiler* p = b->profiler()) p->reset();  // NOTE: --profile covers the episodes' calls only
+        engine.reset_profiles();  // NOTE: --profile covers the episodes' calls only
         if (!opt.quiet)
             std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole\n", run.warmup_calls, run.warmup_ms / 1e3);
     }

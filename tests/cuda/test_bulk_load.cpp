@@ -14,6 +14,7 @@
 #include "backend/staging.h"
 #include "config/run_config.h"
 #include "core/error.h"
+#include "support/bulk_checkpoints.h"
 #include "support/test_support.h"
 #include "model/inventory.h"
 #include "weights/bulk_load.h"
@@ -33,37 +34,10 @@ Backend& gpu() {
     return *be;
 }
 
-const ModelConfig& tiny_model() {
-    static const ModelConfig m = config::load_run_config(test::source_dir() / "configs" / "tiny.yaml").model;
-    return m;
-}
-
-/// The tiny geometry with a wider DiT: tensors of up to 1.5 MB, so small reads split them over many slots.
-ModelConfig medium_model() {
-    ModelConfig m = tiny_model();
-    m.dit.dim = 512;
-    m.dit.num_heads = 4;
-    m.dit.ffn_dim = 1536;
-    m.dit.num_layers = 3;
-    m.t5.vocab = 20000;
-    return m;
-}
-
-struct Made {
-    test::TempDir tmp;
-    MakePlan plan;
-    fs::path dir() const { return tmp / "ckpt"; }
-};
-
-std::unique_ptr<Made> make(const ModelConfig& model, DType dtype, uint64_t shard_size, uint64_t seed) {
-    auto m = std::make_unique<Made>();
-    MakeOptions o;
-    o.seed = seed;
-    o.dtype = dtype;
-    o.shard_size = shard_size;
-    m->plan = write_random_checkpoint(model, o, m->dir());
-    return m;
-}
+using test::make_checkpoint;
+using test::medium_model;
+using test::tiny_model;
+using Made = test::MadeCheckpoint;
 
 /// Every weight as `dtype` device tensors, downloaded to host bytes after the load.
 std::vector<std::vector<uint8_t>> load_all(const Checkpoint& ck, const MakePlan& plan, DType dtype,
@@ -135,13 +109,13 @@ void check_identical(const Made& m, const std::vector<int>& threads, const std::
 TEST_CASE("a pinned-staging load equals the plain upload bit for bit at the tiny geometry") {
     for (const DType stored : {DType::BF16, DType::F32}) {
         CAPTURE(dtype_name(stored));
-        auto m = make(tiny_model(), stored, 1'000'000, 31);
+        auto m = make_checkpoint(tiny_model(), stored, 1'000'000, 31);
         check_identical(*m, {1, 2, 4, 8}, {4096, 100'000, size_t(64) << 20});
     }
 }
 
 TEST_CASE("a pinned-staging load equals the plain upload bit for bit at a medium geometry") {
-    auto m = make(medium_model(), DType::BF16, 8'000'000, 32);
+    auto m = make_checkpoint(medium_model(), DType::BF16, 8'000'000, 32);
     check_identical(*m, {3, 8}, {65536, size_t(1) << 20});
 }
 

@@ -28,6 +28,8 @@ using test::read_json;
 
 namespace {
 
+using test::contains;
+
 /// The sample episode of `tag` (samples/<tag>/episode_000); where this build cannot decode mp4 the same
 /// episode is regenerated with .npy frames (scripts/make_samples.sh's settings).
 fs::path sample_episode(const test::TempDir& dir, const std::string& tag) {
@@ -95,8 +97,6 @@ std::string error_of(const std::function<void()>& f) {
     }
     return "(no error)";
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 /// DROID's synthetic episode of `frames` frames.
 io::SynthOptions droid_synth(int64_t frames) {

@@ -4,7 +4,10 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "core/error.h"
 
 namespace dzr::test {
 
@@ -44,6 +47,20 @@ inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.f
     for (auto& x : v) x = dist(rng);
     return v;
 }
+
+/// The message of the dzr::Error that f() throws; "" when it throws none.
+template <class F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+/// True when `part` occurs in `s`.
+inline bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
 
 }  // namespace dzr::test
 

@@ -16,6 +16,7 @@
 #include "config/run_config.h"
 #include "core/error.h"
 #include "support/cli.h"
+#include "support/bulk_checkpoints.h"
 #include "support/test_support.h"
 #include "weights/bulk_load.h"
 #include "weights/checkpoint.h"
@@ -28,52 +29,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
+using test::contains;
 
-bool contains(const std::string& s, const std::string& part) {
-    return s.find(part) != std::string::npos;
-}
-
-const ModelConfig& tiny_model() {
-    static const ModelConfig m = config::load_run_config(test::source_dir() / "configs" / "tiny.yaml").model;
-    return m;
-}
-
-/// The tiny geometry with a wider, deeper DiT and a larger vocabulary: some 30 MB of bf16 tensors, the
-/// largest 1.5 MB, so small reads split many of them.
-ModelConfig medium_model() {
-    ModelConfig m = tiny_model();
-    m.dit.dim = 512;
-    m.dit.num_heads = 4;
-    m.dit.ffn_dim = 1536;
-    m.dit.num_layers = 3;
-    m.t5.vocab = 20000;
-    return m;
-}
-
-struct Made {
-    test::TempDir tmp;
-    MakePlan plan;
-    fs::path dir() const { return tmp / "ckpt"; }
-};
-
-std::unique_ptr<Made> make(const ModelConfig& model, DType dtype, uint64_t shard_size, uint64_t seed) {
-    auto m = std::make_unique<Made>();
-    MakeOptions o;
-    o.seed = seed;
-    o.dtype = dtype;
-    o.shard_size = shard_size;
-    m->plan = write_random_checkpoint(model, o, m->dir());
-    return m;
-}
+using test::make_checkpoint;
+using test::medium_model;
+using test::tiny_model;
+using Made = test::MadeCheckpoint;
 
 /// Every weight of the plan loaded as `dtype` tensors: through the old path (bulk = nullopt) or the bulk one.
 std::vector<Tensor> load_all(const Checkpoint& ck, const MakePlan& plan, Backend& be, DType dtype,
@@ -152,26 +114,26 @@ void check_identical(const Made& m, const std::vector<int>& threads) {
 TEST_CASE("the bulk loader gives the old path's bytes at the tiny geometry with 1 to 8 threads") {
     for (const DType stored : {DType::BF16, DType::F32}) {
         CAPTURE(dtype_name(stored));
-        auto m = make(tiny_model(), stored, 1'000'000, 21);
+        auto m = make_checkpoint(tiny_model(), stored, 1'000'000, 21);
         REQUIRE(m->plan.shards.size() > 1);
         check_identical(*m, {1, 2, 3, 4, 5, 6, 7, 8});
     }
 }
 
 TEST_CASE("the bulk loader gives the old path's bytes at a medium geometry with several shards") {
-    auto m = make(medium_model(), DType::BF16, 8'000'000, 22);
+    auto m = make_checkpoint(medium_model(), DType::BF16, 8'000'000, 22);
     REQUIRE(m->plan.shards.size() >= 3);
     REQUIRE(m->plan.total_bytes > 20'000'000);
     check_identical(*m, {1, 3, 8});
 }
 
 TEST_CASE("the bulk loader reads f16 storage into bf16 and f32 tensors as the old path converts it") {
-    auto m = make(tiny_model(), DType::F16, 5'000'000'000, 23);
+    auto m = make_checkpoint(tiny_model(), DType::F16, 5'000'000'000, 23);
     check_identical(*m, {1, 4});
 }
 
 TEST_CASE("the bulk loader handles skipped tensors, a weight required twice and an empty request") {
-    auto m = make(tiny_model(), DType::BF16, 1'000'000, 24);
+    auto m = make_checkpoint(tiny_model(), DType::BF16, 1'000'000, 24);
     const Checkpoint ck(m->dir());
     auto be = make_cpu_backend();
     // every third weight, the first one twice: gaps between the read ranges and two items on one range
@@ -259,7 +221,7 @@ TEST_CASE("the bulk load plan cuts sorted consecutive reads that cover every ite
 
 TEST_CASE(
     "a shard truncated after the checkpoint was opened fails the bulk load naming the file and the tensor") {
-    auto m = make(tiny_model(), DType::BF16, 1'000'000, 25);
+    auto m = make_checkpoint(tiny_model(), DType::BF16, 1'000'000, 25);
     const Checkpoint ck(m->dir());
     auto be = make_cpu_backend();
     const fs::path last = m->dir() / m->plan.shards.back().name;
@@ -285,7 +247,7 @@ TEST_CASE(
 }
 
 TEST_CASE("bulk load options out of range are refused by name") {
-    auto m = make(tiny_model(), DType::BF16, 5'000'000'000, 26);
+    auto m = make_checkpoint(tiny_model(), DType::BF16, 5'000'000'000, 26);
     const Checkpoint ck(m->dir());
     auto be = make_cpu_backend();
     WeightLoader loader(ck, *be);
@@ -302,7 +264,7 @@ TEST_CASE("dzr bench load times both paths on the CPU and names a bad checkpoint
         MESSAGE("DZR_BIN is not set (run through ctest); skipping the binary checks");
         return;
     }
-    auto m = make(tiny_model(), DType::BF16, 1'000'000, 27);
+    auto m = make_checkpoint(tiny_model(), DType::BF16, 1'000'000, 27);
     const std::string ck = m->dir().string();
     test::CliResult r =
         test::run_dzr("bench load --checkpoint '" + ck + "' --device cpu --path old", m->tmp.path());

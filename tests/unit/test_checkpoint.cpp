@@ -30,19 +30,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-    return s.find(part) != std::string::npos;
-}
+using test::error_of;
+using test::contains;
 
 fs::path config_path(const char* name) {
     return test::source_dir() / "configs" / name;

@@ -16,22 +16,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::error_of;
+using test::contains;
+
 fs::path config_path(const char* name) {
     return test::source_dir() / "configs" / name;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-    return s.find(part) != std::string::npos;
 }
 
 /// configs/tiny.yaml with one line replaced (the first line containing `find`).

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 /// DROID's synthetic episode of `frames` frames.
 io::SynthOptions droid_synth(int64_t frames) {

@@ -22,6 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::contains;
+
 void write_text(const fs::path& p, const std::string& text) {
     std::ofstream out(p, std::ios::binary);
     out << text;
@@ -76,8 +78,6 @@ std::string read_error(const fs::path& dir, const EpisodeOptions& opt = {}) {
     }
     return "(no error)";
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 /// A fake decoder: every file decodes to `frames` frames at `fps`; a file whose name contains
 /// "broken" fails the way a damaged video does.

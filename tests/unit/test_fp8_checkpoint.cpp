@@ -36,17 +36,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::error_of;
+using test::contains;
 
 const ModelConfig& tiny_model() {
     static const ModelConfig m = config::load_run_config(test::source_dir() / "configs/tiny.yaml").model;

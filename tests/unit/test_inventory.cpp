@@ -27,6 +27,8 @@ using namespace dzr;
 
 namespace {
 
+using test::contains;
+
 /// tests/data/dreamzero-checkpoint-keys.tsv: key -> shape text ("[5120, 36, 1, 2, 2]") and numel.
 struct TsvRow {
     std::string shape;
@@ -77,10 +79,6 @@ class FakeSource : public WeightSource {
   private:
     std::map<std::string, Tensor> tensors_;
 };
-
-bool contains(const std::string& s, const std::string& part) {
-    return s.find(part) != std::string::npos;
-}
 
 }  // namespace
 

@@ -15,37 +15,14 @@
 #include "kv/kv_cache_manager.h"
 #include "backend/cpu/cpu_paged_attention.h"
 #include "kv/paged_self_attention_cache.h"
+#include "support/naive_attention.h"
 #include "support/test_support.h"
 
 using namespace dzr;
 
 namespace {
 
-/// Naive attention over explicit key/value rows [n][H*D], written from the formula.
-std::vector<float> naive_attention(const std::vector<float>& q, int64_t lq, const std::vector<std::vector<float>>& keys,
-                                   const std::vector<std::vector<float>>& values, int heads, int d, float scale) {
-    std::vector<float> out(size_t(lq * heads * d), 0.f);
-    for (int h = 0; h < heads; ++h) {
-        for (int64_t i = 0; i < lq; ++i) {
-            if (keys.empty()) continue;
-            std::vector<double> w(keys.size());
-            double mx = -INFINITY, sum = 0.0;
-            for (size_t j = 0; j < keys.size(); ++j) {
-                double dot = 0.0;
-                for (int c = 0; c < d; ++c) dot += double(q[size_t((i * heads + h) * d + c)]) * keys[j][size_t(h * d + c)];
-                w[j] = dot * scale;
-                mx = std::max(mx, w[j]);
-            }
-            for (double& x : w) sum += (x = std::exp(x - mx));
-            for (int c = 0; c < d; ++c) {
-                double acc = 0.0;
-                for (size_t j = 0; j < keys.size(); ++j) acc += w[j] / sum * values[j][size_t(h * d + c)];
-                out[size_t((i * heads + h) * d + c)] = float(acc);
-            }
-        }
-    }
-    return out;
-}
+using test::naive_attention;
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     REQUIRE(a.size() == b.size());

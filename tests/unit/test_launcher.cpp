@@ -15,6 +15,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::error_of;
+using test::contains;
+
 EnvLookup env_of(std::map<std::string, std::string> vars) {
     return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
         const auto it = vars.find(name);
@@ -22,19 +25,6 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
         return it->second;
     };
 }
-
-/// The message of the dzr::Error `f` throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -17,6 +17,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using test::error_of;
+using test::contains;
+
 /// Writes a safetensors file by hand: the 8-byte little-endian length, the header text, the data.
 void write_raw(const fs::path& p, const std::string& header, const std::vector<uint8_t>& data,
                uint64_t claimed_len = UINT64_MAX) {
@@ -30,21 +33,6 @@ void write_raw(const fs::path& p, const std::string& header, const std::vector<u
 std::vector<uint8_t> read_bytes(const fs::path& p) {
     std::ifstream f(p, std::ios::binary);
     return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-/// The message of the dzr::Error `f` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-    return s.find(part) != std::string::npos;
 }
 
 /// Opens a broken file and checks the message names the file and every `parts`.
