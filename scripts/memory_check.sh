@@ -8,7 +8,7 @@
 #
 # Usage: scripts/memory_check.sh            (after scripts/device-test.sh, or any CUDA build)
 #   DZR=build-device/bin/dzr  CONFIG=configs/dreamzero_droid.yaml  CALLS=9  DEVICE=cuda:0
-#   OUT=dir (the JSON and logs; default build-device/logs/memory)  VARIANTS="resident prepass refuse44 identical"
+#   OUT=dir (the JSON and logs; default build-device/logs/memory)  VARIANTS="resident prepass kvfp8 fp8all budget44 refuse44 identical"
 #   ROLLOUT_OUT=dir: also check every episode's timing.json of a finished `dzr rollout --out dir` (VARIANTS= to
 #   check only that)
 set -uo pipefail
@@ -28,6 +28,12 @@ bench() {
     shift
     local plan_args=(--no-text-prepass)
     [[ " $* " == *" --text-prepass "* ]] && plan_args=()
+    # the plan of the same precision and KV dtype as the bench
+    local a prev=""
+    for a in "$@"; do
+        [[ $prev == --precision || $prev == --kv-dtype ]] && plan_args+=("$prev" "$a")
+        prev=$a
+    done
     printf '\n== %s ==\n' "$name"
     "$DZR" plan --config "$CONFIG" --device "$DEVICE" "${plan_args[@]}" | tee "$OUT/$name.plan.txt"
     "$DZR" plan --config "$CONFIG" --device "$DEVICE" "${plan_args[@]}" --json >"$OUT/$name.plan.json"
@@ -98,9 +104,12 @@ for v in $VARIANTS; do
     case $v in
     resident) bench resident ;;               # umT5 resident (today's default before the pre-pass)
     prepass) bench prepass --text-prepass ;;  # the text pre-pass (issue #14: <= 47 GiB)
-    # bf16 weights and a bf16 KV cache do not fit 44 GiB: refused. With the FP8 KV cache (issue #14, the fp8
-    # branch) the same budget must fit and complete: VARIANTS=... with `bench budget44 --text-prepass
-    # --gpu-memory-budget 44GiB --set kv.dtype=fp8` once that key exists.
+    # issue #14's targets: bf16 weights + FP8 KV <= 42 GiB (a 48 GB card); FP8 weights + FP8 KV <= 26 GiB (a 32 GB
+    # card); with the FP8 KV cache a 44 GiB budget fits and completes; bf16 weights and a bf16 KV cache do not fit
+    # 44 GiB: refused
+    kvfp8) bench kvfp8 --text-prepass --kv-dtype fp8 ;;
+    fp8all) bench fp8all --text-prepass --precision fp8 --kv-dtype fp8 --numerics fast ;;
+    budget44) bench budget44 --text-prepass --kv-dtype fp8 --gpu-memory-budget 44GiB ;;
     refuse44) refuse refuse44 --text-prepass --gpu-memory-budget 44GiB ;;
     identical) identical ;;
     *) failed+=("unknown variant $v") ;;

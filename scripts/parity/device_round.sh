@@ -239,6 +239,76 @@ if want profile; then
     pack profile
 fi
 
+if want fp8probe; then
+    # Which FP8 matmul configurations cuBLASLt offers here and their speed at the DiT's shapes (issue #14)
+    say "fp8probe: cuBLASLt FP8 modes at the DiT shapes (scripts/bench/fp8_lt_probe.cu)"
+    mkdir -p "$WORK/fp8probe"
+    nvcc -std=c++17 -O2 -arch=sm_90a scripts/bench/fp8_lt_probe.cu -lcublasLt -o "$WORK/fp8probe/probe" \
+        >"$WORK/fp8probe/build.log" 2>&1 && "$WORK/fp8probe/probe" >"$WORK/fp8probe/probe.txt" 2>&1
+    check $? fp8probe
+    cat "$WORK/fp8probe/probe.txt" "$WORK/fp8probe/build.log" | head -n 70
+    pack fp8probe
+fi
+
+if want memory; then
+    # The memory plan against the measured peaks (scripts/memory_check.sh; docs/MEMORY.md), MEMORY_VARIANTS
+    say "memory: plan vs measured peak (${MEMORY_VARIANTS:-prepass kvfp8 fp8all budget44 refuse44})"
+    mkdir -p "$WORK/memory"
+    DZR=$DZR OUT="$WORK/memory" CALLS=${MEMORY_CALLS:-5} VARIANTS="${MEMORY_VARIANTS:-prepass kvfp8 fp8all budget44 refuse44}" \
+        bash scripts/memory_check.sh >"$WORK/memory/memory.log" 2>&1
+    check $? memory
+    grep -E "^== |measured peak|refused|s/call|median|FAIL|  [a-z0-9]+:|memory check|does not fit" "$WORK/memory/memory.log" |
+        cut -c1-200 | head -n 60
+    pack memory
+fi
+
+if want ranks; then
+    # Issue #15 on one GPU: two MPI ranks sharing the H200 (--allow-shared-gpu) on short DROID-geometry episodes,
+    # their actions against one process's, and the refusal without the flag (docs/SCALING.md)
+    say "ranks: two ranks on one GPU (--allow-shared-gpu) against a single process"
+    mkdir -p "$WORK/ranks"
+    R=$WORK/ranks-work
+    rm -rf "$R" && mkdir -p "$R"
+    RCKPT=${LOAD_CKPT:-$PWD/.dzr-load/droid}
+    if [[ ! -f "$RCKPT/model.safetensors.index.json" ]]; then
+        mkdir -p "$(dirname "$RCKPT")"
+        /usr/bin/time -f "ckpt make: %e s" "$DZR" ckpt make --config configs/dreamzero_droid.yaml --seed 1 --out "$RCKPT" \
+            --force --threads 12 >"$WORK/ranks/make.log" 2>&1
+        check $? "ranks: ckpt make"
+        tail -n 2 "$WORK/ranks/make.log"
+    fi
+    for i in 0 1 2 3; do
+        "$DZR" episode synth --out "$R/eps/ep_$i" --frames "${RANK_FRAMES:-40}" --seed "$i" --frames-format npy >/dev/null
+    done
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    t=$SECONDS
+    mpirun -np 2 --oversubscribe "$DZR" rollout "$R/eps" --ckpt "$RCKPT" --out "$R/shared" \
+        --config configs/dreamzero_droid.yaml --device cuda --allow-shared-gpu --no-report >"$WORK/ranks/shared.log" 2>&1
+    check $? "ranks: two ranks with --allow-shared-gpu"
+    echo "two ranks on one GPU: $((SECONDS - t)) s"
+    t=$SECONDS
+    "$DZR" rollout "$R/eps" --ckpt "$RCKPT" --out "$R/single" --config configs/dreamzero_droid.yaml --device cuda \
+        --no-report >"$WORK/ranks/single.log" 2>&1
+    check $? "ranks: single process"
+    echo "one process: $((SECONDS - t)) s"
+    same=0
+    for i in 0 1 2 3; do
+        if cmp "$R/shared/ep_$i/actions.npy" "$R/single/ep_$i/actions.npy"; then same=$((same + 1)); fi
+    done
+    echo "actions.npy identical in $same of 4 episodes"
+    ((same == 4)) || failed+=("ranks: actions differ between the two-rank and the single run")
+    mpirun -np 2 --oversubscribe "$DZR" rollout "$R/eps" --ckpt "$RCKPT" --out "$R/refused" \
+        --config configs/dreamzero_droid.yaml --device cuda --no-report >"$WORK/ranks/refused.log" 2>&1
+    rc=$?
+    echo "without --allow-shared-gpu: exit $rc"
+    grep -hE "GPU|already used|visible" "$WORK/ranks/refused.log" | head -n 4
+    ((rc != 0)) || failed+=("ranks: two ranks on one GPU were not refused without --allow-shared-gpu")
+    grep -hE "rank|s/call|peak" "$WORK/ranks/shared.log" | tail -n 12
+    cp "$R"/shared/summary.json "$WORK/ranks/summary-shared.json" 2>/dev/null
+    cp "$R"/single/summary.json "$WORK/ranks/summary-single.json" 2>/dev/null
+    pack ranks
+fi
+
 say "summary"
 if ((${#failed[@]})); then printf 'failed: %s\n' "${failed[@]}"; else echo "every step passed"; fi
 ((${#failed[@]} == 0))
