@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_paged_attention.h"
 #include "backend/cuda/cuda_backend.h"
+#include "core/convert.h"
 #include "core/error.h"
 #include "core/fp8.h"
 #include "core/half.h"
@@ -87,7 +88,16 @@ Diff diff(const Tensor& got, const Tensor& ref) {
 void check_quantize(const Tensor& x, DType device_dtype) {
     const int64_t rows = x.shape()[0], cols = x.shape()[1];
     Tensor q = Tensor::host({rows, cols}, DType::F8_E4M3), s = Tensor::host({rows}, DType::F32);
-    cpu().quantize_fp8(x, q, s);
+    // NOTE: the device quantizes x as stored in device_dtype: the CPU must see the same values (a bf16 upload rounds
+    // the f32 ones the mixed case writes, e.g. 3e4 and the 1e-20 multiples)
+    Tensor xs = Tensor::host(x.shape(), DType::F32);
+    convert_copy_host(x, xs);
+    if (device_dtype == DType::BF16) {
+        Tensor xb = Tensor::host(x.shape(), DType::BF16);
+        convert_copy_host(x, xb);
+        convert_copy_host(xb, xs);
+    }
+    cpu().quantize_fp8(xs, q, s);
     Tensor xd = upload(x, device_dtype), qd = gpu().alloc({rows, cols}, DType::F8_E4M3),
            sd = gpu().alloc({rows}, DType::F32);
     gpu().quantize_fp8(xd, qd, sd);

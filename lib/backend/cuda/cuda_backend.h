@@ -211,7 +211,8 @@ private:
     // FP8 (cuda_fp8.cpp): the cuBLASLt plan of an FP8 GEMM shape; the FP8 pool's paged attention and scatter
     using Fp8GemmKey = std::array<int64_t, 11>;
     cuda_detail::GemmPlan& fp8_gemm_plan(int64_t M, int64_t N, int64_t K, int64_t ldc, DType out_dtype, const void* xq,
-                                         const void* wq, const void* out, const void* bias);
+                                         const void* wq, const void* out, const void* bias, const void* w_scales,
+                                         const void* x_scales);
     void paged_attention_fp8(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
                              const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
     void scatter_kv_fp8(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,

@@ -110,7 +110,8 @@ namespace {
 /// offers none (`why` says what it answered).
 std::unique_ptr<GemmPlan> make_fp8_plan(cublasLtHandle_t handle, int64_t M, int64_t N, int64_t K, int64_t ldc,
                                         DType out_dtype, const void* xq, const void* wq, const void* out,
-                                        const void* bias, bool fast_accum, size_t workspace, std::string& why) {
+                                        const void* bias, const void* w_scales, const void* x_scales, bool fast_accum,
+                                        size_t workspace, std::string& why) {
     auto plan = std::make_unique<GemmPlan>();
     const cudaDataType_t out_type = out_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
     DZR_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -122,10 +123,20 @@ std::unique_ptr<GemmPlan> make_fp8_plan(cublasLtHandle_t handle, int64_t M, int6
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer));
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer));
+    // NOTE: the scale vectors must be set before the heuristic: with outer-vector modes and no pointers cuBLASLt
+    // answers "unsupported value" (measured on the H200, cuBLASLt 13.1; scripts/bench/fp8_lt_probe.cu sets them
+    // first and gets an algorithm at every DiT shape). Each matmul sets its own pointers again.
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales,
+                                            sizeof(w_scales));
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales,
+                                            sizeof(x_scales));
     // NOTE: fast accumulation skips the periodic promotion of the tensor cores' partial sums to f32: faster, less
     // exact (CudaBackendOptions::fp8_fast_accum, off by default)
-    const int8_t fast = fast_accum ? 1 : 0;
-    if (st == CUBLAS_STATUS_SUCCESS)
+    // (left at cuBLASLt's default, off, unless asked: the probe's outer-vector algorithms were found that way)
+    const int8_t fast = 1;
+    if (st == CUBLAS_STATUS_SUCCESS && fast_accum)
         st = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
     plan->bias_in_epilogue = bias != nullptr;
     if (st == CUBLAS_STATUS_SUCCESS && bias) {
@@ -179,21 +190,22 @@ std::unique_ptr<GemmPlan> make_fp8_plan(cublasLtHandle_t handle, int64_t M, int6
 }  // namespace
 
 GemmPlan& CudaBackend::fp8_gemm_plan(int64_t M, int64_t N, int64_t K, int64_t ldc, DType out_dtype, const void* xq,
-                                     const void* wq, const void* out, const void* bias) {
+                                     const void* wq, const void* out, const void* bias, const void* w_scales,
+                                     const void* x_scales) {
     const Fp8GemmKey key = {M, N, K, ldc, int64_t(out_dtype), alignment(xq, K), alignment(wq, K),
                             alignment(out, ldc * int64_t(dtype_size(out_dtype))), bias != nullptr,
                             bias ? pointer_alignment(bias) : 0, options_.fp8_fast_accum};
     auto it = fp8_gemm_plans_.find(key);
     if (it != fp8_gemm_plans_.end()) return *it->second;
     std::string why;
-    auto plan = make_fp8_plan(cublas_, M, N, K, ldc, out_dtype, xq, wq, out, bias, options_.fp8_fast_accum,
-                              kCublasWorkspaceBytes, why);
+    auto plan = make_fp8_plan(cublas_, M, N, K, ldc, out_dtype, xq, wq, out, bias, w_scales, x_scales,
+                              options_.fp8_fast_accum, kCublasWorkspaceBytes, why);
     if (!plan->has_algo && bias) {
         // NOTE: without a bias epilogue for these scales, the matmul writes the scaled product and a kernel adds the
         // bias (one more rounding to the output dtype)
         std::string why_plain;
-        auto plain = make_fp8_plan(cublas_, M, N, K, ldc, out_dtype, xq, wq, out, nullptr, options_.fp8_fast_accum,
-                                   kCublasWorkspaceBytes, why_plain);
+        auto plain = make_fp8_plan(cublas_, M, N, K, ldc, out_dtype, xq, wq, out, nullptr, w_scales, x_scales,
+                                   options_.fp8_fast_accum, kCublasWorkspaceBytes, why_plain);
         if (plain->has_algo) {
             log()->warn("cuBLASLt has no FP8 algorithm with outer-vector scales and a bias epilogue for {} x {} x {} "
                         "({}); the bias is added by a separate kernel",
@@ -249,7 +261,8 @@ void CudaBackend::gemm_fp8(const TensorView& xq, const TensorView& x_scales, con
     const GemmPlan* plan =
         options_.fallback_only || K == 0 || !lt_bias_ok
             ? nullptr
-            : &fp8_gemm_plan(M, N, K, ldc, out.dtype, xq.data, wq.data, out.data, bias.defined() ? bias.data : nullptr);
+            : &fp8_gemm_plan(M, N, K, ldc, out.dtype, xq.data, wq.data, out.data, bias.defined() ? bias.data : nullptr,
+                             w_scales.data, x_scales.data);
     last_fp8_gemm_lt_ = plan && plan->has_algo;
     if (!last_fp8_gemm_lt_) {
         DZR_CUDA_CHECK(kernels::gemm_fp8_fallback(plain, stream_));
