@@ -134,9 +134,11 @@ if want widesub; then
     #     per call how many head outputs differ and the actions' max rel.
     say "widesub: the real widths, first difference per forward (${WIDESUB_CALLS:-2} calls) and GEMM probes"
     mkdir -p "$WORK/widesub"
+    rm -f "$WORK"/widesub/*.rc "$WORK"/widesub/*.details.txt "$WORK"/widesub/*.table.txt
     S=$WORK/widesub-work
     mkdir -p "$S"
     TL=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)
+    echo "PyTorch's bundled CUDA libraries (variant torchlibs): ${TL:-none found}"
     python3 scripts/parity/kernel_probe.py --dzr "$DZR" --out "$WORK/widesub/probe" --work /tmp/dzr-kernel-probe-wide \
         --cases none --skip linear,bmm,op,conv --cublaslt-log >"$WORK/widesub/probe.log" 2>&1 &
     probe_pid=$!

@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -585,10 +586,7 @@ def wide(args, denv, facts, only):
                 env[key] = value
         if log_file:
             env.update(CUBLASLT_LOG_LEVEL="5", CUBLASLT_LOG_FILE=log_file)
-        if kind == "bmm":  # one batch: a [1, M, K], b [1, K, N]
-            if not os.path.exists(base + ".w3.npy"):
-                np.save(base + ".x3.npy", np.load(base + ".x.npy")[None])
-                np.save(base + ".w3.npy", np.load(base + ".w.npy")[None])
+        if kind == "bmm":  # the operands with their batch of one (made by the caller)
             cmd = ["parity", "bmm", "--a", base + ".x3.npy", "--b", base + ".w3.npy", "--out", out,
                    "--impl", settings.get("DZR_PLAIN_GEMM", "lt")]
         else:
@@ -600,26 +598,29 @@ def wide(args, denv, facts, only):
             return "failed: " + (r.stdout + r.stderr).strip().splitlines()[-1][-120:]
         return None
 
-    for name, kind, m, k, n, rows in WIDE:
-        if only and name not in only:
-            continue
+    cases = [c for c in WIDE if not only or c[0] in only]
+    jobs = []  # (case name, tag, kind, base, settings); dzr's runs go in parallel (each its own process)
+    for name, kind, m, k, n, rows in cases:
         base = os.path.join(args.work, f"wide_{name}")
-        ref = np.load(base + ".torch_default.npy")
         x = np.load(base + ".x.npy")
         np.save(base + ".xr.npy", x if rows is None else np.ascontiguousarray(x[list(rows)]))
-        cells = []
-        for tag, _ in WIDE_TORCH[1:]:
-            cells.append(f"{tag}={compare(np.load(base + f'.torch_{tag}.npy'), ref)[0]}")
-        dzr_cells = []
+        if kind == "bmm":  # one batch: a [1, M, K], b [1, K, N]
+            np.save(base + ".x3.npy", x[None])
+            np.save(base + ".w3.npy", np.load(base + ".w.npy")[None])
         for tag, settings in WIDE_DZR + (WIDE_DZR_PLAIN if kind != "linear" else []):
-            out = base + f".dzr_{tag}.npy"
-            err = run_dzr(kind, base, out, settings)
-            if err:
-                dzr_cells.append(f"{tag}={err}")
-                continue
-            got = np.load(out)
-            dzr_cells.append(f"{tag}={compare(got.reshape(ref.shape), ref)[0]}")
-        lines.append(f"wide {name:32s} of {ref.size:9d}  torch {' '.join(cells)} | dzr {' '.join(dzr_cells)}")
+            jobs.append((name, tag, kind, base, settings))
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        errs = list(pool.map(lambda j: run_dzr(j[2], j[3], j[3] + f".dzr_{j[1]}.npy", j[4]), jobs))
+    results = {}
+    for (name, tag, kind, base, settings), err in zip(jobs, errs):
+        ref = np.load(base + ".torch_default.npy")
+        cell = err if err else compare(np.load(base + f".dzr_{tag}.npy").reshape(ref.shape), ref)[0]
+        results.setdefault(name, []).append(f"{tag}={cell}")
+    for name, kind, m, k, n, rows in cases:
+        base = os.path.join(args.work, f"wide_{name}")
+        ref = np.load(base + ".torch_default.npy")
+        cells = [f"{tag}={compare(np.load(base + f'.torch_{tag}.npy'), ref)[0]}" for tag, _ in WIDE_TORCH[1:]]
+        lines.append(f"wide {name:32s} of {ref.size:9d}  torch {' '.join(cells)} | dzr {' '.join(results[name])}")
     if args.cublaslt_log and any(w[0] == "head_1760x5120x64" for w in WIDE):
         name = "head_1760x5120x64"
         base = os.path.join(args.work, f"wide_{name}")
