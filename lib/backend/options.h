@@ -1,7 +1,8 @@
 #pragma once
 /// How a backend is made: its numerics mode, its workspace and (CUDA) which implementation runs each op family.
 /// Typed options chosen when the backend is created (make_backend); the environment variables DZR_ATTENTION,
-/// DZR_PLAIN_GEMM, DZR_CONV_API, DZR_LT_WORKSPACE and DZR_LT_ALIGN are kept only as documented overrides (apply_env_overrides, docs/PERF.md).
+/// DZR_PLAIN_GEMM, DZR_CONV_API, DZR_LT_WORKSPACE and DZR_LT_ALIGN are kept only as documented overrides
+/// (apply_env_overrides, docs/PERF.md, docs/PARITY.md).
 /// Nothing here needs CUDA headers: the CLI and the configs parse these on every build.
 #include <cstddef>
 #include <cstdint>

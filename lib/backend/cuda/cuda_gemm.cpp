@@ -185,8 +185,9 @@ void CudaBackend::set_plain_gemm_impl(PlainGemmImpl impl) {
 }
 
 void CudaBackend::set_cuda_options(const CudaBackendOptions& o) {
-    DZR_CHECK(o.lt_workspace_bytes <= kCublasWorkspaceBytes, "cuda backend: cuBLASLt workspace {} bytes exceeds the {} allocated",
-              o.lt_workspace_bytes, kCublasWorkspaceBytes);
+    DZR_CHECK(o.lt_workspace_bytes <= kCublasWorkspaceBytes,
+              "cuda backend: cuBLASLt workspace {} bytes exceeds the {} allocated", o.lt_workspace_bytes,
+              kCublasWorkspaceBytes);
     // NOTE: the cached cuBLASLt plans were chosen for the former workspace and alignment rule
     if (o.lt_workspace_bytes != options_.lt_workspace_bytes || o.lt_alignment != options_.lt_alignment)
         gemm_plans_.clear();
