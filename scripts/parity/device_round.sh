@@ -190,6 +190,15 @@ if want widesub; then
         for f in "$WORK"/widesub/*.rc; do
             [[ $(cat "$f") == 0 ]] || failed+=("widesub: $(basename "$f" .rc) (exit $(cat "$f"))")
         done
+        rm -f "$S"/*.safetensors
+    fi
+    wait "$probe_pid"
+    check $? "widesub: kernel probe"
+    echo "-- GEMMs at the real widths: elements that differ from torch's default run (of the count shown)"
+    grep -E "^wide " "$WORK/widesub/probe.log" | awk '{ z = 1; for (i = 5; i <= NF; i++) if ($i ~ /=/ && $i !~ /=0$/) z = 0;
+        if (z) zero = zero " " $2; else print substr($0, 1, 300) } END { print "  0 under every setting:" zero }'
+    grep -E "^wide:|^cublaslt|^  " "$WORK/widesub/probe.log" | cut -c1-250 | head -14
+    if [[ -f "$WORK/widesub/probe.details.txt" ]]; then
         echo "-- dzr on the reference's conditioning, first forward of each kind and branch (fraction of elements that differ)"
         python3 scripts/parity/first_diff.py "$WORK/widesub/probe.details.txt" | cut -c1-420
         echo "-- end to end (dzr's own encoders): per call"
@@ -201,14 +210,7 @@ if want widesub; then
             [[ -f $f ]] || continue
             python3 scripts/parity/first_diff.py --brief "$f" | sed "s/^/  $(basename "$f" .details.txt) /"
         done
-        rm -f "$S"/*.safetensors
     fi
-    wait "$probe_pid"
-    check $? "widesub: kernel probe"
-    echo "-- GEMMs at the real widths: elements that differ from torch's default run (of the count shown)"
-    grep -E "^wide " "$WORK/widesub/probe.log" | awk '{ z = 1; for (i = 5; i <= NF; i++) if ($i ~ /=/ && $i !~ /=0$/) z = 0;
-        if (z) zero = zero " " $2; else print substr($0, 1, 400) } END { print "  0 under every setting:" zero }'
-    grep -E "^wide:|^cublaslt|^  " "$WORK/widesub/probe.log" | cut -c1-300 | head -20
     pack widesub
 fi
 
