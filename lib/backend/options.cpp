@@ -1,6 +1,7 @@
 #include "backend/options.h"
 
 #include <cstdlib>
+#include <exception>
 
 #include "core/error.h"
 
@@ -47,7 +48,27 @@ PlainGemmImpl parse_plain_gemm_impl(const std::string& text) {
     DZR_THROW("unknown bias-free GEMM implementation '{}' (lt or cublas)", text);
 }
 
+LtAlignment parse_lt_alignment(const std::string& text) {
+    if (text == "dzr") return LtAlignment::Dzr;
+    if (text == "torch") return LtAlignment::Torch;
+    DZR_THROW("unknown cuBLASLt alignment rule '{}' (dzr or torch)", text);
+}
+
 namespace {
+
+/// KiB as PyTorch's CUBLASLT_WORKSPACE_SIZE counts them -> bytes, within the CUDA backend's buffer.
+size_t parse_lt_workspace_kib(const std::string& text) {
+    size_t used = 0;
+    long long kib = -1;
+    try {
+        kib = std::stoll(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    DZR_CHECK(used == text.size() && kib >= 0 && size_t(kib) * 1024 <= kMaxLtWorkspaceBytes,
+              "'{}' is not a workspace size in KiB from 0 to {}", text, kMaxLtWorkspaceBytes / 1024);
+    return size_t(kib) * 1024;
+}
 
 ConvApi parse_conv_api(const std::string& text) {
     if (text == "graph") return ConvApi::Graph;
@@ -76,6 +97,9 @@ BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_ATTENTION")) o.cuda.attention = parse_env("DZR_ATTENTION", v, parse_attention_impl);
     if (const char* v = env("DZR_PLAIN_GEMM")) o.cuda.plain_gemm = parse_env("DZR_PLAIN_GEMM", v, parse_plain_gemm_impl);
     if (const char* v = env("DZR_CONV_API")) o.cuda.conv_api = parse_env("DZR_CONV_API", v, parse_conv_api);
+    if (const char* v = env("DZR_LT_WORKSPACE"))
+        o.cuda.lt_workspace_bytes = parse_env("DZR_LT_WORKSPACE", v, parse_lt_workspace_kib);
+    if (const char* v = env("DZR_LT_ALIGN")) o.cuda.lt_alignment = parse_env("DZR_LT_ALIGN", v, parse_lt_alignment);
     return o;
 }
 

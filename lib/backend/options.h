@@ -1,7 +1,8 @@
 #pragma once
 /// How a backend is made: its numerics mode, its workspace and (CUDA) which implementation runs each op family.
 /// Typed options chosen when the backend is created (make_backend); the environment variables DZR_ATTENTION,
-/// DZR_PLAIN_GEMM and DZR_CONV_API are kept only as documented overrides (apply_env_overrides, docs/PERF.md).
+/// DZR_PLAIN_GEMM, DZR_CONV_API, DZR_LT_WORKSPACE and DZR_LT_ALIGN are kept only as documented overrides
+/// (apply_env_overrides, docs/PERF.md, docs/PARITY.md).
 /// Nothing here needs CUDA headers: the CLI and the configs parse these on every build.
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +39,18 @@ enum class PlainGemmImpl : uint8_t { Lt, Cublas };
 /// "lt", "cublas"; throws dzr::Error otherwise.
 PlainGemmImpl parse_plain_gemm_impl(const std::string& text);
 
+/// Which operand alignments dzr tells cuBLASLt's heuristic (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*): Dzr = each base
+/// pointer's and its row (and batch) stride's, D the same as C; Torch = the base pointers' only, and D the bias
+/// pointer's when the bias is in the epilogue (else cuBLASLt's default, 256), as PyTorch's gemm_and_bias and
+/// gemm_internal_cublaslt pass them. The heuristic only returns algorithms that need no more than these.
+enum class LtAlignment : uint8_t { Dzr, Torch };
+/// "dzr", "torch"; throws dzr::Error otherwise.
+LtAlignment parse_lt_alignment(const std::string& text);
+
+/// The workspace the cuBLASLt GEMMs may use (the heuristic plans for it: a larger one admits more split-K
+/// algorithms at a large K and a small N), at most kMaxLtWorkspaceBytes (the buffer the CUDA backend allocates).
+inline constexpr size_t kMaxLtWorkspaceBytes = size_t(32) << 20;
+
 /// How Backend::paged_attention runs on CUDA: Direct = the flash kernel reads the history through the device
 /// block table; Gather = one kernel copies [history | current] into the workspace, then the dense attention.
 /// Auto = Gather when cuDNN SDPA takes the dense call, else Direct.
@@ -53,6 +66,11 @@ struct CudaBackendOptions {
     PagedAttentionImpl paged_attention = PagedAttentionImpl::Auto;
     PlainGemmImpl plain_gemm = PlainGemmImpl::Lt;
     ConvApi conv_api = ConvApi::Graph;
+    /// Workspace bytes of the cuBLASLt GEMMs (kMaxLtWorkspaceBytes = 32 MiB, NVIDIA's recommendation on Hopper and
+    /// what cuBLAS gets). PyTorch's cuBLASLt default is CUBLASLT_WORKSPACE_SIZE = 1024 KiB unless its unified
+    /// workspace gives Lt the cuBLAS size (which depends on the PyTorch version; docs/PARITY.md, the real widths).
+    size_t lt_workspace_bytes = kMaxLtWorkspaceBytes;
+    LtAlignment lt_alignment = LtAlignment::Dzr;
     /// GEMMs and convolutions through dzr's plain kernels instead of cuBLASLt / cuDNN (tests of the fallback
     /// paths that odd shapes take).
     bool fallback_only = false;
@@ -72,7 +90,8 @@ struct BackendOptions {
 };
 
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
-/// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy). An unreadable value throws, naming the variable.
+/// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
+/// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch). An unreadable value throws, naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 
 }  // namespace dzr

@@ -576,8 +576,10 @@ void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
     be.scale({1.0f, 1.0f}, mod.slice(0, 1, 1), scale1);
     const TensorView h = be.scratch(Shape{Lv, C});
     norm_.forward(be, s.x.slice(0, 0, Lv), h);
+    if (opt.trace) opt.trace("head_norm", -1, h);
     be.mul(h, scale1, h);
     be.add(h, mod.slice(0, 0, 1), h);
+    if (opt.trace) opt.trace("head_in", -1, h);  // the head Linear's input
     const TensorView tokens = be.scratch(Shape{Lv, int64_t(ph) * pw * cfg_.out_dim});
     head_.forward(be, h, tokens);  // [Lv, C] -> [Lv, ph·pw·out_dim]
     if (opt.trace) opt.trace("head", -1, tokens);

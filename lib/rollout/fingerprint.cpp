@@ -15,7 +15,8 @@ namespace {
 
 // NOTE: the environment variables that switch the CUDA backend between implementations (and so change the
 // numbers); extend this list with any new one.
-constexpr const char* kNumericsEnv[] = {"DZR_ATTENTION", "DZR_CONV_API", "DZR_PLAIN_GEMM"};
+constexpr const char* kNumericsEnv[] = {"DZR_ATTENTION", "DZR_CONV_API", "DZR_PLAIN_GEMM", "DZR_LT_WORKSPACE",
+                                         "DZR_LT_ALIGN"};
 
 std::string file_hash_or_null(const fs::path& p) {
     std::error_code ec;

@@ -11,6 +11,8 @@
 # PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'); `wide` is the parity run at the real widths
 # (configs/parity_wide.yaml, WIDE_CALLS=9: three resets) with the reference fp32 and bf16 runs and dzr CUDA bf16 in
 # reference and fast numerics: the gate of fast (gate.py) and reference numerics against the reference bf16 run;
+# `widesub` finds the first op that differs at the real widths (per-forward internals on both sides, every real-width
+# GEMM shape under the cuBLASLt workspace, alignment and library settings, dzr variants; WIDESUB_CALLS, WIDE_VARIANTS);
 # `load` times loading the DROID checkpoint cold and warm, old path and new (scripts/bench/load_cold_warm.sh; the
 # random 46 GB checkpoint is made once into LOAD_CKPT, default .dzr-load/droid in the repository, on the machine's
 # disk). The device tool returns at most 8 files, so everything each step writes goes into one archive,
@@ -115,6 +117,101 @@ if want wide; then
     echo "-- dzr reference numerics measured the same way (not gated)"
     cat "$WORK/wide/gate-reference.txt" 2>/dev/null || echo "  none"
     pack wide
+fi
+
+if want widesub; then
+    # Which op first differs from the official bf16 run at the real widths (docs/PARITY.md, "The real widths: where
+    # bit-identity breaks"), in one step of about 5 minutes on a warm machine:
+    #  1. (in the background) kernel_probe.py's group `wide`: every real-width GEMM shape, torch under its default
+    #     and CUBLASLT_WORKSPACE_SIZE=1024 / 32768, dzr under its default, DZR_LT_WORKSPACE=1024 (+ DZR_LT_ALIGN=torch),
+    #     PyTorch's bundled cuBLAS and (bias-free) DZR_PLAIN_GEMM=cublas; the cuBLASLt API logs of the head shape;
+    #  2. the reference bf16 run of configs/parity_wide.yaml over WIDESUB_CALLS calls (default 2: a reset and a
+    #     commit) dumping, for the first forward of each kind and branch, the embeddings, register tokens, layer
+    #     outputs, the head's LayerNorm output and its Linear's input (reference --sub-stage-set head); dzr on the
+    #     reference's conditioning dumping the same: per forward the first stage that differs (first_diff.py);
+    #  3. dzr again on the reference's conditioning under each setting of WIDE_VARIANTS (in parallel; a comma joins
+    #     several variables, `torchlibs` puts PyTorch's bundled cuBLAS first), and once end to end (no injection):
+    #     per call how many head outputs differ and the actions' max rel.
+    say "widesub: the real widths, first difference per forward (${WIDESUB_CALLS:-2} calls) and GEMM probes"
+    mkdir -p "$WORK/widesub"
+    rm -f "$WORK"/widesub/*.rc "$WORK"/widesub/*.details.txt "$WORK"/widesub/*.table.txt
+    S=$WORK/widesub-work
+    mkdir -p "$S"
+    TL=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)
+    echo "PyTorch's bundled CUDA libraries (variant torchlibs): ${TL:-none found}"
+    python3 scripts/parity/kernel_probe.py --dzr "$DZR" --out "$WORK/widesub/probe" --work /tmp/dzr-kernel-probe-wide \
+        --cases none --skip linear,bmm,op,conv --cublaslt-log >"$WORK/widesub/probe.log" 2>&1 &
+    probe_pid=$!
+    wcalls=${WIDESUB_CALLS:-2}
+    # NOTE: the 6.8 GB checkpoint is kept on a warm machine (same config, seed and binary: the same bytes)
+    if [[ ! -f "$S/ckpt/config.json" ]]; then
+        "$DZR" ckpt make --config configs/parity_wide.yaml --seed 1 --dtype f32 --tokenizer tests/data/tokenizer/spiece.model \
+            --force --shard-size 1GB --out "$S/ckpt" >"$WORK/widesub/ckpt.log" 2>&1
+        check $? "widesub: ckpt make"
+    fi
+    rm -rf "$S/inputs" "$S"/*.safetensors
+    "$DZR" parity make-inputs --ckpt "$S/ckpt" --out "$S/inputs" --calls "$wcalls" >"$WORK/widesub/inputs.log" 2>&1
+    check $? "widesub: inputs"
+    t1=$SECONDS
+    timeout 400 python3 scripts/parity/reference_run.py --ref .ref/dreamzero --ckpt "$S/ckpt" --inputs "$S/inputs" \
+        --out "$S/ref.safetensors" --dtype bf16 --device cuda --no-layers --sub-stages --sub-stage-forwards 0 \
+        --sub-stage-set head >"$WORK/widesub/ref.log" 2>&1
+    check $? "widesub: reference bf16"
+    echo "reference bf16: $((SECONDS - t1)) s"
+    small='^(input\.video|state|text\.(pos|neg)|clip|ys|vae\.clip|noise\.(video|action)|sample\.|velocity\.|x$|actions$)'
+    small+='|^dit\..*\.(head|action_velocity)$'
+    full="$small|^dit\.[a-z]+\.(pos|neg)\.0\.(patch_embed|time_sin|time_e0?|action_tau|action_tokens|state_tokens"
+    full+='|layer_out\.[0-9]+|head_norm|head_in)$|^(umt5|clip)\.'
+    # tag, environment, extra arguments of one dzr run (in the background); its table and details in widesub/
+    dzr_run() {
+        local tag=$1 envs=$2 dump=$3
+        shift 3
+        local e=()
+        for kv in ${envs//,/ }; do
+            if [[ $kv == torchlibs ]]; then e+=("LD_LIBRARY_PATH=$TL:${LD_LIBRARY_PATH:-}"); else e+=("$kv"); fi
+        done
+        (
+            env "${e[@]}" timeout 300 "$DZR" parity run --ckpt "$S/ckpt" --inputs "$S/inputs" --out "$S/$tag.safetensors" \
+                --device cuda --dtype bf16 --check-finite --dump "$dump" "$@" >"$WORK/widesub/$tag.log" 2>&1 &&
+                python3 scripts/parity/compare.py --info-pair "$tag=$S/$tag.safetensors:$S/ref.safetensors:2e-2" \
+                    --details "$WORK/widesub/$tag.details.txt" >"$WORK/widesub/$tag.table.txt" 2>&1
+            echo $? >"$WORK/widesub/$tag.rc"
+        ) &
+        wpids+=($!)
+    }
+    wpids=()
+    if [[ -f "$S/ref.safetensors" ]]; then
+        dzr_run probe "" "$full" --inject-from "$S/ref.safetensors"
+        dzr_run end-to-end "" "$small"
+        for v in ${WIDE_VARIANTS:-DZR_LT_WORKSPACE=1024 DZR_LT_WORKSPACE=1024,DZR_LT_ALIGN=torch DZR_PLAIN_GEMM=cublas DZR_LT_WORKSPACE=1024,DZR_PLAIN_GEMM=cublas torchlibs torchlibs,DZR_LT_WORKSPACE=1024}; do
+            dzr_run "v-${v//[^A-Za-z0-9_.,-]/_}" "$v" "$small" --inject-from "$S/ref.safetensors"
+        done
+        wait "${wpids[@]}"
+        for f in "$WORK"/widesub/*.rc; do
+            [[ $(cat "$f") == 0 ]] || failed+=("widesub: $(basename "$f" .rc) (exit $(cat "$f"))")
+        done
+        rm -f "$S"/*.safetensors
+    fi
+    wait "$probe_pid"
+    check $? "widesub: kernel probe"
+    echo "-- GEMMs at the real widths: elements that differ from torch's default run (of the count shown)"
+    grep -E "^wide " "$WORK/widesub/probe.log" | awk '{ z = 1; for (i = 5; i <= NF; i++) if ($i ~ /=/ && $i !~ /=0$/) z = 0;
+        if (z) zero = zero " " $2; else print substr($0, 1, 300) } END { print "  0 under every setting:" zero }'
+    grep -E "^wide:|^cublaslt|^  " "$WORK/widesub/probe.log" | cut -c1-250 | head -14
+    if [[ -f "$WORK/widesub/probe.details.txt" ]]; then
+        echo "-- dzr on the reference's conditioning, first forward of each kind and branch (fraction of elements that differ)"
+        python3 scripts/parity/first_diff.py "$WORK/widesub/probe.details.txt" | cut -c1-420
+        echo "-- end to end (dzr's own encoders): per call"
+        python3 scripts/parity/first_diff.py "$WORK/widesub/end-to-end.details.txt" | grep policy | cut -c1-420
+        python3 scripts/parity/first_diff.py --brief "$WORK/widesub/end-to-end.details.txt"
+        echo "-- dzr on the reference's conditioning, default and each variant: per call"
+        python3 scripts/parity/first_diff.py --brief "$WORK/widesub/probe.details.txt" | sed 's/^/  default /'
+        for f in "$WORK"/widesub/v-*.details.txt; do
+            [[ -f $f ]] || continue
+            python3 scripts/parity/first_diff.py --brief "$f" | sed "s/^/  $(basename "$f" .details.txt) /"
+        done
+    fi
+    pack widesub
 fi
 
 if want variants; then

@@ -8,6 +8,14 @@ output elements differ and by how much (docs/PARITY.md). Groups:
   op         LayerNorm, RMSNorm (the reference's formula), GELU (tanh, erf), SiLU
   conv       F.conv3d / F.conv2d as the DiT's and CLIP's patch embeddings and the VAE's convolutions run
              (for the patch embedding also dzr's former patchify + GEMM + bias add)
+  wide       every GEMM shape of the real widths (configs/parity_wide.yaml: the DiT head, the blocks, the text and
+             image embeddings, CLIP, umT5, the action and state heads), each under several settings on both sides:
+             torch with its default cuBLASLt workspace and with CUBLASLT_WORKSPACE_SIZE=1024 / 32768 KiB; dzr with
+             its default, DZR_LT_WORKSPACE=1024 (PyTorch's cuBLASLt default of 1 MiB), DZR_LT_ALIGN=torch, on
+             PyTorch's bundled cuBLAS (LD_LIBRARY_PATH), and for bias-free GEMMs DZR_PLAIN_GEMM=cublas. One line per
+             shape: how many output elements of each differ from torch's default. With --cublaslt-log the head
+             shape runs once more on both sides with CUBLASLT_LOG_LEVEL=5 (the heuristic's preference and the
+             algorithm each side ran).
 
 Usage (GPU machine): kernel_probe.py --dzr build/bin/dzr --out OUT [--cases A,B | --cases none]
 [--skip linear,bmm,op,conv] [--cudnn-log]. With --cudnn-log, cuDNN's API log (CUDNN_LOGLEVEL_DBG=3) and the
@@ -21,6 +29,8 @@ import math
 import os
 import subprocess
 import sys
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -134,6 +144,51 @@ BMMS = [
     ("action_w2_1x24x512x256", 1, 24, 512, 256, False),
     ("state_1x1x64x256", 1, 1, 64, 256, False),
 ]
+# The real widths (configs/parity_wide.yaml), group `wide`: (name, kind, M, K, N, rows). kind "linear" = F.linear
+# with a bias (addmm: cuBLASLt gemm_and_bias), "mm" = F.linear without one (torch.mm), "bmm" = torch.bmm over one
+# batch (CategorySpecificLinear, b stored [K, N]). rows: torch runs M rows and dzr only these (the time embedding,
+# which the reference evaluates per token and dzr per timestep group).
+WIDE = [
+    ("head_1760x5120x64", "linear", 1760, 5120, 64, None),  # CausalHead.head, a denoising forward (2 frames)
+    ("head_880x5120x64", "linear", 880, 5120, 64, None),  # one frame (a prefill)
+    ("head_2640x5120x64", "linear", 2640, 5120, 64, None),  # three frames
+    ("qkvo_1785x5120x5120", "linear", 1785, 5120, 5120, None),  # q, k, v, o, cross q and o (denoising forward)
+    ("qkvo_880x5120x5120", "linear", 880, 5120, 5120, None),
+    ("ffn1_1785x5120x13824", "linear", 1785, 5120, 13824, None),
+    ("ffn2_1785x13824x5120", "linear", 1785, 13824, 5120, None),
+    ("text_emb1_512x4096x5120", "linear", 512, 4096, 5120, None),  # text_embedding, then the cross k and v
+    ("text_emb2_512x5120x5120", "linear", 512, 5120, 5120, None),
+    ("img_emb1_257x1280x1280", "linear", 257, 1280, 1280, None),  # img_emb's MLP, then the image k and v
+    ("img_emb2_257x1280x5120", "linear", 257, 1280, 5120, None),
+    ("img_kv_257x5120x5120", "linear", 257, 5120, 5120, None),
+    ("clip_qkv_257x1280x3840", "linear", 257, 1280, 3840, None),  # CLIP ViT-H blocks
+    ("clip_proj_257x1280x1280", "linear", 257, 1280, 1280, None),
+    ("clip_fc1_257x1280x5120", "linear", 257, 1280, 5120, None),
+    ("clip_fc2_257x5120x1280", "linear", 257, 5120, 1280, None),
+    ("time_emb1_rows_1785x256x5120", "linear", 1785, 256, 5120, (0, 1760)),
+    ("time_emb2_rows_1785x5120x5120", "linear", 1785, 5120, 5120, (0, 1760)),
+    ("time_proj_rows_1785x5120x30720", "linear", 1785, 5120, 30720, (0, 1760)),
+    ("t5_q_512x4096x4096", "mm", 512, 4096, 4096, None),  # umT5 (bias-free)
+    ("t5_ffn_512x4096x10240", "mm", 512, 4096, 10240, None),
+    ("t5_fc2_512x10240x4096", "mm", 512, 10240, 4096, None),
+    ("act_dec1_24x5120x1024", "bmm", 24, 5120, 1024, None),  # action decoder
+    ("act_dec2_24x1024x32", "bmm", 24, 1024, 32, None),
+    ("state1_1x64x1024", "bmm", 1, 64, 1024, None),  # state encoder
+    ("state2_1x1024x5120", "bmm", 1, 1024, 5120, None),
+    ("act_w1_24x32x5120", "bmm", 24, 32, 5120, None),  # action encoder
+    ("act_w2_24x10240x5120", "bmm", 24, 10240, 5120, None),
+    ("act_w3_24x5120x5120", "bmm", 24, 5120, 5120, None),
+]
+# torch's settings (environment of the torch process), the first being the reference of every comparison
+WIDE_TORCH = [("default", {}), ("lt1m", {"CUBLASLT_WORKSPACE_SIZE": "1024"}),
+              ("lt32m", {"CUBLASLT_WORKSPACE_SIZE": "32768"})]
+# dzr's settings; "torchlibs" runs dzr on PyTorch's bundled cuBLAS (its nvidia/cu13/lib first in LD_LIBRARY_PATH)
+WIDE_DZR = [("default", {}), ("ws1m", {"DZR_LT_WORKSPACE": "1024"}),
+            ("ws1m+align", {"DZR_LT_WORKSPACE": "1024", "DZR_LT_ALIGN": "torch"}), ("torchlibs", {"torchlibs": 1}),
+            ("torchlibs+ws1m", {"torchlibs": 1, "DZR_LT_WORKSPACE": "1024"})]
+# and for the bias-free GEMMs (which dzr runs through cuBLASLt unless DZR_PLAIN_GEMM=cublas)
+WIDE_DZR_PLAIN = [("cublas", {"DZR_PLAIN_GEMM": "cublas"}),
+                  ("cublas+torchlibs", {"DZR_PLAIN_GEMM": "cublas", "torchlibs": 1})]
 TORCH_BACKENDS = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 GEMM_IMPLS = ("lt", "cublas")  # dzr's PlainGemmImpl for bias-free GEMMs (DZR_PLAIN_GEMM)
 
@@ -248,6 +303,70 @@ def torch_side(work, cases):
     return info
 
 
+def torch_wide(work, tag, only=None):
+    """The `wide` group's torch side under this process's environment: operands made on the first run (seeded,
+    saved as WORK/wide_NAME.{x,w,b}.npy) and read back on later ones, the op as the reference calls it, the output
+    saved as WORK/wide_NAME.torch_TAG.npy. Returns facts about the torch side's BLAS (library path and version,
+    preferred backend)."""
+    import torch
+
+    F = torch.nn.functional
+    for name, kind, m, k, n, rows in WIDE:
+        if only and name not in only:
+            continue
+        base = os.path.join(work, f"wide_{name}")
+        if not os.path.exists(base + ".x.npy"):
+            g = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()))
+            x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+            shape_w = (k, n) if kind == "bmm" else (n, k)
+            w = (torch.randn(*shape_w, device="cuda", generator=g) / k ** 0.5).bfloat16()
+            b = (torch.randn(n, device="cuda", generator=g) * 0.1).bfloat16() if kind == "linear" else None
+            save(work, f"wide_{name}", x=x, w=w, b=b)
+        x = torch.from_numpy(np.load(base + ".x.npy")).cuda().bfloat16()
+        w = torch.from_numpy(np.load(base + ".w.npy")).cuda().bfloat16()
+        b = torch.from_numpy(np.load(base + ".b.npy")).cuda().bfloat16() if kind == "linear" else None
+        with torch.no_grad():
+            if kind == "bmm":
+                o = torch.bmm(x[None], w[None])[0]
+            else:
+                o = F.linear(x, w, b)
+        if rows is not None:
+            o = o[list(rows)]
+        torch.cuda.synchronize()
+        np.save(base + f".torch_{tag}.npy", o.float().cpu().numpy())
+    facts = {"preferred_blas": str(torch.backends.cuda.preferred_blas_library())}
+    with open("/proc/self/maps") as f:
+        libs = sorted({line.split()[-1] for line in f if "libcublasLt" in line})
+    facts["cublasLt"] = libs
+    facts["cublasLt_version"] = [lt_version(p) for p in libs]
+    return facts
+
+
+def lt_version(path):
+    """cublasLtGetVersion() of the library at `path` (loaded with ctypes), or the error."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(path)
+        lib.cublasLtGetVersion.restype = ctypes.c_size_t
+        return int(lib.cublasLtGetVersion())
+    except OSError as e:
+        return f"? ({e})"
+
+
+def torch_lib_dir():
+    """PyTorch's bundled CUDA 13 libraries (nvidia/cu13/lib of its wheel), or None."""
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        d = os.path.join(root, "cu13", "lib")
+        if os.path.isdir(d):
+            return d
+    return None
+
+
 def bf16_round(a):
     """float32 -> the nearest bf16 (ties to even), as float32."""
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
@@ -275,7 +394,11 @@ def main():
     ap.add_argument("--cudnn-log", action="store_true")
     ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cases", default="", help="comma-separated attention case names (default: all)")
-    ap.add_argument("--skip", default="", help="comma-separated groups to skip: linear, op, conv, bmm")
+    ap.add_argument("--skip", default="", help="comma-separated groups to skip: linear, op, conv, bmm, wide")
+    ap.add_argument("--wide-only", default="", help="comma-separated `wide` shapes to run (default: all)")
+    ap.add_argument("--wide-tag", default="default", help=argparse.SUPPRESS)
+    ap.add_argument("--cublaslt-log", action="store_true",
+                    help="with the wide group: cuBLASLt's API log (level 5) of the head shape on both sides")
     args = ap.parse_args()
     cases = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     skip = set(filter(None, args.skip.split(",")))
@@ -285,8 +408,17 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
 
+    wide_only = set(filter(None, args.wide_only.split(",")))
+    if "wide" in skip:
+        WIDE.clear()
     if args.torch_only:
-        print(json.dumps(torch_side(args.work, cases)))
+        if args.wide_tag != "default":  # a further torch pass of the wide group under another environment
+            print(json.dumps(torch_wide(args.work, args.wide_tag, wide_only)))
+            return 0
+        info = torch_side(args.work, cases)
+        if WIDE:
+            info["wide"] = torch_wide(args.work, "default", wide_only)
+        print(json.dumps(info))
         return 0
 
     def env_for(side):
@@ -297,14 +429,24 @@ def main():
                        CUDNN_FRONTEND_LOG_FILE=os.path.join(args.out, f"cudnn_frontend_{side}.log"))
         return env
 
-    r = subprocess.run([sys.executable, __file__, "--dzr", args.dzr, "--work", args.work, "--out", args.out,
-                        "--torch-only", "--cases", ",".join(c[0] for c in cases) or "none", "--skip", args.skip],
-                       env=env_for("torch"), capture_output=True, text=True)
+    base_cmd = [sys.executable, __file__, "--dzr", args.dzr, "--work", args.work, "--out", args.out, "--torch-only",
+                "--cases", ",".join(c[0] for c in cases) or "none", "--skip", args.skip, "--wide-only", args.wide_only]
+    r = subprocess.run(base_cmd, env=env_for("torch"), capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stdout, r.stderr, file=sys.stderr)
         return 1
     info = json.loads(r.stdout.strip().splitlines()[-1])
     print(f"torch {info['torch']}, cuDNN {info['cudnn']}")
+    wide_facts = {}
+    if WIDE:
+        wide_facts["default"] = info["wide"]
+        for tag, extra in WIDE_TORCH[1:]:
+            r = subprocess.run(base_cmd + ["--wide-tag", tag], env={**env_for("torch"), **extra},
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"torch wide pass {tag} failed:", r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
+                return 1
+            wide_facts[tag] = json.loads(r.stdout.strip().splitlines()[-1])
     denv = env_for("dzr")
     if os.environ.get("DZR_LD_LIBRARY_PATH"):
         denv["LD_LIBRARY_PATH"] = os.environ["DZR_LD_LIBRARY_PATH"] + ":" + denv.get("LD_LIBRARY_PATH", "")
@@ -419,7 +561,88 @@ def main():
             line = f"{row[0]:22s} {row[1]:24s} vs torch {row[2]:20s} {row[3]}"
             print(line)
             f.write(line + "\n")
+    if WIDE:
+        wide(args, denv, wide_facts, wide_only)
     return 0
+
+
+def wide(args, denv, facts, only):
+    """The `wide` group's dzr side and its table (see the module's doc)."""
+    tlib = torch_lib_dir()
+    r = subprocess.run(["ldd", args.dzr], capture_output=True, text=True)
+    dzr_lt = sorted({ln.split("=>")[1].split()[0] for ln in r.stdout.splitlines() if "libcublasLt" in ln and "=>" in ln})
+    lines = [f"wide: torch preferred BLAS {facts['default'].get('preferred_blas')}; torch's cuBLASLt "
+             f"{facts['default'].get('cublasLt')} version {facts['default'].get('cublasLt_version')}; dzr's "
+             f"{dzr_lt} version {[lt_version(p) for p in dzr_lt]}; PyTorch's bundled libraries: {tlib}"]
+
+    def run_dzr(kind, base, out, settings, log_file=None):
+        env = dict(denv)
+        for key, value in settings.items():
+            if key == "torchlibs":
+                if not tlib:
+                    return "no-lib"
+                env["LD_LIBRARY_PATH"] = tlib + ":" + env.get("LD_LIBRARY_PATH", "")
+            else:
+                env[key] = value
+        if log_file:
+            env.update(CUBLASLT_LOG_LEVEL="5", CUBLASLT_LOG_FILE=log_file)
+        if kind == "bmm":  # the operands with their batch of one (made by the caller)
+            cmd = ["parity", "bmm", "--a", base + ".x3.npy", "--b", base + ".w3.npy", "--out", out,
+                   "--impl", settings.get("DZR_PLAIN_GEMM", "lt")]
+        else:
+            cmd = ["parity", "linear", "--x", base + ".xr.npy", "--w", base + ".w.npy", "--out", out]
+            if kind == "linear":
+                cmd += ["--b", base + ".b.npy"]
+        r = subprocess.run([args.dzr] + cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            return "failed: " + (r.stdout + r.stderr).strip().splitlines()[-1][-120:]
+        return None
+
+    cases = [c for c in WIDE if not only or c[0] in only]
+    jobs = []  # (case name, tag, kind, base, settings); dzr's runs go in parallel (each its own process)
+    for name, kind, m, k, n, rows in cases:
+        base = os.path.join(args.work, f"wide_{name}")
+        x = np.load(base + ".x.npy")
+        np.save(base + ".xr.npy", x if rows is None else np.ascontiguousarray(x[list(rows)]))
+        if kind == "bmm":  # one batch: a [1, M, K], b [1, K, N]
+            np.save(base + ".x3.npy", x[None])
+            np.save(base + ".w3.npy", np.load(base + ".w.npy")[None])
+        for tag, settings in WIDE_DZR + (WIDE_DZR_PLAIN if kind != "linear" else []):
+            jobs.append((name, tag, kind, base, settings))
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        errs = list(pool.map(lambda j: run_dzr(j[2], j[3], j[3] + f".dzr_{j[1]}.npy", j[4]), jobs))
+    results = {}
+    for (name, tag, kind, base, settings), err in zip(jobs, errs):
+        ref = np.load(base + ".torch_default.npy")
+        cell = err if err else compare(np.load(base + f".dzr_{tag}.npy").reshape(ref.shape), ref)[0]
+        results.setdefault(name, []).append(f"{tag}={cell}")
+    for name, kind, m, k, n, rows in cases:
+        base = os.path.join(args.work, f"wide_{name}")
+        ref = np.load(base + ".torch_default.npy")
+        cells = [f"{tag}={compare(np.load(base + f'.torch_{tag}.npy'), ref)[0]}" for tag, _ in WIDE_TORCH[1:]]
+        lines.append(f"wide {name:32s} of {ref.size:9d}  torch {' '.join(cells)} | dzr {' '.join(results[name])}")
+    if args.cublaslt_log and any(w[0] == "head_1760x5120x64" for w in WIDE):
+        name = "head_1760x5120x64"
+        base = os.path.join(args.work, f"wide_{name}")
+        logs = {"torch": os.path.join(args.out, "cublaslt_torch_head.log")}
+        env = {**os.environ, "CUBLASLT_LOG_LEVEL": "5", "CUBLASLT_LOG_FILE": logs["torch"]}
+        subprocess.run([sys.executable, __file__, "--dzr", args.dzr, "--work", args.work, "--out", args.out,
+                        "--torch-only", "--cases", "none", "--skip", "linear,op,conv,bmm", "--wide-only", name,
+                        "--wide-tag", "log"], env=env, capture_output=True, text=True)
+        for tag, settings in WIDE_DZR[:2]:
+            logs[f"dzr {tag}"] = os.path.join(args.out, f"cublaslt_dzr_{tag}_head.log")
+            run_dzr("linear", base, base + ".dzr_log.npy", settings, log_file=logs[f"dzr {tag}"])
+        for who, path in logs.items():
+            try:
+                with open(path, errors="replace") as f:
+                    hits = [ln.strip() for ln in f if ("Heuristic" in ln or "Matmul" in ln) and "64" in ln]
+            except OSError:
+                hits = ["(no log)"]
+            lines.append(f"cublaslt log {who}: {len(hits)} heuristic/matmul lines (all in {os.path.basename(path)})")
+            lines += ["  " + h[:300] for h in hits[:3]]
+    with open(os.path.join(args.out, "wide.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

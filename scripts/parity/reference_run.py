@@ -144,6 +144,10 @@ def parse_args():
     p.add_argument("--sub-stages", action="store_true",
                    help="also dump per-layer DiT internals of the first forward of each kind and branch "
                         "(patch_embed, self_attn_in, v, self_attn, cross_attn, ffn: dzr's CausalDit trace names)")
+    p.add_argument("--sub-stage-set", choices=["all", "head"], default="all",
+                   help="with --sub-stages: every internal (all), or only what locates a difference between the "
+                        "blocks and the head at the real widths (head: the embeddings, the register tokens, the "
+                        "layer outputs, the head's LayerNorm output head_norm and its Linear's input head_in)")
     return p.parse_args()
 
 
@@ -316,6 +320,11 @@ def load_checkpoint(head, ckpt):
 
 # ---- recording ---------------------------------------------------------------------------------------
 
+# --sub-stage-set head: the DiT internals kept (names without the layer index)
+SUB_STAGE_HEAD_SET = {"patch_embed", "time_sin", "time_e", "time_e0", "action_tau", "action_tokens", "state_tokens",
+                      "layer_out", "head_norm", "head_in"}
+
+
 def install_sub_stages(rec, head):
     """Hooks dumping the per-layer internals dzr's CausalDit traces, for the first forward (n = 0) of each
     kind and branch: the DiT input after the patch embedding [Lv, C], and per block i the self-attention
@@ -327,8 +336,10 @@ def install_sub_stages(rec, head):
     def first():
         return rec.prefix is not None and rec.current.get("n") in rec.sub_stage_forwards
 
+    keep = None if rec.sub_stage_set == "all" else SUB_STAGE_HEAD_SET
+
     def put(name, t):
-        if first():
+        if first() and (keep is None or name.split(".")[0] in keep):
             rec.put(f"{rec.prefix}.{name}", t)
 
     head.model.patch_embedding.register_forward_hook(
@@ -378,6 +389,14 @@ def install_sub_stages(rec, head):
     # the register tokens of a denoising forward: action encoder [A, C], state encoder [S, C]
     head.model.action_encoder.register_forward_hook(lambda m, a, out: put("action_tokens", out[0]))
     head.model.state_encoder.register_forward_hook(lambda m, a, out: put("state_tokens", out[0]))
+    # the head (CausalHead): its LayerNorm's output [Lv, C], then its Linear's input (the modulated norm) [Lv, C]
+    head.model.head.norm.register_forward_hook(lambda m, a, out: put("head_norm", out[0]))
+    head.model.head.head.register_forward_pre_hook(lambda m, a: put("head_in", a[0][0]))
+    if not rec.dump_layers:
+        # --no-layers: the layer outputs of the selected forwards only (at the real widths every forward's would be
+        # ~12 GB)
+        for i, block in enumerate(head.model.blocks):
+            block.register_forward_hook(lambda m, a, out, i=i: put(f"layer_out.{i}", out[0][0]))
 
     # The encoders' internals under dzr's trace names: umT5 per branch (the first encode of a call is the
     # prompt, the second the negative prompt), CLIP's input pixels, pre-norm and block outputs.
@@ -439,6 +458,7 @@ class Recorder:
         self.current = {}
         self.sub_stages = False
         self.sub_stage_forwards = {0}
+        self.sub_stage_set = "all"
         self.vae_internals = False
 
     def new_call(self, k):
@@ -635,6 +655,7 @@ def main():
     rec = Recorder(dc["frame_seqlen"], hc["num_frames"], not args.no_layers)
     rec.sub_stages = args.sub_stages
     rec.sub_stage_forwards = {int(n) for n in args.sub_stage_forwards.split(",")}
+    rec.sub_stage_set = args.sub_stage_set
     rec.vae_internals = args.vae_internals
 
     def generate_noise(shape, seed=None, device=None, dtype=None):

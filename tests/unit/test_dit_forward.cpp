@@ -402,6 +402,23 @@ TEST_CASE("the trace hook sees every layer's stages") {
     }
     CHECK(o.traces["patch_embed"][-1].size() == size_t(fx.cfg.frame_seqlen * fx.cfg.dim));
     CHECK(o.traces["head"][-1].size() == size_t(fx.cfg.frame_seqlen * 4 * fx.cfg.out_dim));
+    // the head's LayerNorm output (no affine: every row has mean 0 and variance 1) and the Linear's input after the
+    // modulation
+    const std::vector<float>& norm = o.traces["head_norm"][-1];
+    const std::vector<float>& head_in = o.traces["head_in"][-1];
+    REQUIRE(norm.size() == size_t(fx.cfg.frame_seqlen * fx.cfg.dim));
+    REQUIRE(head_in.size() == norm.size());
+    for (int64_t r = 0; r < fx.cfg.frame_seqlen; r += 97) {
+        double mean = 0, sq = 0;
+        for (int64_t c = 0; c < fx.cfg.dim; ++c) mean += norm[size_t(r * fx.cfg.dim + c)];
+        mean /= double(fx.cfg.dim);
+        for (int64_t c = 0; c < fx.cfg.dim; ++c) sq += std::pow(norm[size_t(r * fx.cfg.dim + c)] - mean, 2);
+        CHECK(std::abs(mean) < 1e-4);
+        CHECK(std::abs(sq / double(fx.cfg.dim) - 1.0) < 1e-3);
+    }
+    double moved = 0;  // scaled and shifted
+    for (size_t i = 0; i < norm.size(); ++i) moved = std::max(moved, double(std::abs(head_in[i] - norm[i])));
+    CHECK(moved > 1e-3);
     CHECK(o.traces.count("action_tokens") == 0);  // a prefill carries no register tokens
     CHECK(o.traces.count("state_tokens") == 0);
 }

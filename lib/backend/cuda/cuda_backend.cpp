@@ -348,6 +348,9 @@ CudaBackend::CudaBackend(int index, const BackendOptions& options)
     DeviceGuard guard(index_);
     device_.set_stream(stream_);
     DZR_CUBLAS_CHECK(cublasLtCreate(&cublas_));
+    DZR_CHECK(options_.lt_workspace_bytes <= kCublasWorkspaceBytes,
+              "cuda backend: cuBLASLt workspace {} bytes exceeds the {} allocated", options_.lt_workspace_bytes,
+              kCublasWorkspaceBytes);
     DZR_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     device_.reserve_workspace(options.workspace_bytes == 0 ? kDefaultWorkspaceBytes : options.workspace_bytes);
     set_plain_gemm_impl(options_.plain_gemm);

@@ -51,11 +51,21 @@ int64_t operand_alignment(const void* p, int64_t ld, int64_t batch_stride, int64
     return align;
 }
 
-int64_t align_a(const GemmCall& c) { return operand_alignment(c.a, c.lda, c.stride_a, c.batch, c.ab_dtype); }
-int64_t align_b(const GemmCall& c) { return operand_alignment(c.b, c.ldb, c.stride_b, c.batch, c.ab_dtype); }
-int64_t align_c(const GemmCall& c) { return operand_alignment(c.out, c.ldc, c.stride_c, c.batch, c.out_dtype); }
+// NOTE: LtAlignment::Torch: the base pointers' alignments only, as PyTorch passes them (CUDABlas.cpp _getAlignment)
+int64_t align_a(const GemmCall& c, LtAlignment r = LtAlignment::Dzr) {
+    return r == LtAlignment::Torch ? pointer_alignment(c.a)
+                                   : operand_alignment(c.a, c.lda, c.stride_a, c.batch, c.ab_dtype);
+}
+int64_t align_b(const GemmCall& c, LtAlignment r = LtAlignment::Dzr) {
+    return r == LtAlignment::Torch ? pointer_alignment(c.b)
+                                   : operand_alignment(c.b, c.ldb, c.stride_b, c.batch, c.ab_dtype);
+}
+int64_t align_c(const GemmCall& c, LtAlignment r = LtAlignment::Dzr) {
+    return r == LtAlignment::Torch ? pointer_alignment(c.out)
+                                   : operand_alignment(c.out, c.ldc, c.stride_c, c.batch, c.out_dtype);
+}
 
-GemmKey gemm_key(const GemmCall& c) {
+GemmKey gemm_key(const GemmCall& c, LtAlignment r) {
     return {int64_t(c.ab_dtype),
             int64_t(c.out_dtype),
             c.trans_a,
@@ -70,9 +80,9 @@ GemmKey gemm_key(const GemmCall& c) {
             c.stride_b,
             c.ldc,
             c.stride_c,
-            align_a(c),
-            align_b(c),
-            align_c(c),
+            align_a(c, r),
+            align_b(c, r),
+            align_c(c, r),
             c.bias != nullptr,
             int64_t(c.bias_dtype),
             c.bias ? pointer_alignment(c.bias) : 0,
@@ -102,7 +112,8 @@ cublasLtMatrixLayout_t make_layout(DType t, int64_t rows_rm, int64_t cols_rm, in
 }  // namespace
 
 GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
-    const GemmKey key = gemm_key(c);
+    const LtAlignment rule = options_.lt_alignment;
+    const GemmKey key = gemm_key(c, rule);
     auto it = gemm_plans_.find(key);
     if (it != gemm_plans_.end()) return *it->second;
 
@@ -130,10 +141,14 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
 
     cublasLtMatmulPreference_t pref = nullptr;
     DZR_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = kCublasWorkspaceBytes;
-    // cuBLASLt's A is our b and its B our a.
-    const uint32_t lt_align_a = uint32_t(align_b(c)), lt_align_b = uint32_t(align_a(c)),
-                   lt_align_c = uint32_t(align_c(c));
+    const uint64_t ws = options_.lt_workspace_bytes;
+    // cuBLASLt's A is our b and its B our a. D: C's (Dzr), or as PyTorch's gemm_and_bias the bias pointer's
+    // (Torch; without a bias epilogue PyTorch leaves it at cuBLASLt's default, 256).
+    const uint32_t lt_align_a = uint32_t(align_b(c, rule)), lt_align_b = uint32_t(align_a(c, rule)),
+                   lt_align_c = uint32_t(align_c(c, rule));
+    const uint32_t lt_align_d = rule == LtAlignment::Dzr ? lt_align_c
+                                : plan->bias_in_epilogue ? uint32_t(pointer_alignment(c.bias))
+                                                         : 256u;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &lt_align_a, sizeof(lt_align_a));
@@ -142,7 +157,7 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &lt_align_c, sizeof(lt_align_c));
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &lt_align_c, sizeof(lt_align_c));
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &lt_align_d, sizeof(lt_align_d));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -170,6 +185,12 @@ void CudaBackend::set_plain_gemm_impl(PlainGemmImpl impl) {
 }
 
 void CudaBackend::set_cuda_options(const CudaBackendOptions& o) {
+    DZR_CHECK(o.lt_workspace_bytes <= kCublasWorkspaceBytes,
+              "cuda backend: cuBLASLt workspace {} bytes exceeds the {} allocated", o.lt_workspace_bytes,
+              kCublasWorkspaceBytes);
+    // NOTE: the cached cuBLASLt plans were chosen for the former workspace and alignment rule
+    if (o.lt_workspace_bytes != options_.lt_workspace_bytes || o.lt_alignment != options_.lt_alignment)
+        gemm_plans_.clear();
     options_ = o;
     set_plain_gemm_impl(o.plain_gemm);
 }
@@ -245,7 +266,7 @@ void CudaBackend::run_gemm(const GemmCall& c) {
                                                         sizeof(c.bias)));
     DZR_CUBLAS_CHECK(cublasLtMatmul(cublas_, plan->desc, &c.alpha, c.b, plan->layout_a, c.a, plan->layout_b, &c.beta,
                                     c.out, plan->layout_c, c.out, plan->layout_c, &plan->algo, cublas_workspace_,
-                                    kCublasWorkspaceBytes, stream_));
+                                    options_.lt_workspace_bytes, stream_));
     if (c.bias && !plan->bias_in_epilogue)
         DZR_CUDA_CHECK(kernels::rows_epilogue(c.out, c.out_dtype, c.batch, c.M, c.N, c.ldc, c.stride_c, false, 0.f,
                                               c.bias, c.bias_dtype, stream_));

@@ -1,0 +1,86 @@
+// The documented environment overrides of the backend options (apply_env_overrides): the cuBLASLt workspace and
+// alignment rule (DZR_LT_WORKSPACE, DZR_LT_ALIGN) that the parity work at the real widths varies, their defaults
+// when unset, and one message naming the variable for a value that cannot be used.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "backend/options.h"
+#include "core/error.h"
+#include "support/test_support.h"
+
+using namespace dzr;
+
+namespace {
+
+/// Sets (or, with nullptr, unsets) an environment variable for the scope; restores the former value.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old;
+        had_ = std::getenv(name) != nullptr;
+        if (value)
+            setenv(name, value, 1);
+        else
+            unsetenv(name);
+    }
+    ~ScopedEnv() {
+        if (had_)
+            setenv(name_.c_str(), old_.c_str(), 1);
+        else
+            unsetenv(name_.c_str());
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+private:
+    std::string name_, old_;
+    bool had_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("the cuBLASLt workspace and alignment keep their defaults when the variables are unset") {
+    const ScopedEnv ws("DZR_LT_WORKSPACE", nullptr), al("DZR_LT_ALIGN", nullptr);
+    const BackendOptions o = apply_env_overrides({});
+    CHECK(o.cuda.lt_workspace_bytes == size_t(32) << 20);
+    CHECK(o.cuda.lt_workspace_bytes == kMaxLtWorkspaceBytes);
+    CHECK(o.cuda.lt_alignment == LtAlignment::Dzr);
+    CHECK(o.cuda.plain_gemm == PlainGemmImpl::Lt);
+}
+
+TEST_CASE("DZR_LT_WORKSPACE counts KiB as PyTorch's CUBLASLT_WORKSPACE_SIZE does") {
+    {
+        const ScopedEnv ws("DZR_LT_WORKSPACE", "1024");
+        CHECK(apply_env_overrides({}).cuda.lt_workspace_bytes == size_t(1) << 20);
+    }
+    {
+        const ScopedEnv ws("DZR_LT_WORKSPACE", "0");
+        CHECK(apply_env_overrides({}).cuda.lt_workspace_bytes == 0);
+    }
+    {
+        const ScopedEnv ws("DZR_LT_WORKSPACE", "32768");
+        CHECK(apply_env_overrides({}).cuda.lt_workspace_bytes == kMaxLtWorkspaceBytes);
+    }
+}
+
+TEST_CASE("DZR_LT_ALIGN picks PyTorch's pointer-only alignments") {
+    const ScopedEnv al("DZR_LT_ALIGN", "torch");
+    CHECK(apply_env_overrides({}).cuda.lt_alignment == LtAlignment::Torch);
+    CHECK(parse_lt_alignment("dzr") == LtAlignment::Dzr);
+}
+
+TEST_CASE("an unusable cuBLASLt setting is one error naming the variable") {
+    for (const char* bad : {"32769", "-1", "1e3", "1MiB", "lots"}) {
+        CAPTURE(bad);
+        const ScopedEnv ws("DZR_LT_WORKSPACE", bad);
+        const std::string msg = test::error_of([] { apply_env_overrides({}); });
+        CHECK(test::contains(msg, "DZR_LT_WORKSPACE"));
+        CHECK(test::contains(msg, "32768"));
+    }
+    const ScopedEnv al("DZR_LT_ALIGN", "cublas");
+    const std::string msg = test::error_of([] { apply_env_overrides({}); });
+    CHECK(test::contains(msg, "DZR_LT_ALIGN"));
+    CHECK(test::contains(msg, "dzr or torch"));
+}
