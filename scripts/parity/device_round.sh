@@ -380,11 +380,11 @@ if want ranks; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     t=$SECONDS
     mpirun -np 2 --oversubscribe "$DZR" rollout "$R/eps" --ckpt "$RCKPT" --out "$R/shared" \
-        --config configs/dreamzero_droid.yaml --device cuda --allow-shared-gpu --no-report >"$WORK/ranks/shared.log" 2>&1
+        --config configs/dreamzero_droid.yaml --device cuda --allow-shared-gpu --no-report --tokenizer tests/data/tokenizer/spiece.model >"$WORK/ranks/shared.log" 2>&1
     check $? "ranks: two ranks with --allow-shared-gpu"
     echo "two ranks on one GPU: $((SECONDS - t)) s"
     t=$SECONDS
-    "$DZR" rollout "$R/eps" --ckpt "$RCKPT" --out "$R/single" --config configs/dreamzero_droid.yaml --device cuda \
+    "$DZR" rollout "$R/eps" --ckpt "$RCKPT" --out "$R/single" --config configs/dreamzero_droid.yaml --device cuda --tokenizer tests/data/tokenizer/spiece.model \
         --no-report >"$WORK/ranks/single.log" 2>&1
     check $? "ranks: single process"
     echo "one process: $((SECONDS - t)) s"
@@ -395,7 +395,7 @@ if want ranks; then
     echo "actions.npy identical in $same of 4 episodes"
     ((same == 4)) || failed+=("ranks: actions differ between the two-rank and the single run")
     mpirun -np 2 --oversubscribe "$DZR" rollout "$R/eps" --ckpt "$RCKPT" --out "$R/refused" \
-        --config configs/dreamzero_droid.yaml --device cuda --no-report >"$WORK/ranks/refused.log" 2>&1
+        --config configs/dreamzero_droid.yaml --device cuda --no-report --tokenizer tests/data/tokenizer/spiece.model >"$WORK/ranks/refused.log" 2>&1
     rc=$?
     echo "without --allow-shared-gpu: exit $rc"
     grep -hE "GPU|already used|visible" "$WORK/ranks/refused.log" | head -n 4
