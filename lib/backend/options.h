@@ -64,12 +64,15 @@ enum class ConvApi : uint8_t { Graph, Legacy };
 struct CudaBackendOptions {
     AttentionImpl attention = AttentionImpl::Auto;
     PagedAttentionImpl paged_attention = PagedAttentionImpl::Auto;
-    PlainGemmImpl plain_gemm = PlainGemmImpl::Lt;
+    /// NOTE: bias-free GEMMs through cuBLAS (cublasGemmEx) as torch.mm/bmm run them: at the real widths the action
+    /// decoder's bmm (M 24, K 5120) is split along K differently by cuBLASLt (docs/PARITY.md, the real widths)
+    PlainGemmImpl plain_gemm = PlainGemmImpl::Cublas;
     ConvApi conv_api = ConvApi::Graph;
-    /// Workspace bytes of the cuBLASLt GEMMs (kMaxLtWorkspaceBytes = 32 MiB, NVIDIA's recommendation on Hopper and
-    /// what cuBLAS gets). PyTorch's cuBLASLt default is CUBLASLT_WORKSPACE_SIZE = 1024 KiB unless its unified
-    /// workspace gives Lt the cuBLAS size (which depends on the PyTorch version; docs/PARITY.md, the real widths).
-    size_t lt_workspace_bytes = kMaxLtWorkspaceBytes;
+    /// Workspace bytes the cuBLASLt GEMMs may use (at most kMaxLtWorkspaceBytes = 32 MiB, the buffer allocated).
+    /// NOTE: 1 MiB, PyTorch 2.11's cuBLASLt default (CUBLASLT_WORKSPACE_SIZE = 1024 KiB): the heuristic's pick
+    /// depends on it; at the real widths the DiT head (N 64, K 5120) is split along K differently with 32 MiB and
+    /// its bits differ (measured on the H200, docs/PARITY.md)
+    size_t lt_workspace_bytes = size_t(1) << 20;
     LtAlignment lt_alignment = LtAlignment::Dzr;
     /// GEMMs and convolutions through dzr's plain kernels instead of cuBLASLt / cuDNN (tests of the fallback
     /// paths that odd shapes take).

@@ -41,13 +41,13 @@ private:
 
 }  // namespace
 
-TEST_CASE("the cuBLASLt workspace and alignment keep their defaults when the variables are unset") {
-    const ScopedEnv ws("DZR_LT_WORKSPACE", nullptr), al("DZR_LT_ALIGN", nullptr);
+TEST_CASE("the cuBLASLt workspace, alignment and plain GEMM default to PyTorch's choices when the variables are unset") {
+    const ScopedEnv ws("DZR_LT_WORKSPACE", nullptr), al("DZR_LT_ALIGN", nullptr), pg("DZR_PLAIN_GEMM", nullptr);
     const BackendOptions o = apply_env_overrides({});
-    CHECK(o.cuda.lt_workspace_bytes == size_t(32) << 20);
-    CHECK(o.cuda.lt_workspace_bytes == kMaxLtWorkspaceBytes);
+    CHECK(o.cuda.lt_workspace_bytes == size_t(1) << 20);
+    CHECK(o.cuda.lt_workspace_bytes <= kMaxLtWorkspaceBytes);
     CHECK(o.cuda.lt_alignment == LtAlignment::Dzr);
-    CHECK(o.cuda.plain_gemm == PlainGemmImpl::Lt);
+    CHECK(o.cuda.plain_gemm == PlainGemmImpl::Cublas);
 }
 
 TEST_CASE("DZR_LT_WORKSPACE counts KiB as PyTorch's CUBLASLT_WORKSPACE_SIZE does") {
