@@ -164,8 +164,10 @@ void BranchRunner::forward(ForwardKind kind, const BranchIo& io, int start_frame
     try {
         dit_.stage_timesteps(be_, timestep, kind == ForwardKind::Denoise ? action_timestep : -1, time_rows_);
         const auto run = [&] { dit_.forward(be_, in, cross_, *cache, out, options); };
-        // NOTE: a trace or a finite check reads tensors back inside the forward: op by op
-        if (graphs_ && !options.trace && !options.check_finite)
+        // NOTE: a trace or a finite check reads tensors back inside the forward: op by op. So does the dense
+        // reference cache: where it writes and reads its rows is host state (its length and window start) that the
+        // key does not hold; the paged cache's is all in the device block table and the history length.
+        if (graphs_ && paged_ && !options.trace && !options.check_finite)
             graphs_->run(graph_key(kind, spec, in, out, *cache), run);
         else
             run();

@@ -85,7 +85,8 @@ public:
                  const DitForwardOptions& options);
 
     /// CUDA graphs per forward shape (forward_graphs.h) on this runner's backend, where graphs_supported(); off:
-    /// every forward runs op by op. Forwards with a trace or check_finite always run op by op.
+    /// every forward runs op by op. Forwards with a trace or check_finite, and forwards through the dense cache,
+    /// always run op by op.
     void enable_graphs(bool on);
     /// What the graphs did so far (enabled = false when off).
     ForwardGraphStats graph_stats() const;
