@@ -60,6 +60,7 @@ struct BenchOptions {
     uint64_t seed = 0;
     bool text_prepass = false;
     std::string gpu_memory_budget;
+    bool no_cuda_graphs = false;
 };
 
 /// median, min, mean of host wall times.
@@ -459,6 +460,7 @@ int run_rollout_bench(const BenchOptions& o) {
     b.run = config::load_run_config(o.config, overrides);
     if (!o.precision.empty()) b.run.precision = parse_precision(o.precision, "--precision");
     if (!o.kv_dtype.empty()) b.run.kv.dtype = parse_precision(o.kv_dtype, "--kv-dtype");
+    if (o.no_cuda_graphs) b.run.cuda_graphs = false;
     b.devices = parse_device_list(o.device);
     b.backend = apply_env_overrides({});
     b.backend.numerics = parse_numerics(o.numerics);
@@ -574,6 +576,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
                    "encode the prompts with umT5 alone before the other networks load, then free it (as dzr rollout)");
     roll->add_option("--gpu-memory-budget", opts->gpu_memory_budget,
                      "refuse before loading when the memory plan exceeds this (44GiB, 48GB, 32000MiB)");
+    roll->add_flag("--no-cuda-graphs", opts->no_cuda_graphs,
+                   "run every DiT forward op by op instead of replaying its CUDA graph (as dzr rollout)");
     roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
 
     auto load_opts = std::make_shared<LoadBenchOptions>();

@@ -48,6 +48,7 @@ struct RolloutArgs {
     bool allow_shared_gpu = false;
     std::string gpu_memory_budget;
     bool no_text_prepass = false;
+    bool no_cuda_graphs = false;
 };
 
 extern "C" void on_stop_signal(int sig) {
@@ -72,6 +73,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     }
     if (!a.precision.empty()) o.run.precision = parse_precision(a.precision, "--precision");
     if (!a.kv_dtype.empty()) o.run.kv.dtype = parse_precision(a.kv_dtype, "--kv-dtype");
+    if (a.no_cuda_graphs) o.run.cuda_graphs = false;
     o.overrides = a.sets;
     if (!a.gpu_memory_budget.empty()) {
         config::parse_memory_budget(a.gpu_memory_budget, "--gpu-memory-budget");
@@ -258,6 +260,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_flag("--no-text-prepass", args->no_text_prepass,
                   "Keep umT5 resident and encode each prompt in its call, instead of encoding the run's prompts "
                   "before the other networks load (same actions; more device memory)");
+    cmd->add_flag("--no-cuda-graphs", args->no_cuda_graphs,
+                  "Run every DiT forward op by op instead of replaying the CUDA graph captured for its shape in the "
+                  "warm-up (same actions; slower; also DZR_CUDA_GRAPHS=0 or the config's cuda_graphs: false)");
     cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
     cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });

@@ -211,6 +211,11 @@ public:
     /// not run, and end_capture returns it as a Graph. Throws where unsupported.
     virtual void begin_capture();
     virtual std::unique_ptr<Graph> end_capture();
+    /// Ends a capture that failed (an op threw while capturing, or the capture was invalidated) and drops what was
+    /// recorded, leaving the stream ready for eager work. No-op when nothing is being captured.
+    virtual void abort_capture() {}
+    /// True between begin_capture and end_capture/abort_capture.
+    virtual bool capturing() const { return false; }
 };
 
 class Backend {

@@ -335,6 +335,7 @@ RunConfig read_run_config(YAML::Node root, const std::string& source, std::strin
     if (!rc.gpu_memory_budget.empty())
         parse_memory_budget(rc.gpu_memory_budget, fmt::format("{}: gpu_memory_budget{}", source,
                                                               ctx.origin("gpu_memory_budget")));
+    top.get("cuda_graphs", rc.cuda_graphs, false);
     top.get("description", rc.description, false);
     top.finish();
     return rc;

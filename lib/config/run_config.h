@@ -61,6 +61,10 @@ struct RunConfig {
     /// The most device memory a run may plan for, as written ("44GiB", "48GB", a byte count); empty: no limit. A
     /// rollout whose memory plan (policy/memory_plan.h) exceeds it is refused before anything is loaded.
     std::string gpu_memory_budget;
+    /// CUDA graphs of the DiT forwards (one per forward shape, captured in the warm-up); false: every forward runs
+    /// op by op. Top-level `cuda_graphs:`; `--no-cuda-graphs` and DZR_CUDA_GRAPHS=0 turn them off too. Applies to
+    /// CUDA backends only (the CPU always runs op by op).
+    bool cuda_graphs = true;
     std::string description;
     std::filesystem::path source;  // the YAML file it came from (empty for a string)
 };

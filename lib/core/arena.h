@@ -30,6 +30,8 @@ public:
     size_t high_water() const { return high_water_; }
     size_t capacity() const { return capacity_; }
     bool measuring() const { return base_ == nullptr; }
+    /// The buffer's start (null when measuring): with mark(), where the next allocation lands.
+    const void* base() const { return base_; }
     Device device() const { return device_; }
 
 private:

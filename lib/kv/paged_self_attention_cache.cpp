@@ -28,10 +28,17 @@ void PagedSelfAttentionCache::begin(const KvForwardSpec& spec) {
     DZR_CHECK(int64_t(table.size()) == dev_table_.numel() && int64_t(slots.size()) <= dev_slots_.numel(),
               "kv {}: the padded table ({}) or slot mapping ({}) outgrew its device mirror ({}, {})", t.name(),
               table.size(), slots.size(), dev_table_.numel(), dev_slots_.numel());
-    be.upload(TensorView(const_cast<BlockId*>(table.data()), DType::I32, Shape{int64_t(table.size())}), dev_table_);
-    if (!slots.empty())
+    // NOTE: the mirrors are written only here, in stream order, so contents equal to the last upload need none (the
+    // denoising forwards of a call share one table and write no slots)
+    if (table != uploaded_table_) {
+        be.upload(TensorView(const_cast<BlockId*>(table.data()), DType::I32, Shape{int64_t(table.size())}), dev_table_);
+        uploaded_table_ = table;
+    }
+    if (!slots.empty() && slots != uploaded_slots_) {
         be.upload(TensorView(const_cast<int64_t*>(slots.data()), DType::I64, Shape{int64_t(slots.size())}),
                   dev_slots_.view().slice(0, 0, int64_t(slots.size())));
+        uploaded_slots_ = slots;
+    }
 }
 
 size_t PagedSelfAttentionCache::attend_workspace_bytes(const KvGeometry& geometry, const KvConfig& config,

@@ -6,6 +6,7 @@
 ///   2. on a committing forward, also writes the video rows to their pool slots (slot mapping),
 ///   3. attends q over [visible history through the block table | current rows].
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kv/kv_cache_manager.h"
@@ -60,6 +61,8 @@ private:
     PagedAttentionPath path_ = PagedAttentionPath::Gather;
     Tensor dev_table_;  // kernel path on a device backend: the padded table and slot mapping, uploaded at begin()
     Tensor dev_slots_;
+    std::vector<BlockId> uploaded_table_;  // what the mirrors hold (begin() skips an upload of the same contents)
+    std::vector<int64_t> uploaded_slots_;
 };
 
 }  // namespace dzr

@@ -333,9 +333,14 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
     }
 
     // Table rows first: a timestep outside [0, 1000) fails before any work is queued.
-    const TensorView sin_video = timesteps_.dit(in.timestep);
-    const TensorView sin_regs = has_regs ? timesteps_.dit(in.registers->timestep) : TensorView{};
-    const TensorView tau = has_regs ? timesteps_.action(in.registers->timestep) : TensorView{};
+    // NOTE: staged rows (in.time_rows) sit at fixed addresses, so a captured forward replays at any timestep
+    const TimestepRows* staged = in.time_rows;
+    const TensorView sin_video = staged ? staged->dit.view().slice(0, 0, 1) : timesteps_.dit(in.timestep);
+    const TensorView sin_regs = !has_regs ? TensorView{}
+                                : staged  ? staged->dit.view().slice(0, 1, 1)
+                                          : timesteps_.dit(in.registers->timestep);
+    const TensorView tau = !has_regs ? TensorView{} : staged ? staged->action.view()
+                                                             : timesteps_.action(in.registers->timestep);
 
     ArenaScope scope(be.workspace());
     Step s;

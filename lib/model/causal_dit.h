@@ -56,6 +56,10 @@ struct DitInputs {
     int start_frame = 0;   // RoPE start frame (latent frames since the window start)
     int64_t timestep = 0;  // integer video timestep in [0, 1000)
     std::optional<DitRegisterInputs> registers;  // present for denoising forwards only
+    /// Set: the sinusoids are read from these rows, which the caller staged for this forward's timesteps
+    /// (CausalDit::stage_timesteps), instead of from the tables; the forward then queues the same ops at every
+    /// timestep (what a CUDA graph replay needs).
+    const TimestepRows* time_rows = nullptr;
 };
 
 /// Caller-owned outputs (any float dtype, on the backend's device).
@@ -106,6 +110,14 @@ class CausalDit {
     size_t forward_workspace_bytes(Backend& be, int frames, bool registers) const;
     /// Workspace-arena bytes of compute_text_kv / compute_image_kv (the larger) on `be`, measured likewise.
     size_t cross_kv_workspace_bytes(Backend& be, int64_t image_tokens) const;
+
+    /// Rows for DitInputs::time_rows on `be` (persistent; `be` is the backend this DiT was loaded on).
+    TimestepRows make_timestep_rows(Backend& be) const { return timesteps_.make_rows(be); }
+    /// Queues the copies of the rows of `timestep` (and of `action_timestep` when >= 0: a denoising forward) into
+    /// `rows`. Throws for a timestep outside [0, kNumTrainTimesteps) before queueing anything.
+    void stage_timesteps(Backend& be, int64_t timestep, int64_t action_timestep, const TimestepRows& rows) const {
+        timesteps_.stage(be, timestep, action_timestep, rows);
+    }
 
     /// One DiT forward. Self-attention goes through `cache` (history | current tokens).
     void forward(Backend& be, const DitInputs& in, const DitCrossKv& cross, SelfAttentionCache& cache,

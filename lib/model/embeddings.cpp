@@ -71,4 +71,23 @@ TensorView TimestepTables::action(int64_t t) const {
     return action_.view().slice(0, t, 1);
 }
 
+TimestepRows TimestepTables::make_rows(Backend& be) const {
+    TimestepRows rows;
+    rows.dit = be.alloc(Shape{2, dit_.shape()[1]}, dit_.dtype());
+    rows.action = be.alloc(Shape{1, action_.shape()[1]}, action_.dtype());
+    return rows;
+}
+
+void TimestepTables::stage(Backend& be, int64_t video, int64_t action, const TimestepRows& rows) const {
+    const TensorView v = dit(video);
+    if (action < 0) {
+        be.copy(v, rows.dit.view().slice(0, 0, 1));
+        return;
+    }
+    const TensorView a = dit(action), tau = this->action(action);
+    be.copy(v, rows.dit.view().slice(0, 0, 1));
+    be.copy(a, rows.dit.view().slice(0, 1, 1));
+    be.copy(tau, rows.action);
+}
+
 }  // namespace dzr

@@ -22,6 +22,14 @@ std::vector<double> dit_timestep_sinusoid(int dim, double t);
 /// computed in float32 like the reference (sin first).
 std::vector<float> action_timestep_sinusoid(int dim, float t);
 
+/// A forward's timestep rows at fixed device addresses (TimestepTables::make_rows, filled by stage()): a forward that
+/// reads its sinusoids from here instead of from the tables' rows queues the same ops for every timestep, so a CUDA
+/// graph captured at one timestep replays at any other (the rows are rewritten before each replay, on the stream).
+struct TimestepRows {
+    Tensor dit;     ///< [2, dit_dim]: row 0 the video timestep's sinusoid, row 1 the action timestep's
+    Tensor action;  ///< [1, action_dim]: the action timestep's action-encoder sinusoid
+};
+
 /// Both sinusoids for every integer timestep, on the backend in its compute dtype.
 class TimestepTables {
   public:
@@ -33,6 +41,13 @@ class TimestepTables {
     TensorView dit(int64_t t) const;
     /// [1, action_dim] row of timestep t. Throws dzr::Error outside [0, kNumTrainTimesteps).
     TensorView action(int64_t t) const;
+
+    /// Persistent rows for stage() on `be` (the tables' backend or another of the same geometry).
+    TimestepRows make_rows(Backend& be) const;
+    /// Queues device copies of timestep `video`'s DiT row into rows.dit[0] and, when `action` >= 0, of timestep
+    /// `action`'s DiT and action-encoder rows into rows.dit[1] and rows.action. Throws (before queueing anything)
+    /// for a timestep outside [0, kNumTrainTimesteps). `be` must be the tables' backend.
+    void stage(Backend& be, int64_t video, int64_t action, const TimestepRows& rows) const;
 
   private:
     Tensor dit_;     // [kNumTrainTimesteps, dit_dim]

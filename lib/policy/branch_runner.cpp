@@ -43,6 +43,55 @@ std::unique_ptr<Communicator> make_host_communicator() { return std::make_unique
 BranchRunner::BranchRunner(int branch, Backend& be, const CausalDit& dit, Backend& primary, Communicator* comm)
     : branch_(branch), be_(be), dit_(dit), primary_(primary), comm_(comm) {
     DZR_CHECK(!remote() || comm_ != nullptr, "branch {}: a runner on another backend needs a communicator", branch);
+    time_rows_ = dit_.make_timestep_rows(be_);
+}
+
+void BranchRunner::enable_graphs(bool on) {
+    if (on && graphs_supported(be_)) {
+        if (!graphs_) graphs_ = std::make_unique<ForwardGraphs>(be_.stream(), kBranchNames[branch_]);
+    } else {
+        graphs_.reset();
+    }
+}
+
+ForwardGraphStats BranchRunner::graph_stats() const { return graphs_ ? graphs_->stats() : ForwardGraphStats{}; }
+
+ForwardGraphKey BranchRunner::graph_key(ForwardKind kind, const KvForwardSpec& spec, const DitInputs& in,
+                                        const DitOutputs& out, const SelfAttentionCache& cache) const {
+    ForwardGraphKey key;
+    key.kind = int(kind);
+    key.branch = branch_;
+    key.frames = spec.video_frames;
+    key.start_frame = in.start_frame;
+    key.history_tokens = cache.history_tokens();
+    key.register_tokens = spec.register_tokens;
+    key.committing = spec.commit;
+    key.numerics = int(be_.numerics());
+    const CudaBackendOptions o = be_.cuda_options();
+    key.settings = {int64_t(o.attention), int64_t(o.paged_attention), int64_t(o.plain_gemm), int64_t(o.conv_api),
+                    int64_t(o.fallback_only), int64_t(o.fp8_fast_accum)};
+    std::vector<uintptr_t>& a = key.addresses;
+    const auto add = [&a](const void* p) { a.push_back(reinterpret_cast<uintptr_t>(p)); };
+    // NOTE: the forward's activations come from the arena's next offset on: the same offsets, the same addresses
+    const Arena& arena = be_.workspace();
+    add(arena.base());
+    a.push_back(uintptr_t(arena.mark()));
+    for (const TensorView* t : {&in.x, &in.y, &out.video_velocity, &out.action_velocity}) add(t->data);
+    if (in.registers) {
+        add(in.registers->noisy_action.data);
+        add(in.registers->state.data);
+    }
+    add(time_rows_.dit.data());
+    add(time_rows_.action.data());
+    for (const DitCrossKv::Layer& l : cross_.layers)
+        for (const TensorView* t : {&l.k_txt, &l.v_txt, &l.k_img, &l.v_img}) add(t->data);
+    if (paged_) {
+        add(paged_->device_table().data);
+        add(paged_->device_slots().data);
+        const KvCacheManager& m = paged_->session().manager();
+        for (const TensorView& t : {m.pool_k(0), m.pool_v(0), m.pool_k_scale(0), m.pool_v_scale(0)}) add(t.data);
+    }
+    return key;
 }
 
 BranchRunner::~BranchRunner() = default;
@@ -96,6 +145,7 @@ void BranchRunner::forward(ForwardKind kind, const BranchIo& io, int start_frame
     in.y = inbound(io.y, y_, true);
     in.start_frame = start_frame;
     in.timestep = timestep;
+    in.time_rows = &time_rows_;
     if (kind == ForwardKind::Denoise)
         in.registers = DitRegisterInputs{inbound(io.action, action_, true), action_timestep,
                                          inbound(io.state, state_, true)};
@@ -112,7 +162,15 @@ void BranchRunner::forward(ForwardKind kind, const BranchIo& io, int start_frame
         cache = dense_.get();
     }
     try {
-        dit_.forward(be_, in, cross_, *cache, out, options);
+        dit_.stage_timesteps(be_, timestep, kind == ForwardKind::Denoise ? action_timestep : -1, time_rows_);
+        const auto run = [&] { dit_.forward(be_, in, cross_, *cache, out, options); };
+        // NOTE: a trace or a finite check reads tensors back inside the forward: op by op. So does the dense
+        // reference cache: where it writes and reads its rows is host state (its length and window start) that the
+        // key does not hold; the paged cache's is all in the device block table and the history length.
+        if (graphs_ && paged_ && !options.trace && !options.check_finite)
+            graphs_->run(graph_key(kind, spec, in, out, *cache), run);
+        else
+            run();
     } catch (...) {
         if (paged_) paged_->abort();
         else dense_->abort();

@@ -19,6 +19,7 @@
 #include "kv/dense_self_attention_cache.h"
 #include "kv/paged_self_attention_cache.h"
 #include "model/causal_dit.h"
+#include "policy/forward_graphs.h"
 
 namespace dzr {
 
@@ -83,6 +84,13 @@ public:
     void forward(ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep, int64_t action_timestep,
                  const DitForwardOptions& options);
 
+    /// CUDA graphs per forward shape (forward_graphs.h) on this runner's backend, where graphs_supported(); off:
+    /// every forward runs op by op. Forwards with a trace or check_finite, and forwards through the dense cache,
+    /// always run op by op.
+    void enable_graphs(bool on);
+    /// What the graphs did so far (enabled = false when off).
+    ForwardGraphStats graph_stats() const;
+
     int branch() const { return branch_; }
     Backend& backend() { return be_; }
     const CausalDit& dit() const { return dit_; }
@@ -92,6 +100,9 @@ private:
     /// The view of `t` (on the primary backend) as this runner reads it: `t` itself, or its copy in `local`
     /// (transferred now when `send`).
     TensorView inbound(const TensorView& t, const Tensor& local, bool send);
+    /// The graph key of a forward of `kind` with these inputs and outputs (the cache's forward is open).
+    ForwardGraphKey graph_key(ForwardKind kind, const KvForwardSpec& spec, const DitInputs& in, const DitOutputs& out,
+                              const SelfAttentionCache& cache) const;
 
     int branch_;
     Backend& be_;
@@ -102,6 +113,8 @@ private:
     std::unique_ptr<PagedSelfAttentionCache> paged_;
     std::unique_ptr<DenseSelfAttentionCache> dense_;
     Tensor x_, y_, action_, state_, video_out_, action_out_;  // remote runners: inputs and outputs on be_
+    TimestepRows time_rows_;                 // the forwards' timestep rows, staged before each forward
+    std::unique_ptr<ForwardGraphs> graphs_;  // null: graphs off
 };
 
 }  // namespace dzr

@@ -112,6 +112,7 @@ PolicyOptions EngineOptions::policy_options() const {
     po.prepass_prompts = prepass_prompts;
     po.precision = run.precision;
     po.bulk_load = bulk_load;
+    po.cuda_graphs = run.cuda_graphs;
     return po;
 }
 

@@ -67,6 +67,9 @@ struct PolicyOptions {
     /// prompt outside the list is an error. Off: umT5 stays resident and encodes each new prompt in its call.
     bool text_prepass = false;
     std::vector<std::string> prepass_prompts;
+    /// CUDA graphs of the DiT forwards (policy/forward_graphs.h) where the backend has them; the environment's
+    /// DZR_CUDA_GRAPHS=0 turns them off too. Profiled, measuring and CPU backends run op by op either way.
+    bool cuda_graphs = true;
 };
 
 /// What an engine takes on each device of its placement besides what it was given, found by running its calls on
@@ -292,6 +295,8 @@ public:
     void set_trace(PolicyTraceFn trace);
     void set_override(PolicyOverrideFn override_fn) { override_ = std::move(override_fn); }
     Engine& engine() { return engine_; }
+    /// The CUDA graphs of both branches so far (enabled = false when the session runs op by op).
+    ForwardGraphStats graph_stats() const;
 
 private:
     struct Buffers;

@@ -139,6 +139,8 @@ Session::Session(Engine& engine) : engine_(engine) {
             r.cross() = r.dit().make_cross_kv(r.backend(), image_tokens);
         }
     }
+    const bool graphs = engine_.options_.cuda_graphs && !engine_.measuring_ && graphs_env_override(true);
+    for (auto& r : runners_->branch) r->enable_graphs(graphs);
     if (placement.backends.size() > 1) {
         Backend& rb = placement.backend_of(kUncondBranch);
         runners_->remote_text = rb.alloc(buf_->text_neg.shape(), dt);
@@ -160,6 +162,12 @@ Session::~Session() {
 }
 
 TensorView Session::last_video_latent() const { return buf_->x.view(); }
+
+ForwardGraphStats Session::graph_stats() const {
+    ForwardGraphStats s;
+    for (const auto& r : runners_->branch) s += r->graph_stats();
+    return s;
+}
 
 Tensor Session::video_prediction() const {
     Backend& be = engine_.backend();

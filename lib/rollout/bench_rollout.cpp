@@ -75,6 +75,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     po.kv_mode = o.kv_mode;
     po.precision = o.run.precision;
     po.text_prepass = o.text_prepass;
+    po.cuda_graphs = o.run.cuda_graphs;
     if (o.text_prepass) po.prepass_prompts = {kBenchPrompt, kWarmupPrompt};
     const Embodiment embodiment = bench_embodiment();
     // The plan first: a budget it exceeds refuses the bench before the weights are made.
@@ -104,6 +105,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     };
     sample_memory();
     r.warmup_ms = run_warmup(engine, *session, r.warmup_calls);
+    r.warmup_graphs = session->graph_stats();
     sample_memory();
     engine.reset_profiles();
     for (int c = 0; c < o.calls; ++c) {
@@ -113,6 +115,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
         engine.recycle(std::move(prepared));
         sample_memory();
     }
+    r.graphs = session->graph_stats();
     if (o.backend.profile) r.profile = engine.profile_json(&r.profile_table);
     r.devices = engine.devices();
     r.backend = engine.backend().name();
@@ -133,6 +136,16 @@ nlohmann::ordered_json BenchRolloutResult::to_json() const {
     j["peak_gpu_memory_bytes"] = peak_memory_bytes ? nlohmann::ordered_json(*peak_memory_bytes) : nullptr;
     j["planned_peak_gpu_memory_bytes"] = planned_peak_bytes ? nlohmann::ordered_json(*planned_peak_bytes) : nullptr;
     j["memory_plan"] = memory_plan;
+    j["cuda_graphs"] = {{"used", graphs.enabled && graphs.captured > 0},
+                        {"enabled", graphs.enabled},
+                        {"captured", graphs.captured},
+                        {"failed", graphs.failed},
+                        {"capture_ms", graphs.capture_ms},
+                        {"captured_in_warmup", warmup_graphs.captured},
+                        {"capture_ms_in_warmup", warmup_graphs.capture_ms},
+                        {"replays_timed", graphs.replays - warmup_graphs.replays},
+                        {"eager_forwards_timed", graphs.eager - warmup_graphs.eager},
+                        {"first_failure", graphs.first_failure}};
     // Steady calls: every call but the first (a prefill) and the window resets (every 4th).
     std::vector<PolicyCallResult> steady, resets;
     for (const auto& c : calls) (c.reset ? resets : steady).push_back(c);
@@ -173,6 +186,13 @@ std::string BenchRolloutResult::table() const {
         devices, numerics, weights_ms / 1e3, load_ms / 1e3, warmup_calls, warmup_ms / 1e3,
         peak_memory_bytes ? fmt::format("{:.2f} GiB", double(*peak_memory_bytes) / double(1ull << 30)) : "-",
         planned_peak_bytes ? fmt::format("{:.2f} GiB", double(*planned_peak_bytes) / double(1ull << 30)) : "-");
+    if (graphs.enabled)
+        out += fmt::format("cuda graphs: {} captured ({} failed) in {:.1f} ms; timed calls: {} forwards replayed, {} "
+                           "op by op\n",
+                           graphs.captured, graphs.failed, graphs.capture_ms, graphs.replays - warmup_graphs.replays,
+                           graphs.eager - warmup_graphs.eager);
+    else
+        out += "cuda graphs: off (every forward op by op)\n";
     out += fmt::format("{} timed calls: {} steady, {} window resets\n", calls.size(), steady.size(), resets.size());
     out += format_table({"phase (ms)", "all median", "all p90", "steady median", "steady p90", "reset median"}, rows);
     return out;

@@ -13,6 +13,7 @@
 #include "backend/options.h"
 #include "config/run_config.h"
 #include "policy/engine.h"
+#include "policy/forward_graphs.h"
 
 namespace dzr::rollout {
 
@@ -42,6 +43,10 @@ struct BenchRolloutResult {
     /// With backend.profile: per device, the profiler's JSON and table over the timed calls.
     nlohmann::ordered_json profile;
     std::string profile_table;
+    /// The session's CUDA graphs after the timed calls (enabled = false: every forward ran op by op).
+    ForwardGraphStats graphs;
+    /// The same right after the warm-up (what it captured and how long capturing took).
+    ForwardGraphStats warmup_graphs;
 
     nlohmann::ordered_json to_json() const;
     /// The table of phases (median, p90, max) and of the calls, for stderr/stdout.

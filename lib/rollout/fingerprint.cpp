@@ -76,6 +76,8 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
     run.erase("model");
     // NOTE: the budget only refuses runs that do not fit; it never changes an output
     run.erase("gpu_memory_budget");
+    // NOTE: graph replay is bit-identical to op-by-op execution (tests/cuda/test_graphs.cpp)
+    run.erase("cuda_graphs");
     run["embodiment"] = opt.embodiment.empty() ? opt.run.embodiment : opt.embodiment;
     run["prompt_override"] = opt.prompt ? Json(*opt.prompt) : Json(nullptr);
     run["allow_truncate"] = opt.allow_truncate;

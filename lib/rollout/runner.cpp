@@ -431,8 +431,15 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
         run.warmup_ms = run_warmup(engine, *run.session, run.warmup_calls);
         run.sample_memory();
         engine.reset_profiles();  // NOTE: --profile covers the episodes' calls only
-        if (!opt.quiet)
-            std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole\n", run.warmup_calls, run.warmup_ms / 1e3);
+        if (!opt.quiet) {
+            const ForwardGraphStats g = run.session->graph_stats();
+            const std::string graphs =
+                g.enabled ? fmt::format(", {} CUDA graphs captured in {:.1f} s{}", g.captured, g.capture_ms / 1e3,
+                                        g.failed ? fmt::format(" ({} shapes run op by op)", g.failed) : "")
+                          : "";
+            std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole%s\n", run.warmup_calls,
+                         run.warmup_ms / 1e3, graphs.c_str());
+        }
     }
 
     // ---- episodes ---------------------------------------------------------------------------------------

@@ -1113,7 +1113,7 @@ std::set<std::string> declared_backend_ops() {
                                            "synchronize", "device_memory_in_use", "conv3d_workspace_bytes",
                                            "paged_attention_workspace_bytes", "memory_in_use", "capabilities",
                                            "make_event", "record", "wait", "elapsed_ms", "begin_capture",
-                                           "end_capture", "launch", "context", "stream", "set_cuda_options",
+                                           "end_capture", "abort_capture", "capturing", "launch", "context", "stream", "set_cuda_options",
                                            "cuda_options", "last_attention_impl", "profiler"};
     std::set<std::string> ops;
     const std::regex decl(R"(virtual\s+[\w:<>&\s]+?[\s&*](\w+)\s*\()");

@@ -40,7 +40,8 @@ TEST_CASE("the profiling backend forwards every op the Backend interface declare
     // DeviceContext, Stream, Event and Graph members (other classes of backend.h), and the profiler accessor itself
     for (const char* not_backend : {"device", "alloc", "workspace", "reserve_workspace", "memory_in_use",
                                     "capabilities", "launch", "upload", "download", "synchronize", "make_event",
-                                    "record", "wait", "elapsed_ms", "begin_capture", "end_capture", "profiler"})
+                                    "record", "wait", "elapsed_ms", "begin_capture", "end_capture", "abort_capture",
+                                    "capturing", "profiler"})
         declared.erase(not_backend);
     const std::set<std::string> forwarded = virtual_names("profiling_backend.h", true);
     for (const std::string& op : declared) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/cuda_internal.h"
 #include "core/convert.h"
 #include "kernels/activation.cuh"
@@ -182,24 +183,6 @@ const CudaEvent& cuda_event(const Event& e) {
     return *c;
 }
 
-/// An instantiated graph, launched on the stream it was captured from.
-class CudaGraph final : public Graph {
-public:
-    CudaGraph(cudaGraphExec_t exec, cudaStream_t stream, int index) : exec_(exec), stream_(stream), index_(index) {}
-    ~CudaGraph() override {
-        if (exec_) cudaGraphExecDestroy(exec_);
-    }
-    void launch() override {
-        DeviceGuard guard(index_);
-        DZR_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
-    }
-
-private:
-    cudaGraphExec_t exec_;
-    cudaStream_t stream_;
-    int index_;
-};
-
 }  // namespace
 
 CudaStream::CudaStream(CudaDevice& device, std::function<void(const TensorView&, const TensorView&)> gather)
@@ -210,6 +193,7 @@ CudaStream::CudaStream(CudaDevice& device, std::function<void(const TensorView&,
         DZR_CUDA_CHECK(cudaHostAlloc(&staging_[i], kStagingBytes, cudaHostAllocDefault));
         DZR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
     }
+    small_uploads_ = std::make_unique<cuda_detail::PinnedUploadRing>(device_.index());
 }
 
 CudaStream::~CudaStream() {
@@ -217,6 +201,7 @@ CudaStream::~CudaStream() {
     cudaGetDevice(&prev);
     cudaSetDevice(device_.index());
     if (stream_) cudaStreamSynchronize(stream_);
+    small_uploads_.reset();
     for (int i = 0; i < 2; ++i) {
         if (staging_[i]) cudaFreeHost(staging_[i]);
         if (staging_done_[i]) cudaEventDestroy(staging_done_[i]);
@@ -232,7 +217,16 @@ void CudaStream::upload(const TensorView& host_src, const TensorView& dst) {
     DZR_CHECK(dst.is_contiguous(), "cuda backend: upload needs a contiguous dst ({})", dst.str());
     DZR_CHECK(host_src.numel() == dst.numel(), "cuda backend: upload of {} into {}: element counts differ",
               host_src.str(), dst.str());
+    DZR_CHECK(!capturing(), "cuda backend: upload of {} inside a graph capture (a forward must take its host data "
+              "before the capture)", host_src.str());
     DeviceGuard guard(device_.index());
+    if (host_src.is_contiguous() && dst.nbytes() <= cuda_detail::PinnedUploadRing::kSlotBytes && dst.numel() > 0) {
+        // NOTE: a small upload takes a pinned slot of its own, so it does not wait for earlier uploads
+        void* slot = small_uploads_->acquire();
+        convert_copy_host(host_src.reshape(Shape{host_src.numel()}), TensorView(slot, dst.dtype, Shape{dst.numel()}, Device::cpu()));
+        small_uploads_->copy(dst.data, dst.nbytes(), stream_);
+        return;
+    }
     // NOTE: a strided host source is made contiguous first, so the chunks below are plain ranges.
     std::vector<char> packed;
     TensorView src = host_src;
@@ -266,6 +260,7 @@ void CudaStream::download(const TensorView& src, const TensorView& host_dst) {
     DZR_CHECK(host_dst.is_contiguous(), "cuda backend: download needs a contiguous host_dst ({})", host_dst.str());
     DZR_CHECK(src.numel() == host_dst.numel(), "cuda backend: download of {} into {}: element counts differ",
               src.str(), host_dst.str());
+    DZR_CHECK(!capturing(), "cuda backend: download of {} inside a graph capture (it synchronizes)", src.str());
     DeviceGuard guard(device_.index());
     Arena& arena = device_.workspace();
     ArenaScope scope(arena);
@@ -319,21 +314,13 @@ double CudaStream::elapsed_ms(const Event& from, const Event& to) {
     return double(ms);
 }
 
-void CudaStream::begin_capture() {
-    DeviceGuard guard(device_.index());
-    DZR_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-}
+void CudaStream::begin_capture() { cuda_detail::begin_capture(stream_, device_.index()); }
 
-std::unique_ptr<Graph> CudaStream::end_capture() {
-    DeviceGuard guard(device_.index());
-    cudaGraph_t graph = nullptr;
-    DZR_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    DZR_CUDA_CHECK(st);
-    return std::make_unique<CudaGraph>(exec, stream_, device_.index());
-}
+std::unique_ptr<Graph> CudaStream::end_capture() { return cuda_detail::end_capture(stream_, device_.index()); }
+
+void CudaStream::abort_capture() { cuda_detail::abort_capture(stream_, device_.index()); }
+
+bool CudaStream::capturing() const { return cuda_detail::is_capturing(stream_); }
 
 // ---- backend -----------------------------------------------------------------------------------
 

@@ -22,6 +22,10 @@
 
 namespace dzr {
 
+namespace cuda_detail {
+class PinnedUploadRing;
+}
+
 namespace kernels {
 struct GemmFallbackArgs;
 }
@@ -88,6 +92,8 @@ public:
     double elapsed_ms(const Event& from, const Event& to) override;
     void begin_capture() override;
     std::unique_ptr<Graph> end_capture() override;
+    void abort_capture() override;
+    bool capturing() const override;
     cudaStream_t handle() const { return stream_; }
 
 private:
@@ -97,6 +103,7 @@ private:
     void* staging_[2] = {nullptr, nullptr};
     cudaEvent_t staging_done_[2] = {nullptr, nullptr};
     int next_staging_ = 0;
+    std::unique_ptr<cuda_detail::PinnedUploadRing> small_uploads_;  // uploads up to its slot size (cuda_graph.h)
 };
 
 class CudaBackend final : public Backend {
