@@ -183,6 +183,8 @@ public:
     void set_fallback_only(bool on) { options_.fallback_only = on; }
     /// True when the last gemm_fp8 ran through cuBLASLt (false: the plain FP8 kernel).
     bool last_fp8_gemm_used_cublaslt() const { return last_fp8_gemm_lt_; }
+    /// True when the last gemm_gelu ran its GELU in cuBLASLt's epilogue (false: the GEMM, then the GELU kernel).
+    bool last_gemm_gelu_fused() const { return last_gemm_gelu_fused_; }
 
     /// The stream all of this backend's work is queued on (for the tests' raw CUDA calls).
     cudaStream_t cuda_stream() const { return stream_; }
@@ -245,6 +247,7 @@ private:
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
     bool last_fp8_gemm_lt_ = false;
+    bool last_gemm_gelu_fused_ = false;
 };
 
 }  // namespace dzr

@@ -327,9 +327,11 @@ void CudaBackend::run_gemm_gelu(const GemmCall& c) {
             DZR_CUBLAS_CHECK(cublasLtMatmul(cublas_, plan.desc, &c.alpha, c.b, plan.layout_a, c.a, plan.layout_b,
                                             &c.beta, c.out, plan.layout_c, c.out, plan.layout_c, &plan.algo,
                                             cublas_workspace_, kCublasWorkspaceBytes, stream_));
+            last_gemm_gelu_fused_ = true;
             return;
         }
     }
+    last_gemm_gelu_fused_ = false;
     run_gemm(c);
     DZR_CUDA_CHECK(kernels::activation(kernels::ActKind::GeluTanh, c.out, c.out_dtype, c.out, c.out_dtype,
                                        c.batch * c.M * c.N, stream_));
