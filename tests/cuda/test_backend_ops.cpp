@@ -1114,7 +1114,7 @@ std::vector<OpCase> make_cases() {
         add_big("gated_residual_norm", "DreamZero [1785, 5120] gated + affine (norm3), split 1760", dt,
                 [](Harness& h) { return run_gated_residual_norm(h, 1785, 5120, 1760, true, true, false); });
         add("gemm_gelu", "M64 N96 K80 + bias (GELU_BIAS epilogue)", dt,
-            [](Harness& h) { return run_gemm_gelu(h, {64, 96, 80, true, h.dt(), false, true}); });
+            [](Harness& h) { return run_gemm_gelu(h, {64, 96, 80, true, h.dt(), false, h.dt() == DType::BF16}); });
         add("gemm_gelu", "M33 N40 K24 no bias (GELU epilogue)", dt,
             [](Harness& h) { return run_gemm_gelu(h, {33, 40, 24, false}); });
         add("gemm_gelu", "M20 N24 K16 + bias, plain kernel then the GELU kernel", dt,
@@ -1301,36 +1301,43 @@ TEST_CASE("a conv3d planned through conv3d_workspace_bytes runs its unlimited en
 }
 
 TEST_CASE("cuBLASLt's GELU epilogue is the tanh GELU of the DiT's FFN, not the erf one") {
-    // bf16 operands, f32 output and bias (no output rounding): pre-activations over about [-4, 4], where the two GELUs
-    // differ by up to 4.7e-4. The epilogue's result must lie closer to the tanh form than to the erf form.
+    // bf16 operands, pre-activations over about [-4, 4], where the two GELUs differ by up to 4.7e-4 (rms 2e-4). The
+    // epilogue's result must lie closer to the tanh form than to the erf form: with an f32 output and bias (no output
+    // rounding), or, where cuBLASLt has no such epilogue, the DiT's bf16 output (its rounding noise is uncorrelated
+    // with the difference of the two forms, which the 32768 outputs resolve).
     const int64_t M = 256, N = 128, K = 16;
     std::mt19937_64 rng(base_seed() ^ 0x9e1u);
     std::uniform_real_distribution<float> dist(-1.f, 1.f);
     Tensor a = Tensor::host({M, K}, DType::F32), w = Tensor::host({N, K}, DType::F32), b = Tensor::host({N}, DType::F32);
-    for (Tensor* t : {&a, &w})
+    for (Tensor* t : {&a, &w, &b})
         for (int64_t i = 0; i < t->numel(); ++i) t->ptr<float>()[i] = round_to(DType::BF16, dist(rng));
-    for (int64_t i = 0; i < N; ++i) b.ptr<float>()[i] = 0.5f * dist(rng);
     Tensor pre = Tensor::host({M, N}, DType::F32);
     cpu().gemm(GemmParams{}, a, w, b, pre);
-    Tensor ad = gpu().alloc({M, K}, DType::BF16), wd = gpu().alloc({N, K}, DType::BF16), bd = gpu().alloc({N}, DType::F32);
-    Tensor od = gpu().alloc({M, N}, DType::F32);
+    Tensor ad = gpu().alloc({M, K}, DType::BF16), wd = gpu().alloc({N, K}, DType::BF16);
     gpu().upload(a, ad);
     gpu().upload(w, wd);
-    gpu().upload(b, bd);
-    gpu().gemm_gelu(GemmParams{}, ad, wd, bd, od);
-    const bool fused = gpu().last_gemm_gelu_fused();
-    Tensor got = Tensor::host({M, N}, DType::F32);
-    gpu().download(od, got);
+    bool fused = false;
     double e_tanh = 0, e_erf = 0;
-    for (int64_t i = 0; i < M * N; ++i) {
-        const double v = pre.ptr<float>()[i], g = got.ptr<float>()[i];
-        const double t = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-        const double e = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
-        e_tanh += (g - t) * (g - t), e_erf += (g - e) * (g - e);
+    for (DType out_dt : {DType::F32, DType::BF16}) {
+        Tensor bd = gpu().alloc({N}, out_dt), od = gpu().alloc({M, N}, out_dt);
+        gpu().upload(b, bd);
+        gpu().gemm_gelu(GemmParams{}, ad, wd, bd, od);
+        fused = gpu().last_gemm_gelu_fused();
+        Tensor got = Tensor::host({M, N}, DType::F32);
+        gpu().download(od, got);
+        e_tanh = e_erf = 0;
+        for (int64_t i = 0; i < M * N; ++i) {
+            const double v = pre.ptr<float>()[i], g = got.ptr<float>()[i];
+            const double t = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+            const double e = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+            e_tanh += (g - t) * (g - t), e_erf += (g - e) * (g - e);
+        }
+        e_tanh = std::sqrt(e_tanh / double(M * N)), e_erf = std::sqrt(e_erf / double(M * N));
+        std::printf("gemm_gelu bf16 -> %s (%s): rms error vs tanh GELU %.3e, vs erf GELU %.3e\n",
+                    std::string(dtype_name(out_dt)).c_str(), fused ? "cuBLASLt epilogue" : "separate GELU kernel",
+                    e_tanh, e_erf);
+        if (fused) break;
     }
-    e_tanh = std::sqrt(e_tanh / double(M * N)), e_erf = std::sqrt(e_erf / double(M * N));
-    std::printf("gemm_gelu bf16 -> f32 (%s): rms error vs tanh GELU %.3e, vs erf GELU %.3e\n",
-                fused ? "cuBLASLt epilogue" : "separate GELU kernel", e_tanh, e_erf);
     CHECK(fused);
     CHECK(e_tanh < e_erf);
 }
