@@ -1,5 +1,8 @@
-// The DiT block's fused memory-bound chains (`fast` numerics): one block per row for the norms (the row held in
-// registers, 8 elements per 16-byte access), a grid-stride loop for the gated residual.
+// The DiT block's fused memory-bound chains (`fast` numerics). bf16 rows of up to kWarpMaxCols columns (the DiT's
+// 5120) take the warp kernels: one warp per row, the row held in registers as packed bf16, shuffle reductions only
+// (no shared memory, no barrier), kWarpRows rows per block. Other rows take the block kernels (one block of 256
+// threads per row, the row in f32 registers) or, for any shape, the plain kernels over global memory. The gated
+// residual is a grid-stride loop over 8-element chunks.
 #include "kernels/common.cuh"
 #include "kernels/dit_fused.cuh"
 
@@ -135,22 +138,6 @@ __global__ void ada_layer_norm_any_kernel(const Tx* x, To* out, int64_t cols, fl
 }
 
 template <typename T>
-__global__ void gated_residual_kernel(T* x, const T* y, int64_t rows, int64_t cols, GroupPtr gate, int64_t split) {
-    const int64_t chunks_per_row = cols / 8, total = rows * chunks_per_row;
-    const int64_t step = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int64_t r = i / chunks_per_row, c0 = (i % chunks_per_row) * 8;
-        const int g = r < split ? 0 : 1;
-        float a[8], d[8];
-        Vec8<T>::load(x + r * cols + c0, a);
-        Vec8<T>::load(y + r * cols + c0, d);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) a[k] = gate.defined() ? fmaf(d[k], gate.at(g, c0 + k), a[k]) : a[k] + d[k];
-        Vec8<T>::store(x + r * cols + c0, a);
-    }
-}
-
-template <typename T>
 __global__ void gated_residual_any_kernel(T* x, const T* y, int64_t rows, int64_t cols, GroupPtr gate,
                                           int64_t split) {
     const int64_t total = rows * cols, step = int64_t(gridDim.x) * blockDim.x;
@@ -263,19 +250,293 @@ __global__ void rms_norm_rope_any_kernel(const Tx* x, To* out, int64_t cols, int
     }
 }
 
+
+// ---- warp kernels: one warp per bf16 row ------------------------------------------------------------------------
+//
+// Chunk k of lane l is the row's 8-element chunk 32k + l, so each load instruction of a warp reads 512 contiguous
+// bytes; a lane keeps its chunks as packed bf16 (4 registers each), so a 5120-wide row costs 80 registers a lane and
+// an SM holds ~20 rows in flight: a [1785, 5120] tensor is one wave on 132 SMs, its loads all issued up front.
+
+constexpr int kWarpRows = 4;  // rows (warps) per block of the warp kernels
+
+/// A per-column vector (norm weight or bias, or one group's row of a per-group vector) read 8 elements at a time;
+/// the branch on the dtype is uniform.
+struct Vec8Ptr {
+    const void* data = nullptr;
+    bool is_bf16 = false;
+    __device__ __forceinline__ void load(int64_t off, float (&v)[8]) const {
+        if (is_bf16)
+            Vec8<bf16>::load(static_cast<const bf16*>(data) + off, v);
+        else
+            Vec8<float>::load(static_cast<const float*>(data) + off, v);
+    }
+    __host__ __device__ bool defined() const { return data != nullptr; }
+};
+
+Vec8Ptr vec8(const void* p, DType t) { return {p, t == DType::BF16}; }
+
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    return raw;
+}
+
+/// Sum over the warp's row of f(value): every lane gets it.
+template <int N, typename F>
+__device__ __forceinline__ float warp_row_sum(const uint4 (&raw)[N], int chunks, int lane, F f) {
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        if (k * kWarp + lane < chunks) {
+            float v[8];
+            unpack8(raw[k], v);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc += f(v[i]);
+        }
+    }
+    return warp_sum(acc);
+}
+
+/// The operands of the warp LayerNorm; with kResidual, x += y [* gate[g]] first (written back, rounded to bf16, and
+/// the norm reads the rounded sum, as the unfused gated_residual then ada_layer_norm do).
+struct AdaWarpArgs {
+    bf16* x;  // read-only without kResidual
+    const bf16* y;
+    bf16* out;
+    int64_t rows;
+    int cols;
+    float eps;
+    Vec8Ptr weight, bias, scale, shift, gate;
+    int64_t mod_stride;   // scale and shift: elements between the groups' rows
+    int64_t gate_stride;  // gate: the same
+    int64_t split;
+};
+
+template <int N, bool kResidual>
+__global__ void __launch_bounds__(kWarpRows* kWarp) ada_layer_norm_warp_kernel(const AdaWarpArgs a) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = int64_t(blockIdx.x) * kWarpRows + threadIdx.x / kWarp;
+    if (r >= a.rows) return;  // NOTE: whole warps leave; the kernel has no block barrier
+    const int chunks = a.cols / 8;
+    const int g = r < a.split ? 0 : 1;
+    uint4* xr = reinterpret_cast<uint4*>(a.x + r * a.cols);
+    uint4 raw[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+        if (k * kWarp + lane < chunks) raw[k] = xr[k * kWarp + lane];
+    if constexpr (kResidual) {
+        const uint4* yr = reinterpret_cast<const uint4*>(a.y + r * a.cols);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const int ch = k * kWarp + lane;
+            if (ch < chunks) {
+                float v[8], d[8];
+                unpack8(raw[k], v);
+                unpack8(yr[ch], d);
+                if (a.gate.defined()) {
+                    float gt[8];
+                    a.gate.load(g * a.gate_stride + int64_t(ch) * 8, gt);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) v[i] = fmaf(d[i], gt[i], v[i]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) v[i] += d[i];
+                }
+                raw[k] = pack8(v);
+                xr[ch] = raw[k];
+            }
+        }
+    }
+    const float mean = warp_row_sum(raw, chunks, lane, [](float v) { return v; }) / float(a.cols);
+    const float var = warp_row_sum(raw, chunks, lane, [mean](float v) {
+                          const float d = v - mean;
+                          return d * d;
+                      }) / float(a.cols);
+    const float rstd = rsqrtf(var + a.eps);
+    const int64_t moff = g * a.mod_stride;
+    uint4* orow = reinterpret_cast<uint4*>(a.out + r * a.cols);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        const int ch = k * kWarp + lane;
+        if (ch < chunks) {
+            const int64_t c0 = int64_t(ch) * 8;
+            float o[8], p[8];
+            unpack8(raw[k], o);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[i] = (o[i] - mean) * rstd;
+            if (a.weight.defined()) {
+                a.weight.load(c0, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] *= p[i];
+            }
+            if (a.bias.defined()) {
+                a.bias.load(c0, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] += p[i];
+            }
+            if (a.scale.defined()) {
+                a.scale.load(moff + c0, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] *= 1.f + p[i];
+            }
+            if (a.shift.defined()) {
+                a.shift.load(moff + c0, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] += p[i];
+            }
+            orow[ch] = pack8(o);
+        }
+    }
+}
+
+struct RopeWarpArgs {
+    const bf16* x;
+    bf16* out;
+    int64_t rows;
+    int cols;
+    int head_dim;
+    float eps;
+    Vec8Ptr weight;
+    const float* table_a;
+    const float* table_b;
+    int pairs;
+    int64_t split;
+    bool lane_table;  // 256 % head_dim == 0: a lane's chunks all sit at one offset in their heads
+};
+
+template <int N, int kEntry>
+__global__ void __launch_bounds__(kWarpRows* kWarp) rms_norm_rope_warp_kernel(const RopeWarpArgs a) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = int64_t(blockIdx.x) * kWarpRows + threadIdx.x / kWarp;
+    if (r >= a.rows) return;
+    const int chunks = a.cols / 8;
+    const uint4* xr = reinterpret_cast<const uint4*>(a.x + r * a.cols);
+    uint4 raw[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+        if (k * kWarp + lane < chunks) raw[k] = xr[k * kWarp + lane];
+    const float rstd = rsqrtf(warp_row_sum(raw, chunks, lane, [](float v) { return v * v; }) / float(a.cols) + a.eps);
+    const float* table = r < a.split ? a.table_a : a.table_b;
+    const float* trow = table ? table + (r < a.split ? r : r - a.split) * int64_t(a.pairs) * kEntry : nullptr;
+    float cs[4], sn[4];
+    bool rotate = false;
+    // (cos, sin) of the 4 pairs of the chunk at column c0 (pairs % 4 == 0: a chunk is wholly rotated or not)
+    const auto fetch = [&](int c0) {
+        const int j0 = (c0 % a.head_dim) / 2;
+        rotate = trow && j0 < a.pairs;
+        if (!rotate) return;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            if constexpr (kEntry == 4) {
+                const float4 t = reinterpret_cast<const float4*>(trow + int64_t(j0) * 4)[q];
+                cs[q] = t.x + t.y;
+                sn[q] = t.z + t.w;
+            } else {
+                const float2 t = reinterpret_cast<const float2*>(trow + int64_t(j0) * 2)[q];
+                cs[q] = t.x;
+                sn[q] = t.y;
+            }
+        }
+    };
+    if (a.lane_table) fetch(lane * 8);
+    uint4* orow = reinterpret_cast<uint4*>(a.out + r * a.cols);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        const int ch = k * kWarp + lane;
+        if (ch < chunks) {
+            float o[8];
+            unpack8(raw[k], o);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[i] *= rstd;
+            if (a.weight.defined()) {
+                float p[8];
+                a.weight.load(int64_t(ch) * 8, p);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] *= p[i];
+            }
+            if (!a.lane_table) fetch(ch * 8);
+            if (rotate) {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const float x0 = o[2 * q], x1 = o[2 * q + 1];
+                    o[2 * q] = x0 * cs[q] - x1 * sn[q];
+                    o[2 * q + 1] = x0 * sn[q] + x1 * cs[q];
+                }
+            }
+            orow[ch] = pack8(o);
+        }
+    }
+}
+
+constexpr int kWarpMaxChunks = 24;  // per lane: the warp kernels take rows of up to 24 · 256 = 6144 columns
+constexpr int64_t kWarpMaxCols = int64_t(kWarpMaxChunks) * kWarp * 8;
+
+/// Calls f(std::integral_constant<int, N>) with the smallest instantiated N (chunks per lane) that covers `cols`.
+template <typename F>
+cudaError_t dispatch_warp_chunks(int64_t cols, F&& f) {
+    const int64_t per_lane = (cols / 8 + kWarp - 1) / kWarp;
+    if (per_lane <= 4) return f(std::integral_constant<int, 4>{});
+    if (per_lane <= 8) return f(std::integral_constant<int, 8>{});
+    if (per_lane <= 16) return f(std::integral_constant<int, 16>{});
+    if (per_lane <= 20) return f(std::integral_constant<int, 20>{});
+    return f(std::integral_constant<int, kWarpMaxChunks>{});
+}
+
+unsigned warp_grid(int64_t rows) { return unsigned((rows + kWarpRows - 1) / kWarpRows); }
+
+/// The gated residual over 8-element chunks with 32-bit indexing (rows · cols / 8 < 2^31, host check), the gate read
+/// 8 at a time.
+template <typename T>
+__global__ void gated_residual_vec_kernel(T* x, const T* y, uint32_t total, uint32_t chunks_per_row, Vec8Ptr gate,
+                                          int64_t gate_stride, int64_t split) {
+    const uint32_t step = gridDim.x * blockDim.x;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        const uint32_t r = i / chunks_per_row;
+        const int64_t off = int64_t(i) * 8, c0 = int64_t(i - r * chunks_per_row) * 8;
+        float a[8], d[8];
+        Vec8<T>::load(x + off, a);
+        Vec8<T>::load(y + off, d);
+        if (gate.defined()) {
+            float gt[8];
+            gate.load((int64_t(r) < split ? 0 : gate_stride) + c0, gt);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) a[k] = fmaf(d[k], gt[k], a[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) a[k] += d[k];
+        }
+        Vec8<T>::store(x + off, a);
+    }
+}
+
 ParamPtr param(const void* p, DType t) { return ParamPtr{p, t == DType::BF16}; }
 
-}  // namespace
+bool ok16(const void* p) { return !p || aligned16(p); }
 
-cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
-                           const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
-                           int64_t split, cudaStream_t stream) {
-    if (rows == 0) return cudaSuccess;
-    // NOTE: the vector kernel reads scale and shift through one pointer type and one row stride
-    const bool mods_agree = !scale.data || !shift.data || (scale.dtype == shift.dtype && scale.row_stride == shift.row_stride);
+/// The per-group vector's rows keep 16-byte alignment (or it is absent).
+bool group_ok16(const GroupVec& v) { return !v.data || (aligned16(v.data) && aligned16_stride(v.row_stride, dtype_size(v.dtype))); }
+
+/// The block and plain kernels of ada_layer_norm (f32 rows, rows past kWarpMaxCols, unaligned operands).
+cudaError_t ada_layer_norm_rows(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
+                                const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
+                                int64_t split, cudaStream_t stream) {
+    // NOTE: the block kernel reads scale and shift through one pointer type and one row stride
+    const bool mods_agree =
+        !scale.data || !shift.data || (scale.dtype == shift.dtype && scale.row_stride == shift.row_stride);
     const DType tm = scale.data ? scale.dtype : shift.dtype;
     const int64_t mstride = scale.data ? scale.row_stride : shift.row_stride;
-    const auto ok16 = [](const void* p) { return !p || aligned16(p); };
     const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kMaxChunks * kRowThreads && aligned16(x) &&
                      aligned16(out) && ok16(weight) && ok16(bias) && ok16(scale.data) && ok16(shift.data) &&
                      aligned16_stride(mstride, dtype_size(tm)) && mods_agree;
@@ -304,21 +565,93 @@ cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t
     });
 }
 
+/// The warp kernel takes bf16 rows of x (and y) and out of at most kWarpMaxCols columns with 16-byte aligned
+/// operands.
+bool warp_norm_ok(const void* x, DType tx, const void* out, DType to, int64_t cols, const void* weight,
+                  const void* bias, const GroupVec& scale, const GroupVec& shift) {
+    return tx == DType::BF16 && to == DType::BF16 && cols % 8 == 0 && cols > 0 && cols <= kWarpMaxCols &&
+           aligned16(x) && aligned16(out) && ok16(weight) && ok16(bias) && group_ok16(scale) && group_ok16(shift);
+}
+
+template <bool kResidual>
+cudaError_t launch_ada_warp(const AdaWarpArgs& a, cudaStream_t stream) {
+    return dispatch_warp_chunks(a.cols, [&](auto n) {
+        ada_layer_norm_warp_kernel<decltype(n)::value, kResidual>
+            <<<warp_grid(a.rows), kWarpRows * kWarp, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
+}
+
+AdaWarpArgs ada_warp_args(const void* x, void* out, int64_t rows, int64_t cols, float eps, const void* weight,
+                          const void* bias, DType tparam, GroupVec scale, GroupVec shift, int64_t split) {
+    AdaWarpArgs a{};
+    a.x = static_cast<bf16*>(const_cast<void*>(x));
+    a.out = static_cast<bf16*>(out);
+    a.rows = rows;
+    a.cols = int(cols);
+    a.eps = eps;
+    a.weight = vec8(weight, tparam);
+    a.bias = vec8(bias, tparam);
+    a.scale = vec8(scale.data, scale.dtype);
+    a.shift = vec8(shift.data, shift.dtype);
+    // NOTE: the kernel reads scale and shift with one row stride; absent vectors take the other's
+    a.mod_stride = scale.data ? scale.row_stride : shift.row_stride;
+    a.split = split;
+    return a;
+}
+
+}  // namespace
+
+cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
+                           const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
+                           int64_t split, cudaStream_t stream) {
+    if (rows == 0) return cudaSuccess;
+    const bool strides_agree = !scale.data || !shift.data || scale.row_stride == shift.row_stride;
+    if (!warp_norm_ok(x, tx, out, to, cols, weight, bias, scale, shift) || !strides_agree)
+        return ada_layer_norm_rows(x, tx, out, to, rows, cols, eps, weight, bias, tparam, scale, shift, split, stream);
+    return launch_ada_warp<false>(ada_warp_args(x, out, rows, cols, eps, weight, bias, tparam, scale, shift, split),
+                                  stream);
+}
+
 cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_t cols, GroupVec gate, int64_t split,
                            cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
-    const bool vec = cols % 8 == 0 && aligned16(x) && aligned16(y);
+    const int threads = 256;
+    const bool vec = cols % 8 == 0 && rows * cols / 8 < (int64_t(1) << 31) && aligned16(x) && aligned16(y) &&
+                     group_ok16(gate);
     return dispatch_float(t, [&](auto e) {
         using T = decltype(e);
-        const int threads = 256;
-        if (vec)
-            gated_residual_kernel<T><<<grid_for(rows * cols / 8, threads, 4096), threads, 0, stream>>>(
-                static_cast<T*>(x), static_cast<const T*>(y), rows, cols, group_ptr(gate), split);
-        else
+        if (vec) {
+            const int64_t total = rows * cols / 8;
+            // NOTE: a few chunks a thread keep enough loads in flight; more blocks only add scheduling
+            gated_residual_vec_kernel<T><<<grid_for(total, threads, 132 * 16), threads, 0, stream>>>(
+                static_cast<T*>(x), static_cast<const T*>(y), uint32_t(total), uint32_t(cols / 8),
+                vec8(gate.data, gate.dtype), gate.row_stride, split);
+        } else {
             gated_residual_any_kernel<T><<<grid_for(rows * cols, threads, 4096), threads, 0, stream>>>(
                 static_cast<T*>(x), static_cast<const T*>(y), rows, cols, group_ptr(gate), split);
+        }
         return cudaGetLastError();
     });
+}
+
+cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t stream) {
+    if (a.rows == 0) return cudaSuccess;
+    const bool strides_agree = !a.scale.data || !a.shift.data || a.scale.row_stride == a.shift.row_stride;
+    if (a.t != DType::BF16 || !aligned16(a.y) || !group_ok16(a.gate) || !strides_agree ||
+        !warp_norm_ok(a.x, a.t, a.out, a.to, a.cols, a.weight, a.bias, a.scale, a.shift)) {
+        // the unfused pair: the same values (the norm reads the rounded residual either way)
+        const cudaError_t e = gated_residual(a.x, a.y, a.t, a.rows, a.cols, a.gate, a.split, stream);
+        if (e != cudaSuccess) return e;
+        return ada_layer_norm(a.x, a.t, a.out, a.to, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam, a.scale,
+                              a.shift, a.split, stream);
+    }
+    AdaWarpArgs w =
+        ada_warp_args(a.x, a.out, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam, a.scale, a.shift, a.split);
+    w.y = static_cast<const bf16*>(a.y);
+    w.gate = vec8(a.gate.data, a.gate.dtype);
+    w.gate_stride = a.gate.row_stride;
+    return launch_ada_warp<true>(w, stream);
 }
 
 cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t heads, int64_t head_dim,
@@ -326,9 +659,33 @@ cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t 
                           int64_t pairs, int entry, int64_t split, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
     const int64_t cols = heads * head_dim;
-    const bool vec = head_dim % 8 == 0 && pairs % 4 == 0 && cols <= int64_t(8) * kMaxChunks * kRowThreads &&
-                     aligned16(x) && aligned16(out) && (!weight || aligned16(weight)) &&
-                     (!table_a || aligned16(table_a)) && (!table_b || aligned16(table_b));
+    const bool tables_ok = head_dim % 8 == 0 && pairs % 4 == 0 && ok16(table_a) && ok16(table_b);
+    if (tables_ok && tx == DType::BF16 && to == DType::BF16 && cols <= kWarpMaxCols && aligned16(x) &&
+        aligned16(out) && ok16(weight)) {
+        RopeWarpArgs a{};
+        a.x = static_cast<const bf16*>(x);
+        a.out = static_cast<bf16*>(out);
+        a.rows = rows;
+        a.cols = int(cols);
+        a.head_dim = int(head_dim);
+        a.eps = eps;
+        a.weight = vec8(weight, tw);
+        a.table_a = table_a;
+        a.table_b = table_b;
+        a.pairs = int(pairs);
+        a.split = split;
+        a.lane_table = (kWarp * 8) % head_dim == 0;
+        return dispatch_warp_chunks(cols, [&](auto n) {
+            constexpr int N = decltype(n)::value;
+            if (entry == 4)
+                rms_norm_rope_warp_kernel<N, 4><<<warp_grid(rows), kWarpRows * kWarp, 0, stream>>>(a);
+            else
+                rms_norm_rope_warp_kernel<N, 2><<<warp_grid(rows), kWarpRows * kWarp, 0, stream>>>(a);
+            return cudaGetLastError();
+        });
+    }
+    const bool vec = tables_ok && cols <= int64_t(8) * kMaxChunks * kRowThreads && aligned16(x) && aligned16(out) &&
+                     ok16(weight);
     if (!vec) {
         const int threads = row_block_threads(cols);
         return dispatch_float2(tx, to, [&](auto a, auto o) {

@@ -6,6 +6,7 @@
 /// bf16; activations f32 or bf16, contiguous rows.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -27,6 +28,27 @@ cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t
 /// x += y [* gate[g]] over rows of `cols` (x and y of one dtype).
 cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_t cols, GroupVec gate, int64_t split,
                            cudaStream_t stream);
+
+/// The operands of gated_residual_norm.
+struct GatedResidualNormArgs {
+    void* x = nullptr;  // [rows, cols], updated in place
+    const void* y = nullptr;
+    DType t = DType::BF16;  // x and y
+    GroupVec gate;          // absent: x += y
+    void* out = nullptr;    // [rows, cols]
+    DType to = DType::BF16;
+    int64_t rows = 0, cols = 0;
+    float eps = 1e-6f;
+    const void* weight = nullptr;  // absent: no affine weight
+    const void* bias = nullptr;
+    DType tparam = DType::F32;
+    GroupVec scale, shift;
+    int64_t split = INT64_MAX;
+};
+
+/// x += y [* gate[g]] (rounded to x's dtype), then out = ada_layer_norm(x): one pass over x where the shapes allow
+/// (bf16 rows the warp kernel takes), else the two kernels in turn (the same values).
+cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t stream);
 
 /// out[r] = rope(rms_norm(x[r]) * weight): the RMS over the whole row (heads · head_dim), then the rotation of each
 /// head's interleaved pairs j < pairs by (cos, sin) of table row r (table_a for r < split, table_b row r - split

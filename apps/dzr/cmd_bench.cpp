@@ -1,4 +1,4 @@
-// `dzr bench gemm|ops|attention|kv`: times a GPU backend with its stream's events (warm-up, then the median of N
+// `dzr bench gemm|ops|fused|attention|kv`: times a GPU backend with its stream's events (warm-up, then the median of N
 // timed runs; GEMM inputs rotate over several buffer sets so the 60 MB L2 does not hold them), and measures
 // the KV cache's device memory. Everything goes through the Backend interface (no CUDA headers here).
 // `dzr bench prepare` times the policy's host-side prepare() (any build).
@@ -345,6 +345,100 @@ int run_ops_bench(const BenchOptions& o) {
     return 0;
 }
 
+/// `dzr bench fused`: fast numerics' fused row ops and GEMM epilogues at the DiT's shapes. Each timed run issues the
+/// op kFusedReps times back to back (between one event pair, so the launch gaps of a forward are included and the
+/// events' own cost is not), rotating over `sets` buffer sets so the 50 MB L2 does not hold the inputs.
+int run_fused_bench(const BenchOptions& o) {
+    auto owned = make_gpu_backend(o.device, size_t(1) << 30, "fused");
+    Backend* be = owned.get();
+    const DType bf = DType::BF16;
+    constexpr int kFusedReps = 20;
+    const int sets = std::max(1, o.sets);
+    std::printf("dzr bench fused on %s: bf16, CUDA events, %d warm-up + median of %d runs of %d back-to-back calls, "
+                "%d rotating buffer sets; GB/s counts each tensor read or written once\n",
+                be->name().c_str(), o.warmup, o.iters, kFusedReps, sets);
+    std::printf("%-64s %9s %9s %9s\n", "op", "med us", "min us", "GB/s");
+    const int64_t C = 5120, F = 13824, H = 40, D = 128, P = 64, R = 25;  // R: register tokens (24 actions + 1 state)
+    for (const int64_t L : {int64_t(1785), int64_t(3570)}) {
+        const int64_t split = L - R;
+        std::vector<Tensor> x, y, out;
+        for (int i = 0; i < sets; ++i) {
+            x.push_back(random_device_tensor(*be, {L, C}, bf, uint32_t(10 * i + 1)));
+            y.push_back(random_device_tensor(*be, {L, C}, bf, uint32_t(10 * i + 2), 0.1f));
+            out.push_back(be->alloc({L, C}, bf));
+        }
+        Tensor mod = random_device_tensor(*be, {2, 6, C}, bf, 3, 0.5f);
+        Tensor w = random_device_tensor(*be, {C}, bf, 4), b = random_device_tensor(*be, {C}, bf, 5);
+        Tensor table_a = random_device_tensor(*be, {split, P, 4}, DType::F32, 6);
+        Tensor table_b = random_device_tensor(*be, {R, P, 4}, DType::F32, 7);
+        // vector i of each group of the [2, 6, C] modulation tensor: a [2, C] view with a row stride of 6·C
+        const auto mvec = [&](int i) {
+            return TensorView(static_cast<char*>(mod.data()) + size_t(i) * size_t(C) * 2, bf, Shape{2, C},
+                              Shape{6 * C, 1}, mod.device());
+        };
+        const FusedRowParams rows{1e-6f, split};
+        const double tensor_bytes = 2.0 * double(L) * double(C);
+        const auto bench = [&](const std::string& label, double tensors, const std::function<void(size_t)>& op) {
+            const Timing t = time_on_stream(*be, o.warmup, o.iters, [&](int i) {
+                for (int r = 0; r < kFusedReps; ++r) op(size_t(i * kFusedReps + r) % size_t(sets));
+            });
+            const double us = t.median_ms * 1e3 / kFusedReps;
+            std::printf("%-64s %9.2f %9.2f %9.0f\n", fmt::format("{} [{}, {}]", label, L, C).c_str(), us,
+                        t.min_ms * 1e3 / kFusedReps, tensors * tensor_bytes / (us * 1e-6) / 1e9);
+        };
+        bench("ada_layer_norm modulated, 2 groups", 2,
+              [&](size_t j) { be->ada_layer_norm(rows, x[j], {}, {}, mvec(1), mvec(0), out[j]); });
+        bench("ada_layer_norm affine (norm3)", 2, [&](size_t j) { be->ada_layer_norm(rows, x[j], w, b, {}, {}, out[j]); });
+        bench("rms_norm_rope 40x128, 64 pairs (double-float), 2 tables", 2, [&](size_t j) {
+            be->rms_norm_rope(rows, x[j], w, table_a, table_b, out[j].view().reshape({L, H, D}));
+        });
+        bench("rms_norm_rope 40x128, no table (cross q)", 2, [&](size_t j) {
+            be->rms_norm_rope({1e-6f}, x[j], w, {}, {}, out[j].view().reshape({L, H, D}));
+        });
+        bench("gated_residual gate, 2 groups", 3, [&](size_t j) { be->gated_residual(rows, x[j], y[j], mvec(2)); });
+        bench("gated_residual_norm gate + norm3", 4,
+              [&](size_t j) { be->gated_residual_norm(rows, x[j], y[j], mvec(2), w, b, {}, {}, out[j]); });
+        bench("  unfused: gated_residual, then ada_layer_norm", 5, [&](size_t j) {
+            be->gated_residual(rows, x[j], y[j], mvec(2));
+            be->ada_layer_norm(rows, x[j], w, b, {}, {}, out[j]);
+        });
+        bench("binary add x += y", 3, [&](size_t j) { be->add(x[j], y[j], x[j]); });
+        {
+            // FFN up: the GEMM with the bias and GELU in its epilogue against the GEMM then the GELU kernel
+            Tensor fw = random_device_tensor(*be, {F, C}, bf, 8, 0.02f), fb = random_device_tensor(*be, {F}, bf, 9);
+            Tensor hidden = be->alloc({L, F}, bf);
+            const double flop = 2.0 * double(L) * double(F) * double(C);
+            const auto gemm_row = [&](const std::string& label, const std::function<void(size_t)>& op) {
+                const Timing t = time_on_stream(*be, 2, std::max(3, o.iters / 5), [&](int i) { op(size_t(i) % size_t(sets)); });
+                std::printf("%-64s %9.2f %9.2f %9s (%.0f TFLOP/s)\n", fmt::format("{} [{}, {}]", label, L, F).c_str(),
+                            t.median_ms * 1e3, t.min_ms * 1e3, "-", flop / (t.median_ms * 1e-3) / 1e12);
+            };
+            gemm_row("ffn up: gemm_gelu (GELU_BIAS epilogue)", [&](size_t j) { be->gemm_gelu({}, x[j], fw, fb, hidden); });
+            gemm_row("  unfused: gemm + bias, then gelu_tanh", [&](size_t j) {
+                be->linear(x[j], fw, fb, hidden);
+                be->activation({Activation::GeluTanh}, hidden, hidden);
+            });
+        }
+        {
+            // cross-attention's o projection and residual: the GEMM accumulating into x against GEMM then add
+            Tensor ow = random_device_tensor(*be, {C, C}, bf, 10, 0.02f), ob = random_device_tensor(*be, {C}, bf, 11);
+            const auto gemm_row = [&](const std::string& label, const std::function<void(size_t)>& op) {
+                const Timing t = time_on_stream(*be, 2, std::max(3, o.iters / 5), [&](int i) { op(size_t(i) % size_t(sets)); });
+                std::printf("%-64s %9.2f %9.2f\n", fmt::format("{} [{}, {}]", label, L, C).c_str(), t.median_ms * 1e3,
+                            t.min_ms * 1e3);
+            };
+            GemmParams acc;
+            acc.beta = 1.f;
+            gemm_row("cross o: gemm beta=1 into x", [&](size_t j) { be->gemm(acc, y[j], ow, ob, x[j]); });
+            gemm_row("  unfused: gemm + bias, then x += y", [&](size_t j) {
+                be->linear(y[j], ow, ob, out[j]);
+                be->add(x[j], out[j], x[j]);
+            });
+        }
+    }
+    return 0;
+}
+
 /// One timed attention variant: median ms and TFLOP/s (4 * Lq * Lk * D * H), or why it could not run.
 void report_attention(const char* label, int64_t lk, const BenchOptions& o, const std::function<void()>& f,
                       Backend& be, const std::function<std::string()>& note) {
@@ -516,6 +610,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     gemm->add_flag("--dit", opts->dit, "run DreamZero's per-layer DiT GEMM shapes instead of -m/-n/-k");
     auto* ops = cmd->add_subcommand("ops", "Kernels at DreamZero shapes (norms, rope, softmax, gelu, attention)");
     common(ops);
+    auto* fused = cmd->add_subcommand(
+        "fused", "Fast numerics' fused row ops and GEMM epilogues at the DiT's shapes ([1785 | 3570, 5120]): us, GB/s");
+    common(fused);
+    fused->add_option("--sets", opts->sets, "buffer sets to rotate over")->capture_default_str();
     auto* attention = cmd->add_subcommand(
         "attention",
         "Dense attention per implementation (cuDNN SDPA, flash, GEMM) and paged attention (direct, gather)");
@@ -607,6 +705,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     });
     gemm->callback([&run, opts] { run = [opts] { return run_gemm_bench(*opts); }; });
     ops->callback([&run, opts] { run = [opts] { return run_ops_bench(*opts); }; });
+    fused->callback([&run, opts] { run = [opts] { return run_fused_bench(*opts); }; });
     attention->callback([&run, opts] { run = [opts] { return run_attention_bench(*opts); }; });
     kv->callback([&run, opts] { run = [opts] { return run_kv_bench(*opts); }; });
 });

@@ -152,4 +152,17 @@ void Backend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const 
     if (s < L) rope({}, normed.slice(0, s, L - s), table_b, out.slice(0, s, L - s));
 }
 
+void Backend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                  const TensorView& gate, const TensorView& weight, const TensorView& bias,
+                                  const TensorView& scale, const TensorView& shift, const TensorView& out) {
+    gated_residual(p, x, y, gate);
+    ada_layer_norm(p, x, weight, bias, scale, shift, out);
+}
+
+void Backend::gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                        const TensorView& out) {
+    gemm(p, a, b, bias, out);
+    activation({Activation::GeluTanh}, out, out);
+}
+
 }  // namespace dzr

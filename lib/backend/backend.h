@@ -324,6 +324,16 @@ public:
     /// absent: no rotation).
     virtual void rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
                                const TensorView& table_a, const TensorView& table_b, const TensorView& out);
+    /// x += y [* gate[g]] (rounded to x's dtype), then out = ada_layer_norm(x, weight, bias, scale, shift): a residual
+    /// add and the next norm in one pass over x. Operands as gated_residual and ada_layer_norm; y may be overwritten.
+    virtual void gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                     const TensorView& gate, const TensorView& weight, const TensorView& bias,
+                                     const TensorView& scale, const TensorView& shift, const TensorView& out);
+    /// out = gelu_tanh(op(a) · op(b) + bias): gemm's operands (rank 2 or 3) and params, then the tanh GELU
+    /// (Activation::GeluTanh), computed in f32 and rounded once where the backend fuses it (CUDA: cuBLASLt's GELU_BIAS
+    /// epilogue, whose GELU is the tanh form). The base implementation runs gemm, then activation in place.
+    virtual void gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                           const TensorView& out);
     /// out (i32 [1] on this backend's device) = the number of NaN and ±Inf elements of x (a contiguous float
     /// tensor). Queued like any op: the caller downloads the count (policy/finite_check.h). This default
     /// downloads x and counts on the host.

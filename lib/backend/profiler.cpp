@@ -1,6 +1,7 @@
 #include "backend/profiler.h"
 
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -36,6 +37,7 @@ namespace {
 void add(KernelStats& a, const KernelStats& b) {
     a.kernels += b.kernels;
     a.launches += b.launches;
+    a.instances += b.instances;
     a.kernel_ms += b.kernel_ms;
     a.busy_ms += b.busy_ms;
     a.span_ms += b.span_ms;
@@ -50,10 +52,61 @@ nlohmann::ordered_json kernel_json(const KernelStats& k, double per) {
     j["busy_ms"] = k.busy_ms / per;
     j["span_ms"] = k.span_ms / per;
     j["kernel_gap_ms"] = k.gap_ms / per;
+    j["instances"] = double(k.instances) / per;
     return j;
 }
 
+/// Merged [start, end) intervals, sorted.
+using Intervals = std::vector<std::pair<uint64_t, uint64_t>>;
+
+Intervals merged(const std::vector<TracedKernel>& sorted) {
+    Intervals out;
+    for (const TracedKernel& k : sorted) {
+        if (!out.empty() && k.start <= out.back().second)
+            out.back().second = std::max(out.back().second, k.end);
+        else
+            out.emplace_back(k.start, k.end);
+    }
+    return out;
+}
+
+/// Length of [s, e) covered by the merged intervals.
+uint64_t covered(const Intervals& busy, uint64_t s, uint64_t e) {
+    uint64_t n = 0;
+    auto it = std::lower_bound(busy.begin(), busy.end(), s,
+                               [](const std::pair<uint64_t, uint64_t>& iv, uint64_t v) { return iv.second < v; });
+    for (; it != busy.end() && it->first < e; ++it) n += std::min(e, it->second) - std::max(s, it->first);
+    return n;
+}
+
 }  // namespace
+
+std::map<int, KernelStats> kernel_stats(std::vector<TracedKernel> kernels) {
+    std::sort(kernels.begin(), kernels.end(),
+              [](const TracedKernel& a, const TracedKernel& b) { return a.start < b.start; });
+    const Intervals device_busy = merged(kernels);  // any region's kernels: what "idle" is measured against
+    std::map<std::pair<int, int64_t>, std::vector<TracedKernel>> by_instance;
+    for (const TracedKernel& k : kernels) by_instance[{k.region, k.instance}].push_back(k);
+    std::map<int, KernelStats> out;
+    std::map<int, std::set<uint32_t>> launches;
+    for (const auto& [key, v] : by_instance) {
+        KernelStats& s = out[key.first];
+        ++s.instances;
+        s.kernels += int64_t(v.size());
+        uint64_t first = v.front().start, last = 0, own_busy = 0;
+        for (const TracedKernel& k : v) {
+            s.kernel_ms += double(k.end - k.start) * 1e-6;
+            if (k.counted_launch) launches[key.first].insert(k.correlation);
+            last = std::max(last, k.end);
+        }
+        for (const auto& iv : merged(v)) own_busy += iv.second - iv.first;
+        s.busy_ms += double(own_busy) * 1e-6;
+        s.span_ms += double(last - first) * 1e-6;
+        s.gap_ms += double((last - first) - covered(device_busy, first, last)) * 1e-6;
+    }
+    for (auto& [region, s] : out) s.launches = int64_t(launches[region].size());
+    return out;
+}
 
 Profiler::Profiler(Stream& stream, std::unique_ptr<KernelTracer> tracer) : stream_(stream), tracer_(std::move(tracer)) {}
 
@@ -68,13 +121,19 @@ void Profiler::push_region(std::string_view name) {
     }
     ++region_entries_[size_t(it->second)];
     stack_.push_back(std::move(full));
-    if (tracer_) tracer_->set_region(it->second);
+    instance_stack_.push_back(next_instance_++);
+    if (tracer_) tracer_->set_region(it->second, instance_stack_.back());
 }
 
 void Profiler::pop_region() {
     DZR_CHECK(!stack_.empty(), "profiler: pop_region without a region");
     stack_.pop_back();
-    if (tracer_) tracer_->set_region(stack_.empty() ? -1 : region_ids_.at(stack_.back()));
+    instance_stack_.pop_back();
+    if (!tracer_) return;
+    if (stack_.empty())
+        tracer_->set_region(-1, -1);
+    else
+        tracer_->set_region(region_ids_.at(stack_.back()), instance_stack_.back());
 }
 
 Event& Profiler::next_event() {
@@ -201,7 +260,8 @@ nlohmann::ordered_json Profiler::to_json() const {
         "op_ms: device time between the events around each backend op; op_gap_ms: device time between one op's end "
         "and the next op's start (the device waiting for the host); per_entry: divided by the region's entries "
         "(one entry = one forward for the DiT regions); device: CUPTI kernel records (kernels, host launches, "
-        "kernel time, busy time, idle gaps between kernels)";
+        "kernel time, busy time, and the device idle inside each region instance's span, summed over the instances: "
+        "per_entry gives the mean per instance)";
     nlohmann::ordered_json regions = nlohmann::ordered_json::object();
     for (const auto& [name, t] : totals_) {
         nlohmann::ordered_json r;

@@ -27,21 +27,36 @@ class Event;
 class Stream;
 
 /// What a kernel tracer (CUPTI) saw in one region over one call.
+/// Spans and gaps are per region instance (one entry of the region: one forward), summed over the instances, so
+/// regions that interleave (the CFG branches' forwards, step by step) do not count each other's time as idle.
 struct KernelStats {
-    int64_t kernels = 0;   ///< kernels (and memcpy/memset) executed
-    int64_t launches = 0;  ///< host launch calls that issued them (a graph launch counts once)
-    double kernel_ms = 0;  ///< sum of kernel durations
-    double busy_ms = 0;    ///< union of the kernels' intervals
-    double span_ms = 0;    ///< first kernel start to last kernel end
-    double gap_ms = 0;     ///< span - busy: the device idle between this region's kernels
+    int64_t kernels = 0;    ///< kernels (and memcpy/memset) executed
+    int64_t launches = 0;   ///< host launch calls that issued them (a graph launch counts once)
+    int64_t instances = 0;  ///< region instances that ran kernels
+    double kernel_ms = 0;   ///< sum of kernel durations
+    double busy_ms = 0;     ///< per instance, the union of its kernels' intervals; summed
+    double span_ms = 0;     ///< per instance, its first kernel's start to its last kernel's end; summed
+    double gap_ms = 0;      ///< per instance, the device idle inside its span (no kernel of any region running); summed
 };
+
+/// One traced kernel (or copy, fill): device times in ns, the region instance that launched it.
+struct TracedKernel {
+    uint64_t start = 0, end = 0;
+    int region = -1;
+    int64_t instance = -1;
+    uint32_t correlation = 0;  ///< the launch's correlation id (a graph's kernels share one)
+    bool counted_launch = false;  ///< issued by a launch-like API call
+};
+
+/// The KernelStats of every region in `kernels` (any order).
+std::map<int, KernelStats> kernel_stats(std::vector<TracedKernel> kernels);
 
 /// Device-side kernel tracing, attributed to host regions (backend/cuda/cupti_tracer.cpp).
 class KernelTracer {
 public:
     virtual ~KernelTracer() = default;
-    /// Work launched by this thread from now on belongs to region `id` (-1: none).
-    virtual void set_region(int id) = 0;
+    /// Work launched by this thread from now on belongs to instance `instance` of region `id` (-1: none).
+    virtual void set_region(int id, int64_t instance) = 0;
     /// After a device synchronize: the stats of every region id seen since the last collect.
     virtual std::map<int, KernelStats> collect() = 0;
 };
@@ -90,6 +105,8 @@ private:
     size_t next_event_ = 0;
     std::vector<OpRecord> ops_;                   // this call's
     std::vector<std::string> stack_;              // open region names (full)
+    std::vector<int64_t> instance_stack_;         // their instances (numbered over the profiler's life)
+    int64_t next_instance_ = 0;
     std::map<std::string, int> region_ids_;       // full name -> id (stable over calls)
     std::vector<std::string> region_names_;
     std::vector<int64_t> region_entries_;         // this call's entries per id

@@ -155,6 +155,19 @@ void ProfilingBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& 
     run(fmt::format("rms_norm_rope {}{}", desc(x), table_a.defined() ? " rope" : ""),
         [&](Backend& b) { b.rms_norm_rope(p, x, weight, table_a, table_b, out); });
 }
+void ProfilingBackend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                           const TensorView& gate, const TensorView& weight, const TensorView& bias,
+                                           const TensorView& scale, const TensorView& shift, const TensorView& out) {
+    run(fmt::format("gated_residual_norm {}{}{}{}", desc(x), gate.defined() ? " gate" : "",
+                    weight.defined() ? " affine" : "", scale.defined() ? " mod" : ""),
+        [&](Backend& b) { b.gated_residual_norm(p, x, y, gate, weight, bias, scale, shift, out); });
+}
+void ProfilingBackend::gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& w, const TensorView& bias,
+                                 const TensorView& out) {
+    run(fmt::format("gemm_gelu{}{} {} x {}{}", p.trans_a ? " ta" : "", p.trans_b ? " tb" : "", desc(a), desc(w),
+                    bias.defined() ? " +bias" : ""),
+        [&](Backend& b) { b.gemm_gelu(p, a, w, bias, out); });
+}
 void ProfilingBackend::paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
                                        int layer, const TensorView& k_cur, const TensorView& v_cur,
                                        const TensorView& out) {

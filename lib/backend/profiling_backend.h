@@ -60,6 +60,11 @@ public:
                         const TensorView& gate) override;
     void rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
                        const TensorView& table_a, const TensorView& table_b, const TensorView& out) override;
+    void gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y, const TensorView& gate,
+                             const TensorView& weight, const TensorView& bias, const TensorView& scale,
+                             const TensorView& shift, const TensorView& out) override;
+    void gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                   const TensorView& out) override;
     void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
                          const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,

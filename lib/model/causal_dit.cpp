@@ -525,17 +525,17 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         cache.attend(be, li, q, k, v3, Lv, attn_scale, attn);
         w.o.forward(be, attn.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
         trace("self_attn", y);
-        gated_residual(y, kGateSa);
+        if (fast)  // the residual add and the cross-attention's norm3 in one pass: h = norm3(x + gate · y)
+            be.gated_residual_norm(rows, s.x, y, mod_vecs(mod, kGateSa), w.norm3.w, w.norm3.b, {}, {}, h);
+        else
+            gated_residual(y, kGateSa);
     }
     trace("x_self", s.x);
     if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
 
     {  // cross-attention: separate softmaxes over text and image keys, summed, then o
         ArenaScope tmp(be.workspace());
-        if (fast)
-            be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
-        else
-            w.norm3.forward(be, s.x, h);
+        if (!fast) w.norm3.forward(be, s.x, h);  // fast: h = norm3(x) came with the residual add above
         const TensorView raw = be.scratch(Shape{L, C});
         const TensorView q = be.scratch(Shape{L, C});
         w.cross_q.forward(be, h, raw);  // [L, C] -> [L, C]
@@ -549,9 +549,14 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         be.attention({attn_scale}, q3, ckv.k_txt, ckv.v_txt, {}, o_txt);
         be.attention({attn_scale}, q3, ckv.k_img, ckv.v_img, {}, o_img);
         be.add(o_txt, o_img, o_txt);
-        w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
-        trace("cross_attn", y);
-        be.add(s.x, y, s.x);
+        if (fast) {
+            // x += cross_o(o): the GEMM accumulates into the residual (no "cross_attn" intermediate to trace)
+            w.cross_o.forward_accumulate(be, o_txt.reshape(Shape{L, C}), s.x);  // [L, H, D] -> [L, C] -> += [L, C]
+        } else {
+            w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
+            trace("cross_attn", y);
+            be.add(s.x, y, s.x);
+        }
     }
     trace("x_cross", s.x);
     if (opt.check_finite) check_finite(be, s.x, "cross-attention", li);
@@ -560,8 +565,12 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         ArenaScope tmp(be.workspace());
         modulated_norm(kShiftFf, kScaleFf, h);
         const TensorView hidden = be.scratch(Shape{L, cfg_.ffn_dim});
-        w.ffn1.forward(be, h, hidden);  // [L, C] -> [L, ffn]
-        be.activation({Activation::GeluTanh}, hidden, hidden);
+        if (fast) {
+            w.ffn1.forward_gelu(be, h, hidden);  // [L, C] -> [L, ffn], the bias and GELU in the GEMM's epilogue
+        } else {
+            w.ffn1.forward(be, h, hidden);  // [L, C] -> [L, ffn]
+            be.activation({Activation::GeluTanh}, hidden, hidden);
+        }
         w.ffn2.forward(be, hidden, y);  // [L, ffn] -> [L, C]
         trace("ffn", y);
         gated_residual(y, kGateFf);
@@ -577,13 +586,20 @@ void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
     // (shift, scale) = head.modulation [2, C] + e_video (the time_embedding output, not e0)
     const TensorView mod = be.scratch(Shape{2, C});
     be.add(head_modulation_, s.e.slice(0, 0, 1), mod);
-    const TensorView scale1 = be.scratch(Shape{1, C});
-    be.scale({1.0f, 1.0f}, mod.slice(0, 1, 1), scale1);
-    const TensorView h = be.scratch(Shape{Lv, C});
-    norm_.forward(be, s.x.slice(0, 0, Lv), h);
-    if (opt.trace) opt.trace("head_norm", -1, h);
-    be.mul(h, scale1, h);
-    be.add(h, mod.slice(0, 0, 1), h);
+    TensorView h;
+    if (be.numerics() == Numerics::Fast) {
+        // h = LN(x) · (1 + scale) + shift in one op (one group: the video rows)
+        h = be.scratch(Shape{Lv, C});
+        be.ada_layer_norm({cfg_.eps}, s.x.slice(0, 0, Lv), {}, {}, mod.slice(0, 1, 1), mod.slice(0, 0, 1), h);
+    } else {
+        const TensorView scale1 = be.scratch(Shape{1, C});
+        be.scale({1.0f, 1.0f}, mod.slice(0, 1, 1), scale1);
+        h = be.scratch(Shape{Lv, C});
+        norm_.forward(be, s.x.slice(0, 0, Lv), h);
+        if (opt.trace) opt.trace("head_norm", -1, h);
+        be.mul(h, scale1, h);
+        be.add(h, mod.slice(0, 0, 1), h);
+    }
     if (opt.trace) opt.trace("head_in", -1, h);  // the head Linear's input
     const TensorView tokens = be.scratch(Shape{Lv, int64_t(ph) * pw * cfg_.out_dim});
     head_.forward(be, h, tokens);  // [Lv, C] -> [Lv, ph·pw·out_dim]

@@ -32,6 +32,28 @@ void Linear::forward(Backend& be, const TensorView& x, const TensorView& out) co
     be.gemm_fp8(xq, xs, w, scale, b, out);
 }
 
+void Linear::forward_gelu(Backend& be, const TensorView& x, const TensorView& out) const {
+    if (!fp8()) {
+        be.gemm_gelu(GemmParams{}, x, w, b, out);
+        return;
+    }
+    forward(be, x, out);
+    be.activation({Activation::GeluTanh}, out, out);
+}
+
+void Linear::forward_accumulate(Backend& be, const TensorView& x, const TensorView& out) const {
+    if (!fp8()) {
+        GemmParams p;
+        p.beta = 1.0f;
+        be.gemm(p, x, w, b, out);
+        return;
+    }
+    ArenaScope scope(be.workspace());
+    const TensorView y = be.scratch(out.shape, out.dtype);
+    forward(be, x, y);
+    be.add(out, y, out);
+}
+
 size_t Linear::fp8_workspace_bytes(int64_t rows) const {
     if (!fp8()) return 0;
     const auto aligned = [](size_t n) { return (n + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };

@@ -29,6 +29,13 @@ struct Linear {
     /// the workspace, then Backend::gemm_fp8 applies both scales and the bias.
     void forward(Backend& be, const TensorView& x, const TensorView& out) const;
 
+    /// out = gelu_tanh(x · wᵀ + b) through Backend::gemm_gelu (the bias and the GELU in the GEMM's epilogue where the
+    /// backend fuses them; fast numerics' FFN). FP8: forward(), then Backend::activation. out contiguous.
+    void forward_gelu(Backend& be, const TensorView& x, const TensorView& out) const;
+    /// out += x · wᵀ + b: the GEMM accumulates into out (beta = 1: one rounding of the sum; fast numerics' residual
+    /// adds). FP8: forward() into the workspace, then Backend::add.
+    void forward_accumulate(Backend& be, const TensorView& x, const TensorView& out) const;
+
     bool fp8() const { return scale.defined(); }
     /// Workspace forward() takes for `rows` input rows (the quantized activations and their scales; 0 unless FP8).
     size_t fp8_workspace_bytes(int64_t rows) const;

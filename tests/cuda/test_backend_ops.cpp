@@ -572,6 +572,52 @@ Stats run_rms_norm_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t spl
     return h.compare(out, ref);
 }
 
+Stats run_gated_residual_norm(Harness& h, int64_t L, int64_t C, int64_t split, bool gate, bool affine, bool mod) {
+    const int64_t G = split < L ? 2 : 1;
+    Tensor x = h.input({L, C}, -2.f, 2.f), y = h.input({L, C});
+    Tensor w = affine ? h.input({C}) : Tensor(), b = affine ? h.input({C}) : Tensor();
+    Tensor m = h.input({G, 6, C}, -0.5f, 0.5f);
+    const TensorView xd = h.dev(x), yd = h.dev(y), md = h.dev(m);
+    const FusedRowParams p{1e-6f, split};
+    Tensor ref = Harness::cpu_out({L, C});
+    cpu().gated_residual_norm(p, x, y, gate ? group_vecs(m, 2) : TensorView{}, affine ? w.view() : TensorView{},
+                              affine ? b.view() : TensorView{}, mod ? group_vecs(m, 1) : TensorView{},
+                              mod ? group_vecs(m, 0) : TensorView{}, ref);
+    const TensorView out = h.dev_out({L, C});
+    gpu().gated_residual_norm(p, xd, yd, gate ? group_vecs(md, 2) : TensorView{}, affine ? h.dev(w) : TensorView{},
+                              affine ? h.dev(b) : TensorView{}, mod ? group_vecs(md, 1) : TensorView{},
+                              mod ? group_vecs(md, 0) : TensorView{}, out);
+    // both outputs: the updated residual x and the norm of it
+    Stats a = h.compare(xd, x), n = h.compare(out, ref);
+    a.bad += n.bad, a.n += n.n, a.max_abs = std::max(a.max_abs, n.max_abs), a.max_rel = std::max(a.max_rel, n.max_rel);
+    return a;
+}
+
+struct GemmGeluSpec {
+    int64_t M, N, K;
+    bool bias = true;
+    DType bias_dtype = DType::F32;  // used when the case dtype is bf16
+    bool fallback = false;          // dzr's plain kernel, then the GELU kernel
+    bool expect_fused = false;      // the GELU must have run in cuBLASLt's epilogue
+};
+
+Stats run_gemm_gelu(Harness& h, const GemmGeluSpec& g) {
+    const DType bias_dt = h.dt() == DType::BF16 ? g.bias_dtype : DType::F32;
+    Tensor a = h.input({g.M, g.K}), w = h.input({g.N, g.K}, -0.3f, 0.3f);
+    Tensor bias = g.bias ? h.input_as({g.N}, bias_dt) : Tensor();
+    Tensor ref = Harness::cpu_out({g.M, g.N});
+    cpu().gemm_gelu(GemmParams{}, a, w, g.bias ? bias.view() : TensorView{}, ref);
+    const TensorView out = h.dev_out({g.M, g.N});
+    gpu().set_fallback_only(g.fallback);
+    gpu().gemm_gelu(GemmParams{}, h.dev(a), h.dev(w), g.bias ? h.dev(bias, bias_dt) : TensorView{}, out);
+    gpu().set_fallback_only(false);
+    if (g.expect_fused) CHECK(gpu().last_gemm_gelu_fused());
+    if (g.fallback) CHECK_FALSE(gpu().last_gemm_gelu_fused());
+    // NOTE: cuBLASLt's epilogue may evaluate tanh with the hardware approximation (relative error ~5e-4), so an f32
+    // output is held to 1e-3, not f32's 1e-5; bf16 keeps its 1e-2
+    return h.compare(out, ref, std::max(h.rtol(), 1e-3));
+}
+
 /// FP8 operands on both sides: random rows (rounded to the case dtype) quantized by the CPU (core/fp8.h), the codes
 /// and scales uploaded unchanged.
 struct Fp8Operand {
@@ -1059,10 +1105,32 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_gated_residual(h, 13, 20, INT64_MAX, false); });
         add_big("gated_residual", "DreamZero [1785, 5120] gated, split 1760", dt,
                 [](Harness& h) { return run_gated_residual(h, 1785, 5120, 1760, true); });
+        add("gated_residual_norm", "[37, 40] gated, modulated, split 30", dt,
+            [](Harness& h) { return run_gated_residual_norm(h, 37, 40, 30, true, false, true); });
+        add("gated_residual_norm", "[11, 4104] no gate, affine, split 0", dt,
+            [](Harness& h) { return run_gated_residual_norm(h, 11, 4104, 0, false, true, false); });
+        add("gated_residual_norm", "[9, 44] gated, affine and modulated (scalar path)", dt,
+            [](Harness& h) { return run_gated_residual_norm(h, 9, 44, 5, true, true, true); });
+        add_big("gated_residual_norm", "DreamZero [1785, 5120] gated + affine (norm3), split 1760", dt,
+                [](Harness& h) { return run_gated_residual_norm(h, 1785, 5120, 1760, true, true, false); });
+        add("gemm_gelu", "M64 N96 K80 + bias (GELU_BIAS epilogue)", dt,
+            [](Harness& h) { return run_gemm_gelu(h, {64, 96, 80, true, h.dt(), false, h.dt() == DType::BF16}); });
+        add("gemm_gelu", "M33 N40 K24 no bias (GELU epilogue)", dt,
+            [](Harness& h) { return run_gemm_gelu(h, {33, 40, 24, false}); });
+        add("gemm_gelu", "M20 N24 K16 + bias, plain kernel then the GELU kernel", dt,
+            [](Harness& h) { return run_gemm_gelu(h, {20, 24, 16, true, DType::F32, true}); });
+        if (dt == DType::BF16)
+            add("gemm_gelu", "M31 N48 K40 f32 bias on bf16 out (not fusable: GEMM, bias, then GELU)", dt,
+                [](Harness& h) { return run_gemm_gelu(h, {31, 48, 40, true, DType::F32}); });
+        if (dt == DType::BF16)
+            add_big("gemm_gelu", "DreamZero FFN up M1785 N13824 K5120 + bias", dt,
+                    [](Harness& h) { return run_gemm_gelu(h, {1785, 13824, 5120, true, DType::BF16, false, true}); });
         add("rms_norm_rope", "[30, 2, 16] split 22, (cos, sin) tables", dt,
             [](Harness& h) { return run_rms_norm_rope(h, 30, 2, 16, 22, 8, 2); });
         add("rms_norm_rope", "[25, 3, 64] one table, double-float entries, partial 24 pairs", dt,
             [](Harness& h) { return run_rms_norm_rope(h, 25, 3, 64, INT64_MAX, 24, 4); });
+        add("rms_norm_rope", "[21, 5, 48] split 13, double-float entries (head_dim not dividing 256)", dt,
+            [](Harness& h) { return run_rms_norm_rope(h, 21, 5, 48, 13, 24, 4); });
         add("rms_norm_rope", "[9, 3, 10] no table (scalar path)", dt,
             [](Harness& h) { return run_rms_norm_rope(h, 9, 3, 10, INT64_MAX, 0, 2); });
         add_big("rms_norm_rope", "DreamZero [1785, 40, 128] split 1760, 64 pairs", dt,
@@ -1134,8 +1202,8 @@ TEST_CASE("every backend op has at least one parity case") {
                                             "rms_norm", "l2_norm", "softmax", "reduce",     "rope",       "attention",
                                             "conv3d",  "paged_attention", "scatter_kv", "resize_bicubic",
                                             "sin_cos_table", "count_nonfinite", "ada_layer_norm",
-                                            "gated_residual", "rms_norm_rope", "quantize_fp8", "dequantize_fp8",
-                                            "gemm_fp8"};
+                                            "gated_residual", "rms_norm_rope", "gated_residual_norm", "gemm_gelu",
+                                            "quantize_fp8", "dequantize_fp8", "gemm_fp8"};
     CHECK(declared == expected);
     std::set<std::string> covered;
     for (const OpCase& c : make_cases()) covered.insert(c.op);
@@ -1230,6 +1298,48 @@ TEST_CASE("a conv3d planned through conv3d_workspace_bytes runs its unlimited en
     CHECK(differ == 0);
     // the CPU backend has no library workspace
     CHECK(cpu().conv3d_workspace_bytes(p, xh, wh, xh) == 0);
+}
+
+TEST_CASE("cuBLASLt's GELU epilogue is the tanh GELU of the DiT's FFN, not the erf one") {
+    // bf16 operands, pre-activations over about [-4, 4], where the two GELUs differ by up to 4.7e-4 (rms 2e-4). The
+    // epilogue's result must lie closer to the tanh form than to the erf form: with an f32 output and bias (no output
+    // rounding), or, where cuBLASLt has no such epilogue, the DiT's bf16 output (its rounding noise is uncorrelated
+    // with the difference of the two forms, which the 32768 outputs resolve).
+    const int64_t M = 256, N = 128, K = 16;
+    std::mt19937_64 rng(base_seed() ^ 0x9e1u);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    Tensor a = Tensor::host({M, K}, DType::F32), w = Tensor::host({N, K}, DType::F32), b = Tensor::host({N}, DType::F32);
+    for (Tensor* t : {&a, &w, &b})
+        for (int64_t i = 0; i < t->numel(); ++i) t->ptr<float>()[i] = round_to(DType::BF16, dist(rng));
+    Tensor pre = Tensor::host({M, N}, DType::F32);
+    cpu().gemm(GemmParams{}, a, w, b, pre);
+    Tensor ad = gpu().alloc({M, K}, DType::BF16), wd = gpu().alloc({N, K}, DType::BF16);
+    gpu().upload(a, ad);
+    gpu().upload(w, wd);
+    bool fused = false;
+    double e_tanh = 0, e_erf = 0;
+    for (DType out_dt : {DType::F32, DType::BF16}) {
+        Tensor bd = gpu().alloc({N}, out_dt), od = gpu().alloc({M, N}, out_dt);
+        gpu().upload(b, bd);
+        gpu().gemm_gelu(GemmParams{}, ad, wd, bd, od);
+        fused = gpu().last_gemm_gelu_fused();
+        Tensor got = Tensor::host({M, N}, DType::F32);
+        gpu().download(od, got);
+        e_tanh = e_erf = 0;
+        for (int64_t i = 0; i < M * N; ++i) {
+            const double v = pre.ptr<float>()[i], g = got.ptr<float>()[i];
+            const double t = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+            const double e = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+            e_tanh += (g - t) * (g - t), e_erf += (g - e) * (g - e);
+        }
+        e_tanh = std::sqrt(e_tanh / double(M * N)), e_erf = std::sqrt(e_erf / double(M * N));
+        std::printf("gemm_gelu bf16 -> %s (%s): rms error vs tanh GELU %.3e, vs erf GELU %.3e\n",
+                    std::string(dtype_name(out_dt)).c_str(), fused ? "cuBLASLt epilogue" : "separate GELU kernel",
+                    e_tanh, e_erf);
+        if (fused) break;
+    }
+    CHECK(fused);
+    CHECK(e_tanh < e_erf);
 }
 
 TEST_CASE("cuda backend rejects mismatched operands with a dzr::Error") {

@@ -86,3 +86,36 @@ TEST_CASE("the profiler counts ops per nested region and per op key, and reset d
     CHECK(keys == std::set<std::string>{"mul f32[4,8] f32[4,8]", "scale f32[4,8]"});
     CHECK(p.table().find("denoise.forward") != std::string::npos);
 }
+
+TEST_CASE("kernel gaps are per region instance, so interleaved regions do not count each other's kernels as idle") {
+    // Two CFG branches' forwards interleaved step by step on one stream (times in ns): cond [0, 10), uncond [10, 30),
+    // cond [30, 40) with a 5 ns idle gap inside it, uncond [45, 60). Region-wide spans would call uncond's 20 ns
+    // inside cond's span idle; per instance, the only idle time is the 5 ns gap and the 5 ns between instances
+    // belongs to no instance.
+    const int cond = 0, uncond = 1;
+    std::vector<TracedKernel> k = {
+        {0, 4, cond, 0, 1, true},      {4, 10, cond, 0, 2, true},      {10, 30, uncond, 1, 3, true},
+        {30, 33, cond, 2, 4, true},    {38, 40, cond, 2, 5, true},     {45, 50, uncond, 3, 6, true},
+        {50, 60, uncond, 3, 6, false},  // a second kernel of launch 6 (a graph): one launch
+    };
+    const std::map<int, KernelStats> s = kernel_stats(k);
+    REQUIRE(s.size() == 2);
+    const KernelStats& c = s.at(cond);
+    CHECK(c.instances == 2);
+    CHECK(c.kernels == 4);
+    CHECK(c.launches == 4);
+    CHECK(c.span_ms == doctest::Approx((10 + 10) * 1e-6));
+    CHECK(c.busy_ms == doctest::Approx((10 + 5) * 1e-6));
+    CHECK(c.gap_ms == doctest::Approx(5e-6));
+    const KernelStats& u = s.at(uncond);
+    CHECK(u.instances == 2);
+    CHECK(u.kernels == 3);
+    CHECK(u.launches == 2);
+    CHECK(u.span_ms == doctest::Approx((20 + 15) * 1e-6));
+    CHECK(u.gap_ms == doctest::Approx(0.0));
+    // a parent instance's span covers its children's kernels: their time is busy, not idle
+    const std::map<int, KernelStats> nested =
+        kernel_stats({{0, 10, 2, 7, 1, true}, {10, 20, 3, 8, 2, true}, {20, 25, 2, 7, 3, true}});
+    CHECK(nested.at(2).span_ms == doctest::Approx(25e-6));
+    CHECK(nested.at(2).gap_ms == doctest::Approx(0.0));
+}

@@ -634,6 +634,37 @@ void CudaBackend::gated_residual(const FusedRowParams& p, const TensorView& x, c
     DZR_CUDA_CHECK(kernels::gated_residual(x.data, y.data, x.dtype, L, C, g, p.split, stream_));
 }
 
+void CudaBackend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                      const TensorView& gate, const TensorView& weight, const TensorView& bias,
+                                      const TensorView& scale, const TensorView& shift, const TensorView& out) {
+    check_device_tensor(x, "gated_residual_norm", "x");
+    check_device_tensor(y, "gated_residual_norm", "y");
+    check_device_tensor(out, "gated_residual_norm", "out");
+    DZR_CHECK(x.is_contiguous() && y.is_contiguous() && x.shape == y.shape && x.dtype == y.dtype,
+              "cuda backend: gated_residual_norm needs contiguous x and y of one shape and dtype: {} {}", x.str(),
+              y.str());
+    unary_checks(x, out, "gated_residual_norm");
+    const int64_t C = x.cols(), L = x.rows();
+    check_param(weight, C, "gated_residual_norm", "weight");
+    check_param(bias, C, "gated_residual_norm", "bias");
+    DZR_CHECK(!weight.defined() || !bias.defined() || weight.dtype == bias.dtype,
+              "cuda backend: gated_residual_norm weight and bias must share a dtype");
+    const int64_t G = groups_of(p.split, L);
+    kernels::GatedResidualNormArgs a;
+    a.x = x.data, a.y = y.data, a.t = x.dtype;
+    a.gate = group_vec(gate, C, G, "gated_residual_norm", "gate");
+    a.out = out.data, a.to = out.dtype;
+    a.rows = L, a.cols = C, a.eps = p.eps;
+    a.weight = weight.defined() ? weight.data : nullptr;
+    a.bias = bias.defined() ? bias.data : nullptr;
+    a.tparam = weight.defined() ? weight.dtype : bias.dtype;
+    a.scale = group_vec(scale, C, G, "gated_residual_norm", "scale");
+    a.shift = group_vec(shift, C, G, "gated_residual_norm", "shift");
+    a.split = p.split;
+    DeviceGuard guard(index_);
+    DZR_CUDA_CHECK(kernels::gated_residual_norm(a, stream_));
+}
+
 void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
                                 const TensorView& table_a, const TensorView& table_b, const TensorView& out) {
     check_device_tensor(x, "rms_norm_rope", "x");

@@ -166,6 +166,11 @@ public:
     void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override;
     void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq, const TensorView& w_scales,
                   const TensorView& bias, const TensorView& out) override;
+    void gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y, const TensorView& gate,
+                             const TensorView& weight, const TensorView& bias, const TensorView& scale,
+                             const TensorView& shift, const TensorView& out) override;
+    void gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                   const TensorView& out) override;
 
     void set_cuda_options(const CudaBackendOptions& o) override;
     CudaBackendOptions cuda_options() const override { return options_; }
@@ -185,6 +190,8 @@ public:
     void set_fallback_only(bool on) { options_.fallback_only = on; }
     /// True when the last gemm_fp8 ran through cuBLASLt (false: the plain FP8 kernel).
     bool last_fp8_gemm_used_cublaslt() const { return last_fp8_gemm_lt_; }
+    /// True when the last gemm_gelu ran its GELU in cuBLASLt's epilogue (false: the GEMM, then the GELU kernel).
+    bool last_gemm_gelu_fused() const { return last_gemm_gelu_fused_; }
 
     /// The stream all of this backend's work is queued on (for the tests' raw CUDA calls).
     cudaStream_t cuda_stream() const { return stream_; }
@@ -192,7 +199,13 @@ public:
 
 private:
     void run_gemm(const cuda_detail::GemmCall& call);
-    cuda_detail::GemmPlan& gemm_plan(const cuda_detail::GemmCall& call);
+    /// The plan of a GEMM; gelu: with cuBLASLt's GELU (GELU_BIAS with a bias of the output's dtype) epilogue.
+    cuda_detail::GemmPlan& gemm_plan(const cuda_detail::GemmCall& call, bool gelu = false);
+    /// gemm's operand checks and its call description.
+    cuda_detail::GemmCall make_gemm_call(const GemmParams& p, const TensorView& a, const TensorView& b,
+                                         const TensorView& bias, const TensorView& out) const;
+    /// gemm_gelu's GEMM: cuBLASLt with the GELU epilogue where it has an algorithm, else run_gemm then the GELU kernel.
+    void run_gemm_gelu(const cuda_detail::GemmCall& call);
     cuda_detail::ConvPlan& conv_plan(const std::string& key, DType dtype, int nd, const int64_t x_dims[5],
                                      const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
                                      const int stride[3], bool nhwc, size_t ws_limit);
@@ -242,6 +255,7 @@ private:
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
     bool last_fp8_gemm_lt_ = false;
+    bool last_gemm_gelu_fused_ = false;
 };
 
 }  // namespace dzr

@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_internal.h"
 #include "core/log.h"
+#include "kernels/activation.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/gemm_fallback.cuh"
 #include "kernels/softmax.cuh"
@@ -65,7 +66,7 @@ int64_t align_c(const GemmCall& c, LtAlignment r = LtAlignment::Dzr) {
                                    : operand_alignment(c.out, c.ldc, c.stride_c, c.batch, c.out_dtype);
 }
 
-GemmKey gemm_key(const GemmCall& c, LtAlignment r) {
+GemmKey gemm_key(const GemmCall& c, LtAlignment r, bool gelu) {
     return {int64_t(c.ab_dtype),
             int64_t(c.out_dtype),
             c.trans_a,
@@ -87,7 +88,7 @@ GemmKey gemm_key(const GemmCall& c, LtAlignment r) {
             int64_t(c.bias_dtype),
             c.bias ? pointer_alignment(c.bias) : 0,
             c.beta != 0.f,
-            0,
+            gelu ? 1 : 0,
             0,
             0};
 }
@@ -111,9 +112,9 @@ cublasLtMatrixLayout_t make_layout(DType t, int64_t rows_rm, int64_t cols_rm, in
 
 }  // namespace
 
-GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
+GemmPlan& CudaBackend::gemm_plan(const GemmCall& c, bool gelu) {
     const LtAlignment rule = options_.lt_alignment;
-    const GemmKey key = gemm_key(c, rule);
+    const GemmKey key = gemm_key(c, rule, gelu);
     auto it = gemm_plans_.find(key);
     if (it != gemm_plans_.end()) return *it->second;
 
@@ -124,10 +125,15 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
     const cublasOperation_t op_b = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    if (plan->bias_in_epilogue) {
-        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        const int32_t bias_type = cuda_type(c.bias_dtype);
+    if (plan->bias_in_epilogue || gelu) {
+        // NOTE: cuBLASLt's GELU is the tanh form (Activation::GeluTanh), applied after the bias
+        const cublasLtEpilogue_t epi = !gelu                  ? CUBLASLT_EPILOGUE_BIAS
+                                       : plan->bias_in_epilogue ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                                                : CUBLASLT_EPILOGUE_GELU;
         DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    }
+    if (plan->bias_in_epilogue) {
+        const int32_t bias_type = cuda_type(c.bias_dtype);
         DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                         sizeof(bias_type)));
         // The heuristic reads the bias pointer's alignment (its value, not its contents).
@@ -168,10 +174,12 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c) {
     if (plan->has_algo) {
         plan->algo = result.algo;
     } else {
-        log()->warn("cuBLASLt has no algorithm for gemm {} x {} x {} (batch {}, {} -> {}, lda {} ldb {} ldc {}): {}; "
-                    "using the plain kernel",
-                    c.M, c.N, c.K, c.batch, dtype_name(c.ab_dtype), dtype_name(c.out_dtype), c.lda, c.ldb, c.ldc,
-                    st == CUBLAS_STATUS_SUCCESS ? "no result" : cublasLtGetStatusString(st));
+        log()->warn("cuBLASLt has no algorithm for gemm{} {} x {} x {} (batch {}, {} -> {}, lda {} ldb {} ldc {}): {}; "
+                    "{}",
+                    gelu ? " with the GELU epilogue" : "", c.M, c.N, c.K, c.batch, dtype_name(c.ab_dtype),
+                    dtype_name(c.out_dtype), c.lda, c.ldb, c.ldc,
+                    st == CUBLAS_STATUS_SUCCESS ? "no result" : cublasLtGetStatusString(st),
+                    gelu ? "running the GEMM, then the GELU kernel" : "using the plain kernel");
     }
     return *gemm_plans_.emplace(key, std::move(plan)).first->second;
 }
@@ -272,8 +280,8 @@ void CudaBackend::run_gemm(const GemmCall& c) {
                                               c.bias, c.bias_dtype, stream_));
 }
 
-void CudaBackend::gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-                       const TensorView& out) {
+GemmCall CudaBackend::make_gemm_call(const GemmParams& p, const TensorView& a, const TensorView& b,
+                                     const TensorView& bias, const TensorView& out) const {
     check_device_tensor(a, "gemm", "a");
     check_device_tensor(b, "gemm", "b");
     check_device_tensor(out, "gemm", "out");
@@ -317,8 +325,45 @@ void CudaBackend::gemm(const GemmParams& p, const TensorView& a, const TensorVie
     c.beta = p.beta;
     c.bias = bias.defined() ? bias.data : nullptr;
     c.bias_dtype = bias.dtype;
+    return c;
+}
+
+void CudaBackend::gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                       const TensorView& out) {
+    const GemmCall c = make_gemm_call(p, a, b, bias, out);
     DeviceGuard guard(index_);
     run_gemm(c);
+}
+
+void CudaBackend::run_gemm_gelu(const GemmCall& c) {
+    // NOTE: a bias of another dtype than the output is added by a separate kernel, after the epilogue: not fusable
+    const bool fusable = !options_.fallback_only && c.M > 0 && c.N > 0 && c.K > 0 && c.batch > 0 &&
+                         (!c.bias || c.bias_dtype == c.out_dtype);
+    if (fusable) {
+        GemmPlan& plan = gemm_plan(c, true);
+        if (plan.has_algo) {
+            if (plan.bias_in_epilogue)
+                DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
+                                                                sizeof(c.bias)));
+            DZR_CUBLAS_CHECK(cublasLtMatmul(cublas_, plan.desc, &c.alpha, c.b, plan.layout_a, c.a, plan.layout_b,
+                                            &c.beta, c.out, plan.layout_c, c.out, plan.layout_c, &plan.algo,
+                                            cublas_workspace_, options_.lt_workspace_bytes, stream_));
+            last_gemm_gelu_fused_ = true;
+            return;
+        }
+    }
+    last_gemm_gelu_fused_ = false;
+    run_gemm(c);
+    DZR_CUDA_CHECK(kernels::activation(kernels::ActKind::GeluTanh, c.out, c.out_dtype, c.out, c.out_dtype,
+                                       c.batch * c.M * c.N, stream_));
+}
+
+void CudaBackend::gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                            const TensorView& out) {
+    const GemmCall c = make_gemm_call(p, a, b, bias, out);
+    DZR_CHECK(out.is_contiguous(), "cuda backend: gemm_gelu needs a contiguous output, got {}", out.str());
+    DeviceGuard guard(index_);
+    run_gemm_gelu(c);
 }
 
 void CudaBackend::attention_gemm(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,

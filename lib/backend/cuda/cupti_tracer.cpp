@@ -27,13 +27,19 @@ struct Interval {
     uint32_t correlation;
 };
 
+/// A region instance (Profiler::push_region's).
+struct RegionInstance {
+    int region = -1;
+    int64_t instance = -1;
+};
+
 /// The state CUPTI's C callbacks reach (one tracer at a time).
 struct TraceState {
     std::mutex mu;
     std::vector<Interval> records;
-    std::unordered_map<uint32_t, int> region_of;        // correlation id -> region
+    std::unordered_map<uint32_t, RegionInstance> region_of;  // correlation id -> region instance
     std::unordered_map<uint32_t, bool> counted_launch;  // correlation id -> issued by a launch-like API call
-    int region = -1;
+    RegionInstance region;
     std::atomic<bool> active{false};
 };
 TraceState* g_state = nullptr;
@@ -117,15 +123,15 @@ public:
         g_state = nullptr;
     }
 
-    void set_region(int id) override {
+    void set_region(int id, int64_t instance) override {
         std::lock_guard<std::mutex> lock(state_.mu);
-        state_.region = id;
+        state_.region = {id, instance};
     }
 
     std::map<int, KernelStats> collect() override {
         cuptiActivityFlushAll(1);
         std::vector<Interval> recs;
-        std::unordered_map<uint32_t, int> region_of;
+        std::unordered_map<uint32_t, RegionInstance> region_of;
         std::unordered_map<uint32_t, bool> counted;
         {
             std::lock_guard<std::mutex> lock(state_.mu);
@@ -133,38 +139,14 @@ public:
             region_of.swap(state_.region_of);
             counted.swap(state_.counted_launch);
         }
-        std::map<int, std::vector<Interval>> by_region;
+        std::vector<TracedKernel> kernels;
+        kernels.reserve(recs.size());
         for (const Interval& r : recs) {
             const auto it = region_of.find(r.correlation);
-            by_region[it == region_of.end() ? -1 : it->second].push_back(r);
+            const RegionInstance ri = it == region_of.end() ? RegionInstance{} : it->second;
+            kernels.push_back({r.start, r.end, ri.region, ri.instance, r.correlation, counted.count(r.correlation) > 0});
         }
-        std::map<int, KernelStats> out;
-        for (auto& [region, v] : by_region) {
-            std::sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
-            KernelStats s;
-            s.kernels = int64_t(v.size());
-            std::unordered_map<uint32_t, bool> launches;
-            uint64_t busy = 0, cur_start = v.front().start, cur_end = v.front().end, last_end = 0;
-            for (const Interval& r : v) {
-                s.kernel_ms += double(r.end - r.start) * 1e-6;
-                if (counted.count(r.correlation)) launches[r.correlation] = true;
-                if (r.start > cur_end) {
-                    busy += cur_end - cur_start;
-                    cur_start = r.start;
-                    cur_end = r.end;
-                } else {
-                    cur_end = std::max(cur_end, r.end);
-                }
-                last_end = std::max(last_end, r.end);
-            }
-            busy += cur_end - cur_start;
-            s.launches = int64_t(launches.size());
-            s.busy_ms = double(busy) * 1e-6;
-            s.span_ms = double(last_end - v.front().start) * 1e-6;
-            s.gap_ms = s.span_ms - s.busy_ms;
-            out[region] = s;
-        }
-        return out;
+        return kernel_stats(std::move(kernels));
     }
 
 private:
