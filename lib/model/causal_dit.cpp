@@ -525,17 +525,19 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         cache.attend(be, li, q, k, v3, Lv, attn_scale, attn);
         w.o.forward(be, attn.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
         trace("self_attn", y);
-        if (fast)  // the residual add and the cross-attention's norm3 in one pass: h = norm3(x + gate · y)
-            be.gated_residual_norm(rows, s.x, y, mod_vecs(mod, kGateSa), w.norm3.w, w.norm3.b, {}, {}, h);
-        else
-            gated_residual(y, kGateSa);
+        // NOTE: not Backend::gated_residual_norm (the add and norm3 in one pass): on the H200 it measured slower
+        // than the two ops (`dzr bench fused`: 53.9 us against 45.7 us at [1785, 5120], docs/PERF.md)
+        gated_residual(y, kGateSa);
     }
     trace("x_self", s.x);
     if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
 
     {  // cross-attention: separate softmaxes over text and image keys, summed, then o
         ArenaScope tmp(be.workspace());
-        if (!fast) w.norm3.forward(be, s.x, h);  // fast: h = norm3(x) came with the residual add above
+        if (fast)
+            be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
+        else
+            w.norm3.forward(be, s.x, h);
         const TensorView raw = be.scratch(Shape{L, C});
         const TensorView q = be.scratch(Shape{L, C});
         w.cross_q.forward(be, h, raw);  // [L, C] -> [L, C]

@@ -670,10 +670,12 @@ Stats run_gemm_fp8(Harness& h, int64_t M, int64_t N, int64_t K, bool bias, bool 
     gpu().set_fallback_only(fallback);
     gpu().gemm_fp8(x.q_dev, x.s_dev, w.q_dev, w.s_dev, bias ? h.dev(b) : TensorView{}, od);
     gpu().set_fallback_only(false);
-    // NOTE: the same exact E4M3 products summed in f32 in another order, then rounded to the output dtype: bf16's
-    // tolerance; an f32 output keeps a looser one too (cuBLASLt's FP8 tensor cores promote partial sums to f32 in
-    // blocks)
-    return h.compare(od, ref, h.dt() == DType::F32 ? 1e-4 : h.rtol());
+    // NOTE: the same exact E4M3 products summed in another order, then rounded to the output dtype: bf16's
+    // tolerance. An f32 output cannot be held to f32's 1e-5 once cuBLASLt runs it: Hopper's FP8 tensor cores add
+    // their products with a narrower accumulator (about 14 bits) before each promotion to f32, so the sums differ
+    // from f32 ones by about 2^-13 relative (measured on the H200: max rel 6.8e-4 at M64 N96 K128 and 6.3e-4 at
+    // 1785 x 5120 x 5120; dzr's plain kernel, which sums in f32, stays at 0)
+    return h.compare(od, ref, h.dt() == DType::F32 ? 2e-3 : h.rtol());
 }
 
 std::string shape_name(std::initializer_list<int64_t> dims) { return Shape(dims).str(); }
