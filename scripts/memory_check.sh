@@ -51,6 +51,11 @@ if not isinstance(measured, int) or not isinstance(planned, int):
 gib = 1 << 30
 print(f"{sys.argv[2]}: measured peak {measured:,} B ({measured / gib:.2f} GiB), "
       f"plan {planned:,} B ({planned / gib:.2f} GiB), plan - measured {(planned - measured) / gib:+.2f} GiB")
+phases = {p["key"]: p["bytes"] for p in j.get("memory_plan", {}).get("phases", []) if "key" in p and "bytes" in p}
+for key, label in (("gpu_memory_after_load_bytes", "after the load"), ("gpu_memory_after_warmup_bytes", "after the warm-up")):
+    if isinstance(j.get(key), int):
+        print(f"  in use {label}: {j[key] / gib:.2f} GiB; planned phases: "
+              + ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in phases.items()))
 sys.exit(0 if measured <= planned else 1)
 EOF
 }

@@ -104,9 +104,11 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
             r.peak_memory_bytes = std::max(r.peak_memory_bytes.value_or(0), *m);
     };
     sample_memory();
+    r.memory_after_load_bytes = engine.device_memory_in_use();
     r.warmup_ms = run_warmup(engine, *session, r.warmup_calls);
     r.warmup_graphs = session->graph_stats();
     sample_memory();
+    r.memory_after_warmup_bytes = engine.device_memory_in_use();
     engine.reset_profiles();
     for (int c = 0; c < o.calls; ++c) {
         Frames f(c == 0 ? 1 : 4, c);
@@ -135,6 +137,9 @@ nlohmann::ordered_json BenchRolloutResult::to_json() const {
     j["warmup"] = {{"calls", warmup_calls}, {"ms", warmup_ms}};
     j["peak_gpu_memory_bytes"] = peak_memory_bytes ? nlohmann::ordered_json(*peak_memory_bytes) : nullptr;
     j["planned_peak_gpu_memory_bytes"] = planned_peak_bytes ? nlohmann::ordered_json(*planned_peak_bytes) : nullptr;
+    const auto opt_json = [](const std::optional<int64_t>& v) { return v ? nlohmann::ordered_json(*v) : nullptr; };
+    j["gpu_memory_after_load_bytes"] = opt_json(memory_after_load_bytes);
+    j["gpu_memory_after_warmup_bytes"] = opt_json(memory_after_warmup_bytes);
     j["memory_plan"] = memory_plan;
     j["cuda_graphs"] = {{"used", graphs.enabled && graphs.captured > 0},
                         {"enabled", graphs.enabled},

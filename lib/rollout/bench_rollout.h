@@ -36,6 +36,8 @@ struct BenchRolloutResult {
     double weights_ms = 0, load_ms = 0, warmup_ms = 0;
     int warmup_calls = 0;
     std::optional<int64_t> peak_memory_bytes;
+    /// Device memory in use (cudaMemGetInfo) after the load and after the warm-up: which phase exceeds its plan.
+    std::optional<int64_t> memory_after_load_bytes, memory_after_warmup_bytes;
     /// The memory plan (one device; policy/memory_plan.h): its peak and its JSON.
     std::optional<int64_t> planned_peak_bytes;
     nlohmann::ordered_json memory_plan;
