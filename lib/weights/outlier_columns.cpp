@@ -17,12 +17,13 @@ bool takes_outlier_columns(const ExpectedWeight& w) {
 }
 
 std::vector<int64_t> outlier_columns(uint64_t seed, std::string_view key, int64_t in_features, int count) {
-    DZR_CHECK(count >= 0 && count < in_features, "outlier columns: weight {} has {} input columns, cannot choose {}",
-              key, in_features, count);
+    DZR_CHECK(count >= 0 && count < in_features,
+              "outlier columns: weight {} has {} input columns, cannot choose {}", key, in_features, count);
     WeightRng rng(seed, std::string(key) + "#outlier_columns");
     std::vector<int64_t> cols;
     cols.reserve(size_t(count));
-    // NOTE: rejection of repeats; count is a few columns of thousands, so this draws little more than count values
+    // NOTE: rejection of repeats; count is a few columns of thousands, so this draws little more than count
+    // values
     while (int(cols.size()) < count) {
         const int64_t c = int64_t(rng.next_u64() % uint64_t(in_features));
         if (std::find(cols.begin(), cols.end(), c) == cols.end()) cols.push_back(c);
@@ -38,8 +39,8 @@ void apply_outlier_columns(const ExpectedWeight& w, uint64_t seed, const Outlier
               "outlier columns: weight {} is {}, expected f32, bf16 or f16", w.key, dtype_name(dtype));
     const int64_t rows = w.shape[0], in = w.shape[1];
     const size_t es = dtype_size(dtype);
-    DZR_CHECK(bytes.size() == size_t(rows * in) * es, "outlier columns: weight {} has {} bytes, expected {}", w.key,
-              bytes.size(), size_t(rows * in) * es);
+    DZR_CHECK(bytes.size() == size_t(rows * in) * es, "outlier columns: weight {} has {} bytes, expected {}",
+              w.key, bytes.size(), size_t(rows * in) * es);
     const std::vector<int64_t> cols = outlier_columns(seed, w.key, in, o.columns);
     for (int64_t r = 0; r < rows; ++r)
         for (const int64_t c : cols) {
@@ -61,13 +62,14 @@ void apply_outlier_columns(const ExpectedWeight& w, uint64_t seed, const Outlier
 
 size_t check_outlier_options(const std::vector<ExpectedWeight>& weights, const OutlierOptions& o) {
     DZR_CHECK(o.columns >= 0, "--outlier-columns must be at least 0, got {}", o.columns);
-    DZR_CHECK(std::isfinite(o.scale) && o.scale != 0.0f, "--outlier-scale must be finite and non-zero, got {}",
-              o.scale);
+    DZR_CHECK(std::isfinite(o.scale) && o.scale != 0.0f,
+              "--outlier-scale must be finite and non-zero, got {}", o.scale);
     size_t n = 0;
     for (const auto& w : weights) {
         if (!takes_outlier_columns(w)) continue;
-        DZR_CHECK(o.columns < w.shape[1], "--outlier-columns {}: weight {} has only {} input columns", o.columns,
-                  w.key, w.shape[1]);
+        DZR_CHECK(o.columns < w.shape[1],
+                  "--outlier-columns {}: weight {} has {} input columns (at most {} can be outliers)",
+                  o.columns, w.key, w.shape[1], w.shape[1] - 1);
         ++n;
     }
     return n;

@@ -1,7 +1,7 @@
-// `dzr parity run --precision fp8 --kv-dtype fp8` (tiny config, CPU with emulated E4M3, 2 calls: a reset and a
-// commit): each option reaches the engine (the dump records it and the actions move away from the plain run's, the
-// two options differently), the dump stays finite, and a bad value or FP8 KV with the dense cache fails the run with a
-// message naming the option, writing nothing.
+// `dzr parity run --precision fp8 --kv-dtype fp8` (tiny config, CPU with emulated E4M3, 2 calls: a reset and
+// a commit): each option reaches the engine (the dump records it and the actions move away from the plain
+// run's, the two options differently), the dump stays finite, and a bad value or FP8 KV with the dense cache
+// fails the run with a message naming the option, writing nothing.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -73,8 +73,8 @@ Fixture* fixture() {
         mo.seed = 3;
         mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
         write_random_checkpoint(config::load_run_config(config).model, mo, x->dir.path() / "ckpt");
-        const auto r = test::run_dzr("parity make-inputs --ckpt " + test::q(x->dir.path() / "ckpt") + " --out " +
-                                         test::q(x->dir.path() / "inputs") + " --calls 2",
+        const auto r = test::run_dzr("parity make-inputs --ckpt " + test::q(x->dir.path() / "ckpt") +
+                                         " --out " + test::q(x->dir.path() / "inputs") + " --calls 2",
                                      x->dir.path());
         REQUIRE_MESSAGE(r.code == 0, r.err);
         x->base = "parity run --device cpu --ckpt " + test::q(x->dir.path() / "ckpt") + " --inputs " +

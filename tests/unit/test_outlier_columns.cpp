@@ -1,7 +1,7 @@
-// `dzr ckpt make --outlier-columns N --outlier-scale S` (weights/outlier_columns.h): the chosen input columns of
-// every Linear weight that --precision fp8 quantizes are the default checkpoint's values times S exactly, every
-// other element and tensor keeps the default bytes, the columns are N distinct ones chosen by the seed, and bad
-// options fail before anything is written.
+// `dzr ckpt make --outlier-columns N --outlier-scale S` (weights/outlier_columns.h): the chosen input columns
+// of every Linear weight that --precision fp8 quantizes are the default checkpoint's values times S exactly,
+// every other element and tensor keeps the default bytes, the columns are N distinct ones chosen by the seed,
+// and bad options fail before anything is written.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -82,9 +82,10 @@ void check_against_default(DType dtype, int columns, float scale) {
                     differ += x != y;
                     wrong += y != scaled(x, scale, dtype);
                 } else {
-                    changed_elsewhere += std::memcmp(static_cast<const uint8_t*>(a.data) + i * int64_t(dtype_size(dtype)),
-                                                     static_cast<const uint8_t*>(b.data) + i * int64_t(dtype_size(dtype)),
-                                                     dtype_size(dtype)) != 0;
+                    changed_elsewhere +=
+                        std::memcmp(static_cast<const uint8_t*>(a.data) + i * int64_t(dtype_size(dtype)),
+                                    static_cast<const uint8_t*>(b.data) + i * int64_t(dtype_size(dtype)),
+                                    dtype_size(dtype)) != 0;
                 }
             }
         CHECK(wrong == 0);
@@ -124,7 +125,8 @@ TEST_CASE("outlier options that cannot apply are refused naming the option and t
     const std::vector<ExpectedWeight> weights = expected_weights(tiny_model());
     OutlierOptions o;
     o.columns = 100000;
-    CHECK_THROWS_WITH_AS(check_outlier_options(weights, o), doctest::Contains("--outlier-columns 100000"), Error);
+    CHECK_THROWS_WITH_AS(check_outlier_options(weights, o), doctest::Contains("--outlier-columns 100000"),
+                         Error);
     o.columns = 2;
     o.scale = 0.0f;
     CHECK_THROWS_WITH_AS(check_outlier_options(weights, o), doctest::Contains("--outlier-scale"), Error);
@@ -143,13 +145,15 @@ TEST_CASE("dzr ckpt make --outlier-columns writes the outlier checkpoint; withou
     const std::string cfg = test::q(test::source_dir() / "configs/tiny.yaml");
     // the library's default checkpoint and the CLI's agree byte for byte (the option off changes nothing)
     make(dir.path() / "lib", DType::BF16, 5, 0);
-    auto r = test::run_dzr("ckpt make --config " + cfg + " --seed 5 --out " + test::q(dir.path() / "cli"), dir.path());
+    auto r = test::run_dzr("ckpt make --config " + cfg + " --seed 5 --out " + test::q(dir.path() / "cli"),
+                           dir.path());
     REQUIRE_MESSAGE(r.code == 0, r.err);
     const auto lib = test::snapshot(dir.path() / "lib"), cli = test::snapshot(dir.path() / "cli");
     CHECK(lib == cli);
 
     make(dir.path() / "lib-outl", DType::BF16, 5, 4, 30.0f);
-    r = test::run_dzr("ckpt make --config " + cfg + " --seed 5 --outlier-columns 4 --outlier-scale 30 --out " +
+    r = test::run_dzr("ckpt make --config " + cfg +
+                          " --seed 5 --outlier-columns 4 --outlier-scale 30 --out " +
                           test::q(dir.path() / "cli-outl"),
                       dir.path());
     REQUIRE_MESSAGE(r.code == 0, r.err);
