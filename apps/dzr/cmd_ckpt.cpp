@@ -48,6 +48,8 @@ struct CkptOptions {
     bool hash = false;
     int threads = 0;
     std::string precision;  // quantize
+    int outlier_columns = 0;  // make
+    std::optional<float> outlier_scale;
 };
 
 std::vector<config::Override> overrides(const CkptOptions& o) {
@@ -298,7 +300,11 @@ int run_make(const CkptOptions& o) {
         bind_metadata(back, parse_embodiment_metadata(mo.metadata_json, "metadata.json").at(e.tag), "metadata.json");
         check_embodiment(back, rc.model);
     }
+    DZR_CHECK(o.outlier_columns > 0 || !o.outlier_scale, "ckpt make: --outlier-scale needs --outlier-columns N");
+    mo.outliers.columns = o.outlier_columns;
+    if (o.outlier_scale) mo.outliers.scale = *o.outlier_scale;
     const MakePlan plan = plan_random_checkpoint(rc.model, mo);
+    const size_t outlier_weights = check_outlier_options(plan.weights, mo.outliers);
 
     const std::string embodiment_note = o.embodiment.empty()
                                             ? std::string(", oxe_droid statistics, no conf.yaml")
@@ -320,6 +326,10 @@ int run_make(const CkptOptions& o) {
     fmt::print("{} shard{} of at most {}{}; {} of tensors\n", plan.shards.size(),
                plan.shards.size() == 1 ? "" : "s", format_bytes(mo.shard_size),
                plan.indexed() ? " + model.safetensors.index.json" : "", format_bytes(plan.total_bytes));
+    if (mo.outliers.enabled())
+        fmt::print("outliers: {} input column{} of each of {} FP8 Linear weight{} times {}\n", mo.outliers.columns,
+                   mo.outliers.columns == 1 ? "" : "s", outlier_weights, outlier_weights == 1 ? "" : "s",
+                   mo.outliers.scale);
     if (o.dry_run) return 0;
 
     DZR_CHECK(!o.out.empty(), "ckpt make: --out DIR is required (or use --dry-run)");
@@ -382,6 +392,11 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     make->add_option("--embodiment", opts->embodiment,
                      "Write experiment_cfg/conf.yaml and metadata.json of this built-in embodiment (oxe_droid, "
                      "agibot, yam)");
+    make->add_option("--outlier-columns", opts->outlier_columns,
+                     "Multiply this many input columns (chosen per weight from the seed) of every Linear weight that "
+                     "--precision fp8 quantizes by --outlier-scale (the FP8 gates, docs/PARITY.md; default 0: none)")
+        ->check(CLI::Range(0, 1 << 20));
+    make->add_option("--outlier-scale", opts->outlier_scale, "Factor of the outlier columns (default 30)");
     make->add_flag("--dry-run", opts->dry_run, "Print the inventory and sizes, write nothing");
     make->add_flag("--force", opts->force, "Allow writing more than 4 GiB");
     make->add_option("--threads", opts->threads, "Shards written at once (0: up to 8; the bytes never depend on it)")

@@ -157,6 +157,7 @@ MakePlan write_random_checkpoint(const ModelConfig& config, std::vector<Expected
                                  const MakeOptions& options,
                                  const fs::path& out_dir) {
     MakePlan plan = plan_random_checkpoint(std::move(weights), options);
+    check_outlier_options(plan.weights, options.outliers);
     std::error_code ec;
     if (fs::exists(out_dir, ec)) {
         DZR_CHECK(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec),
@@ -175,6 +176,10 @@ MakePlan write_random_checkpoint(const ModelConfig& config, std::vector<Expected
         json dzr_info = {{"generator", "dzr ckpt make"},
                          {"seed", options.seed},
                          {"dtype", std::string(dtype_name(options.dtype))}};
+        if (options.outliers.enabled())
+            dzr_info["outlier_columns"] = {{"columns", options.outliers.columns},
+                                           {"scale", options.outliers.scale},
+                                           {"weights", "the Linear weights --precision fp8 quantizes"}};
         write_text_file(tmp / "config.json", config::model_config_to_json(config, dzr_info).dump(2) + "\n");
         write_text_file(tmp / "experiment_cfg" / "metadata.json",
                         options.metadata_json.empty() ? droid_metadata_json() : options.metadata_json);
@@ -197,7 +202,9 @@ MakePlan write_random_checkpoint(const ModelConfig& config, std::vector<Expected
             for (size_t wi : shard.weights) specs.push_back({plan.weights[wi].key, options.dtype, plan.weights[wi].shape});
             write_safetensors(
                 tmp / shard.name, specs, {{"format", "pt"}}, [&](size_t i, std::vector<uint8_t>& out) {
-                    fill_random_weight(plan.weights[shard.weights[i]], options.seed, options.dtype, out);
+                    const ExpectedWeight& w = plan.weights[shard.weights[i]];
+                    fill_random_weight(w, options.seed, options.dtype, out);
+                    apply_outlier_columns(w, options.seed, options.outliers, options.dtype, out);
                 });
         });
         std::vector<std::string> files = {"config.json", "experiment_cfg/metadata.json"};

@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "weights/inventory.h"
+#include "weights/outlier_columns.h"
 #include "config/model_config.h"
 
 namespace dzr {
@@ -28,6 +29,8 @@ struct MakeOptions {
     /// experiment_cfg/conf.yaml text; empty: none (the policy then uses its built-in embodiments).
     std::string conf_yaml;
     int threads = 0;                      // shards written at once; 0 = up to 8 (the bytes never depend on it)
+    /// Outlier input columns in the FP8 Linear weights (weights/outlier_columns.h); off by default.
+    OutlierOptions outliers;
 };
 
 struct ShardPlan {

@@ -11,6 +11,11 @@
 # PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'); `wide` is the parity run at the real widths
 # (configs/parity_wide.yaml, WIDE_CALLS=9: three resets) with the reference fp32 and bf16 runs and dzr CUDA bf16 in
 # reference and fast numerics: the gate of fast (gate.py) and reference numerics against the reference bf16 run;
+# `fp8gate` runs the FP8 gates at the same widths (gate.py --kind fp8: per call rel l2 within 3 x the reference bf16
+# run's, max rel at most 0.1): dzr fast numerics with FP8 weights, FP8 KV and both on the `wide` checkpoint, then FP8
+# weights on the same checkpoint with outlier input columns (OUTLIER_COLUMNS=4 of every FP8 Linear x OUTLIER_SCALE=30)
+# against the reference runs on that one; after `wide` in the same call it reuses its checkpoint, inputs and reference
+# dumps (run_parity.sh REUSE=1);
 # `widesub` finds the first op that differs at the real widths (per-forward internals on both sides, every real-width
 # GEMM shape under the cuBLASLt workspace, alignment and library settings, dzr variants; WIDESUB_CALLS, WIDE_VARIANTS);
 # `load` times loading the DROID checkpoint cold and warm, old path and new (scripts/bench/load_cold_warm.sh; the
@@ -117,6 +122,38 @@ if want wide; then
     echo "-- dzr reference numerics measured the same way (not gated)"
     cat "$WORK/wide/gate-reference.txt" 2>/dev/null || echo "  none"
     pack wide
+fi
+
+if want fp8gate; then
+    # The FP8 gates at the real widths (docs/PARITY.md, issue #14 item 5), in two run_parity.sh calls sharing the
+    # `wide` step's work directory: (1) the wide checkpoint: reference fp32 and bf16 (reused after `wide`), dzr fast
+    # with FP8 weights, FP8 KV and both; (2) the outlier checkpoint: reference fp32 and bf16 on it, dzr fast with FP8
+    # weights. NOTE: one after the other, so that at most two reference runs (~14 GB of host memory each at these
+    # widths) and two checkpoints share the machine.
+    say "fp8gate: the FP8 gates at the real widths (${WIDE_CONFIG:-configs/parity_wide.yaml}, ${WIDE_CALLS:-9} calls; outliers ${OUTLIER_COLUMNS:-4} x ${OUTLIER_SCALE:-30})"
+    mkdir -p "$WORK/fp8gate"
+    fp8_phase() {
+        local tag=$1 runs=$2
+        mkdir -p "$WORK/fp8gate/$tag"
+        OUT="$WORK/fp8gate/$tag" DZR_BIN=$DZR WORK=$WORK/wide-work REUSE=1 CONFIG=${WIDE_CONFIG:-configs/parity_wide.yaml} \
+            CALLS=${WIDE_CALLS:-9} GPU_RUNS="$runs" CPU_RUN=0 INJECT_RUN=0 DUMP_LAYERS=0 \
+            OUTLIER_COLUMNS=${OUTLIER_COLUMNS:-4} OUTLIER_SCALE=${OUTLIER_SCALE:-30} RUN_TIMEOUT=${FP8_TIMEOUT:-360} \
+            bash scripts/parity/run_parity.sh >"$WORK/fp8gate/$tag/parity.log" 2>&1
+        check $? "fp8gate $tag"
+        # each step's exit status and seconds (or "reused"), the failures
+        grep -E "^-- " "$WORK/fp8gate/$tag/run.log" | cut -c1-160
+        grep -E "^failed" "$WORK/fp8gate/$tag/parity.log" | cut -c1-200
+    }
+    fp8_phase wide "ref-fp32-gpu ref-bf16-gpu dzr-cudafp8-gpu dzr-cudafp8kv-gpu dzr-cudafp8all-gpu"
+    fp8_phase outlier "ref-fp32-outlier ref-bf16-outlier dzr-cudafp8-outlier"
+    for f in "$WORK"/fp8gate/wide/gate-dzr-*.txt "$WORK"/fp8gate/outlier/gate-dzr-*.txt; do
+        [[ -f $f ]] || continue
+        # the table and the verdict, without the three lines naming the dumps
+        echo "-- $(basename "$f" .txt)"
+        tail -n +5 "$f" | grep -v '^$' | cut -c1-200
+    done
+    ls "$WORK"/fp8gate/*/gate-dzr-*.txt >/dev/null 2>&1 || echo "  no FP8 gate table (see fp8gate/*/parity.log)"
+    pack fp8gate
 fi
 
 if want widesub; then

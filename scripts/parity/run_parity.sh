@@ -23,13 +23,21 @@
 # fast), ref-bf16-gpu and ref-fp32-gpu runs scripts/parity/gate.py: per call, fast's actions no further from the fp32
 # reference than the bf16 reference is (max rel and rel l2, slack GATE_SLACK=1.1); its table goes to $OUT/gate.txt.
 # At the real widths: CONFIG=configs/parity_wide.yaml CALLS=9 DUMP_LAYERS=0 (device_round.sh step `wide`).
+# The FP8 gates (docs/PARITY.md, issue #14): dzr-cudafp8-<ckpt> (fast numerics, --precision fp8, bf16 KV),
+# dzr-cudafp8kv-<ckpt> (fast numerics, bf16 weights, --kv-dtype fp8) and dzr-cudafp8all-<ckpt> (both), each gated by
+# gate.py --kind fp8 against ref-bf16-<ckpt> and ref-fp32-<ckpt> (per call rel l2 within 3 x the reference bf16 run's,
+# max rel at most 0.1); tables in $OUT/gate-<run>.txt. The checkpoint `outlier` (runs named *-outlier) is ckpt-gpu's
+# with OUTLIER_COLUMNS input columns of every FP8 Linear weight times OUTLIER_SCALE (`dzr ckpt make --outlier-columns`).
+# REUSE=1 keeps $WORK's checkpoints, inputs and successful reference dumps from an earlier run of the same settings
+# ($WORK/stamp.txt: config, seed, calls, embodiment, the CPU VAE width, DUMP_LAYERS, REF_DEVICE, the outliers) instead
+# of making them again; dzr runs always run again (device_round.sh step `fp8gate` after `wide`).
 # Settings: CONFIG=configs/parity.yaml SEED=1 CALLS=7 CPU_VAE_BASE=8 REF=.ref/dreamzero WORK=/tmp/dzr-parity
 #   BUILD_DIR=build-parity-device JOBS=$(nproc) DZR_CUDA_ARCHS=90a DZR_BIN=(use this dzr, skip the build)
 #   GPU_RUNS="ref-fp32-cpu ref-bf16-gpu ref-fp32-gpu dzr-cuda-gpu dzr-cudadense-gpu" (in parallel with
 #   dzr-cpu-cpu) CPU_RUN=1 CPU_TIMEOUT=200 RUN_TIMEOUT=240
 #   INJECT_RUN=1 (after the others: dzr-cudainject-gpu, dzr CUDA bf16 on ref-bf16-gpu's encoder outputs)
 #   DUMP_LAYERS=1 (0: no per-layer DiT outputs in any dump; at the real widths they would be ~12 GB per run)
-#   GATE_SLACK=1.1
+#   GATE_SLACK=1.1 OUTLIER_COLUMNS=4 OUTLIER_SCALE=30 REUSE=0
 #   PYTHON=python3 REF_DEVICE=cuda (cpu: try the plumbing on a machine without a GPU, fp32 runs only)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -54,6 +62,9 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 REF_DEVICE=${REF_DEVICE:-cuda}
 DUMP_LAYERS=${DUMP_LAYERS:-1}
 GATE_SLACK=${GATE_SLACK:-1.1}
+OUTLIER_COLUMNS=${OUTLIER_COLUMNS:-4}
+OUTLIER_SCALE=${OUTLIER_SCALE:-30}
+REUSE=${REUSE:-0}
 TOKENIZER=tests/data/tokenizer/spiece.model
 export PATH="$PATH:/usr/local/cuda/bin" PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$WORK"
@@ -108,22 +119,44 @@ fi
 runs="$GPU_RUNS"
 ((CPU_RUN)) && runs="$runs dzr-cpu-cpu"
 say "parity checkpoints ($CONFIG, seed $SEED, f32; cpu: vae.base_dim=$CPU_VAE_BASE; embodiment ${EMBODIMENT:-oxe_droid}) and inputs"
-rm -rf "$WORK/ckpt-gpu" "$WORK/ckpt-cpu" "$WORK/inputs"
+stamp="config=$CONFIG seed=$SEED calls=$CALLS embodiment=${EMBODIMENT:-} cpu_vae_base=$CPU_VAE_BASE"
+stamp+=" dump_layers=$DUMP_LAYERS ref_device=$REF_DEVICE outliers=$OUTLIER_COLUMNS:$OUTLIER_SCALE"
+reuse=0
+if ((REUSE)) && [[ "$(cat "$WORK/stamp.txt" 2>/dev/null)" == "$stamp" ]]; then
+    reuse=1
+    echo "REUSE=1: keeping what $WORK holds of an earlier run of the same settings" | tee -a "$LOG"
+else
+    rm -rf "$WORK/ckpt-gpu" "$WORK/ckpt-cpu" "$WORK/ckpt-outlier" "$WORK/inputs" "$WORK/stamp.txt"
+    rm -f "$WORK"/*.rc "$WORK"/*.safetensors
+fi
+# make NAME ARGS...: the checkpoint $WORK/ckpt-NAME of the seed (kept when reusing one that exists: `ckpt make` renames
+# a finished directory into place, so one that exists is whole).
 # NOTE: --force: the real-width configuration is 6.8 GB as f32; shards of 1 GB are written in parallel (the tensor
 # bytes do not depend on the sharding).
-run ckpt-gpu "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --tokenizer "$TOKENIZER" \
-    "${emb[@]}" --force --shard-size 1GB --out "$WORK/ckpt-gpu"
-# the narrowed-VAE checkpoint only when a run uses it
-if [[ " $runs " == *"-cpu "* ]]; then
-    run ckpt-cpu "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --tokenizer "$TOKENIZER" \
-        "${emb[@]}" --set "model.vae.base_dim=$CPU_VAE_BASE" --force --shard-size 1GB --out "$WORK/ckpt-cpu"
+make_ckpt() {
+    local name=$1
+    shift
+    ((reuse)) && [[ -f "$WORK/ckpt-$name/config.json" ]] && return 0
+    rm -rf "$WORK/ckpt-$name"
+    run "ckpt-$name" "$DZR" ckpt make --config "$CONFIG" --seed "$SEED" --dtype f32 --tokenizer "$TOKENIZER" \
+        "${emb[@]}" --force --shard-size 1GB --out "$WORK/ckpt-$name" "$@"
+}
+make_ckpt gpu
+# the narrowed-VAE checkpoint and the outlier one only when a run uses them
+[[ " $runs " == *"-cpu "* ]] && make_ckpt cpu --set "model.vae.base_dim=$CPU_VAE_BASE"
+[[ " $runs " == *"-outlier "* ]] &&
+    make_ckpt outlier --outlier-columns "$OUTLIER_COLUMNS" --outlier-scale "$OUTLIER_SCALE"
+if ! ((reuse)) || [[ ! -f "$WORK/inputs/manifest.json" ]]; then
+    rm -rf "$WORK/inputs"
+    run inputs "$DZR" parity make-inputs --ckpt "$WORK/ckpt-gpu" --out "$WORK/inputs" --calls "$CALLS" "${emb[@]}"
 fi
-run inputs "$DZR" parity make-inputs --ckpt "$WORK/ckpt-gpu" --out "$WORK/inputs" --calls "$CALLS" "${emb[@]}"
+((${#failed[@]})) || echo "$stamp" >"$WORK/stamp.txt"
 
 # Every run in parallel: the GPU ones are small next to an H200, and dzr's CPU run uses the cores.
 # NAME = ref-<fp32|bf16>-<ckpt> | dzr-cuda-<ckpt> (paged KV) | dzr-cudadense-<ckpt> | dzr-cudafast-<ckpt> (paged KV,
-# --numerics fast) | dzr-cpu-<ckpt> | dzr-cudainject-<ckpt> (paged KV, on the encoder outputs of ref-bf16-<ckpt>'s
-# dump; launched after it).
+# --numerics fast) | dzr-cudafp8-<ckpt> | dzr-cudafp8kv-<ckpt> | dzr-cudafp8all-<ckpt> (paged KV, --numerics fast;
+# FP8 weights, FP8 KV, both) | dzr-cpu-<ckpt> | dzr-cudainject-<ckpt> (paged KV, on the encoder outputs of
+# ref-bf16-<ckpt>'s dump; launched after it). <ckpt>: gpu, cpu or outlier.
 # Each leaves $WORK/NAME.rc.
 # Without DUMP_LAYERS, dzr dumps what the reference dumps with --no-layers (its default stages less layer_out).
 ref_dump=()
@@ -139,12 +172,15 @@ launch() {
         local dt=${r#ref-}
         cmd=("$PYTHON" scripts/parity/reference_run.py --ref "$REF" --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs"
             --out "$WORK/$r.safetensors" --dtype "${dt%-*}" --device "$REF_DEVICE" "${ref_dump[@]}") ;;
-    dzr-cuda-* | dzr-cudadense-* | dzr-cudafast-* | dzr-cudainject-*)
-        local kv=paged numerics=reference
+    dzr-cuda-* | dzr-cudadense-* | dzr-cudafast-* | dzr-cudainject-* | dzr-cudafp8-* | dzr-cudafp8kv-* | dzr-cudafp8all-*)
+        local kv=paged numerics=reference precision=bf16 kv_dtype=bf16
         [[ $r == dzr-cudadense-* ]] && kv=dense
-        [[ $r == dzr-cudafast-* ]] && numerics=fast
+        [[ $r == dzr-cudafast-* || $r == dzr-cudafp8* ]] && numerics=fast
+        [[ $r == dzr-cudafp8-* || $r == dzr-cudafp8all-* ]] && precision=fp8
+        [[ $r == dzr-cudafp8kv-* || $r == dzr-cudafp8all-* ]] && kv_dtype=fp8
         cmd=("$DZR" parity run --ckpt "$WORK/ckpt-$ck" --inputs "$WORK/inputs" --out "$WORK/$r.safetensors"
-            --device cuda --dtype bf16 --kv "$kv" --numerics "$numerics" --check-finite "${dzr_dump[@]}")
+            --device cuda --dtype bf16 --kv "$kv" --numerics "$numerics" --precision "$precision" --kv-dtype "$kv_dtype"
+            --check-finite "${dzr_dump[@]}")
         # dzr-cudainject: text, CLIP, ys and the commit latents replaced by the bf16 reference's, so that
         # only the DiT and the sampler differ.
         [[ $r == dzr-cudainject-* ]] && cmd+=(--inject-from "$WORK/ref-bf16-$ck.safetensors") ;;
@@ -160,7 +196,14 @@ launch() {
     ) &
 }
 say "runs (in parallel): $runs"
-for r in $runs; do launch "$r"; done
+for r in $runs; do
+    if ((reuse)) && [[ $r == ref-* && -f "$WORK/$r.safetensors" && "$(cat "$WORK/$r.rc" 2>/dev/null)" == 0 ]]; then
+        echo "-- $r: reused $WORK/$r.safetensors" | tee -a "$LOG"
+        continue
+    fi
+    rm -f "$WORK/$r.safetensors" "$WORK/$r.rc"
+    launch "$r"
+done
 wait
 for r in $runs; do
     rc=$(cat "$WORK/$r.rc" 2>/dev/null || echo "none")
@@ -192,6 +235,11 @@ have dzr-cudadense-gpu dzr-cuda-gpu && args+=(--info-pair "$(pair cuda-paged-vs-
 have dzr-cudafast-gpu ref-fp32-gpu && args+=(--info-pair "$(pair fast-vs-ref-f32 dzr-cudafast-gpu ref-fp32-gpu 2e-2)")
 have dzr-cudafast-gpu ref-bf16-gpu && args+=(--info-pair "$(pair fast-vs-ref-bf16 dzr-cudafast-gpu ref-bf16-gpu 2e-2)")
 have dzr-cudafast-gpu dzr-cuda-gpu && args+=(--info-pair "$(pair fast-vs-reference-numerics dzr-cudafast-gpu dzr-cuda-gpu 2e-2)")
+# FP8 runs against the fp32 reference of their checkpoint (gated below by gate.py --kind fp8, actions only).
+for r in $runs; do
+    [[ $r == dzr-cudafp8* ]] || continue
+    have "$r" "ref-fp32-${r##*-}" && args+=(--info-pair "$(pair "${r#dzr-cuda}-vs-ref-f32" "$r" "ref-fp32-${r##*-}" 2e-2)")
+done
 # DiT + sampler alone: the encoder stages read 0 there by construction.
 have dzr-cudainject-gpu ref-bf16-gpu && args+=(--info-pair "$(pair dit-only-bf16 dzr-cudainject-gpu ref-bf16-gpu 2e-2)")
 if ((${#args[@]})); then
@@ -200,7 +248,7 @@ if ((${#args[@]})); then
 else
     failed+=("compare (no pair of dumps to compare)")
 fi
-rm -f "$OUT/gate.txt" "$OUT/gate-reference.txt"
+rm -f "$OUT/gate.txt" "$OUT/gate-reference.txt" "$OUT"/gate-dzr-*.txt
 if [[ " $runs " == *" dzr-cudafast-gpu "* ]]; then
     # The numerics gate of fast: per call, fast vs ref fp32 within GATE_SLACK x ref bf16 vs ref fp32 (actions).
     if have dzr-cudafast-gpu ref-fp32-gpu && have ref-bf16-gpu ref-fp32-gpu; then
@@ -212,6 +260,22 @@ if [[ " $runs " == *" dzr-cudafast-gpu "* ]]; then
         failed+=("gate (needs the dumps of dzr-cudafast-gpu, ref-bf16-gpu and ref-fp32-gpu)")
     fi
 fi
+# The FP8 gates: per call, the FP8 run vs ref fp32 rel l2 within 3 x ref bf16 vs ref fp32, max rel at most 0.1 (actions),
+# each against the reference runs of its own checkpoint.
+for r in $runs; do
+    [[ $r == dzr-cudafp8* ]] || continue
+    ck=${r##*-}
+    label=${r#dzr-cuda}
+    label=${label%-gpu}
+    if have "$r" "ref-fp32-$ck" && have "ref-bf16-$ck" "ref-fp32-$ck"; then
+        say "FP8 gate of $r"
+        run "gate-$r" "$PYTHON" scripts/parity/gate.py --kind fp8 --label "$label" --candidate "$WORK/$r.safetensors" \
+            --baseline "$WORK/ref-bf16-$ck.safetensors" --reference "$WORK/ref-fp32-$ck.safetensors" --calls "$CALLS" \
+            --out "$OUT/gate-$r.txt"
+    else
+        failed+=("gate-$r (needs the dumps of $r, ref-bf16-$ck and ref-fp32-$ck)")
+    fi
+done
 # For scale (not gated): dzr's reference numerics measured the same way.
 if have dzr-cuda-gpu ref-fp32-gpu && have ref-bf16-gpu ref-fp32-gpu; then
     "$PYTHON" scripts/parity/gate.py --candidate "$WORK/dzr-cuda-gpu.safetensors" --label reference-numerics \
@@ -229,5 +293,6 @@ else
 fi
 [[ -f "$OUT/table.txt" ]] && cat "$OUT/table.txt"
 [[ -f "$OUT/gate.txt" ]] && { echo; cat "$OUT/gate.txt"; }
+for f in "$OUT"/gate-dzr-*.txt; do [[ -f "$f" ]] && { echo; cat "$f"; }; done
 [[ -f "$OUT/gate-reference.txt" ]] && { echo; echo "(not gated)"; cat "$OUT/gate-reference.txt"; }
 ((${#failed[@]} == 0))

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """scripts/parity/gate.py on synthetic dumps: the gate of `fast` passes when the candidate is no further from the
 fp32 dump than the bf16 baseline is (within the slack), and fails on a call beyond it in either measure (max rel or
-rel l2), on a missing call, a shape mismatch or a non-finite value; an unreadable dump exits 2.
+rel l2), on a missing call, a shape mismatch or a non-finite value; an unreadable dump exits 2. The FP8 gate
+(--kind fp8: rel l2 within 3 x the baseline's, max rel at most 0.1) passes and fails on each of its two bounds, and
+its explicit flags give the same verdicts as the preset.
 
 Needs numpy and safetensors (the parity harness's own dependencies); without them it reports skipped (exit 77).
 Usage: python3 tests/parity/test_gate.py [--keep DIR]
@@ -42,7 +44,7 @@ def stage(per_call, name="actions"):
     return {f"c{k}.{name}": v for k, v in per_call.items()}
 
 
-def run_gate(work, cand, calls_arg=CALLS, base=None, ref=None):
+def run_gate(work, cand, calls_arg=CALLS, base=None, ref=None, extra_args=()):
     """Writes the three dumps (candidate {call: tensor}, the baseline, the fp32 reference) and runs the gate."""
     ref = REF if ref is None else ref
     base = {k: REF[k] + BASE_ERR[k] for k in REF} if base is None else base
@@ -52,7 +54,7 @@ def run_gate(work, cand, calls_arg=CALLS, base=None, ref=None):
     b = dump(work / "base.safetensors", {**stage(base), **extra}, '{"dtype": "bf16"}')
     r = dump(work / "ref.safetensors", {**stage(ref), **{k: v + 1 for k, v in extra.items()}}, '{"dtype": "fp32"}')
     cmd = [sys.executable, str(GATE), "--candidate", str(c), "--baseline", str(b), "--reference", str(r),
-           "--calls", str(calls_arg), "--out", str(work / "gate.txt")]
+           "--calls", str(calls_arg), "--out", str(work / "gate.txt"), *extra_args]
     p = subprocess.run(cmd, capture_output=True, text=True)
     return p.returncode, p.stdout + p.stderr
 
@@ -62,6 +64,34 @@ def scaled(factor, calls=None):
     half the baseline's error elsewhere."""
     calls = range(CALLS) if calls is None else calls
     return {k: REF[k] + (factor if k in calls else 0.5) * BASE_ERR[k] for k in range(CALLS)}
+
+
+def spread(l2_factor, calls=None):
+    """The candidate with, in `calls` (default all), an error of the same size at every element: l2_factor x the
+    baseline's rel l2 in rel l2, and every element's max rel (against the rms floor) at most that rel l2; elsewhere
+    half the baseline's error."""
+    calls = range(CALLS) if calls is None else calls
+    out = {}
+    for k in range(CALLS):
+        r, b = REF[k], BASE_ERR[k]
+        if k not in calls:
+            out[k] = r + 0.5 * b
+            continue
+        rms = np.sqrt(np.mean(r * r))
+        c = l2_factor * np.linalg.norm(b) / np.linalg.norm(r)  # the candidate's rel l2
+        out[k] = r + c * rms * np.sign(rng.standard_normal(SHAPE))
+    return out
+
+
+def spike(k, max_rel, cand=None):
+    """`cand` (default half the baseline's error everywhere) with call k exact but one element at max rel `max_rel`."""
+    cand = scaled(0.5) if cand is None else cand
+    r = REF[k]
+    rms = np.sqrt(np.mean(r * r))
+    e = np.zeros(SHAPE)
+    e[5, 7] = max_rel * max(abs(r[5, 7]), rms)
+    cand[k] = r + e
+    return cand
 
 
 def row(out, call):
@@ -154,6 +184,46 @@ def main():
         base[0] = REF[0].copy()
         rc, out = run_gate(work, scaled(0.5), base=base)
         check("the baseline exact in a call and the candidate not: FAIL", rc == 1 and row(out, 0).rstrip().endswith("FAIL"), out)
+
+        # ---- the FP8 gate: rel l2 within 3 x the baseline's, max rel at most 0.1 (absolute) ----
+        fp8 = ("--kind", "fp8")
+        rc, out = run_gate(work, spread(2.9), extra_args=fp8)
+        check("fp8: rel l2 at 2.9 x the baseline's in every call, max rel below 0.1: PASS",
+              rc == 0 and "fp8 gate: PASS" in out and "2.900" in out, out)
+        check("fp8: the table names the absolute bound", "max rel / 0.1" in out and "max rel at most 0.1" in out, out)
+        rc, out = run_gate(work, spread(2.9), extra_args=("--kind", "fast"))
+        check("  the same candidate fails the gate of fast", rc == 1 and "fast gate: FAIL" in out, out)
+
+        rc, out = run_gate(work, spread(3.1, calls=[5]), extra_args=fp8)
+        check("fp8: rel l2 at 3.1 x the baseline's in one call: FAIL", rc == 1 and "fp8 gate: FAIL" in out, out)
+        check("  only that call fails", row(out, 5).rstrip().endswith("FAIL") and
+              all(row(out, k).rstrip().endswith("PASS") for k in range(CALLS) if k != 5), out)
+
+        rc, out = run_gate(work, spike(7, 0.09), extra_args=fp8)
+        check("fp8: one element at max rel 0.09, rel l2 within: PASS", rc == 0 and "0.900" in row(out, 7), out)
+        rc, out = run_gate(work, spike(7, 0.11), extra_args=fp8)
+        check("fp8: one element at max rel 0.11, rel l2 within: FAIL", rc == 1 and row(out, 7).rstrip().endswith("FAIL")
+              and all(row(out, k).rstrip().endswith("PASS") for k in range(CALLS) if k != 7), out)
+        # max rel far above the baseline's (the gate of fast would fail it) but below 0.1: the bound is absolute
+        cand = spike(3, 0.095)
+        r, b = REF[3], BASE_ERR[3]
+        b_rel = np.max(np.abs(b) / np.maximum(np.abs(r), np.sqrt(np.mean(r * r))))
+        assert b_rel < 0.095 / 1.1, "test setup: the spike must exceed fast's bound"
+        rc, out = run_gate(work, cand, extra_args=fp8)
+        check("fp8: max rel above the baseline's but below 0.1: PASS", rc == 0, out)
+
+        explicit = ("--rel-l2-slack", "3", "--max-rel-abs", "0.1")
+        for name, cand, want in (("2.9 x rel l2", spread(2.9), 0), ("3.1 x rel l2", spread(3.1, calls=[5]), 1),
+                                 ("max rel 0.11", spike(7, 0.11), 1)):
+            rc1, out1 = run_gate(work, cand, extra_args=fp8)
+            rc2, out2 = run_gate(work, cand, extra_args=explicit)
+            check(f"--rel-l2-slack 3 --max-rel-abs 0.1 decides as --kind fp8 ({name})", rc1 == rc2 == want,
+                  out1 + out2)
+
+        rc, out = run_gate(work, spread(2.9), extra_args=("--kind", "fp8", "--slack", "3"))
+        check("fp8 with --slack (a second bound on max rel): exit 2", rc == 2 and "absolute bound" in out, out)
+        rc, out = run_gate(work, spread(2.9), extra_args=("--kind", "fp8", "--rel-l2-slack", "2.5"))
+        check("fp8 with --rel-l2-slack 2.5: a 2.9 x candidate FAILs", rc == 1 and "within 2.5 x" in out, out)
 
         (work / "broken.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
         p = subprocess.run([sys.executable, str(GATE), "--candidate", str(work / "broken.safetensors"), "--baseline",

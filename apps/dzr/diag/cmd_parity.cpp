@@ -78,6 +78,8 @@ struct RunArgs {
     std::string dtype;
     std::string kv = "paged";
     std::string numerics = "reference";
+    std::string precision;  // empty: the config's (bf16 without one)
+    std::string kv_dtype;   // empty: the config's kv.dtype
     std::string config;
     std::string dump = kDefaultDump;
     std::string inject_from;
@@ -383,6 +385,10 @@ int run_parity(const RunArgs& a) {
     PolicyOptions po;
     po.sampling = run_cfg.sampling;
     po.kv = run_cfg.kv;
+    po.precision = run_cfg.precision;
+    // NOTE: as `dzr rollout` takes them (the FP8 gates, docs/PARITY.md); the engine checks FP8 support and paged KV
+    if (!a.precision.empty()) po.precision = parse_precision(a.precision, "--precision");
+    if (!a.kv_dtype.empty()) po.kv.dtype = parse_precision(a.kv_dtype, "--kv-dtype");
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
     po.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     po.noise = load_noise_npy(in / "noise_video.npy", in / "noise_action.npy");
@@ -447,6 +453,8 @@ int run_parity(const RunArgs& a) {
                     {"dtype", dtype_name(dtype)},
                     {"kv", a.kv},
                     {"numerics", numerics_name(be->numerics())},
+                    {"precision", precision_name(po.precision)},
+                    {"kv_dtype", precision_name(po.kv.dtype)},
                     {"checkpoint", fs::absolute(a.ckpt).string()},
                     {"inputs", fs::absolute(in).string()},
                     {"calls", per_call}};
@@ -488,6 +496,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     r->add_option("--kv", ra->kv, "KV cache: paged or dense")->capture_default_str();
     r->add_option("--numerics", ra->numerics, "reference or fast (docs/PARITY.md: the gate of fast)")
         ->capture_default_str();
+    r->add_option("--precision", ra->precision,
+                  "DiT Linear weights: bf16 or fp8 (E4M3, per-output-channel scales; default: the config's, else bf16)");
+    r->add_option("--kv-dtype", ra->kv_dtype, "KV pool: bf16 or fp8 (E4M3, a scale per token and head; default: the "
+                                              "config's kv.dtype, else bf16)");
     r->add_option("--config", ra->config, "Run config for the sampling and kv settings (default: built-in)");
     r->add_option("--dump", ra->dump, "Regex of the stage names to write (searched)")->capture_default_str();
     r->add_option("--inject-from", ra->inject_from,
