@@ -483,6 +483,8 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         modulated_norm(kShiftSa, kScaleSa, h);
         trace("self_attn_in", h);
         const TensorView raw = be.scratch(Shape{L, C});
+        // FP8 weights: h quantized once for q, k and v (the codes each would make itself)
+        const Fp8Input hq = Fp8Input::quantize(be, h, w.q.fp8() || w.k.fp8() || w.v.fp8());
         TensorView q, k, v3;  // [L, H, D]
         if (fast) {
             // q/k RMSNorm and RoPE (3-D on video rows, 1-D on register rows) in one op each
@@ -490,20 +492,20 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
             k = be.scratch(Shape{L, H, D});
             v3 = be.scratch(Shape{L, H, D});
             const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
-            w.q.forward(be, h, raw);
+            w.q.forward(be, h, hq, raw);
             be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_q.w, s.rope_video, regs_table, q);
-            w.k.forward(be, h, raw);
+            w.k.forward(be, h, hq, raw);
             be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_k.w, s.rope_video, regs_table, k);
-            w.v.forward(be, h, v3.reshape(Shape{L, C}));
+            w.v.forward(be, h, hq, v3.reshape(Shape{L, C}));
         } else {
             const TensorView qn = be.scratch(Shape{L, C});
             const TensorView kn = be.scratch(Shape{L, C});
             const TensorView v = be.scratch(Shape{L, C});
-            w.q.forward(be, h, raw);  // [L, C] -> [L, C]
+            w.q.forward(be, h, hq, raw);  // [L, C] -> [L, C]
             w.norm_q.forward(be, raw, qn);
-            w.k.forward(be, h, raw);  // [L, C] -> [L, C]
+            w.k.forward(be, h, hq, raw);  // [L, C] -> [L, C]
             w.norm_k.forward(be, raw, kn);
-            w.v.forward(be, h, v);  // [L, C] -> [L, C]
+            w.v.forward(be, h, hq, v);  // [L, C] -> [L, C]
 
             // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
             q = be.scratch(Shape{L, H, D});

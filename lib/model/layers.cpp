@@ -32,6 +32,26 @@ void Linear::forward(Backend& be, const TensorView& x, const TensorView& out) co
     be.gemm_fp8(xq, xs, w, scale, b, out);
 }
 
+Fp8Input Fp8Input::quantize(Backend& be, const TensorView& x, bool fp8) {
+    if (!fp8) return {};
+    const int64_t rows = x.rows(), in = x.cols();
+    Fp8Input r;
+    r.q = be.scratch(Shape{rows, in}, DType::F8_E4M3);
+    r.scales = be.scratch(Shape{rows}, DType::F32);
+    be.quantize_fp8(x.rank() == 2 ? x : x.reshape(Shape{rows, in}), r.q, r.scales);
+    return r;
+}
+
+void Linear::forward(Backend& be, const TensorView& x, const Fp8Input& xq, const TensorView& out) const {
+    if (!fp8() || !xq.defined()) {
+        forward(be, x, out);
+        return;
+    }
+    DZR_CHECK(xq.q.rows() == x.rows() && xq.q.cols() == in_features(),
+              "linear: the quantized input {} does not match x {} and the weight {}", xq.q.str(), x.str(), w.view().str());
+    be.gemm_fp8(xq.q, xq.scales, w, scale, b, out);
+}
+
 void Linear::forward_gelu(Backend& be, const TensorView& x, const TensorView& out) const {
     if (!fp8()) {
         be.gemm_gelu(GemmParams{}, x, w, b, out);

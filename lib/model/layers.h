@@ -16,6 +16,18 @@
 namespace dzr {
 
 /// nn.Linear: out[M, out] = x[M, in] · wᵀ (+ b), one GEMM with the bias in its epilogue.
+/// Activations quantized once (per token, Backend::quantize_fp8) for several FP8 Linears that read the same input
+/// (q, k and v read one normed x); undefined when none of them is FP8. The views live in the workspace scope they
+/// were made in.
+struct Fp8Input {
+    TensorView q;       // F8_E4M3 [rows, in]
+    TensorView scales;  // F32 [rows]
+
+    bool defined() const { return q.defined(); }
+    /// x quantized into the workspace when `fp8` (else undefined).
+    static Fp8Input quantize(Backend& be, const TensorView& x, bool fp8);
+};
+
 struct Linear {
     Tensor w;      // [out, in]: the compute dtype, or F8_E4M3 with `scale`
     Tensor b;      // [out]; undefined without bias
@@ -28,6 +40,9 @@ struct Linear {
     /// out = x · wᵀ + b. With an FP8 weight: x is quantized per row (Backend::quantize_fp8, per-token scales) into
     /// the workspace, then Backend::gemm_fp8 applies both scales and the bias.
     void forward(Backend& be, const TensorView& x, const TensorView& out) const;
+    /// forward() of x whose quantization `xq` was made already (Fp8Input::quantize of the same x: the same codes and
+    /// scales forward() would make, so the same output); with an undefined `xq` or a compute-dtype weight, forward().
+    void forward(Backend& be, const TensorView& x, const Fp8Input& xq, const TensorView& out) const;
 
     /// out = gelu_tanh(x · wᵀ + b) through Backend::gemm_gelu (the bias and the GELU in the GEMM's epilogue where the
     /// backend fuses them; fast numerics' FFN). FP8: forward(), then Backend::activation. out contiguous.

@@ -348,6 +348,45 @@ TEST_CASE("an FP8 Linear equals its dequantized math on the CPU backend") {
     for (int64_t n = 0; n < N; ++n) CHECK(out[size_t(3 * N + n)] == bias[n]);  // the zero token gives the bias
 }
 
+TEST_CASE("an input quantized once gives every FP8 Linear the output of its own quantization") {
+    auto be = make_cpu_backend();
+    const int64_t M = 7, K = 64, N = 24;
+    std::mt19937_64 rng(5);
+    std::vector<Linear> lins(3);
+    for (size_t i = 0; i < lins.size(); ++i) {
+        test::MapSource src;
+        src.put("m.weight", Shape{N, K}, rng, -0.3f, 0.3f);
+        src.put("m.bias", Shape{N}, rng, -0.1f, 0.1f);
+        WeightLoader loader(src, *be);
+        lins[i].load(loader, "m", K, N);
+        const Fp8Weight q = quantize_weight_fp8(src.tensors.at("m.weight"), "m.weight");
+        lins[i].w = q.q;
+        lins[i].scale = q.scale;
+    }
+    std::vector<float> x = test::random_floats(size_t(M * K), 6, -3.0f, 3.0f);
+    const TensorView xv(x.data(), DType::F32, Shape{M, K});
+    {
+        ArenaScope scope(be->workspace());
+        const Fp8Input xq = Fp8Input::quantize(*be, xv, true);
+        REQUIRE(xq.defined());
+        for (const Linear& lin : lins) {
+            std::vector<float> own(size_t(M * N), NAN), shared(size_t(M * N), NAN);
+            lin.forward(*be, xv, TensorView(own.data(), DType::F32, Shape{M, N}));
+            lin.forward(*be, xv, xq, TensorView(shared.data(), DType::F32, Shape{M, N}));
+            CHECK(std::memcmp(own.data(), shared.data(), own.size() * sizeof(float)) == 0);
+        }
+        // a quantization of another width is refused, naming both
+        const Fp8Input narrow = Fp8Input::quantize(*be, xv.slice(1, 0, K / 2), true);
+        std::vector<float> out(size_t(M * N));
+        CHECK(test::contains(test::error_of([&] {
+                                 lins[0].forward(*be, xv, narrow, TensorView(out.data(), DType::F32, Shape{M, N}));
+                             }),
+                             "does not match"));
+    }
+    CHECK_FALSE(Fp8Input::quantize(*be, xv, false).defined());
+    CHECK(be->workspace().used() == 0);
+}
+
 TEST_CASE("dzr ckpt quantize and validate work through the binary") {
     if (test::dzr_bin().empty()) {
         MESSAGE("DZR_BIN is not set (run through ctest); skipping the binary checks");
