@@ -24,12 +24,8 @@ void Linear::forward(Backend& be, const TensorView& x, const TensorView& out) co
         return;
     }
     // FP8: x quantized per token (row) into the workspace, then the E4M3 GEMM with both scales and the bias
-    const int64_t rows = x.rows(), in = x.cols();
     ArenaScope scope(be.workspace());
-    const TensorView xq = be.scratch(Shape{rows, in}, DType::F8_E4M3);
-    const TensorView xs = be.scratch(Shape{rows}, DType::F32);
-    be.quantize_fp8(x.rank() == 2 ? x : x.reshape(Shape{rows, in}), xq, xs);
-    be.gemm_fp8(xq, xs, w, scale, b, out);
+    forward(be, x, Fp8Input::quantize(be, x, true), out);
 }
 
 Fp8Input Fp8Input::quantize(Backend& be, const TensorView& x, bool fp8) {

@@ -16,33 +16,7 @@ namespace dzr::rollout {
 
 namespace {
 
-/// DROID's built-in description with the smooth statistics `dzr ckpt make` writes (synthetic_metadata_json).
-Embodiment bench_embodiment() {
-    Embodiment e = builtin_embodiment("oxe_droid");
-    const auto md = parse_embodiment_metadata(synthetic_metadata_json(e), "bench (synthetic metadata)");
-    bind_metadata(e, md.at(e.tag), "bench (synthetic metadata)");
-    return e;
-}
-
 constexpr const char* kBenchPrompt = "pick up the cup and put it on the plate";
-
-/// Synthetic camera frames [T, 180, 320, 3], different per call.
-struct Frames {
-    std::vector<uint8_t> data[3];
-    Observation obs;
-    Frames(int T, int call) {
-        const Shape s{T, kFrameHeight, kFrameWidth, 3};
-        TensorView views[3];
-        for (int c = 0; c < 3; ++c) {
-            data[c].resize(size_t(s.numel()));
-            for (size_t i = 0; i < data[c].size(); ++i)
-                data[c][i] = uint8_t(((i / 3) * 7 + i % 3 * 50 + size_t(call) * 13 + size_t(c) * 29) % 256);
-            views[c] = TensorView(data[c].data(), DType::U8, s);
-        }
-        const double joints[7] = {-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3};
-        obs = droid_observation(views[0], views[1], views[2], joints, 0.5, kBenchPrompt);
-    }
-};
 
 std::vector<double> phase_values(const std::vector<PolicyCallResult>& calls, double PhaseTimes::*field) {
     std::vector<double> v;
@@ -63,6 +37,26 @@ constexpr PhaseField kPhaseFields[] = {
 };
 
 }  // namespace
+
+Embodiment bench_embodiment() {
+    Embodiment e = builtin_embodiment("oxe_droid");
+    const auto md = parse_embodiment_metadata(synthetic_metadata_json(e), "bench (synthetic metadata)");
+    bind_metadata(e, md.at(e.tag), "bench (synthetic metadata)");
+    return e;
+}
+
+BenchFrames::BenchFrames(int T, int call) {
+    const Shape s{T, kFrameHeight, kFrameWidth, 3};
+    TensorView views[3];
+    for (int c = 0; c < 3; ++c) {
+        data[c].resize(size_t(s.numel()));
+        for (size_t i = 0; i < data[c].size(); ++i)
+            data[c][i] = uint8_t(((i / 3) * 7 + i % 3 * 50 + size_t(call) * 13 + size_t(c) * 29) % 256);
+        views[c] = TensorView(data[c].data(), DType::U8, s);
+    }
+    const double joints[7] = {-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.05 * call};
+    obs = droid_observation(views[0], views[1], views[2], joints, 0.5, kBenchPrompt);
+}
 
 BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     DZR_CHECK(o.calls >= 1 && o.calls <= 10000, "bench rollout: --calls must be in 1..10000, got {}", o.calls);
@@ -99,19 +93,19 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     Engine& engine = *owned;
     auto session = engine.open_session();
     r.load_ms = t.ms();
+    // the device memory in use now, folded into the peak
     const auto sample_memory = [&] {
-        if (const auto m = engine.device_memory_in_use())
-            r.peak_memory_bytes = std::max(r.peak_memory_bytes.value_or(0), *m);
+        const auto m = engine.device_memory_in_use();
+        if (m) r.peak_memory_bytes = std::max(r.peak_memory_bytes.value_or(0), *m);
+        return m;
     };
-    sample_memory();
-    r.memory_after_load_bytes = engine.device_memory_in_use();
+    r.memory_after_load_bytes = sample_memory();
     r.warmup_ms = run_warmup(engine, *session, r.warmup_calls);
     r.warmup_graphs = session->graph_stats();
-    sample_memory();
-    r.memory_after_warmup_bytes = engine.device_memory_in_use();
+    r.memory_after_warmup_bytes = sample_memory();
     engine.reset_profiles();
     for (int c = 0; c < o.calls; ++c) {
-        Frames f(c == 0 ? 1 : 4, c);
+        BenchFrames f(c == 0 ? 1 : 4, c);
         PreparedObservation prepared = engine.prepare(f.obs);
         r.calls.push_back(session->step(prepared));
         engine.recycle(std::move(prepared));

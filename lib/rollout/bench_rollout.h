@@ -14,6 +14,7 @@
 #include "config/run_config.h"
 #include "policy/engine.h"
 #include "policy/forward_graphs.h"
+#include "policy/observation.h"
 
 namespace dzr::rollout {
 
@@ -53,6 +54,18 @@ struct BenchRolloutResult {
     nlohmann::ordered_json to_json() const;
     /// The table of phases (median, p90, max) and of the calls, for stderr/stdout.
     std::string table() const;
+};
+
+/// DROID's built-in description with the smooth statistics `dzr ckpt make` writes (synthetic_metadata_json): the
+/// bench's embodiment.
+Embodiment bench_embodiment();
+
+/// The bench's synthetic DROID observation of one call: three cameras' frames [T, 180, 320, 3] and the state, both
+/// different per call, and a fixed prompt (the CUDA graph tests feed the same calls).
+struct BenchFrames {
+    std::vector<uint8_t> data[3];
+    Observation obs;
+    BenchFrames(int T, int call);
 };
 
 BenchRolloutResult bench_rollout(const BenchRolloutOptions& options);

@@ -19,6 +19,7 @@
 #include "policy/engine.h"
 #include "policy/forward_graphs.h"
 #include "policy/observation.h"
+#include "rollout/bench_rollout.h"
 #include "rollout/runner.h"
 #include "support/test_support.h"
 #include "weights/random_weights.h"
@@ -30,32 +31,6 @@ using namespace dzr;
 namespace {
 
 constexpr int kCalls = 9;  // a first call, commits to a full window, a window reset, commits after it
-constexpr int kFrameH = 180, kFrameW = 320;
-
-Embodiment droid() {
-    Embodiment e = builtin_embodiment("oxe_droid");
-    const auto md = parse_embodiment_metadata(synthetic_metadata_json(e), "test (synthetic metadata)");
-    bind_metadata(e, md.at(e.tag), "test (synthetic metadata)");
-    return e;
-}
-
-/// Frames [T, 180, 320, 3] per camera, different per call.
-struct Frames {
-    std::vector<uint8_t> data[3];
-    Observation obs;
-    Frames(int T, int call) {
-        const Shape s{T, kFrameH, kFrameW, 3};
-        TensorView views[3];
-        for (int c = 0; c < 3; ++c) {
-            data[c].resize(size_t(s.numel()));
-            for (size_t i = 0; i < data[c].size(); ++i)
-                data[c][i] = uint8_t(((i / 3) * 7 + i % 3 * 50 + size_t(call) * 13 + size_t(c) * 29) % 256);
-            views[c] = TensorView(data[c].data(), DType::U8, s);
-        }
-        const double joints[7] = {-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.05 * call};
-        obs = droid_observation(views[0], views[1], views[2], joints, 0.5, "pick up the cup and put it on the plate");
-    }
-};
 
 struct RunResult {
     std::vector<std::vector<float>> actions;  // per call: the normalized actions
@@ -82,7 +57,7 @@ RunResult run_session(Numerics numerics, bool graphs, bool warmup) {
     po.cuda_graphs = graphs;
     BackendOptions bo;
     bo.numerics = numerics;
-    const auto engine = Engine::create(tiny().model, weights(), droid(), test::data_dir() / "tokenizer/spiece.model",
+    const auto engine = Engine::create(tiny().model, weights(), rollout::bench_embodiment(), test::data_dir() / "tokenizer/spiece.model",
                                        po, {Device::cuda(0)}, bo);
     RunResult r;
     {
@@ -93,7 +68,7 @@ RunResult run_session(Numerics numerics, bool graphs, bool warmup) {
         }
         r.after_warmup = session->graph_stats();
         for (int c = 0; c < kCalls; ++c) {
-            Frames f(c == 0 ? 1 : 4, c);
+            rollout::BenchFrames f(c == 0 ? 1 : 4, c);
             const PreparedObservation p = engine->prepare(f.obs);
             const PolicyCallResult res = session->step(p);
             r.actions.push_back(res.actions_normalized);

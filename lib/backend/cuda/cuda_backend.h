@@ -199,6 +199,8 @@ public:
 
 private:
     void run_gemm(const cuda_detail::GemmCall& call);
+    /// One cuBLASLt matmul of `plan` (its bias pointer set when the bias is in the epilogue).
+    void launch_lt(const cuda_detail::GemmPlan& plan, const cuda_detail::GemmCall& call);
     /// The plan of a GEMM; gelu: with cuBLASLt's GELU (GELU_BIAS with a bias of the output's dtype) epilogue.
     cuda_detail::GemmPlan& gemm_plan(const cuda_detail::GemmCall& call, bool gelu = false);
     /// gemm's operand checks and its call description.

@@ -255,6 +255,15 @@ bool CudaBackend::run_gemm_cublas(const GemmCall& c) {
     return true;
 }
 
+void CudaBackend::launch_lt(const GemmPlan& plan, const GemmCall& c) {
+    if (plan.bias_in_epilogue)
+        DZR_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof(c.bias)));
+    DZR_CUBLAS_CHECK(cublasLtMatmul(cublas_, plan.desc, &c.alpha, c.b, plan.layout_a, c.a, plan.layout_b, &c.beta,
+                                    c.out, plan.layout_c, c.out, plan.layout_c, &plan.algo, cublas_workspace_,
+                                    options_.lt_workspace_bytes, stream_));
+}
+
 void CudaBackend::run_gemm(const GemmCall& c) {
     if (c.M == 0 || c.N == 0 || c.batch == 0) return;
     if (c.K == 0) {
@@ -269,12 +278,7 @@ void CudaBackend::run_gemm(const GemmCall& c) {
         DZR_CUDA_CHECK(kernels::gemm_fallback(c, stream_));
         return;
     }
-    if (plan->bias_in_epilogue)
-        DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
-                                                        sizeof(c.bias)));
-    DZR_CUBLAS_CHECK(cublasLtMatmul(cublas_, plan->desc, &c.alpha, c.b, plan->layout_a, c.a, plan->layout_b, &c.beta,
-                                    c.out, plan->layout_c, c.out, plan->layout_c, &plan->algo, cublas_workspace_,
-                                    options_.lt_workspace_bytes, stream_));
+    launch_lt(*plan, c);
     if (c.bias && !plan->bias_in_epilogue)
         DZR_CUDA_CHECK(kernels::rows_epilogue(c.out, c.out_dtype, c.batch, c.M, c.N, c.ldc, c.stride_c, false, 0.f,
                                               c.bias, c.bias_dtype, stream_));
@@ -342,12 +346,7 @@ void CudaBackend::run_gemm_gelu(const GemmCall& c) {
     if (fusable) {
         GemmPlan& plan = gemm_plan(c, true);
         if (plan.has_algo) {
-            if (plan.bias_in_epilogue)
-                DZR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias,
-                                                                sizeof(c.bias)));
-            DZR_CUBLAS_CHECK(cublasLtMatmul(cublas_, plan.desc, &c.alpha, c.b, plan.layout_a, c.a, plan.layout_b,
-                                            &c.beta, c.out, plan.layout_c, c.out, plan.layout_c, &plan.algo,
-                                            cublas_workspace_, options_.lt_workspace_bytes, stream_));
+            launch_lt(plan, c);
             last_gemm_gelu_fused_ = true;
             return;
         }
