@@ -417,7 +417,9 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
 
     if (has_regs) {  // action decoder on the action tokens' outputs; the state token is discarded
         ArenaScope tmp(be.workspace());
-        const TensorView velocity = be.scratch(Shape{A, c.action_dim});
+        // NOTE: fast numerics: the decoder's last GEMM writes the output's dtype (f32 there) from its accumulator
+        const TensorView velocity = be.scratch(
+            Shape{A, c.action_dim}, be.numerics() == Numerics::Fast ? out.action_velocity.dtype : be.compute_dtype());
         action_decoder_.forward(be, s.x.slice(0, Lv, A), velocity);
         if (opt.trace) opt.trace("action_velocity", -1, velocity);
         if (opt.check_finite) check_finite(be, velocity, "action decoder", -1);
@@ -605,7 +607,10 @@ void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
         be.add(h, mod.slice(0, 0, 1), h);
     }
     if (opt.trace) opt.trace("head_in", -1, h);  // the head Linear's input
-    const TensorView tokens = be.scratch(Shape{Lv, int64_t(ph) * pw * cfg_.out_dim});
+    // NOTE: fast numerics: the head's GEMM writes the output's dtype (f32 there: the velocities are not rounded to bf16
+    // before the guidance amplifies their difference fivefold)
+    const DType head_dt = be.numerics() == Numerics::Fast ? out.video_velocity.dtype : be.compute_dtype();
+    const TensorView tokens = be.scratch(Shape{Lv, int64_t(ph) * pw * cfg_.out_dim}, head_dt);
     head_.forward(be, h, tokens);  // [Lv, C] -> [Lv, ph·pw·out_dim]
     if (opt.trace) opt.trace("head", -1, tokens);
     if (opt.check_finite) check_finite(be, tokens, "head", -1);

@@ -113,13 +113,13 @@ void BranchRunner::reset_history() {
 }
 
 void BranchRunner::allocate_io(const Shape& video, const Shape& conditioning, const Shape& action,
-                               const Shape& state, DType dtype) {
+                               const Shape& state, DType dtype, DType sample_dtype) {
     if (!remote()) return;
-    x_ = be_.alloc(video, dtype);
-    video_out_ = be_.alloc(video, dtype);
+    x_ = be_.alloc(video, sample_dtype);
+    video_out_ = be_.alloc(video, sample_dtype);
     y_ = be_.alloc(conditioning, dtype);
-    action_ = be_.alloc(action, dtype);
-    action_out_ = be_.alloc(action, dtype);
+    action_ = be_.alloc(action, sample_dtype);
+    action_out_ = be_.alloc(action, sample_dtype);
     state_ = be_.alloc(state, dtype);
 }
 

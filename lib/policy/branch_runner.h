@@ -75,9 +75,10 @@ public:
     void reset_history();
 
     /// Allocates the runner's copies of the forward's inputs and outputs (remote runners only), with the shapes
-    /// of the largest forward (denoise).
+    /// of the largest forward (denoise): the conditioning and the state in `dtype`, the samples and the velocities
+    /// in `sample_dtype`.
     void allocate_io(const Shape& video, const Shape& conditioning, const Shape& action, const Shape& state,
-                     DType dtype);
+                     DType dtype, DType sample_dtype);
 
     /// One DiT forward. The history is committed after a prefill or commit forward; on failure the cache is
     /// aborted (the paged session releases everything) and the error propagates.

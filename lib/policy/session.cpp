@@ -63,6 +63,12 @@ namespace {
 
 constexpr int kMaxClipFrames = 9;  // the VAE clip of a commit call: [f0, f0, f0, f1, f1, f2, f2, f3, f3]
 
+/// The dtype of the samplers' state, the velocities and the guidance: the compute dtype in reference numerics (the
+/// official bf16 run rounds each of them), f32 in fast numerics.
+DType sample_dtype(const Backend& be) {
+    return be.numerics() == Numerics::Fast ? DType::F32 : be.compute_dtype();
+}
+
 /// The view of `t`'s first elements with `shape` (a prefill's one-frame slice of a two-frame buffer).
 TensorView head_view(const Tensor& t, Shape shape) { return TensorView(t.data(), t.dtype(), shape, t.device()); }
 
@@ -88,18 +94,23 @@ Session::Session(Engine& engine) : engine_(engine) {
     buf_->clip_latent = be.alloc(Shape{z, 3, lh, lw}, dt);
     buf_->text_pos = be.alloc(Shape{m.t5.text_len, m.t5.dim}, dt);
     buf_->text_neg = be.alloc(Shape{m.t5.text_len, m.t5.dim}, dt);
-    for (Tensor* t : {&buf_->x, &buf_->x_in, &buf_->v_video, &buf_->v_uncond, &buf_->v_prev})
-        *t = be.alloc(Shape{z, d.num_frame_per_block, lh, lw}, dt);
+    // NOTE: fast numerics keep the samplers' state, the velocities and the guidance in f32 (the reference rounds
+    // every one of them to bf16): the DiT reads the samples through its bf16 input copies and writes f32 outputs
+    // from its heads' f32 accumulators. That costs nothing measurable and is what holds fast within the gate.
+    const DType st = sample_dtype(be);
+    buf_->x_in = be.alloc(Shape{z, d.num_frame_per_block, lh, lw}, dt);
+    for (Tensor* t : {&buf_->x, &buf_->v_video, &buf_->v_uncond, &buf_->v_prev})
+        *t = be.alloc(Shape{z, d.num_frame_per_block, lh, lw}, st);
     buf_->y_in = be.alloc(Shape{4 + z, d.num_frame_per_block, lh, lw}, dt);
-    for (Tensor* t : {&buf_->a, &buf_->v_action, &buf_->a_uncond}) *t = be.alloc(Shape{horizon, A}, dt);
+    for (Tensor* t : {&buf_->a, &buf_->v_action, &buf_->a_uncond}) *t = be.alloc(Shape{horizon, A}, st);
     buf_->state = be.alloc(Shape{d.num_state_per_block, d.max_state_dim}, dt);
 
     runners_ = std::make_unique<Runners>();
     FlowUniPCConfig uc;
     uc.num_steps = engine_.options_.sampling.num_inference_steps;
     uc.shift = engine_.options_.sampling.sigma_shift;
-    runners_->video_sampler = std::make_unique<FlowUniPC>(be, buf_->x.shape(), dt, uc);
-    runners_->action_sampler = std::make_unique<FlowUniPC>(be, buf_->a.shape(), dt, uc);
+    runners_->video_sampler = std::make_unique<FlowUniPC>(be, buf_->x.shape(), st, uc);
+    runners_->action_sampler = std::make_unique<FlowUniPC>(be, buf_->a.shape(), st, uc);
     // NOTE: 4 checks per DiT evaluation (at most Events::kMaxEvaluations) and 1 after denoising
     runners_->finite = std::make_unique<FiniteChecks>(be, 4 * Events::kMaxEvaluations + 1);
 
@@ -110,7 +121,7 @@ Session::Session(Engine& engine) : engine_(engine) {
         runners_->branch[size_t(b)] = std::make_unique<BranchRunner>(
             b, placement.backend_of(b), *engine_.dits_[size_t(dev)], be, engine_.communicator_.get());
         runners_->branch[size_t(b)]->allocate_io(buf_->x.shape(), buf_->y_in.shape(), buf_->a.shape(),
-                                                 buf_->state.shape(), dt);
+                                                 buf_->state.shape(), dt, st);
     }
     if (engine_.options_.kv_mode == KvMode::Paged) {
         for (const auto& manager : engine_.kv_managers_) runners_->kv.push_back(manager->open_session("policy"));
