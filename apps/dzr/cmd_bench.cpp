@@ -50,7 +50,7 @@ struct BenchOptions {
     bool reference = false;
     // rollout
     int calls = 21;
-    std::string numerics = "reference";
+    std::string numerics = "fast";
     std::string kv_mode = "paged";
     std::string precision;  // empty: the config's
     std::string kv_dtype;   // empty: the config's
@@ -656,7 +656,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     roll->add_option("--set", opts->sets_overrides, "override a config key (as dzr rollout --set)");
     roll->add_option("--device", opts->device, "device, or two (cuda:0,cuda:1; cpu for a tiny config)")
         ->capture_default_str();
-    roll->add_option("--numerics", opts->numerics, "reference or fast")->capture_default_str();
+    roll->add_option("--numerics", opts->numerics, "fast or reference (measure both for a comparison)")->capture_default_str();
     roll->add_option("--kv", opts->kv_mode, "paged or dense")->capture_default_str();
     roll->add_option("--precision", opts->precision, "DiT Linear weights: bf16 or fp8 (default: the config's)");
     roll->add_option("--kv-dtype", opts->kv_dtype, "KV pool: bf16 or fp8 (default: the config's kv.dtype)");

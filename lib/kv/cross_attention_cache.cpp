@@ -35,11 +35,28 @@ void CrossAttentionCache::populate(Backend* be, std::span<const LayerKv> layers)
         // NOTE: every input is checked above, so a failure below is a device fault; the cache is then empty
         // rather than a mix of old and new layers.
         populated_ = false;
+        writing_ = false;
         for (int l = 0; l < num_layers_; ++l) {
             be->copy(layers[size_t(l)].k, layer_view(k_, l));
             be->copy(layers[size_t(l)].v, layer_view(v_, l));
         }
     }
+    populated_ = true;
+    ++generation_;
+}
+
+std::vector<LayerKv> CrossAttentionCache::begin_write() {
+    DZR_CHECK(k_.defined(), "kv cross cache {}: writing in place needs storage", name_);
+    populated_ = false;
+    writing_ = true;
+    std::vector<LayerKv> layers;
+    for (int l = 0; l < num_layers_; ++l) layers.push_back({layer_view(k_, l), layer_view(v_, l)});
+    return layers;
+}
+
+void CrossAttentionCache::commit_write() {
+    DZR_CHECK(writing_, "kv cross cache {}: commit_write without begin_write", name_);
+    writing_ = false;
     populated_ = true;
     ++generation_;
 }

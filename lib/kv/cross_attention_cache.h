@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -37,10 +38,16 @@ public:
     /// Copies `layers` (exactly num_layers entries) into the cache through `be` (needed when the cache has
     /// storage); all or nothing.
     void populate(Backend* be, std::span<const LayerKv> layers);
+    /// Writable K and V views of every layer's storage, so that a context's projections are computed straight into
+    /// the cache (no staging copy). The cache reads as empty from here until commit_write(); a failure in between
+    /// leaves it empty (all layers or nothing, as populate). Needs storage.
+    std::vector<LayerKv> begin_write();
+    /// Marks the layers written since begin_write() as the cache's content.
+    void commit_write();
     bool populated() const { return populated_; }
     /// Incremented by every successful populate (lets a reader notice a refresh).
     uint64_t generation() const { return generation_; }
-    void drop() { populated_ = false; }
+    void drop() { populated_ = writing_ = false; }
 
     /// K and V of `layer`: [tokens, heads, head_dim]. Throws before populate.
     TensorView k(int layer) const;
@@ -54,6 +61,7 @@ private:
     DType dtype_ = DType::F32;
     Tensor k_, v_;
     bool populated_ = false;
+    bool writing_ = false;  // between begin_write and commit_write
     uint64_t generation_ = 0;
 };
 

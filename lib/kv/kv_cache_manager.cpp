@@ -50,13 +50,20 @@ void KvCacheManager::init() {
         scratch_k_ = storage_->alloc(scratch_shape, geometry_.dtype);
         scratch_v_ = storage_->alloc(scratch_shape, geometry_.dtype);
     }
+    CrossAttentionCache* image = nullptr;
     for (int b = 0; b < geometry_.num_branches; ++b) {
-        for (CrossKind kind : {CrossKind::Text, CrossKind::Image}) {
-            const int tokens = kind == CrossKind::Text ? geometry_.text_tokens : geometry_.image_tokens;
+        cross_.push_back(std::make_unique<CrossAttentionCache>(
+            fmt::format("{} {}", branch_label(b, geometry_.num_branches), cross_kind_name(CrossKind::Text)),
+            geometry_.num_layers, geometry_.text_tokens, int(heads), int(hd), geometry_.dtype, storage_));
+        cross_of_.push_back(cross_.back().get());
+        if (!image) {
+            const std::string owner = geometry_.num_branches > 1 ? "shared" : branch_label(b, geometry_.num_branches);
             cross_.push_back(std::make_unique<CrossAttentionCache>(
-                fmt::format("{} {}", branch_label(b, geometry_.num_branches), cross_kind_name(kind)), geometry_.num_layers, tokens, int(heads),
-                int(hd), geometry_.dtype, storage_));
+                fmt::format("{} {}", owner, cross_kind_name(CrossKind::Image)), geometry_.num_layers,
+                geometry_.image_tokens, int(heads), int(hd), geometry_.dtype, storage_));
+            image = cross_.back().get();
         }
+        cross_of_.push_back(image);
     }
     log()->debug("{}", plan_.summary());
 }
@@ -109,7 +116,7 @@ TensorView KvCacheManager::scratch_v(int branch) const { return branch_rows(scra
 
 CrossAttentionCache& KvCacheManager::cross(int branch, CrossKind kind) {
     DZR_ASSERT(branch >= 0 && branch < geometry_.num_branches);
-    return *cross_[size_t(branch * 2 + (kind == CrossKind::Text ? 0 : 1))];
+    return *cross_of_[size_t(branch * 2 + (kind == CrossKind::Text ? 0 : 1))];
 }
 
 // ---- KvSession ----------------------------------------------------------------------------------
@@ -184,6 +191,18 @@ void KvSession::populate_cross(int branch, CrossKind kind, std::span<const Layer
     check_usable("populate_cross");
     check_branch(branch);
     manager_.cross(branch, kind).populate(manager_.storage_backend(), layers);
+}
+
+std::vector<LayerKv> KvSession::begin_cross_write(int branch, CrossKind kind) {
+    check_usable("begin_cross_write");
+    check_branch(branch);
+    return manager_.cross(branch, kind).begin_write();
+}
+
+void KvSession::commit_cross(int branch, CrossKind kind) {
+    check_usable("commit_cross");
+    check_branch(branch);
+    manager_.cross(branch, kind).commit_write();
 }
 
 const CrossAttentionCache& KvSession::cross(int branch, CrossKind kind) const {

@@ -91,7 +91,10 @@ private:
     Tensor pool_k_, pool_v_;        // [layers, block ids, block_tokens, H, D]
     Tensor pool_k_scale_, pool_v_scale_;  // fp8_pool: f32 [layers, block ids, block_tokens, H]
     Tensor scratch_k_, scratch_v_;  // [branches, scratch_tokens, H, D]
-    std::vector<std::unique_ptr<CrossAttentionCache>> cross_;  // [branch][text, image]
+    // NOTE: the image context is the same for both CFG branches (only the text differs), so the branches held on one
+    // device share one image cache; cross_ holds every cache once, cross_of_ maps [branch][text, image] to them.
+    std::vector<std::unique_ptr<CrossAttentionCache>> cross_;
+    std::vector<CrossAttentionCache*> cross_of_;
     KvSession* open_ = nullptr;
 };
 
@@ -132,6 +135,10 @@ public:
 
     // ---- cross-attention caches -----------------------------------------------------------------
     void populate_cross(int branch, CrossKind kind, std::span<const LayerKv> layers);
+    /// The branch's cross cache's storage, to compute the context's projections straight into it
+    /// (CrossAttentionCache::begin_write); then commit_cross(). The branches of one device share the image cache.
+    std::vector<LayerKv> begin_cross_write(int branch, CrossKind kind);
+    void commit_cross(int branch, CrossKind kind);
     const CrossAttentionCache& cross(int branch, CrossKind kind) const;
 
     // ---- views for the open forward -------------------------------------------------------------

@@ -14,7 +14,7 @@ namespace dzr {
 struct KvMemoryPlan {
     KvLimits limits;
     size_t block_bytes = 0;        // one block: K and V of block_tokens tokens in every layer
-    size_t cross_bytes = 0;        // text + image K and V, every layer, every branch (one session)
+    size_t cross_bytes = 0;        // K and V, every layer: text per branch, image once (shared by the branches)
     size_t scratch_bytes = 0;      // every branch's scratch (K and V rows of one layer at a time)
     int blocks_per_branch = 0;     // one session, one branch
     int session_blocks = 0;        // one session, every branch

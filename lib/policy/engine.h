@@ -77,7 +77,7 @@ struct PolicyOptions {
 struct EngineFootprint {
     std::vector<size_t> workspace_bytes;  ///< the workspace to reserve: the arena's high water + kWorkspaceMargin
     std::vector<size_t> engine_bytes;     ///< the engine's allocations: the networks (weights, tables), KV pools
-    std::vector<size_t> session_bytes;    ///< a session's: buffers, samplers, cross-attention staging
+    std::vector<size_t> session_bytes;    ///< a session's: buffers, samplers, velocities
 };
 
 /// Named intermediates for parity dumps: (stage, call index, tensor on the backend; valid only during

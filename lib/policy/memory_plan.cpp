@@ -114,11 +114,10 @@ uint64_t weight_bytes(const ExpectedWeight& w, WeightPrecision precision, DType 
     return n * dtype_size(compute_dtype);
 }
 
-uint64_t kv_scale_bytes(const KvGeometry& g, int total_block_ids) {
-    if (g.dtype != DType::F8_E4M3) return 0;
-    const uint64_t per_cache = uint64_t(g.num_layers) * 2 * uint64_t(g.num_kv_heads) * kFp8ScaleBytes;
-    const uint64_t cross_caches = 2 * uint64_t(g.num_branches);  // text and image, per branch
-    return per_cache * (uint64_t(total_block_ids) + cross_caches);
+uint64_t kv_scale_bytes(const KvGeometry& g, int total_block_ids, int block_tokens) {
+    if (!g.fp8_pool) return 0;
+    return uint64_t(total_block_ids) * uint64_t(block_tokens) * uint64_t(g.num_layers) * 2 *
+           uint64_t(g.num_kv_heads) * kFp8ScaleBytes;
 }
 
 std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / double(uint64_t(1) << 30)); }
@@ -192,10 +191,13 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     uint64_t kv_scales = 0, kv_measured = 0;
     const bool paged = options.kv_mode == KvMode::Paged;
     if (paged) {
-        const KvGeometry g = KvGeometry::from_model(model, po.kv_dtype, 2);
+        // NOTE: the engine's geometry: the compute dtype, and with an fp8 KV cache E4M3 pool rows with an f32 scale
+        // per token and head (the cross caches and the scratch keep the compute dtype)
+        KvGeometry g = KvGeometry::from_model(model, dt, 2);
+        g.fp8_pool = po.kv_dtype == DType::F8_E4M3;
         options.kv.validate(g);
         kv = plan_kv_memory(g, options.kv, resolve_kv_budget(g, options.kv, 0));
-        kv_scales = kv_scale_bytes(g, kv.total_block_ids());
+        kv_scales = kv_scale_bytes(g, kv.total_block_ids(), kv.limits.block_tokens);
         // NOTE: the measuring engine's pool is in its compute dtype
         const KvGeometry gm = KvGeometry::from_model(model, dt, 2);
         kv_measured = plan_kv_memory(gm, options.kv, resolve_kv_budget(gm, options.kv, 0)).total_bytes;
@@ -221,16 +223,17 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     add("tables.networks", "network tables", tables,
         "CLIP, VAE and DiT tables besides their weights (RoPE, timestep embeddings, resize matrices)");
     if (paged) {
-        add("kv.pool", "KV pool", kv.pool_bytes,
+        add("kv.pool", "KV pool", kv.pool_bytes - kv_scales,
             fmt::format("{} blocks of {} tokens + the null block, {} each, {}", kv.num_blocks, kv.limits.block_tokens,
                         format_bytes(kv.block_bytes), kv_dtype_name(po.kv_dtype)));
         add("kv.scratch", "KV scratch", kv.scratch_bytes, "the current rows of one layer, K and V, per branch");
         add("kv.cross", "cross-attention caches", kv.cross_bytes,
-            fmt::format("text and image K and V of every layer, 2 branches, {}", kv_dtype_name(po.kv_dtype)));
-        if (kv_scales > 0) add("kv.scales", "KV scales", kv_scales, "float32 per head, K and V, per layer and cache");
+            fmt::format("K and V of every layer: the text per branch, the image shared, {}", kv_dtype_name(dt)));
+        if (kv_scales > 0)
+            add("kv.scales", "KV scales", kv_scales, "the fp8 pool's float32 per token and head, K and V, per layer");
     }
     add("session", "session buffers", footprint.session_bytes.at(0),
-        paged ? "inputs, samples, sampler history, cross-attention staging (measured)"
+        paged ? "inputs, samples, velocities, sampler history (measured)"
               : "inputs, samples, sampler history, the dense KV caches and cross K/V (measured)");
     if (options.text_prepass)
         add("text.prepass_output", "pre-pass output", uint64_t(model.t5.text_len) * uint64_t(model.t5.dim) * dtype_size(dt),

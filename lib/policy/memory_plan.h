@@ -50,11 +50,10 @@ bool fp8_weight(const ExpectedWeight& w);
 /// converts every stored dtype to it).
 uint64_t weight_bytes(const ExpectedWeight& w, WeightPrecision precision, DType compute_dtype);
 
-/// The FP8 KV cache's scales (0 for another dtype): a float32 per head for K and for V of every layer, for every
-/// pool block (the null block included) and every cross cache (text and image, per branch).
-/// NOTE: the FP8 KV work owns the layout; this counts one scale per (block or cross cache, layer, K/V, head),
-/// at least what per-head scales take.
-uint64_t kv_scale_bytes(const KvGeometry& geometry, int total_block_ids);
+/// The FP8 KV pool's scales (0 without geometry.fp8_pool): a float32 per token and head for K and for V of every
+/// layer, in every pool block (the null block included), as KvCacheManager allocates them. The cross caches and the
+/// scratch keep the compute dtype and have no scales.
+uint64_t kv_scale_bytes(const KvGeometry& geometry, int total_block_ids, int block_tokens);
 
 /// What a CUDA device holds besides dzr's own allocations: the context (driver state, the kernels of dzr, cuBLAS
 /// and cuDNN as they load), cuBLASLt's 32 MiB workspace, the handles, and cudaMalloc's rounding of every tensor.

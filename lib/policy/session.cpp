@@ -41,12 +41,10 @@ struct Session::Buffers {
     Tensor state;                      // [1, max_state_dim]
 };
 
-/// The branch runners, the KV sessions they attend through, and what a cross cache is computed into.
+/// The branch runners and the KV sessions they attend through.
 struct Session::Runners {
     std::vector<std::unique_ptr<KvSession>> kv;  // paged: one per device
     std::array<std::unique_ptr<BranchRunner>, 2> branch;
-    std::unique_ptr<DitCrossKv> staging;  // paged: computed here, then copied into the cross caches (per device)
-    std::unique_ptr<DitCrossKv> remote_staging;
     Tensor remote_text, remote_clip;     // two devices: the unconditional branch's text and CLIP features
     std::unique_ptr<FlowUniPC> video_sampler, action_sampler;
     std::unique_ptr<FiniteChecks> finite;  // the always-on check: counted on the device, read once per call
@@ -135,12 +133,6 @@ Session::Session(Engine& engine) : engine_(engine) {
             runners_->branch[size_t(b)]->use_paged(
                 *runners_->kv[size_t(dev)], kv_branch,
                 rb.device().is_cuda() ? PagedAttentionPath::Kernel : PagedAttentionPath::Gather);
-        }
-        runners_->staging = std::make_unique<DitCrossKv>(engine_.dits_[0]->make_cross_kv(be, image_tokens));
-        if (placement.backends.size() > 1) {
-            Backend& rb = placement.backend_of(kUncondBranch);
-            runners_->remote_staging =
-                std::make_unique<DitCrossKv>(engine_.dits_[1]->make_cross_kv(rb, image_tokens));
         }
     } else {
         const KvGeometry geometry = KvGeometry::from_model(m, dt, 2);
@@ -285,14 +277,19 @@ void Session::populate_text_cross() {
             r.dit().compute_text_kv(r.backend(), text, r.cross());
             continue;
         }
+        // NOTE: projected straight into the branch's cross cache (no staging copy of every layer's K and V)
         const int dev = placement.device_of(b);
-        DitCrossKv& staging = r.remote() ? *runners_->remote_staging : *runners_->staging;
-        r.dit().compute_text_kv(r.backend(), text, staging);
-        std::vector<LayerKv> layers;
-        for (const auto& l : staging.layers) layers.push_back({l.k_txt, l.v_txt});
         const int kv_branch = dev == placement.device_of(1 - b) ? b : 0;
         KvSession& kv = *runners_->kv[size_t(dev)];
-        kv.populate_cross(kv_branch, CrossKind::Text, layers);
+        const std::vector<LayerKv> layers = kv.begin_cross_write(kv_branch, CrossKind::Text);
+        DitCrossKv target;
+        target.layers.resize(layers.size());
+        for (size_t i = 0; i < layers.size(); ++i) {
+            target.layers[i].k_txt = layers[i].k;
+            target.layers[i].v_txt = layers[i].v;
+        }
+        r.dit().compute_text_kv(r.backend(), text, target);
+        kv.commit_cross(kv_branch, CrossKind::Text);
         const CrossAttentionCache& c = kv.cross(kv_branch, CrossKind::Text);
         for (size_t i = 0; i < layers.size(); ++i) {
             r.cross().layers[i].k_txt = c.k(int(i));
@@ -316,27 +313,34 @@ void Session::populate_image_cross() {
         }
         return;
     }
-    // NOTE: the image context is the same for both branches, so it is projected once per device.
-    const bool split = placement.backends.size() > 1;
-    engine_.dits_[0]->compute_image_kv(be, buf_->clip_feats, *runners_->staging);
-    if (split) {
-        BranchRunner& r = *runners_->branch[kUncondBranch];
-        const TensorView local(runners_->remote_clip.data(), buf_->clip_feats.dtype(), buf_->clip_feats.shape(),
-                               r.backend().device());
-        engine_.communicator_->transfer(be, buf_->clip_feats, r.backend(), local);
-        r.dit().compute_image_kv(r.backend(), local, *runners_->remote_staging);
-    }
+    // NOTE: the image context is the same for both branches: it is projected once per device, straight into the
+    // device's image cache, which the branches placed there share.
+    std::array<bool, 2> projected{false, false};  // per device
     for (int b = 0; b < 2; ++b) {
         BranchRunner& r = *runners_->branch[size_t(b)];
-        const DitCrossKv& staging = r.remote() ? *runners_->remote_staging : *runners_->staging;
-        std::vector<LayerKv> layers;
-        for (const auto& l : staging.layers) layers.push_back({l.k_img, l.v_img});
         const int dev = placement.device_of(b);
         const int kv_branch = dev == placement.device_of(1 - b) ? b : 0;
         KvSession& kv = *runners_->kv[size_t(dev)];
-        kv.populate_cross(kv_branch, CrossKind::Image, layers);
+        if (!projected[size_t(dev)]) {
+            TensorView feats = buf_->clip_feats.view();
+            if (r.remote()) {
+                const TensorView local(runners_->remote_clip.data(), feats.dtype, feats.shape, r.backend().device());
+                engine_.communicator_->transfer(be, feats, r.backend(), local);
+                feats = local;
+            }
+            const std::vector<LayerKv> layers = kv.begin_cross_write(kv_branch, CrossKind::Image);
+            DitCrossKv target;
+            target.layers.resize(layers.size());
+            for (size_t i = 0; i < layers.size(); ++i) {
+                target.layers[i].k_img = layers[i].k;
+                target.layers[i].v_img = layers[i].v;
+            }
+            r.dit().compute_image_kv(r.backend(), feats, target);
+            kv.commit_cross(kv_branch, CrossKind::Image);
+            projected[size_t(dev)] = true;
+        }
         const CrossAttentionCache& c = kv.cross(kv_branch, CrossKind::Image);
-        for (size_t i = 0; i < layers.size(); ++i) {
+        for (size_t i = 0; i < r.cross().layers.size(); ++i) {
             r.cross().layers[i].k_img = c.k(int(i));
             r.cross().layers[i].v_img = c.v(int(i));
         }

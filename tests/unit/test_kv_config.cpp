@@ -195,15 +195,15 @@ TEST_CASE("kv sizing at DROID geometry in bf16 fits one session with both CFG br
     CHECK(p.blocks_per_branch == 7);
     CHECK(p.session_blocks == 14);
     CHECK(p.num_blocks == 14);
-    // cross caches: (512 + 257) tokens x (K, V) x 5120 x 2 bytes x 40 layers x 2 branches
-    CHECK(p.cross_bytes == 769ull * 2 * 5120 * 2 * 40 * 2);
-    CHECK(p.cross_bytes == 1259929600ull);
+    // cross caches: (512 text tokens x 2 branches + 257 image tokens, shared) x (K, V) x 5120 x 2 bytes x 40 layers
+    CHECK(p.cross_bytes == (512ull * 2 + 257) * 2 * 5120 * 2 * 40);
+    CHECK(p.cross_bytes == 1049395200ull);
     // scratch: 1785 rows x (K, V) x 5120 x 2 bytes x 2 branches, one layer at a time
     CHECK(p.scratch_bytes == 1785ull * 2 * 5120 * 2 * 2);
     CHECK(p.scratch_bytes == 73113600ull);
     // 14 blocks + the null block + cross + scratch
-    CHECK(p.session_bytes == 15ull * 720896000ull + 1259929600ull + 73113600ull);
-    CHECK(p.session_bytes == 12146483200ull);
+    CHECK(p.session_bytes == 15ull * 720896000ull + 1049395200ull + 73113600ull);
+    CHECK(p.session_bytes == 11935948800ull);
     CHECK(p.total_bytes == p.session_bytes);
     CHECK(p.session_bytes <= 12 * kGiB + kGiB / 2);
     // the self-attention part alone (blocks, null block, scratch)
@@ -224,7 +224,7 @@ TEST_CASE("kv sizing pays cross caches and scratch first and spends the rest on 
     CHECK(p.budget_bytes - p.total_bytes == 100);
 }
 
-TEST_CASE("kv sizing for one CFG-parallel branch halves blocks, cross caches and scratch") {
+TEST_CASE("kv sizing for one CFG-parallel branch halves blocks, text caches and scratch, and keeps its own image cache") {
     const KvGeometry g = KvGeometry::from_model(ModelConfig{}, DType::BF16, 1);
     const KvMemoryPlan p = plan_kv_memory(g, KvConfig{}, kv_session_bytes(g, KvConfig{}));
     CHECK(p.session_blocks == 7);
@@ -236,11 +236,11 @@ TEST_CASE("kv sizing fails with the bytes one session needs and the budget avail
     const KvConfig c;
     const size_t session = kv_session_bytes(g, c);
     const std::string msg = error_of([&] { plan_kv_memory(g, c, session - 1); });
-    CHECK(msg.find("12146483200") != std::string::npos);
+    CHECK(msg.find("11935948800") != std::string::npos);
     CHECK(msg.find(std::to_string(session - 1)) != std::string::npos);
     CHECK(msg.find("budget") != std::string::npos);
     // a budget that covers the cross caches and scratch but no blocks
-    CHECK_THROWS_AS(plan_kv_memory(g, c, 1259929600ull + 73113600ull), Error);
+    CHECK_THROWS_AS(plan_kv_memory(g, c, 1049395200ull + 73113600ull), Error);
 }
 
 TEST_CASE("kv budget resolves auto to one session and fractions against free memory") {

@@ -480,6 +480,50 @@ TEST_CASE("cross cache population is transactional and reads return the exact te
     CHECK_THROWS_WITH_AS(s->cross(kPos, CrossKind::Text), doctest::Contains("closed"), Error);
 }
 
+TEST_CASE("the branches of one device share one image cache, and a cache can be written in place") {
+    const KvGeometry g = tiny();
+    const KvConfig c;
+    auto be = make_cpu_backend(size_t(1) << 20);
+    KvCacheManager m(g, c, session_budget(g, c), be.get());
+    auto s = m.open_session("in place");
+    // one image cache for both branches (the same image context), a text cache each
+    CHECK(&s->cross(kPos, CrossKind::Image) == &s->cross(kNeg, CrossKind::Image));
+    CHECK(&s->cross(kPos, CrossKind::Text) != &s->cross(kNeg, CrossKind::Text));
+    // a single branch on its device keeps its own image cache (and the sizing counts it once either way)
+    CHECK(plan_kv_memory(g, c, session_budget(g, c)).cross_bytes ==
+          size_t(2 * g.text_tokens + g.image_tokens) * g.token_bytes());
+    CHECK(plan_kv_memory(tiny(1), c, session_budget(tiny(1), c)).cross_bytes ==
+          size_t(g.text_tokens + g.image_tokens) * g.token_bytes());
+
+    // in place: the views are the cache's own storage; the cache reads as empty until the commit
+    const size_t n = size_t(g.image_tokens) * 8;
+    std::vector<LayerKv> views = s->begin_cross_write(kPos, CrossKind::Image);
+    REQUIRE(views.size() == 2);
+    CHECK_THROWS_WITH_AS(s->cross(kNeg, CrossKind::Image).k(0), doctest::Contains("before it was populated"), Error);
+    std::vector<std::vector<float>> vals;
+    for (int i = 0; i < 4; ++i) {
+        vals.push_back(test::random_floats(n, 200 + uint64_t(i)));
+        const TensorView& dst = i % 2 == 0 ? views[size_t(i / 2)].k : views[size_t(i / 2)].v;
+        REQUIRE(dst.shape == Shape{g.image_tokens, 2, 4});
+        be->copy(TensorView(vals.back().data(), DType::F32, dst.shape), dst);
+    }
+    const uint64_t generation = s->cross(kPos, CrossKind::Image).generation();
+    s->commit_cross(kPos, CrossKind::Image);
+    CHECK(s->cross(kNeg, CrossKind::Image).generation() == generation + 1);
+    CHECK(to_f32_vector(s->cross(kNeg, CrossKind::Image).k(0)) == vals[0]);
+    CHECK(to_f32_vector(s->cross(kNeg, CrossKind::Image).v(1)) == vals[3]);
+    // a commit needs a write begun; a reset in between leaves the cache empty
+    CHECK_THROWS_WITH_AS(s->commit_cross(kPos, CrossKind::Image), doctest::Contains("without begin_write"), Error);
+    s->begin_cross_write(kNeg, CrossKind::Image);
+    s->reset_window();
+    CHECK_THROWS_WITH_AS(s->commit_cross(kNeg, CrossKind::Image), doctest::Contains("without begin_write"), Error);
+    CHECK_FALSE(s->cross(kPos, CrossKind::Image).populated());
+    // without storage there is nothing to write into
+    KvCacheManager bookkeeping(g, c, session_budget(g, c));
+    auto b = bookkeeping.open_session("bookkeeping");
+    CHECK_THROWS_WITH_AS(b->begin_cross_write(kPos, CrossKind::Text), doctest::Contains("needs storage"), Error);
+}
+
 TEST_CASE("the pool is whole after every session, a warm-up session included, and one session is open at a time") {
     const KvGeometry g = tiny();
     const KvConfig c;

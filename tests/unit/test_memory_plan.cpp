@@ -99,14 +99,14 @@ KeyListFigures key_list_figures() {
 }
 
 /// The DROID KV cache by hand: 40 layers, 40 heads x 128, 880 tokens a frame, a 9-frame window reset at the boundary
-/// (7 committed frames per branch, 2 branches, 1 frame a block, the null block), 512 text and 257 image tokens,
-/// scratch of 2 frames + 24 actions + 1 state per branch, one layer, K and V.
+/// (7 committed frames per branch, 2 branches, 1 frame a block, the null block), 512 text tokens per branch and 257
+/// image tokens shared by the branches, scratch of 2 frames + 24 actions + 1 state per branch, one layer, K and V.
 struct DroidKv {
     uint64_t pool, cross, scratch;
 };
 DroidKv droid_kv(uint64_t element_bytes) {
     const uint64_t row = 40 * 128 * element_bytes;  // one token's K (or V) in one layer
-    return {(2 * 7 + 1) * 880 * 40 * 2 * row, 2 * (512 + 257) * 40 * 2 * row, 2 * (2 * 880 + 25) * 2 * row};
+    return {(2 * 7 + 1) * 880 * 40 * 2 * row, (2 * 512 + 257) * 40 * 2 * row, 2 * (2 * 880 + 25) * 2 * row};
 }
 
 }  // namespace
@@ -137,7 +137,7 @@ TEST_CASE("the DROID plan in fp8 stores the DiT layers' linear weights in one by
     CHECK(double(k.dit_fp8_bytes) / double(2 * k.dit) < 0.52);
 }
 
-TEST_CASE("the DROID plan's KV cache matches the geometry by hand, halved with an fp8 cache plus its scales") {
+TEST_CASE("the DROID plan's KV cache matches the geometry by hand; an fp8 pool halves with a scale per token and head") {
     const MemoryPlan bf16 = offline_plan(droid(), WeightPrecision::Bf16, DType::BF16);
     const DroidKv kv = droid_kv(2);
     CHECK(bf16.part_bytes("kv.pool") == kv.pool);
@@ -147,12 +147,12 @@ TEST_CASE("the DROID plan's KV cache matches the geometry by hand, halved with a
     CHECK(bf16.part_bytes("kv.scales") == 0);
 
     const MemoryPlan fp8 = offline_plan(droid(), WeightPrecision::Bf16, DType::F8_E4M3);
-    const DroidKv kv8 = droid_kv(1);
-    CHECK(fp8.part_bytes("kv.pool") == kv8.pool);
-    CHECK(fp8.part_bytes("kv.cross") == kv8.cross);
-    CHECK(fp8.part_bytes("kv.scratch") == kv8.scratch);
-    // a float32 per head, K and V, per layer, for the 15 block ids and the 4 cross caches
-    CHECK(fp8.part_bytes("kv.scales") == uint64_t(40 * 2 * 40 * 4) * (15 + 4));
+    CHECK(fp8.part_bytes("kv.pool") == droid_kv(1).pool);
+    // the cross caches and the scratch keep the compute dtype (KvCacheManager allocates them so)
+    CHECK(fp8.part_bytes("kv.cross") == kv.cross);
+    CHECK(fp8.part_bytes("kv.scratch") == kv.scratch);
+    // a float32 per token and head, K and V, per layer, in the 15 block ids of 880 tokens
+    CHECK(fp8.part_bytes("kv.scales") == uint64_t(15) * 880 * 40 * 2 * 40 * 4);
 }
 
 TEST_CASE("the phases hold their parts: umT5 only in the pre-pass, or in every phase without it") {
@@ -197,7 +197,7 @@ TEST_CASE("the tiny plan's KV cache matches the geometry by hand and its workspa
     po.cuda = false;
     const MemoryPlan plan = plan_memory(run.model, e, policy(run, false), po, cpu.get());
     CHECK(plan.part_bytes("kv.pool") == 15 * 220 * 2 * 2 * row);
-    CHECK(plan.part_bytes("kv.cross") == 2 * (512 + 257) * 2 * 2 * row);
+    CHECK(plan.part_bytes("kv.cross") == (2 * 512 + 257) * 2 * 2 * row);
     CHECK(plan.part_bytes("kv.scratch") == 2 * (2 * 220 + 25) * 2 * row);
     CHECK(plan.part_bytes("cuda.context") == 0);
 
