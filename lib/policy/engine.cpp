@@ -181,6 +181,9 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
         DZR_CHECK(b->compute_dtype() == be.compute_dtype(),
                   "engine: the backends compute in different dtypes ({} and {})", be.name(), b->name());
     measuring_ = be.capabilities().measuring;
+    // NOTE: the VAE decoder serves decode_video() only: without video_decode its weights (0.14 GiB at DROID size)
+    // stay in the checkpoint
+    if (!options_.video_decode) model_.vae.has_decoder = false;
     check_fp8_support(placement_, options_.precision, options_.kv.dtype);
     DZR_CHECK(options_.kv.dtype != Precision::Fp8 || options_.kv_mode == KvMode::Paged,
               "kv.dtype fp8 needs the paged KV cache (--kv paged); the dense cache is the bf16 reference path");
