@@ -131,6 +131,10 @@ CudaDevice::~CudaDevice() {
 }
 
 Tensor CudaDevice::alloc(Shape shape, DType dtype) {
+    if (slab_) {
+        Tensor packed = alloc_packed(shape, dtype);
+        if (packed.defined()) return packed;
+    }
     const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
     auto storage = std::make_shared<CudaStorage>(bytes, index_);
     if (bytes > 0) {

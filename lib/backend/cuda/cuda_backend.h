@@ -19,6 +19,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/packing.h"
 
 namespace dzr {
 
@@ -45,7 +46,9 @@ using GemmKey = std::array<int64_t, 24>;
 }  // namespace cuda_detail
 
 /// Device memory of one GPU: tensors from cudaMalloc, the workspace arena on one allocation.
-class CudaDevice final : public DeviceContext {
+class CudaSlab;
+
+class CudaDevice final : public DeviceContext, public PackingAllocator {
 public:
     explicit CudaDevice(int index);
     ~CudaDevice() override;
@@ -63,12 +66,22 @@ public:
     /// The stream alloc() zero-fills on (the backend's), so the fill is ordered before the backend's work.
     void set_stream(cudaStream_t stream) { stream_ = stream; }
 
+    /// backend/packing.h: alloc() carves from one slab (virtual memory management) between these
+    /// (backend/cuda/cuda_packing.cpp).
+    void begin_packing() override;
+    void end_packing() override;
+
 private:
+    /// A tensor carved from the current slab; undefined when not packing or the slab cannot take it.
+    Tensor alloc_packed(Shape shape, DType dtype);
+
     int index_ = 0;
     cudaStream_t stream_ = nullptr;
     void* workspace_base_ = nullptr;
     Arena arena_;
     Capabilities caps_;
+    int packing_depth_ = 0;
+    std::shared_ptr<CudaSlab> slab_;
 };
 
 /// One CUDA stream with two pinned staging buffers for host transfers.
