@@ -32,6 +32,9 @@ struct KvGeometry {
     /// The pool (not the scratch or the cross caches) holds E4M3 values with one f32 scale per token and head
     /// (kv.dtype: fp8; core/fp8.h's row quantization over each head's head_dim values).
     bool fp8_pool = false;
+    /// The cross-attention caches hold E4M3 K and V with one f32 scale per token and head too (kv.dtype: fp8; the
+    /// forward dequantizes a layer's K and V before attending).
+    bool fp8_cross = false;
 
     /// Geometry of `model`'s DiT (layers, heads, frame tokens, register tokens, context lengths).
     static KvGeometry from_model(const ModelConfig& model, DType dtype, int num_branches = 2);
@@ -47,6 +50,12 @@ struct KvGeometry {
     }
     /// Bytes of one token's K and V across every layer of the pool.
     size_t pool_token_bytes() const { return 2 * pool_row_bytes() * size_t(num_layers); }
+    /// Bytes of one context token's K and V across every layer of a cross cache (with fp8_cross: E4M3 rows and
+    /// their scales).
+    size_t cross_token_bytes() const {
+        const size_t row = fp8_cross ? size_t(num_kv_heads) * (size_t(head_dim) + sizeof(float)) : row_bytes();
+        return 2 * row * size_t(num_layers);
+    }
     int64_t max_current_video_frames() const { return chunk_frames > prefill_frames ? chunk_frames : prefill_frames; }
 
     /// Throws dzr::Error naming the first non-positive field.

@@ -1,5 +1,7 @@
 #include "kv/cross_attention_cache.h"
 
+#include <tuple>
+
 #include "core/error.h"
 
 namespace dzr {
@@ -7,12 +9,16 @@ namespace dzr {
 std::string_view cross_kind_name(CrossKind kind) { return kind == CrossKind::Text ? "text" : "image"; }
 
 CrossAttentionCache::CrossAttentionCache(std::string name, int num_layers, int tokens, int heads, int head_dim,
-                                         DType dtype, Backend* storage)
+                                         DType dtype, Backend* storage, bool fp8)
     : name_(std::move(name)), num_layers_(num_layers), tokens_(tokens), heads_(heads), head_dim_(head_dim),
-      dtype_(dtype) {
+      dtype_(fp8 ? DType::F8_E4M3 : dtype), fp8_(fp8) {
     if (storage) {
-        k_ = storage->alloc(Shape{num_layers, tokens, heads, head_dim}, dtype);
-        v_ = storage->alloc(Shape{num_layers, tokens, heads, head_dim}, dtype);
+        k_ = storage->alloc(Shape{num_layers, tokens, heads, head_dim}, dtype_);
+        v_ = storage->alloc(Shape{num_layers, tokens, heads, head_dim}, dtype_);
+        if (fp8) {
+            k_scale_ = storage->alloc(Shape{num_layers, tokens, heads}, DType::F32);
+            v_scale_ = storage->alloc(Shape{num_layers, tokens, heads}, DType::F32);
+        }
     }
 }
 
@@ -36,9 +42,21 @@ void CrossAttentionCache::populate(Backend* be, std::span<const LayerKv> layers)
         // rather than a mix of old and new layers.
         populated_ = false;
         writing_ = false;
+        const int64_t rows = int64_t(tokens_) * heads_;
         for (int l = 0; l < num_layers_; ++l) {
-            be->copy(layers[size_t(l)].k, layer_view(k_, l));
-            be->copy(layers[size_t(l)].v, layer_view(v_, l));
+            if (!fp8_) {
+                be->copy(layers[size_t(l)].k, layer_view(k_, l));
+                be->copy(layers[size_t(l)].v, layer_view(v_, l));
+                continue;
+            }
+            // one scale per token and head (each head's head_dim values), as the FP8 pool
+            for (const auto& [src, q, sc] : {std::tuple{&layers[size_t(l)].k, &k_, &k_scale_},
+                                             std::tuple{&layers[size_t(l)].v, &v_, &v_scale_}}) {
+                DZR_CHECK(src->is_contiguous(), "kv cross cache {}: layer {}: an FP8 cache quantizes contiguous K/V, "
+                          "got {}", name_, l, src->str());
+                be->quantize_fp8(src->reshape(Shape{rows, head_dim_}), layer_view(*q, l).reshape(Shape{rows, head_dim_}),
+                                 scale_view(*sc, l).reshape(Shape{rows}));
+            }
         }
     }
     populated_ = true;
@@ -50,7 +68,8 @@ std::vector<LayerKv> CrossAttentionCache::begin_write() {
     populated_ = false;
     writing_ = true;
     std::vector<LayerKv> layers;
-    for (int l = 0; l < num_layers_; ++l) layers.push_back({layer_view(k_, l), layer_view(v_, l)});
+    for (int l = 0; l < num_layers_; ++l)
+        layers.push_back({layer_view(k_, l), layer_view(v_, l), scale_view(k_scale_, l), scale_view(v_scale_, l)});
     return layers;
 }
 
@@ -67,6 +86,24 @@ TensorView CrossAttentionCache::layer_view(const Tensor& t, int layer) const {
     if (!t.defined()) return TensorView(nullptr, dtype_, Shape{tokens_, heads_, head_dim_});
     // [layers, tokens, H, D] -> [tokens, H, D] of one layer
     return t.view().slice(0, layer, 1).reshape(Shape{tokens_, heads_, head_dim_});
+}
+
+TensorView CrossAttentionCache::scale_view(const Tensor& t, int layer) const {
+    if (!fp8_) return TensorView{};
+    DZR_CHECK(layer >= 0 && layer < num_layers_, "kv cross cache {}: layer {} out of range [0, {})", name_, layer,
+              num_layers_);
+    if (!t.defined()) return TensorView(nullptr, DType::F32, Shape{tokens_, heads_});
+    return t.view().slice(0, layer, 1).reshape(Shape{tokens_, heads_});
+}
+
+TensorView CrossAttentionCache::k_scale(int layer) const {
+    DZR_CHECK(populated_, "kv cross cache {}: read (layer {} k scale) before it was populated", name_, layer);
+    return scale_view(k_scale_, layer);
+}
+
+TensorView CrossAttentionCache::v_scale(int layer) const {
+    DZR_CHECK(populated_, "kv cross cache {}: read (layer {} v scale) before it was populated", name_, layer);
+    return scale_view(v_scale_, layer);
 }
 
 TensorView CrossAttentionCache::k(int layer) const {

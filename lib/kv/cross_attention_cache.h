@@ -23,14 +23,17 @@ std::string_view cross_kind_name(CrossKind kind);
 struct LayerKv {
     TensorView k;
     TensorView v;
+    TensorView k_scale, v_scale;  // an FP8 cache's views (begin_write, k_scale()): f32 [tokens, heads]
 };
 
 class CrossAttentionCache {
 public:
     /// Storage [layers, tokens, heads, head_dim] for K and V is allocated on `storage` when given;
     /// without it the cache only checks and records population (bookkeeping mode).
+    /// `fp8`: the storage holds E4M3 values with an f32 scale per token and head (populate quantizes its input,
+    /// Backend::quantize_fp8 over each head's head_dim values); `dtype` is then the inputs' dtype.
     CrossAttentionCache(std::string name, int num_layers, int tokens, int heads, int head_dim, DType dtype,
-                        Backend* storage);
+                        Backend* storage, bool fp8 = false);
 
     const std::string& name() const { return name_; }
     int tokens() const { return tokens_; }
@@ -49,17 +52,24 @@ public:
     uint64_t generation() const { return generation_; }
     void drop() { populated_ = writing_ = false; }
 
-    /// K and V of `layer`: [tokens, heads, head_dim]. Throws before populate.
+    /// K and V of `layer`: [tokens, heads, head_dim] (E4M3 in an FP8 cache). Throws before populate.
     TensorView k(int layer) const;
     TensorView v(int layer) const;
+    /// An FP8 cache's scales of `layer`: f32 [tokens, heads]; undefined in a cache of another dtype.
+    TensorView k_scale(int layer) const;
+    TensorView v_scale(int layer) const;
+    bool fp8() const { return fp8_; }
 
 private:
     TensorView layer_view(const Tensor& t, int layer) const;
+    TensorView scale_view(const Tensor& t, int layer) const;
 
     std::string name_;
     int num_layers_ = 0, tokens_ = 0, heads_ = 0, head_dim_ = 0;
     DType dtype_ = DType::F32;
+    bool fp8_ = false;
     Tensor k_, v_;
+    Tensor k_scale_, v_scale_;  // fp8: f32 [layers, tokens, heads]
     bool populated_ = false;
     bool writing_ = false;  // between begin_write and commit_write
     uint64_t generation_ = 0;

@@ -54,13 +54,14 @@ void KvCacheManager::init() {
     for (int b = 0; b < geometry_.num_branches; ++b) {
         cross_.push_back(std::make_unique<CrossAttentionCache>(
             fmt::format("{} {}", branch_label(b, geometry_.num_branches), cross_kind_name(CrossKind::Text)),
-            geometry_.num_layers, geometry_.text_tokens, int(heads), int(hd), geometry_.dtype, storage_));
+            geometry_.num_layers, geometry_.text_tokens, int(heads), int(hd), geometry_.dtype, storage_,
+            geometry_.fp8_cross));
         cross_of_.push_back(cross_.back().get());
         if (!image) {
             const std::string owner = geometry_.num_branches > 1 ? "shared" : branch_label(b, geometry_.num_branches);
             cross_.push_back(std::make_unique<CrossAttentionCache>(
                 fmt::format("{} {}", owner, cross_kind_name(CrossKind::Image)), geometry_.num_layers,
-                geometry_.image_tokens, int(heads), int(hd), geometry_.dtype, storage_));
+                geometry_.image_tokens, int(heads), int(hd), geometry_.dtype, storage_, geometry_.fp8_cross));
             image = cross_.back().get();
         }
         cross_of_.push_back(image);

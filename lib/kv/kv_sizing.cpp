@@ -23,7 +23,7 @@ SessionParts session_parts(const KvGeometry& g, const KvConfig& c) {
     p.block_bytes = size_t(p.limits.block_tokens) * g.pool_token_bytes();
     // cross caches: K and V, every layer, of the text tokens per branch and of the image tokens once (the branches
     // of one device share the image cache: their image context is the same)
-    p.cross_bytes = (size_t(g.text_tokens) * branches + size_t(g.image_tokens)) * g.token_bytes();
+    p.cross_bytes = (size_t(g.text_tokens) * branches + size_t(g.image_tokens)) * g.cross_token_bytes();
     // NOTE: a forward runs its layers one after the other, so the scratch (current tokens' K and V, written
     // and attended, never committed) holds one layer at a time: scratch_tokens rows, K and V, per branch.
     p.scratch_bytes = size_t(p.limits.scratch_tokens) * 2 * g.row_bytes() * branches;

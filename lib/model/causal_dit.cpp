@@ -180,7 +180,8 @@ TensorView cross_dst(Backend& be, const TensorView& t, int64_t tokens, int64_t C
 
 }  // namespace
 
-void CausalDit::compute_text_kv(Backend& be, const TensorView& text, DitCrossKv& kv) const {
+void CausalDit::compute_text_kv(Backend& be, const TensorView& text, DitCrossKv& kv,
+                                const std::function<void(size_t)>& layer_done) const {
     const int64_t C = cfg_.dim;
     DZR_CHECK(text.rank() == 2 && text.dim(0) == cfg_.text_len && text.dim(1) == cfg_.text_dim,
               "causal dit: text context {} should be [{}, {}] (text_len, text_dim)", text.str(),
@@ -196,10 +197,11 @@ void CausalDit::compute_text_kv(Backend& be, const TensorView& text, DitCrossKv&
     const TensorView ctx = be.scratch(Shape{Lt, C});
     text_emb2_.forward(be, t_hidden, ctx);
 
-    project_cross_kv(be, ctx, CrossContext::Text, kv);
+    project_cross_kv(be, ctx, CrossContext::Text, kv, layer_done);
 }
 
-void CausalDit::compute_image_kv(Backend& be, const TensorView& clip_features, DitCrossKv& kv) const {
+void CausalDit::compute_image_kv(Backend& be, const TensorView& clip_features, DitCrossKv& kv,
+                                 const std::function<void(size_t)>& layer_done) const {
     const int64_t C = cfg_.dim;
     DZR_CHECK(clip_features.rank() == 2 && clip_features.dim(0) > 0 && clip_features.dim(1) == cfg_.image_dim,
               "causal dit: image context {} should be [tokens, {}] (image_dim)", clip_features.str(),
@@ -219,10 +221,11 @@ void CausalDit::compute_image_kv(Backend& be, const TensorView& clip_features, D
     const TensorView ctx = be.scratch(Shape{Li, C});
     img_norm_out_.forward(be, i_proj, ctx);
 
-    project_cross_kv(be, ctx, CrossContext::Image, kv);
+    project_cross_kv(be, ctx, CrossContext::Image, kv, layer_done);
 }
 
-void CausalDit::project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv) const {
+void CausalDit::project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv,
+                                 const std::function<void(size_t)>& layer_done) const {
     DZR_CHECK(kv.layers.size() == layers_.size(), "causal dit: cross K/V holds {} layers, the model has {}",
               kv.layers.size(), layers_.size());
     const bool image = which == CrossContext::Image;
@@ -237,6 +240,7 @@ void CausalDit::project_cross_kv(Backend& be, const TensorView& ctx, CrossContex
             .forward(be, k_raw, cross_dst(be, image ? dst.k_img : dst.k_txt, L, C, H, image ? "k_img" : "k_txt", i));
         (image ? l.cross_v_img : l.cross_v)
             .forward(be, ctx, cross_dst(be, image ? dst.v_img : dst.v_txt, L, C, H, image ? "v_img" : "v_txt", i));
+        if (layer_done) layer_done(i);
     }
 }
 
@@ -552,8 +556,19 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         const TensorView q3 = q.reshape(Shape{L, H, D});  // [L, C] -> [L, H, D]
         const TensorView o_txt = be.scratch(Shape{L, H, D});
         const TensorView o_img = be.scratch(Shape{L, H, D});
-        be.attention({attn_scale}, q3, ckv.k_txt, ckv.v_txt, {}, o_txt);
-        be.attention({attn_scale}, q3, ckv.k_img, ckv.v_img, {}, o_img);
+        // an FP8 cross cache: each K and V dequantized into the workspace (per token and head scales) first
+        const auto dequantized = [&](const TensorView& t, const TensorView& scales) {
+            if (t.dtype != DType::F8_E4M3) return t;
+            const TensorView out = be.scratch(t.shape);
+            const int64_t rows = t.dim(0) * t.dim(1);
+            be.dequantize_fp8(t.reshape(Shape{rows, t.dim(2)}), scales.reshape(Shape{rows}),
+                              out.reshape(Shape{rows, t.dim(2)}));
+            return out;
+        };
+        be.attention({attn_scale}, q3, dequantized(ckv.k_txt, ckv.k_txt_scale), dequantized(ckv.v_txt, ckv.v_txt_scale),
+                     {}, o_txt);
+        be.attention({attn_scale}, q3, dequantized(ckv.k_img, ckv.k_img_scale), dequantized(ckv.v_img, ckv.v_img_scale),
+                     {}, o_img);
         be.add(o_txt, o_img, o_txt);
         if (fast) {
             // x += cross_o(o): the GEMM accumulates into the residual (no "cross_attn" intermediate to trace)

@@ -37,6 +37,9 @@ struct DitCrossKv {
     struct Layer {
         TensorView k_txt, v_txt;  // [text_len, H, D]; k after norm_k
         TensorView k_img, v_img;  // [image_tokens, H, D]; k after norm_k_img
+        /// An FP8 cross cache (kv.dtype fp8): the views above are E4M3 and these their f32 scales, one per token
+        /// and head ([tokens, H]); the forward dequantizes each layer's K and V before attending. Undefined otherwise.
+        TensorView k_txt_scale, v_txt_scale, k_img_scale, v_img_scale;
     };
     std::vector<Layer> layers;
     std::vector<Tensor> storage;  // backing memory when owned; empty for borrowed views
@@ -93,10 +96,14 @@ class CausalDit {
 
     /// Fills every layer's k_txt/v_txt from text [text_len, text_dim] (umT5 output, pad rows zeroed):
     /// text_embedding, then each layer's k (+ norm_k) and v projections.
-    void compute_text_kv(Backend& be, const TensorView& text, DitCrossKv& kv) const;
+    /// `layer_done` (optional) runs after each layer's K and V are written (a caller that quantizes them into an FP8
+    /// cache reuses one layer's views for every layer).
+    void compute_text_kv(Backend& be, const TensorView& text, DitCrossKv& kv,
+                         const std::function<void(size_t)>& layer_done = {}) const;
     /// Fills every layer's k_img/v_img from clip_features [image_tokens, image_dim] (CLIP
     /// penultimate block): img_emb, then each layer's k_img (+ norm_k_img) and v_img projections.
-    void compute_image_kv(Backend& be, const TensorView& clip_features, DitCrossKv& kv) const;
+    void compute_image_kv(Backend& be, const TensorView& clip_features, DitCrossKv& kv,
+                          const std::function<void(size_t)>& layer_done = {}) const;
     /// Both of the above.
     void compute_cross_kv(Backend& be, const TensorView& clip_features, const TensorView& text,
                           DitCrossKv& kv) const {
@@ -138,7 +145,8 @@ class CausalDit {
     enum class CrossContext : uint8_t { Text, Image };
     /// Every layer's cross K and V of one context ctx [tokens, dim] (text_embedding's or img_emb's output)
     /// into kv's text or image views: k = norm_k(k(ctx)), v = v(ctx).
-    void project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv) const;
+    void project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv,
+                          const std::function<void(size_t)>& layer_done) const;
     void layer_forward(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
                        SelfAttentionCache& cache, const DitForwardOptions& opt) const;
     void head_forward(Backend& be, const Step& s, const DitOutputs& out, const DitForwardOptions& opt) const;

@@ -254,7 +254,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
             for (int b = 0; b < 2; ++b) branches += placement_.device_of(b) == int(i) ? 1 : 0;
             Backend& dev = *placement_.backends[i];
             KvGeometry geometry = KvGeometry::from_model(model_, dev.compute_dtype(), branches);
-            geometry.fp8_pool = options_.kv.dtype == Precision::Fp8;
+            geometry.fp8_pool = geometry.fp8_cross = options_.kv.dtype == Precision::Fp8;
             options_.kv.validate(geometry);
             const size_t budget = resolve_kv_budget(geometry, options_.kv, options_.free_device_bytes);
             kv_managers_.push_back(std::make_unique<KvCacheManager>(geometry, options_.kv, budget, &dev));

@@ -190,11 +190,12 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     KvMemoryPlan kv;
     uint64_t kv_scales = 0, kv_measured = 0;
     const bool paged = options.kv_mode == KvMode::Paged;
+    const bool fp8_kv = po.kv_dtype == DType::F8_E4M3;
     if (paged) {
-        // NOTE: the engine's geometry: the compute dtype, and with an fp8 KV cache E4M3 pool rows with an f32 scale
-        // per token and head (the cross caches and the scratch keep the compute dtype)
+        // NOTE: the engine's geometry: the compute dtype, and with an fp8 KV cache E4M3 pool and cross-cache rows with
+        // an f32 scale per token and head (the scratch keeps the compute dtype)
         KvGeometry g = KvGeometry::from_model(model, dt, 2);
-        g.fp8_pool = po.kv_dtype == DType::F8_E4M3;
+        g.fp8_pool = g.fp8_cross = fp8_kv;
         options.kv.validate(g);
         kv = plan_kv_memory(g, options.kv, resolve_kv_budget(g, options.kv, 0));
         kv_scales = kv_scale_bytes(g, kv.total_block_ids(), kv.limits.block_tokens);
@@ -228,7 +229,8 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
                         format_bytes(kv.block_bytes), kv_dtype_name(po.kv_dtype)));
         add("kv.scratch", "KV scratch", kv.scratch_bytes, "the current rows of one layer, K and V, per branch");
         add("kv.cross", "cross-attention caches", kv.cross_bytes,
-            fmt::format("K and V of every layer: the text per branch, the image shared, {}", kv_dtype_name(dt)));
+            fmt::format("K and V of every layer: the text per branch, the image shared, {}",
+                        fp8_kv ? "fp8 with a float32 scale per token and head" : kv_dtype_name(dt)));
         if (kv_scales > 0)
             add("kv.scales", "KV scales", kv_scales, "the fp8 pool's float32 per token and head, K and V, per layer");
     }

@@ -90,6 +90,55 @@ TEST_CASE("an FP8 pool holds E4M3 rows and a scale per token and head: about hal
     CHECK(m.scratch_k(0).dtype == DType::F32);
 }
 
+TEST_CASE("FP8 cross caches hold E4M3 K and V with a scale per token and head, written by populate or in place") {
+    KvGeometry g;  // DROID
+    const size_t bf16_cross = plan_kv_memory(g, KvConfig{}, kv_session_bytes(g, KvConfig{})).cross_bytes;
+    g.fp8_cross = true;
+    const KvMemoryPlan fp8 = plan_kv_memory(g, KvConfig{}, kv_session_bytes(g, KvConfig{}));
+    // text per branch and the shared image: (2 x 512 + 257) tokens, K and V, 40 layers, 40 heads x (128 + 4) bytes
+    CHECK(fp8.cross_bytes == size_t(2 * 512 + 257) * 2 * 40 * 40 * (128 + 4));
+    CHECK(double(fp8.cross_bytes) / double(bf16_cross) == doctest::Approx(132.0 / 256.0));
+
+    KvGeometry small = small_geometry(2, true);
+    small.fp8_cross = true;
+    auto be = make_cpu_backend(size_t(16) << 20);
+    KvCacheManager m(small, KvConfig{}, kv_session_bytes(small, KvConfig{}), be.get());
+    auto s = m.open_session("fp8 cross");
+    const int64_t heads = small.num_kv_heads, d = small.head_dim, tokens = small.text_tokens;
+    // populate quantizes each token's heads as the FP8 pool does: the cache dequantizes to quantize/dequantize of x
+    std::vector<std::vector<float>> vals;
+    std::vector<LayerKv> in;
+    for (int l = 0; l < small.num_layers; ++l) {
+        vals.push_back(test::random_floats(size_t(tokens * heads * d), 30 + uint64_t(l), -4.f, 4.f));
+        const TensorView t(vals.back().data(), DType::F32, Shape{tokens, heads, d});
+        in.push_back({t, t});
+    }
+    s->populate_cross(KvSession::kPositive, CrossKind::Text, in);
+    const CrossAttentionCache& c = s->cross(KvSession::kPositive, CrossKind::Text);
+    REQUIRE(c.fp8());
+    for (int l = 0; l < small.num_layers; ++l) {
+        CHECK(c.k(l).dtype == DType::F8_E4M3);
+        CHECK(c.k_scale(l).shape == Shape{tokens, heads});
+        std::vector<float> back(size_t(tokens * heads * d)), want(back.size());
+        dequantize_rows_fp8_host(c.v(l).reshape(Shape{tokens * heads, d}), c.v_scale(l).reshape(Shape{tokens * heads}),
+                                 TensorView(back.data(), DType::F32, Shape{tokens * heads, d}));
+        for (int64_t r = 0; r < tokens * heads; ++r) {
+            std::vector<uint8_t> q(static_cast<size_t>(d));
+            const float scale = quantize_row_fp8(vals[size_t(l)].data() + r * d, d, q.data());
+            for (int64_t i = 0; i < d; ++i) want[size_t(r * d + i)] = f8e4m3_to_f32(q[size_t(i)]) * scale;
+        }
+        CHECK(back == want);
+        CHECK(rel_l2(back, vals[size_t(l)]) < 0.05);
+    }
+    // in place: the views are E4M3 with their scale views; the image cache is shared by the branches
+    const std::vector<LayerKv> views = s->begin_cross_write(KvSession::kNegative, CrossKind::Image);
+    REQUIRE(views.size() == size_t(small.num_layers));
+    CHECK(views[0].k.dtype == DType::F8_E4M3);
+    CHECK(views[1].v_scale.shape == Shape{small.image_tokens, heads});
+    s->commit_cross(KvSession::kNegative, CrossKind::Image);
+    CHECK(s->cross(KvSession::kPositive, CrossKind::Image).k(1).data == views[1].k.data);
+}
+
 TEST_CASE("the FP8 scatter writes each head's codes and scale, and paged attention equals attention over them") {
     const int heads = 2, d = 16, bs = 4, num_ids = 6;
     const int64_t row = heads * d;

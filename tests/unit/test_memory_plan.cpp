@@ -151,8 +151,9 @@ TEST_CASE("the DROID plan's KV cache matches the geometry by hand; an fp8 pool h
 
     const MemoryPlan fp8 = offline_plan(droid(), WeightPrecision::Bf16, DType::F8_E4M3);
     CHECK(fp8.part_bytes("kv.pool") == droid_kv(1).pool);
-    // the cross caches and the scratch keep the compute dtype (KvCacheManager allocates them so)
-    CHECK(fp8.part_bytes("kv.cross") == kv.cross);
+    // the cross caches are E4M3 with a float32 per token and head too; the scratch keeps the compute dtype
+    // (KvCacheManager allocates them so)
+    CHECK(fp8.part_bytes("kv.cross") == uint64_t(2 * 512 + 257) * 40 * 2 * 40 * (128 + 4));
     CHECK(fp8.part_bytes("kv.scratch") == kv.scratch);
     // a float32 per token and head, K and V, per layer, in the 15 block ids of 880 tokens
     CHECK(fp8.part_bytes("kv.scales") == uint64_t(15) * 880 * 40 * 2 * 40 * 4);
