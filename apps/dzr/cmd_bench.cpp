@@ -659,7 +659,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     roll->add_option("--numerics", opts->numerics, "fast or reference (measure both for a comparison)")->capture_default_str();
     roll->add_option("--kv", opts->kv_mode, "paged or dense")->capture_default_str();
     roll->add_option("--precision", opts->precision, "DiT Linear weights: bf16 or fp8 (default: the config's)");
-    roll->add_option("--kv-dtype", opts->kv_dtype, "KV pool: bf16 or fp8 (default: the config's kv.dtype)");
+    roll->add_option("--kv-dtype", opts->kv_dtype, "KV pool and cross caches: bf16 or fp8 (default: the config's kv.dtype)");
     roll->add_option("--calls", opts->calls, "timed calls after the warm-up")->capture_default_str()
         ->check(CLI::Range(1, 10000));
     roll->add_option("--seed", opts->seed, "random weights' seed")->capture_default_str();

@@ -224,7 +224,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--precision", args->precision,
                     "DiT Linear weights: bf16 or fp8 (E4M3, per-channel scales; quantized at load unless the "
                     "checkpoint stores them; default: the config's precision, else bf16)");
-    cmd->add_option("--kv-dtype", args->kv_dtype, "KV pool: bf16 or fp8 (E4M3, a scale per token and head; default: "
+    cmd->add_option("--kv-dtype", args->kv_dtype, "KV pool and cross caches: bf16 or fp8 (E4M3, a scale per token and head; default: "
                                                   "the config's kv.dtype, else bf16)");
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
     cmd->add_flag("--no-warmup", args->no_warmup, "Skip the warm-up (timings then include first-call costs)");

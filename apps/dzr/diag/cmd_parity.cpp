@@ -498,7 +498,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
         ->capture_default_str();
     r->add_option("--precision", ra->precision,
                   "DiT Linear weights: bf16 or fp8 (E4M3, per-output-channel scales; default: the config's, else bf16)");
-    r->add_option("--kv-dtype", ra->kv_dtype, "KV pool: bf16 or fp8 (E4M3, a scale per token and head; default: the "
+    r->add_option("--kv-dtype", ra->kv_dtype, "KV pool and cross caches: bf16 or fp8 (E4M3, a scale per token and head; default: the "
                                               "config's kv.dtype, else bf16)");
     r->add_option("--config", ra->config, "Run config for the sampling and kv settings (default: built-in)");
     r->add_option("--dump", ra->dump, "Regex of the stage names to write (searched)")->capture_default_str();
