@@ -275,24 +275,6 @@ struct Vec8Ptr {
 
 Vec8Ptr vec8(const void* p, DType t) { return {p, t == DType::BF16}; }
 
-__device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(h[i]);
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-    }
-}
-
-__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
-    uint4 raw;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    return raw;
-}
-
 /// Sum over the warp's row of f(value): every lane gets it.
 template <int N, typename F>
 __device__ __forceinline__ float warp_row_sum(const uint4 (&raw)[N], int chunks, int lane, F f) {

@@ -34,6 +34,9 @@ void CrossAttentionCache::populate(Backend* be, std::span<const LayerKv> layers)
             if (k_.defined())
                 DZR_CHECK(t->device == k_.device(), "kv cross cache {}: layer {} {} is on {}, the cache is on {}",
                           name_, l, which, t->device.str(), k_.device().str());
+            DZR_CHECK(!fp8_ || t->is_contiguous(),
+                      "kv cross cache {}: layer {} {}: an FP8 cache quantizes contiguous K/V, got {}", name_, l, which,
+                      t->str());
         }
     }
     if (k_.defined()) {
@@ -42,25 +45,24 @@ void CrossAttentionCache::populate(Backend* be, std::span<const LayerKv> layers)
         // rather than a mix of old and new layers.
         populated_ = false;
         writing_ = false;
-        const int64_t rows = int64_t(tokens_) * heads_;
-        for (int l = 0; l < num_layers_; ++l) {
-            if (!fp8_) {
-                be->copy(layers[size_t(l)].k, layer_view(k_, l));
-                be->copy(layers[size_t(l)].v, layer_view(v_, l));
-                continue;
-            }
-            // one scale per token and head (each head's head_dim values), as the FP8 pool
-            for (const auto& [src, q, sc] : {std::tuple{&layers[size_t(l)].k, &k_, &k_scale_},
-                                             std::tuple{&layers[size_t(l)].v, &v_, &v_scale_}}) {
-                DZR_CHECK(src->is_contiguous(), "kv cross cache {}: layer {}: an FP8 cache quantizes contiguous K/V, "
-                          "got {}", name_, l, src->str());
-                be->quantize_fp8(src->reshape(Shape{rows, head_dim_}), layer_view(*q, l).reshape(Shape{rows, head_dim_}),
-                                 scale_view(*sc, l).reshape(Shape{rows}));
-            }
-        }
+        for (int l = 0; l < num_layers_; ++l) store_layer(*be, l, layers[size_t(l)].k, layers[size_t(l)].v);
     }
     populated_ = true;
     ++generation_;
+}
+
+void CrossAttentionCache::store_layer(Backend& be, int layer, const TensorView& k, const TensorView& v) {
+    DZR_CHECK(k_.defined(), "kv cross cache {}: storing layer {} needs storage", name_, layer);
+    if (!fp8_) {
+        be.copy(k, layer_view(k_, layer));
+        be.copy(v, layer_view(v_, layer));
+        return;
+    }
+    // one scale per token and head (each head's head_dim values), as the FP8 pool
+    const int64_t rows = int64_t(tokens_) * heads_;
+    for (const auto& [src, q, sc] : {std::tuple{&k, &k_, &k_scale_}, std::tuple{&v, &v_, &v_scale_}})
+        be.quantize_fp8(src->reshape(Shape{rows, head_dim_}), layer_view(*q, layer).reshape(Shape{rows, head_dim_}),
+                        scale_view(*sc, layer).reshape(Shape{rows}));
 }
 
 std::vector<LayerKv> CrossAttentionCache::begin_write() {

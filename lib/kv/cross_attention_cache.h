@@ -47,6 +47,10 @@ public:
     std::vector<LayerKv> begin_write();
     /// Marks the layers written since begin_write() as the cache's content.
     void commit_write();
+    /// Writes one layer's K and V ([tokens, heads, head_dim], contiguous) into the storage: a copy, or in an FP8 cache
+    /// their E4M3 codes and scales (what populate does per layer; between begin_write and commit_write, one layer at a
+    /// time from a caller's own buffers).
+    void store_layer(Backend& be, int layer, const TensorView& k, const TensorView& v);
     bool populated() const { return populated_; }
     /// Incremented by every successful populate (lets a reader notice a refresh).
     uint64_t generation() const { return generation_; }

@@ -200,6 +200,14 @@ std::vector<LayerKv> KvSession::begin_cross_write(int branch, CrossKind kind) {
     return manager_.cross(branch, kind).begin_write();
 }
 
+void KvSession::store_cross_layer(int branch, CrossKind kind, int layer, const TensorView& k, const TensorView& v) {
+    check_usable("store_cross_layer");
+    check_branch(branch);
+    Backend* be = manager_.storage_backend();
+    DZR_CHECK(be != nullptr, "kv session '{}': storing a cross layer needs the cache's storage", name_);
+    manager_.cross(branch, kind).store_layer(*be, layer, k, v);
+}
+
 void KvSession::commit_cross(int branch, CrossKind kind) {
     check_usable("commit_cross");
     check_branch(branch);

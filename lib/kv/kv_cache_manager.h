@@ -138,6 +138,9 @@ public:
     /// The branch's cross cache's storage, to compute the context's projections straight into it
     /// (CrossAttentionCache::begin_write); then commit_cross(). The branches of one device share the image cache.
     std::vector<LayerKv> begin_cross_write(int branch, CrossKind kind);
+    /// Between begin_cross_write and commit_cross: one layer's K and V from the caller's buffers (an FP8 cache
+    /// quantizes them; CrossAttentionCache::store_layer).
+    void store_cross_layer(int branch, CrossKind kind, int layer, const TensorView& k, const TensorView& v);
     void commit_cross(int branch, CrossKind kind);
     const CrossAttentionCache& cross(int branch, CrossKind kind) const;
 

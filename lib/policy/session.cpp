@@ -62,11 +62,12 @@ namespace {
 
 constexpr int kMaxClipFrames = 9;  // the VAE clip of a commit call: [f0, f0, f0, f1, f1, f2, f2, f3, f3]
 
-/// Computes a context's cross K/V straight into a cache's layers (KvSession::begin_cross_write): `compute` fills a
-/// DitCrossKv whose `kind` views are the cache's own, or, for an FP8 cache, one layer's K and V in the workspace that
-/// each finished layer quantizes into the cache (a scale per token and head, as CrossAttentionCache::populate).
-void project_into(Backend& be, const std::vector<LayerKv>& layers, CrossKind kind,
+/// Computes a context's cross K/V straight into the branch's cache (KvSession::begin_cross_write .. commit_cross):
+/// `compute` fills a DitCrossKv whose `kind` views are the cache's own, or, for an FP8 cache, one layer's K and V in
+/// the workspace, which the cache quantizes as each layer finishes (KvSession::store_cross_layer).
+void project_into(Backend& be, KvSession& kv, int kv_branch, CrossKind kind,
                   const std::function<void(DitCrossKv&, const std::function<void(size_t)>&)>& compute) {
+    const std::vector<LayerKv> layers = kv.begin_cross_write(kv_branch, kind);
     const bool text = kind == CrossKind::Text;
     DitCrossKv target;
     target.layers.resize(layers.size());
@@ -77,19 +78,13 @@ void project_into(Backend& be, const std::vector<LayerKv>& layers, CrossKind kin
     if (layers.empty() || layers[0].k.dtype != DType::F8_E4M3) {
         for (size_t i = 0; i < layers.size(); ++i) set(target.layers[i], layers[i].k, layers[i].v);
         compute(target, {});
-        return;
+    } else {
+        ArenaScope scope(be.workspace());
+        const TensorView k = be.scratch(layers[0].k.shape), v = be.scratch(layers[0].k.shape);  // [tokens, H, D]
+        for (auto& l : target.layers) set(l, k, v);
+        compute(target, [&](size_t i) { kv.store_cross_layer(kv_branch, kind, int(i), k, v); });
     }
-    ArenaScope scope(be.workspace());
-    const Shape shape = layers[0].k.shape;  // [tokens, H, D]
-    const int64_t rows = shape[0] * shape[1];
-    const TensorView k = be.scratch(shape), v = be.scratch(shape);
-    for (auto& l : target.layers) set(l, k, v);
-    compute(target, [&](size_t i) {
-        be.quantize_fp8(k.reshape(Shape{rows, shape[2]}), layers[i].k.reshape(Shape{rows, shape[2]}),
-                        layers[i].k_scale.reshape(Shape{rows}));
-        be.quantize_fp8(v.reshape(Shape{rows, shape[2]}), layers[i].v.reshape(Shape{rows, shape[2]}),
-                        layers[i].v_scale.reshape(Shape{rows}));
-    });
+    kv.commit_cross(kv_branch, kind);
 }
 
 /// The dtype of the samplers' state, the velocities and the guidance: the compute dtype in reference numerics (the
@@ -312,13 +307,11 @@ void Session::populate_text_cross() {
         const int dev = placement.device_of(b);
         const int kv_branch = dev == placement.device_of(1 - b) ? b : 0;
         KvSession& kv = *runners_->kv[size_t(dev)];
-        const std::vector<LayerKv> layers = kv.begin_cross_write(kv_branch, CrossKind::Text);
-        project_into(r.backend(), layers, CrossKind::Text, [&](DitCrossKv& target, const auto& layer_done) {
+        project_into(r.backend(), kv, kv_branch, CrossKind::Text, [&](DitCrossKv& target, const auto& layer_done) {
             r.dit().compute_text_kv(r.backend(), text, target, layer_done);
         });
-        kv.commit_cross(kv_branch, CrossKind::Text);
         const CrossAttentionCache& c = kv.cross(kv_branch, CrossKind::Text);
-        for (size_t i = 0; i < layers.size(); ++i) {
+        for (size_t i = 0; i < r.cross().layers.size(); ++i) {
             r.cross().layers[i].k_txt = c.k(int(i));
             r.cross().layers[i].v_txt = c.v(int(i));
             r.cross().layers[i].k_txt_scale = c.k_scale(int(i));
@@ -357,11 +350,9 @@ void Session::populate_image_cross() {
                 engine_.communicator_->transfer(be, feats, r.backend(), local);
                 feats = local;
             }
-            const std::vector<LayerKv> layers = kv.begin_cross_write(kv_branch, CrossKind::Image);
-            project_into(r.backend(), layers, CrossKind::Image, [&](DitCrossKv& target, const auto& layer_done) {
+            project_into(r.backend(), kv, kv_branch, CrossKind::Image, [&](DitCrossKv& target, const auto& layer_done) {
                 r.dit().compute_image_kv(r.backend(), feats, target, layer_done);
             });
-            kv.commit_cross(kv_branch, CrossKind::Image);
             projected[size_t(dev)] = true;
         }
         const CrossAttentionCache& c = kv.cross(kv_branch, CrossKind::Image);

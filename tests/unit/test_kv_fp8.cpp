@@ -137,6 +137,16 @@ TEST_CASE("FP8 cross caches hold E4M3 K and V with a scale per token and head, w
     CHECK(views[1].v_scale.shape == Shape{small.image_tokens, heads});
     s->commit_cross(KvSession::kNegative, CrossKind::Image);
     CHECK(s->cross(KvSession::kPositive, CrossKind::Image).k(1).data == views[1].k.data);
+    // one layer at a time from the caller's buffers (the session's FP8 path) stores what populate stores
+    s->begin_cross_write(KvSession::kNegative, CrossKind::Text);
+    for (int l = 0; l < small.num_layers; ++l)
+        s->store_cross_layer(KvSession::kNegative, CrossKind::Text, l, in[size_t(l)].k, in[size_t(l)].v);
+    s->commit_cross(KvSession::kNegative, CrossKind::Text);
+    const CrossAttentionCache& n = s->cross(KvSession::kNegative, CrossKind::Text);
+    for (int l = 0; l < small.num_layers; ++l) {
+        CHECK(to_f32_vector(n.k_scale(l)) == to_f32_vector(c.k_scale(l)));
+        CHECK(std::memcmp(n.v(l).data, c.v(l).data, size_t(tokens * heads * d)) == 0);
+    }
 }
 
 TEST_CASE("the FP8 scatter writes each head's codes and scale, and paged attention equals attention over them") {

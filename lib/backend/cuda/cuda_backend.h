@@ -72,7 +72,7 @@ public:
     void end_packing() override;
 
 private:
-    /// A tensor carved from the current slab; undefined when not packing or the slab cannot take it.
+    /// A tensor carved from the current slab (there must be one); undefined when the slab cannot take it.
     Tensor alloc_packed(Shape shape, DType dtype);
 
     int index_ = 0;

@@ -189,7 +189,6 @@ void CudaDevice::end_packing() {
 }
 
 Tensor CudaDevice::alloc_packed(Shape shape, DType dtype) {
-    if (!slab_) return {};
     const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
     void* p = bytes > 0 ? slab_->carve(bytes) : nullptr;
     if (!p) return {};
