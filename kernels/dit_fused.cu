@@ -53,10 +53,10 @@ template <typename Tx, typename To, typename Tm, typename Tp>
 __global__ void __launch_bounds__(kRowThreads) ada_layer_norm_kernel(const Tx* x, To* out, int64_t cols, float eps,
                                                                     const void* w, const void* b, const void* scale,
                                                                     const void* shift, int64_t mod_stride,
-                                                                    int64_t split) {
+                                                                    int64_t split, int64_t period) {
     __shared__ float shared[kWarp];
     const int64_t r = blockIdx.x;
-    const int64_t moff = (r < split ? 0 : 1) * mod_stride;
+    const int64_t moff = (r % period < split ? 0 : 1) * mod_stride;
     const Tx* xr = x + r * cols;
     To* orow = out + r * cols;
     const int64_t chunks = cols / 8;
@@ -112,10 +112,10 @@ __global__ void __launch_bounds__(kRowThreads) ada_layer_norm_kernel(const Tx* x
 // Any shape: three passes over the row in global memory.
 template <typename Tx, typename To>
 __global__ void ada_layer_norm_any_kernel(const Tx* x, To* out, int64_t cols, float eps, ParamPtr w, ParamPtr b,
-                                          GroupPtr scale, GroupPtr shift, int64_t split) {
+                                          GroupPtr scale, GroupPtr shift, int64_t split, int64_t period) {
     __shared__ float shared[kWarp];
     const int64_t r = blockIdx.x;
-    const int g = r < split ? 0 : 1;
+    const int g = r % period < split ? 0 : 1;
     const Tx* xr = x + r * cols;
     To* orow = out + r * cols;
     float sum = 0.f;
@@ -139,11 +139,11 @@ __global__ void ada_layer_norm_any_kernel(const Tx* x, To* out, int64_t cols, fl
 
 template <typename T>
 __global__ void gated_residual_any_kernel(T* x, const T* y, int64_t rows, int64_t cols, GroupPtr gate,
-                                          int64_t split) {
+                                          int64_t split, int64_t period) {
     const int64_t total = rows * cols, step = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
         const int64_t r = i / cols, c = i % cols;
-        const int g = r < split ? 0 : 1;
+        const int g = r % period < split ? 0 : 1;
         const float a = to_f32(x[i]), d = to_f32(y[i]);
         x[i] = from_f32<T>(gate.defined() ? fmaf(d, gate.at(g, c), a) : a + d);
     }
@@ -164,17 +164,17 @@ template <typename Tx, typename To, typename Tw, int kEntry>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_rope_kernel(const Tx* x, To* out, int64_t cols,
                                                                    int64_t head_dim, float eps, const void* w,
                                                                    const float* ta, const float* tb, int64_t pairs,
-                                                                   int64_t split) {
+                                                                   int64_t split, int64_t period) {
     __shared__ float shared[kWarp];
-    const int64_t r = blockIdx.x;
+    const int64_t r = blockIdx.x, rr = r % period;
     const Tx* xr = x + r * cols;
     To* orow = out + r * cols;
     const int64_t chunks = cols / 8;
     float v[kMaxChunks][8];
     const float sq = load_row(xr, chunks, v, [](float a) { return a * a; });
     const float rstd = rsqrtf(block_sum(sq, shared) / float(cols) + eps);
-    const float* table = r < split ? ta : tb;
-    const int64_t trow = r < split ? r : r - split;
+    const float* table = rr < split ? ta : tb;
+    const int64_t trow = rr < split ? rr : rr - split;
 #pragma unroll
     for (int k = 0; k < kMaxChunks; ++k) {
         const int64_t ch = threadIdx.x + int64_t(k) * kRowThreads;
@@ -218,9 +218,10 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_rope_kernel(const Tx* x,
 // Any shape: one thread per pair, two passes.
 template <typename Tx, typename To>
 __global__ void rms_norm_rope_any_kernel(const Tx* x, To* out, int64_t cols, int64_t head_dim, float eps, ParamPtr w,
-                                         const float* ta, const float* tb, int64_t pairs, int entry, int64_t split) {
+                                         const float* ta, const float* tb, int64_t pairs, int entry, int64_t split,
+                                         int64_t period) {
     __shared__ float shared[kWarp];
-    const int64_t r = blockIdx.x;
+    const int64_t r = blockIdx.x, rr = r % period;
     const Tx* xr = x + r * cols;
     To* orow = out + r * cols;
     float sq = 0.f;
@@ -229,8 +230,8 @@ __global__ void rms_norm_rope_any_kernel(const Tx* x, To* out, int64_t cols, int
         sq += a * a;
     }
     const float rstd = rsqrtf(block_sum(sq, shared) / float(cols) + eps);
-    const float* table = r < split ? ta : tb;
-    const int64_t trow = r < split ? r : r - split;
+    const float* table = rr < split ? ta : tb;
+    const int64_t trow = rr < split ? rr : rr - split;
     for (int64_t p = threadIdx.x; p < cols / 2; p += blockDim.x) {
         const int64_t c = 2 * p, j = (c % head_dim) / 2;
         float x0 = to_f32(xr[c]) * rstd, x1 = to_f32(xr[c + 1]) * rstd;
@@ -304,6 +305,7 @@ struct AdaWarpArgs {
     int64_t mod_stride;   // scale and shift: elements between the groups' rows
     int64_t gate_stride;  // gate: the same
     int64_t split;
+    int64_t period;  // the groups repeat every `period` rows (batched branches)
 };
 
 template <int N, bool kResidual>
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(kWarpRows* kWarp) ada_layer_norm_warp_kernel(c
     const int64_t r = int64_t(blockIdx.x) * kWarpRows + threadIdx.x / kWarp;
     if (r >= a.rows) return;  // NOTE: whole warps leave; the kernel has no block barrier
     const int chunks = a.cols / 8;
-    const int g = r < a.split ? 0 : 1;
+    const int g = r % a.period < a.split ? 0 : 1;
     uint4* xr = reinterpret_cast<uint4*>(a.x + r * a.cols);
     uint4 raw[N];
 #pragma unroll
@@ -395,6 +397,7 @@ struct RopeWarpArgs {
     const float* table_b;
     int pairs;
     int64_t split;
+    int64_t period;
     bool lane_table;  // 256 % head_dim == 0: a lane's chunks all sit at one offset in their heads
 };
 
@@ -410,8 +413,9 @@ __global__ void __launch_bounds__(kWarpRows* kWarp) rms_norm_rope_warp_kernel(co
     for (int k = 0; k < N; ++k)
         if (k * kWarp + lane < chunks) raw[k] = xr[k * kWarp + lane];
     const float rstd = rsqrtf(warp_row_sum(raw, chunks, lane, [](float v) { return v * v; }) / float(a.cols) + a.eps);
-    const float* table = r < a.split ? a.table_a : a.table_b;
-    const float* trow = table ? table + (r < a.split ? r : r - a.split) * int64_t(a.pairs) * kEntry : nullptr;
+    const int64_t rr = r % a.period;
+    const float* table = rr < a.split ? a.table_a : a.table_b;
+    const float* trow = table ? table + (rr < a.split ? rr : rr - a.split) * int64_t(a.pairs) * kEntry : nullptr;
     float cs[4], sn[4];
     bool rotate = false;
     // (cos, sin) of the 4 pairs of the chunk at column c0 (pairs % 4 == 0: a chunk is wholly rotated or not)
@@ -482,7 +486,7 @@ unsigned warp_grid(int64_t rows) { return unsigned((rows + kWarpRows - 1) / kWar
 /// 8 at a time.
 template <typename T>
 __global__ void gated_residual_vec_kernel(T* x, const T* y, uint32_t total, uint32_t chunks_per_row, Vec8Ptr gate,
-                                          int64_t gate_stride, int64_t split) {
+                                          int64_t gate_stride, int64_t split, int64_t period) {
     const uint32_t step = gridDim.x * blockDim.x;
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
         const uint32_t r = i / chunks_per_row;
@@ -492,7 +496,7 @@ __global__ void gated_residual_vec_kernel(T* x, const T* y, uint32_t total, uint
         Vec8<T>::load(y + off, d);
         if (gate.defined()) {
             float gt[8];
-            gate.load((int64_t(r) < split ? 0 : gate_stride) + c0, gt);
+            gate.load((int64_t(r) % period < split ? 0 : gate_stride) + c0, gt);
 #pragma unroll
             for (int k = 0; k < 8; ++k) a[k] = fmaf(d[k], gt[k], a[k]);
         } else {
@@ -513,7 +517,7 @@ bool group_ok16(const GroupVec& v) { return !v.data || (aligned16(v.data) && ali
 /// The block and plain kernels of ada_layer_norm (f32 rows, rows past kWarpMaxCols, unaligned operands).
 cudaError_t ada_layer_norm_rows(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
                                 const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
-                                int64_t split, cudaStream_t stream) {
+                                int64_t split, int64_t period, cudaStream_t stream) {
     // NOTE: the block kernel reads scale and shift through one pointer type and one row stride
     const bool mods_agree =
         !scale.data || !shift.data || (scale.dtype == shift.dtype && scale.row_stride == shift.row_stride);
@@ -529,7 +533,7 @@ cudaError_t ada_layer_norm_rows(const void* x, DType tx, void* out, DType to, in
             using To = decltype(o);
             ada_layer_norm_any_kernel<Tx, To><<<unsigned(rows), threads, 0, stream>>>(
                 static_cast<const Tx*>(x), static_cast<To*>(out), cols, eps, param(weight, tparam),
-                param(bias, tparam), group_ptr(scale), group_ptr(shift), split);
+                param(bias, tparam), group_ptr(scale), group_ptr(shift), split, period);
             return cudaGetLastError();
         });
     }
@@ -541,7 +545,7 @@ cudaError_t ada_layer_norm_rows(const void* x, DType tx, void* out, DType to, in
             using Tp = decltype(p);
             ada_layer_norm_kernel<Tx, To, Tm, Tp><<<unsigned(rows), kRowThreads, 0, stream>>>(
                 static_cast<const Tx*>(x), static_cast<To*>(out), cols, eps, weight, bias, scale.data, shift.data,
-                mstride, split);
+                mstride, split, period);
             return cudaGetLastError();
         });
     });
@@ -565,7 +569,8 @@ cudaError_t launch_ada_warp(const AdaWarpArgs& a, cudaStream_t stream) {
 }
 
 AdaWarpArgs ada_warp_args(const void* x, void* out, int64_t rows, int64_t cols, float eps, const void* weight,
-                          const void* bias, DType tparam, GroupVec scale, GroupVec shift, int64_t split) {
+                          const void* bias, DType tparam, GroupVec scale, GroupVec shift, int64_t split,
+                          int64_t period) {
     AdaWarpArgs a{};
     a.x = static_cast<bf16*>(const_cast<void*>(x));
     a.out = static_cast<bf16*>(out);
@@ -579,6 +584,7 @@ AdaWarpArgs ada_warp_args(const void* x, void* out, int64_t rows, int64_t cols, 
     // NOTE: the kernel reads scale and shift with one row stride; absent vectors take the other's
     a.mod_stride = scale.data ? scale.row_stride : shift.row_stride;
     a.split = split;
+    a.period = period;
     return a;
 }
 
@@ -586,18 +592,21 @@ AdaWarpArgs ada_warp_args(const void* x, void* out, int64_t rows, int64_t cols, 
 
 cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
                            const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
-                           int64_t split, cudaStream_t stream) {
+                           int64_t split, int64_t period, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
+    if (period <= 0) return cudaErrorInvalidValue;
     const bool strides_agree = !scale.data || !shift.data || scale.row_stride == shift.row_stride;
     if (!warp_norm_ok(x, tx, out, to, cols, weight, bias, scale, shift) || !strides_agree)
-        return ada_layer_norm_rows(x, tx, out, to, rows, cols, eps, weight, bias, tparam, scale, shift, split, stream);
-    return launch_ada_warp<false>(ada_warp_args(x, out, rows, cols, eps, weight, bias, tparam, scale, shift, split),
-                                  stream);
+        return ada_layer_norm_rows(x, tx, out, to, rows, cols, eps, weight, bias, tparam, scale, shift, split, period,
+                                   stream);
+    return launch_ada_warp<false>(
+        ada_warp_args(x, out, rows, cols, eps, weight, bias, tparam, scale, shift, split, period), stream);
 }
 
 cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_t cols, GroupVec gate, int64_t split,
-                           cudaStream_t stream) {
+                           int64_t period, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
+    if (period <= 0) return cudaErrorInvalidValue;
     const int threads = 256;
     const bool vec = cols % 8 == 0 && rows * cols / 8 < (int64_t(1) << 31) && aligned16(x) && aligned16(y) &&
                      group_ok16(gate);
@@ -608,10 +617,10 @@ cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_
             // NOTE: a few chunks a thread keep enough loads in flight; more blocks only add scheduling
             gated_residual_vec_kernel<T><<<grid_for(total, threads, 132 * 16), threads, 0, stream>>>(
                 static_cast<T*>(x), static_cast<const T*>(y), uint32_t(total), uint32_t(cols / 8),
-                vec8(gate.data, gate.dtype), gate.row_stride, split);
+                vec8(gate.data, gate.dtype), gate.row_stride, split, period);
         } else {
             gated_residual_any_kernel<T><<<grid_for(rows * cols, threads, 4096), threads, 0, stream>>>(
-                static_cast<T*>(x), static_cast<const T*>(y), rows, cols, group_ptr(gate), split);
+                static_cast<T*>(x), static_cast<const T*>(y), rows, cols, group_ptr(gate), split, period);
         }
         return cudaGetLastError();
     });
@@ -619,17 +628,18 @@ cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_
 
 cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t stream) {
     if (a.rows == 0) return cudaSuccess;
+    if (a.period <= 0) return cudaErrorInvalidValue;
     const bool strides_agree = !a.scale.data || !a.shift.data || a.scale.row_stride == a.shift.row_stride;
     if (a.t != DType::BF16 || !aligned16(a.y) || !group_ok16(a.gate) || !strides_agree ||
         !warp_norm_ok(a.x, a.t, a.out, a.to, a.cols, a.weight, a.bias, a.scale, a.shift)) {
         // the unfused pair: the same values (the norm reads the rounded residual either way)
-        const cudaError_t e = gated_residual(a.x, a.y, a.t, a.rows, a.cols, a.gate, a.split, stream);
+        const cudaError_t e = gated_residual(a.x, a.y, a.t, a.rows, a.cols, a.gate, a.split, a.period, stream);
         if (e != cudaSuccess) return e;
         return ada_layer_norm(a.x, a.t, a.out, a.to, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam, a.scale,
-                              a.shift, a.split, stream);
+                              a.shift, a.split, a.period, stream);
     }
-    AdaWarpArgs w =
-        ada_warp_args(a.x, a.out, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam, a.scale, a.shift, a.split);
+    AdaWarpArgs w = ada_warp_args(a.x, a.out, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam, a.scale, a.shift,
+                                  a.split, a.period);
     w.y = static_cast<const bf16*>(a.y);
     w.gate = vec8(a.gate.data, a.gate.dtype);
     w.gate_stride = a.gate.row_stride;
@@ -638,8 +648,9 @@ cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t str
 
 cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t heads, int64_t head_dim,
                           float eps, const void* weight, DType tw, const float* table_a, const float* table_b,
-                          int64_t pairs, int entry, int64_t split, cudaStream_t stream) {
+                          int64_t pairs, int entry, int64_t split, int64_t period, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
+    if (period <= 0) return cudaErrorInvalidValue;
     const int64_t cols = heads * head_dim;
     const bool tables_ok = head_dim % 8 == 0 && pairs % 4 == 0 && ok16(table_a) && ok16(table_b);
     if (tables_ok && tx == DType::BF16 && to == DType::BF16 && cols <= kWarpMaxCols && aligned16(x) &&
@@ -656,6 +667,7 @@ cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t 
         a.table_b = table_b;
         a.pairs = int(pairs);
         a.split = split;
+        a.period = period;
         a.lane_table = (kWarp * 8) % head_dim == 0;
         return dispatch_warp_chunks(cols, [&](auto n) {
             constexpr int N = decltype(n)::value;
@@ -675,7 +687,7 @@ cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t 
             using To = decltype(o);
             rms_norm_rope_any_kernel<Tx, To><<<unsigned(rows), threads, 0, stream>>>(
                 static_cast<const Tx*>(x), static_cast<To*>(out), cols, head_dim, eps, param(weight, tw), table_a,
-                table_b, pairs, entry, split);
+                table_b, pairs, entry, split, period);
             return cudaGetLastError();
         });
     }
@@ -687,11 +699,11 @@ cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t 
             if (entry == 4)
                 rms_norm_rope_kernel<Tx, To, Tw, 4><<<unsigned(rows), kRowThreads, 0, stream>>>(
                     static_cast<const Tx*>(x), static_cast<To*>(out), cols, head_dim, eps, weight, table_a, table_b,
-                    pairs, split);
+                    pairs, split, period);
             else
                 rms_norm_rope_kernel<Tx, To, Tw, 2><<<unsigned(rows), kRowThreads, 0, stream>>>(
                     static_cast<const Tx*>(x), static_cast<To*>(out), cols, head_dim, eps, weight, table_a, table_b,
-                    pairs, split);
+                    pairs, split, period);
             return cudaGetLastError();
         });
     });

@@ -1,7 +1,9 @@
 #pragma once
 /// Fused memory-bound chains of the DiT block for `fast` numerics: each computes in f32 and rounds once to the
 /// output dtype. Rows are split into at most two groups: rows [0, split) read row 0 of the per-group vectors,
-/// rows [split, rows) row 1 (the video tokens and the register tokens of a denoising forward).
+/// rows [split, rows) row 1 (the video tokens and the register tokens of a denoising forward). With a `period`
+/// below `rows` the grouping repeats every `period` rows (row r is grouped, and takes its rope table row, as row
+/// r % period): the two CFG branches' rows stacked in one batch. period = INT64_MAX: no repetition.
 /// Per-group vectors (scale, shift, gate) are f32 or bf16 with a row stride in elements; norm parameters are f32 or
 /// bf16; activations f32 or bf16, contiguous rows.
 #include <cuda_runtime.h>
@@ -23,11 +25,11 @@ struct GroupVec {
 /// out = (LN(x) [* weight + bias]) [* (1 + scale[g])] [+ shift[g]] over rows of `cols`.
 cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
                            const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
-                           int64_t split, cudaStream_t stream);
+                           int64_t split, int64_t period, cudaStream_t stream);
 
 /// x += y [* gate[g]] over rows of `cols` (x and y of one dtype).
 cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_t cols, GroupVec gate, int64_t split,
-                           cudaStream_t stream);
+                           int64_t period, cudaStream_t stream);
 
 /// The operands of gated_residual_norm.
 struct GatedResidualNormArgs {
@@ -44,6 +46,7 @@ struct GatedResidualNormArgs {
     DType tparam = DType::F32;
     GroupVec scale, shift;
     int64_t split = INT64_MAX;
+    int64_t period = INT64_MAX;
 };
 
 /// x += y [* gate[g]] (rounded to x's dtype), then out = ada_layer_norm(x): one pass over x where the shapes allow
@@ -55,6 +58,6 @@ cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t str
 /// after); a table of `entry` 2 holds (cos, sin), of 4 (cos_hi, cos_lo, sin_hi, sin_lo). No tables: no rotation.
 cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t heads, int64_t head_dim,
                           float eps, const void* weight, DType tw, const float* table_a, const float* table_b,
-                          int64_t pairs, int entry, int64_t split, cudaStream_t stream);
+                          int64_t pairs, int entry, int64_t split, int64_t period, cudaStream_t stream);
 
 }  // namespace dzr::kernels

@@ -61,6 +61,7 @@ struct BenchOptions {
     bool text_prepass = false;
     std::string gpu_memory_budget;
     bool no_cuda_graphs = false;
+    bool no_batch_cfg = false;
 };
 
 /// median, min, mean of host wall times.
@@ -555,6 +556,7 @@ int run_rollout_bench(const BenchOptions& o) {
     if (!o.precision.empty()) b.run.precision = parse_precision(o.precision, "--precision");
     if (!o.kv_dtype.empty()) b.run.kv.dtype = parse_precision(o.kv_dtype, "--kv-dtype");
     if (o.no_cuda_graphs) b.run.cuda_graphs = false;
+    if (o.no_batch_cfg) b.run.batch_cfg = false;
     b.devices = parse_device_list(o.device);
     b.backend = apply_env_overrides({});
     b.backend.numerics = parse_numerics(o.numerics);
@@ -676,6 +678,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
                      "refuse before loading when the memory plan exceeds this (44GiB, 48GB, 32000MiB)");
     roll->add_flag("--no-cuda-graphs", opts->no_cuda_graphs,
                    "run every DiT forward op by op instead of replaying its CUDA graph (as dzr rollout)");
+    roll->add_flag("--no-batch-cfg", opts->no_batch_cfg,
+                   "fast numerics: run the two CFG branches' forwards one after the other instead of as one batch");
     roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
 
     auto load_opts = std::make_shared<LoadBenchOptions>();

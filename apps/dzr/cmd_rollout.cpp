@@ -51,6 +51,7 @@ struct RolloutArgs {
     std::string gpu_memory_budget;
     bool no_text_prepass = false;
     bool no_cuda_graphs = false;
+    bool no_batch_cfg = false;
 };
 
 extern "C" void on_stop_signal(int sig) {
@@ -76,6 +77,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     if (!a.precision.empty()) o.run.precision = parse_precision(a.precision, "--precision");
     if (!a.kv_dtype.empty()) o.run.kv.dtype = parse_precision(a.kv_dtype, "--kv-dtype");
     if (a.no_cuda_graphs) o.run.cuda_graphs = false;
+    if (a.no_batch_cfg) o.run.batch_cfg = false;
     o.overrides = a.sets;
     if (!a.gpu_memory_budget.empty()) {
         config::parse_memory_budget(a.gpu_memory_budget, "--gpu-memory-budget");
@@ -266,6 +268,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_flag("--no-cuda-graphs", args->no_cuda_graphs,
                   "Run every DiT forward op by op instead of replaying the CUDA graph captured for its shape in the "
                   "warm-up (same actions; slower; also DZR_CUDA_GRAPHS=0 or the config's cuda_graphs: false)");
+    cmd->add_flag("--no-batch-cfg", args->no_batch_cfg,
+                  "Fast numerics: run the two CFG branches' DiT forwards one after the other instead of as one batched "
+                  "forward (slower; also the config's batch_cfg: false)");
     cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
     cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });

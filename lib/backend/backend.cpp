@@ -103,11 +103,30 @@ TensorView group_rows(const TensorView& t, int64_t split, int g) {
 
 int group_count(int64_t split, int64_t L) { return split < L ? 2 : 1; }
 
+/// Runs `op(q, rows)` on each block of p.period rows (q: p without the period; rows(t) slices t's rows of that
+/// block) when the rows repeat their grouping; returns false (nothing run) when they do not.
+template <typename Op>
+bool per_period(const FusedRowParams& p, int64_t L, Op&& op) {
+    if (p.period >= L) return false;
+    DZR_CHECK(p.period > 0, "fused row op: period {} must be positive", p.period);
+    FusedRowParams q = p;
+    q.period = INT64_MAX;
+    for (int64_t r0 = 0; r0 < L; r0 += p.period) {
+        const int64_t n = std::min(p.period, L - r0);
+        op(q, [r0, n](const TensorView& t) { return t.slice(0, r0, n); });
+    }
+    return true;
+}
+
 }  // namespace
 
 void Backend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
                              const TensorView& bias, const TensorView& scale, const TensorView& shift,
                              const TensorView& out) {
+    if (per_period(p, x.dim(0), [&](const FusedRowParams& q, auto rows) {
+            ada_layer_norm(q, rows(x), weight, bias, scale, shift, rows(out));
+        }))
+        return;
     layer_norm({p.eps}, x, weight, bias, out);
     const int64_t C = x.dim(x.rank() - 1);
     ArenaScope scope(workspace());
@@ -129,6 +148,8 @@ void Backend::gated_residual(const FusedRowParams& p, const TensorView& x, const
         add(x, y, x);
         return;
     }
+    if (per_period(p, x.dim(0), [&](const FusedRowParams& q, auto rows) { gated_residual(q, rows(x), rows(y), gate); }))
+        return;
     for (int g = 0; g < group_count(p.split, x.dim(0)); ++g) {
         const TensorView xg = group_rows(x, p.split, g), yg = group_rows(y, p.split, g);
         if (xg.dim(0) == 0) continue;
@@ -140,6 +161,10 @@ void Backend::gated_residual(const FusedRowParams& p, const TensorView& x, const
 void Backend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
                             const TensorView& table_a, const TensorView& table_b, const TensorView& out) {
     const int64_t L = out.dim(0), H = out.dim(1), D = out.dim(2);
+    if (per_period(p, L, [&](const FusedRowParams& q, auto rows) {
+            rms_norm_rope(q, rows(x), weight, table_a, table_b, rows(out));
+        }))
+        return;
     if (!table_a.defined()) {
         rms_norm({p.eps}, x, weight, out.reshape(Shape{L, H * D}));
         return;

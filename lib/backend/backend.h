@@ -132,10 +132,13 @@ struct Conv3dParams {
 /// The fused chains of a DiT block that `fast` numerics use (model/causal_dit.cpp). Each computes in f32 and rounds
 /// once to the output dtype on a bf16 backend; the base implementations compose the plain ops (the CPU's f32 is the
 /// same computation). Rows are split in at most two groups: rows [0, split) read row 0 of the per-group vectors
-/// ([G, C] views, rows may be strided), rows [split, L) row 1; split >= L: one group.
+/// ([G, C] views, rows may be strided), rows [split, L) row 1; split >= L: one group. With period < L the rows are
+/// blocks of `period` rows (the CFG branches' rows stacked in one batch), each grouped as above: row r is grouped,
+/// and takes its rope table row, as row r % period.
 struct FusedRowParams {
     float eps = 1e-6f;
     int64_t split = INT64_MAX;
+    int64_t period = INT64_MAX;
 };
 
 /// What a backend can do beyond the ops every backend has.

@@ -336,6 +336,7 @@ RunConfig read_run_config(YAML::Node root, const std::string& source, std::strin
         parse_memory_budget(rc.gpu_memory_budget, fmt::format("{}: gpu_memory_budget{}", source,
                                                               ctx.origin("gpu_memory_budget")));
     top.get("cuda_graphs", rc.cuda_graphs, false);
+    top.get("batch_cfg", rc.batch_cfg, false);
     top.get("description", rc.description, false);
     top.finish();
     return rc;

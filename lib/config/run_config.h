@@ -65,6 +65,10 @@ struct RunConfig {
     /// op by op. Top-level `cuda_graphs:`; `--no-cuda-graphs` and DZR_CUDA_GRAPHS=0 turn them off too. Applies to
     /// CUDA backends only (the CPU always runs op by op).
     bool cuda_graphs = true;
+    /// `fast` numerics: the two CFG branches' DiT forwards run as one batched forward on a device that holds both
+    /// (CausalDit::forward_batch). Top-level `batch_cfg:`; `--no-batch-cfg` turns it off. Reference numerics always
+    /// run the branches one after the other (as the official code does).
+    bool batch_cfg = true;
     std::string description;
     std::filesystem::path source;  // the YAML file it came from (empty for a string)
 };

@@ -48,9 +48,12 @@ void check_finite(Backend& be, const TensorView& t, std::string_view stage, int 
 }  // namespace
 
 /// Per-forward state shared by the layer passes: the residual stream and its two token groups
-/// (video rows, register rows), each with its own time-embedding row.
+/// (video rows, register rows), each with its own time-embedding row. A batched forward stacks its branches' rows:
+/// branch b holds rows [b·L, (b + 1)·L), each block grouped alike.
 struct CausalDit::Step {
-    TensorView x;              // [L, dim] residual stream, video rows then register rows
+    TensorView x;              // [B·L, dim] residual stream, per branch video rows then register rows
+    int64_t tokens = 0;        // L: one branch's rows
+    int batch = 1;             // B: branches
     int64_t video_tokens = 0;  // Lv = frames · frame_seqlen
     int64_t frames = 0;
     int groups = 1;             // 1: video only; 2: video + registers
@@ -59,10 +62,12 @@ struct CausalDit::Step {
     TensorView rope_video;      // f32 [Lv, D/2, 2]
     TensorView rope_registers;  // f32 [R, D/2, 2] (registers only)
 
-    /// Rows of `t` ([L, ...]) belonging to group g.
+    /// Rows of `t` ([L, ...], one branch) belonging to group g.
     TensorView rows(const TensorView& t, int g) const {
         return g == 0 ? t.slice(0, 0, video_tokens) : t.slice(0, video_tokens, t.dim(0) - video_tokens);
     }
+    /// Branch b's rows of `t` ([B·L, ...]).
+    TensorView branch(const TensorView& t, int b) const { return t.slice(0, b * tokens, tokens); }
 };
 
 CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader)
@@ -257,7 +262,7 @@ class NoHistoryCache final : public SelfAttentionCache {
 
 }  // namespace
 
-size_t CausalDit::forward_workspace_bytes(Backend& be, int frames, bool registers) const {
+size_t CausalDit::forward_workspace_bytes(Backend& be, int frames, bool registers, int branches) const {
     const DitConfig& c = cfg_;
     const int64_t lat_h = int64_t(grid_h_) * c.patch_size[1], lat_w = int64_t(grid_w_) * c.patch_size[2];
     return measure_workspace(be, [&](Backend& mb) {
@@ -268,8 +273,11 @@ size_t CausalDit::forward_workspace_bytes(Backend& be, int frames, bool register
         const Tensor state = mb.alloc(Shape{c.num_state_per_block, c.max_state_dim}, mb.compute_dtype());
         if (registers) in.registers = DitRegisterInputs{action, 0, state};
         const DitCrossKv cross = make_cross_kv(mb, 1);
-        NoHistoryCache cache;
-        forward(mb, in, cross, cache, DitOutputs{mb.alloc(x.shape(), mb.compute_dtype()), action});
+        std::vector<NoHistoryCache> caches(size_t(std::max(branches, 1)));
+        std::vector<DitBranch> list;
+        for (NoHistoryCache& cache : caches)
+            list.push_back({&cross, &cache, DitOutputs{mb.alloc(x.shape(), mb.compute_dtype()), action}});
+        forward_batch(mb, in, list);
     });
 }
 
@@ -283,7 +291,17 @@ size_t CausalDit::cross_kv_workspace_bytes(Backend& be, int64_t image_tokens) co
 
 void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cross, SelfAttentionCache& cache,
                         const DitOutputs& out, const DitForwardOptions& opt) const {
+    const DitBranch branch{&cross, &cache, out};
+    forward_batch(be, in, std::span<const DitBranch>(&branch, 1), opt);
+}
+
+void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const DitBranch> branches,
+                              const DitForwardOptions& opt) const {
     const DitConfig& c = cfg_;
+    const int B = int(branches.size());
+    DZR_CHECK(B >= 1, "causal dit: a forward needs at least one branch");
+    DZR_CHECK(B == 1 || (be.numerics() == Numerics::Fast && !opt.trace),
+              "causal dit: a batched forward of {} branches needs fast numerics and no trace", B);
     const int64_t C = c.dim;
     const int ph = c.patch_size[1], pw = c.patch_size[2];
     const int64_t lat_h = int64_t(grid_h_) * ph, lat_w = int64_t(grid_w_) * pw;
@@ -297,25 +315,30 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
                   in.y.dim(2) == lat_h && in.y.dim(3) == lat_w,
               "causal dit: conditioning y {} should be [{}, {}, {}, {}]", in.y.str(), c.in_dim - c.out_dim, f,
               lat_h, lat_w);
-    DZR_CHECK(out.video_velocity.shape == in.x.shape && out.video_velocity.is_contiguous(),
-              "causal dit: video output {} should be a contiguous {}", out.video_velocity.str(),
-              in.x.shape.str());
-    DZR_CHECK(
-        cross.layers.size() == layers_.size(),
-        "causal dit: cross-attention K/V holds {} layers, the model has {} (run compute_cross_kv first)",
-        cross.layers.size(), layers_.size());
-    DZR_CHECK(
-        layers_.empty() || (cross.layers[0].k_txt.defined() && cross.layers[0].k_img.defined()),
-        "causal dit: cross-attention K/V views are not set (run compute_text_kv and compute_image_kv first)");
     const int64_t Lv = f * c.frame_seqlen;
     const int64_t window = int64_t(c.local_attn_size()) * c.frame_seqlen;
-    // NOTE: the reference would drop the oldest keys past the window; the policy resets before
-    // that can happen, so reaching it means a scheduling bug, not something to emulate silently.
-    DZR_CHECK(
-        cache.history_tokens() + Lv <= window,
-        "causal dit: {} history tokens + {} new video tokens exceed the attention window of {} tokens ({} "
-        "latent frames)",
-        cache.history_tokens(), Lv, window, c.local_attn_size());
+    for (const DitBranch& br : branches) {
+        DZR_CHECK(br.cross != nullptr && br.cache != nullptr, "causal dit: a branch without cross K/V or cache");
+        const DitOutputs& out = br.out;
+        const DitCrossKv& cross = *br.cross;
+        DZR_CHECK(out.video_velocity.shape == in.x.shape && out.video_velocity.is_contiguous(),
+                  "causal dit: video output {} should be a contiguous {}", out.video_velocity.str(),
+                  in.x.shape.str());
+        DZR_CHECK(
+            cross.layers.size() == layers_.size(),
+            "causal dit: cross-attention K/V holds {} layers, the model has {} (run compute_cross_kv first)",
+            cross.layers.size(), layers_.size());
+        DZR_CHECK(
+            layers_.empty() || (cross.layers[0].k_txt.defined() && cross.layers[0].k_img.defined()),
+            "causal dit: cross-attention K/V views are not set (run compute_text_kv and compute_image_kv first)");
+        // NOTE: the reference would drop the oldest keys past the window; the policy resets before
+        // that can happen, so reaching it means a scheduling bug, not something to emulate silently.
+        DZR_CHECK(
+            br.cache->history_tokens() + Lv <= window,
+            "causal dit: {} history tokens + {} new video tokens exceed the attention window of {} tokens ({} "
+            "latent frames)",
+            br.cache->history_tokens(), Lv, window, c.local_attn_size());
+    }
 
     const bool has_regs = in.registers.has_value();
     const int64_t A = has_regs ? c.num_action_per_block : 0;
@@ -328,10 +351,13 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
             "causal dit: noisy action {} should be [{}, {}]", r.noisy_action.str(), A, c.action_dim);
         DZR_CHECK(r.state.rank() == 2 && r.state.dim(0) == S && r.state.dim(1) == c.max_state_dim,
                   "causal dit: state {} should be [{}, {}]", r.state.str(), S, c.max_state_dim);
-        DZR_CHECK(out.action_velocity.rank() == 2 && out.action_velocity.dim(0) == A &&
-                      out.action_velocity.dim(1) == c.action_dim && out.action_velocity.is_contiguous(),
-                  "causal dit: action output {} should be a contiguous [{}, {}]", out.action_velocity.str(),
-                  A, c.action_dim);
+        for (const DitBranch& br : branches) {
+            const TensorView& av = br.out.action_velocity;
+            // NOTE: a single forward always decodes its actions; a batched one skips a branch without an output
+            DZR_CHECK((B > 1 && !av.defined()) ||
+                          (av.rank() == 2 && av.dim(0) == A && av.dim(1) == c.action_dim && av.is_contiguous()),
+                      "causal dit: action output {} should be a contiguous [{}, {}]", av.str(), A, c.action_dim);
+        }
         DZR_CHECK(in.start_frame >= 1, "causal dit: a denoising forward needs start frame >= 1, got {}",
                   in.start_frame);
     }
@@ -348,10 +374,12 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
 
     ArenaScope scope(be.workspace());
     Step s;
+    s.tokens = L;
+    s.batch = B;
     s.video_tokens = Lv;
     s.frames = f;
     s.groups = has_regs ? 2 : 1;
-    s.x = be.scratch(Shape{L, C});
+    s.x = be.scratch(Shape{B * L, C});
     s.e = be.scratch(Shape{s.groups, C});
     s.e0 = be.scratch(Shape{s.groups, 6, C});
     s.rope_video = rope_.video(in.start_frame, int(f));
@@ -412,35 +440,42 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
         opt.trace("time_e0", -1, s.e0);
     }
 
+    // every branch starts from the same embedded rows
+    for (int b = 1; b < B; ++b) be.copy(s.branch(s.x, 0), s.branch(s.x, b));
+
     for (size_t i = 0; i < layers_.size(); ++i) {
-        layer_forward(be, s, int(i), cross.layers[i], cache, opt);
+        layer_forward(be, s, int(i), branches, opt);
         if (opt.trace) opt.trace("layer_out", int(i), s.x);
     }
 
-    head_forward(be, s, out, opt);
+    for (int b = 0; b < B; ++b) head_forward(be, s, b, branches[size_t(b)].out, opt);
 
-    if (has_regs) {  // action decoder on the action tokens' outputs; the state token is discarded
+    for (int b = 0; b < B && has_regs; ++b) {  // action decoder on the action tokens' outputs; the state token is discarded
+        const TensorView& action_out = branches[size_t(b)].out.action_velocity;
+        if (!action_out.defined()) continue;
         ArenaScope tmp(be.workspace());
         // NOTE: fast numerics: the decoder's last GEMM writes the output's dtype (f32 there) from its accumulator
         const TensorView velocity = be.scratch(
-            Shape{A, c.action_dim}, be.numerics() == Numerics::Fast ? out.action_velocity.dtype : be.compute_dtype());
-        action_decoder_.forward(be, s.x.slice(0, Lv, A), velocity);
+            Shape{A, c.action_dim}, be.numerics() == Numerics::Fast ? action_out.dtype : be.compute_dtype());
+        action_decoder_.forward(be, s.branch(s.x, b).slice(0, Lv, A), velocity);
         if (opt.trace) opt.trace("action_velocity", -1, velocity);
         if (opt.check_finite) check_finite(be, velocity, "action decoder", -1);
-        be.copy(velocity, out.action_velocity);
+        be.copy(velocity, action_out);
     }
 }
 
-void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
-                              SelfAttentionCache& cache, const DitForwardOptions& opt) const {
+void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
+                              const DitForwardOptions& opt) const {
     const Layer& w = layers_[size_t(li)];
-    const int64_t L = s.x.dim(0), C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
+    // NOTE: BL: the rows of every branch (the linear layers and row ops); L: one branch's (attention, groups)
+    const int64_t BL = s.x.dim(0), L = s.tokens, C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
+    const int B = s.batch;
     const int64_t Lv = s.video_tokens;
     const float attn_scale = float(1.0 / std::sqrt(double(D)));
     // NOTE: fast numerics run the memory-bound chains fused (Backend's FusedRowParams ops: f32 inside, one rounding
     // per output); reference numerics run PyTorch's eager ops with their rounding points
     const bool fast = be.numerics() == Numerics::Fast;
-    const FusedRowParams rows{cfg_.eps, s.groups > 1 ? Lv : L};
+    const FusedRowParams rows{cfg_.eps, s.groups > 1 ? Lv : L, L};
     ArenaScope scope(be.workspace());
 
     // mod[g] = modulation [6, C] + e0[g]; mod1 = mod + 1 serves the (1 + scale) factors (fast: added in f32)
@@ -481,28 +516,28 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         if (opt.trace) opt.trace(name, li, t);
     };
 
-    const TensorView h = be.scratch(Shape{L, C});
-    const TensorView y = be.scratch(Shape{L, C});
+    const TensorView h = be.scratch(Shape{BL, C});
+    const TensorView y = be.scratch(Shape{BL, C});
 
     {  // self-attention over [history | video | registers]
         ArenaScope tmp(be.workspace());
         modulated_norm(kShiftSa, kScaleSa, h);
         trace("self_attn_in", h);
-        const TensorView raw = be.scratch(Shape{L, C});
+        const TensorView raw = be.scratch(Shape{BL, C});
         // FP8 weights: h quantized once for q, k and v (the codes each would make itself)
         const Fp8Input hq = Fp8Input::quantize(be, h, w.q.fp8() || w.k.fp8() || w.v.fp8());
         TensorView q, k, v3;  // [L, H, D]
         if (fast) {
             // q/k RMSNorm and RoPE (3-D on video rows, 1-D on register rows) in one op each
-            q = be.scratch(Shape{L, H, D});
-            k = be.scratch(Shape{L, H, D});
-            v3 = be.scratch(Shape{L, H, D});
+            q = be.scratch(Shape{BL, H, D});
+            k = be.scratch(Shape{BL, H, D});
+            v3 = be.scratch(Shape{BL, H, D});
             const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
             w.q.forward(be, h, hq, raw);
-            be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_q.w, s.rope_video, regs_table, q);
+            be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_q.w, s.rope_video, regs_table, q);
             w.k.forward(be, h, hq, raw);
-            be.rms_norm_rope({cfg_.eps, Lv}, raw, w.norm_k.w, s.rope_video, regs_table, k);
-            w.v.forward(be, h, hq, v3.reshape(Shape{L, C}));
+            be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_k.w, s.rope_video, regs_table, k);
+            w.v.forward(be, h, hq, v3.reshape(Shape{BL, C}));
         } else {
             const TensorView qn = be.scratch(Shape{L, C});
             const TensorView kn = be.scratch(Shape{L, C});
@@ -529,9 +564,11 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
         trace("k", k);
         trace("v", v3);
 
-        const TensorView attn = be.scratch(Shape{L, H, D});
-        cache.attend(be, li, q, k, v3, Lv, attn_scale, attn);
-        w.o.forward(be, attn.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
+        const TensorView attn = be.scratch(Shape{BL, H, D});
+        for (int b = 0; b < B; ++b)
+            branches[size_t(b)].cache->attend(be, li, s.branch(q, b), s.branch(k, b), s.branch(v3, b), Lv, attn_scale,
+                                              s.branch(attn, b));
+        w.o.forward(be, attn.reshape(Shape{BL, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
         trace("self_attn", y);
         // NOTE: not Backend::gated_residual_norm (the add and norm3 in one pass): on the H200 it measured slower
         // than the two ops (`dzr bench fused`: 53.9 us against 45.7 us at [1785, 5120], docs/PERF.md)
@@ -546,16 +583,16 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
             be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
         else
             w.norm3.forward(be, s.x, h);
-        const TensorView raw = be.scratch(Shape{L, C});
-        const TensorView q = be.scratch(Shape{L, C});
+        const TensorView raw = be.scratch(Shape{BL, C});
+        const TensorView q = be.scratch(Shape{BL, C});
         w.cross_q.forward(be, h, raw);  // [L, C] -> [L, C]
         if (fast)
-            be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q.reshape(Shape{L, H, D}));
+            be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q.reshape(Shape{BL, H, D}));
         else
             w.cross_norm_q.forward(be, raw, q);
-        const TensorView q3 = q.reshape(Shape{L, H, D});  // [L, C] -> [L, H, D]
-        const TensorView o_txt = be.scratch(Shape{L, H, D});
-        const TensorView o_img = be.scratch(Shape{L, H, D});
+        const TensorView q3 = q.reshape(Shape{BL, H, D});  // [L, C] -> [L, H, D]
+        const TensorView o_txt = be.scratch(Shape{BL, H, D});
+        const TensorView o_img = be.scratch(Shape{BL, H, D});
         // an FP8 cross cache: each K and V dequantized into the workspace (per token and head scales) first
         const auto dequantized = [&](const TensorView& t, const TensorView& scales) {
             if (t.dtype != DType::F8_E4M3) return t;
@@ -565,14 +602,28 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
                               out.reshape(Shape{rows, t.dim(2)}));
             return out;
         };
-        be.attention({attn_scale}, q3, dequantized(ckv.k_txt, ckv.k_txt_scale), dequantized(ckv.v_txt, ckv.v_txt_scale),
-                     {}, o_txt);
-        be.attention({attn_scale}, q3, dequantized(ckv.k_img, ckv.k_img_scale), dequantized(ckv.v_img, ckv.v_img_scale),
-                     {}, o_img);
+        const auto layer_kv = [&](int b) -> const DitCrossKv::Layer& {
+            return branches[size_t(b)].cross->layers[size_t(li)];
+        };
+        for (int b = 0; b < B; ++b) {
+            const DitCrossKv::Layer& ckv = layer_kv(b);
+            be.attention({attn_scale}, s.branch(q3, b), dequantized(ckv.k_txt, ckv.k_txt_scale),
+                         dequantized(ckv.v_txt, ckv.v_txt_scale), {}, s.branch(o_txt, b));
+        }
+        // NOTE: the branches of one device share one image cache (one CLIP context): one attention over all rows
+        bool shared_image = true;
+        for (int b = 1; b < B; ++b)
+            shared_image = shared_image && layer_kv(b).k_img.data == layer_kv(0).k_img.data &&
+                           layer_kv(b).v_img.data == layer_kv(0).v_img.data;
+        for (int b = 0; b < (shared_image ? 1 : B); ++b) {
+            const DitCrossKv::Layer& ckv = layer_kv(b);
+            be.attention({attn_scale}, shared_image ? q3 : s.branch(q3, b), dequantized(ckv.k_img, ckv.k_img_scale),
+                         dequantized(ckv.v_img, ckv.v_img_scale), {}, shared_image ? o_img : s.branch(o_img, b));
+        }
         be.add(o_txt, o_img, o_txt);
         if (fast) {
             // x += cross_o(o): the GEMM accumulates into the residual (no "cross_attn" intermediate to trace)
-            w.cross_o.forward_accumulate(be, o_txt.reshape(Shape{L, C}), s.x);  // [L, H, D] -> [L, C] -> += [L, C]
+            w.cross_o.forward_accumulate(be, o_txt.reshape(Shape{BL, C}), s.x);  // [L, H, D] -> [L, C] -> += [L, C]
         } else {
             w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
             trace("cross_attn", y);
@@ -585,7 +636,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
     {  // feed-forward: C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
         ArenaScope tmp(be.workspace());
         modulated_norm(kShiftFf, kScaleFf, h);
-        const TensorView hidden = be.scratch(Shape{L, cfg_.ffn_dim});
+        const TensorView hidden = be.scratch(Shape{BL, cfg_.ffn_dim});
         if (fast) {
             w.ffn1.forward_gelu(be, h, hidden);  // [L, C] -> [L, ffn], the bias and GELU in the GEMM's epilogue
         } else {
@@ -599,7 +650,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, const DitCross
     if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
 }
 
-void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
+void CausalDit::head_forward(Backend& be, const Step& s, int b, const DitOutputs& out,
                              const DitForwardOptions& opt) const {
     const int64_t C = cfg_.dim, Lv = s.video_tokens;
     const int ph = cfg_.patch_size[1], pw = cfg_.patch_size[2];
@@ -611,12 +662,13 @@ void CausalDit::head_forward(Backend& be, const Step& s, const DitOutputs& out,
     if (be.numerics() == Numerics::Fast) {
         // h = LN(x) · (1 + scale) + shift in one op (one group: the video rows)
         h = be.scratch(Shape{Lv, C});
-        be.ada_layer_norm({cfg_.eps}, s.x.slice(0, 0, Lv), {}, {}, mod.slice(0, 1, 1), mod.slice(0, 0, 1), h);
+        be.ada_layer_norm({cfg_.eps}, s.branch(s.x, b).slice(0, 0, Lv), {}, {}, mod.slice(0, 1, 1), mod.slice(0, 0, 1),
+                          h);
     } else {
         const TensorView scale1 = be.scratch(Shape{1, C});
         be.scale({1.0f, 1.0f}, mod.slice(0, 1, 1), scale1);
         h = be.scratch(Shape{Lv, C});
-        norm_.forward(be, s.x.slice(0, 0, Lv), h);
+        norm_.forward(be, s.branch(s.x, b).slice(0, 0, Lv), h);
         if (opt.trace) opt.trace("head_norm", -1, h);
         be.mul(h, scale1, h);
         be.add(h, mod.slice(0, 0, 1), h);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -75,6 +76,15 @@ struct DitOutputs {
 /// call (arena memory); copy or download what you keep.
 using DitTraceFn = std::function<void(std::string_view name, int layer, const TensorView& t)>;
 
+/// One branch of a batched forward (CausalDit::forward_batch): its cross-attention K/V, its self-attention cache and
+/// its outputs. out.action_velocity undefined: the branch's action decoder is skipped (the unconditional branch's is
+/// never used).
+struct DitBranch {
+    const DitCrossKv* cross = nullptr;
+    SelfAttentionCache* cache = nullptr;
+    DitOutputs out;
+};
+
 struct DitForwardOptions {
     DitTraceFn trace;           // empty: no tracing, no cost
     bool check_finite = false;  // debug: download each stage's output and throw on NaN/Inf (syncs)
@@ -113,8 +123,9 @@ class CausalDit {
 
     /// Workspace-arena bytes one forward with `frames` latent frames (with or without the register tokens)
     /// takes on `be`, not counting what the SelfAttentionCache itself takes during attend(): the forward
-    /// measured on a MeasuringBackend over `be` (measure_workspace).
-    size_t forward_workspace_bytes(Backend& be, int frames, bool registers) const;
+    /// measured on a MeasuringBackend over `be` (measure_workspace); `branches` > 1: a batched forward of that many
+    /// branches (forward_batch).
+    size_t forward_workspace_bytes(Backend& be, int frames, bool registers, int branches = 1) const;
     /// Workspace-arena bytes of compute_text_kv / compute_image_kv (the larger) on `be`, measured likewise.
     size_t cross_kv_workspace_bytes(Backend& be, int64_t image_tokens) const;
 
@@ -129,6 +140,15 @@ class CausalDit {
     /// One DiT forward. Self-attention goes through `cache` (history | current tokens).
     void forward(Backend& be, const DitInputs& in, const DitCrossKv& cross, SelfAttentionCache& cache,
                  const DitOutputs& out, const DitForwardOptions& opt = {}) const;
+
+    /// The forwards of several branches that share every input of `in` (latents, conditioning, registers,
+    /// timesteps) and differ in their cross-attention K/V and self-attention caches (the CFG branches), as one
+    /// forward: their token rows are stacked, so the embeddings run once and every linear layer and fused row op
+    /// once over all branches' rows; self-attention and the text cross-attention run per branch, the image
+    /// cross-attention once when the branches share its K/V. `fast` numerics only (a GEMM over more rows may sum
+    /// in another order than the reference's), no trace. One branch: exactly forward().
+    void forward_batch(Backend& be, const DitInputs& in, std::span<const DitBranch> branches,
+                       const DitForwardOptions& opt = {}) const;
 
   private:
     struct Layer {
@@ -147,9 +167,10 @@ class CausalDit {
     /// into kv's text or image views: k = norm_k(k(ctx)), v = v(ctx).
     void project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv,
                           const std::function<void(size_t)>& layer_done) const;
-    void layer_forward(Backend& be, const Step& s, int li, const DitCrossKv::Layer& ckv,
-                       SelfAttentionCache& cache, const DitForwardOptions& opt) const;
-    void head_forward(Backend& be, const Step& s, const DitOutputs& out, const DitForwardOptions& opt) const;
+    void layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
+                       const DitForwardOptions& opt) const;
+    /// The head on branch b's video rows into `out`.
+    void head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitForwardOptions& opt) const;
 
     DitConfig cfg_;
     int grid_h_ = 0;

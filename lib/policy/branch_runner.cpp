@@ -132,13 +132,38 @@ TensorView BranchRunner::inbound(const TensorView& t, const Tensor& local, bool 
     return view;
 }
 
-void BranchRunner::forward(ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep,
-                           int64_t action_timestep, const DitForwardOptions& options) {
+KvForwardSpec BranchRunner::forward_spec(ForwardKind kind, const BranchIo& io) const {
     const DitConfig& d = dit_.config();
     KvForwardSpec spec;
     spec.commit = kind != ForwardKind::Denoise;
     spec.video_frames = int(io.x.dim(1));
     spec.register_tokens = kind == ForwardKind::Denoise ? d.num_action_per_block + d.num_state_per_block : 0;
+    return spec;
+}
+
+SelfAttentionCache& BranchRunner::begin_cache(const KvForwardSpec& spec) {
+    if (paged_) {
+        paged_->begin(spec);
+        return *paged_;
+    }
+    DZR_CHECK(dense_ != nullptr, "branch {}: no KV cache", branch_);
+    dense_->begin(spec);
+    return *dense_;
+}
+
+void BranchRunner::end_cache(bool ok) {
+    if (paged_) {
+        if (ok) paged_->commit();
+        else paged_->abort();
+    } else if (dense_) {
+        if (ok) dense_->commit();
+        else dense_->abort();
+    }
+}
+
+void BranchRunner::forward(ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep,
+                           int64_t action_timestep, const DitForwardOptions& options) {
+    const KvForwardSpec spec = forward_spec(kind, io);
 
     DitInputs in;
     in.x = inbound(io.x, x_, true);
@@ -152,33 +177,76 @@ void BranchRunner::forward(ForwardKind kind, const BranchIo& io, int start_frame
     // NOTE: a remote branch's action velocity stays where it was computed: only the conditional branch's is used
     const DitOutputs out{inbound(io.video_out, video_out_, false), inbound(io.action_out, action_out_, false)};
 
-    SelfAttentionCache* cache = nullptr;
-    if (paged_) {
-        paged_->begin(spec);
-        cache = paged_.get();
-    } else {
-        DZR_CHECK(dense_ != nullptr, "branch {}: no KV cache", branch_);
-        dense_->begin(spec);
-        cache = dense_.get();
-    }
+    SelfAttentionCache& cache = begin_cache(spec);
     try {
         dit_.stage_timesteps(be_, timestep, kind == ForwardKind::Denoise ? action_timestep : -1, time_rows_);
-        const auto run = [&] { dit_.forward(be_, in, cross_, *cache, out, options); };
+        const auto run = [&] { dit_.forward(be_, in, cross_, cache, out, options); };
         // NOTE: a trace or a finite check reads tensors back inside the forward: op by op. So does the dense
         // reference cache: where it writes and reads its rows is host state (its length and window start) that the
         // key does not hold; the paged cache's is all in the device block table and the history length.
         if (graphs_ && paged_ && !options.trace && !options.check_finite)
-            graphs_->run(graph_key(kind, spec, in, out, *cache), run);
+            graphs_->run(graph_key(kind, spec, in, out, cache), run);
         else
             run();
     } catch (...) {
-        if (paged_) paged_->abort();
-        else dense_->abort();
+        end_cache(false);
         throw;
     }
-    if (paged_) paged_->commit();
-    else dense_->commit();
+    end_cache(true);
     if (remote()) comm_->transfer(be_, out.video_velocity, primary_, io.video_out);
+}
+
+bool BranchRunner::can_pair(const BranchRunner& a, const BranchRunner& b) {
+    return &a != &b && !a.remote() && !b.remote() && &a.be_ == &b.be_ && &a.dit_ == &b.dit_ &&
+           a.be_.numerics() == Numerics::Fast && bool(a.paged_) == bool(b.paged_);
+}
+
+void BranchRunner::forward_pair(BranchRunner& a, BranchRunner& b, ForwardKind kind, const BranchIo& io_a,
+                                const BranchIo& io_b, int start_frame, int64_t timestep, int64_t action_timestep,
+                                const DitForwardOptions& options) {
+    DZR_CHECK(can_pair(a, b), "branches {} and {}: their forwards cannot run as one batch", a.branch_, b.branch_);
+    DZR_CHECK(!options.trace, "branches {} and {}: a traced forward runs per branch", a.branch_, b.branch_);
+    const KvForwardSpec spec = a.forward_spec(kind, io_a);
+
+    DitInputs in;
+    in.x = io_a.x;
+    in.y = io_a.y;
+    in.start_frame = start_frame;
+    in.timestep = timestep;
+    in.time_rows = &a.time_rows_;
+    if (kind == ForwardKind::Denoise) in.registers = DitRegisterInputs{io_a.action, action_timestep, io_a.state};
+    const DitOutputs out_a{io_a.video_out, io_a.action_out}, out_b{io_b.video_out, io_b.action_out};
+
+    SelfAttentionCache& cache_a = a.begin_cache(spec);
+    SelfAttentionCache* cache_b = nullptr;
+    try {
+        cache_b = &b.begin_cache(spec);
+    } catch (...) {
+        a.end_cache(false);
+        throw;
+    }
+    try {
+        a.dit_.stage_timesteps(a.be_, timestep, kind == ForwardKind::Denoise ? action_timestep : -1, a.time_rows_);
+        const DitBranch branches[2] = {{&a.cross_, &cache_a, out_a}, {&b.cross_, cache_b, out_b}};
+        const auto run = [&] { a.dit_.forward_batch(a.be_, in, branches, options); };
+        if (a.graphs_ && a.paged_ && !options.check_finite) {
+            // NOTE: the key of both: a's forward with b's addresses (its cross K/V, table and outputs) appended
+            ForwardGraphKey key = a.graph_key(kind, spec, in, out_a, cache_a);
+            const ForwardGraphKey kb = b.graph_key(kind, spec, in, out_b, *cache_b);
+            key.branch = kBothBranches;
+            key.settings.push_back(kb.history_tokens);
+            key.addresses.insert(key.addresses.end(), kb.addresses.begin(), kb.addresses.end());
+            a.graphs_->run(key, run);
+        } else {
+            run();
+        }
+    } catch (...) {
+        a.end_cache(false);
+        b.end_cache(false);
+        throw;
+    }
+    a.end_cache(true);
+    b.end_cache(true);
 }
 
 }  // namespace dzr

@@ -30,6 +30,8 @@ const char* forward_kind_name(ForwardKind kind);
 inline constexpr int kCondBranch = 0;
 inline constexpr int kUncondBranch = 1;
 inline constexpr const char* kBranchNames[2] = {"pos", "neg"};
+/// The graph key's branch of a batched forward of both (BranchRunner::forward_pair); its name is "both".
+inline constexpr int kBothBranches = 2;
 
 /// Moves a tensor between two backends of one engine.
 class Communicator {
@@ -85,6 +87,18 @@ public:
     void forward(ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep, int64_t action_timestep,
                  const DitForwardOptions& options);
 
+    /// Whether a and b can run their forwards as one (forward_pair): both local, on one backend with `fast`
+    /// numerics, over the same DiT and the same kind of KV cache.
+    static bool can_pair(const BranchRunner& a, const BranchRunner& b);
+    /// The forwards of a and b (the two CFG branches) as one batched DiT forward (CausalDit::forward_batch): both
+    /// read io_a's inputs (x, y, action and state: the branches share them) and each writes its own outputs (io_b's
+    /// action_out may be undefined: b's action decoder is skipped). A's graphs capture and replay it, keyed by both
+    /// branches. As forward() otherwise: both histories committed after a prefill or commit, both aborted on
+    /// failure. Needs can_pair(a, b) and no trace.
+    static void forward_pair(BranchRunner& a, BranchRunner& b, ForwardKind kind, const BranchIo& io_a,
+                             const BranchIo& io_b, int start_frame, int64_t timestep, int64_t action_timestep,
+                             const DitForwardOptions& options);
+
     /// CUDA graphs per forward shape (forward_graphs.h) on this runner's backend, where graphs_supported(); off:
     /// every forward runs op by op. Forwards with a trace or check_finite, and forwards through the dense cache,
     /// always run op by op.
@@ -104,6 +118,12 @@ private:
     /// The graph key of a forward of `kind` with these inputs and outputs (the cache's forward is open).
     ForwardGraphKey graph_key(ForwardKind kind, const KvForwardSpec& spec, const DitInputs& in, const DitOutputs& out,
                               const SelfAttentionCache& cache) const;
+    /// The forward's spec of `kind` with these inputs.
+    KvForwardSpec forward_spec(ForwardKind kind, const BranchIo& io) const;
+    /// Opens the cache's forward (the paged cache uploads its table) and returns it.
+    SelfAttentionCache& begin_cache(const KvForwardSpec& spec);
+    /// Closes it: commit (ok) or abort.
+    void end_cache(bool ok);
 
     int branch_;
     Backend& be_;

@@ -114,6 +114,7 @@ PolicyOptions EngineOptions::policy_options() const {
     po.precision = run.precision;
     po.bulk_load = bulk_load;
     po.cuda_graphs = run.cuda_graphs;
+    po.batch_cfg = run.batch_cfg;
     return po;
 }
 

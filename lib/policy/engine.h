@@ -70,6 +70,9 @@ struct PolicyOptions {
     /// CUDA graphs of the DiT forwards (policy/forward_graphs.h) where the backend has them; the environment's
     /// DZR_CUDA_GRAPHS=0 turns them off too. Profiled, measuring and CPU backends run op by op either way.
     bool cuda_graphs = true;
+    /// `fast` numerics: both CFG branches' forwards as one batched forward where they share a backend
+    /// (BranchRunner::forward_pair); traced runs go branch by branch.
+    bool batch_cfg = true;
 };
 
 /// What an engine takes on each device of its placement besides what it was given, found by running its calls on
@@ -320,6 +323,10 @@ private:
     std::function<void(const char*, int, const TensorView&)> encoder_trace(std::string prefix);
     void populate_text_cross();
     void populate_image_cross();
+    /// Both CFG branches' forwards of `kind`: as one batched forward where the options and placement allow
+    /// (BranchRunner::forward_pair), else the conditional branch's, then the unconditional's.
+    void forward_both(ForwardKind kind, const BranchIo& cond, const BranchIo& uncond, int start_frame,
+                      int64_t timestep, int64_t action_timestep);
     void forward(int branch, ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep,
                  int64_t action_timestep);
     void trace(std::string_view stage, const TensorView& t);

@@ -14,7 +14,7 @@ namespace dzr {
 
 std::string ForwardGraphKey::describe() const {
     return fmt::format("{}.{} {} frame{} at {}, history {} tokens{}", forward_kind_name(ForwardKind(kind)),
-                       branch >= 0 && branch < 2 ? kBranchNames[branch] : "?", frames, frames == 1 ? "" : "s",
+                       branch >= 0 && branch < 2 ? kBranchNames[branch] : branch == kBothBranches ? "both" : "?", frames, frames == 1 ? "" : "s",
                        start_frame, history_tokens, committing ? ", committing" : "");
 }
 

@@ -245,9 +245,11 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
                 : "activations and the ops' scratch (without a convolution library's own scratch: no GPU here)");
     if (po.precision == WeightPrecision::Fp8) {
         // an FP8 Linear quantizes its input per token into the workspace while it runs: [tokens, in] codes and a
-        // float32 scale per token, at most the denoising forward's tokens times the widest input (the FFN's)
-        const int64_t tokens = int64_t(model.dit.num_frame_per_block) * model.dit.frame_seqlen +
-                               model.dit.num_action_per_block + model.dit.num_state_per_block;
+        // float32 scale per token, at most the denoising forward's tokens times the widest input (the FFN's); a
+        // batched forward of both CFG branches (fast numerics, BranchRunner::forward_pair) holds both branches' rows
+        const int64_t branches = options.batch_cfg && measuring.numerics() == Numerics::Fast ? 2 : 1;
+        const int64_t tokens = branches * (int64_t(model.dit.num_frame_per_block) * model.dit.frame_seqlen +
+                                           model.dit.num_action_per_block + model.dit.num_state_per_block);
         const int64_t in = std::max<int64_t>(model.dit.dim, model.dit.ffn_dim);
         add("workspace.fp8", "FP8 activations", uint64_t(tokens) * uint64_t(in) + uint64_t(tokens) * 4,
             fmt::format("{} tokens x {} E4M3 codes and a float32 scale per token", tokens, in));

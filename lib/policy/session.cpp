@@ -380,6 +380,25 @@ void Session::forward(int branch, ForwardKind kind, const BranchIo& io, int star
     runner.forward(kind, io, start_frame, timestep, action_timestep, opt);
 }
 
+void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchIo& uncond, int start_frame,
+                           int64_t timestep, int64_t action_timestep) {
+    BranchRunner& a = *runners_->branch[size_t(kCondBranch)];
+    BranchRunner& b = *runners_->branch[size_t(kUncondBranch)];
+    // NOTE: a trace names each branch's intermediates, so a traced call runs the branches one by one
+    if (!engine_.options_.batch_cfg || trace_ || !BranchRunner::can_pair(a, b)) {
+        forward(kCondBranch, kind, cond, start_frame, timestep, action_timestep);
+        forward(kUncondBranch, kind, uncond, start_frame, timestep, action_timestep);
+        return;
+    }
+    DitForwardOptions opt;
+    opt.check_finite = engine_.options_.check_finite && !engine_.measuring_;
+    // the unconditional branch's action velocity is never used: its decoder is skipped
+    BranchIo uncond_out = uncond;
+    uncond_out.action_out = {};
+    ProfileScope profile(a.backend(), fmt::format("{}.both", forward_kind_name(kind)));
+    BranchRunner::forward_pair(a, b, kind, cond, uncond_out, start_frame, timestep, action_timestep, opt);
+}
+
 // ---- the stages of a call ----------------------------------------------------------------------
 
 std::string Session::reset_reason(const PreparedObservation& obs) const {
@@ -480,7 +499,7 @@ void Session::start_window(int frames) {
     be.copy(buf_->ys.view().slice(0, 4, z).slice(1, 0, 1), io.x);
     be.copy(buf_->ys.view().slice(1, 0, 1), io.y);
     io.video_out = head_view(buf_->v_uncond, Shape{z, 1, lh, lw});
-    for (int b = 0; b < 2; ++b) forward(b, ForwardKind::Prefill, io, 0, 0, 0);
+    forward_both(ForwardKind::Prefill, io, io, 0, 0, 0);
     start_frame_ = 1;
 }
 
@@ -505,7 +524,7 @@ void Session::commit_clip() {
     io.x = buf_->x_in;
     io.y = buf_->y_in;
     io.video_out = buf_->v_uncond;
-    for (int b = 0; b < 2; ++b) forward(b, ForwardKind::Commit, io, start_frame_ - f, 0, 0);
+    forward_both(ForwardKind::Commit, io, io, start_frame_ - f, 0, 0);
 }
 
 int Session::denoise(PolicyCallResult& result) {
@@ -542,8 +561,7 @@ int Session::denoise(PolicyCallResult& result) {
         stream.record(*events_->dit[size_t(2 * evaluation)]);
         runners_->finite->check("the video sample (sampler state)", s.index, buf_->x);
         runners_->finite->check("the action sample (sampler state)", s.index, buf_->a);
-        forward(kCondBranch, ForwardKind::Denoise, cond, start_frame_, s.video_timestep, s.action_timestep);
-        forward(kUncondBranch, ForwardKind::Denoise, uncond, start_frame_, s.video_timestep, s.action_timestep);
+        forward_both(ForwardKind::Denoise, cond, uncond, start_frame_, s.video_timestep, s.action_timestep);
         trace(fmt::format("velocity.cond.{}", s.index), buf_->v_video);
         trace(fmt::format("velocity.uncond.{}", s.index), buf_->v_uncond);
         trace(fmt::format("velocity.action.{}", s.index), buf_->v_action);

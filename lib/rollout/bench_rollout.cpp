@@ -70,6 +70,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     po.precision = o.run.precision;
     po.text_prepass = o.text_prepass;
     po.cuda_graphs = o.run.cuda_graphs;
+    po.batch_cfg = o.run.batch_cfg;
     if (o.text_prepass) po.prepass_prompts = {kBenchPrompt, kWarmupPrompt};
     const Embodiment embodiment = bench_embodiment();
     // The plan first: a budget it exceeds refuses the bench before the weights are made.

@@ -6,7 +6,7 @@
 # VARIANTS, each compared with the reference bf16 dump of `parity`), `probe` (kernel_probe.py), `trace` (the
 # reference's aten-op trace of its first two calls), `substage` (substage_probe.sh: the DiT's and the
 # encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
-# BENCH_NUMERICS="reference fast", BENCH_DEVICE; BENCH_FP8=1 adds fast numerics with FP8 weights and KV); `embodiments` runs the parity step on AgiBot- and YAM-shaped
+# BENCH_NUMERICS="reference fast" (fast-nobatch: fast with --no-batch-cfg), BENCH_DEVICE; BENCH_FP8=1 adds fast numerics with FP8 weights and KV); `embodiments` runs the parity step on AgiBot- and YAM-shaped
 # checkpoints (EMBODIMENTS="agibot yam"); `profile` writes the op profile of DROID calls (PROFILE_CALLS,
 # PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'); `wide` is the parity run at the real widths
 # (configs/parity_wide.yaml, WIDE_CALLS=9: three resets) with the reference fp32 and bf16 runs and dzr CUDA bf16 in
@@ -334,8 +334,11 @@ if want bench; then
     say "bench rollout at the DROID geometry (random weights, ${BENCH_CALLS:-21} timed calls, ${BENCH_NUMERICS:-reference})"
     mkdir -p "$WORK/bench"
     for n in ${BENCH_NUMERICS:-reference}; do
-        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" --numerics "$n" \
-            --calls "${BENCH_CALLS:-21}" --json "$WORK/bench/rollout-$n.json" >"$WORK/bench/rollout-$n.log" 2>&1
+        # "fast-nobatch": fast numerics with the CFG branches' forwards one after the other (--no-batch-cfg)
+        extra=()
+        [[ "$n" == *-nobatch ]] && extra+=(--no-batch-cfg)
+        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" --numerics "${n%%-*}" \
+            "${extra[@]}" --calls "${BENCH_CALLS:-21}" --json "$WORK/bench/rollout-$n.json" >"$WORK/bench/rollout-$n.log" 2>&1
         check $? "bench rollout $n"
         cat "$WORK/bench/rollout-$n.log" | tail -n 20
     done
@@ -361,7 +364,7 @@ if want profile; then
             >"$WORK/profile/rollout-$n.log" 2>"$WORK/profile/profile-$n.txt"
         check $? "profile $n"
         head -n 40 "$WORK/profile/profile-$n.txt"
-        grep -A14 -E "^-- denoise.denoise.pos" "$WORK/profile/profile-$n.txt"
+        grep -A14 -E "^-- denoise.denoise.(pos|both)" "$WORK/profile/profile-$n.txt"
     done
     "$DZR" bench attention --lq 1785 --lk 257 512 2665 7945 --heads 40 --head-dim 128 \
         >"$WORK/profile/attention-dit.txt" 2>&1

@@ -514,14 +514,15 @@ TensorView group_vecs(const TensorView& mod, int i) {
     return TensorView(base, mod.dtype, Shape{G, C}, Shape{6 * C, 1}, mod.device);
 }
 
-Stats run_ada_layer_norm(Harness& h, int64_t L, int64_t C, int64_t split, bool affine, bool mod) {
-    const int64_t G = split < L ? 2 : 1;
+Stats run_ada_layer_norm(Harness& h, int64_t L, int64_t C, int64_t split, bool affine, bool mod,
+                         int64_t period = INT64_MAX) {
+    const int64_t G = split < std::min(L, period) ? 2 : 1;
     Tensor x = h.input({L, C}, -3.f, 3.f);
     Tensor w = affine ? h.input({C}) : Tensor(), b = affine ? h.input({C}) : Tensor();
     Tensor m = h.input({G, 6, C}, -0.5f, 0.5f);
     const TensorView md = h.dev(m);
     Tensor ref = Harness::cpu_out({L, C});
-    const FusedRowParams p{1e-6f, split};
+    const FusedRowParams p{1e-6f, split, period};
     cpu().ada_layer_norm(p, x, affine ? w.view() : TensorView{}, affine ? b.view() : TensorView{},
                          mod ? group_vecs(m, 1) : TensorView{}, mod ? group_vecs(m, 0) : TensorView{}, ref);
     const TensorView out = h.dev_out({L, C});
@@ -530,12 +531,12 @@ Stats run_ada_layer_norm(Harness& h, int64_t L, int64_t C, int64_t split, bool a
     return h.compare(out, ref);
 }
 
-Stats run_gated_residual(Harness& h, int64_t L, int64_t C, int64_t split, bool gate) {
-    const int64_t G = split < L ? 2 : 1;
+Stats run_gated_residual(Harness& h, int64_t L, int64_t C, int64_t split, bool gate, int64_t period = INT64_MAX) {
+    const int64_t G = split < std::min(L, period) ? 2 : 1;
     Tensor x = h.input({L, C}), y = h.input({L, C});
     Tensor m = h.input({G, 6, C});
     const TensorView xd = h.dev(x), yd = h.dev(y), md = h.dev(m);
-    const FusedRowParams p{1e-6f, split};
+    const FusedRowParams p{1e-6f, split, period};
     cpu().gated_residual(p, x, y, gate ? group_vecs(m, 2) : TensorView{});
     gpu().gated_residual(p, xd, yd, gate ? group_vecs(md, 2) : TensorView{});
     return h.compare(xd, x);
@@ -558,12 +559,13 @@ Tensor rope_table(int64_t rows, int64_t pairs, int entry, int64_t t0) {
     return t;
 }
 
-Stats run_rms_norm_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t split, int64_t pairs, int entry) {
+Stats run_rms_norm_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t split, int64_t pairs, int entry,
+                        int64_t period = INT64_MAX) {
     Tensor x = h.input({L, H * D}, -2.f, 2.f), w = h.input({H * D});
-    const int64_t s = std::min(split, L);
+    const int64_t P = std::min(L, period), s = std::min(split, P);
     Tensor ta = pairs ? rope_table(s, pairs, entry, 0) : Tensor();
-    Tensor tb = pairs && s < L ? rope_table(L - s, pairs, entry, 1000) : Tensor();
-    const FusedRowParams p{1e-6f, split};
+    Tensor tb = pairs && s < P ? rope_table(P - s, pairs, entry, 1000) : Tensor();
+    const FusedRowParams p{1e-6f, split, period};
     Tensor ref = Harness::cpu_out({L, H, D});
     cpu().rms_norm_rope(p, x, w, pairs ? ta.view() : TensorView{}, tb.defined() ? tb.view() : TensorView{}, ref);
     const TensorView out = h.dev_out({L, H, D});
@@ -572,13 +574,14 @@ Stats run_rms_norm_rope(Harness& h, int64_t L, int64_t H, int64_t D, int64_t spl
     return h.compare(out, ref);
 }
 
-Stats run_gated_residual_norm(Harness& h, int64_t L, int64_t C, int64_t split, bool gate, bool affine, bool mod) {
-    const int64_t G = split < L ? 2 : 1;
+Stats run_gated_residual_norm(Harness& h, int64_t L, int64_t C, int64_t split, bool gate, bool affine, bool mod,
+                              int64_t period = INT64_MAX) {
+    const int64_t G = split < std::min(L, period) ? 2 : 1;
     Tensor x = h.input({L, C}, -2.f, 2.f), y = h.input({L, C});
     Tensor w = affine ? h.input({C}) : Tensor(), b = affine ? h.input({C}) : Tensor();
     Tensor m = h.input({G, 6, C}, -0.5f, 0.5f);
     const TensorView xd = h.dev(x), yd = h.dev(y), md = h.dev(m);
-    const FusedRowParams p{1e-6f, split};
+    const FusedRowParams p{1e-6f, split, period};
     Tensor ref = Harness::cpu_out({L, C});
     cpu().gated_residual_norm(p, x, y, gate ? group_vecs(m, 2) : TensorView{}, affine ? w.view() : TensorView{},
                               affine ? b.view() : TensorView{}, mod ? group_vecs(m, 1) : TensorView{},
@@ -1101,6 +1104,23 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_ada_layer_norm(h, 11, 4104, 0, true, true); });
         add_big("ada_layer_norm", "DreamZero [1785, 5120] split 1760, modulated", dt,
                 [](Harness& h) { return run_ada_layer_norm(h, 1785, 5120, 1760, false, true); });
+        // two CFG branches stacked: the groups repeat every `period` rows
+        add("ada_layer_norm", "[74, 40] two blocks of 37 split 30, modulated", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 74, 40, 30, false, true, 37); });
+        add("ada_layer_norm", "[70, 36] affine and modulated, blocks of 35 split 20 (scalar path)", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 70, 36, 20, true, true, 35); });
+        add("ada_layer_norm", "[22, 4104] modulated, blocks of 11 split 8 (block kernel)", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 22, 4104, 8, false, true, 11); });
+        add_big("ada_layer_norm", "DreamZero [3570, 5120] two branches of 1785 split 1760, modulated", dt,
+                [](Harness& h) { return run_ada_layer_norm(h, 3570, 5120, 1760, false, true, 1785); });
+        add("gated_residual", "[74, 40] gated, blocks of 37 split 30", dt,
+            [](Harness& h) { return run_gated_residual(h, 74, 40, 30, true, 37); });
+        add("gated_residual", "[26, 21] gated, blocks of 13 split 9 (scalar path)", dt,
+            [](Harness& h) { return run_gated_residual(h, 26, 21, 9, true, 13); });
+        add_big("gated_residual", "DreamZero [3570, 5120] gated, two branches of 1785 split 1760", dt,
+                [](Harness& h) { return run_gated_residual(h, 3570, 5120, 1760, true, 1785); });
+        add("gated_residual_norm", "[74, 40] gated, modulated, blocks of 37 split 30", dt,
+            [](Harness& h) { return run_gated_residual_norm(h, 74, 40, 30, true, false, true, 37); });
         add("gated_residual", "[37, 40] gated, split 30", dt,
             [](Harness& h) { return run_gated_residual(h, 37, 40, 30, true); });
         add("gated_residual", "[13, 20] no gate (scalar path)", dt,
@@ -1137,6 +1157,14 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_rms_norm_rope(h, 9, 3, 10, INT64_MAX, 0, 2); });
         add_big("rms_norm_rope", "DreamZero [1785, 40, 128] split 1760, 64 pairs", dt,
                 [](Harness& h) { return run_rms_norm_rope(h, 1785, 40, 128, 1760, 64, 4); });
+        add("rms_norm_rope", "[60, 2x16] blocks of 30 split 22, 8 pairs (warp kernel)", dt,
+            [](Harness& h) { return run_rms_norm_rope(h, 60, 2, 16, 22, 8, 2, 30); });
+        add("rms_norm_rope", "[42, 5x48] blocks of 21 split 13, 24 pairs double-float", dt,
+            [](Harness& h) { return run_rms_norm_rope(h, 42, 5, 48, 13, 24, 4, 21); });
+        add("rms_norm_rope", "[18, 3x10] blocks of 9 split 5, 4 pairs (plain kernel)", dt,
+            [](Harness& h) { return run_rms_norm_rope(h, 18, 3, 10, 5, 4, 2, 9); });
+        add_big("rms_norm_rope", "DreamZero [3570, 40x128] two branches of 1785 split 1760", dt,
+                [](Harness& h) { return run_rms_norm_rope(h, 3570, 40, 128, 1760, 64, 4, 1785); });
     }
     // FP8 (E4M3): quantization bit for bit, its inverse, the GEMM through cuBLASLt and through the plain kernel
     for (DType dt : {DType::F32, DType::BF16}) {

@@ -49,16 +49,24 @@ Inputs make_inputs(const DitConfig& c, int frames, int start_frame, int64_t time
 }
 
 /// Everything one test needs: weights, backend, model, one branch's context and cross K/V.
+/// A CPU backend in `numerics`.
+std::unique_ptr<Backend> cpu_backend(Numerics numerics) {
+    BackendOptions o;
+    o.numerics = numerics;
+    return make_cpu_backend(o);
+}
+
 struct Fixture {
     DitConfig cfg;
     MapWeightSource src;
-    std::unique_ptr<Backend> be = make_cpu_backend();
+    std::unique_ptr<Backend> be;
     std::unique_ptr<CausalDit> dit;
     std::vector<float> clip, text;
     DitCrossKv kv;
 
-    explicit Fixture(int heads = 1, uint64_t seed = 7, float poison = 0.0f, Precision precision = Precision::Bf16)
-        : cfg(tiny_dit_config(heads)) {
+    explicit Fixture(int heads = 1, uint64_t seed = 7, float poison = 0.0f, Precision precision = Precision::Bf16,
+                     Numerics numerics = Numerics::Reference)
+        : cfg(tiny_dit_config(heads)), be(cpu_backend(numerics)) {
         fill_dit_weights(src, cfg, seed);
         if (poison != 0.0f) src.tensors["action_head.model.blocks.1.ffn.2.bias"].ptr<float>()[3] = poison;
         WeightLoader loader(src, *be);
@@ -298,6 +306,133 @@ TEST_CASE("two denoise forwards with the same inputs are bit-identical and finit
     CHECK(std::memcmp(o[0].action.data(), o[1].action.data(), o[0].action.size() * sizeof(float)) == 0);
     for (float v : o[0].video) REQUIRE(std::isfinite(v));
     for (float v : o[0].action) REQUIRE(std::isfinite(v));
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    double m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+    return m;
+}
+
+TEST_CASE("a batched forward of two CFG branches gives each branch its own forward's outputs") {
+    Fixture fx(2, 7, 0.0f, Precision::Bf16, Numerics::Fast);
+    const DitConfig& c = fx.cfg;
+    // branch 0: the fixture's text; branch 1: another text; both read one image cache (shared) or each its own
+    std::vector<float> text_b = random_floats(size_t(c.text_len) * c.text_dim, 303);
+    const TensorView clip(fx.clip.data(), DType::F32, Shape{kTinyImageTokens, c.image_dim});
+    DitCrossKv kv_a = fx.dit->make_cross_kv(*fx.be, kTinyImageTokens);
+    fx.dit->compute_cross_kv(*fx.be, clip, TensorView(fx.text.data(), DType::F32, Shape{c.text_len, c.text_dim}), kv_a);
+    DitCrossKv kv_b = fx.dit->make_cross_kv(*fx.be, kTinyImageTokens);
+    fx.dit->compute_cross_kv(*fx.be, clip, TensorView(text_b.data(), DType::F32, Shape{c.text_len, c.text_dim}), kv_b);
+    for (bool shared_image : {true, false}) {
+        CAPTURE(shared_image);
+        if (shared_image)
+            for (size_t l = 0; l < kv_b.layers.size(); ++l) {
+                kv_b.layers[l].k_img = kv_a.layers[l].k_img;
+                kv_b.layers[l].v_img = kv_a.layers[l].v_img;
+            }
+        const DitCrossKv* kvs[2] = {&kv_a, &kv_b};
+        // single forwards: prefill then denoise, per branch; batched: one prefill of both, then one denoise of both
+        DenseTestCache single[2] = {fx.make_cache(), fx.make_cache()};
+        DenseTestCache batched[2] = {fx.make_cache(), fx.make_cache()};
+        Inputs prefill = make_inputs(c, 1, 0, 0, false, 61);
+        Inputs denoise = make_inputs(c, 2, 1, 624, true, 62, 731);
+        std::vector<float> video[2][2], action[2];  // [single | batched][branch]
+        const auto inputs = [&](Inputs& in) {
+            DitInputs di;
+            di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+            di.y = TensorView(in.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+            di.start_frame = in.start_frame;
+            di.timestep = in.timestep;
+            if (in.regs)
+                di.registers = DitRegisterInputs{
+                    TensorView(in.regs->action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}),
+                    in.regs->timestep,
+                    TensorView(in.regs->state.data(), DType::F32, Shape{c.num_state_per_block, c.max_state_dim})};
+            return di;
+        };
+        const auto video_out = [&](std::vector<float>& v, const Inputs& in) {
+            v.assign(in.x.size(), std::numeric_limits<float>::quiet_NaN());
+            return TensorView(v.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+        };
+        const auto action_out = [&](std::vector<float>& v) {
+            v.assign(size_t(c.num_action_per_block) * c.action_dim, std::numeric_limits<float>::quiet_NaN());
+            return TensorView(v.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim});
+        };
+        std::vector<float> scratch_video, scratch_action;
+        for (int b = 0; b < 2; ++b) {
+            single[b].begin(true);
+            fx.dit->forward(*fx.be, inputs(prefill), *kvs[b], single[b], DitOutputs{video_out(scratch_video, prefill), {}});
+            single[b].commit();
+            single[b].begin(false);
+            fx.dit->forward(*fx.be, inputs(denoise), *kvs[b], single[b],
+                            DitOutputs{video_out(video[0][b], denoise), action_out(b == 0 ? action[0] : scratch_action)});
+        }
+        {
+            batched[0].begin(true);
+            batched[1].begin(true);
+            std::vector<float> scratch_b;
+            const DitBranch pre[2] = {{kvs[0], &batched[0], DitOutputs{video_out(scratch_video, prefill), {}}},
+                                      {kvs[1], &batched[1], DitOutputs{video_out(scratch_b, prefill), {}}}};
+            fx.dit->forward_batch(*fx.be, inputs(prefill), pre);
+            batched[0].commit();
+            batched[1].commit();
+            batched[0].begin(false);
+            batched[1].begin(false);
+            // branch 1 without an action output: its decoder is skipped
+            const DitBranch den[2] = {
+                {kvs[0], &batched[0], DitOutputs{video_out(video[1][0], denoise), action_out(action[1])}},
+                {kvs[1], &batched[1], DitOutputs{video_out(video[1][1], denoise), {}}}};
+            fx.dit->forward_batch(*fx.be, inputs(denoise), den);
+        }
+        // the history each branch committed: the same rows, batched or not
+        for (int b = 0; b < 2; ++b) CHECK(batched[b].history_tokens() == single[b].history_tokens());
+        // NOTE: the same arithmetic up to f32 summation order (the CPU's GEMM blocks its rows by the row count):
+        // kTol of the outputs' magnitude, far below a branch's rows mixed with the other's or a wrong cache (O(1))
+        const auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
+            double scale = 1.0;
+            for (float v : want) scale = std::max(scale, std::fabs(double(v)));
+            return max_abs_diff(got, want) <= kTol * scale;
+        };
+        for (int b = 0; b < 2; ++b) {
+            CAPTURE(b);
+            CHECK(close(video[1][b], video[0][b]));
+        }
+        CHECK(close(action[1], action[0]));
+        // the branches differ (a test of two equal branches would not see them swapped)
+        CHECK(max_abs_diff(video[0][0], video[0][1]) > 1e-3);
+        for (float v : video[1][1]) REQUIRE(std::isfinite(v));
+    }
+}
+
+TEST_CASE("a batched forward needs fast numerics and takes the workspace it measures") {
+    Fixture fx(2);
+    const DitConfig& c = fx.cfg;
+    DenseTestCache caches[2] = {fx.make_cache(), fx.make_cache()};
+    Inputs in = make_inputs(c, 1, 0, 0, false, 71);
+    std::vector<float> v0(in.x.size()), v1(in.x.size());
+    DitInputs di;
+    di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, 1, kTinyLatentH, kTinyLatentW});
+    di.y = TensorView(in.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, 1, kTinyLatentH, kTinyLatentW});
+    const DitBranch two[2] = {{&fx.kv, &caches[0], DitOutputs{TensorView(v0.data(), DType::F32, di.x.shape), {}}},
+                              {&fx.kv, &caches[1], DitOutputs{TensorView(v1.data(), DType::F32, di.x.shape), {}}}};
+    caches[0].begin(true);
+    caches[1].begin(true);
+    const std::string msg = error_of([&] { fx.dit->forward_batch(*fx.be, di, two); });
+    CHECK(contains(msg, "fast numerics"));
+
+    Fixture fast(2, 7, 0.0f, Precision::Bf16, Numerics::Fast);
+    const size_t one = fast.dit->forward_workspace_bytes(*fast.be, 1, false);
+    const size_t planned = fast.dit->forward_workspace_bytes(*fast.be, 1, false, 2);
+    CHECK(planned > one);
+    fast.be->reserve_workspace(planned);
+    const DitBranch fast_two[2] = {{&fast.kv, &caches[0], two[0].out}, {&fast.kv, &caches[1], two[1].out}};
+    caches[0].begin(true);
+    caches[1].begin(true);
+    CHECK_NOTHROW(fast.dit->forward_batch(*fast.be, di, fast_two));
+    CHECK(fast.be->workspace().used() == 0);
+    CHECK(fast.be->workspace().high_water() == planned);
 }
 
 TEST_CASE("forwards run in a workspace of exactly their measured size and take all of it, with bf16 and with FP8 Linears") {

@@ -601,7 +601,11 @@ kernels::GroupVec group_vec(const TensorView& v, int64_t C, int64_t min_groups, 
     return {v.data, v.dtype, v.strides[0]};
 }
 
-int64_t groups_of(int64_t split, int64_t L) { return split < L ? 2 : 1; }
+/// The groups of rows (FusedRowParams): two when the split falls inside a period's rows.
+int64_t groups_of(const FusedRowParams& p, int64_t L) {
+    DZR_CHECK(p.period > 0, "cuda backend: fused row op: period {} must be positive", p.period);
+    return p.split < std::min(p.period, L) ? 2 : 1;
+}
 
 }  // namespace
 
@@ -616,14 +620,15 @@ void CudaBackend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, c
     check_param(bias, C, "ada_layer_norm", "bias");
     DZR_CHECK(!weight.defined() || !bias.defined() || weight.dtype == bias.dtype,
               "cuda backend: ada_layer_norm weight and bias must share a dtype");
-    const int64_t G = groups_of(p.split, L);
+    const int64_t G = groups_of(p, L);
     const auto sc = group_vec(scale, C, G, "ada_layer_norm", "scale");
     const auto sh = group_vec(shift, C, G, "ada_layer_norm", "shift");
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::ada_layer_norm(x.data, x.dtype, out.data, out.dtype, L, C, p.eps,
                                            weight.defined() ? weight.data : nullptr,
                                            bias.defined() ? bias.data : nullptr,
-                                           weight.defined() ? weight.dtype : bias.dtype, sc, sh, p.split, stream_));
+                                           weight.defined() ? weight.dtype : bias.dtype, sc, sh, p.split, p.period,
+                                           stream_));
 }
 
 void CudaBackend::gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
@@ -633,9 +638,9 @@ void CudaBackend::gated_residual(const FusedRowParams& p, const TensorView& x, c
     DZR_CHECK(x.is_contiguous() && y.is_contiguous() && x.shape == y.shape && x.dtype == y.dtype,
               "cuda backend: gated_residual needs contiguous x and y of one shape and dtype: {} {}", x.str(), y.str());
     const int64_t C = x.cols(), L = x.rows();
-    const auto g = group_vec(gate, C, groups_of(p.split, L), "gated_residual", "gate");
+    const auto g = group_vec(gate, C, groups_of(p, L), "gated_residual", "gate");
     DeviceGuard guard(index_);
-    DZR_CUDA_CHECK(kernels::gated_residual(x.data, y.data, x.dtype, L, C, g, p.split, stream_));
+    DZR_CUDA_CHECK(kernels::gated_residual(x.data, y.data, x.dtype, L, C, g, p.split, p.period, stream_));
 }
 
 void CudaBackend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
@@ -653,7 +658,7 @@ void CudaBackend::gated_residual_norm(const FusedRowParams& p, const TensorView&
     check_param(bias, C, "gated_residual_norm", "bias");
     DZR_CHECK(!weight.defined() || !bias.defined() || weight.dtype == bias.dtype,
               "cuda backend: gated_residual_norm weight and bias must share a dtype");
-    const int64_t G = groups_of(p.split, L);
+    const int64_t G = groups_of(p, L);
     kernels::GatedResidualNormArgs a;
     a.x = x.data, a.y = y.data, a.t = x.dtype;
     a.gate = group_vec(gate, C, G, "gated_residual_norm", "gate");
@@ -665,6 +670,7 @@ void CudaBackend::gated_residual_norm(const FusedRowParams& p, const TensorView&
     a.scale = group_vec(scale, C, G, "gated_residual_norm", "scale");
     a.shift = group_vec(shift, C, G, "gated_residual_norm", "shift");
     a.split = p.split;
+    a.period = p.period;
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::gated_residual_norm(a, stream_));
 }
@@ -682,7 +688,8 @@ void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, co
     int64_t pairs = 0;
     int entry = 2;
     if (table_a.defined()) {
-        const int64_t s = std::min(p.split, L);
+        DZR_CHECK(p.period > 0, "cuda backend: rms_norm_rope: period {} must be positive", p.period);
+        const int64_t rows_per_period = std::min(p.period, L), s = std::min(p.split, rows_per_period);
         const auto check_table = [&](const TensorView& t, int64_t rows, const char* what) {
             DZR_CHECK(t.dtype == DType::F32 && t.is_contiguous() && t.rank() == 3 && t.dim(0) >= rows &&
                           (t.dim(2) == 2 || t.dim(2) == 4) && t.dim(1) * 2 <= D && t.dim(1) == table_a.dim(1) &&
@@ -691,9 +698,9 @@ void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, co
                       t.str(), rows, D / 2);
         };
         check_table(table_a, s, "table_a");
-        if (s < L) {
+        if (s < rows_per_period) {
             DZR_CHECK(table_b.defined(), "cuda backend: rms_norm_rope needs table_b for rows past the split");
-            check_table(table_b, L - s, "table_b");
+            check_table(table_b, rows_per_period - s, "table_b");
         }
         pairs = table_a.dim(1);
         entry = int(table_a.dim(2));
@@ -702,7 +709,8 @@ void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, co
     DZR_CUDA_CHECK(kernels::rms_norm_rope(
         x.data, x.dtype, out.data, out.dtype, L, H, D, p.eps, weight.defined() ? weight.data : nullptr, weight.dtype,
         table_a.defined() ? static_cast<const float*>(table_a.data) : nullptr,
-        table_b.defined() ? static_cast<const float*>(table_b.data) : nullptr, pairs, entry, p.split, stream_));
+        table_b.defined() ? static_cast<const float*>(table_b.data) : nullptr, pairs, entry, p.split, p.period,
+        stream_));
 }
 
 void CudaBackend::rope(const RopeParams&, const TensorView& x, const TensorView& table, const TensorView& out) {
