@@ -6,7 +6,7 @@
 # VARIANTS, each compared with the reference bf16 dump of `parity`), `probe` (kernel_probe.py), `trace` (the
 # reference's aten-op trace of its first two calls), `substage` (substage_probe.sh: the DiT's and the
 # encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
-# BENCH_NUMERICS="reference fast" (fast-nobatch: fast with --no-batch-cfg), BENCH_DEVICE; BENCH_FP8=1 adds fast numerics with FP8 weights and KV); `embodiments` runs the parity step on AgiBot- and YAM-shaped
+# BENCH_NUMERICS="reference fast" (variants: variant_args below), BENCH_DEVICE; BENCH_FP8=1 adds fast numerics with FP8 weights and KV); `embodiments` runs the parity step on AgiBot- and YAM-shaped
 # checkpoints (EMBODIMENTS="agibot yam"); `profile` writes the op profile of DROID calls (PROFILE_CALLS,
 # PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'); `wide` is the parity run at the real widths
 # (configs/parity_wide.yaml, WIDE_CALLS=9: three resets) with the reference fp32 and bf16 runs and dzr CUDA bf16 in
@@ -41,6 +41,44 @@ DZR=$BUILD_DIR/bin/dzr
 failed=()
 t0=$SECONDS
 want() { [[ " $STEPS " == *" $1 "* ]]; }
+# The GPU's clocks, power and clock-limit reasons every 200 ms while a bench runs (nvidia-smi, into CSV FILE), and
+# their summary over the run's second half (the timed calls): is a sustained rollout power- or clock-limited?
+SMI_PID=
+smi_start() {
+    local fields=timestamp,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu
+    if nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader >/dev/null 2>&1; then
+        fields+=,clocks_event_reasons.active
+    else
+        fields+=,clocks_throttle_reasons.active
+    fi
+    nvidia-smi --query-gpu="$fields" --format=csv,noheader,nounits -lms 200 >"$1" 2>/dev/null &
+    SMI_PID=$!
+}
+smi_stop() {
+    [[ -n "$SMI_PID" ]] && kill "$SMI_PID" 2>/dev/null && wait "$SMI_PID" 2>/dev/null
+    SMI_PID=
+    python3 - "$1" <<'PY' || true
+import csv, statistics, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) >= 8]
+busy = [r for r in rows[len(rows) // 2:] if float(r[4]) > 150]  # the timed calls' samples with the GPU at work
+if busy:
+    med = lambda i: statistics.median(float(r[i]) for r in busy)
+    reasons = {}
+    for r in busy:
+        reasons[r[7].strip()] = reasons.get(r[7].strip(), 0) + 1
+    print(f"nvidia-smi over {len(busy)} busy samples: SM clock median {med(1):.0f} MHz (max {busy[0][2].strip()}), "
+          f"memory {med(3):.0f} MHz, power median {med(4):.0f} W of {busy[0][5].strip()} W, temperature {med(6):.0f} C, "
+          f"limit reasons {sorted(reasons.items(), key=lambda kv: -kv[1])[:3]}")
+PY
+}
+# The bench/profile variant NAME as `dzr bench rollout` arguments in VARGS: numerics first, then "-nobatch" (the CFG
+# branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), e.g. fast, reference, fast-nobatch, fast-fp8.
+variant_args() {
+    VARGS=(--numerics "${1%%-*}")
+    [[ "$1" == *-nobatch* ]] && VARGS+=(--no-batch-cfg)
+    [[ "$1" == *-fp8* ]] && VARGS+=(--precision fp8 --kv-dtype fp8)
+    return 0
+}
 say() { printf '\n== %s (%d s) ==\n' "$*" $((SECONDS - t0)); }
 check() { (($1 == 0)) || failed+=("$2 (exit $1)"); }
 pack() { (cd "$WORK/$1" 2>/dev/null && tar -czf "$OUT/$1.tar.gz" . 2>/dev/null); }
@@ -334,12 +372,12 @@ if want bench; then
     say "bench rollout at the DROID geometry (random weights, ${BENCH_CALLS:-21} timed calls, ${BENCH_NUMERICS:-reference})"
     mkdir -p "$WORK/bench"
     for n in ${BENCH_NUMERICS:-reference}; do
-        # "fast-nobatch": fast numerics with the CFG branches' forwards one after the other (--no-batch-cfg)
-        extra=()
-        [[ "$n" == *-nobatch ]] && extra+=(--no-batch-cfg)
-        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" --numerics "${n%%-*}" \
-            "${extra[@]}" --calls "${BENCH_CALLS:-21}" --json "$WORK/bench/rollout-$n.json" >"$WORK/bench/rollout-$n.log" 2>&1
+        variant_args "$n"
+        smi_start "$WORK/bench/smi-$n.csv"
+        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" "${VARGS[@]}" \
+            --calls "${BENCH_CALLS:-21}" --json "$WORK/bench/rollout-$n.json" >"$WORK/bench/rollout-$n.log" 2>&1
         check $? "bench rollout $n"
+        smi_stop "$WORK/bench/smi-$n.csv"
         cat "$WORK/bench/rollout-$n.log" | tail -n 20
     done
     if [[ -n "${BENCH_FP8:-}" ]]; then
@@ -359,7 +397,8 @@ if want profile; then
     say "profile at the DROID geometry (${PROFILE_CALLS:-6} profiled calls, ${PROFILE_NUMERICS:-reference})"
     mkdir -p "$WORK/profile"
     for n in ${PROFILE_NUMERICS:-reference}; do
-        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" --numerics "$n" \
+        variant_args "$n"
+        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" "${VARGS[@]}" \
             --calls "${PROFILE_CALLS:-6}" --json "$WORK/profile/rollout-$n.json" --profile "$WORK/profile/profile-$n.json" \
             >"$WORK/profile/rollout-$n.log" 2>"$WORK/profile/profile-$n.txt"
         check $? "profile $n"
