@@ -16,10 +16,7 @@ __device__ __forceinline__ float round_as(float v) {
 template <ActKind kKind, typename To>
 __device__ __forceinline__ float act(float v) {
     if constexpr (kKind == ActKind::GeluTanh) {
-        // 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
-        const float cube = v * v * v;
-        const float inner = 0.7978845608028654f * (v + 0.044715f * cube);
-        return 0.5f * v * (1.f + tanhf(inner));
+        return gelu_tanh(v);
     } else if constexpr (kKind == ActKind::GeluErf) {
         return v * 0.5f * (1.f + erff(v * 0.7071067811865476f));
     } else if constexpr (kKind == ActKind::Silu) {

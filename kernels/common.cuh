@@ -35,6 +35,14 @@ __device__ __forceinline__ __half from_f32<__half>(float v) {
     return __float2half_rn(v);
 }
 
+/// The tanh GELU in f32 as PyTorch's CUDA kernel evaluates it (float opmath, no fast-math intrinsics):
+/// 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))). The activation kernel and the fused GELU-quantize share it.
+__device__ __forceinline__ float gelu_tanh(float v) {
+    const float cube = v * v * v;
+    const float inner = 0.7978845608028654f * (v + 0.044715f * cube);
+    return 0.5f * v * (1.f + tanhf(inner));
+}
+
 /// Parameter vectors (norm weights, biases) come as f32 or bf16 independent of the activations.
 struct ParamPtr {
     const void* data = nullptr;

@@ -5,6 +5,7 @@
 // residual is a grid-stride loop over 8-element chunks.
 #include "kernels/common.cuh"
 #include "kernels/dit_fused.cuh"
+#include "kernels/fp8_convert.cuh"
 
 namespace dzr::kernels {
 namespace {
@@ -306,9 +307,13 @@ struct AdaWarpArgs {
     int64_t gate_stride;  // gate: the same
     int64_t split;
     int64_t period;  // the groups repeat every `period` rows (batched branches)
+    uint8_t* q;      // kFp8: the rows' E4M3 codes [rows, cols] (instead of `out`)
+    float* q_scales; // kFp8: their scales [rows]
 };
 
-template <int N, bool kResidual>
+// kFp8: the output rows, rounded to bf16 as `out` would hold them, quantized per row (quantize_fp8's codes and scale
+// of that bf16 row) instead of written.
+template <int N, bool kResidual, bool kFp8 = false>
 __global__ void __launch_bounds__(kWarpRows* kWarp) ada_layer_norm_warp_kernel(const AdaWarpArgs a) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = int64_t(blockIdx.x) * kWarpRows + threadIdx.x / kWarp;
@@ -351,6 +356,7 @@ __global__ void __launch_bounds__(kWarpRows* kWarp) ada_layer_norm_warp_kernel(c
     const float rstd = rsqrtf(var + a.eps);
     const int64_t moff = g * a.mod_stride;
     uint4* orow = reinterpret_cast<uint4*>(a.out + r * a.cols);
+    float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
         const int ch = k * kWarp + lane;
@@ -380,8 +386,29 @@ __global__ void __launch_bounds__(kWarpRows* kWarp) ada_layer_norm_warp_kernel(c
 #pragma unroll
                 for (int i = 0; i < 8; ++i) o[i] += p[i];
             }
-            orow[ch] = pack8(o);
+            if constexpr (kFp8) {
+                raw[k] = pack8(o);  // the bf16 row, kept for the codes
+                unpack8(raw[k], o);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(o[i]));
+            } else {
+                orow[ch] = pack8(o);
+            }
         }
+    }
+    if constexpr (kFp8) {
+        const float2 sc = fp8::row_scale(warp_max(amax));
+        uint2* qrow = reinterpret_cast<uint2*>(a.q + r * a.cols);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const int ch = k * kWarp + lane;
+            if (ch < chunks) {
+                float o[8];
+                unpack8(raw[k], o);
+                qrow[ch] = fp8::codes8(o, sc.y);
+            }
+        }
+        if (lane == 0) a.q_scales[r] = sc.x;
     }
 }
 
@@ -559,10 +586,10 @@ bool warp_norm_ok(const void* x, DType tx, const void* out, DType to, int64_t co
            aligned16(x) && aligned16(out) && ok16(weight) && ok16(bias) && group_ok16(scale) && group_ok16(shift);
 }
 
-template <bool kResidual>
+template <bool kResidual, bool kFp8 = false>
 cudaError_t launch_ada_warp(const AdaWarpArgs& a, cudaStream_t stream) {
     return dispatch_warp_chunks(a.cols, [&](auto n) {
-        ada_layer_norm_warp_kernel<decltype(n)::value, kResidual>
+        ada_layer_norm_warp_kernel<decltype(n)::value, kResidual, kFp8>
             <<<warp_grid(a.rows), kWarpRows * kWarp, 0, stream>>>(a);
         return cudaGetLastError();
     });
@@ -601,6 +628,22 @@ cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t
                                    stream);
     return launch_ada_warp<false>(
         ada_warp_args(x, out, rows, cols, eps, weight, bias, tparam, scale, shift, split, period), stream);
+}
+
+cudaError_t ada_layer_norm_fp8(const void* x, DType tx, uint8_t* q, float* q_scales, int64_t rows, int64_t cols,
+                               float eps, const void* weight, const void* bias, DType tparam, GroupVec scale,
+                               GroupVec shift, int64_t split, int64_t period, cudaStream_t stream) {
+    if (rows == 0) return cudaSuccess;
+    if (period <= 0) return cudaErrorInvalidValue;
+    const bool strides_agree = !scale.data || !shift.data || scale.row_stride == shift.row_stride;
+    // NOTE: `out` of the warp check stands for q (8-byte codes per chunk: 8-byte alignment suffices)
+    if (!warp_norm_ok(x, tx, x, DType::BF16, cols, weight, bias, scale, shift) || !strides_agree ||
+        (reinterpret_cast<uintptr_t>(q) & 7u) != 0)
+        return cudaErrorNotSupported;
+    AdaWarpArgs a = ada_warp_args(x, nullptr, rows, cols, eps, weight, bias, tparam, scale, shift, split, period);
+    a.q = q;
+    a.q_scales = q_scales;
+    return launch_ada_warp<false, true>(a, stream);
 }
 
 cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_t cols, GroupVec gate, int64_t split,

@@ -27,6 +27,13 @@ cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t
                            const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
                            int64_t split, int64_t period, cudaStream_t stream);
 
+/// ada_layer_norm's rows rounded to bf16 and quantized per row as kernels::quantize_fp8_rows would quantize them
+/// (q [rows, cols] E4M3 codes, 8-byte aligned; q_scales [rows]), without writing the bf16 rows: bf16 x of at most
+/// 6144 columns with 16-byte aligned operands (the warp kernel), cudaErrorNotSupported otherwise (nothing launched).
+cudaError_t ada_layer_norm_fp8(const void* x, DType tx, uint8_t* q, float* q_scales, int64_t rows, int64_t cols,
+                               float eps, const void* weight, const void* bias, DType tparam, GroupVec scale,
+                               GroupVec shift, int64_t split, int64_t period, cudaStream_t stream);
+
 /// x += y [* gate[g]] over rows of `cols` (x and y of one dtype).
 cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_t cols, GroupVec gate, int64_t split,
                            int64_t period, cudaStream_t stream);

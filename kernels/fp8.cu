@@ -1,32 +1,17 @@
 // FP8 (E4M3) quantization, dequantization, the plain FP8 GEMM and the FP8 KV pool's scatter and gather.
 // Every conversion and scale follows core/fp8.h bit for bit: amax by fmaxf (NaN skipped), scale = max(amax,
 // 1e-12) / 448 and the multiplier 448 / max(amax, 1e-12) by IEEE divisions, codes by cvt.rn.satfinite.
-#include <cuda_fp8.h>
-
 #include "kernels/common.cuh"
 #include "kernels/fp8.cuh"
+#include "kernels/fp8_convert.cuh"
 
 namespace dzr::kernels {
 namespace {
 
-// NOTE: the host's kFp8E4M3Max and kFp8MinAmax (core/fp8.h)
-constexpr float kMax = 448.0f;
-constexpr float kMinAmax = 1e-12f;
-
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-    return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-}
-
-__device__ __forceinline__ float from_e4m3(uint8_t q) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(q), __NV_E4M3);
-    return __half2float(__half(h));
-}
-
-/// (scale, multiplier) of a row with this absolute maximum (fp8_row_scale).
-__device__ __forceinline__ float2 row_scale(float amax) {
-    const float a = fmaxf(amax, kMinAmax);
-    return make_float2(__fdiv_rn(a, kMax), __fdiv_rn(kMax, a));
-}
+using fp8::codes8;
+using fp8::from_e4m3;
+using fp8::row_scale;
+using fp8::to_e4m3;
 
 template <typename T>
 __global__ void quantize_rows_kernel(const T* x, int64_t cols, int64_t ld, uint8_t* q, float* scales) {
@@ -39,6 +24,53 @@ __global__ void quantize_rows_kernel(const T* x, int64_t cols, int64_t ld, uint8
     const float2 s = row_scale(amax);
     uint8_t* out = q + r * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = to_e4m3(__fmul_rn(to_f32(row[c]), s.y));
+    if (threadIdx.x == 0) scales[r] = s.x;
+}
+
+// bf16 rows of at most kQuantChunks · kQuantThreads chunks of 8, 16-byte aligned: each thread keeps its chunks as packed
+// bf16 (16-byte loads), the block's absolute maximum, then 8 codes per 8-byte store. The same values, maximum and
+// codes as quantize_rows_kernel (the maximum does not depend on the order).
+constexpr int kQuantThreads = 256;
+constexpr int kQuantChunks = 8;  // cols <= 8 · 8 · 256 = 16384 (the FFN's 13824 included)
+
+// kGelu: the codes of gelu_tanh(x) rounded to bf16 (the activation kernel's values), not of x.
+template <bool kGelu>
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_vec_kernel(const bf16* x, int chunks, int64_t ld,
+                                                                          uint8_t* q, float* scales) {
+    __shared__ float shared[kWarp];
+    const int64_t r = blockIdx.x;
+    const uint4* row = reinterpret_cast<const uint4*>(x + r * ld);
+    uint4 raw[kQuantChunks];
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < kQuantChunks; ++k) {
+        const int ch = threadIdx.x + k * kQuantThreads;
+        if (ch < chunks) {
+            raw[k] = row[ch];
+            float v[8];
+            unpack8(raw[k], v);
+            if constexpr (kGelu) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[i] = gelu_tanh(v[i]);
+                raw[k] = pack8(v);  // rounded to bf16 as the activation kernel stores it
+                unpack8(raw[k], v);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+        }
+    }
+    amax = block_max(amax, shared);
+    const float2 s = row_scale(amax);
+    uint2* out = reinterpret_cast<uint2*>(q + r * int64_t(chunks) * 8);
+#pragma unroll
+    for (int k = 0; k < kQuantChunks; ++k) {
+        const int ch = threadIdx.x + k * kQuantThreads;
+        if (ch < chunks) {
+            float v[8];
+            unpack8(raw[k], v);
+            out[ch] = codes8(v, s.y);
+        }
+    }
     if (threadIdx.x == 0) scales[r] = s.x;
 }
 
@@ -110,6 +142,43 @@ __global__ void gather_fp8_kernel(Fp8KvPoolLayer pool, const int32_t* table, int
     }
 }
 
+// gather_fp8_kernel 8 elements at a time (head_dim % 8 == 0, 16-byte aligned current rows and outputs, 8-byte aligned
+// pool rows): the same values.
+template <typename T>
+__global__ void gather_fp8_vec_kernel(Fp8KvPoolLayer pool, const int32_t* table, int64_t hist, KvRows cur,
+                                      int64_t cur_len, T* out_k, T* out_v, int heads, int head_dim) {
+    const int64_t per_row = int64_t(heads) * head_dim / 8, total = (hist + cur_len) * per_row;
+    const int chunks_per_head = head_dim / 8;
+    const int64_t step = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+        const int64_t t = i / per_row;
+        const int rem = int(i - t * per_row), h = rem / chunks_per_head, d = (rem - h * chunks_per_head) * 8;
+        if (t < hist) {
+            const int64_t slot = int64_t(table[t / pool.block_size]) * pool.block_size + t % pool.block_size;
+            const int64_t row = slot * pool.token_stride + h * pool.head_stride;
+            for (int kv = 0; kv < 2; ++kv) {
+                const uint8_t* codes = (kv == 0 ? pool.k : pool.v) + row + d;
+                const float sc = (kv == 0 ? pool.k_scale : pool.v_scale)[row / head_dim];
+                const uint2 c = *reinterpret_cast<const uint2*>(codes);
+                float v[8];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    v[j] = __fmul_rn(from_e4m3(uint8_t(c.x >> (8 * j))), sc);
+                    v[j + 4] = __fmul_rn(from_e4m3(uint8_t(c.y >> (8 * j))), sc);
+                }
+                Vec8<T>::store((kv == 0 ? out_k : out_v) + i * 8, v);
+            }
+        } else {
+            const int64_t src = (t - hist) * cur.token_stride + h * cur.head_stride + d;
+            float v[8];
+            Vec8<T>::load(static_cast<const T*>(cur.k) + src, v);
+            Vec8<T>::store(out_k + i * 8, v);
+            Vec8<T>::load(static_cast<const T*>(cur.v) + src, v);
+            Vec8<T>::store(out_v + i * 8, v);
+        }
+    }
+}
+
 constexpr int kThreads = 256;
 
 }  // namespace
@@ -118,12 +187,29 @@ cudaError_t quantize_fp8_rows(const void* x, DType x_dtype, int64_t rows, int64_
                               float* scales, cudaStream_t stream) {
     if (rows <= 0) return cudaSuccess;
     if (rows > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
+    if (x_dtype == DType::BF16 && cols % 8 == 0 && cols > 0 && cols <= int64_t(8) * kQuantChunks * kQuantThreads &&
+        ld % 8 == 0 && aligned16(x) && (reinterpret_cast<uintptr_t>(q) & 7u) == 0) {
+        quantize_rows_vec_kernel<false><<<unsigned(rows), kQuantThreads, 0, stream>>>(static_cast<const bf16*>(x),
+                                                                                      int(cols / 8), ld, q, scales);
+        return cudaGetLastError();
+    }
     const int threads = row_block_threads(cols);
     return dispatch_float(x_dtype, [&](auto t) {
         using T = decltype(t);
         quantize_rows_kernel<T><<<unsigned(rows), threads, 0, stream>>>(static_cast<const T*>(x), cols, ld, q, scales);
         return cudaGetLastError();
     });
+}
+
+cudaError_t gelu_quantize_fp8_rows(const void* x, DType x_dtype, int64_t rows, int64_t cols, uint8_t* q, float* scales,
+                                   cudaStream_t stream) {
+    if (rows <= 0) return cudaSuccess;
+    if (x_dtype != DType::BF16 || cols % 8 != 0 || cols <= 0 || cols > int64_t(8) * kQuantChunks * kQuantThreads ||
+        rows > int64_t(INT32_MAX) || !aligned16(x) || (reinterpret_cast<uintptr_t>(q) & 7u) != 0)
+        return cudaErrorNotSupported;
+    quantize_rows_vec_kernel<true><<<unsigned(rows), kQuantThreads, 0, stream>>>(static_cast<const bf16*>(x),
+                                                                                 int(cols / 8), cols, q, scales);
+    return cudaGetLastError();
 }
 
 cudaError_t dequantize_fp8_rows(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, void* out,
@@ -162,6 +248,19 @@ cudaError_t gather_kv_fp8(const Fp8KvPoolLayer& pool, const int32_t* table, int6
                           cudaStream_t stream) {
     const int64_t rows = hist + cur_len;
     if (rows <= 0 || heads <= 0 || head_dim <= 0) return cudaSuccess;
+    const auto a8 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; };
+    // NOTE: every pool row starts a multiple of head_dim bytes from the layer's base (its scale index is row / head_dim)
+    const bool vec = head_dim % 8 == 0 && pool.token_stride % 8 == 0 && pool.head_stride % 8 == 0 && a8(pool.k) &&
+                     a8(pool.v) && (cur_len == 0 || (cur.token_stride % 8 == 0 && cur.head_stride % 8 == 0 &&
+                                                     aligned16(cur.k) && aligned16(cur.v))) &&
+                     aligned16(out_k) && aligned16(out_v);
+    if (vec)
+        return dispatch_float(dtype, [&](auto t) {
+            using T = decltype(t);
+            gather_fp8_vec_kernel<T><<<grid_for(rows * heads * head_dim / 8, kThreads), kThreads, 0, stream>>>(
+                pool, table, hist, cur, cur_len, static_cast<T*>(out_k), static_cast<T*>(out_v), heads, head_dim);
+            return cudaGetLastError();
+        });
     return dispatch_float(dtype, [&](auto t) {
         using T = decltype(t);
         gather_fp8_kernel<T><<<grid_for(rows * heads * head_dim, kThreads), kThreads, 0, stream>>>(

@@ -17,6 +17,12 @@ namespace dzr::kernels {
 cudaError_t quantize_fp8_rows(const void* x, DType x_dtype, int64_t rows, int64_t cols, int64_t ld, uint8_t* q,
                               float* scales, cudaStream_t stream);
 
+/// quantize_fp8_rows of gelu_tanh(x) rounded to bf16 (the values the activation kernel writes), x contiguous bf16
+/// [rows, cols] with cols % 8 == 0 and at most 16384, 16-byte aligned, q 8-byte aligned; cudaErrorNotSupported
+/// otherwise (nothing launched).
+cudaError_t gelu_quantize_fp8_rows(const void* x, DType x_dtype, int64_t rows, int64_t cols, uint8_t* q, float* scales,
+                                   cudaStream_t stream);
+
 /// out[r, c] = e4m3 q[r, c] * scales[r] (an f32 product) in out_dtype (f32 or bf16); q and out contiguous.
 cudaError_t dequantize_fp8_rows(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, void* out,
                                 DType out_dtype, cudaStream_t stream);

@@ -184,6 +184,23 @@ void Backend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, 
     ada_layer_norm(p, x, weight, bias, scale, shift, out);
 }
 
+void Backend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                 const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                 const TensorView& q, const TensorView& scales) {
+    ArenaScope scope(workspace());
+    const TensorView h = scratch(x.shape, compute_dtype());
+    ada_layer_norm(p, x, weight, bias, scale, shift, h);
+    quantize_fp8(h, q, scales);
+}
+
+void Backend::activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                      const TensorView& scales) {
+    ArenaScope scope(workspace());
+    const TensorView a = scratch(x.shape, x.dtype);
+    activation(p, x, a);
+    quantize_fp8(a, q, scales);
+}
+
 void Backend::gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
                         const TensorView& out) {
     gemm(p, a, b, bias, out);

@@ -370,6 +370,18 @@ public:
     /// capabilities().fp8 on a device; the CPU runs it on dequantized values.
     virtual void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq,
                           const TensorView& w_scales, const TensorView& bias, const TensorView& out);
+    /// ada_layer_norm (fast numerics' fused op) whose output, rounded to the compute dtype, is quantized as
+    /// quantize_fp8 quantizes it: q F8_E4M3 [L, C] (contiguous) and scales F32 [L]; the bf16 rows themselves are not
+    /// written (the norm in front of FP8 Linears, in one pass). The base implementation runs ada_layer_norm into the
+    /// workspace, then quantize_fp8: the same codes and scales.
+    virtual void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                    const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                    const TensorView& q, const TensorView& scales);
+    /// quantize_fp8 of activation(x) rounded to x's dtype (x contiguous [rows, cols], left unchanged): the FFN's GELU
+    /// and the next FP8 Linear's quantization in one pass. The base implementation runs the activation into the
+    /// workspace, then quantize_fp8: the same codes and scales.
+    virtual void activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                         const TensorView& scales);
 
     // ---- conveniences built on the ops ---------------------------------------------------------
     /// PyTorch Linear: out[M, N] = x[M, K] · w[N, K]^T + bias[N].

@@ -131,6 +131,17 @@ void ProfilingBackend::count_nonfinite(const TensorView& x, const TensorView& ou
 void ProfilingBackend::quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) {
     run(fmt::format("quantize_fp8 {}", desc(x)), [&](Backend& b) { b.quantize_fp8(x, q, scales); });
 }
+void ProfilingBackend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                          const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                          const TensorView& q, const TensorView& scales) {
+    run(fmt::format("ada_layer_norm_fp8 {}{}{}", desc(x), weight.defined() ? " affine" : "", scale.defined() ? " mod" : ""),
+        [&](Backend& b) { b.ada_layer_norm_fp8(p, x, weight, bias, scale, shift, q, scales); });
+}
+void ProfilingBackend::activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                               const TensorView& scales) {
+    run(fmt::format("activation_quantize_fp8 {}", desc(x)),
+        [&](Backend& b) { b.activation_quantize_fp8(p, x, q, scales); });
+}
 void ProfilingBackend::dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) {
     run(fmt::format("dequantize_fp8 {}", desc(q)), [&](Backend& b) { b.dequantize_fp8(q, scales, out); });
 }

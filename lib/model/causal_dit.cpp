@@ -515,17 +515,34 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
     const auto trace = [&](std::string_view name, const TensorView& t) {
         if (opt.trace) opt.trace(name, li, t);
     };
+    // FP8 Linears reading a fast-numerics norm: the norm quantizes its rows for them in its own pass
+    // (Backend::ada_layer_norm_fp8: the codes quantize_fp8 makes of the rounded rows, which are not written). A trace
+    // wants the rows: the two ops then.
+    const auto fused_fp8 = [&](bool fp8) { return fast && fp8 && !opt.trace; };
+    const auto norm_fp8 = [&](const TensorView& weight, const TensorView& bias, const TensorView& scale,
+                              const TensorView& shift) {
+        Fp8Input r;
+        r.q = be.scratch(Shape{BL, C}, DType::F8_E4M3);
+        r.scales = be.scratch(Shape{BL}, DType::F32);
+        be.ada_layer_norm_fp8(rows, s.x, weight, bias, scale, shift, r.q, r.scales);
+        return r;
+    };
 
     const TensorView h = be.scratch(Shape{BL, C});
     const TensorView y = be.scratch(Shape{BL, C});
 
     {  // self-attention over [history | video | registers]
         ArenaScope tmp(be.workspace());
-        modulated_norm(kShiftSa, kScaleSa, h);
+        // FP8 weights: h quantized once for q, k and v (the codes each would make itself)
+        Fp8Input hq;
+        if (fused_fp8(w.q.fp8() && w.k.fp8() && w.v.fp8())) {
+            hq = norm_fp8({}, {}, mod_vecs(mod, kScaleSa), mod_vecs(mod, kShiftSa));
+        } else {
+            modulated_norm(kShiftSa, kScaleSa, h);
+            hq = Fp8Input::quantize(be, h, w.q.fp8() || w.k.fp8() || w.v.fp8());
+        }
         trace("self_attn_in", h);
         const TensorView raw = be.scratch(Shape{BL, C});
-        // FP8 weights: h quantized once for q, k and v (the codes each would make itself)
-        const Fp8Input hq = Fp8Input::quantize(be, h, w.q.fp8() || w.k.fp8() || w.v.fp8());
         TensorView q, k, v3;  // [L, H, D]
         if (fast) {
             // q/k RMSNorm and RoPE (3-D on video rows, 1-D on register rows) in one op each
@@ -579,13 +596,16 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
 
     {  // cross-attention: separate softmaxes over text and image keys, summed, then o
         ArenaScope tmp(be.workspace());
-        if (fast)
+        Fp8Input hq;
+        if (fused_fp8(w.cross_q.fp8()))
+            hq = norm_fp8(w.norm3.w, w.norm3.b, {}, {});
+        else if (fast)
             be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
         else
             w.norm3.forward(be, s.x, h);
         const TensorView raw = be.scratch(Shape{BL, C});
         const TensorView q = be.scratch(Shape{BL, C});
-        w.cross_q.forward(be, h, raw);  // [L, C] -> [L, C]
+        w.cross_q.forward(be, h, hq, raw);  // [L, C] -> [L, C]
         if (fast)
             be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q.reshape(Shape{BL, H, D}));
         else
@@ -635,15 +655,31 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
 
     {  // feed-forward: C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
         ArenaScope tmp(be.workspace());
-        modulated_norm(kShiftFf, kScaleFf, h);
         const TensorView hidden = be.scratch(Shape{BL, cfg_.ffn_dim});
-        if (fast) {
-            w.ffn1.forward_gelu(be, h, hidden);  // [L, C] -> [L, ffn], the bias and GELU in the GEMM's epilogue
+        if (fused_fp8(w.ffn1.fp8())) {
+            // FP8: the norm quantizes for ffn1, whose GEMM adds the bias; the GELU then runs in ffn2's quantization
+            const Fp8Input hq = norm_fp8({}, {}, mod_vecs(mod, kScaleFf), mod_vecs(mod, kShiftFf));
+            w.ffn1.forward(be, h, hq, hidden);  // [L, C] -> [L, ffn]
+            if (w.ffn2.fp8()) {
+                Fp8Input gq;
+                gq.q = be.scratch(Shape{BL, cfg_.ffn_dim}, DType::F8_E4M3);
+                gq.scales = be.scratch(Shape{BL}, DType::F32);
+                be.activation_quantize_fp8({Activation::GeluTanh}, hidden, gq.q, gq.scales);
+                w.ffn2.forward(be, hidden, gq, y);  // [L, ffn] -> [L, C]
+            } else {
+                be.activation({Activation::GeluTanh}, hidden, hidden);
+                w.ffn2.forward(be, hidden, y);
+            }
         } else {
-            w.ffn1.forward(be, h, hidden);  // [L, C] -> [L, ffn]
-            be.activation({Activation::GeluTanh}, hidden, hidden);
+            modulated_norm(kShiftFf, kScaleFf, h);
+            if (fast) {
+                w.ffn1.forward_gelu(be, h, hidden);  // [L, C] -> [L, ffn], the bias and GELU in the GEMM's epilogue
+            } else {
+                w.ffn1.forward(be, h, hidden);  // [L, C] -> [L, ffn]
+                be.activation({Activation::GeluTanh}, hidden, hidden);
+            }
+            w.ffn2.forward(be, hidden, y);  // [L, ffn] -> [L, C]
         }
-        w.ffn2.forward(be, hidden, y);  // [L, ffn] -> [L, C]
         trace("ffn", y);
         gated_residual(y, kGateFf);
     }

@@ -663,6 +663,53 @@ Stats run_quantize_fp8(Harness& h, int64_t rows, int64_t cols, float lo, float h
     return h.compare(got_dev, ref, 0.0);
 }
 
+// NOTE: one E4M3 step (1/8 of a value) plus the rounding of the rows: the CPU quantizes its f32 rows, the GPU its
+// compute-dtype rows, so a value at a code boundary may take the neighbouring code (tests/cuda/test_fp8.cpp checks the
+// fused kernels against the two GPU ops they replace bit for bit)
+constexpr double kFp8StepTol = 0.13;
+
+/// The GPU's FP8 codes and scales [rows, cols] dequantized, against the CPU's quantization of `ref_rows`.
+Stats compare_fp8(Harness& h, const TensorView& qd, const TensorView& sd, const Tensor& ref_rows) {
+    const int64_t rows = qd.dim(0), cols = qd.dim(1);
+    Tensor q = Tensor::host({rows, cols}, DType::F8_E4M3), s = Tensor::host({rows}, DType::F32);
+    cpu().quantize_fp8(ref_rows, q, s);
+    Tensor ref = Tensor::host({rows, cols}, DType::F32);
+    cpu().dequantize_fp8(q, s, ref);
+    Tensor qh = Tensor::host({rows, cols}, DType::F8_E4M3), sh = Tensor::host({rows}, DType::F32);
+    gpu().download(qd, qh);
+    gpu().download(sd, sh);
+    Tensor got = Tensor::host({rows, cols}, DType::F32);
+    cpu().dequantize_fp8(qh, sh, got);
+    return h.compare(h.dev(got, DType::F32), ref, kFp8StepTol);
+}
+
+/// ada_layer_norm_fp8: the GPU's codes against the CPU's ada_layer_norm, quantized.
+Stats run_ada_layer_norm_fp8(Harness& h, int64_t L, int64_t C, int64_t split, int64_t period, bool affine, bool mod) {
+    const int64_t G = split < std::min(L, period) ? 2 : 1;
+    Tensor x = h.input({L, C}, -3.f, 3.f);
+    Tensor w = affine ? h.input({C}) : Tensor(), b = affine ? h.input({C}) : Tensor();
+    Tensor m = h.input({G, 6, C}, -0.5f, 0.5f);
+    const TensorView md = h.dev(m);
+    const FusedRowParams p{1e-6f, split, period};
+    Tensor rows = Harness::cpu_out({L, C});
+    cpu().ada_layer_norm(p, x, affine ? w.view() : TensorView{}, affine ? b.view() : TensorView{},
+                         mod ? group_vecs(m, 1) : TensorView{}, mod ? group_vecs(m, 0) : TensorView{}, rows);
+    Tensor qd = gpu().alloc({L, C}, DType::F8_E4M3), sd = gpu().alloc({L}, DType::F32);
+    gpu().ada_layer_norm_fp8(p, h.dev(x), affine ? h.dev(w) : TensorView{}, affine ? h.dev(b) : TensorView{},
+                             mod ? group_vecs(md, 1) : TensorView{}, mod ? group_vecs(md, 0) : TensorView{}, qd, sd);
+    return compare_fp8(h, qd, sd, rows);
+}
+
+/// activation_quantize_fp8 (tanh GELU): the GPU's codes against the CPU's GELU, quantized.
+Stats run_activation_quantize_fp8(Harness& h, int64_t L, int64_t F) {
+    Tensor x = h.input({L, F}, -6.f, 6.f);
+    Tensor rows = Harness::cpu_out({L, F});
+    cpu().activation({Activation::GeluTanh}, x, rows);
+    Tensor qd = gpu().alloc({L, F}, DType::F8_E4M3), sd = gpu().alloc({L}, DType::F32);
+    gpu().activation_quantize_fp8({Activation::GeluTanh}, h.dev(x), qd, sd);
+    return compare_fp8(h, qd, sd, rows);
+}
+
 /// gemm_fp8 against the CPU's (decoded E4M3 codes, f32 sums, the two scales and the bias).
 Stats run_gemm_fp8(Harness& h, int64_t M, int64_t N, int64_t K, bool bias, bool fallback) {
     const Fp8Operand x = fp8_operand(h, M, K, -3.f, 3.f), w = fp8_operand(h, N, K, -0.2f, 0.2f);
@@ -1173,6 +1220,18 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_quantize_fp8(h, 3, 7, -1e-30f, 1e-30f); });
         add_big("quantize_fp8", "DreamZero FFN input [1785, 13824]", dt,
                 [](Harness& h) { return run_quantize_fp8(h, 1785, 13824, -4.f, 4.f); });
+        add("ada_layer_norm_fp8", "[74, 40] modulated, blocks of 37 split 30", dt,
+            [](Harness& h) { return run_ada_layer_norm_fp8(h, 74, 40, 30, 37, false, true); });
+        add("ada_layer_norm_fp8", "[9, 36] affine (not the fused kernel: 36 columns)", dt,
+            [](Harness& h) { return run_ada_layer_norm_fp8(h, 9, 36, INT64_MAX, INT64_MAX, true, false); });
+        add_big("ada_layer_norm_fp8", "DreamZero [3570, 5120] two branches of 1785 split 1760, modulated", dt,
+                [](Harness& h) { return run_ada_layer_norm_fp8(h, 3570, 5120, 1760, 1785, false, true); });
+        add("activation_quantize_fp8", "[7, 24] tanh GELU", dt,
+            [](Harness& h) { return run_activation_quantize_fp8(h, 7, 24); });
+        add("activation_quantize_fp8", "[3, 20] tanh GELU (not the fused kernel: 20 columns)", dt,
+            [](Harness& h) { return run_activation_quantize_fp8(h, 3, 20); });
+        add_big("activation_quantize_fp8", "DreamZero FFN hidden [3570, 13824]", dt,
+                [](Harness& h) { return run_activation_quantize_fp8(h, 3570, 13824); });
         add("dequantize_fp8", "[45, 128]", dt, [](Harness& h) {
             const Fp8Operand x = fp8_operand(h, 45, 128, -2.f, 2.f);
             Tensor ref = Tensor::host({45, 128}, DType::F32);
@@ -1233,7 +1292,8 @@ TEST_CASE("every backend op has at least one parity case") {
                                             "conv3d",  "paged_attention", "scatter_kv", "resize_bicubic",
                                             "sin_cos_table", "count_nonfinite", "ada_layer_norm",
                                             "gated_residual", "rms_norm_rope", "gated_residual_norm", "gemm_gelu",
-                                            "quantize_fp8", "dequantize_fp8", "gemm_fp8"};
+                                            "quantize_fp8", "dequantize_fp8", "gemm_fp8", "ada_layer_norm_fp8",
+                                            "activation_quantize_fp8"};
     CHECK(declared == expected);
     std::set<std::string> covered;
     for (const OpCase& c : make_cases()) covered.insert(c.op);

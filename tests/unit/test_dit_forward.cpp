@@ -406,6 +406,26 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
     }
 }
 
+TEST_CASE("fast numerics with FP8 Linears: the norms' fused quantization gives the two ops' outputs") {
+    // NOTE: a traced forward runs the norm, then the quantization (the trace wants the rows); an untraced one the
+    // fused ops (Backend::ada_layer_norm_fp8, activation_quantize_fp8), whose base implementations are the same ops:
+    // on the CPU the outputs are the same bits
+    Fixture fx(2, 7, 0.0f, Precision::Fp8, Numerics::Fast);
+    const DitConfig& c = fx.cfg;
+    Output o[2];
+    for (int traced = 0; traced < 2; ++traced) {
+        DenseTestCache cache = fx.make_cache();
+        Inputs prefill = make_inputs(c, 1, 0, 0, false, 81);
+        run(fx, cache, prefill, true, traced == 1);
+        Inputs denoise = make_inputs(c, 2, 1, 624, true, 82, 624);
+        o[traced] = run(fx, cache, denoise, false, traced == 1);
+    }
+    CHECK(std::memcmp(o[0].video.data(), o[1].video.data(), o[0].video.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(o[0].action.data(), o[1].action.data(), o[0].action.size() * sizeof(float)) == 0);
+    CHECK_FALSE(o[1].traces.empty());
+    for (float v : o[0].video) REQUIRE(std::isfinite(v));
+}
+
 TEST_CASE("a batched forward needs fast numerics and takes the workspace it measures") {
     Fixture fx(2);
     const DitConfig& c = fx.cfg;

@@ -631,6 +631,41 @@ void CudaBackend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, c
                                            stream_));
 }
 
+void CudaBackend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                     const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                     const TensorView& q, const TensorView& scales) {
+    const char* op = "ada_layer_norm_fp8";
+    check_device_tensor(x, op, "x");
+    check_device_tensor(q, op, "q");
+    check_device_tensor(scales, op, "scales");
+    const int64_t C = x.cols(), L = x.rows();
+    DZR_CHECK(x.is_contiguous() && q.dtype == DType::F8_E4M3 && q.is_contiguous() && q.numel() == x.numel() &&
+                  scales.dtype == DType::F32 && scales.is_contiguous() && scales.numel() == L,
+              "cuda backend: {} needs a contiguous x, q f8_e4m3 of x's size and f32 scales of its rows: {} {} {}", op,
+              x.str(), q.str(), scales.str());
+    check_param(weight, C, op, "weight");
+    check_param(bias, C, op, "bias");
+    DZR_CHECK(!weight.defined() || !bias.defined() || weight.dtype == bias.dtype,
+              "cuda backend: {} weight and bias must share a dtype", op);
+    const int64_t G = groups_of(p, L);
+    const auto sc = group_vec(scale, C, G, op, "scale");
+    const auto sh = group_vec(shift, C, G, op, "shift");
+    // NOTE: the fused kernel writes what quantize_fp8 makes of ada_layer_norm's bf16 rows; other shapes and dtypes
+    // run the two ops
+    if (x.dtype == DType::BF16 && compute_dtype() == DType::BF16) {
+        DeviceGuard guard(index_);
+        const cudaError_t e = kernels::ada_layer_norm_fp8(
+            x.data, x.dtype, q.ptr<uint8_t>(), scales.ptr<float>(), L, C, p.eps,
+            weight.defined() ? weight.data : nullptr, bias.defined() ? bias.data : nullptr,
+            weight.defined() ? weight.dtype : bias.dtype, sc, sh, p.split, p.period, stream_);
+        if (e != cudaErrorNotSupported) {
+            DZR_CUDA_CHECK(e);
+            return;
+        }
+    }
+    Backend::ada_layer_norm_fp8(p, x, weight, bias, scale, shift, q, scales);
+}
+
 void CudaBackend::gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
                                  const TensorView& gate) {
     check_device_tensor(x, "gated_residual", "x");

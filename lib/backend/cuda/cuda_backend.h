@@ -176,6 +176,11 @@ public:
                     const TensorView& v, int64_t num_slots) override;
     // FP8 (cuda_fp8.cpp)
     void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override;
+    void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                            const TensorView& bias, const TensorView& scale, const TensorView& shift, const TensorView& q,
+                            const TensorView& scales) override;
+    void activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                 const TensorView& scales) override;
     void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override;
     void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq, const TensorView& w_scales,
                   const TensorView& bias, const TensorView& out) override;

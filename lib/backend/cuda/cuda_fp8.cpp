@@ -89,6 +89,27 @@ void CudaBackend::quantize_fp8(const TensorView& x, const TensorView& q, const T
                                               q.ptr<uint8_t>(), scales.ptr<float>(), stream_));
 }
 
+void CudaBackend::activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                          const TensorView& scales) {
+    const char* op = "activation_quantize_fp8";
+    check_device_tensor(x, op, "x");
+    check_device_tensor(q, op, "q");
+    check_device_tensor(scales, op, "scales");
+    if (p.kind == Activation::GeluTanh && x.dtype == DType::BF16 && x.rank() == 2 && x.is_contiguous() &&
+        q.dtype == DType::F8_E4M3 && q.is_contiguous() && q.shape == x.shape && scales.dtype == DType::F32 &&
+        scales.is_contiguous() && scales.numel() == x.dim(0)) {
+        DeviceGuard guard(index_);
+        const cudaError_t e = kernels::gelu_quantize_fp8_rows(x.data, x.dtype, x.dim(0), x.dim(1), q.ptr<uint8_t>(),
+                                                              scales.ptr<float>(), stream_);
+        if (e != cudaErrorNotSupported) {
+            DZR_CUDA_CHECK(e);
+            return;
+        }
+    }
+    // NOTE: other activations, dtypes and shapes: the activation kernel, then the quantization (the same codes)
+    Backend::activation_quantize_fp8(p, x, q, scales);
+}
+
 void CudaBackend::dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) {
     const char* op = "dequantize_fp8";
     check_device_tensor(q, op, "q");
