@@ -259,6 +259,9 @@ public:
     virtual CudaBackendOptions cuda_options() const { return {}; }
     /// The implementation that ran the last attention call (attention_impl_name), "" where there is one.
     virtual std::string last_attention_impl() const { return ""; }
+    /// The convolution plans made so far, one line per call shape (CUDA in fast numerics: the autotuner's choice
+    /// and times against the reference path's); "" where there is nothing to report.
+    virtual std::string conv_plan_report() const { return ""; }
 
     /// Device copy, converting dtype; src may be strided (any permutation), dst contiguous.
     virtual void copy(const TensorView& src, const TensorView& dst) = 0;

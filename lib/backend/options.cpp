@@ -76,6 +76,12 @@ ConvApi parse_conv_api(const std::string& text) {
     DZR_THROW("unknown convolution API '{}' (graph or legacy)", text);
 }
 
+bool parse_on_off(const std::string& text) {
+    if (text == "on") return true;
+    if (text == "off") return false;
+    DZR_THROW("'{}' is neither on nor off", text);
+}
+
 /// A set, non-empty environment variable, or null.
 const char* env(const char* name) {
     const char* v = std::getenv(name);
@@ -100,6 +106,7 @@ BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_LT_WORKSPACE"))
         o.cuda.lt_workspace_bytes = parse_env("DZR_LT_WORKSPACE", v, parse_lt_workspace_kib);
     if (const char* v = env("DZR_LT_ALIGN")) o.cuda.lt_alignment = parse_env("DZR_LT_ALIGN", v, parse_lt_alignment);
+    if (const char* v = env("DZR_CONV_TUNE")) o.cuda.conv_autotune = parse_env("DZR_CONV_TUNE", v, parse_on_off);
     return o;
 }
 

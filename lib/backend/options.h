@@ -77,6 +77,11 @@ struct CudaBackendOptions {
     /// GEMMs and convolutions through dzr's plain kernels instead of cuBLASLt / cuDNN (tests of the fallback
     /// paths that odd shapes take).
     bool fallback_only = false;
+    /// Fast numerics only: each convolution shape runs channels-last through the cuDNN engine config measured
+    /// fastest on its first call, or the reference path where that measured faster (cuda_conv_fast.cpp). The
+    /// choice is made by timing, so it can differ between processes (and with it the last bits of a fast run);
+    /// off: fast numerics' convolutions run the reference path.
+    bool conv_autotune = true;
     /// FP8 GEMMs with cuBLASLt's fast accumulation (no periodic promotion of the tensor cores' partial sums to f32):
     /// faster, less exact. Off by default.
     bool fp8_fast_accum = false;
@@ -94,7 +99,8 @@ struct BackendOptions {
 
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
-/// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch). An unreadable value throws, naming the variable.
+/// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (on | off). An unreadable value throws,
+/// naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 
 }  // namespace dzr
