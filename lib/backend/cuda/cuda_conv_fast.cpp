@@ -243,9 +243,9 @@ FastConvPlan* CudaBackend::fast_conv_plan(const Conv3dParams& p, const TensorVie
                 b, cudnn(), x.dtype, plan->nd, plan->x_dims, plan->w_dims, plan->y_dims, no_pad, plan->stride, true);
             enumerate_candidates(*plan, b, cudnn(), graph, x.dtype);
         } catch (const GraphFailure& f) {
-            plan->note = "no channels-last graph: " + f.what;
+            plan->note = "no NHWC graph: " + f.what;
         }
-        if (plan->candidates.empty() && plan->note.empty()) plan->note = "no channels-last engine config";
+        if (plan->candidates.empty() && plan->note.empty()) plan->note = "no NHWC engine config";
         for (const FastConvCandidate& c : plan->candidates)
             plan->declared_bytes =
                 std::max(plan->declared_bytes, aligned(plan->x_bytes) + aligned(plan->w_bytes) +
@@ -259,7 +259,7 @@ FastConvPlan* CudaBackend::fast_conv_plan(const Conv3dParams& p, const TensorVie
 
 size_t CudaBackend::fast_conv_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                               const TensorView& out) {
-    if (!options_.conv_autotune) return 0;
+    if (options_.conv_tune == ConvTune::Off) return 0;
     DeviceGuard guard(index_);
     const FastConvPlan* plan = fast_conv_plan(p, x, w, out);
     return plan ? plan->declared_bytes : 0;
@@ -336,14 +336,15 @@ void CudaBackend::tune_fast_conv(FastConvPlan& plan, const Conv3dParams& p, cons
                 std::isfinite(best_cl) ? best_cl : plan.reference_ms);
             if (c.ms >= 0.f && c.ms < best_cl) {
                 best_cl = c.ms;
-                if (plan.reference_ms < 0.f || c.ms < kMinGain * plan.reference_ms) {
+                if (plan.reference_ms < 0.f || c.ms < kMinGain * plan.reference_ms ||
+                    options_.conv_tune == ConvTune::ChannelsLast) {
                     best = c.ms;
                     plan.chosen = int(i);
                 }
             }
         }
     } else {
-        plan.note = fmt::format("no channels-last candidate fits the {} B of workspace free", free);
+        plan.note = fmt::format("no NHWC candidate fits the {} B of workspace free", free);
     }
     plan.tuned = true;
     plan.tune_ms = host.ms();
@@ -356,7 +357,7 @@ void CudaBackend::tune_fast_conv(FastConvPlan& plan, const Conv3dParams& p, cons
 
 bool CudaBackend::run_fast_conv(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                 const TensorView& bias, const TensorView& out) {
-    if (!options_.conv_autotune) return false;
+    if (options_.conv_tune == ConvTune::Off) return false;
     FastConvPlan* plan = fast_conv_plan(p, x, w, out);
     if (!plan) return false;
     if (!plan->tuned) {
@@ -388,7 +389,7 @@ bool CudaBackend::run_fast_conv(const Conv3dParams& p, const TensorView& x, cons
 
 std::string CudaBackend::conv_plan_report() const {
     std::string out;
-    if (numerics() != Numerics::Fast || !options_.conv_autotune) {
+    if (numerics() != Numerics::Fast || options_.conv_tune == ConvTune::Off) {
         for (const auto& [key, plan] : conv_plans_)
             out += fmt::format("{:<64} {}, workspace {} B\n", key, plan->has_algo ? plan->engine : "direct kernel",
                                plan->workspace_bytes);
