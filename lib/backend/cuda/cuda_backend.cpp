@@ -525,6 +525,7 @@ void CudaBackend::l2_norm(const L2NormParams& p, const TensorView& x, const Tens
     a.weight = weight.data, a.tw = weight.dtype;
     a.rows = x.rows(), a.cols = C;
     a.eps = p.eps, a.scale = p.scale, a.silu = p.silu, a.eager = !autocast();
+    a.fast = numerics() == Numerics::Fast;  // one rounding in either autocast state (Backend::autocast)
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::vae_norm(a, stream_));
 }
