@@ -86,6 +86,19 @@ __global__ void to_channels_last_padded_kernel(const T* x, T* xp, PadDims d) {
     }
 }
 
+template <typename T>
+__global__ void pad_channels_last_kernel(const T* x, T* xp, PadDims d) {
+    const int64_t total = d.C * d.out[0] * d.out[1] * d.out[2], step = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+        const int64_t c = i % d.C, p = i / d.C;
+        const int64_t w = p % d.out[2] - d.before[2];
+        const int64_t h = (p / d.out[2]) % d.out[1] - d.before[1];
+        const int64_t t = p / (d.out[2] * d.out[1]) - d.before[0];
+        const bool inside = t >= 0 && t < d.in[0] && h >= 0 && h < d.in[1] && w >= 0 && w < d.in[2];
+        xp[i] = inside ? x[((t * d.in[1] + h) * d.in[2] + w) * d.C + c] : from_f32<T>(0.f);
+    }
+}
+
 /// Block (bx, by): positions s0 = bx * 32, channels c0 = by * 32 (grid.y strides over the rest).
 template <typename T>
 __global__ void channels_first_with_bias_kernel(const T* y, T* out, int64_t C, int64_t S, ParamPtr bias) {
@@ -127,6 +140,26 @@ cudaError_t to_channels_last_padded(const void* x, void* xp, DType t, int64_t C,
     return dispatch_float(t, [&](auto xt) {
         using T = decltype(xt);
         to_channels_last_padded_kernel<T><<<grid, block, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(xp), d);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t pad_channels_last(const void* x, void* xp, DType t, int64_t C, const int64_t in[3], const int pad_before[3],
+                              const int pad_after[3], cudaStream_t stream) {
+    PadDims d{};
+    d.C = C;
+    for (int i = 0; i < 3; ++i) {
+        d.in[i] = in[i];
+        d.before[i] = pad_before[i];
+        d.out[i] = in[i] + pad_before[i] + pad_after[i];
+    }
+    const int64_t total = C * d.out[0] * d.out[1] * d.out[2];
+    if (total == 0) return cudaSuccess;
+    constexpr int kThreads = 256;
+    return dispatch_float(t, [&](auto xt) {
+        using T = decltype(xt);
+        pad_channels_last_kernel<T>
+            <<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(xp), d);
         return cudaGetLastError();
     });
 }

@@ -52,6 +52,43 @@ void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm,
     to_channels_first(be, seq, input);
 }
 
+/// Fast numerics on a backend whose conv3d takes channels-last input (Capabilities::conv_channels_last): a causal
+/// conv of `channels` inputs hands it the channels-last sequence it assembles, zero frames included, instead of
+/// transposing the sequence back to channels-first for a convolution that transposes it again.
+/// NOTE: for a multiple of 8 channels only: cuDNN's channels-last tensor-core kernels read channels in 16-byte
+/// vectors (the 3 pixel channels of the first conv stay channels-first).
+bool channels_last_conv(const Backend& be, int64_t channels) {
+    return be.numerics() == Numerics::Fast && channels % 8 == 0 && be.capabilities().conv_channels_last;
+}
+
+/// assemble's channels-last form: the sequence [hist - n zero frames (the causal padding) | cache frames | f(x)]
+/// in a buffer taken from the caller's arena scope, returned as the conv input [C, hist + T, H, W] (a channels-last
+/// view); the cache is updated as assemble updates it.
+TensorView assemble_channels_last(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, TemporalCache* cache,
+                                  int hist) {
+    const int64_t C = x.dim(0), T = x.dim(1), H = x.dim(2), W = x.dim(3), HW = H * W;
+    const int64_t n = cache ? cache->frames : 0, z = std::max<int64_t>(hist - n, 0);
+    TensorView seq = be.scratch(Shape{z + n + T, HW, C});
+    if (z > 0) be.fill(seq.slice(0, 0, z), 0.0f);
+    TensorView tail = seq.slice(0, z + n, T);
+    if (norm) {
+        ArenaScope tmp(be.workspace());
+        TensorView xcl = be.scratch(Shape{T, HW, C});
+        to_channels_last(be, x, xcl);
+        norm->forward_rows(be, xcl.reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}), true);
+    } else {
+        to_channels_last(be, x, tail);
+    }
+    if (cache) {
+        if (n > 0) be.copy(cache->buf.slice(0, 0, n), seq.slice(0, z, n));
+        const int64_t keep = std::min<int64_t>(kCacheFrames, n + T);
+        DZR_ASSERT(cache->buf.dim(0) >= keep && cache->buf.dim(1) == HW && cache->buf.dim(2) == C);
+        be.copy(seq.slice(0, z + n + T - keep, keep), cache->buf.slice(0, 0, keep));
+        cache->frames = int(keep);
+    }
+    return seq.reshape(Shape{z + n + T, H, W, C}).permute({3, 0, 1, 2});
+}
+
 }  // namespace
 
 // ---- helpers -----------------------------------------------------------------------------------
@@ -162,6 +199,10 @@ void CausalConv3d::forward(Backend& be, const TensorView& x, TemporalCache* cach
         return;
     }
     ArenaScope scope(be.workspace());
+    if (channels_last_conv(be, in_)) {
+        convolve(be, assemble_channels_last(be, x, nullptr, cache, hist), 0, 1, out);
+        return;
+    }
     TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
     assemble(be, x, nullptr, cache, input);
     convolve(be, input, hist - n, 1, out);
@@ -174,6 +215,10 @@ void CausalConv3d::forward_normed(Backend& be, const ChannelRmsNorm& norm, const
     DZR_ASSERT(history() > 0 || cache == nullptr);
     const int n = cache ? cache->frames : 0;
     ArenaScope scope(be.workspace());
+    if (channels_last_conv(be, in_)) {
+        convolve(be, assemble_channels_last(be, x, &norm, cache, history()), 0, 1, out);
+        return;
+    }
     TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
     assemble(be, x, &norm, cache, input);
     convolve(be, input, history() - n, 1, out);

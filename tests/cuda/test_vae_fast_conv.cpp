@@ -69,51 +69,67 @@ const ConvCase kConvCases[] = {
     {"shortcut 1x1x1", 16, 32, 4, 6, 8, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}, false},
 };
 
+/// x [C, T, H, W] (row-major values) as a channels-last view on the device: [C, T, H, W] over a [T, H, W, C] buffer.
+TensorView channels_last_view(Backend& be, const Shape& xs, const std::vector<float>& x, Tensor& storage) {
+    const int64_t C = xs[0], T = xs[1], H = xs[2], W = xs[3];
+    std::vector<float> cl(x.size());
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < T * H * W; ++i) cl[size_t(i * C + c)] = x[size_t(c * T * H * W + i)];
+    storage = upload(be, Shape{T, H, W, C}, cl);
+    return storage.view().permute({3, 0, 1, 2});
+}
+
 }  // namespace
 
 TEST_CASE("fast numerics' channels-last convolutions are within bf16 rounding of the exact convolution") {
     auto be = gpu(Numerics::Fast, ConvTune::ChannelsLast);
     uint64_t seed = 100;
     for (const ConvCase& c : kConvCases) {
-        CAPTURE(c.what);
-        const Shape xs{c.Ci, c.T, c.H, c.W}, ws{c.Co, c.Ci, c.k[0], c.k[1], c.k[2]};
-        const std::vector<float> x = bf16_rounded(random_floats(size_t(xs.numel()), ++seed));
-        const std::vector<float> w = bf16_rounded(random_floats(size_t(ws.numel()), ++seed, -0.2f, 0.2f));
-        const std::vector<float> b = bf16_rounded(random_floats(size_t(c.Co), ++seed, -0.5f, 0.5f));
-        Conv3dParams p;
-        p.frames_2d = c.frames_2d;
-        for (int i = 0; i < 3; ++i) {
-            p.stride[i] = c.stride[i];
-            p.pad_before[i] = c.pad_before[i];
-            p.pad_after[i] = c.pad_after[i];
-        }
-        Vol xv(c.Ci, c.T, c.H, c.W);
-        for (size_t i = 0; i < x.size(); ++i) xv.v[i] = x[i];
-        const Vol exact = conv3d_ref(xv, w, {}, c.Co, c.k, c.stride, c.pad_before, c.pad_after);
-        // sum |x| |w| per output: the scale of the accumulation's rounding
-        std::vector<float> wabs(w.size());
-        for (size_t i = 0; i < w.size(); ++i) wabs[i] = std::fabs(w[i]);
-        Vol xabs = xv;
-        for (double& v : xabs.v) v = std::fabs(v);
-        const Vol scale = conv3d_ref(xabs, wabs, {}, c.Co, c.k, c.stride, c.pad_before, c.pad_after);
-
-        const Tensor xd = upload(*be, xs, x), wd = upload(*be, ws, w), bd = upload(*be, Shape{c.Co}, b);
-        const Tensor out = be->alloc(Shape{c.Co, exact.T, exact.H, exact.W}, be->compute_dtype());
-        be->conv3d(p, xd, wd, bd, out);
-        const std::vector<float> got = download(*be, out);
-        REQUIRE(got.size() == exact.v.size());
-        // NOTE: cuDNN rounds the f32 sum to bf16 (2^-9 relative), the bias is added in f32 and rounded again (2^-9
-        // of |y|), and an f32 sum of K products errs by at most K 2^-24 sum |x w| (K <= 16·27 here, under 2^-15)
-        int bad = 0;
-        for (int64_t co = 0; co < c.Co; ++co)
-            for (int64_t i = 0; i < exact.T * exact.H * exact.W; ++i) {
-                const size_t j = size_t(co * exact.T * exact.H * exact.W + i);
-                const double y = exact.v[j] + b[size_t(co)];
-                const double tol = (std::ldexp(1.0, -8) + std::ldexp(1.0, -15)) * scale.v[j] +
-                                   std::ldexp(1.0, -8) * std::fabs(double(b[size_t(co)]));
-                if (std::fabs(double(got[j]) - y) > tol) ++bad;
+        for (const bool cl_input : {false, true}) {
+            CAPTURE(c.what);
+            CAPTURE(cl_input);
+            const Shape xs{c.Ci, c.T, c.H, c.W}, ws{c.Co, c.Ci, c.k[0], c.k[1], c.k[2]};
+            const std::vector<float> x = bf16_rounded(random_floats(size_t(xs.numel()), ++seed));
+            const std::vector<float> w = bf16_rounded(random_floats(size_t(ws.numel()), ++seed, -0.2f, 0.2f));
+            const std::vector<float> b = bf16_rounded(random_floats(size_t(c.Co), ++seed, -0.5f, 0.5f));
+            Conv3dParams p;
+            p.frames_2d = c.frames_2d;
+            for (int i = 0; i < 3; ++i) {
+                p.stride[i] = c.stride[i];
+                p.pad_before[i] = c.pad_before[i];
+                p.pad_after[i] = c.pad_after[i];
             }
-        CHECK(bad == 0);
+            Vol xv(c.Ci, c.T, c.H, c.W);
+            for (size_t i = 0; i < x.size(); ++i) xv.v[i] = x[i];
+            const Vol exact = conv3d_ref(xv, w, {}, c.Co, c.k, c.stride, c.pad_before, c.pad_after);
+            // sum |x| |w| per output: the scale of the accumulation's rounding
+            std::vector<float> wabs(w.size());
+            for (size_t i = 0; i < w.size(); ++i) wabs[i] = std::fabs(w[i]);
+            Vol xabs = xv;
+            for (double& v : xabs.v) v = std::fabs(v);
+            const Vol scale = conv3d_ref(xabs, wabs, {}, c.Co, c.k, c.stride, c.pad_before, c.pad_after);
+
+            Tensor xd = upload(*be, xs, x), x_storage;
+            const Tensor wd = upload(*be, ws, w), bd = upload(*be, Shape{c.Co}, b);
+            const TensorView xv_in = cl_input ? channels_last_view(*be, xs, x, x_storage) : xd.view();
+            const Tensor out = be->alloc(Shape{c.Co, exact.T, exact.H, exact.W}, be->compute_dtype());
+            be->conv3d(p, xv_in, wd, bd, out);
+            const std::vector<float> got = download(*be, out);
+            REQUIRE(got.size() == exact.v.size());
+            // NOTE: cuDNN rounds the f32 sum to bf16 (2^-9 relative), the bias is added in f32 and rounded again (2^-9
+            // of |y|), and an f32 sum of K products in any order errs by at most about K 2^-24 sum |x w| (K <= 24·27
+            // here: under 2^-13)
+            int bad = 0;
+            for (int64_t co = 0; co < c.Co; ++co)
+                for (int64_t i = 0; i < exact.T * exact.H * exact.W; ++i) {
+                    const size_t j = size_t(co * exact.T * exact.H * exact.W + i);
+                    const double y = exact.v[j] + b[size_t(co)];
+                    const double tol = (std::ldexp(1.0, -8) + std::ldexp(1.0, -13)) * scale.v[j] +
+                                       std::ldexp(1.0, -8) * std::fabs(double(b[size_t(co)]));
+                    if (std::fabs(double(got[j]) - y) > tol) ++bad;
+                }
+            CHECK(bad == 0);
+        }
     }
     // every case ran channels-last (the reference path would pass the bound too, untested here otherwise)
     const std::string report = be->conv_plan_report();
@@ -121,8 +137,30 @@ TEST_CASE("fast numerics' channels-last convolutions are within bf16 rounding of
     size_t lines = 0, channels_last = 0;
     for (size_t pos = 0; (pos = report.find('\n', pos)) != std::string::npos; ++pos) ++lines;
     for (size_t pos = 0; (pos = report.find("channels-last", pos)) != std::string::npos; ++pos) ++channels_last;
-    CHECK(lines == std::size(kConvCases));
-    CHECK(channels_last == std::size(kConvCases));
+    CHECK(lines == 2 * std::size(kConvCases));
+    CHECK(channels_last == 2 * std::size(kConvCases));
+}
+
+TEST_CASE("a channels-last x runs the reference path as its channels-first copy does, bit for bit") {
+    for (const Numerics numerics : {Numerics::Reference, Numerics::Fast}) {
+        CAPTURE(int(numerics));
+        // fast numerics with the tuning off run the reference path too
+        auto be = gpu(numerics, ConvTune::Off);
+        const ConvCase& c = kConvCases[0];
+        const Shape xs{c.Ci, c.T, c.H, c.W}, ws{c.Co, c.Ci, c.k[0], c.k[1], c.k[2]};
+        const std::vector<float> x = random_floats(size_t(xs.numel()), 7);
+        const Tensor xd = upload(*be, xs, x), wd = upload(*be, ws, random_floats(size_t(ws.numel()), 8, -0.2f, 0.2f));
+        Tensor storage;
+        const TensorView xcl = channels_last_view(*be, xs, x, storage);
+        Conv3dParams p;
+        for (int i = 0; i < 3; ++i) p.pad_before[i] = c.pad_before[i], p.pad_after[i] = c.pad_after[i];
+        const Shape os{c.Co, c.T, c.H, c.W};
+        const Tensor a = be->alloc(os, be->compute_dtype()), b = be->alloc(os, be->compute_dtype());
+        be->conv3d(p, xd, wd, {}, a);
+        be->conv3d(p, xcl, wd, {}, b);
+        CHECK(download(*be, a) == download(*be, b));
+        CHECK(be->capabilities().conv_channels_last);
+    }
 }
 
 namespace {

@@ -117,6 +117,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     caps_.paged_kv = true;
     caps_.device_events = true;
     caps_.graphs = true;
+    caps_.conv_channels_last = true;
     caps_.compute_capability = prop.major * 10 + prop.minor;
     caps_.fp8 = caps_.compute_capability >= 89;
 }

@@ -235,6 +235,9 @@ private:
     /// conv3d after its checks: cuDNN with the engine PyTorch would pick (the reference path), or the direct kernel.
     void conv3d_planned(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                         const TensorView& out);
+    /// conv3d_planned, a channels-last x transposed to channels-first first.
+    void conv3d_reference(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                          const TensorView& out);
     /// conv3d_workspace_bytes of conv3d_planned.
     size_t planned_conv_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                         const TensorView& out);

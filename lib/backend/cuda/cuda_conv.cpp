@@ -336,7 +336,9 @@ size_t CudaBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorVi
     if (options_.fallback_only || x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
         !cuda_detail::is_float_act(x.dtype))
         return 0;
-    const size_t reference = planned_conv_workspace_bytes(p, x, w, out);
+    const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
+    const size_t reference = planned_conv_workspace_bytes(p, x, w, out) +
+                             (x.is_contiguous() ? 0 : aligned(size_t(x.numel()) * dtype_size(x.dtype)));
     // NOTE: fast numerics may run the reference path (when the autotuner finds nothing faster) or a tuned
     // channels-last candidate: the workspace covers both
     return numerics() == Numerics::Fast ? std::max(reference, fast_conv_workspace_bytes(p, x, w, out)) : reference;
@@ -369,9 +371,11 @@ size_t CudaBackend::planned_conv_workspace_bytes(const Conv3dParams& p, const Te
 
 void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                          const TensorView& out) {
+    const bool x_cl = !x.is_contiguous() && cuda_detail::is_channels_last_volume(x);
     for (const auto& [t, what] : {std::pair{&x, "x"}, std::pair{&w, "w"}, std::pair{&out, "out"}}) {
         check_device_tensor(*t, "conv3d", what);
-        DZR_CHECK(t->is_contiguous(), "cuda backend: conv3d needs a contiguous {} ({})", what, t->str());
+        DZR_CHECK(t->is_contiguous() || (t == &x && x_cl),
+                  "cuda backend: conv3d needs a contiguous {} (x may also be channels-last) ({})", what, t->str());
     }
     DZR_CHECK(x.rank() == 4 && w.rank() == 5 && out.rank() == 4,
               "cuda backend: conv3d needs x [C,T,H,W], w [Co,Ci,kt,kh,kw], out [Co,To,Ho,Wo]: {} {} {}", x.str(),
@@ -404,7 +408,17 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
     if (out.numel() == 0) return;
     DeviceGuard guard(index_);
     if (numerics() == Numerics::Fast && !options_.fallback_only && Ci > 0 && run_fast_conv(p, x, w, bias, out)) return;
-    conv3d_planned(p, x, w, bias, out);
+    conv3d_reference(p, x, w, bias, out);
+}
+
+void CudaBackend::conv3d_reference(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                   const TensorView& bias, const TensorView& out) {
+    if (x.is_contiguous()) return conv3d_planned(p, x, w, bias, out);
+    // a channels-last x: channels-first first
+    ArenaScope scope(arena_);
+    const TensorView xc = arena_.alloc_view(x.shape, x.dtype);
+    copy(x, xc);
+    conv3d_planned(p, xc, w, bias, out);
 }
 
 void CudaBackend::conv3d_planned(const Conv3dParams& p, const TensorView& x, const TensorView& w,

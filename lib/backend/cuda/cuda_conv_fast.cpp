@@ -2,8 +2,10 @@
 // channels-last, where cuDNN's tensor-core implicit-GEMM kernels read their operands directly: the input is
 // transposed and zero-padded into the workspace in one kernel (the causal and the resample paddings included, so
 // cuDNN pads nothing), the weight is transposed to [Co, kt, kh, kw, Ci], and the output comes back channels-first
-// with the bias added in the same kernel. Kernel-1 temporal convolutions with temporal stride 1 (the resample's
-// per-frame Conv2d, the 1x1 convolutions) run as 2-D convolutions over the frames as a batch.
+// with the bias added in the same kernel. A caller holding channels-last rows passes them as x (a channels-last
+// view, Capabilities::conv_channels_last): read in place when its padding is symmetric in space and none in time
+// (cuDNN pads it), else zero-padded into the workspace. Kernel-1 temporal convolutions with temporal stride 1 (the
+// resample's per-frame Conv2d, the 1x1 convolutions) run as 2-D convolutions over the frames as a batch.
 //
 // The engine config is chosen by measurement on the first call of the shape: every config that cuDNN's heuristics
 // modes INSTANT, B and the fallback list offer (deterministic, not down-converting, not compiled at run time, within
@@ -199,21 +201,29 @@ struct EventPair {
 FastConvPlan* CudaBackend::fast_conv_plan(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                           const TensorView& out) {
     const int64_t Ci = x.dim(0), Co = w.dim(0);
+    const bool x_cl = !x.is_contiguous();  // conv3d admits channels-last views only
     const std::string key = fmt::format(
-        "{} x[{},{},{},{}] w[{},{},{},{}] pad[{},{},{}|{},{},{}] stride[{},{},{}]{}", dtype_name(x.dtype), Ci, x.dim(1),
-        x.dim(2), x.dim(3), Co, w.dim(2), w.dim(3), w.dim(4), p.pad_before[0], p.pad_before[1], p.pad_before[2],
-        p.pad_after[0], p.pad_after[1], p.pad_after[2], p.stride[0], p.stride[1], p.stride[2],
-        p.frames_2d ? (p.channels_last ? " 2d nhwc" : " 2d") : "");
+        "{} x[{},{},{},{}]{} w[{},{},{},{}] pad[{},{},{}|{},{},{}] stride[{},{},{}]{}", dtype_name(x.dtype), Ci,
+        x.dim(1), x.dim(2), x.dim(3), x_cl ? "cl" : "", Co, w.dim(2), w.dim(3), w.dim(4), p.pad_before[0],
+        p.pad_before[1], p.pad_before[2], p.pad_after[0], p.pad_after[1], p.pad_after[2], p.stride[0], p.stride[1],
+        p.stride[2], p.frames_2d ? (p.channels_last ? " 2d nhwc" : " 2d") : "");
     auto it = fast_conv_plans_.find(key);
     if (it == fast_conv_plans_.end()) {
         auto plan = std::make_unique<FastConvPlan>();
         plan->key = key;
+        plan->x_channels_last = x_cl;
+        // a channels-last x with no temporal and symmetric spatial padding is read in place, cuDNN padding it;
+        // otherwise a kernel pads it into the workspace (transposing a channels-first x on the way)
+        const bool in_place = x_cl && p.pad_before[0] == 0 && p.pad_after[0] == 0 &&
+                              p.pad_before[1] == p.pad_after[1] && p.pad_before[2] == p.pad_after[2];
         int64_t padded[3], o[3], k[3];
         for (int i = 0; i < 3; ++i) {
-            padded[i] = x.dim(i + 1) + p.pad_before[i] + p.pad_after[i];
+            plan->pad[i] = in_place ? p.pad_before[i] : 0;
+            padded[i] = x.dim(i + 1) + (in_place ? 0 : p.pad_before[i] + p.pad_after[i]);
             o[i] = out.dim(i + 1);
             k[i] = w.dim(i + 2);
         }
+        int cudnn_pad[3] = {};
         if (k[0] == 1 && p.stride[0] == 1) {
             // the frames as a batch of 2-D images (NHWC): the same memory as the 5-D NDHWC layout
             plan->nd = 4;
@@ -223,6 +233,7 @@ FastConvPlan* CudaBackend::fast_conv_plan(const Conv3dParams& p, const TensorVie
             std::copy(wd, wd + 4, plan->w_dims);
             std::copy(yd, yd + 4, plan->y_dims);
             plan->stride[0] = p.stride[1], plan->stride[1] = p.stride[2];
+            cudnn_pad[0] = plan->pad[1], cudnn_pad[1] = plan->pad[2];
         } else {
             plan->nd = 5;
             const int64_t xd[5] = {1, Ci, padded[0], padded[1], padded[2]}, wd[5] = {Co, Ci, k[0], k[1], k[2]},
@@ -231,16 +242,16 @@ FastConvPlan* CudaBackend::fast_conv_plan(const Conv3dParams& p, const TensorVie
             std::copy(wd, wd + 5, plan->w_dims);
             std::copy(yd, yd + 5, plan->y_dims);
             std::copy(p.stride, p.stride + 3, plan->stride);
+            std::copy(plan->pad, plan->pad + 3, cudnn_pad);
         }
         const size_t es = dtype_size(x.dtype);
-        plan->x_bytes = size_t(Ci * padded[0] * padded[1] * padded[2]) * es;
+        plan->x_bytes = in_place ? 0 : size_t(Ci * padded[0] * padded[1] * padded[2]) * es;
         plan->w_bytes = size_t(w.numel()) * es;
         plan->y_bytes = size_t(out.numel()) * es;
         try {
             GraphBuilder b(plan->keep);
-            const int no_pad[3] = {0, 0, 0};
             const cudnnBackendDescriptor_t graph = cuda_detail::make_conv_graph(
-                b, cudnn(), x.dtype, plan->nd, plan->x_dims, plan->w_dims, plan->y_dims, no_pad, plan->stride, true);
+                b, cudnn(), x.dtype, plan->nd, plan->x_dims, plan->w_dims, plan->y_dims, cudnn_pad, plan->stride, true);
             enumerate_candidates(*plan, b, cudnn(), graph, x.dtype);
         } catch (const GraphFailure& f) {
             plan->note = "no NHWC graph: " + f.what;
@@ -271,10 +282,16 @@ cudnnStatus_t CudaBackend::run_fast_candidate(const FastConvPlan& plan, const Fa
                                               void* ycl, void* ws) {
     const int64_t Ci = x.dim(0), Co = w.dim(0), K = w.dim(2) * w.dim(3) * w.dim(4);
     const int64_t in[3] = {x.dim(1), x.dim(2), x.dim(3)};
-    (void)plan;
-    DZR_CUDA_CHECK(kernels::to_channels_last_padded(x.data, xcl, x.dtype, Ci, in, p.pad_before, p.pad_after, stream_));
+    const void* src = xcl;
+    if (plan.x_bytes == 0)
+        src = x.data;
+    else if (plan.x_channels_last)
+        DZR_CUDA_CHECK(kernels::pad_channels_last(x.data, xcl, x.dtype, Ci, in, p.pad_before, p.pad_after, stream_));
+    else
+        DZR_CUDA_CHECK(
+            kernels::to_channels_last_padded(x.data, xcl, x.dtype, Ci, in, p.pad_before, p.pad_after, stream_));
     copy(w.reshape(Shape{Co, Ci, K}).permute({0, 2, 1}), TensorView(wcl, w.dtype, Shape{Co, K, Ci}, w.device));
-    const cudnnStatus_t st = cuda_detail::execute_conv_plan(cudnn(), c.plan, xcl, wcl, ycl, ws);
+    const cudnnStatus_t st = cuda_detail::execute_conv_plan(cudnn(), c.plan, src, wcl, ycl, ws);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     DZR_CUDA_CHECK(kernels::channels_first_with_bias(ycl, out.data, out.dtype, Co, out.numel() / Co,
                                                      bias.defined() ? bias.data : nullptr, bias.dtype, stream_));
@@ -307,7 +324,7 @@ void CudaBackend::tune_fast_conv(FastConvPlan& plan, const Conv3dParams& p, cons
     // The reference path first, before this plan's buffers take arena space its plan may want.
     plan.reference_ms = time(
         [&] {
-            conv3d_planned(p, x, w, bias, out);
+            conv3d_reference(p, x, w, bias, out);
             return true;
         },
         -1.f);
@@ -321,7 +338,7 @@ void CudaBackend::tune_fast_conv(FastConvPlan& plan, const Conv3dParams& p, cons
     plan.chosen = -1;
     if (fitting > 0) {
         ArenaScope scope(arena_);
-        void* xcl = arena_.alloc(plan.x_bytes);
+        void* xcl = plan.x_bytes > 0 ? arena_.alloc(plan.x_bytes) : nullptr;
         void* wcl = arena_.alloc(plan.w_bytes);
         void* ycl = arena_.alloc(plan.y_bytes);
         void* ws = max_ws > 0 ? arena_.alloc(max_ws) : nullptr;
@@ -375,7 +392,7 @@ bool CudaBackend::run_fast_conv(const Conv3dParams& p, const TensorView& x, cons
     if (plan->chosen < 0) return false;
     const FastConvCandidate& c = plan->candidates[size_t(plan->chosen)];
     ArenaScope scope(arena_);
-    void* xcl = arena_.alloc(plan->x_bytes);
+    void* xcl = plan->x_bytes > 0 ? arena_.alloc(plan->x_bytes) : nullptr;
     void* wcl = arena_.alloc(plan->w_bytes);
     void* ycl = arena_.alloc(plan->y_bytes);
     void* ws = c.workspace_bytes > 0 ? arena_.alloc(c.workspace_bytes) : nullptr;

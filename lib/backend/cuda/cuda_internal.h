@@ -36,6 +36,13 @@ private:
 
 inline bool is_float_act(DType t) { return t == DType::F32 || t == DType::BF16; }
 
+/// A [C, T, H, W] view of a contiguous [T, H, W, C] buffer (conv3d's channels-last input).
+inline bool is_channels_last_volume(const TensorView& x) {
+    if (x.rank() != 4) return false;
+    const int64_t C = x.dim(0), H = x.dim(2), W = x.dim(3);
+    return x.strides[0] == 1 && x.strides[3] == C && x.strides[2] == W * C && x.strides[1] == H * W * C;
+}
+
 /// Largest power of two (<= 256) that divides the address.
 inline int64_t pointer_alignment(const void* p) {
     const auto a = reinterpret_cast<uintptr_t>(p);
@@ -113,7 +120,9 @@ struct FastConvPlan {
     int nd = 5;
     int64_t x_dims[5] = {}, w_dims[5] = {}, y_dims[5] = {};
     int stride[3] = {1, 1, 1};
-    size_t x_bytes = 0, w_bytes = 0, y_bytes = 0;  // the channels-last buffers
+    size_t x_bytes = 0, w_bytes = 0, y_bytes = 0;  // the channels-last buffers (x_bytes 0: x is read in place)
+    bool x_channels_last = false;                   // the call's x is channels-last already
+    int pad[3] = {};                                // what cuDNN pads (symmetric; with x read in place only)
     size_t declared_bytes = 0;                     // what conv3d_workspace_bytes declares for this path
     std::vector<cudnnBackendDescriptor_t> keep;    // the graph's descriptors
     std::vector<FastConvCandidate> candidates;
