@@ -333,12 +333,14 @@ ConvGeometry conv_geometry(const Conv3dParams& p, DType dt, int64_t Ci, int64_t 
 
 size_t CudaBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                            const TensorView& out) {
-    if (options_.fallback_only || x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
+    if (x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
         !cuda_detail::is_float_act(x.dtype))
         return 0;
+    // a channels-last x reaches the reference path as a channels-first copy
     const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
-    const size_t reference = planned_conv_workspace_bytes(p, x, w, out) +
-                             (x.is_contiguous() ? 0 : aligned(size_t(x.numel()) * dtype_size(x.dtype)));
+    const size_t x_copy = x.is_contiguous() ? 0 : aligned(size_t(x.numel()) * dtype_size(x.dtype));
+    if (options_.fallback_only) return x_copy;
+    const size_t reference = planned_conv_workspace_bytes(p, x, w, out) + x_copy;
     // NOTE: fast numerics may run the reference path (when the autotuner finds nothing faster) or a tuned
     // channels-last candidate: the workspace covers both
     return numerics() == Numerics::Fast ? std::max(reference, fast_conv_workspace_bytes(p, x, w, out)) : reference;
