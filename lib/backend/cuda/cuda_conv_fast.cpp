@@ -391,6 +391,16 @@ bool CudaBackend::run_fast_conv(const Conv3dParams& p, const TensorView& x, cons
     }
     if (plan->chosen < 0) return false;
     const FastConvCandidate& c = plan->candidates[size_t(plan->chosen)];
+    const size_t need = aligned(plan->x_bytes) + aligned(plan->w_bytes) + aligned(plan->y_bytes) +
+                        aligned(c.workspace_bytes);
+    if (need > arena_.capacity() - arena_.used()) {
+        // NOTE: a workspace planned without this path (other numerics or tuning settings then); the shape keeps the
+        // reference path from now on, so that its later calls compute the same numbers
+        log()->warn("fast conv {}: {} B of workspace needed, {} B free; using the reference path", plan->key, need,
+                    arena_.capacity() - arena_.used());
+        plan->chosen = -1;
+        return false;
+    }
     ArenaScope scope(arena_);
     void* xcl = plan->x_bytes > 0 ? arena_.alloc(plan->x_bytes) : nullptr;
     void* wcl = arena_.alloc(plan->w_bytes);
