@@ -377,6 +377,9 @@ bool CudaBackend::run_fast_conv(const Conv3dParams& p, const TensorView& x, cons
     if (options_.conv_tune == ConvTune::Off) return false;
     FastConvPlan* plan = fast_conv_plan(p, x, w, out);
     if (!plan) return false;
+    // NOTE: the plan's tensors declare 16-byte alignment; an x read in place at another offset (no caller makes
+    // one) takes the reference path
+    if (plan->x_bytes == 0 && cuda_detail::pointer_alignment(x.data) < 16) return false;
     if (!plan->tuned) {
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         DZR_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
