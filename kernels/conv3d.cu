@@ -99,6 +99,13 @@ __global__ void pad_channels_last_kernel(const T* x, T* xp, PadDims d) {
     }
 }
 
+template <typename T>
+__global__ void add_bias_rows_kernel(T* y, int64_t C, int64_t total, ParamPtr bias) {
+    const int64_t step = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step)
+        y[i] = from_f32<T>(to_f32(y[i]) + bias[i % C]);
+}
+
 /// Block (bx, by): positions s0 = bx * 32, channels c0 = by * 32 (grid.y strides over the rest).
 template <typename T>
 __global__ void channels_first_with_bias_kernel(const T* y, T* out, int64_t C, int64_t S, ParamPtr bias) {
@@ -160,6 +167,19 @@ cudaError_t pad_channels_last(const void* x, void* xp, DType t, int64_t C, const
         using T = decltype(xt);
         pad_channels_last_kernel<T>
             <<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(xp), d);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t add_bias_rows(void* y, DType t, int64_t C, int64_t S, const void* bias, DType bias_dtype,
+                          cudaStream_t stream) {
+    const int64_t total = C * S;
+    if (total == 0 || bias == nullptr) return cudaSuccess;
+    constexpr int kThreads = 256;
+    const ParamPtr pb{bias, bias_dtype == DType::BF16};
+    return dispatch_float(t, [&](auto xt) {
+        using T = decltype(xt);
+        add_bias_rows_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<T*>(y), C, total, pb);
         return cudaGetLastError();
     });
 }

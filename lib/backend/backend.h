@@ -115,7 +115,7 @@ struct AttentionParams {
 
 /// 3-D convolution with zero padding, one sample: x [Ci, T, H, W], w [Co, Ci, kt, kh, kw],
 /// bias [Co] (optional), out [Co, To, Ho, Wo]. Padding may differ before and after (causal time). x, w and out are
-/// contiguous; where Capabilities::conv_channels_last, x may also be channels-last.
+/// contiguous; where Capabilities::conv_channels_last, x and out may also be channels-last views.
 struct Conv3dParams {
     int stride[3] = {1, 1, 1};
     int pad_before[3] = {0, 0, 0};
@@ -156,8 +156,8 @@ struct Capabilities {
     int compute_capability = 0;
     /// Allocations are fake and ops compute nothing (MeasuringBackend: workspace planning).
     bool measuring = false;
-    /// conv3d also takes x channels-last: a [Ci, T, H, W] view of a contiguous [T, H, W, Ci] buffer (strides
-    /// [1, H·W·Ci, W·Ci, Ci]), which spares a fast-numerics caller that holds channels-last rows the transposes.
+    /// conv3d also takes x and out channels-last: a [C, T, H, W] view of a contiguous [T, H, W, C] buffer (strides
+    /// [1, H·W·C, W·C, C]), which spares a fast-numerics caller that holds channels-last rows the transposes.
     bool conv_channels_last = false;
 };
 

@@ -336,9 +336,10 @@ size_t CudaBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorVi
     if (x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
         !cuda_detail::is_float_act(x.dtype))
         return 0;
-    // a channels-last x reaches the reference path as a channels-first copy
+    // channels-last operands reach the reference path as channels-first copies
     const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
-    const size_t x_copy = x.is_contiguous() ? 0 : aligned(size_t(x.numel()) * dtype_size(x.dtype));
+    const size_t x_copy = (x.is_contiguous() ? 0 : aligned(size_t(x.numel()) * dtype_size(x.dtype))) +
+                          (out.is_contiguous() ? 0 : aligned(size_t(out.numel()) * dtype_size(out.dtype)));
     if (options_.fallback_only) return x_copy;
     const size_t reference = planned_conv_workspace_bytes(p, x, w, out) + x_copy;
     // NOTE: fast numerics may run the reference path (when the autotuner finds nothing faster) or a tuned
@@ -373,11 +374,11 @@ size_t CudaBackend::planned_conv_workspace_bytes(const Conv3dParams& p, const Te
 
 void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                          const TensorView& out) {
-    const bool x_cl = !x.is_contiguous() && cuda_detail::is_channels_last_volume(x);
     for (const auto& [t, what] : {std::pair{&x, "x"}, std::pair{&w, "w"}, std::pair{&out, "out"}}) {
         check_device_tensor(*t, "conv3d", what);
-        DZR_CHECK(t->is_contiguous() || (t == &x && x_cl),
-                  "cuda backend: conv3d needs a contiguous {} (x may also be channels-last) ({})", what, t->str());
+        DZR_CHECK(t->is_contiguous() || (t != &w && cuda_detail::is_channels_last_volume(*t)),
+                  "cuda backend: conv3d needs a contiguous {} (x and out may also be channels-last) ({})", what,
+                  t->str());
     }
     DZR_CHECK(x.rank() == 4 && w.rank() == 5 && out.rank() == 4,
               "cuda backend: conv3d needs x [C,T,H,W], w [Co,Ci,kt,kh,kw], out [Co,To,Ho,Wo]: {} {} {}", x.str(),
@@ -415,12 +416,18 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
 
 void CudaBackend::conv3d_reference(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                    const TensorView& bias, const TensorView& out) {
-    if (x.is_contiguous()) return conv3d_planned(p, x, w, bias, out);
-    // a channels-last x: channels-first first
+    if (x.is_contiguous() && out.is_contiguous()) return conv3d_planned(p, x, w, bias, out);
+    // channels-last operands: a channels-first copy of x, a channels-first output transposed into out
     ArenaScope scope(arena_);
-    const TensorView xc = arena_.alloc_view(x.shape, x.dtype);
-    copy(x, xc);
-    conv3d_planned(p, xc, w, bias, out);
+    TensorView xc = x;
+    if (!x.is_contiguous()) {
+        xc = arena_.alloc_view(x.shape, x.dtype);
+        copy(x, xc);
+    }
+    if (out.is_contiguous()) return conv3d_planned(p, xc, w, bias, out);
+    const TensorView oc = arena_.alloc_view(out.shape, out.dtype);
+    conv3d_planned(p, xc, w, bias, oc);
+    copy(oc.permute({1, 2, 3, 0}), out.permute({1, 2, 3, 0}));
 }
 
 void CudaBackend::conv3d_planned(const Conv3dParams& p, const TensorView& x, const TensorView& w,

@@ -4,8 +4,9 @@
 // cuDNN pads nothing), the weight is transposed to [Co, kt, kh, kw, Ci], and the output comes back channels-first
 // with the bias added in the same kernel. A caller holding channels-last rows passes them as x (a channels-last
 // view, Capabilities::conv_channels_last): read in place when its padding is symmetric in space and none in time
-// (cuDNN pads it), else zero-padded into the workspace. Kernel-1 temporal convolutions with temporal stride 1 (the
-// resample's per-frame Conv2d, the 1x1 convolutions) run as 2-D convolutions over the frames as a batch.
+// (cuDNN pads it), else zero-padded into the workspace; a channels-last out is written by cuDNN, the bias added in
+// place. Kernel-1 temporal convolutions with temporal stride 1 (the resample's per-frame Conv2d, the 1x1
+// convolutions) run as 2-D convolutions over the frames as a batch.
 //
 // The engine config is chosen by measurement on the first call of the shape: every config that cuDNN's heuristics
 // modes INSTANT, B and the fallback list offer (deterministic, not down-converting, not compiled at run time, within
@@ -201,17 +202,19 @@ struct EventPair {
 FastConvPlan* CudaBackend::fast_conv_plan(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                           const TensorView& out) {
     const int64_t Ci = x.dim(0), Co = w.dim(0);
-    const bool x_cl = !x.is_contiguous();  // conv3d admits channels-last views only
+    // conv3d admits channels-last views besides contiguous ones
+    const bool x_cl = !x.is_contiguous(), out_cl = !out.is_contiguous();
     const std::string key = fmt::format(
-        "{} x[{},{},{},{}]{} w[{},{},{},{}] pad[{},{},{}|{},{},{}] stride[{},{},{}]{}", dtype_name(x.dtype), Ci,
+        "{} x[{},{},{},{}]{} w[{},{},{},{}] pad[{},{},{}|{},{},{}] stride[{},{},{}]{}{}", dtype_name(x.dtype), Ci,
         x.dim(1), x.dim(2), x.dim(3), x_cl ? "cl" : "", Co, w.dim(2), w.dim(3), w.dim(4), p.pad_before[0],
         p.pad_before[1], p.pad_before[2], p.pad_after[0], p.pad_after[1], p.pad_after[2], p.stride[0], p.stride[1],
-        p.stride[2], p.frames_2d ? (p.channels_last ? " 2d nhwc" : " 2d") : "");
+        p.stride[2], p.frames_2d ? (p.channels_last ? " 2d nhwc" : " 2d") : "", out_cl ? " out cl" : "");
     auto it = fast_conv_plans_.find(key);
     if (it == fast_conv_plans_.end()) {
         auto plan = std::make_unique<FastConvPlan>();
         plan->key = key;
         plan->x_channels_last = x_cl;
+        plan->out_channels_last = out_cl;
         // a channels-last x with no temporal and symmetric spatial padding is read in place, cuDNN padding it;
         // otherwise a kernel pads it into the workspace (transposing a channels-first x on the way)
         const bool in_place = x_cl && p.pad_before[0] == 0 && p.pad_after[0] == 0 &&
@@ -247,7 +250,7 @@ FastConvPlan* CudaBackend::fast_conv_plan(const Conv3dParams& p, const TensorVie
         const size_t es = dtype_size(x.dtype);
         plan->x_bytes = in_place ? 0 : size_t(Ci * padded[0] * padded[1] * padded[2]) * es;
         plan->w_bytes = size_t(w.numel()) * es;
-        plan->y_bytes = size_t(out.numel()) * es;
+        plan->y_bytes = out_cl ? 0 : size_t(out.numel()) * es;
         try {
             GraphBuilder b(plan->keep);
             const cudnnBackendDescriptor_t graph = cuda_detail::make_conv_graph(
@@ -291,10 +294,15 @@ cudnnStatus_t CudaBackend::run_fast_candidate(const FastConvPlan& plan, const Fa
         DZR_CUDA_CHECK(
             kernels::to_channels_last_padded(x.data, xcl, x.dtype, Ci, in, p.pad_before, p.pad_after, stream_));
     copy(w.reshape(Shape{Co, Ci, K}).permute({0, 2, 1}), TensorView(wcl, w.dtype, Shape{Co, K, Ci}, w.device));
-    const cudnnStatus_t st = cuda_detail::execute_conv_plan(cudnn(), c.plan, src, wcl, ycl, ws);
+    const cudnnStatus_t st =
+        cuda_detail::execute_conv_plan(cudnn(), c.plan, src, wcl, plan.out_channels_last ? out.data : ycl, ws);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    DZR_CUDA_CHECK(kernels::channels_first_with_bias(ycl, out.data, out.dtype, Co, out.numel() / Co,
-                                                     bias.defined() ? bias.data : nullptr, bias.dtype, stream_));
+    const void* b = bias.defined() ? bias.data : nullptr;
+    if (plan.out_channels_last)
+        DZR_CUDA_CHECK(kernels::add_bias_rows(out.data, out.dtype, Co, out.numel() / Co, b, bias.dtype, stream_));
+    else
+        DZR_CUDA_CHECK(kernels::channels_first_with_bias(ycl, out.data, out.dtype, Co, out.numel() / Co, b, bias.dtype,
+                                                         stream_));
     return st;
 }
 
@@ -340,7 +348,7 @@ void CudaBackend::tune_fast_conv(FastConvPlan& plan, const Conv3dParams& p, cons
         ArenaScope scope(arena_);
         void* xcl = plan.x_bytes > 0 ? arena_.alloc(plan.x_bytes) : nullptr;
         void* wcl = arena_.alloc(plan.w_bytes);
-        void* ycl = arena_.alloc(plan.y_bytes);
+        void* ycl = plan.y_bytes > 0 ? arena_.alloc(plan.y_bytes) : nullptr;
         void* ws = max_ws > 0 ? arena_.alloc(max_ws) : nullptr;
         float best_cl = std::numeric_limits<float>::infinity();
         for (size_t i = 0; i < plan.candidates.size(); ++i) {
@@ -377,9 +385,11 @@ bool CudaBackend::run_fast_conv(const Conv3dParams& p, const TensorView& x, cons
     if (options_.conv_tune == ConvTune::Off) return false;
     FastConvPlan* plan = fast_conv_plan(p, x, w, out);
     if (!plan) return false;
-    // NOTE: the plan's tensors declare 16-byte alignment; an x read in place at another offset (no caller makes
-    // one) takes the reference path
-    if (plan->x_bytes == 0 && cuda_detail::pointer_alignment(x.data) < 16) return false;
+    // NOTE: the plan's tensors declare 16-byte alignment; an x read or an out written in place at another offset (no
+    // caller makes one) takes the reference path
+    if ((plan->x_bytes == 0 && cuda_detail::pointer_alignment(x.data) < 16) ||
+        (plan->out_channels_last && cuda_detail::pointer_alignment(out.data) < 16))
+        return false;
     if (!plan->tuned) {
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         DZR_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
@@ -407,7 +417,7 @@ bool CudaBackend::run_fast_conv(const Conv3dParams& p, const TensorView& x, cons
     ArenaScope scope(arena_);
     void* xcl = plan->x_bytes > 0 ? arena_.alloc(plan->x_bytes) : nullptr;
     void* wcl = arena_.alloc(plan->w_bytes);
-    void* ycl = arena_.alloc(plan->y_bytes);
+    void* ycl = plan->y_bytes > 0 ? arena_.alloc(plan->y_bytes) : nullptr;
     void* ws = c.workspace_bytes > 0 ? arena_.alloc(c.workspace_bytes) : nullptr;
     const cudnnStatus_t st = run_fast_candidate(*plan, c, p, x, w, bias, out, xcl, wcl, ycl, ws);
     if (st == CUDNN_STATUS_SUCCESS) return true;

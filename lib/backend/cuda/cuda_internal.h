@@ -122,6 +122,7 @@ struct FastConvPlan {
     int stride[3] = {1, 1, 1};
     size_t x_bytes = 0, w_bytes = 0, y_bytes = 0;  // the channels-last buffers (x_bytes 0: x is read in place)
     bool x_channels_last = false;                   // the call's x is channels-last already
+    bool out_channels_last = false;                 // the call's out is channels-last: cuDNN writes it (y_bytes 0)
     int pad[3] = {};                                // what cuDNN pads (symmetric; with x read in place only)
     size_t declared_bytes = 0;                     // what conv3d_workspace_bytes declares for this path
     std::vector<cudnnBackendDescriptor_t> keep;    // the graph's descriptors
