@@ -85,9 +85,11 @@ TEST_CASE("fast numerics' channels-last convolutions are within bf16 rounding of
     auto be = gpu(Numerics::Fast, ConvTune::ChannelsLast);
     uint64_t seed = 100;
     for (const ConvCase& c : kConvCases) {
-        for (const bool cl_input : {false, true}) {
+        for (const int layout : {0, 1, 2, 3}) {
+            const bool cl_input = layout & 1, cl_output = layout & 2;
             CAPTURE(c.what);
             CAPTURE(cl_input);
+            CAPTURE(cl_output);
             const Shape xs{c.Ci, c.T, c.H, c.W}, ws{c.Co, c.Ci, c.k[0], c.k[1], c.k[2]};
             const std::vector<float> x = bf16_rounded(random_floats(size_t(xs.numel()), ++seed));
             const std::vector<float> w = bf16_rounded(random_floats(size_t(ws.numel()), ++seed, -0.2f, 0.2f));
@@ -112,9 +114,17 @@ TEST_CASE("fast numerics' channels-last convolutions are within bf16 rounding of
             Tensor xd = upload(*be, xs, x), x_storage;
             const Tensor wd = upload(*be, ws, w), bd = upload(*be, Shape{c.Co}, b);
             const TensorView xv_in = cl_input ? channels_last_view(*be, xs, x, x_storage) : xd.view();
-            const Tensor out = be->alloc(Shape{c.Co, exact.T, exact.H, exact.W}, be->compute_dtype());
-            be->conv3d(p, xv_in, wd, bd, out);
-            const std::vector<float> got = download(*be, out);
+            const Shape os{c.Co, exact.T, exact.H, exact.W};
+            const Tensor out = cl_output ? be->alloc(Shape{os[1], os[2], os[3], os[0]}, be->compute_dtype())
+                                         : be->alloc(os, be->compute_dtype());
+            be->conv3d(p, xv_in, wd, bd, cl_output ? out.view().permute({3, 0, 1, 2}) : out.view());
+            std::vector<float> got = download(*be, out);
+            if (cl_output) {  // [To, Ho, Wo, Co] -> [Co, To, Ho, Wo]
+                const std::vector<float> cl = got;
+                const int64_t S = os[1] * os[2] * os[3];
+                for (int64_t co = 0; co < c.Co; ++co)
+                    for (int64_t i = 0; i < S; ++i) got[size_t(co * S + i)] = cl[size_t(i * c.Co + co)];
+            }
             REQUIRE(got.size() == exact.v.size());
             // NOTE: cuDNN rounds the f32 sum to bf16 (2^-9 relative), the bias is added in f32 and rounded again (2^-9
             // of |y|), and an f32 sum of K products in any order errs by at most about K 2^-24 sum |x w| (K <= 24·27
@@ -137,11 +147,11 @@ TEST_CASE("fast numerics' channels-last convolutions are within bf16 rounding of
     size_t lines = 0, channels_last = 0;
     for (size_t pos = 0; (pos = report.find('\n', pos)) != std::string::npos; ++pos) ++lines;
     for (size_t pos = 0; (pos = report.find("channels-last", pos)) != std::string::npos; ++pos) ++channels_last;
-    CHECK(lines == 2 * std::size(kConvCases));
-    CHECK(channels_last == 2 * std::size(kConvCases));
+    CHECK(lines == 4 * std::size(kConvCases));
+    CHECK(channels_last == 4 * std::size(kConvCases));
 }
 
-TEST_CASE("a channels-last x runs the reference path as its channels-first copy does, bit for bit") {
+TEST_CASE("channels-last operands run the reference path as their channels-first copies do, bit for bit") {
     for (const Numerics numerics : {Numerics::Reference, Numerics::Fast}) {
         CAPTURE(int(numerics));
         // fast numerics with the tuning off run the reference path too
@@ -159,6 +169,12 @@ TEST_CASE("a channels-last x runs the reference path as its channels-first copy 
         be->conv3d(p, xd, wd, {}, a);
         be->conv3d(p, xcl, wd, {}, b);
         CHECK(download(*be, a) == download(*be, b));
+        // and a channels-last out holds the same numbers, transposed
+        const Tensor c_out = be->alloc(Shape{os[1], os[2], os[3], os[0]}, be->compute_dtype());
+        be->conv3d(p, xcl, wd, {}, c_out.view().permute({3, 0, 1, 2}));
+        const Tensor back = be->alloc(os, be->compute_dtype());
+        be->copy(c_out.view().permute({3, 0, 1, 2}), back);
+        CHECK(download(*be, a) == download(*be, back));
         CHECK(be->capabilities().conv_channels_last);
     }
 }
