@@ -684,7 +684,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
         "vae", "The VAE encoder at a config's canvas with random weights: the 9-frame clip and the ys encode (median "
                "ms); in fast numerics also the difference to reference numerics and the convolution plans");
     vae->add_option("--config", vae_opts->config, "run config with the model geometry")->capture_default_str();
-    vae->add_option("--device", vae_opts->device, "CUDA device (cuda or cuda:N)")->capture_default_str();
+    vae->add_option("--device", vae_opts->device, "CUDA device (cuda or cuda:N; cpu for a tiny config)")
+        ->capture_default_str();
     vae->add_option("--numerics", vae_opts->numerics, "fast or reference")->capture_default_str();
     vae->add_option("--warmup", vae_opts->warmup, "untimed runs first (they plan and tune the convolutions)")
         ->capture_default_str()
