@@ -1,4 +1,5 @@
-// Zero padding for 3-D convolutions, and a direct convolution kernel (fallback when cuDNN has none).
+// Zero padding for 3-D convolutions, a direct convolution kernel (fallback when cuDNN has none), and the
+// channels-last transposes of fast numerics' convolutions.
 #include "kernels/common.cuh"
 #include "kernels/conv3d.cuh"
 
@@ -55,7 +56,148 @@ __global__ void conv3d_direct_kernel(Conv3dDirectArgs a) {
     }
 }
 
+// The channels-last transposes: a block moves a 32 x 32 tile (32 channels x 32 positions) through shared memory,
+// so both the channels-first side (positions contiguous) and the channels-last side (channels contiguous) are
+// read and written by consecutive threads. 32 x 8 threads, 4 rows each.
+constexpr int kTile = 32, kTileRows = 8;
+
+/// Block (bx, by, z): positions w0 = bx * 32 of padded row z = (t', h'), channels c0 = by * 32.
+template <typename T>
+__global__ void to_channels_last_padded_kernel(const T* x, T* xp, PadDims d) {
+    __shared__ T tile[kTile][kTile + 1];
+    const int64_t rows = d.out[0] * d.out[1];
+    const int64_t w0 = int64_t(blockIdx.x) * kTile, c0 = int64_t(blockIdx.y) * kTile;
+    for (int64_t row = blockIdx.z; row < rows; row += gridDim.z) {
+        const int64_t t = row / d.out[1] - d.before[0], h = row % d.out[1] - d.before[1];
+        const bool row_inside = t >= 0 && t < d.in[0] && h >= 0 && h < d.in[1];
+        const int64_t w = w0 + threadIdx.x - d.before[2];
+        for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+            const int64_t c = c0 + r;
+            T v = from_f32<T>(0.f);
+            if (row_inside && c < d.C && w >= 0 && w < d.in[2]) v = x[((c * d.in[0] + t) * d.in[1] + h) * d.in[2] + w];
+            tile[r][threadIdx.x] = v;
+        }
+        __syncthreads();
+        for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+            const int64_t wp = w0 + r, c = c0 + threadIdx.x;
+            if (wp < d.out[2] && c < d.C) xp[(row * d.out[2] + wp) * d.C + c] = tile[threadIdx.x][r];
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T>
+__global__ void pad_channels_last_kernel(const T* x, T* xp, PadDims d) {
+    const int64_t total = d.C * d.out[0] * d.out[1] * d.out[2], step = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+        const int64_t c = i % d.C, p = i / d.C;
+        const int64_t w = p % d.out[2] - d.before[2];
+        const int64_t h = (p / d.out[2]) % d.out[1] - d.before[1];
+        const int64_t t = p / (d.out[2] * d.out[1]) - d.before[0];
+        const bool inside = t >= 0 && t < d.in[0] && h >= 0 && h < d.in[1] && w >= 0 && w < d.in[2];
+        xp[i] = inside ? x[((t * d.in[1] + h) * d.in[2] + w) * d.C + c] : from_f32<T>(0.f);
+    }
+}
+
+template <typename T>
+__global__ void add_bias_rows_kernel(T* y, int64_t C, int64_t total, ParamPtr bias) {
+    const int64_t step = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step)
+        y[i] = from_f32<T>(to_f32(y[i]) + bias[i % C]);
+}
+
+/// Block (bx, by): positions s0 = bx * 32, channels c0 = by * 32 (grid.y strides over the rest).
+template <typename T>
+__global__ void channels_first_with_bias_kernel(const T* y, T* out, int64_t C, int64_t S, ParamPtr bias) {
+    __shared__ T tile[kTile][kTile + 1];
+    const int64_t s0 = int64_t(blockIdx.x) * kTile;
+    for (int64_t c0 = int64_t(blockIdx.y) * kTile; c0 < C; c0 += int64_t(gridDim.y) * kTile) {
+        for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+            const int64_t s = s0 + r, c = c0 + threadIdx.x;
+            if (s < S && c < C) tile[r][threadIdx.x] = y[s * C + c];
+        }
+        __syncthreads();
+        for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+            const int64_t c = c0 + r, s = s0 + threadIdx.x;
+            if (s < S && c < C) {
+                const T v = tile[threadIdx.x][r];
+                out[c * S + s] = bias.defined() ? from_f32<T>(to_f32(v) + bias[c]) : v;
+            }
+        }
+        __syncthreads();
+    }
+}
+
 }  // namespace
+
+cudaError_t to_channels_last_padded(const void* x, void* xp, DType t, int64_t C, const int64_t in[3],
+                                    const int pad_before[3], const int pad_after[3], cudaStream_t stream) {
+    PadDims d{};
+    d.C = C;
+    for (int i = 0; i < 3; ++i) {
+        d.in[i] = in[i];
+        d.before[i] = pad_before[i];
+        d.out[i] = in[i] + pad_before[i] + pad_after[i];
+    }
+    const int64_t rows = d.out[0] * d.out[1];
+    if (C == 0 || rows == 0 || d.out[2] == 0) return cudaSuccess;
+    const int64_t bx = (d.out[2] + kTile - 1) / kTile, by = (C + kTile - 1) / kTile;
+    if (bx > INT32_MAX || by > 65535) return cudaErrorInvalidValue;
+    const dim3 grid(unsigned(bx), unsigned(by), unsigned(rows < 65535 ? rows : 65535)), block(kTile, kTileRows);
+    return dispatch_float(t, [&](auto xt) {
+        using T = decltype(xt);
+        to_channels_last_padded_kernel<T><<<grid, block, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(xp), d);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t pad_channels_last(const void* x, void* xp, DType t, int64_t C, const int64_t in[3], const int pad_before[3],
+                              const int pad_after[3], cudaStream_t stream) {
+    PadDims d{};
+    d.C = C;
+    for (int i = 0; i < 3; ++i) {
+        d.in[i] = in[i];
+        d.before[i] = pad_before[i];
+        d.out[i] = in[i] + pad_before[i] + pad_after[i];
+    }
+    const int64_t total = C * d.out[0] * d.out[1] * d.out[2];
+    if (total == 0) return cudaSuccess;
+    constexpr int kThreads = 256;
+    return dispatch_float(t, [&](auto xt) {
+        using T = decltype(xt);
+        pad_channels_last_kernel<T>
+            <<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(xp), d);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t add_bias_rows(void* y, DType t, int64_t C, int64_t S, const void* bias, DType bias_dtype,
+                          cudaStream_t stream) {
+    const int64_t total = C * S;
+    if (total == 0 || bias == nullptr) return cudaSuccess;
+    constexpr int kThreads = 256;
+    const ParamPtr pb{bias, bias_dtype == DType::BF16};
+    return dispatch_float(t, [&](auto xt) {
+        using T = decltype(xt);
+        add_bias_rows_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(static_cast<T*>(y), C, total, pb);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t channels_first_with_bias(const void* y, void* out, DType t, int64_t C, int64_t S, const void* bias,
+                                     DType bias_dtype, cudaStream_t stream) {
+    if (C == 0 || S == 0) return cudaSuccess;
+    const int64_t bx = (S + kTile - 1) / kTile, by = (C + kTile - 1) / kTile;
+    if (bx > INT32_MAX) return cudaErrorInvalidValue;
+    const dim3 grid(unsigned(bx), unsigned(by < 65535 ? by : 65535)), block(kTile, kTileRows);
+    const ParamPtr pb{bias, bias_dtype == DType::BF16};
+    return dispatch_float(t, [&](auto xt) {
+        using T = decltype(xt);
+        channels_first_with_bias_kernel<T>
+            <<<grid, block, 0, stream>>>(static_cast<const T*>(y), static_cast<T*>(out), C, S, pb);
+        return cudaGetLastError();
+    });
+}
 
 cudaError_t pad3d(const void* x, void* xp, DType t, int64_t C, const int64_t in[3], const int pad_before[3],
                   const int pad_after[3], cudaStream_t stream) {

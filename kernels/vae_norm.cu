@@ -1,5 +1,6 @@
 // The VAE's channel L2 norm (+ SiLU) over channels-last rows, a few threads per row (PyTorch's order, below).
-// The row (<= a few hundred channels) is read twice, the second time from L1/L2.
+// The row (<= a few hundred channels) is read twice, the second time from L1/L2. Fast numerics read it once, with
+// 16-byte loads, into registers (vae_norm_fast_kernel).
 #include <algorithm>
 #include <type_traits>
 
@@ -69,6 +70,53 @@ __global__ void __launch_bounds__(kBlock)
     }
 }
 
+// Fast numerics: G lanes per row (G a power of two >= the row's 8-channel vectors / kFastVecs), each holding up to
+// kFastVecs vectors of 8 bf16 in registers, so the row is read once; sum of squares in f32 (a lane's vectors in
+// order, then the lanes' shuffle tree), norm, * scale * gamma (and SiLU) in f32, one rounding to bf16.
+constexpr int kFastVecs = 8;
+
+template <bool kSilu, int G>
+__global__ void __launch_bounds__(kBlock)
+    vae_norm_fast_kernel(const bf16* x, bf16* out, ParamPtr w, int64_t rows, int64_t cols, float eps, float scale) {
+    const int lane = int(threadIdx.x) % G;
+    const int64_t r = int64_t(blockIdx.x) * (kBlock / G) + threadIdx.x / G;
+    const bool live = r < rows;
+    const int64_t vecs = cols / 8;
+    const bf16* row = x + (live ? r : 0) * cols;
+    float v[kFastVecs][8];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kFastVecs; ++k) {
+        const int64_t j = lane + int64_t(k) * G;
+        if (live && j < vecs) {
+            unpack8(*reinterpret_cast<const uint4*>(row + j * 8), v[k]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) ss = fmaf(v[k][i], v[k][i], ss);
+        }
+    }
+#pragma unroll
+    for (int off = G / 2; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off, G);
+    if (!live) return;
+    float norm = sqrtf(ss);
+    norm = isnan(norm) ? norm : fmaxf(norm, eps);  // a NaN row stays NaN, as in the reference kernel
+    const float inv = scale / norm;
+    bf16* orow = out + r * cols;
+#pragma unroll
+    for (int k = 0; k < kFastVecs; ++k) {
+        const int64_t j = lane + int64_t(k) * G;
+        if (j < vecs) {
+            float y[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                float t = v[k][i] * inv * w[j * 8 + i];
+                if constexpr (kSilu) t = t / (1.f + __expf(-t));
+                y[i] = t;
+            }
+            *reinterpret_cast<uint4*>(orow + j * 8) = pack8(y);
+        }
+    }
+}
+
 int last_pow2(int64_t n) {
     int p = 1;
     while (int64_t(p) * 2 <= n) p *= 2;
@@ -98,6 +146,33 @@ cudaError_t vae_norm(const VaeNormArgs& a, cudaStream_t stream) {
     if (a.rows == 0 || a.cols == 0) return cudaSuccess;
     if (a.weight == nullptr) return cudaErrorInvalidValue;
     const ParamPtr w{a.weight, a.tw == DType::BF16};
+    const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (a.fast && a.tx == DType::BF16 && a.to == DType::BF16 && a.cols % 8 == 0 && a.cols <= 32 * 8 * kFastVecs &&
+        aligned16(a.x) && aligned16(a.out)) {
+        int g = 1;
+        while (int64_t(g) * kFastVecs * 8 < a.cols) g *= 2;  // lanes per row
+        const auto* px = static_cast<const bf16*>(a.x);
+        auto* po = static_cast<bf16*>(a.out);
+        auto launch = [&](auto kernel, int group) {
+            const int64_t blocks = (a.rows + kBlock / group - 1) / (kBlock / group);
+            if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
+            kernel<<<unsigned(blocks), kBlock, 0, stream>>>(px, po, w, a.rows, a.cols, a.eps, a.scale);
+            return cudaGetLastError();
+        };
+        auto by_group = [&](auto silu) {
+            constexpr bool kS = decltype(silu)::value;
+            switch (g) {
+                case 1: return launch(vae_norm_fast_kernel<kS, 1>, 1);
+                case 2: return launch(vae_norm_fast_kernel<kS, 2>, 2);
+                case 4: return launch(vae_norm_fast_kernel<kS, 4>, 4);
+                case 8: return launch(vae_norm_fast_kernel<kS, 8>, 8);
+                case 16: return launch(vae_norm_fast_kernel<kS, 16>, 16);
+                case 32: return launch(vae_norm_fast_kernel<kS, 32>, 32);
+                default: return cudaErrorInvalidValue;
+            }
+        };
+        return a.silu ? by_group(std::true_type{}) : by_group(std::false_type{});
+    }
     const int g = vae_norm_group(a.rows, a.cols);
     return dispatch_float2(a.tx, a.to, [&](auto xi, auto xo) {
         using Tx = decltype(xi);

@@ -1,5 +1,5 @@
-// `dzr bench gemm|ops|fused|attention|kv`: times a GPU backend with its stream's events (warm-up, then the median of N
-// timed runs; GEMM inputs rotate over several buffer sets so the 60 MB L2 does not hold them), and measures
+// `dzr bench gemm|ops|fused|attention|kv|vae`: times a GPU backend with its stream's events (warm-up, then the
+// median of N timed runs; GEMM inputs rotate over several buffer sets so the 60 MB L2 does not hold them), and measures
 // the KV cache's device memory. Everything goes through the Backend interface (no CUDA headers here).
 // `dzr bench prepare` times the policy's host-side prepare() (any build).
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "apps/dzr/bench_load.h"
+#include "apps/dzr/bench_vae.h"
 #include "apps/dzr/command.h"
 #include "backend/backend.h"
 #include "config/run_config.h"
@@ -681,6 +682,24 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     roll->add_flag("--no-batch-cfg", opts->no_batch_cfg,
                    "fast numerics: run the two CFG branches' forwards one after the other instead of as one batch");
     roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
+
+    auto vae_opts = std::make_shared<VaeBenchOptions>();
+    auto* vae = cmd->add_subcommand(
+        "vae", "The VAE encoder at a config's canvas with random weights: the 9-frame clip and the ys encode (median "
+               "ms); in fast numerics also the difference to reference numerics and the convolution plans");
+    vae->add_option("--config", vae_opts->config, "run config with the model geometry")->capture_default_str();
+    vae->add_option("--device", vae_opts->device, "CUDA device (cuda or cuda:N; cpu for a tiny config)")
+        ->capture_default_str();
+    vae->add_option("--numerics", vae_opts->numerics, "fast or reference")->capture_default_str();
+    vae->add_option("--warmup", vae_opts->warmup, "untimed runs first (they plan and tune the convolutions)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    vae->add_option("--repeats", vae_opts->repeats, "timed runs (the median is reported; the ys encode runs half)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    vae->add_option("--seed", vae_opts->seed, "random weights' seed")->capture_default_str();
+    vae->add_flag("!--no-compare", vae_opts->compare, "fast numerics: skip the comparison with reference numerics");
+    vae->callback([&run, vae_opts] { run = [vae_opts] { return run_vae_bench(*vae_opts); }; });
 
     auto load_opts = std::make_shared<LoadBenchOptions>();
     auto load_mb = std::make_shared<size_t>(load_opts->bulk.chunk_bytes >> 20);

@@ -114,7 +114,8 @@ struct AttentionParams {
 };
 
 /// 3-D convolution with zero padding, one sample: x [Ci, T, H, W], w [Co, Ci, kt, kh, kw],
-/// bias [Co] (optional), out [Co, To, Ho, Wo]. Padding may differ before and after (causal time).
+/// bias [Co] (optional), out [Co, To, Ho, Wo]. Padding may differ before and after (causal time). x, w and out are
+/// contiguous; where Capabilities::conv_channels_last, x and out may also be channels-last views.
 struct Conv3dParams {
     int stride[3] = {1, 1, 1};
     int pad_before[3] = {0, 0, 0};
@@ -158,6 +159,9 @@ struct Capabilities {
     int compute_capability = 0;
     /// Allocations are fake and ops compute nothing (MeasuringBackend: workspace planning).
     bool measuring = false;
+    /// conv3d also takes x and out channels-last: a [C, T, H, W] view of a contiguous [T, H, W, C] buffer (strides
+    /// [1, H·W·C, W·C, C]), which spares a fast-numerics caller that holds channels-last rows the transposes.
+    bool conv_channels_last = false;
 };
 
 /// Allocation and memory information of one device.
@@ -262,6 +266,9 @@ public:
     virtual CudaBackendOptions cuda_options() const { return {}; }
     /// The implementation that ran the last attention call (attention_impl_name), "" where there is one.
     virtual std::string last_attention_impl() const { return ""; }
+    /// The convolution plans made so far, one line per call shape (CUDA in fast numerics: the autotuner's choice
+    /// and times against the reference path's); "" where there is nothing to report.
+    virtual std::string conv_plan_report() const { return ""; }
 
     /// Device copy, converting dtype; src may be strided (any permutation), dst contiguous.
     virtual void copy(const TensorView& src, const TensorView& dst) = 0;

@@ -93,6 +93,13 @@ auto parse_env(const char* name, const char* value, F parse) {
 
 }  // namespace
 
+ConvTune parse_conv_tune(const std::string& text) {
+    if (text == "off") return ConvTune::Off;
+    if (text == "auto") return ConvTune::Auto;
+    if (text == "channels-last") return ConvTune::ChannelsLast;
+    DZR_THROW("unknown convolution tuning '{}' (auto, off or channels-last)", text);
+}
+
 BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_ATTENTION")) o.cuda.attention = parse_env("DZR_ATTENTION", v, parse_attention_impl);
     if (const char* v = env("DZR_PLAIN_GEMM")) o.cuda.plain_gemm = parse_env("DZR_PLAIN_GEMM", v, parse_plain_gemm_impl);
@@ -100,6 +107,7 @@ BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_LT_WORKSPACE"))
         o.cuda.lt_workspace_bytes = parse_env("DZR_LT_WORKSPACE", v, parse_lt_workspace_kib);
     if (const char* v = env("DZR_LT_ALIGN")) o.cuda.lt_alignment = parse_env("DZR_LT_ALIGN", v, parse_lt_alignment);
+    if (const char* v = env("DZR_CONV_TUNE")) o.cuda.conv_tune = parse_env("DZR_CONV_TUNE", v, parse_conv_tune);
     return o;
 }
 

@@ -60,6 +60,14 @@ enum class PagedAttentionImpl : uint8_t { Auto, Direct, Gather };
 /// then fallback, no down-converting engines) or Legacy (the v7 heuristics; a diagnostic).
 enum class ConvApi : uint8_t { Graph, Legacy };
 
+/// How fast numerics run convolutions on CUDA (cuda_conv_fast.cpp). Auto: each call shape runs channels-last through
+/// the cuDNN engine config measured fastest on its first call, or the reference path where that measured faster.
+/// The choice is made by timing, so it can differ between processes (and with it the last bits of a fast run).
+/// ChannelsLast: the fastest channels-last config even where the reference path is faster (tests, benches). Off:
+/// the reference path. Reference numerics always run the reference path.
+enum class ConvTune : uint8_t { Off, Auto, ChannelsLast };
+/// "off", "auto", "channels-last"; throws dzr::Error otherwise.
+ConvTune parse_conv_tune(const std::string& text);
 /// The CUDA backend's implementation choices. The CPU backend has one implementation of each op.
 struct CudaBackendOptions {
     AttentionImpl attention = AttentionImpl::Auto;
@@ -77,6 +85,7 @@ struct CudaBackendOptions {
     /// GEMMs and convolutions through dzr's plain kernels instead of cuBLASLt / cuDNN (tests of the fallback
     /// paths that odd shapes take).
     bool fallback_only = false;
+    ConvTune conv_tune = ConvTune::Auto;
     /// FP8 GEMMs with cuBLASLt's fast accumulation (no periodic promotion of the tensor cores' partial sums to f32):
     /// faster, less exact. Off by default.
     bool fp8_fast_accum = false;
@@ -94,7 +103,8 @@ struct BackendOptions {
 
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
-/// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch). An unreadable value throws, naming the variable.
+/// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last). An unreadable value throws,
+/// naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 
 }  // namespace dzr

@@ -24,6 +24,7 @@ public:
     void set_cuda_options(const CudaBackendOptions& options) override { inner_->set_cuda_options(options); }
     CudaBackendOptions cuda_options() const override { return inner_->cuda_options(); }
     std::string last_attention_impl() const override { return inner_->last_attention_impl(); }
+    std::string conv_plan_report() const override { return inner_->conv_plan_report(); }
 
     void copy(const TensorView& src, const TensorView& dst) override;
     void fill(const TensorView& dst, float value) override;

@@ -83,13 +83,14 @@ void start_caches(Backend& be, WanVae::Net& net, const NetPlan& plan) {
 /// One chunk through `net`: block outputs alternate between `ping` and `pong`; the returned view
 /// (the head output) lives in one of them.
 TensorView run_net(Backend& be, WanVae::Net& net, const TensorView& x, bool cached, const TensorView& ping,
-                   const TensorView& pong, const WanVae::TraceFn& trace = {}) {
+                   const TensorView& pong, const WanVae::TraceFn& trace = {}, bool channels_last = false) {
     vae::TemporalCache* caches = cached ? net.caches.data() : nullptr;
     auto cache = [&](int slot) { return caches && slot >= 0 ? caches + slot : nullptr; };
     const TensorView* bufs[2] = {&ping, &pong};
     int which = 0;
+    // channels-last: every block output is a channels-last view (the blocks follow their input's layout)
     auto next = [&](const Shape& shape) {
-        TensorView v = vae::carve(*bufs[which], shape);
+        TensorView v = channels_last ? vae::carve_channels_last(*bufs[which], shape) : vae::carve(*bufs[which], shape);
         which ^= 1;
         return v;
     };
@@ -294,6 +295,10 @@ void WanVae::encode(const TensorView& video, const TensorView& latent, VaePrecis
     const int64_t T = video.dim(1), H = video.dim(2), W = video.dim(3);
     const bool chunked = schedule == VaeSchedule::Chunked;
 
+    // NOTE: the trace's consumers read channels-first tensors: a traced encode stays channels-first
+    const bool channels_last =
+        !trace_ && channels_last_encoder_.value_or(be_.numerics() == Numerics::Fast &&
+                                                   be_.capabilities().conv_channels_last);
     ArenaScope scope(be_.workspace());
     const NetPlan plan = plan_net(encoder_, Shape{3, chunked ? 1 : T, H, W}, true);
     int64_t max_numel = plan.max_numel;
@@ -318,7 +323,7 @@ void WanVae::encode(const TensorView& video, const TensorView& latent, VaePrecis
                 trace_(("vae.chunk1." + std::string(dot ? dot + 1 : name)).c_str(), layer, t);
             };
         }
-        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, chunk_trace);
+        const TensorView h = run_net(be_, encoder_, x, chunked, ping, pong, chunk_trace, channels_last);
         TensorView moments = be_.scratch(h.shape);
         conv1_.forward(be_, h, nullptr, moments);
         // mu = moments[:z] (the log-variance half is unused); latent = (mu - mean) * (1 / std), with 1/std

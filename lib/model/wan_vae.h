@@ -9,6 +9,7 @@
 /// time (the temporal caches of a call are per instance).
 #include <array>
 #include <functional>
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -84,6 +85,13 @@ class WanVae {
     using TraceFn = std::function<void(const char* name, int layer, const TensorView& t)>;
     void set_trace(TraceFn trace) { trace_ = std::move(trace); }
 
+    /// The encoder's activations channels-last ([T, H, W, C] buffers: the norms' rows and the layout of cuDNN's
+    /// fast convolutions, no transposes between them) or channels-first. Default (nullopt): channels-last in fast
+    /// numerics on a backend whose conv3d takes channels-last operands (Capabilities::conv_channels_last), else
+    /// channels-first; elsewhere channels-last convolutions run transposed around a channels-first one (tests
+    /// compare the two layouts on the CPU). A traced encode stays channels-first.
+    void set_channels_last_encoder(std::optional<bool> on) { channels_last_encoder_ = on; }
+
     /// Internal: one causal stack (encoder or decoder): an input conv, blocks, RMS + SiLU + conv head.
     struct Net {
         using Block = std::variant<vae::ResidualBlock, vae::AttentionBlock, vae::Resample>;
@@ -106,6 +114,7 @@ class WanVae {
     Net encoder_, decoder_;
     vae::CausalConv3d conv1_, conv2_;
     TraceFn trace_;
+    std::optional<bool> channels_last_encoder_;
 };
 
 }  // namespace dzr

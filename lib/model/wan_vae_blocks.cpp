@@ -52,6 +52,52 @@ void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm,
     to_channels_first(be, seq, input);
 }
 
+/// Whether a causal conv assembles its input channels-last and hands it to the convolution as such: always for a
+/// channels-last x (the channels-last encoder, WanVae::set_channels_last_encoder), and in fast numerics on a backend
+/// whose conv3d takes channels-last operands (Capabilities::conv_channels_last), instead of transposing the
+/// sequence back to channels-first for a convolution that transposes it again.
+/// NOTE: for a multiple of 8 channels only: cuDNN's channels-last tensor-core kernels read channels in 16-byte
+/// vectors (the 3 pixel channels of the first conv stay channels-first).
+bool channels_last_conv(const Backend& be, const TensorView& x) {
+    return is_channels_last(x) ||
+           (be.numerics() == Numerics::Fast && x.dim(0) % 8 == 0 && be.capabilities().conv_channels_last);
+}
+
+/// assemble's channels-last form: the sequence [hist - n zero frames (the causal padding) | cache frames | f(x)]
+/// in a buffer taken from the caller's arena scope, returned as the conv input [C, hist + T, H, W] (a channels-last
+/// view); the cache is updated as assemble updates it.
+TensorView assemble_channels_last(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, TemporalCache* cache,
+                                  int hist) {
+    const int64_t C = x.dim(0), T = x.dim(1), H = x.dim(2), W = x.dim(3), HW = H * W;
+    const int64_t n = cache ? cache->frames : 0, z = std::max<int64_t>(hist - n, 0);
+    TensorView seq = be.scratch(Shape{z + n + T, HW, C});
+    if (z > 0) be.fill(seq.slice(0, 0, z), 0.0f);
+    TensorView tail = seq.slice(0, z + n, T);
+    if (norm && is_channels_last(x)) {
+        norm->forward_rows(be, cl_rows(x).reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}), true);
+    } else if (norm) {
+        ArenaScope tmp(be.workspace());
+        TensorView xcl = be.scratch(Shape{T, HW, C});
+        to_channels_last(be, x, xcl);
+        norm->forward_rows(be, xcl.reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}), true);
+    } else {
+        to_channels_last(be, x, tail);
+    }
+    if (cache) {
+        if (n > 0) be.copy(cache->buf.slice(0, 0, n), seq.slice(0, z, n));
+        const int64_t keep = std::min<int64_t>(kCacheFrames, n + T);
+        DZR_ASSERT(cache->buf.dim(0) >= keep && cache->buf.dim(1) == HW && cache->buf.dim(2) == C);
+        be.copy(seq.slice(0, z + n + T - keep, keep), cache->buf.slice(0, 0, keep));
+        cache->frames = int(keep);
+    }
+    return cl_view(seq.reshape(Shape{z + n + T, H, W, C}));
+}
+
+/// out (channels-last) += y (channels-last), as rows.
+void add_channels_last(Backend& be, const TensorView& out, const TensorView& y) {
+    be.add(cl_rows(out), cl_rows(y), cl_rows(out));
+}
+
 }  // namespace
 
 // ---- helpers -----------------------------------------------------------------------------------
@@ -73,6 +119,50 @@ void to_channels_first(Backend& be, const TensorView& x, const TensorView& out) 
     DZR_ASSERT(x.numel() == out.numel() && x.dim(0) == T && x.dim(-1) == C);
     // [T, H*W, C] -> [T, H, W, C] -> [C, T, H, W]
     be.copy(x.reshape(Shape{T, H, W, C}).permute({3, 0, 1, 2}), out);
+}
+
+bool is_channels_last(const TensorView& x) {
+    return x.rank() == 4 && !x.is_contiguous() && x.permute({1, 2, 3, 0}).is_contiguous();
+}
+
+TensorView cl_view(const TensorView& buf) {
+    DZR_ASSERT(buf.rank() == 4 && buf.is_contiguous());
+    return buf.permute({3, 0, 1, 2});
+}
+
+TensorView cl_rows(const TensorView& x) {
+    const TensorView rows = x.permute({1, 2, 3, 0});
+    DZR_ASSERT(rows.is_contiguous());
+    return rows;
+}
+
+TensorView carve_channels_last(const TensorView& buf, const Shape& shape) {
+    return cl_view(carve(buf, Shape{shape[1], shape[2], shape[3], shape[0]}));
+}
+
+TensorView scratch_channels_last(Backend& be, const Shape& shape) {
+    return cl_view(be.scratch(Shape{shape[1], shape[2], shape[3], shape[0]}));
+}
+
+void conv3d_any_layout(Backend& be, const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                       const TensorView& bias, const TensorView& out) {
+    if ((x.is_contiguous() && out.is_contiguous()) || be.capabilities().conv_channels_last) {
+        be.conv3d(p, x, w, bias, out);
+        return;
+    }
+    ArenaScope scope(be.workspace());
+    TensorView xc = x;
+    if (!x.is_contiguous()) {
+        xc = be.scratch(x.shape, x.dtype);
+        be.copy(x, xc);
+    }
+    if (out.is_contiguous()) {
+        be.conv3d(p, xc, w, bias, out);
+        return;
+    }
+    const TensorView oc = be.scratch(out.shape, out.dtype);
+    be.conv3d(p, xc, w, bias, oc);
+    be.copy(oc.permute({1, 2, 3, 0}), cl_rows(out));
 }
 
 void upsample_nearest2x(Backend& be, const TensorView& x, const TensorView& out) {
@@ -142,7 +232,7 @@ void CausalConv3d::convolve(Backend& be, const TensorView& input, int time_pad, 
         p.pad_before[d] = pad_[d];
         p.pad_after[d] = pad_[d];
     }
-    be.conv3d(p, input, weight_, bias_, out);
+    conv3d_any_layout(be, p, input, weight_, bias_, out);
 }
 
 void CausalConv3d::forward(Backend& be, const TensorView& x, TemporalCache* cache,
@@ -152,6 +242,10 @@ void CausalConv3d::forward(Backend& be, const TensorView& x, TemporalCache* cach
     const int hist = history();
     DZR_ASSERT(hist > 0 || cache == nullptr);
     const int n = cache ? cache->frames : 0;
+    if (hist == 0 && is_channels_last(x)) {
+        convolve(be, x, 0, 1, out);  // nothing to assemble
+        return;
+    }
     if (n == 0 && x.is_contiguous()) {
         if (cache) {
             const int64_t T = x.dim(1), keep = std::min<int64_t>(kCacheFrames, T);
@@ -162,6 +256,10 @@ void CausalConv3d::forward(Backend& be, const TensorView& x, TemporalCache* cach
         return;
     }
     ArenaScope scope(be.workspace());
+    if (channels_last_conv(be, x)) {
+        convolve(be, assemble_channels_last(be, x, nullptr, cache, hist), 0, 1, out);
+        return;
+    }
     TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
     assemble(be, x, nullptr, cache, input);
     convolve(be, input, hist - n, 1, out);
@@ -174,6 +272,10 @@ void CausalConv3d::forward_normed(Backend& be, const ChannelRmsNorm& norm, const
     DZR_ASSERT(history() > 0 || cache == nullptr);
     const int n = cache ? cache->frames : 0;
     ArenaScope scope(be.workspace());
+    if (channels_last_conv(be, x)) {
+        convolve(be, assemble_channels_last(be, x, &norm, cache, history()), 0, 1, out);
+        return;
+    }
     TensorView input = be.scratch(Shape{in_, n + x.dim(1), x.dim(2), x.dim(3)});
     assemble(be, x, &norm, cache, input);
     convolve(be, input, history() - n, 1, out);
@@ -195,6 +297,21 @@ void ResidualBlock::load(WeightLoader& loader, const std::string& path, int in_c
 
 void ResidualBlock::forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out) const {
     check_activation(x, "residual block input");
+    if (is_channels_last(x)) {
+        // the channels-last encoder: x, out and the intermediate channels-last
+        DZR_ASSERT(is_channels_last(out) && out.shape == (Shape{out_channels(), x.dim(1), x.dim(2), x.dim(3)}));
+        ArenaScope scope(be.workspace());
+        const TensorView mid = scratch_channels_last(be, out.shape);
+        conv1_.forward_normed(be, norm1_, x, caches ? &caches[0] : nullptr, mid);
+        conv2_.forward_normed(be, norm2_, mid, caches ? &caches[1] : nullptr, out);
+        if (shortcut_) {
+            shortcut_->forward(be, x, nullptr, mid);
+            add_channels_last(be, out, mid);
+        } else {
+            add_channels_last(be, out, x);
+        }
+        return;
+    }
     DZR_ASSERT(x.is_contiguous() && out.shape == (Shape{out_channels(), x.dim(1), x.dim(2), x.dim(3)}));
     ArenaScope scope(be.workspace());
     TensorView mid = be.scratch(out.shape);
@@ -224,6 +341,10 @@ void AttentionBlock::load(WeightLoader& loader, const std::string& path, int cha
 
 void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView& out) const {
     check_activation(x, "attention block input");
+    if (is_channels_last(x)) {
+        forward_channels_last(be, x, out);
+        return;
+    }
     const int64_t C = channels_, T = x.dim(1), H = x.dim(2), W = x.dim(3), L = H * W;
     DZR_ASSERT(x.dim(0) == C && x.is_contiguous() && out.shape == x.shape);
     ArenaScope scope(be.workspace());
@@ -262,6 +383,35 @@ void AttentionBlock::forward(Backend& be, const TensorView& x, const TensorView&
     be.copy(y.reshape(Shape{T, H, W, C}).permute({3, 0, 1, 2}), cf);  // [T, L, C] -> [C, T, H, W]
     be.conv3d(conv, cf, proj_w5_, proj_b_, out);
     be.add(out, x, out);
+}
+
+void AttentionBlock::forward_channels_last(Backend& be, const TensorView& x, const TensorView& out) const {
+    const int64_t C = channels_, T = x.dim(1), H = x.dim(2), W = x.dim(3), L = H * W;
+    DZR_ASSERT(x.dim(0) == C && is_channels_last(out) && out.shape == x.shape);
+    ArenaScope scope(be.workspace());
+    // the rows are the norm's, the 1x1 convolutions' and the attention's layout: no transposes
+    const TensorView xn = be.scratch(Shape{T, H, W, C});
+    norm_.forward_rows(be, cl_rows(x).reshape(Shape{T * L, C}), xn.reshape(Shape{T * L, C}), false);
+    Conv3dParams conv;
+    conv.frames_2d = true;
+    const TensorView qkv = be.scratch(Shape{T, H, W, 3 * C});  // rows [q | k | v]
+    conv3d_any_layout(be, conv, cl_view(xn), qkv_w5_, qkv_b_, cl_view(qkv));
+    const TensorView y = be.scratch(Shape{T, H, W, C});
+    {
+        ArenaScope tmp(be.workspace());
+        const TensorView q = be.scratch(Shape{L, 1, C});
+        const TensorView o = be.scratch(Shape{L, 1, C});
+        const AttentionParams attn{float(1.0 / std::sqrt(double(C)))};
+        for (int64_t t = 0; t < T; ++t) {
+            const TensorView rows = qkv.slice(0, t, 1).reshape(Shape{L, 3 * C});
+            be.copy(one_head(rows.slice(1, 0, C)), q);  // [L, C] (row stride 3C) -> [L, 1, C]
+            be.attention(attn, q, one_head(rows.slice(1, C, C)), one_head(rows.slice(1, 2 * C, C)), TensorView{},
+                         o);
+            be.copy(o.reshape(Shape{L, C}), y.slice(0, t, 1).reshape(Shape{L, C}));
+        }
+    }
+    conv3d_any_layout(be, conv, cl_view(y), proj_w5_, proj_b_, out);
+    add_channels_last(be, out, x);
 }
 
 // ---- Resample ----------------------------------------------------------------------------------
@@ -318,7 +468,7 @@ void Resample::spatial(Backend& be, const TensorView& x, const TensorView& out) 
         // ZeroPad2d((0, 1, 0, 1)) then Conv2d(3, stride 2)
         p.stride[1] = p.stride[2] = 2;
         p.pad_after[1] = p.pad_after[2] = 1;
-        be.conv3d(p, x, conv_w5_, conv_b_, out);
+        conv3d_any_layout(be, p, x, conv_w5_, conv_b_, out);
         return;
     }
     ArenaScope scope(be.workspace());
@@ -330,9 +480,20 @@ void Resample::spatial(Backend& be, const TensorView& x, const TensorView& out) 
 
 void Resample::forward(Backend& be, const TensorView& x, TemporalCache* cache, const TensorView& out) const {
     check_activation(x, "resample input");
-    DZR_ASSERT(x.dim(0) == channels_ && x.is_contiguous());
     const bool first = cache == nullptr || !cache->started;
     DZR_ASSERT(out.shape == output_shape(x.shape, first));
+    if (is_channels_last(x)) {
+        // the channels-last encoder: the downsamples only
+        DZR_CHECK(mode_ == ResampleMode::Down2d || mode_ == ResampleMode::Down3d,
+                  "vae: a channels-last resample input needs a downsample");
+        DZR_ASSERT(x.dim(0) == channels_ && is_channels_last(out));
+        if (mode_ == ResampleMode::Down2d)
+            spatial(be, x, out);
+        else
+            forward_down3d_channels_last(be, x, cache, out);
+        return;
+    }
+    DZR_ASSERT(x.dim(0) == channels_ && x.is_contiguous());
     switch (mode_) {
         case ResampleMode::Down2d:
         case ResampleMode::Up2d:
@@ -387,6 +548,38 @@ void Resample::forward_down3d(Backend& be, const TensorView& x, TemporalCache* c
     }
     if (cache) {
         to_channels_last(be, y.slice(1, T - 1, 1), cache->buf.slice(0, 0, 1));
+        cache->frames = 1;
+        cache->started = true;
+    }
+}
+
+void Resample::forward_down3d_channels_last(Backend& be, const TensorView& x, TemporalCache* cache,
+                                            const TensorView& out) const {
+    const bool first = cache == nullptr || !cache->started;
+    const int64_t C = channels_, T = x.dim(1), h = x.dim(2) / 2, w = x.dim(3) / 2;
+    ArenaScope scope(be.workspace());
+    const TensorView y = scratch_channels_last(be, Shape{C, T, h, w});
+    spatial(be, x, y);
+    const TensorView y_rows = cl_rows(y), out_rows = cl_rows(out);  // [frames, h, w, C]: frames are blocks
+    if (first) {
+        // frame 0 passes through, then the windows (0,1,2), (2,3,4), ... (forward_down3d)
+        DZR_CHECK(T % 2 == 1,
+                  "vae: a clip's first temporal chunk needs an odd frame count at a temporal downsample, got {} frames",
+                  T);
+        const int64_t nconv = (T - 1) / 2;
+        be.copy(y_rows.slice(0, 0, 1), out_rows.slice(0, 0, 1));
+        if (nconv > 0) time_conv_.convolve(be, y, 0, 2, cl_view(out_rows.slice(0, 1, nconv)));
+    } else {
+        // windows over [last frame of the previous chunk | this chunk]
+        DZR_CHECK(T % 2 == 0,
+                  "vae: a later temporal chunk needs an even frame count at a temporal downsample, got {} frames", T);
+        const TensorView seq = be.scratch(Shape{1 + T, h, w, C});
+        be.copy(cache->buf.slice(0, 0, 1).reshape(Shape{1, h, w, C}), seq.slice(0, 0, 1));
+        be.copy(y_rows, seq.slice(0, 1, T));
+        time_conv_.convolve(be, cl_view(seq), 0, 2, out);
+    }
+    if (cache) {
+        be.copy(y_rows.slice(0, T - 1, 1).reshape(Shape{1, h * w, C}), cache->buf.slice(0, 0, 1));
         cache->frames = 1;
         cache->started = true;
     }

@@ -128,6 +128,8 @@ class AttentionBlock {
     void forward(Backend& be, const TensorView& x, const TensorView& out) const;
 
   private:
+    void forward_channels_last(Backend& be, const TensorView& x, const TensorView& out) const;
+
     ChannelRmsNorm norm_;
     Tensor qkv_w_, qkv_b_, proj_w_, proj_b_;
     TensorView qkv_w5_, proj_w5_;  // [3C, C, 1, 1, 1], [C, C, 1, 1, 1]
@@ -162,6 +164,8 @@ class Resample {
   private:
     void spatial(Backend& be, const TensorView& x, const TensorView& out) const;
     void forward_down3d(Backend& be, const TensorView& x, TemporalCache* cache, const TensorView& out) const;
+    void forward_down3d_channels_last(Backend& be, const TensorView& x, TemporalCache* cache,
+                                      const TensorView& out) const;
     void forward_up3d(Backend& be, const TensorView& x, TemporalCache* cache, const TensorView& out) const;
 
     ResampleMode mode_ = ResampleMode::Down2d;
@@ -180,6 +184,24 @@ TensorView carve(const TensorView& buf, const Shape& shape);
 void to_channels_last(Backend& be, const TensorView& x, const TensorView& out);
 /// [T, H*W, C] channels-last -> [C, T, H, W] channels-first (out's shape gives H and W).
 void to_channels_first(Backend& be, const TensorView& x, const TensorView& out);
+
+// Channels-last activations (the encoder's fast path, WanVae::set_channels_last_encoder): a [C, T, H, W] view of a
+// contiguous [T, H, W, C] buffer. Blocks given a channels-last x write a channels-last out.
+
+/// Whether x is such a view (every other activation here is contiguous channels-first).
+bool is_channels_last(const TensorView& x);
+/// The [C, T, H, W] channels-last view of a contiguous [T, H, W, C] buffer.
+TensorView cl_view(const TensorView& buf);
+/// The contiguous [T, H, W, C] buffer of a channels-last view.
+TensorView cl_rows(const TensorView& x);
+/// A channels-last view of logical shape [C, T, H, W] at the start of `buf` (carve).
+TensorView carve_channels_last(const TensorView& buf, const Shape& shape);
+/// A channels-last view of logical shape [C, T, H, W] from the workspace.
+TensorView scratch_channels_last(Backend& be, const Shape& shape);
+/// be.conv3d, with channels-last x or out transposed around a channels-first convolution where the backend does
+/// not take them (Capabilities::conv_channels_last).
+void conv3d_any_layout(Backend& be, const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                       const TensorView& bias, const TensorView& out);
 
 /// Nearest-neighbour x2 in H and W: x [C, T, H, W] -> out [C, T, 2H, 2W].
 void upsample_nearest2x(Backend& be, const TensorView& x, const TensorView& out);

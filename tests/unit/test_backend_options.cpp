@@ -84,3 +84,23 @@ TEST_CASE("an unusable cuBLASLt setting is one error naming the variable") {
     CHECK(test::contains(msg, "DZR_LT_ALIGN"));
     CHECK(test::contains(msg, "dzr or torch"));
 }
+
+TEST_CASE("fast numerics tune their convolutions unless DZR_CONV_TUNE says otherwise") {
+    {
+        const ScopedEnv t("DZR_CONV_TUNE", nullptr);
+        CHECK(apply_env_overrides({}).cuda.conv_tune == ConvTune::Auto);
+    }
+    {
+        const ScopedEnv t("DZR_CONV_TUNE", "off");
+        CHECK(apply_env_overrides({}).cuda.conv_tune == ConvTune::Off);
+    }
+    {
+        const ScopedEnv t("DZR_CONV_TUNE", "channels-last");
+        CHECK(apply_env_overrides({}).cuda.conv_tune == ConvTune::ChannelsLast);
+    }
+    CHECK(parse_conv_tune("auto") == ConvTune::Auto);
+    const ScopedEnv t("DZR_CONV_TUNE", "on");
+    const std::string msg = test::error_of([] { apply_env_overrides({}); });
+    CHECK(test::contains(msg, "DZR_CONV_TUNE"));
+    CHECK(test::contains(msg, "auto, off or channels-last"));
+}

@@ -320,3 +320,36 @@ TEST_CASE("chunked encode at the real geometry needs a workspace that does not g
     // docs/VAE.md: the chunked encode fits in 2 GiB of bf16 workspace at the DROID geometry
     CHECK(p33 < (size_t(2) << 30));
 }
+
+TEST_CASE("the channels-last encoder computes what the channels-first encoder does, in every schedule") {
+    // NOTE: on the CPU the channels-last convolutions run transposed around the channels-first one, and the norms
+    // read the same rows, so the two layouts must agree exactly: any bookkeeping slip (a frame, a cache, a padding,
+    // a transposed view) shows. Compared as floats, so a zero's sign (an explicit zero frame against skipped taps)
+    // does not count.
+    TinyVae t(tiny_vae_config(8));
+    const size_t used = t.be->workspace().used();
+    for (auto [frames, schedule] : {std::pair{int64_t(9), VaeSchedule::Chunked}, {int64_t(1), VaeSchedule::Chunked},
+                                    {int64_t(13), VaeSchedule::Chunked}, {int64_t(9), VaeSchedule::WholeClip},
+                                    {int64_t(5), VaeSchedule::WholeClip}}) {
+        CAPTURE(frames);
+        CAPTURE(int(schedule));
+        const Tensor video = random_video(frames, kH, kW, 70 + uint64_t(frames));
+        t.vae->set_channels_last_encoder(false);
+        const Tensor cf = encode(t, video, schedule);
+        t.vae->set_channels_last_encoder(true);
+        const Tensor cl = encode(t, video, schedule);
+        t.vae->set_channels_last_encoder(std::nullopt);
+        CHECK(to_f32_vector(cf.view()) == to_f32_vector(cl.view()));
+        CHECK(all_finite(cl));
+    }
+    // the conditioning encode (33 frames, autocast) too
+    const Tensor frame = Tensor::host_f32(Shape{3, kH, kW}, random_floats(size_t(3 * kH * kW), 5));
+    Tensor ys_cf = Tensor::host(t.vae->conditioning_shape(33, kH, kW), DType::F32);
+    Tensor ys_cl = Tensor::host(ys_cf.shape(), DType::F32);
+    t.vae->set_channels_last_encoder(false);
+    t.vae->encode_conditioning(frame.view(), 33, ys_cf.view());
+    t.vae->set_channels_last_encoder(true);
+    t.vae->encode_conditioning(frame.view(), 33, ys_cl.view());
+    CHECK(to_f32_vector(ys_cf.view()) == to_f32_vector(ys_cl.view()));
+    CHECK(t.be->workspace().used() == used);
+}

@@ -117,6 +117,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     caps_.paged_kv = true;
     caps_.device_events = true;
     caps_.graphs = true;
+    caps_.conv_channels_last = true;
     caps_.compute_capability = prop.major * 10 + prop.minor;
     caps_.fp8 = caps_.compute_capability >= 89;
 }
@@ -525,6 +526,7 @@ void CudaBackend::l2_norm(const L2NormParams& p, const TensorView& x, const Tens
     a.weight = weight.data, a.tw = weight.dtype;
     a.rows = x.rows(), a.cols = C;
     a.eps = p.eps, a.scale = p.scale, a.silu = p.silu, a.eager = !autocast();
+    a.fast = numerics() == Numerics::Fast;  // one rounding in either autocast state (Backend::autocast)
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::vae_norm(a, stream_));
 }

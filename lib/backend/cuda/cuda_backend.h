@@ -36,6 +36,8 @@ namespace cuda_detail {
 using GemmCall = kernels::GemmFallbackArgs;
 struct GemmPlan;
 struct ConvPlan;
+struct FastConvPlan;
+struct FastConvCandidate;
 struct AttentionCall;
 struct SdpaPlan;
 enum class SdpaGraph : uint8_t;
@@ -193,6 +195,7 @@ public:
     void set_cuda_options(const CudaBackendOptions& o) override;
     CudaBackendOptions cuda_options() const override { return options_; }
     std::string last_attention_impl() const override { return attention_impl_name(last_attention_impl_); }
+    std::string conv_plan_report() const override;
 
     // Shorthands of set_cuda_options for the tests.
     void set_attention_impl(AttentionImpl impl) { options_.attention = impl; }
@@ -234,6 +237,31 @@ private:
     void build_conv_plan(cuda_detail::ConvPlan& plan, const std::string& key, DType dtype, int nd,
                          const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3],
                          const int stride[3], bool nhwc, size_t ws_limit);
+    /// conv3d after its checks: cuDNN with the engine PyTorch would pick (the reference path), or the direct kernel.
+    void conv3d_planned(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                        const TensorView& out);
+    /// conv3d_planned, a channels-last x transposed to channels-first first.
+    void conv3d_reference(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                          const TensorView& out);
+    /// conv3d_workspace_bytes of conv3d_planned.
+    size_t planned_conv_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                        const TensorView& out);
+    // fast numerics' convolutions (cuda_conv_fast.cpp): the channels-last, autotuned path
+    /// The plan of this call shape, its candidates enumerated (not yet timed); null when cuDNN offers none.
+    cuda_detail::FastConvPlan* fast_conv_plan(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                              const TensorView& out);
+    size_t fast_conv_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                     const TensorView& out);
+    /// Runs the call through its fast plan (tuning it on the first call); false: the caller runs conv3d_planned.
+    bool run_fast_conv(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                       const TensorView& out);
+    void tune_fast_conv(cuda_detail::FastConvPlan& plan, const Conv3dParams& p, const TensorView& x,
+                        const TensorView& w, const TensorView& bias, const TensorView& out);
+    /// One channels-last run of `c` on buffers the caller took from the arena; the cuDNN status.
+    cudnnStatus_t run_fast_candidate(const cuda_detail::FastConvPlan& plan, const cuda_detail::FastConvCandidate& c,
+                                     const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                     const TensorView& bias, const TensorView& out, void* xcl, void* wcl, void* ycl,
+                                     void* ws);
     cudnnHandle_t cudnn();
     /// The cuBLAS handle for PlainGemmImpl::Cublas, made when that is chosen (stream, workspace and math mode set).
     cublasHandle_t blas();
@@ -271,6 +299,7 @@ private:
     std::map<cuda_detail::GemmKey, std::unique_ptr<cuda_detail::GemmPlan>> gemm_plans_;
     std::map<Fp8GemmKey, std::unique_ptr<cuda_detail::GemmPlan>> fp8_gemm_plans_;
     std::map<std::string, std::unique_ptr<cuda_detail::ConvPlan>> conv_plans_;
+    std::map<std::string, std::unique_ptr<cuda_detail::FastConvPlan>> fast_conv_plans_;
     std::map<cuda_detail::SdpaKey, std::unique_ptr<cuda_detail::SdpaPlan>> sdpa_plans_;
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;

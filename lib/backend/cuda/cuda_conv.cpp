@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_conv_graph.h"
 #include "backend/cuda/cuda_internal.h"
 #include "core/log.h"
 #include "kernels/conv3d.cuh"
@@ -20,87 +21,16 @@ namespace dzr {
 
 using cuda_detail::ConvPlan;
 using cuda_detail::DeviceGuard;
+using cuda_detail::GraphBuilder;
+using cuda_detail::GraphFailure;
+using cuda_detail::cudnn_type;
+using cuda_detail::graph_check;
+using cuda_detail::kUidW;
+using cuda_detail::kUidX;
+using cuda_detail::kUidY;
+using cuda_detail::packed_strides;
 
-namespace {
-
-cudnnDataType_t cudnn_type(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
-
-/// Strides of a packed tensor of nd = 4 or 5 dims (N, C, spatial...): row-major, or channels-last (N,
-/// spatial..., C in memory) when `nhwc`.
-void packed_strides(int nd, const int64_t dims[5], bool nhwc, int64_t strides[5]) {
-    if (nhwc) {
-        strides[1] = 1;
-        int64_t acc = dims[1];
-        for (int i = nd - 1; i >= 2; --i) {
-            strides[i] = acc;
-            acc *= dims[i];
-        }
-        strides[0] = acc;
-    } else {
-        strides[nd - 1] = 1;
-        for (int i = nd - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
-    }
-}
-
-/// A packed tensor (packed_strides) for the legacy API.
-void set_tensor(cudnnTensorDescriptor_t desc, DType t, int nd, const int64_t dims[5], bool nhwc = false) {
-    int64_t st[5] = {};
-    packed_strides(nd, dims, nhwc, st);
-    int d[5] = {}, s[5] = {};
-    for (int i = 0; i < nd; ++i) d[i] = int(dims[i]), s[i] = int(st[i]);
-    DZR_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc, cudnn_type(t), nd, d, s));
-}
-
-/// A failed graph-API call while planning: the legacy API plans the convolution instead.
-struct GraphFailure {
-    std::string what;
-};
-
-void graph_check(cudnnStatus_t st, const char* what) {
-    if (st != CUDNN_STATUS_SUCCESS) throw GraphFailure{fmt::format("{}: {}", what, cudnnGetErrorString(st))};
-}
-
-/// Descriptors made while building a graph plan; all are destroyed with the plan.
-class GraphBuilder {
-  public:
-    explicit GraphBuilder(std::vector<cudnnBackendDescriptor_t>& keep) : keep_(keep) {}
-
-    cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
-        cudnnBackendDescriptor_t d = nullptr;
-        graph_check(cudnnBackendCreateDescriptor(type, &d), "create descriptor");
-        keep_.push_back(d);
-        return d;
-    }
-    static void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
-                    int64_t count, const void* value) {
-        graph_check(cudnnBackendSetAttribute(d, name, type, count, value), "set attribute");
-    }
-    static void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t v) {
-        set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
-    }
-
-    /// A packed tensor (packed_strides), 16-byte aligned.
-    cudnnBackendDescriptor_t tensor(int64_t uid, DType t, int nd, const int64_t dims[5], bool nhwc) {
-        int64_t d[5] = {}, st[5] = {};
-        for (int i = 0; i < nd; ++i) d[i] = dims[i];
-        packed_strides(nd, d, nhwc, st);
-        cudnnBackendDescriptor_t desc = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-        const cudnnDataType_t type = cudnn_type(t);
-        const int64_t align = 16;
-        set(desc, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-        set(desc, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, nd, d);
-        set(desc, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, nd, st);
-        set(desc, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-        set(desc, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-        graph_check(cudnnBackendFinalize(desc), "tensor descriptor");
-        return desc;
-    }
-
-  private:
-    std::vector<cudnnBackendDescriptor_t>& keep_;
-};
-
-constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+namespace cuda_detail {
 
 /// The numerical notes of a config's engine as a bit mask (bit n: cudnnBackendNumericalNote_t n; every bit set
 /// when the engine cannot be read, so such a config is skipped), and its global index.
@@ -124,16 +54,9 @@ uint32_t engine_notes(cudnnBackendDescriptor_t cfg, int64_t* index) {
     return mask;
 }
 
-/// The convolution as a one-node operation graph, planned as PyTorch's cuDNN convolution plans it without
-/// benchmarking (aten/src/ATen/native/cudnn/Conv_v8.cpp, read, not copied): the engine configs of heuristics
-/// mode INSTANT, then those of the fallback list, without the configs whose engines down-convert their inputs
-/// (and, for f32, without tensor-core ones: TF32 stays off), and the first that finalizes within the
-/// workspace limit is taken; returns whether an earlier one was skipped for want of workspace. Throws
-/// GraphFailure when none does.
-bool build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, int nd, const int64_t x_dims[5],
-                           const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3],
-                           bool nhwc, size_t ws_limit) {
-    GraphBuilder b(plan.keep);
+cudnnBackendDescriptor_t make_conv_graph(GraphBuilder& b, cudnnHandle_t handle, DType dtype, int nd,
+                                         const int64_t x_dims[5], const int64_t w_dims[5], const int64_t y_dims[5],
+                                         const int pad[3], const int stride[3], bool nhwc) {
     const cudnnBackendDescriptor_t x = b.tensor(kUidX, dtype, nd, x_dims, nhwc);
     const cudnnBackendDescriptor_t w = b.tensor(kUidW, dtype, nd, w_dims, nhwc);
     const cudnnBackendDescriptor_t y = b.tensor(kUidY, dtype, nd, y_dims, nhwc);
@@ -167,6 +90,53 @@ bool build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, in
     GraphBuilder::set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
     GraphBuilder::set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op);
     graph_check(cudnnBackendFinalize(graph), "operation graph");
+    return graph;
+}
+
+cudnnStatus_t execute_conv_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t plan, const void* x, const void* w,
+                                void* y, void* workspace) {
+    const int64_t uids[3] = {kUidX, kUidW, kUidY};
+    void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), y};
+    cudnnBackendDescriptor_t pack = nullptr;
+    cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(handle, plan, pack);
+    cudnnBackendDestroyDescriptor(pack);
+    return st;
+}
+
+}  // namespace cuda_detail
+
+namespace {
+
+/// A packed tensor (packed_strides) for the legacy API.
+void set_tensor(cudnnTensorDescriptor_t desc, DType t, int nd, const int64_t dims[5], bool nhwc = false) {
+    int64_t st[5] = {};
+    packed_strides(nd, dims, nhwc, st);
+    int d[5] = {}, s[5] = {};
+    for (int i = 0; i < nd; ++i) d[i] = int(dims[i]), s[i] = int(st[i]);
+    DZR_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc, cudnn_type(t), nd, d, s));
+}
+
+/// The convolution as a one-node operation graph, planned as PyTorch's cuDNN convolution plans it without
+/// benchmarking (aten/src/ATen/native/cudnn/Conv_v8.cpp, read, not copied): the engine configs of heuristics
+/// mode INSTANT, then those of the fallback list, without the configs whose engines down-convert their inputs
+/// (and, for f32, without tensor-core ones: TF32 stays off), and the first that finalizes within the
+/// workspace limit is taken; returns whether an earlier one was skipped for want of workspace. Throws
+/// GraphFailure when none does.
+bool build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, int nd, const int64_t x_dims[5],
+                           const int64_t w_dims[5], const int64_t y_dims[5], const int pad[3], const int stride[3],
+                           bool nhwc, size_t ws_limit) {
+    using cuda_detail::engine_notes;
+    GraphBuilder b(plan.keep);
+    const cudnnBackendDescriptor_t graph =
+        cuda_detail::make_conv_graph(b, handle, dtype, nd, x_dims, w_dims, y_dims, pad, stride, nhwc);
 
     std::string refusals;
     for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_INSTANT, CUDNN_HEUR_MODE_FALLBACK}) {
@@ -220,19 +190,7 @@ bool build_graph_conv_plan(ConvPlan& plan, cudnnHandle_t handle, DType dtype, in
 
 void run_graph_conv_plan(cudnnHandle_t handle, const ConvPlan& plan, const void* x, const void* w, void* y,
                          void* workspace) {
-    const int64_t uids[3] = {kUidX, kUidW, kUidY};
-    void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), y};
-    cudnnBackendDescriptor_t pack = nullptr;
-    DZR_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
-    cudnnStatus_t st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(handle, plan.graph, pack);
-    cudnnBackendDestroyDescriptor(pack);
-    DZR_CUDNN_CHECK(st);
+    DZR_CUDNN_CHECK(cuda_detail::execute_conv_plan(handle, plan.graph, x, w, y, workspace));
 }
 
 }  // namespace
@@ -375,9 +333,22 @@ ConvGeometry conv_geometry(const Conv3dParams& p, DType dt, int64_t Ci, int64_t 
 
 size_t CudaBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                            const TensorView& out) {
-    if (options_.fallback_only || x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
+    if (x.rank() != 4 || w.rank() != 5 || out.rank() != 4 || x.dim(0) <= 0 || out.numel() == 0 ||
         !cuda_detail::is_float_act(x.dtype))
         return 0;
+    // channels-last operands reach the reference path as channels-first copies
+    const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
+    const size_t x_copy = (x.is_contiguous() ? 0 : aligned(size_t(x.numel()) * dtype_size(x.dtype))) +
+                          (out.is_contiguous() ? 0 : aligned(size_t(out.numel()) * dtype_size(out.dtype)));
+    if (options_.fallback_only) return x_copy;
+    const size_t reference = planned_conv_workspace_bytes(p, x, w, out) + x_copy;
+    // NOTE: fast numerics may run the reference path (when the autotuner finds nothing faster) or a tuned
+    // channels-last candidate: the workspace covers both
+    return numerics() == Numerics::Fast ? std::max(reference, fast_conv_workspace_bytes(p, x, w, out)) : reference;
+}
+
+size_t CudaBackend::planned_conv_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                                 const TensorView& out) {
     int64_t in[3], k[3], o[3];
     for (int i = 0; i < 3; ++i) in[i] = x.dim(i + 1), k[i] = w.dim(i + 2), o[i] = out.dim(i + 1);
     const ConvGeometry g = conv_geometry(p, x.dtype, x.dim(0), w.dim(0), in, k, o);
@@ -405,7 +376,9 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
                          const TensorView& out) {
     for (const auto& [t, what] : {std::pair{&x, "x"}, std::pair{&w, "w"}, std::pair{&out, "out"}}) {
         check_device_tensor(*t, "conv3d", what);
-        DZR_CHECK(t->is_contiguous(), "cuda backend: conv3d needs a contiguous {} ({})", what, t->str());
+        DZR_CHECK(t->is_contiguous() || (t != &w && cuda_detail::is_channels_last_volume(*t)),
+                  "cuda backend: conv3d needs a contiguous {} (x and out may also be channels-last) ({})", what,
+                  t->str());
     }
     DZR_CHECK(x.rank() == 4 && w.rank() == 5 && out.rank() == 4,
               "cuda backend: conv3d needs x [C,T,H,W], w [Co,Ci,kt,kh,kw], out [Co,To,Ho,Wo]: {} {} {}", x.str(),
@@ -429,7 +402,7 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
         DZR_CHECK(cuda_detail::is_float_act(bias.dtype) && bias.is_contiguous() && bias.numel() == Co,
                   "cuda backend: conv3d bias {} must be a contiguous f32 or bf16 vector of {}", bias.str(), Co);
     }
-    const bool frames_2d = p.frames_2d, nhwc = p.frames_2d && p.channels_last;
+    const bool frames_2d = p.frames_2d;
     DZR_CHECK(!p.channels_last || frames_2d, "cuda backend: conv3d: channels_last needs frames_2d");
     DZR_CHECK(!frames_2d || (k[0] == 1 && p.stride[0] == 1 && p.pad_before[0] == 0 && p.pad_after[0] == 0),
               "cuda backend: conv3d as per-frame 2-D convolutions needs a temporal kernel of 1, temporal stride 1 and no "
@@ -437,6 +410,32 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
               w.str());
     if (out.numel() == 0) return;
     DeviceGuard guard(index_);
+    if (numerics() == Numerics::Fast && !options_.fallback_only && Ci > 0 && run_fast_conv(p, x, w, bias, out)) return;
+    conv3d_reference(p, x, w, bias, out);
+}
+
+void CudaBackend::conv3d_reference(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                   const TensorView& bias, const TensorView& out) {
+    if (x.is_contiguous() && out.is_contiguous()) return conv3d_planned(p, x, w, bias, out);
+    // channels-last operands: a channels-first copy of x, a channels-first output transposed into out
+    ArenaScope scope(arena_);
+    TensorView xc = x;
+    if (!x.is_contiguous()) {
+        xc = arena_.alloc_view(x.shape, x.dtype);
+        copy(x, xc);
+    }
+    if (out.is_contiguous()) return conv3d_planned(p, xc, w, bias, out);
+    const TensorView oc = arena_.alloc_view(out.shape, out.dtype);
+    conv3d_planned(p, xc, w, bias, oc);
+    copy(oc.permute({1, 2, 3, 0}), out.permute({1, 2, 3, 0}));
+}
+
+void CudaBackend::conv3d_planned(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                                 const TensorView& bias, const TensorView& out) {
+    const int64_t Ci = x.dim(0), Co = w.dim(0);
+    int64_t in[3], k[3], o[3];
+    for (int i = 0; i < 3; ++i) in[i] = x.dim(i + 1), k[i] = w.dim(i + 2), o[i] = out.dim(i + 1);
+    const bool frames_2d = p.frames_2d, nhwc = p.frames_2d && p.channels_last;
     ArenaScope scope(arena_);
 
     bool done = false;

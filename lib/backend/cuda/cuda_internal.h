@@ -36,6 +36,13 @@ private:
 
 inline bool is_float_act(DType t) { return t == DType::F32 || t == DType::BF16; }
 
+/// A [C, T, H, W] view of a contiguous [T, H, W, C] buffer (conv3d's channels-last input).
+inline bool is_channels_last_volume(const TensorView& x) {
+    if (x.rank() != 4) return false;
+    const int64_t C = x.dim(0), H = x.dim(2), W = x.dim(3);
+    return x.strides[0] == 1 && x.strides[3] == C && x.strides[2] == W * C && x.strides[1] == H * W * C;
+}
+
 /// Largest power of two (<= 256) that divides the address.
 inline int64_t pointer_alignment(const void* p) {
     const auto a = reinterpret_cast<uintptr_t>(p);
@@ -90,6 +97,48 @@ struct ConvPlan {
         if (w) cudnnDestroyFilterDescriptor(w);
         if (conv) cudnnDestroyConvolutionDescriptor(conv);
         if (graph) cudnnBackendDestroyDescriptor(graph);
+        for (auto it = keep.rbegin(); it != keep.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
+    }
+};
+
+/// One engine config of fast numerics' channels-last convolution (cuda_conv_fast.cpp), finalized.
+struct FastConvCandidate {
+    cudnnBackendDescriptor_t plan = nullptr;  // the execution plan, owned by the FastConvPlan
+    size_t workspace_bytes = 0;
+    std::string engine;  // "engine 12 (heuristics B, config 3)" (logs, the report)
+    float ms = -1.f;     // the tuner's time (layout kernels + convolution); < 0: not timed or failed
+};
+
+/// Fast numerics' plan of one conv3d call shape: the convolution run channels-last (the input transposed and
+/// zero-padded into the workspace, a channels-last weight, the output transposed back with the bias) by the
+/// fastest engine config measured on the first call, or the reference path (conv3d_planned) when that measured
+/// faster or nothing could be timed.
+struct FastConvPlan {
+    std::string key;
+    // cuDNN's view of the channels-last operands: nd = 4 (frames as the batch: kt = 1, temporal stride 1) or 5;
+    // dims [N, C, spatial...], all padding materialized (cuDNN pads nothing)
+    int nd = 5;
+    int64_t x_dims[5] = {}, w_dims[5] = {}, y_dims[5] = {};
+    int stride[3] = {1, 1, 1};
+    size_t x_bytes = 0, w_bytes = 0, y_bytes = 0;  // the channels-last buffers (x_bytes 0: x is read in place)
+    bool x_channels_last = false;                   // the call's x is channels-last already
+    bool out_channels_last = false;                 // the call's out is channels-last: cuDNN writes it (y_bytes 0)
+    int pad[3] = {};                                // what cuDNN pads (symmetric; with x read in place only)
+    size_t declared_bytes = 0;                     // what conv3d_workspace_bytes declares for this path
+    std::vector<cudnnBackendDescriptor_t> keep;    // the graph's descriptors
+    std::vector<FastConvCandidate> candidates;
+    bool tuned = false;
+    int chosen = -1;  // a candidate, or -1: the reference path
+    float reference_ms = -1.f;
+    double tune_ms = 0;  // host time of the tuning (warm-up cost)
+    std::string note;    // why the reference path runs, when it is not by measurement
+
+    FastConvPlan() = default;
+    FastConvPlan(const FastConvPlan&) = delete;
+    FastConvPlan& operator=(const FastConvPlan&) = delete;
+    ~FastConvPlan() {
+        for (auto& c : candidates)
+            if (c.plan) cudnnBackendDestroyDescriptor(c.plan);
         for (auto it = keep.rbegin(); it != keep.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
     }
 };
