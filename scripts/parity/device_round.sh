@@ -7,7 +7,7 @@
 # reference's aten-op trace of its first two calls), `substage` (substage_probe.sh: the DiT's and the
 # encoders' internals on both sides) and `bench` (`dzr bench rollout` at the DROID geometry: BENCH_CALLS,
 # BENCH_NUMERICS="reference fast" (variants: variant_args below), BENCH_DEVICE; BENCH_FP8=1 adds fast numerics with FP8 weights and KV); `embodiments` runs the parity step on AgiBot- and YAM-shaped
-# checkpoints (EMBODIMENTS="agibot yam"); `profile` writes the op profile of DROID calls (PROFILE_CALLS,
+# checkpoints (EMBODIMENTS="agibot yam"); `vae` times the VAE encode (dzr bench vae, fast and reference numerics); `profile` writes the op profile of DROID calls (PROFILE_CALLS,
 # PROFILE_NUMERICS) and the DiT GEMMs (one branch's rows, both branches'); `wide` is the parity run at the real widths
 # (configs/parity_wide.yaml, WIDE_CALLS=9: three resets) with the reference fp32 and bf16 runs and dzr CUDA bf16 in
 # reference and fast numerics: the gate of fast (gate.py) and reference numerics against the reference bf16 run;
@@ -105,10 +105,28 @@ fi
 if want tests; then
     say "cuda tests"
     mkdir -p "$WORK/tests"
-    ctest --test-dir "$BUILD_DIR" -L cuda --output-on-failure --timeout 300 >"$WORK/tests/ctest-cuda.log" 2>&1
+    # NOTE: CUDA_TESTS_J tests at once (one GPU holds several: each takes a few GiB)
+    ctest --test-dir "$BUILD_DIR" -L cuda -j "${CUDA_TESTS_J:-1}" --output-on-failure --timeout 300 \
+        >"$WORK/tests/ctest-cuda.log" 2>&1
     check $? "cuda tests"
     tail -n 12 "$WORK/tests/ctest-cuda.log"
     pack tests
+fi
+
+if want vae; then
+    # The VAE encode at the DROID canvas (dzr bench vae): fast numerics (the tuned channels-last convolutions, against
+    # reference numerics' time and output) and fast numerics with the tuning off
+    say "vae: dzr bench vae (fast, tuned; fast, DZR_CONV_TUNE=off)"
+    mkdir -p "$WORK/vae"
+    "$DZR" --log-level debug bench vae --config configs/dreamzero_droid.yaml --repeats "${VAE_REPEATS:-10}" \
+        --numerics fast >"$WORK/vae/bench-fast.log" 2>"$WORK/vae/bench-fast.err"
+    check $? "bench vae fast"
+    cat "$WORK/vae/bench-fast.log"
+    DZR_CONV_TUNE=off "$DZR" bench vae --config configs/dreamzero_droid.yaml --repeats "${VAE_REPEATS:-10}" \
+        --numerics fast --no-compare >"$WORK/vae/bench-fast-off.log" 2>&1
+    check $? "bench vae fast, tuning off"
+    cat "$WORK/vae/bench-fast-off.log"
+    pack vae
 fi
 
 P=$WORK/parity-work
