@@ -87,7 +87,8 @@ TEST_CASE("fast numerics' channels-last convolutions are within bf16 rounding of
     for (const ConvCase& c : kConvCases) {
         for (const int layout : {0, 1, 2, 3}) {
             const bool cl_input = layout & 1, cl_output = layout & 2;
-            CAPTURE(c.what);
+            const std::string what = c.what;
+            CAPTURE(what);
             CAPTURE(cl_input);
             CAPTURE(cl_output);
             const Shape xs{c.Ci, c.T, c.H, c.W}, ws{c.Co, c.Ci, c.k[0], c.k[1], c.k[2]};
