@@ -127,15 +127,16 @@ TEST_CASE("fast numerics' channels-last convolutions are within bf16 rounding of
                     for (int64_t i = 0; i < S; ++i) got[size_t(co * S + i)] = cl[size_t(i * c.Co + co)];
             }
             REQUIRE(got.size() == exact.v.size());
-            // NOTE: cuDNN rounds the f32 sum to bf16 (2^-9 relative), the bias is added in f32 and rounded again (2^-9
-            // of |y|), and an f32 sum of K products in any order errs by at most about K 2^-24 sum |x w| (K <= 24·27
-            // here: under 2^-13)
+            // NOTE: bf16 keeps 8 significant bits, so rounding to it errs by up to 2^-8 of the value. cuDNN rounds the
+            // f32 sum c to bf16 (2^-8 |c| <= 2^-8 sum |x w|), the bias is added and the sum rounded again (2^-8 |c + b|
+            // <= 2^-8 (sum |x w| + |b|)), as on the reference path (PyTorch's convolution, then its bias add); an f32
+            // sum of K products in any order errs by at most about K 2^-24 sum |x w| (K <= 24·27 here: under 2^-13)
             int bad = 0;
             for (int64_t co = 0; co < c.Co; ++co)
                 for (int64_t i = 0; i < exact.T * exact.H * exact.W; ++i) {
                     const size_t j = size_t(co * exact.T * exact.H * exact.W + i);
                     const double y = exact.v[j] + b[size_t(co)];
-                    const double tol = (std::ldexp(1.0, -8) + std::ldexp(1.0, -13)) * scale.v[j] +
+                    const double tol = (std::ldexp(1.0, -7) + std::ldexp(1.0, -13)) * scale.v[j] +
                                        std::ldexp(1.0, -8) * std::fabs(double(b[size_t(co)]));
                     if (std::fabs(double(got[j]) - y) > tol) ++bad;
                 }
