@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/profiler.h"
 #include "config/run_config.h"
 #include "core/error.h"
 #include "io/npy.h"
@@ -161,6 +162,48 @@ TEST_CASE("two CPU backends, one CFG branch each, give the actions of one backen
             REQUIRE(split->engine().kv_manager(1) != nullptr);
             CHECK(split->engine().kv_manager(0)->geometry().num_branches == 1);
             CHECK(split->engine().kv_manager(1)->geometry().num_branches == 1);
+        }
+    }
+}
+
+TEST_CASE("fast numerics: the CFG branches batched on one backend give the actions of the branches one at a time") {
+    TinyWorld world;
+    for (KvMode mode : {KvMode::Paged, KvMode::Dense}) {
+        CAPTURE(mode == KvMode::Paged ? "paged" : "dense");
+        std::vector<std::vector<float>> actions[2];
+        std::string regions[2];
+        for (int batched = 0; batched < 2; ++batched) {
+            BackendOptions bo;
+            bo.numerics = Numerics::Fast;
+            bo.profile = true;  // the profile's regions say which forwards ran
+            auto be = make_backend(Device::cpu(), bo);
+            PolicyOptions o;
+            o.sampling = world.cfg.sampling;
+            o.kv = world.cfg.kv;
+            o.kv_mode = mode;
+            o.batch_cfg = batched == 1;
+            DreamZeroPolicy policy(world.ckpt->model_config(), *world.ckpt,
+                                   droid_embodiment(world.ckpt->statistics("oxe_droid")),
+                                   test::data_dir() / "tokenizer/spiece.model", o, Placement{{be.get()}});
+            // the window cycle: prefill, commits, a reset at call 4
+            actions[batched] = run_calls(policy, 7);
+            REQUIRE(be->profiler() != nullptr);
+            regions[batched] = be->profiler()->table();
+        }
+        // batched: one forward of both branches per step; one at a time: a forward per branch
+        CHECK(regions[1].find("denoise.both") != std::string::npos);
+        CHECK(regions[1].find("commit.both") != std::string::npos);
+        CHECK(regions[0].find("denoise.both") == std::string::npos);
+        CHECK(regions[0].find("denoise.neg") != std::string::npos);
+        // NOTE: the same arithmetic up to f32 summation order (the CPU's GEMM blocks rows by their count)
+        for (size_t c = 0; c < actions[0].size(); ++c) {
+            CAPTURE(c);
+            REQUIRE(actions[1][c].size() == actions[0][c].size());
+            double scale = 1.0, worst = 0.0;
+            for (float v : actions[0][c]) scale = std::max(scale, std::fabs(double(v)));
+            for (size_t i = 0; i < actions[0][c].size(); ++i)
+                worst = std::max(worst, std::fabs(double(actions[1][c][i]) - double(actions[0][c][i])));
+            CHECK(worst <= 1e-4 * scale);
         }
     }
 }
