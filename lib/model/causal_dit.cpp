@@ -400,6 +400,8 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
         be.copy(emb.reshape(Shape{C, Lv}).permute({1, 0}), s.x.slice(0, 0, Lv));  // [C, Lv] -> [Lv, C]
     }
     if (opt.trace) opt.trace("patch_embed", -1, s.x.slice(0, 0, Lv));
+    for (const DitBranch& br : branches)
+        if (br.trace) br.trace("patch_embed", -1, s.x.slice(0, 0, Lv));  // every branch's first rows
     if (opt.check_finite) check_finite(be, s.x.slice(0, 0, Lv), "patch embedding", -1);
 
     if (has_regs) {  // register tokens: 24 actions then 1 state, appended after the video tokens
@@ -448,7 +450,11 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
         if (opt.trace) opt.trace("layer_out", int(i), s.x);
     }
 
-    for (int b = 0; b < B; ++b) head_forward(be, s, b, branches[size_t(b)].out, opt);
+    // a branch's own outputs go to its trace, or the forward's (one branch)
+    const auto branch_trace = [&](int b) -> const DitTraceFn& {
+        return branches[size_t(b)].trace ? branches[size_t(b)].trace : opt.trace;
+    };
+    for (int b = 0; b < B; ++b) head_forward(be, s, b, branches[size_t(b)].out, branch_trace(b), opt);
 
     for (int b = 0; b < B && has_regs; ++b) {  // action decoder on the action tokens' outputs; the state token is discarded
         const TensorView& action_out = branches[size_t(b)].out.action_velocity;
@@ -458,7 +464,7 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
         const TensorView velocity = be.scratch(
             Shape{A, c.action_dim}, be.numerics() == Numerics::Fast ? action_out.dtype : be.compute_dtype());
         action_decoder_.forward(be, s.branch(s.x, b).slice(0, Lv, A), velocity);
-        if (opt.trace) opt.trace("action_velocity", -1, velocity);
+        if (const DitTraceFn& trace = branch_trace(b)) trace("action_velocity", -1, velocity);
         if (opt.check_finite) check_finite(be, velocity, "action decoder", -1);
         be.copy(velocity, action_out);
     }
@@ -686,7 +692,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
     if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
 }
 
-void CausalDit::head_forward(Backend& be, const Step& s, int b, const DitOutputs& out,
+void CausalDit::head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitTraceFn& trace,
                              const DitForwardOptions& opt) const {
     const int64_t C = cfg_.dim, Lv = s.video_tokens;
     const int ph = cfg_.patch_size[1], pw = cfg_.patch_size[2];
@@ -705,17 +711,17 @@ void CausalDit::head_forward(Backend& be, const Step& s, int b, const DitOutputs
         be.scale({1.0f, 1.0f}, mod.slice(0, 1, 1), scale1);
         h = be.scratch(Shape{Lv, C});
         norm_.forward(be, s.branch(s.x, b).slice(0, 0, Lv), h);
-        if (opt.trace) opt.trace("head_norm", -1, h);
+        if (trace) trace("head_norm", -1, h);
         be.mul(h, scale1, h);
         be.add(h, mod.slice(0, 0, 1), h);
     }
-    if (opt.trace) opt.trace("head_in", -1, h);  // the head Linear's input
+    if (trace) trace("head_in", -1, h);  // the head Linear's input
     // NOTE: fast numerics: the head's GEMM writes the output's dtype (f32 there: the velocities are not rounded to bf16
     // before the guidance amplifies their difference fivefold)
     const DType head_dt = be.numerics() == Numerics::Fast ? out.video_velocity.dtype : be.compute_dtype();
     const TensorView tokens = be.scratch(Shape{Lv, int64_t(ph) * pw * cfg_.out_dim}, head_dt);
     head_.forward(be, h, tokens);  // [Lv, C] -> [Lv, ph·pw·out_dim]
-    if (opt.trace) opt.trace("head", -1, tokens);
+    if (trace) trace("head", -1, tokens);
     if (opt.check_finite) check_finite(be, tokens, "head", -1);
     unpatchify(be, tokens, int(s.frames), grid_h_, grid_w_, ph, pw, out.video_velocity);  // converts dtype
 }

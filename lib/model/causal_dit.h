@@ -83,6 +83,10 @@ struct DitBranch {
     const DitCrossKv* cross = nullptr;
     SelfAttentionCache* cache = nullptr;
     DitOutputs out;
+    /// The branch's own outputs traced (the patch embedding, the head's input and output, "head_norm" in reference
+    /// numerics, and "action_velocity"), as DitForwardOptions::trace names them; empty: DitForwardOptions::trace, which a batched
+    /// forward does not take (its layer intermediates hold every branch's rows).
+    DitTraceFn trace;
 };
 
 struct DitForwardOptions {
@@ -170,7 +174,8 @@ class CausalDit {
     void layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
                        const DitForwardOptions& opt) const;
     /// The head on branch b's video rows into `out`.
-    void head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitForwardOptions& opt) const;
+    void head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitTraceFn& trace,
+                      const DitForwardOptions& opt) const;
 
     DitConfig cfg_;
     int grid_h_ = 0;

@@ -203,7 +203,7 @@ bool BranchRunner::can_pair(const BranchRunner& a, const BranchRunner& b) {
 
 void BranchRunner::forward_pair(BranchRunner& a, BranchRunner& b, ForwardKind kind, const BranchIo& io_a,
                                 const BranchIo& io_b, int start_frame, int64_t timestep, int64_t action_timestep,
-                                const DitForwardOptions& options) {
+                                const DitForwardOptions& options, const std::array<DitTraceFn, 2>& traces) {
     DZR_CHECK(can_pair(a, b), "branches {} and {}: their forwards cannot run as one batch", a.branch_, b.branch_);
     DZR_CHECK(!options.trace, "branches {} and {}: a traced forward runs per branch", a.branch_, b.branch_);
     const KvForwardSpec spec = a.forward_spec(kind, io_a);
@@ -227,9 +227,11 @@ void BranchRunner::forward_pair(BranchRunner& a, BranchRunner& b, ForwardKind ki
     }
     try {
         a.dit_.stage_timesteps(a.be_, timestep, kind == ForwardKind::Denoise ? action_timestep : -1, a.time_rows_);
-        const DitBranch branches[2] = {{&a.cross_, &cache_a, out_a}, {&b.cross_, cache_b, out_b}};
+        const DitBranch branches[2] = {{&a.cross_, &cache_a, out_a, traces[0]}, {&b.cross_, cache_b, out_b, traces[1]}};
         const auto run = [&] { a.dit_.forward_batch(a.be_, in, branches, options); };
-        if (a.graphs_ && a.paged_ && !options.check_finite) {
+        // NOTE: a traced forward reads its outputs back (op by op), as in forward()
+        const bool traced = traces[0] || traces[1];
+        if (a.graphs_ && a.paged_ && !options.check_finite && !traced) {
             // NOTE: the key of both: a's forward with b's addresses (its cross K/V, table and outputs) appended
             ForwardGraphKey key = a.graph_key(kind, spec, in, out_a, cache_a);
             const ForwardGraphKey kb = b.graph_key(kind, spec, in, out_b, *cache_b);

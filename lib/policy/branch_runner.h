@@ -11,6 +11,7 @@
 /// A Communicator moves the small tensors between a remote runner and the session's device: the forward's
 /// inputs (the samples, the conditioning slice, the state) out, the video velocity back. On one device nothing
 /// moves.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -95,9 +96,10 @@ public:
     /// action_out may be undefined: b's action decoder is skipped). A's graphs capture and replay it, keyed by both
     /// branches. As forward() otherwise: both histories committed after a prefill or commit, both aborted on
     /// failure. Needs can_pair(a, b) and no trace.
+    /// `traces`: each branch's own outputs traced (DitBranch::trace), or none.
     static void forward_pair(BranchRunner& a, BranchRunner& b, ForwardKind kind, const BranchIo& io_a,
                              const BranchIo& io_b, int start_frame, int64_t timestep, int64_t action_timestep,
-                             const DitForwardOptions& options);
+                             const DitForwardOptions& options, const std::array<DitTraceFn, 2>& traces = {});
 
     /// CUDA graphs per forward shape (forward_graphs.h) on this runner's backend, where graphs_supported(); off:
     /// every forward runs op by op. Forwards with a trace or check_finite, and forwards through the dense cache,

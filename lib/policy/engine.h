@@ -71,8 +71,13 @@ struct PolicyOptions {
     /// DZR_CUDA_GRAPHS=0 turns them off too. Profiled, measuring and CPU backends run op by op either way.
     bool cuda_graphs = true;
     /// `fast` numerics: both CFG branches' forwards as one batched forward where they share a backend
-    /// (BranchRunner::forward_pair); traced runs go branch by branch.
+    /// (BranchRunner::forward_pair). A traced call batches too when `trace_dit_layers` is off; with it on it runs the
+    /// branches one after the other (the DiT's layer intermediates are named per branch).
     bool batch_cfg = true;
+    /// A trace (set_trace) records the DiT's intermediates ("dit.<kind>.<branch>.<name>[.<layer>]": the embeddings,
+    /// every layer's, the head's). Off: only the head's input and output and the action velocity of each branch,
+    /// which a batched forward gives per branch (a parity run that compares those, docs/PARITY.md).
+    bool trace_dit_layers = true;
 };
 
 /// What an engine takes on each device of its placement besides what it was given, found by running its calls on

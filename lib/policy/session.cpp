@@ -384,19 +384,29 @@ void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchI
                            int64_t timestep, int64_t action_timestep) {
     BranchRunner& a = *runners_->branch[size_t(kCondBranch)];
     BranchRunner& b = *runners_->branch[size_t(kUncondBranch)];
-    // NOTE: a trace names each branch's intermediates, so a traced call runs the branches one by one
-    if (!engine_.options_.batch_cfg || trace_ || !BranchRunner::can_pair(a, b)) {
+    // NOTE: the DiT's layer intermediates are named per branch: a call that traces them runs the branches one by one
+    if (!engine_.options_.batch_cfg || (trace_ && engine_.options_.trace_dit_layers) ||
+        !BranchRunner::can_pair(a, b)) {
         forward(kCondBranch, kind, cond, start_frame, timestep, action_timestep);
         forward(kUncondBranch, kind, uncond, start_frame, timestep, action_timestep);
         return;
     }
     DitForwardOptions opt;
     opt.check_finite = engine_.options_.check_finite && !engine_.measuring_;
-    // the unconditional branch's action velocity is never used: its decoder is skipped
+    std::array<DitTraceFn, 2> traces;
+    if (trace_)
+        for (int branch : {kCondBranch, kUncondBranch}) {
+            const std::string prefix = fmt::format("dit.{}.{}.", forward_kind_name(kind), kBranchNames[branch]);
+            traces[size_t(branch)] = [this, prefix](std::string_view name, int layer, const TensorView& t) {
+                trace_(layer < 0 ? prefix + std::string(name) : fmt::format("{}{}.{}", prefix, name, layer), call_index_,
+                       t);
+            };
+        }
+    // the unconditional branch's action velocity is never used: its decoder is skipped (unless a trace records it)
     BranchIo uncond_out = uncond;
-    uncond_out.action_out = {};
+    if (!trace_) uncond_out.action_out = {};
     ProfileScope profile(a.backend(), fmt::format("{}.both", forward_kind_name(kind)));
-    BranchRunner::forward_pair(a, b, kind, cond, uncond_out, start_frame, timestep, action_timestep, opt);
+    BranchRunner::forward_pair(a, b, kind, cond, uncond_out, start_frame, timestep, action_timestep, opt, traces);
 }
 
 // ---- the stages of a call ----------------------------------------------------------------------

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <memory>
+#include <set>
 
 #include "backend/backend.h"
 #include "backend/profiler.h"
@@ -170,9 +171,11 @@ TEST_CASE("fast numerics: the CFG branches batched on one backend give the actio
     TinyWorld world;
     for (KvMode mode : {KvMode::Paged, KvMode::Dense}) {
         CAPTURE(mode == KvMode::Paged ? "paged" : "dense");
-        std::vector<std::vector<float>> actions[2];
-        std::string regions[2];
-        for (int batched = 0; batched < 2; ++batched) {
+        // 0: one branch at a time; 1: batched; 2: batched with a trace of the branches' own outputs (a parity run's)
+        std::vector<std::vector<float>> actions[3];
+        std::string regions[3];
+        std::set<std::string> traced;
+        for (int variant = 0; variant < 3; ++variant) {
             BackendOptions bo;
             bo.numerics = Numerics::Fast;
             bo.profile = true;  // the profile's regions say which forwards ran
@@ -181,15 +184,28 @@ TEST_CASE("fast numerics: the CFG branches batched on one backend give the actio
             o.sampling = world.cfg.sampling;
             o.kv = world.cfg.kv;
             o.kv_mode = mode;
-            o.batch_cfg = batched == 1;
+            o.batch_cfg = variant > 0;
+            o.trace_dit_layers = false;
             DreamZeroPolicy policy(world.ckpt->model_config(), *world.ckpt,
                                    droid_embodiment(world.ckpt->statistics("oxe_droid")),
                                    test::data_dir() / "tokenizer/spiece.model", o, Placement{{be.get()}});
+            if (variant == 2)
+                policy.set_trace([&traced](std::string_view stage, int, const TensorView&) { traced.emplace(stage); });
             // the window cycle: prefill, commits, a reset at call 4
-            actions[batched] = run_calls(policy, 7);
+            actions[variant] = run_calls(policy, 7);
             REQUIRE(be->profiler() != nullptr);
-            regions[batched] = be->profiler()->table();
+            regions[variant] = be->profiler()->table();
         }
+        // the traced batched run: each branch's own outputs under its name, no layer intermediates, the same actions
+        CHECK(regions[2].find("denoise.both") != std::string::npos);
+        for (const char* name : {"dit.denoise.pos.patch_embed", "dit.denoise.neg.patch_embed", "dit.denoise.pos.head",
+                                 "dit.denoise.neg.head", "dit.denoise.pos.action_velocity",
+                                 "dit.denoise.neg.action_velocity", "dit.commit.neg.head"}) {
+            CAPTURE(name);
+            CHECK(traced.count(name) == 1);
+        }
+        CHECK(traced.count("dit.denoise.pos.layer_out.0") == 0);
+        CHECK(actions[2] == actions[1]);
         // batched: one forward of both branches per step; one at a time: a forward per branch
         CHECK(regions[1].find("denoise.both") != std::string::npos);
         CHECK(regions[1].find("commit.both") != std::string::npos);

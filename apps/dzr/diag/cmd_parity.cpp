@@ -237,6 +237,19 @@ int run_make_inputs(const MakeInputsArgs& a) {
 
 // ---- run --------------------------------------------------------------------------------------------
 
+/// Whether the --dump regex takes any of the DiT's intermediates that only a per-branch forward traces (the
+/// embeddings' and the layers'; the patch embedding, the head's and the action velocity a batched forward traces too):
+/// searched in the collector's names of each forward kind.
+bool dumps_dit_layers(const std::string& dump) {
+    const std::regex re(dump);
+    for (const char* kind : {"prefill", "commit", "denoise"})
+        for (const char* name : {"action_tokens", "state_tokens", "time_sin", "action_tau", "time_e", "time_e0",
+                                 "self_attn_in.0", "q.0", "k.0", "v.0", "self_attn.0", "x_self.0", "cross_attn.0",
+                                 "x_cross.0", "ffn.0", "layer_out.0"})
+            if (std::regex_search(fmt::format("dit.{}.pos.0.{}", kind, name), re)) return true;
+    return false;
+}
+
 /// Collects traced stages as host f32 tensors under the harness's names:
 ///   c<call>.<stage>                                      policy stages ("c0.text.pos", "c3.x")
 ///   c<call>.dit.<kind>.<branch>.<n>.<name>[.<layer>]     the n-th forward of that kind and branch in
@@ -395,6 +408,8 @@ int run_parity(const RunArgs& a) {
     // NOTE: in bf16 the reference forms [-1, 1] in bf16 (dreamzero-reference.md §1.4 step 5).
     po.unit_range = dtype == DType::BF16 ? UnitRangeMode::Bf16Reference : UnitRangeMode::F32;
     po.check_finite = a.check_finite;
+    // NOTE: a dump without the DiT's layer intermediates lets fast numerics batch the CFG branches, as a rollout does
+    po.trace_dit_layers = dumps_dit_layers(a.dump);
 
     Timer load;
     DreamZeroPolicy policy(m, ckpt, e, tok_path, po, *be);
