@@ -11,6 +11,17 @@ struct PadDims {
     int before[3];
 };
 
+PadDims pad_dims(int64_t C, const int64_t in[3], const int pad_before[3], const int pad_after[3]) {
+    PadDims d{};
+    d.C = C;
+    for (int i = 0; i < 3; ++i) {
+        d.in[i] = in[i];
+        d.before[i] = pad_before[i];
+        d.out[i] = in[i] + pad_before[i] + pad_after[i];
+    }
+    return d;
+}
+
 template <typename T>
 __global__ void pad3d_kernel(const T* x, T* xp, PadDims d) {
     const int64_t total = d.C * d.out[0] * d.out[1] * d.out[2], step = int64_t(gridDim.x) * blockDim.x;
@@ -132,13 +143,7 @@ __global__ void channels_first_with_bias_kernel(const T* y, T* out, int64_t C, i
 
 cudaError_t to_channels_last_padded(const void* x, void* xp, DType t, int64_t C, const int64_t in[3],
                                     const int pad_before[3], const int pad_after[3], cudaStream_t stream) {
-    PadDims d{};
-    d.C = C;
-    for (int i = 0; i < 3; ++i) {
-        d.in[i] = in[i];
-        d.before[i] = pad_before[i];
-        d.out[i] = in[i] + pad_before[i] + pad_after[i];
-    }
+    const PadDims d = pad_dims(C, in, pad_before, pad_after);
     const int64_t rows = d.out[0] * d.out[1];
     if (C == 0 || rows == 0 || d.out[2] == 0) return cudaSuccess;
     const int64_t bx = (d.out[2] + kTile - 1) / kTile, by = (C + kTile - 1) / kTile;
@@ -153,13 +158,7 @@ cudaError_t to_channels_last_padded(const void* x, void* xp, DType t, int64_t C,
 
 cudaError_t pad_channels_last(const void* x, void* xp, DType t, int64_t C, const int64_t in[3], const int pad_before[3],
                               const int pad_after[3], cudaStream_t stream) {
-    PadDims d{};
-    d.C = C;
-    for (int i = 0; i < 3; ++i) {
-        d.in[i] = in[i];
-        d.before[i] = pad_before[i];
-        d.out[i] = in[i] + pad_before[i] + pad_after[i];
-    }
+    const PadDims d = pad_dims(C, in, pad_before, pad_after);
     const int64_t total = C * d.out[0] * d.out[1] * d.out[2];
     if (total == 0) return cudaSuccess;
     constexpr int kThreads = 256;
@@ -201,13 +200,7 @@ cudaError_t channels_first_with_bias(const void* y, void* out, DType t, int64_t 
 
 cudaError_t pad3d(const void* x, void* xp, DType t, int64_t C, const int64_t in[3], const int pad_before[3],
                   const int pad_after[3], cudaStream_t stream) {
-    PadDims d{};
-    d.C = C;
-    for (int i = 0; i < 3; ++i) {
-        d.in[i] = in[i];
-        d.before[i] = pad_before[i];
-        d.out[i] = in[i] + pad_before[i] + pad_after[i];
-    }
+    const PadDims d = pad_dims(C, in, pad_before, pad_after);
     const int64_t total = C * d.out[0] * d.out[1] * d.out[2];
     if (total == 0) return cudaSuccess;
     constexpr int kThreads = 256;

@@ -18,40 +18,6 @@ TensorView one_head(const TensorView& cols) {
                       Shape{cols.strides[0], cols.dim(1), 1}, cols.device);
 }
 
-/// Assembles the conv input [C, n + T, H, W] = [cache frames | f(x)] channels-first, with f =
-/// SiLU(norm(.)) when norm is given, else identity, and moves the newest kCacheFrames frames of that
-/// sequence into the cache. n = cache->frames (0 without cache).
-/// NOTE: under autocast the reference caches the f32 SiLU output and rounds it at the conv's input
-/// cast; the cache here holds the already rounded conv input, which is the same numbers (a cached
-/// frame is only ever used as conv input).
-void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm,
-              TemporalCache* cache, const TensorView& input) {
-    ArenaScope scope(be.workspace());
-    const int64_t C = x.dim(0), T = x.dim(1), HW = x.dim(2) * x.dim(3);
-    const int64_t n = cache ? cache->frames : 0;
-    TensorView seq = be.scratch(Shape{n + T, HW, C});  // channels-last, frame-major
-    TensorView tail = seq.slice(0, n, T);
-    if (norm) {
-        {
-            ArenaScope tmp(be.workspace());
-            TensorView xcl = be.scratch(Shape{T, HW, C});
-            to_channels_last(be, x, xcl);
-            // [T, HW, C] -> [T*HW, C] rows
-            norm->forward_rows(be, xcl.reshape(Shape{T * HW, C}), tail.reshape(Shape{T * HW, C}), true);
-        }
-    } else {
-        to_channels_last(be, x, tail);
-    }
-    if (cache) {
-        if (n > 0) be.copy(cache->buf.slice(0, 0, n), seq.slice(0, 0, n));
-        const int64_t keep = std::min<int64_t>(kCacheFrames, n + T);
-        DZR_ASSERT(cache->buf.dim(0) >= keep && cache->buf.dim(1) == HW && cache->buf.dim(2) == C);
-        be.copy(seq.slice(0, n + T - keep, keep), cache->buf.slice(0, 0, keep));
-        cache->frames = int(keep);
-    }
-    to_channels_first(be, seq, input);
-}
-
 /// Whether a causal conv assembles its input channels-last and hands it to the convolution as such: always for a
 /// channels-last x (the channels-last encoder, WanVae::set_channels_last_encoder), and in fast numerics on a backend
 /// whose conv3d takes channels-last operands (Capabilities::conv_channels_last), instead of transposing the
@@ -91,6 +57,19 @@ TensorView assemble_channels_last(Backend& be, const TensorView& x, const Channe
         cache->frames = int(keep);
     }
     return cl_view(seq.reshape(Shape{z + n + T, H, W, C}));
+}
+
+/// Assembles the conv input [C, n + T, H, W] = [cache frames | f(x)] channels-first, with f =
+/// SiLU(norm(.)) when norm is given, else identity, and moves the newest kCacheFrames frames of that
+/// sequence into the cache. n = cache->frames (0 without cache).
+/// NOTE: under autocast the reference caches the f32 SiLU output and rounds it at the conv's input
+/// cast; the cache here holds the already rounded conv input, which is the same numbers (a cached
+/// frame is only ever used as conv input).
+void assemble(Backend& be, const TensorView& x, const ChannelRmsNorm* norm, TemporalCache* cache,
+              const TensorView& input) {
+    ArenaScope scope(be.workspace());
+    // NOTE: the channels-last sequence without zero frames, then transposed: the same ops as assembling it directly
+    be.copy(assemble_channels_last(be, x, norm, cache, 0), input);
 }
 
 /// out (channels-last) += y (channels-last), as rows.

@@ -334,6 +334,8 @@ private:
                       int64_t timestep, int64_t action_timestep);
     void forward(int branch, ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep,
                  int64_t action_timestep);
+    /// The trace of a DiT forward of `kind` on `branch` ("dit.<kind>.<branch>.<name>[.<layer>]"); empty without one.
+    DitTraceFn dit_trace(ForwardKind kind, int branch);
     void trace(std::string_view stage, const TensorView& t);
     void check_finite(std::string_view stage, const TensorView& t);
 

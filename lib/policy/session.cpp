@@ -369,15 +369,18 @@ void Session::forward(int branch, ForwardKind kind, const BranchIo& io, int star
                       int64_t action_timestep) {
     DitForwardOptions opt;
     opt.check_finite = engine_.options_.check_finite && !engine_.measuring_;
-    if (trace_) {
-        const std::string prefix = fmt::format("dit.{}.{}.", forward_kind_name(kind), kBranchNames[branch]);
-        opt.trace = [this, prefix](std::string_view name, int layer, const TensorView& t) {
-            trace_(layer < 0 ? prefix + std::string(name) : fmt::format("{}{}.{}", prefix, name, layer), call_index_, t);
-        };
-    }
+    opt.trace = dit_trace(kind, branch);
     BranchRunner& runner = *runners_->branch[size_t(branch)];
     ProfileScope profile(runner.backend(), fmt::format("{}.{}", forward_kind_name(kind), kBranchNames[branch]));
     runner.forward(kind, io, start_frame, timestep, action_timestep, opt);
+}
+
+DitTraceFn Session::dit_trace(ForwardKind kind, int branch) {
+    if (!trace_) return {};
+    const std::string prefix = fmt::format("dit.{}.{}.", forward_kind_name(kind), kBranchNames[branch]);
+    return [this, prefix](std::string_view name, int layer, const TensorView& t) {
+        trace_(layer < 0 ? prefix + std::string(name) : fmt::format("{}{}.{}", prefix, name, layer), call_index_, t);
+    };
 }
 
 void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchIo& uncond, int start_frame,
@@ -394,14 +397,7 @@ void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchI
     DitForwardOptions opt;
     opt.check_finite = engine_.options_.check_finite && !engine_.measuring_;
     std::array<DitTraceFn, 2> traces;
-    if (trace_)
-        for (int branch : {kCondBranch, kUncondBranch}) {
-            const std::string prefix = fmt::format("dit.{}.{}.", forward_kind_name(kind), kBranchNames[branch]);
-            traces[size_t(branch)] = [this, prefix](std::string_view name, int layer, const TensorView& t) {
-                trace_(layer < 0 ? prefix + std::string(name) : fmt::format("{}{}.{}", prefix, name, layer), call_index_,
-                       t);
-            };
-        }
+    for (int branch : {kCondBranch, kUncondBranch}) traces[size_t(branch)] = dit_trace(kind, branch);
     // the unconditional branch's action velocity is never used: its decoder is skipped (unless a trace records it)
     BranchIo uncond_out = uncond;
     if (!trace_) uncond_out.action_out = {};

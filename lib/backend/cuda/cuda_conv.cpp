@@ -34,20 +34,34 @@ namespace cuda_detail {
 
 /// The numerical notes of a config's engine as a bit mask (bit n: cudnnBackendNumericalNote_t n; every bit set
 /// when the engine cannot be read, so such a config is skipped), and its global index.
-uint32_t engine_notes(cudnnBackendDescriptor_t cfg, int64_t* index) {
+namespace {
+
+/// The notes of `engine` under `attr` (an array of enum values of `Note`) as a bit mask; every bit set when unreadable.
+template <typename Note, int64_t kCount>
+uint32_t note_mask(cudnnBackendDescriptor_t engine, cudnnBackendAttributeName_t attr, cudnnBackendAttributeType_t type) {
+    Note notes[kCount];
+    int64_t count = 0;
+    if (cudnnBackendGetAttribute(engine, attr, type, kCount, &count, notes) != CUDNN_STATUS_SUCCESS) return ~0u;
+    uint32_t mask = 0;
+    for (int64_t i = 0; i < count; ++i) mask |= 1u << unsigned(notes[i]);
+    return mask;
+}
+
+}  // namespace
+
+uint32_t engine_notes(cudnnBackendDescriptor_t cfg, int64_t* index, uint32_t* behavior) {
+    if (behavior) *behavior = ~0u;
     cudnnBackendDescriptor_t engine = nullptr;
     if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return ~0u;
     int64_t n = 0;
     uint32_t mask = ~0u;
     if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) ==
         CUDNN_STATUS_SUCCESS) {
-        cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-        int64_t count = 0;
-        if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes) == CUDNN_STATUS_SUCCESS) {
-            mask = 0;
-            for (int64_t i = 0; i < count; ++i) mask |= 1u << unsigned(notes[i]);
-        }
+        mask = note_mask<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT>(
+            engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE);
+        if (behavior)
+            *behavior = note_mask<cudnnBackendBehaviorNote_t, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT>(
+                engine, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE);
         cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, index);
     }
     cudnnBackendDestroyDescriptor(engine);

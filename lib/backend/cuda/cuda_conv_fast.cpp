@@ -67,30 +67,14 @@ const char* heur_name(cudnnBackendHeurMode_t m) {
     }
 }
 
-/// The behavior notes of a config's engine (bit n: cudnnBackendBehaviorNote_t n; every bit set when unreadable)
-/// and its knob choices as "type=value ..." (dedupes configs that two heuristics modes both offer).
-uint32_t engine_behavior(cudnnBackendDescriptor_t cfg, std::string* knobs) {
-    uint32_t mask = ~0u;
-    cudnnBackendDescriptor_t engine = nullptr;
-    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return mask;
-    int64_t n = 0;
-    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) ==
-        CUDNN_STATUS_SUCCESS) {
-        cudnnBackendBehaviorNote_t notes[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
-        int64_t count = 0;
-        if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
-                                     CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &count, notes) == CUDNN_STATUS_SUCCESS) {
-            mask = 0;
-            for (int64_t i = 0; i < count; ++i) mask |= 1u << unsigned(notes[i]);
-        }
-    }
-    cudnnBackendDestroyDescriptor(engine);
-    knobs->clear();
+/// A config's knob choices as "type=value ..." (dedupes configs that two heuristics modes both offer).
+std::string engine_knobs(cudnnBackendDescriptor_t cfg) {
+    std::string knobs;
     int64_t count = 0;
     if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
                                  nullptr) != CUDNN_STATUS_SUCCESS ||
         count <= 0)
-        return mask;
+        return knobs;
     std::vector<cudnnBackendDescriptor_t> choices;
     for (int64_t i = 0; i < count; ++i) {
         cudnnBackendDescriptor_t d = nullptr;
@@ -108,11 +92,11 @@ uint32_t engine_behavior(cudnnBackendDescriptor_t cfg, std::string* knobs) {
                                          &m, &type) == CUDNN_STATUS_SUCCESS &&
                 cudnnBackendGetAttribute(choices[size_t(i)], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &m,
                                          &value) == CUDNN_STATUS_SUCCESS)
-                *knobs += fmt::format("{}{}={}", knobs->empty() ? "" : " ", int(type), value);
+                knobs += fmt::format("{}{}={}", knobs.empty() ? "" : " ", int(type), value);
         }
     }
     for (cudnnBackendDescriptor_t d : choices) cudnnBackendDestroyDescriptor(d);
-    return mask;
+    return knobs;
 }
 
 /// A finalized execution plan of `cfg` and its workspace; null when it does not finalize.
@@ -157,7 +141,8 @@ void enumerate_candidates(FastConvPlan& plan, GraphBuilder& b, cudnnHandle_t han
             continue;
         for (int64_t i = 0; i < got && plan.candidates.size() < kMaxCandidates; ++i) {
             int64_t index = -1;
-            const uint32_t notes = cuda_detail::engine_notes(cfgs[size_t(i)], &index);
+            uint32_t behavior = ~0u;
+            const uint32_t notes = cuda_detail::engine_notes(cfgs[size_t(i)], &index, &behavior);
             // NOTE: deterministic engines only, so that a tuned plan gives the same numbers on every call; and none
             // that sums or transforms below f32 (reduced-precision reductions, Winograd and FFT transforms): fast
             // numerics keep each output within bf16 rounding of the exact convolution (tests/cuda/test_vae_fast_conv)
@@ -168,9 +153,9 @@ void enumerate_candidates(FastConvPlan& plan, GraphBuilder& b, cudnnHandle_t han
                 (1u << CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6) | (1u << CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13);
             if (notes & kExcluded) continue;
             if (dtype == DType::F32 && (notes & (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE))) continue;
-            std::string knobs;
             // NOTE: runtime-compiled engines take seconds each to build at load; left out
-            if (engine_behavior(cfgs[size_t(i)], &knobs) & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) continue;
+            if (behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) continue;
+            const std::string knobs = engine_knobs(cfgs[size_t(i)]);
             if (!seen.insert(fmt::format("{}:{}", index, knobs)).second) continue;
             size_t ws = 0;
             cudnnBackendDescriptor_t p = finalize_plan(handle, cfgs[size_t(i)], &ws);

@@ -85,8 +85,9 @@ class GraphBuilder {
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
 /// The numerical notes of a config's engine as a bit mask (bit n: cudnnBackendNumericalNote_t n; every bit set
-/// when the engine cannot be read, so such a config is skipped), and its global index.
-uint32_t engine_notes(cudnnBackendDescriptor_t cfg, int64_t* index);
+/// when the engine cannot be read, so such a config is skipped), and its global index; with `behavior`, its behavior
+/// notes likewise (bit n: cudnnBackendBehaviorNote_t n).
+uint32_t engine_notes(cudnnBackendDescriptor_t cfg, int64_t* index, uint32_t* behavior = nullptr);
 
 /// The convolution y = conv(x, w) (cross-correlation, f32 compute, symmetric padding `pad`, `stride`) as a
 /// finalized one-node operation graph on packed tensors (packed_strides; `nhwc`: x, w and y channels-last). Its
