@@ -415,15 +415,20 @@ std::string Engine::describe() const {
     size_t workspace = 0;
     for (size_t w : workspace_bytes_) workspace += w;
     const std::string text = text_embeddings_ ? fmt::format(" (pre-pass: {} texts)", text_embeddings_->size()) : "";
+    // NOTE: what Session::forward_both decides per call, for the run's header (a parity log shows which path ran)
+    const bool batched = options_.batch_cfg && placement_.backends.size() == 1 && backend().numerics() == Numerics::Fast;
+    const char* batching = !batched                     ? "one at a time "
+                           : options_.trace_dit_layers ? "batched (one at a time in a call tracing DiT layers) "
+                                                       : "batched ";
     return fmt::format("DiT {}x{} ({} heads, {} weights), umT5 {}x{}{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} {} KV "
-                       "{:.2f} GiB, workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches on {}, noise: {}",
+                       "{:.2f} GiB, workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches {}on {}, noise: {}",
                        model_.dit.num_layers, model_.dit.dim, model_.dit.num_heads, precision_name(options_.precision),
                        model_.t5.num_layers, model_.t5.dim, text, model_.clip.use_layers, model_.clip.width,
                        model_.vae.base_dim, model_.canvas_height, model_.canvas_width,
                        options_.kv_mode == KvMode::Paged ? "paged" : "dense", precision_name(options_.kv.dtype),
                        double(kv_bytes()) / double(1ull << 30), double(workspace) / double(1ull << 30),
                        options_.sampling.num_inference_steps, schedule_->describe(), options_.sampling.cfg_scale,
-                       numerics_name(backend().numerics()), devices(), noise_->describe());
+                       numerics_name(backend().numerics()), batching, devices(), noise_->describe());
 }
 
 PreparedObservation Engine::prepare(const Observation& obs) const {
