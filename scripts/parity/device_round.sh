@@ -72,11 +72,13 @@ if busy:
 PY
 }
 # The bench/profile variant NAME as `dzr bench rollout` arguments in VARGS: numerics first, then "-nobatch" (the CFG
-# branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), e.g. fast, reference, fast-nobatch, fast-fp8.
+# branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), "-fp8w" (FP8 weights, bf16 KV), e.g. fast,
+# reference, fast-nobatch, fast-fp8, fast-fp8w.
 variant_args() {
     VARGS=(--numerics "${1%%-*}")
     [[ "$1" == *-nobatch* ]] && VARGS+=(--no-batch-cfg)
-    [[ "$1" == *-fp8* ]] && VARGS+=(--precision fp8 --kv-dtype fp8)
+    if [[ "$1" == *-fp8w* ]]; then VARGS+=(--precision fp8)
+    elif [[ "$1" == *-fp8* ]]; then VARGS+=(--precision fp8 --kv-dtype fp8); fi
     return 0
 }
 say() { printf '\n== %s (%d s) ==\n' "$*" $((SECONDS - t0)); }
