@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/measuring_backend.h"
+#include "backend/profiler.h"
 #include "config/run_config.h"
 #include "core/error.h"
 #include "model/inventory.h"
@@ -56,9 +57,10 @@ struct VaeRig {
     size_t workspace_bytes = 0;
 
     VaeRig(const Device& device, Numerics numerics, const WeightSource& weights, const VaeConfig& config,
-           const Tensor& host_clip, const Tensor& host_frame, int ys_frames) {
+           const Tensor& host_clip, const Tensor& host_frame, int ys_frames, bool profile = false) {
         BackendOptions bo = apply_env_overrides({});
         bo.numerics = numerics;
+        bo.profile = profile;
         bo.workspace_bytes = size_t(64) << 20;
         be = make_backend(device, bo);
         loader = std::make_unique<WeightLoader>(weights, *be);
@@ -183,6 +185,33 @@ int run_vae_bench(const VaeBenchOptions& o) {
         const Stats ref_clip = time_runs(*ref.be, o.warmup, o.repeats, [&] { ref.vae->encode(ref.clip, ref.latent); });
         std::printf("%-44s median %8.2f ms (fast numerics: %.2fx as fast)\n", "reference numerics: clip encode",
                     ref_clip.median, ref_clip.median / clip.median);
+    }
+    if (o.profile) {
+        // NOTE: a backend of its own, so that the events around every op do not slow the timed runs above
+        VaeRig prof(device, numerics, weights, model.vae, host_clip, host_frame, ys_frames, true);
+        Profiler* profiler = prof.be->profiler();
+        DZR_CHECK(profiler != nullptr, "bench vae: the {} backend cannot be profiled", prof.be->name());
+        for (int i = 0; i < std::max(1, o.warmup); ++i) {
+            prof.vae->encode(prof.clip, prof.latent);
+            prof.vae->encode_conditioning(prof.frame, ys_frames, prof.ys);
+        }
+        prof.be->synchronize();
+        profiler->reset();
+        for (int i = 0; i < o.repeats; ++i) {
+            {
+                ProfileScope region(*prof.be, "clip_encode");
+                prof.vae->encode(prof.clip, prof.latent);
+            }
+            profiler->end_call();
+            {
+                ProfileScope region(*prof.be, "ys_encode");
+                prof.vae->encode_conditioning(prof.frame, ys_frames, prof.ys);
+            }
+            profiler->end_call();
+        }
+        std::printf("per-op profile (%d clip and %d ys encodes on a profiled backend; op times with events around each "
+                    "op):\n%s",
+                    o.repeats, o.repeats, profiler->table(24).c_str());
     }
     const std::string report = be.conv_plan_report();
     if (!report.empty())

@@ -699,6 +699,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
         ->check(CLI::Range(1, 1000));
     vae->add_option("--seed", vae_opts->seed, "random weights' seed")->capture_default_str();
     vae->add_flag("!--no-compare", vae_opts->compare, "fast numerics: skip the comparison with reference numerics");
+    vae->add_flag("--profile", vae_opts->profile,
+                  "also time every op of --repeats more encodes of each kind on a profiled backend (a per-op table)");
     vae->callback([&run, vae_opts] { run = [vae_opts] { return run_vae_bench(*vae_opts); }; });
 
     auto load_opts = std::make_shared<LoadBenchOptions>();

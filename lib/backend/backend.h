@@ -128,6 +128,10 @@ struct Conv3dParams {
     /// PyTorch's cuDNN convolution does for a channels-last input (its kernels sum in another order). The CPU
     /// backend ignores it.
     bool channels_last = false;
+    /// Optional: w laid out channels-last, [Co, kt, kh, kw, Ci] contiguous (the same values). Fast numerics' channels-
+    /// last convolutions on CUDA read it instead of transposing w on every call; every other path reads w. A caller
+    /// keeps it next to its weight (model/wan_vae_blocks.h ChannelsLastWeight); the CPU backend ignores it.
+    TensorView w_channels_last;
 };
 
 /// The fused chains of a DiT block that `fast` numerics use (model/causal_dit.cpp). Each computes in f32 and rounds

@@ -227,6 +227,19 @@ void WanVae::load_encoder(WeightLoader& loader) {
     net.head_norm.load(loader, keys::vae_encoder("head.0.gamma"), top, false);
     net.head_conv.load(loader, keys::vae_encoder("head.2."), top, 2 * config_.z_dim, {3, 3, 3}, {1, 1, 1});
     assign_cache_slots(net);
+    // NOTE: fast numerics' convolutions read their weights channels-last; the encoder keeps a channels-last copy of
+    // each (about its conv weights' size again, allocated here so that a measured load counts it) rather than
+    // transposing every weight on every chunk. The decoder (a --save-video extra) transposes on the fly.
+    Backend& be = loader.backend();
+    net.conv_in.keep_channels_last(be, encoder_cl_weights_);
+    for (auto& block : net.blocks)
+        std::visit(
+            [&](auto& b) {
+                using B = std::decay_t<decltype(b)>;
+                if constexpr (!std::is_same_v<B, AttentionBlock>) b.keep_channels_last(be, encoder_cl_weights_);
+            },
+            block);
+    net.head_conv.keep_channels_last(be, encoder_cl_weights_);
 }
 
 void WanVae::load_decoder(WeightLoader& loader) {
@@ -299,6 +312,7 @@ void WanVae::encode(const TensorView& video, const TensorView& latent, VaePrecis
     const bool channels_last =
         !trace_ && channels_last_encoder_.value_or(be_.numerics() == Numerics::Fast &&
                                                    be_.capabilities().conv_channels_last);
+    for (vae::ChannelsLastWeight* w : encoder_cl_weights_) w->fill(be_);  // once, on the first encode
     ArenaScope scope(be_.workspace());
     const NetPlan plan = plan_net(encoder_, Shape{3, chunked ? 1 : T, H, W}, true);
     int64_t max_numel = plan.max_numel;

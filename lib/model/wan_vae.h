@@ -113,6 +113,9 @@ class WanVae {
     int spatial_factor_ = 8;
     Net encoder_, decoder_;
     vae::CausalConv3d conv1_, conv2_;
+    /// The encoder's convolution weights kept channels-last (fast numerics; vae::ChannelsLastWeight), filled by the
+    /// first encode.
+    std::vector<vae::ChannelsLastWeight*> encoder_cl_weights_;
     TraceFn trace_;
     std::optional<bool> channels_last_encoder_;
 };

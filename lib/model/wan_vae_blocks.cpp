@@ -170,6 +170,24 @@ void clamp_unit(Backend& be, const TensorView& x, const TensorView& out) {
     be.add(out, under, out);
 }
 
+// ---- ChannelsLastWeight ------------------------------------------------------------------------
+
+void ChannelsLastWeight::allocate(Backend& be, const TensorView& w) {
+    if (!w.defined() || be.numerics() != Numerics::Fast || !be.capabilities().conv_channels_last) return;
+    DZR_ASSERT(w.rank() == 5);
+    if (w.dim(2) * w.dim(3) * w.dim(4) == 1) return;  // [Co, Ci, 1, 1, 1] is channels-last already
+    w_ = w;
+    cl_ = be.alloc(Shape{w.dim(0), w.dim(2), w.dim(3), w.dim(4), w.dim(1)}, w.dtype);
+}
+
+void ChannelsLastWeight::fill(Backend& be) {
+    if (filled_ || !cl_.defined()) return;
+    const int64_t Co = w_.dim(0), Ci = w_.dim(1), K = w_.dim(2) * w_.dim(3) * w_.dim(4);
+    // [Co, Ci, kt, kh, kw] -> [Co, kt, kh, kw, Ci]
+    be.copy(w_.reshape(Shape{Co, Ci, K}).permute({0, 2, 1}), cl_.view().reshape(Shape{Co, K, Ci}));
+    filled_ = true;
+}
+
 // ---- ChannelRmsNorm ----------------------------------------------------------------------------
 
 void ChannelRmsNorm::load(WeightLoader& loader, const std::string& key, int channels, bool images) {
@@ -202,6 +220,11 @@ void CausalConv3d::load(WeightLoader& loader, const std::string& path, int in_ch
     bias_ = loader.require(path + "bias", Shape{out_ch}, WeightInit::bias());
 }
 
+void CausalConv3d::keep_channels_last(Backend& be, std::vector<ChannelsLastWeight*>& fill) {
+    weight_cl_.allocate(be, weight_.view());
+    fill.push_back(&weight_cl_);
+}
+
 void CausalConv3d::convolve(Backend& be, const TensorView& input, int time_pad, int time_stride,
                             const TensorView& out) const {
     Conv3dParams p;
@@ -211,6 +234,7 @@ void CausalConv3d::convolve(Backend& be, const TensorView& input, int time_pad, 
         p.pad_before[d] = pad_[d];
         p.pad_after[d] = pad_[d];
     }
+    p.w_channels_last = weight_cl_.view();
     conv3d_any_layout(be, p, input, weight_, bias_, out);
 }
 
@@ -304,6 +328,12 @@ void ResidualBlock::forward(Backend& be, const TensorView& x, TemporalCache* cac
     }
 }
 
+void ResidualBlock::keep_channels_last(Backend& be, std::vector<ChannelsLastWeight*>& fill) {
+    conv1_.keep_channels_last(be, fill);
+    conv2_.keep_channels_last(be, fill);
+    if (shortcut_) shortcut_->keep_channels_last(be, fill);
+}
+
 // ---- AttentionBlock ----------------------------------------------------------------------------
 
 void AttentionBlock::load(WeightLoader& loader, const std::string& path, int channels) {
@@ -376,7 +406,9 @@ void AttentionBlock::forward_channels_last(Backend& be, const TensorView& x, con
     const TensorView qkv = be.scratch(Shape{T, H, W, 3 * C});  // rows [q | k | v]
     conv3d_any_layout(be, conv, cl_view(xn), qkv_w5_, qkv_b_, cl_view(qkv));
     const TensorView y = be.scratch(Shape{T, H, W, C});
-    {
+    if (be.numerics() == Numerics::Fast) {
+        attend_gemm(be, qkv.reshape(Shape{T, L, 3 * C}), y.reshape(Shape{T, L, C}));
+    } else {
         ArenaScope tmp(be.workspace());
         const TensorView q = be.scratch(Shape{L, 1, C});
         const TensorView o = be.scratch(Shape{L, 1, C});
@@ -393,6 +425,30 @@ void AttentionBlock::forward_channels_last(Backend& be, const TensorView& x, con
     add_channels_last(be, out, x);
 }
 
+void AttentionBlock::attend_gemm(Backend& be, const TensorView& qkv, const TensorView& y) const {
+    // NOTE: the reference's SDPA with head_dim = C = 384 runs PyTorch's memory-efficient kernel, which dzr mirrors in
+    // reference numerics (kernels/attention_memeff.cu, one CTA per 32 queries: 110 CTAs for one frame's 3520 tokens,
+    // under one wave of the H200). Fast numerics run the attention as cuBLASLt GEMMs around a softmax of f32 logits
+    // instead, reading q, k and v where to_qkv wrote them (rows [q | k | v], no copies). The probabilities are
+    // rounded once after normalization (the CUDA backend's GEMM attention does the same).
+    const int64_t T = qkv.dim(0), L = qkv.dim(1), C = channels_;
+    DZR_ASSERT(qkv.dim(2) == 3 * C && y.shape == (Shape{T, L, C}));
+    ArenaScope scope(be.workspace());
+    const TensorView logits = be.scratch(Shape{L, L}, DType::F32);
+    const TensorView probs = be.scratch(Shape{L, L});
+    GemmParams scores;  // [L, C] x [L, C]^T -> [L, L], times 1/sqrt(C)
+    scores.trans_b = true;
+    scores.alpha = float(1.0 / std::sqrt(double(C)));
+    GemmParams mix;  // [L, L] x [L, C] -> [L, C]
+    mix.trans_b = false;
+    for (int64_t t = 0; t < T; ++t) {
+        const TensorView rows = qkv.slice(0, t, 1).reshape(Shape{L, 3 * C});  // row stride 3C
+        be.gemm(scores, rows.slice(1, 0, C), rows.slice(1, C, C), TensorView{}, logits);
+        be.softmax(SoftmaxParams{}, logits, probs);
+        be.gemm(mix, probs, rows.slice(1, 2 * C, C), TensorView{}, y.slice(0, t, 1).reshape(Shape{L, C}));
+    }
+}
+
 // ---- Resample ----------------------------------------------------------------------------------
 
 void Resample::load(WeightLoader& loader, const std::string& path, int channels, ResampleMode mode) {
@@ -407,6 +463,12 @@ void Resample::load(WeightLoader& loader, const std::string& path, int channels,
         time_conv_.load(loader, path + "time_conv.", channels, channels, {3, 1, 1}, {0, 0, 0});
     else if (mode == ResampleMode::Up3d)
         time_conv_.load(loader, path + "time_conv.", channels, 2 * channels, {3, 1, 1}, {1, 0, 0});
+}
+
+void Resample::keep_channels_last(Backend& be, std::vector<ChannelsLastWeight*>& fill) {
+    conv_cl_.allocate(be, conv_w5_);
+    fill.push_back(&conv_cl_);
+    if (has_time_conv()) time_conv_.keep_channels_last(be, fill);
 }
 
 int Resample::out_channels() const {
@@ -443,6 +505,7 @@ Shape Resample::output_shape(const Shape& in, bool first) const {
 void Resample::spatial(Backend& be, const TensorView& x, const TensorView& out) const {
     Conv3dParams p;
     p.frames_2d = true;  // the reference's Conv2d over (b t) frames
+    p.w_channels_last = conv_cl_.view();
     if (mode_ == ResampleMode::Down2d || mode_ == ResampleMode::Down3d) {
         // ZeroPad2d((0, 1, 0, 1)) then Conv2d(3, stride 2)
         p.stride[1] = p.stride[2] = 2;

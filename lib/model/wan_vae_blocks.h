@@ -17,6 +17,7 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "weights/weight_source.h"
@@ -70,6 +71,25 @@ class ChannelRmsNorm {
     int channels_ = 0;
 };
 
+/// A convolution weight [Co, Ci, kt, kh, kw] kept a second time channels-last, [Co, kt, kh, kw, Ci], for fast
+/// numerics' channels-last convolutions (Conv3dParams::w_channels_last), which otherwise transpose the weight on
+/// every call. Allocated at load where the backend would use it (fast numerics, Capabilities::conv_channels_last,
+/// kt·kh·kw > 1: a 1x1x1 weight is the same memory either way), so a measured load counts it; filled by fill(),
+/// which the first encode calls (a deferred load uploads the weights after the networks are built).
+class ChannelsLastWeight {
+  public:
+    void allocate(Backend& be, const TensorView& w);
+    /// Writes the channels-last copy from the weight (once; later calls do nothing).
+    void fill(Backend& be);
+    /// The copy once filled, else undefined (the convolution then transposes w itself).
+    TensorView view() const { return filled_ ? cl_.view() : TensorView{}; }
+
+  private:
+    TensorView w_;
+    Tensor cl_;
+    bool filled_ = false;
+};
+
 /// CausalConv3d: zero padding 2*p_t frames before (0 after) in time, symmetric p_h, p_w in space.
 /// With a cache, the cached frames replace that many leading zero frames.
 class CausalConv3d {
@@ -93,9 +113,12 @@ class CausalConv3d {
     /// frames before it (none after) and the given time stride; spatial padding as loaded.
     void convolve(Backend& be, const TensorView& input, int time_pad, int time_stride,
                   const TensorView& out) const;
+    /// Keeps the weight channels-last too (ChannelsLastWeight::allocate); the copy is `*fill` (kept by the caller).
+    void keep_channels_last(Backend& be, std::vector<ChannelsLastWeight*>& fill);
 
   private:
     Tensor weight_, bias_;
+    ChannelsLastWeight weight_cl_;
     int in_ = 0, out_ = 0;
     std::array<int, 3> kernel_{}, pad_{};
 };
@@ -110,6 +133,7 @@ class ResidualBlock {
     int out_channels() const { return conv2_.out_channels(); }
     /// x [Ci, T, H, W] -> out [Co, T, H, W]; caches: kNumCaches consecutive entries, or nullptr.
     void forward(Backend& be, const TensorView& x, TemporalCache* caches, const TensorView& out) const;
+    void keep_channels_last(Backend& be, std::vector<ChannelsLastWeight*>& fill);
 
   private:
     ChannelRmsNorm norm1_, norm2_;
@@ -129,6 +153,9 @@ class AttentionBlock {
 
   private:
     void forward_channels_last(Backend& be, const TensorView& x, const TensorView& out) const;
+    /// y [T, L, C] = softmax(q k^T / sqrt(C)) v per frame, from qkv [T, L, 3C], as two GEMMs around a softmax of
+    /// f32 logits (fast numerics; the workspace holds one frame's [L, L] logits and probabilities).
+    void attend_gemm(Backend& be, const TensorView& qkv, const TensorView& y) const;
 
     ChannelRmsNorm norm_;
     Tensor qkv_w_, qkv_b_, proj_w_, proj_b_;
@@ -160,6 +187,8 @@ class Resample {
     Shape output_shape(const Shape& in, bool first) const;
     /// x [C, T, H, W] -> out (output_shape). cache: the time conv's, or nullptr (whole clip).
     void forward(Backend& be, const TensorView& x, TemporalCache* cache, const TensorView& out) const;
+    /// The downsamples' convolutions keep their weights channels-last too (CausalConv3d::keep_channels_last).
+    void keep_channels_last(Backend& be, std::vector<ChannelsLastWeight*>& fill);
 
   private:
     void spatial(Backend& be, const TensorView& x, const TensorView& out) const;
@@ -172,6 +201,7 @@ class Resample {
     int channels_ = 0;
     Tensor conv_w_, conv_b_;
     TensorView conv_w5_;  // [Co, C, 1, 3, 3]
+    ChannelsLastWeight conv_cl_;
     CausalConv3d time_conv_;
 };
 

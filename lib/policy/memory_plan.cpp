@@ -222,7 +222,8 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     add("weights.dit", "DiT weights", dit.bytes, weights_detail(dit, dt));
     add("tables.umt5", "umT5 tables", t5_tables, "umT5's relative-position bucket one-hot");
     add("tables.networks", "network tables", tables,
-        "CLIP, VAE and DiT tables besides their weights (RoPE, timestep embeddings, resize matrices)");
+        "CLIP, VAE and DiT tables besides their weights (RoPE, timestep embeddings, resize matrices; in fast "
+        "numerics the VAE encoder's channels-last convolution weights)");
     if (paged) {
         add("kv.pool", "KV pool", kv.pool_bytes - kv_scales,
             fmt::format("{} blocks of {} tokens + the null block, {} each, {}", kv.num_blocks, kv.limits.block_tokens,

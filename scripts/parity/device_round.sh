@@ -117,11 +117,11 @@ fi
 
 if want vae; then
     # The VAE encode at the DROID canvas (dzr bench vae): fast numerics (the tuned channels-last convolutions, against
-    # reference numerics' time and output) and fast numerics with the tuning off
+    # reference numerics' time and output, and a per-op profile) and fast numerics with the tuning off
     say "vae: dzr bench vae (fast, tuned; fast, DZR_CONV_TUNE=off)"
     mkdir -p "$WORK/vae"
     "$DZR" --log-level debug bench vae --config configs/dreamzero_droid.yaml --repeats "${VAE_REPEATS:-10}" \
-        --numerics fast >"$WORK/vae/bench-fast.log" 2>"$WORK/vae/bench-fast.err"
+        --numerics fast --profile >"$WORK/vae/bench-fast.log" 2>"$WORK/vae/bench-fast.err"
     check $? "bench vae fast"
     cat "$WORK/vae/bench-fast.log"
     DZR_CONV_TUNE=off "$DZR" bench vae --config configs/dreamzero_droid.yaml --repeats "${VAE_REPEATS:-10}" \

@@ -181,6 +181,49 @@ TEST_CASE("channels-last operands run the reference path as their channels-first
     }
 }
 
+TEST_CASE("a weight given channels-last too gives the same convolution bit for bit, and a misshapen one is refused") {
+    auto be = gpu(Numerics::Fast, ConvTune::ChannelsLast);
+    for (const size_t i : {size_t(0), size_t(3), size_t(5)}) {  // causal 3x3x3, downsample (per frame), time conv
+        const ConvCase& c = kConvCases[i];
+        const std::string what = c.what;
+        CAPTURE(what);
+        const Shape xs{c.Ci, c.T, c.H, c.W}, ws{c.Co, c.Ci, c.k[0], c.k[1], c.k[2]};
+        const std::vector<float> x = random_floats(size_t(xs.numel()), 21);
+        const std::vector<float> w = random_floats(size_t(ws.numel()), 22, -0.2f, 0.2f);
+        // [Co, Ci, kt, kh, kw] -> [Co, kt, kh, kw, Ci] on the host
+        const int64_t K = c.k[0] * c.k[1] * c.k[2];
+        std::vector<float> wcl(w.size());
+        for (int64_t co = 0; co < c.Co; ++co)
+            for (int64_t ci = 0; ci < c.Ci; ++ci)
+                for (int64_t k = 0; k < K; ++k)
+                    wcl[size_t((co * K + k) * c.Ci + ci)] = w[size_t((co * c.Ci + ci) * K + k)];
+        const Tensor xd = upload(*be, xs, x), wd = upload(*be, ws, w);
+        const Tensor bd = upload(*be, Shape{c.Co}, random_floats(size_t(c.Co), 23));
+        const Tensor wcld = upload(*be, Shape{c.Co, c.k[0], c.k[1], c.k[2], c.Ci}, wcl);
+        Conv3dParams p;
+        p.frames_2d = c.frames_2d;
+        for (int d = 0; d < 3; ++d) {
+            p.stride[d] = c.stride[d];
+            p.pad_before[d] = c.pad_before[d];
+            p.pad_after[d] = c.pad_after[d];
+        }
+        int64_t o[3];
+        for (int d = 0; d < 3; ++d)
+            o[d] = (xs[size_t(d) + 1] + c.pad_before[d] + c.pad_after[d] - c.k[d]) / c.stride[d] + 1;
+        const Shape os{c.Co, o[0], o[1], o[2]};
+        const Tensor a = be->alloc(os, be->compute_dtype()), b = be->alloc(os, be->compute_dtype());
+        be->conv3d(p, xd, wd, bd, a);
+        Conv3dParams q = p;
+        q.w_channels_last = wcld.view();
+        be->fill(b, 7.f);
+        be->conv3d(q, xd, wd, bd, b);
+        CHECK(download(*be, a) == download(*be, b));
+        // the copy must be the weight's channels-last shape
+        q.w_channels_last = wcld.view().reshape(Shape{c.Co, c.Ci, c.k[0], c.k[1], c.k[2]});
+        CHECK_THROWS_WITH_AS(be->conv3d(q, xd, wd, bd, b), doctest::Contains("w_channels_last"), Error);
+    }
+}
+
 namespace {
 
 constexpr int64_t kT = 9, kHeight = 32, kWidth = 48;

@@ -151,6 +151,32 @@ TEST_CASE("vae attention block matches a naive per-frame single-head attention")
     check_close(y, attention_block_ref(vol_from(x.view()), h.src, "a."), 1e-5);
 }
 
+TEST_CASE("vae attention block on channels-last rows in fast numerics (GEMMs around a softmax) matches it too") {
+    Harness h;
+    BackendOptions o;
+    o.numerics = Numerics::Fast;
+    o.workspace_bytes = size_t(64) << 20;
+    h.be = make_cpu_backend(o);
+    const int64_t C = 8, T = 3, H = 3, W = 5;
+    h.put("a.norm.gamma", Shape{C, 1, 1});
+    h.put_conv("a.to_qkv.", Shape{3 * C, C, 1, 1});
+    h.put_conv("a.proj.", Shape{C, C, 1, 1});
+    WeightLoader loader(h.src, *h.be);
+    vae::AttentionBlock attn;
+    attn.load(loader, "a.", int(C));
+
+    // several frames, so that a frame attending to another frame's tokens shows
+    const Tensor x = host_tensor(Shape{C, T, H, W}, 12, -2.f, 2.f);
+    Tensor x_rows = Tensor::host(Shape{T, H, W, C}, DType::F32), y_rows = Tensor::host(x_rows.shape(), DType::F32);
+    h.be->copy(x.view().permute({1, 2, 3, 0}), x_rows.view());  // [C, T, H, W] -> [T, H, W, C]
+    const size_t used = h.be->workspace().used();
+    attn.forward(*h.be, vae::cl_view(x_rows.view()), vae::cl_view(y_rows.view()));
+    CHECK(h.be->workspace().used() == used);
+    Tensor y = Tensor::host(x.shape(), DType::F32);
+    h.be->copy(vae::cl_view(y_rows.view()), y.view());
+    check_close(y, attention_block_ref(vol_from(x.view()), h.src, "a."), 1e-5);
+}
+
 TEST_CASE("causal conv over chunks with a cache equals one causal pass over the clip") {
     Harness h;
     const int64_t Ci = 5, Co = 6;

@@ -416,6 +416,15 @@ void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const Tenso
         DZR_CHECK(cuda_detail::is_float_act(bias.dtype) && bias.is_contiguous() && bias.numel() == Co,
                   "cuda backend: conv3d bias {} must be a contiguous f32 or bf16 vector of {}", bias.str(), Co);
     }
+    if (p.w_channels_last.defined()) {
+        const TensorView& wl = p.w_channels_last;
+        check_device_tensor(wl, "conv3d", "w_channels_last");
+        DZR_CHECK(wl.is_contiguous() && wl.dtype == w.dtype &&
+                      wl.shape == (Shape{Co, k[0], k[1], k[2], Ci}),
+                  "cuda backend: conv3d w_channels_last {} must be a contiguous [{}, {}, {}, {}, {}] {} (w {} "
+                  "channels-last)",
+                  wl.str(), Co, k[0], k[1], k[2], Ci, dtype_name(w.dtype), w.str());
+    }
     const bool frames_2d = p.frames_2d;
     DZR_CHECK(!p.channels_last || frames_2d, "cuda backend: conv3d: channels_last needs frames_2d");
     DZR_CHECK(!frames_2d || (k[0] == 1 && p.stride[0] == 1 && p.pad_before[0] == 0 && p.pad_after[0] == 0),

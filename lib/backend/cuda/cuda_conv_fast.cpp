@@ -1,7 +1,8 @@
 // Fast numerics' convolutions: every conv3d call shape gets a FastConvPlan (cuda_internal.h). The convolution runs
 // channels-last, where cuDNN's tensor-core implicit-GEMM kernels read their operands directly: the input is
 // transposed and zero-padded into the workspace in one kernel (the causal and the resample paddings included, so
-// cuDNN pads nothing), the weight is transposed to [Co, kt, kh, kw, Ci], and the output comes back channels-first
+// cuDNN pads nothing), the weight is transposed to [Co, kt, kh, kw, Ci] (unless the caller keeps it so,
+// Conv3dParams::w_channels_last, or it is 1x1x1: the same memory), and the output comes back channels-first
 // with the bias added in the same kernel. A caller holding channels-last rows passes them as x (a channels-last
 // view, Capabilities::conv_channels_last): read in place when its padding is symmetric in space and none in time
 // (cuDNN pads it), else zero-padded into the workspace; a channels-last out is written by cuDNN, the bias added in
@@ -284,9 +285,16 @@ cudnnStatus_t CudaBackend::run_fast_candidate(const FastConvPlan& plan, const Fa
     else
         DZR_CUDA_CHECK(
             kernels::to_channels_last_padded(x.data, xcl, x.dtype, Ci, in, p.pad_before, p.pad_after, stream_));
-    copy(w.reshape(Shape{Co, Ci, K}).permute({0, 2, 1}), TensorView(wcl, w.dtype, Shape{Co, K, Ci}, w.device));
+    // the weight channels-last: [Co, Ci, K] -> [Co, K, Ci], the same memory for K = 1, or the caller's copy
+    const void* wsrc = wcl;
+    if (K == 1 && cuda_detail::pointer_alignment(w.data) >= 16)
+        wsrc = w.data;
+    else if (p.w_channels_last.defined() && cuda_detail::pointer_alignment(p.w_channels_last.data) >= 16)
+        wsrc = p.w_channels_last.data;
+    else
+        copy(w.reshape(Shape{Co, Ci, K}).permute({0, 2, 1}), TensorView(wcl, w.dtype, Shape{Co, K, Ci}, w.device));
     const cudnnStatus_t st =
-        cuda_detail::execute_conv_plan(cudnn(), c.plan, src, wcl, plan.out_channels_last ? out.data : ycl, ws);
+        cuda_detail::execute_conv_plan(cudnn(), c.plan, src, wsrc, plan.out_channels_last ? out.data : ycl, ws);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     const void* b = bias.defined() ? bias.data : nullptr;
     if (plan.out_channels_last)
