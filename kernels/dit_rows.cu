@@ -12,11 +12,10 @@
 // warp is copied into its shared-memory buffer by cp.async as soon as the current one sits in registers, and the
 // per-column vectors are staged once per block as f32 ((1 + scale) precomputed, the same f32 value the warp kernels
 // form per element) in two planes (elements 0-3, 4-7) so a lane's 16-byte reads are conflict-free.
-#include "kernels/dit_rows.cuh"
-
 #include <algorithm>
 #include <type_traits>
 
+#include "kernels/dit_rows.cuh"
 #include "kernels/fp8_convert.cuh"
 
 namespace dzr::kernels::rows {
