@@ -100,6 +100,22 @@ struct Vec8<bf16> {
     }
 };
 
+/// A per-column vector (norm weight or bias, or one group's row of a per-group vector) of f32 or bf16, read 8
+/// elements at a time (16-byte aligned); the branch on the dtype is uniform.
+struct Vec8Ptr {
+    const void* data = nullptr;
+    bool is_bf16 = false;
+    __device__ __forceinline__ void load(int64_t off, float (&v)[8]) const {
+        if (is_bf16)
+            Vec8<bf16>::load(static_cast<const bf16*>(data) + off, v);
+        else
+            Vec8<float>::load(static_cast<const float*>(data) + off, v);
+    }
+    __host__ __device__ bool defined() const { return data != nullptr; }
+};
+
+inline Vec8Ptr vec8(const void* p, DType t) { return {p, t == DType::BF16}; }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

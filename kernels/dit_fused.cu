@@ -1,10 +1,12 @@
 // The DiT block's fused memory-bound chains (`fast` numerics). bf16 rows of up to kWarpMaxCols columns (the DiT's
-// 5120) take the warp kernels: one warp per row, the row held in registers as packed bf16, shuffle reductions only
-// (no shared memory, no barrier), kWarpRows rows per block. Other rows take the block kernels (one block of 256
-// threads per row, the row in f32 registers) or, for any shape, the plain kernels over global memory. The gated
-// residual is a grid-stride loop over 8-element chunks.
+// 5120) take the streamed kernels of kernels/dit_rows.cu (RowImpl::Stream) where their shared memory fits, else (and
+// with RowImpl::Warp, and for the fused residual + norm) the warp kernels: one warp per row, the row held in registers
+// as packed bf16, shuffle reductions only (no shared memory, no barrier), kWarpRows rows per block. Other rows take
+// the block kernels (one block of 256 threads per row, the row in f32 registers) or, for any shape, the plain kernels
+// over global memory. The gated residual is a grid-stride loop over 8-element chunks.
 #include "kernels/common.cuh"
 #include "kernels/dit_fused.cuh"
+#include "kernels/dit_rows.cuh"
 #include "kernels/fp8_convert.cuh"
 
 namespace dzr::kernels {
@@ -260,22 +262,6 @@ __global__ void rms_norm_rope_any_kernel(const Tx* x, To* out, int64_t cols, int
 // an SM holds ~20 rows in flight: a [1785, 5120] tensor is one wave on 132 SMs, its loads all issued up front.
 
 constexpr int kWarpRows = 4;  // rows (warps) per block of the warp kernels
-
-/// A per-column vector (norm weight or bias, or one group's row of a per-group vector) read 8 elements at a time;
-/// the branch on the dtype is uniform.
-struct Vec8Ptr {
-    const void* data = nullptr;
-    bool is_bf16 = false;
-    __device__ __forceinline__ void load(int64_t off, float (&v)[8]) const {
-        if (is_bf16)
-            Vec8<bf16>::load(static_cast<const bf16*>(data) + off, v);
-        else
-            Vec8<float>::load(static_cast<const float*>(data) + off, v);
-    }
-    __host__ __device__ bool defined() const { return data != nullptr; }
-};
-
-Vec8Ptr vec8(const void* p, DType t) { return {p, t == DType::BF16}; }
 
 /// Sum over the warp's row of f(value): every lane gets it.
 template <int N, typename F>
@@ -615,24 +601,48 @@ AdaWarpArgs ada_warp_args(const void* x, void* out, int64_t rows, int64_t cols, 
     return a;
 }
 
+rows::NormArgs stream_norm_args(const void* x, int64_t rows, int64_t cols, float eps, const void* weight,
+                                const void* bias, DType tparam, GroupVec scale, GroupVec shift, int64_t split,
+                                int64_t period) {
+    rows::NormArgs a;
+    a.x = static_cast<const bf16*>(x);
+    a.rows = rows;
+    a.cols = int(cols);
+    a.eps = eps;
+    a.weight = vec8(weight, tparam);
+    a.bias = vec8(bias, tparam);
+    a.scale = vec8(scale.data, scale.dtype);
+    a.shift = vec8(shift.data, shift.dtype);
+    a.mod_stride = scale.data ? scale.row_stride : shift.row_stride;
+    a.split = split;
+    a.period = period;
+    return a;
+}
+
 }  // namespace
 
 cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
                            const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
-                           int64_t split, int64_t period, cudaStream_t stream) {
+                           int64_t split, int64_t period, cudaStream_t stream, RowImpl impl) {
     if (rows == 0) return cudaSuccess;
     if (period <= 0) return cudaErrorInvalidValue;
     const bool strides_agree = !scale.data || !shift.data || scale.row_stride == shift.row_stride;
     if (!warp_norm_ok(x, tx, out, to, cols, weight, bias, scale, shift) || !strides_agree)
         return ada_layer_norm_rows(x, tx, out, to, rows, cols, eps, weight, bias, tparam, scale, shift, split, period,
                                    stream);
+    if (impl == RowImpl::Stream) {
+        rows::NormArgs a = stream_norm_args(x, rows, cols, eps, weight, bias, tparam, scale, shift, split, period);
+        a.out = static_cast<bf16*>(out);
+        const cudaError_t e = rows::ada_layer_norm(a, stream);
+        if (e != cudaErrorNotSupported) return e;
+    }
     return launch_ada_warp<false>(
         ada_warp_args(x, out, rows, cols, eps, weight, bias, tparam, scale, shift, split, period), stream);
 }
 
 cudaError_t ada_layer_norm_fp8(const void* x, DType tx, uint8_t* q, float* q_scales, int64_t rows, int64_t cols,
                                float eps, const void* weight, const void* bias, DType tparam, GroupVec scale,
-                               GroupVec shift, int64_t split, int64_t period, cudaStream_t stream) {
+                               GroupVec shift, int64_t split, int64_t period, cudaStream_t stream, RowImpl impl) {
     if (rows == 0) return cudaSuccess;
     if (period <= 0) return cudaErrorInvalidValue;
     const bool strides_agree = !scale.data || !shift.data || scale.row_stride == shift.row_stride;
@@ -640,6 +650,14 @@ cudaError_t ada_layer_norm_fp8(const void* x, DType tx, uint8_t* q, float* q_sca
     if (!warp_norm_ok(x, tx, x, DType::BF16, cols, weight, bias, scale, shift) || !strides_agree ||
         (reinterpret_cast<uintptr_t>(q) & 7u) != 0)
         return cudaErrorNotSupported;
+    // NOTE: ada_layer_norm with the same impl takes the same kernel for these shapes, so the codes are those of its rows
+    if (impl == RowImpl::Stream) {
+        rows::NormArgs s = stream_norm_args(x, rows, cols, eps, weight, bias, tparam, scale, shift, split, period);
+        s.q = q;
+        s.q_scales = q_scales;
+        const cudaError_t e = rows::ada_layer_norm(s, stream);
+        if (e != cudaErrorNotSupported) return e;
+    }
     AdaWarpArgs a = ada_warp_args(x, nullptr, rows, cols, eps, weight, bias, tparam, scale, shift, split, period);
     a.q = q;
     a.q_scales = q_scales;
@@ -691,13 +709,32 @@ cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t str
 
 cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t heads, int64_t head_dim,
                           float eps, const void* weight, DType tw, const float* table_a, const float* table_b,
-                          int64_t pairs, int entry, int64_t split, int64_t period, cudaStream_t stream) {
+                          int64_t pairs, int entry, int64_t split, int64_t period, cudaStream_t stream,
+                          RowImpl impl) {
     if (rows == 0) return cudaSuccess;
     if (period <= 0) return cudaErrorInvalidValue;
     const int64_t cols = heads * head_dim;
     const bool tables_ok = head_dim % 8 == 0 && pairs % 4 == 0 && ok16(table_a) && ok16(table_b);
     if (tables_ok && tx == DType::BF16 && to == DType::BF16 && cols <= kWarpMaxCols && aligned16(x) &&
         aligned16(out) && ok16(weight)) {
+        if (impl == RowImpl::Stream) {
+            rows::RopeArgs s;
+            s.x = static_cast<const bf16*>(x);
+            s.out = static_cast<bf16*>(out);
+            s.rows = rows;
+            s.cols = int(cols);
+            s.head_dim = int(head_dim);
+            s.eps = eps;
+            s.weight = vec8(weight, tw);
+            s.table_a = table_a;
+            s.table_b = table_b;
+            s.pairs = int(pairs);
+            s.entry = entry;
+            s.split = split;
+            s.period = period;
+            const cudaError_t e = rows::rms_norm_rope(s, stream);
+            if (e != cudaErrorNotSupported) return e;
+        }
         RopeWarpArgs a{};
         a.x = static_cast<const bf16*>(x);
         a.out = static_cast<bf16*>(out);

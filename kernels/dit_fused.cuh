@@ -15,6 +15,12 @@
 
 namespace dzr::kernels {
 
+/// The kernels bf16 rows take: the streamed kernels (kernels/dit_rows.cu: persistent blocks, the next row copied into
+/// shared memory while the current one is normalized, the parameters staged once per block) or the one-warp-per-row
+/// kernels they replace (kept for `dzr bench fused`'s comparison: CudaBackendOptions::row_kernels, DZR_ROW_KERNELS).
+/// Shapes the streamed kernels do not take run the warp kernels either way.
+enum class RowImpl { Stream, Warp };
+
 /// A per-group vector set: element (g, c) at data[g * row_stride + c]; data == nullptr: absent.
 struct GroupVec {
     const void* data = nullptr;
@@ -25,14 +31,16 @@ struct GroupVec {
 /// out = (LN(x) [* weight + bias]) [* (1 + scale[g])] [+ shift[g]] over rows of `cols`.
 cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols, float eps,
                            const void* weight, const void* bias, DType tparam, GroupVec scale, GroupVec shift,
-                           int64_t split, int64_t period, cudaStream_t stream);
+                           int64_t split, int64_t period, cudaStream_t stream, RowImpl impl = RowImpl::Stream);
 
 /// ada_layer_norm's rows rounded to bf16 and quantized per row as kernels::quantize_fp8_rows would quantize them
 /// (q [rows, cols] E4M3 codes, 8-byte aligned; q_scales [rows]), without writing the bf16 rows: bf16 x of at most
-/// 6144 columns with 16-byte aligned operands (the warp kernel), cudaErrorNotSupported otherwise (nothing launched).
+/// 6144 columns with 16-byte aligned operands, cudaErrorNotSupported otherwise (nothing launched). Its codes are those
+/// of ada_layer_norm's bf16 rows of the same `impl` (one reduction order).
 cudaError_t ada_layer_norm_fp8(const void* x, DType tx, uint8_t* q, float* q_scales, int64_t rows, int64_t cols,
                                float eps, const void* weight, const void* bias, DType tparam, GroupVec scale,
-                               GroupVec shift, int64_t split, int64_t period, cudaStream_t stream);
+                               GroupVec shift, int64_t split, int64_t period, cudaStream_t stream,
+                               RowImpl impl = RowImpl::Stream);
 
 /// x += y [* gate[g]] over rows of `cols` (x and y of one dtype).
 cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_t cols, GroupVec gate, int64_t split,
@@ -65,6 +73,7 @@ cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t str
 /// after); a table of `entry` 2 holds (cos, sin), of 4 (cos_hi, cos_lo, sin_hi, sin_lo). No tables: no rotation.
 cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t heads, int64_t head_dim,
                           float eps, const void* weight, DType tw, const float* table_a, const float* table_b,
-                          int64_t pairs, int entry, int64_t split, int64_t period, cudaStream_t stream);
+                          int64_t pairs, int entry, int64_t split, int64_t period, cudaStream_t stream,
+                          RowImpl impl = RowImpl::Stream);
 
 }  // namespace dzr::kernels

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/dit_fused.cuh"
 #include "kernels/kv_scatter.cuh"
 
 namespace dzr::kernels {
@@ -19,9 +20,15 @@ cudaError_t quantize_fp8_rows(const void* x, DType x_dtype, int64_t rows, int64_
 
 /// quantize_fp8_rows of gelu_tanh(x) rounded to bf16 (the values the activation kernel writes), x contiguous bf16
 /// [rows, cols] with cols % 8 == 0 and at most 16384, 16-byte aligned, q 8-byte aligned; cudaErrorNotSupported
-/// otherwise (nothing launched).
+/// otherwise (nothing launched). RowImpl::Stream on a device whose GELU table is prepared: the GELU of each element
+/// looked up in that table (the same bits), persistent blocks with the next rows' loads in flight; else one block
+/// per row evaluating the GELU.
 cudaError_t gelu_quantize_fp8_rows(const void* x, DType x_dtype, int64_t rows, int64_t cols, uint8_t* q, float* scales,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, RowImpl impl = RowImpl::Stream);
+
+/// Fills the current device's table of gelu_tanh over every bf16 value (rounded to bf16 as the activation kernel
+/// rounds it) on `stream` and waits for it: once per device at load, before gelu_quantize_fp8_rows may use it.
+cudaError_t prepare_gelu_table(cudaStream_t stream);
 
 /// out[r, c] = e4m3 q[r, c] * scales[r] (an f32 product) in out_dtype (f32 or bf16); q and out contiguous.
 cudaError_t dequantize_fp8_rows(const uint8_t* q, const float* scales, int64_t rows, int64_t cols, void* out,

@@ -349,7 +349,8 @@ int run_ops_bench(const BenchOptions& o) {
 
 /// `dzr bench fused`: fast numerics' fused row ops and GEMM epilogues at the DiT's shapes. Each timed run issues the
 /// op kFusedReps times back to back (between one event pair, so the launch gaps of a forward are included and the
-/// events' own cost is not), rotating over `sets` buffer sets so the 50 MB L2 does not hold the inputs.
+/// events' own cost is not), rotating over `sets` buffer sets so the 50 MB L2 does not hold the inputs. The row ops run
+/// on the streamed kernels and on the warp kernels they replaced (CudaBackendOptions::row_kernels), one line each.
 int run_fused_bench(const BenchOptions& o) {
     auto owned = make_gpu_backend(o.device, size_t(1) << 30, "fused");
     Backend* be = owned.get();
@@ -361,14 +362,24 @@ int run_fused_bench(const BenchOptions& o) {
                 be->name().c_str(), o.warmup, o.iters, kFusedReps, sets);
     std::printf("%-64s %9s %9s %9s\n", "op", "med us", "min us", "GB/s");
     const int64_t C = 5120, F = 13824, H = 40, D = 128, P = 64, R = 25;  // R: register tokens (24 actions + 1 state)
-    for (const int64_t L : {int64_t(1785), int64_t(3570)}) {
-        const int64_t split = L - R;
-        std::vector<Tensor> x, y, out;
+    constexpr int64_t kBranchRows = 1785;  // one CFG branch's rows: 1760 video tokens + R
+    const auto set_rows = [&](RowKernels k) {
+        CudaBackendOptions co = be->cuda_options();
+        co.row_kernels = k;
+        be->set_cuda_options(co);
+    };
+    for (const int64_t L : {kBranchRows, 2 * kBranchRows}) {
+        // the rollout's grouping: per branch (period 1785), video rows [0, 1760) group 0, register rows group 1
+        const int64_t split = kBranchRows - R;
+        std::vector<Tensor> x, y, out, q, ffn;
         for (int i = 0; i < sets; ++i) {
             x.push_back(random_device_tensor(*be, {L, C}, bf, uint32_t(10 * i + 1)));
             y.push_back(random_device_tensor(*be, {L, C}, bf, uint32_t(10 * i + 2), 0.1f));
             out.push_back(be->alloc({L, C}, bf));
+            q.push_back(be->alloc({L, F}, DType::F8_E4M3));  // codes of a [L, C] or [L, F] row set
+            ffn.push_back(random_device_tensor(*be, {L, F}, bf, uint32_t(10 * i + 3), 3.f));  // GELU inputs
         }
+        Tensor q_scales = be->alloc({L}, DType::F32);
         Tensor mod = random_device_tensor(*be, {2, 6, C}, bf, 3, 0.5f);
         Tensor w = random_device_tensor(*be, {C}, bf, 4), b = random_device_tensor(*be, {C}, bf, 5);
         Tensor table_a = random_device_tensor(*be, {split, P, 4}, DType::F32, 6);
@@ -378,24 +389,52 @@ int run_fused_bench(const BenchOptions& o) {
             return TensorView(static_cast<char*>(mod.data()) + size_t(i) * size_t(C) * 2, bf, Shape{2, C},
                               Shape{6 * C, 1}, mod.device());
         };
-        const FusedRowParams rows{1e-6f, split};
+        // the first L·cols codes of set j as [L, cols]
+        const auto codes = [&](size_t j, int64_t cols) {
+            return q[j].view().reshape({L * F}).slice(0, 0, L * cols).reshape({L, cols});
+        };
+        const FusedRowParams rows{1e-6f, split, kBranchRows};
         const double tensor_bytes = 2.0 * double(L) * double(C);
-        const auto bench = [&](const std::string& label, double tensors, const std::function<void(size_t)>& op) {
+        const auto bench_bytes = [&](const std::string& label, int64_t cols, double bytes,
+                                     const std::function<void(size_t)>& op) {
             const Timing t = time_on_stream(*be, o.warmup, o.iters, [&](int i) {
                 for (int r = 0; r < kFusedReps; ++r) op(size_t(i * kFusedReps + r) % size_t(sets));
             });
             const double us = t.median_ms * 1e3 / kFusedReps;
-            std::printf("%-64s %9.2f %9.2f %9.0f\n", fmt::format("{} [{}, {}]", label, L, C).c_str(), us,
-                        t.min_ms * 1e3 / kFusedReps, tensors * tensor_bytes / (us * 1e-6) / 1e9);
+            std::printf("%-64s %9.2f %9.2f %9.0f\n", fmt::format("{} [{}, {}]", label, L, cols).c_str(), us,
+                        t.min_ms * 1e3 / kFusedReps, bytes / (us * 1e-6) / 1e9);
         };
-        bench("ada_layer_norm modulated, 2 groups", 2,
-              [&](size_t j) { be->ada_layer_norm(rows, x[j], {}, {}, mvec(1), mvec(0), out[j]); });
-        bench("ada_layer_norm affine (norm3)", 2, [&](size_t j) { be->ada_layer_norm(rows, x[j], w, b, {}, {}, out[j]); });
-        bench("rms_norm_rope 40x128, 64 pairs (double-float), 2 tables", 2, [&](size_t j) {
+        const auto bench = [&](const std::string& label, double tensors, const std::function<void(size_t)>& op) {
+            bench_bytes(label, C, tensors * tensor_bytes, op);
+        };
+        // each row op on the streamed kernels, then on the warp kernels they replace (CudaBackendOptions::row_kernels)
+        const auto both = [&](const std::string& label, int64_t cols, double bytes,
+                              const std::function<void(size_t)>& op) {
+            set_rows(RowKernels::Stream);
+            bench_bytes(label + " (stream)", cols, bytes, op);
+            set_rows(RowKernels::Warp);
+            bench_bytes(label + " (warp)", cols, bytes, op);
+            set_rows(RowKernels::Stream);
+        };
+        // NOTE: E4M3 bytes: the bf16 row read, a byte per code and a scale per row written
+        const double fp8_norm_bytes = tensor_bytes * 1.5 + 4.0 * double(L);
+        both("ada_layer_norm modulated, 2 groups", C, 2 * tensor_bytes,
+             [&](size_t j) { be->ada_layer_norm(rows, x[j], {}, {}, mvec(1), mvec(0), out[j]); });
+        both("ada_layer_norm affine (norm3)", C, 2 * tensor_bytes,
+             [&](size_t j) { be->ada_layer_norm(rows, x[j], w, b, {}, {}, out[j]); });
+        both("ada_layer_norm_fp8 modulated, 2 groups", C, fp8_norm_bytes, [&](size_t j) {
+            be->ada_layer_norm_fp8(rows, x[j], {}, {}, mvec(1), mvec(0), codes(j, C), q_scales);
+        });
+        both("ada_layer_norm_fp8 affine (norm3)", C, fp8_norm_bytes,
+             [&](size_t j) { be->ada_layer_norm_fp8(rows, x[j], w, b, {}, {}, codes(j, C), q_scales); });
+        both("rms_norm_rope 40x128, 64 pairs (double-float), 2 tables", C, 2 * tensor_bytes, [&](size_t j) {
             be->rms_norm_rope(rows, x[j], w, table_a, table_b, out[j].view().reshape({L, H, D}));
         });
-        bench("rms_norm_rope 40x128, no table (cross q)", 2, [&](size_t j) {
+        both("rms_norm_rope 40x128, no table (cross q)", C, 2 * tensor_bytes, [&](size_t j) {
             be->rms_norm_rope({1e-6f}, x[j], w, {}, {}, out[j].view().reshape({L, H, D}));
+        });
+        both("activation_quantize_fp8 gelu_tanh", F, 3.0 * double(L) * double(F) + 4.0 * double(L), [&](size_t j) {
+            be->activation_quantize_fp8({Activation::GeluTanh}, ffn[j], codes(j, F), q_scales);
         });
         bench("gated_residual gate, 2 groups", 3, [&](size_t j) { be->gated_residual(rows, x[j], y[j], mvec(2)); });
         bench("gated_residual_norm gate + norm3", 4,

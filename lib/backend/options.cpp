@@ -100,6 +100,12 @@ ConvTune parse_conv_tune(const std::string& text) {
     DZR_THROW("unknown convolution tuning '{}' (auto, off or channels-last)", text);
 }
 
+RowKernels parse_row_kernels(const std::string& text) {
+    if (text == "stream") return RowKernels::Stream;
+    if (text == "warp") return RowKernels::Warp;
+    DZR_THROW("unknown row kernels '{}' (stream or warp)", text);
+}
+
 BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_ATTENTION")) o.cuda.attention = parse_env("DZR_ATTENTION", v, parse_attention_impl);
     if (const char* v = env("DZR_PLAIN_GEMM")) o.cuda.plain_gemm = parse_env("DZR_PLAIN_GEMM", v, parse_plain_gemm_impl);
@@ -108,6 +114,7 @@ BackendOptions apply_env_overrides(BackendOptions o) {
         o.cuda.lt_workspace_bytes = parse_env("DZR_LT_WORKSPACE", v, parse_lt_workspace_kib);
     if (const char* v = env("DZR_LT_ALIGN")) o.cuda.lt_alignment = parse_env("DZR_LT_ALIGN", v, parse_lt_alignment);
     if (const char* v = env("DZR_CONV_TUNE")) o.cuda.conv_tune = parse_env("DZR_CONV_TUNE", v, parse_conv_tune);
+    if (const char* v = env("DZR_ROW_KERNELS")) o.cuda.row_kernels = parse_env("DZR_ROW_KERNELS", v, parse_row_kernels);
     return o;
 }
 

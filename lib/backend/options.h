@@ -68,6 +68,13 @@ enum class ConvApi : uint8_t { Graph, Legacy };
 enum class ConvTune : uint8_t { Off, Auto, ChannelsLast };
 /// "off", "auto", "channels-last"; throws dzr::Error otherwise.
 ConvTune parse_conv_tune(const std::string& text);
+/// The kernels fast numerics' fused row ops take on bf16 rows (kernels/dit_fused.cuh RowImpl): Stream (persistent
+/// blocks, the next rows' loads in flight, the parameters staged once per block; the GELU quantization by table) or
+/// Warp (the one-warp-per-row kernels and the evaluating GELU quantization, kept for `dzr bench fused`'s comparison).
+/// Both write values within fast numerics' bounds; each FP8 fused op writes the codes of its own bf16 op.
+enum class RowKernels : uint8_t { Stream, Warp };
+/// "stream", "warp"; throws dzr::Error otherwise.
+RowKernels parse_row_kernels(const std::string& text);
 /// The CUDA backend's implementation choices. The CPU backend has one implementation of each op.
 struct CudaBackendOptions {
     AttentionImpl attention = AttentionImpl::Auto;
@@ -89,6 +96,7 @@ struct CudaBackendOptions {
     /// FP8 GEMMs with cuBLASLt's fast accumulation (no periodic promotion of the tensor cores' partial sums to f32):
     /// faster, less exact. Off by default.
     bool fp8_fast_accum = false;
+    RowKernels row_kernels = RowKernels::Stream;
 };
 
 struct BackendOptions {
@@ -103,8 +111,8 @@ struct BackendOptions {
 
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
-/// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last). An unreadable value throws,
-/// naming the variable.
+/// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last), DZR_ROW_KERNELS
+/// (stream | warp). An unreadable value throws, naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 
 }  // namespace dzr

@@ -728,6 +728,23 @@ Stats run_gemm_fp8(Harness& h, int64_t M, int64_t N, int64_t K, bool bias, bool 
     return h.compare(od, ref, h.dt() == DType::F32 ? 2e-3 : h.rtol());
 }
 
+/// fn run on the GPU backend's `k` row kernels (CudaBackendOptions::row_kernels), then back on the streamed ones.
+std::function<Stats(Harness&)> on_rows(RowKernels k, std::function<Stats(Harness&)> fn) {
+    return [k, fn = std::move(fn)](Harness& h) {
+        struct Restore {
+            ~Restore() {
+                CudaBackendOptions o = gpu().cuda_options();
+                o.row_kernels = RowKernels::Stream;
+                gpu().set_cuda_options(o);
+            }
+        } restore;
+        CudaBackendOptions o = gpu().cuda_options();
+        o.row_kernels = k;
+        gpu().set_cuda_options(o);
+        return fn(h);
+    };
+}
+
 std::string shape_name(std::initializer_list<int64_t> dims) { return Shape(dims).str(); }
 
 std::vector<OpCase> make_cases() {
@@ -1160,6 +1177,24 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_ada_layer_norm(h, 22, 4104, 8, false, true, 11); });
         add_big("ada_layer_norm", "DreamZero [3570, 5120] two branches of 1785 split 1760, modulated", dt,
                 [](Harness& h) { return run_ada_layer_norm(h, 3570, 5120, 1760, false, true, 1785); });
+        // the streamed kernels (bf16 rows): ragged row counts, one row, the widest rows, and the warp kernels they replace
+        add("ada_layer_norm", "[7, 5120] modulated, blocks of 3 split 2", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 7, 5120, 2, false, true, 3); });
+        add("ada_layer_norm", "[1, 5120] affine and modulated, split 0", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 1, 5120, 0, true, true); });
+        add("ada_layer_norm", "[5, 6144] affine and modulated, blocks of 2 split 1 (six staged vectors)", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 5, 6144, 1, true, true, 2); });
+        add("ada_layer_norm", "[97, 256] modulated, blocks of 33 split 20", dt,
+            [](Harness& h) { return run_ada_layer_norm(h, 97, 256, 20, false, true, 33); });
+        add_big("ada_layer_norm", "DreamZero [1785, 5120] one branch split 1760, affine and modulated", dt,
+                [](Harness& h) { return run_ada_layer_norm(h, 1785, 5120, 1760, true, true, 1785); });
+        add_big("ada_layer_norm", "[1001, 5120] ragged, blocks of 500 split 480, modulated", dt,
+                [](Harness& h) { return run_ada_layer_norm(h, 1001, 5120, 480, false, true, 500); });
+        add("ada_layer_norm", "[74, 40] two blocks of 37 split 30, modulated (warp kernels)", dt,
+            on_rows(RowKernels::Warp, [](Harness& h) { return run_ada_layer_norm(h, 74, 40, 30, false, true, 37); }));
+        add_big("ada_layer_norm", "DreamZero [3570, 5120] two branches of 1785 split 1760 (warp kernels)", dt,
+                on_rows(RowKernels::Warp,
+                        [](Harness& h) { return run_ada_layer_norm(h, 3570, 5120, 1760, false, true, 1785); }));
         add("gated_residual", "[74, 40] gated, blocks of 37 split 30", dt,
             [](Harness& h) { return run_gated_residual(h, 74, 40, 30, true, 37); });
         add("gated_residual", "[26, 21] gated, blocks of 13 split 9 (scalar path)", dt,
@@ -1212,6 +1247,15 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_rms_norm_rope(h, 18, 3, 10, 5, 4, 2, 9); });
         add_big("rms_norm_rope", "DreamZero [3570, 40x128] two branches of 1785 split 1760", dt,
                 [](Harness& h) { return run_rms_norm_rope(h, 3570, 40, 128, 1760, 64, 4, 1785); });
+        add("rms_norm_rope", "[7, 40x128] blocks of 3 split 2, 64 pairs double-float", dt,
+            [](Harness& h) { return run_rms_norm_rope(h, 7, 40, 128, 2, 64, 4, 3); });
+        add_big("rms_norm_rope", "[1001, 40x128] ragged, blocks of 500 split 480, 64 pairs", dt,
+                [](Harness& h) { return run_rms_norm_rope(h, 1001, 40, 128, 480, 64, 2, 500); });
+        add("rms_norm_rope", "[60, 2x16] blocks of 30 split 22, 8 pairs (warp kernels)", dt,
+            on_rows(RowKernels::Warp, [](Harness& h) { return run_rms_norm_rope(h, 60, 2, 16, 22, 8, 2, 30); }));
+        add_big("rms_norm_rope", "DreamZero [3570, 40x128] two branches of 1785 split 1760 (warp kernels)", dt,
+                on_rows(RowKernels::Warp,
+                        [](Harness& h) { return run_rms_norm_rope(h, 3570, 40, 128, 1760, 64, 4, 1785); }));
     }
     // FP8 (E4M3): quantization bit for bit, its inverse, the GEMM through cuBLASLt and through the plain kernel
     for (DType dt : {DType::F32, DType::BF16}) {
@@ -1226,12 +1270,25 @@ std::vector<OpCase> make_cases() {
             [](Harness& h) { return run_ada_layer_norm_fp8(h, 9, 36, INT64_MAX, INT64_MAX, true, false); });
         add_big("ada_layer_norm_fp8", "DreamZero [3570, 5120] two branches of 1785 split 1760, modulated", dt,
                 [](Harness& h) { return run_ada_layer_norm_fp8(h, 3570, 5120, 1760, 1785, false, true); });
+        add("ada_layer_norm_fp8", "[13, 5120] modulated, blocks of 5 split 3", dt,
+            [](Harness& h) { return run_ada_layer_norm_fp8(h, 13, 5120, 3, 5, false, true); });
+        add_big("ada_layer_norm_fp8", "DreamZero [1785, 5120] affine (norm3)", dt,
+                [](Harness& h) { return run_ada_layer_norm_fp8(h, 1785, 5120, INT64_MAX, INT64_MAX, true, false); });
+        add("ada_layer_norm_fp8", "[74, 40] modulated, blocks of 37 split 30 (warp kernels)", dt,
+            on_rows(RowKernels::Warp,
+                    [](Harness& h) { return run_ada_layer_norm_fp8(h, 74, 40, 30, 37, false, true); }));
         add("activation_quantize_fp8", "[7, 24] tanh GELU", dt,
             [](Harness& h) { return run_activation_quantize_fp8(h, 7, 24); });
         add("activation_quantize_fp8", "[3, 20] tanh GELU (not the fused kernel: 20 columns)", dt,
             [](Harness& h) { return run_activation_quantize_fp8(h, 3, 20); });
         add_big("activation_quantize_fp8", "DreamZero FFN hidden [3570, 13824]", dt,
                 [](Harness& h) { return run_activation_quantize_fp8(h, 3570, 13824); });
+        add("activation_quantize_fp8", "[5, 16384] tanh GELU, the widest rows", dt,
+            [](Harness& h) { return run_activation_quantize_fp8(h, 5, 16384); });
+        add_big("activation_quantize_fp8", "DreamZero FFN hidden [1785, 13824]", dt,
+                [](Harness& h) { return run_activation_quantize_fp8(h, 1785, 13824); });
+        add("activation_quantize_fp8", "[7, 24] tanh GELU (evaluated, not by table)", dt,
+            on_rows(RowKernels::Warp, [](Harness& h) { return run_activation_quantize_fp8(h, 7, 24); }));
         add("dequantize_fp8", "[45, 128]", dt, [](Harness& h) {
             const Fp8Operand x = fp8_operand(h, 45, 128, -2.f, 2.f);
             Tensor ref = Tensor::host({45, 128}, DType::F32);

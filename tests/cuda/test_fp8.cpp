@@ -181,6 +181,13 @@ void check_same_codes(const Tensor& q1, const Tensor& s1, const Tensor& q2, cons
     CHECK(std::memcmp(sa.data(), sb.data(), sa.nbytes()) == 0);
 }
 
+/// The GPU backend's row kernels (CudaBackendOptions::row_kernels).
+void set_row_kernels(RowKernels k) {
+    CudaBackendOptions o = gpu().cuda_options();
+    o.row_kernels = k;
+    gpu().set_cuda_options(o);
+}
+
 TEST_CASE("the fused norm and GELU quantizations write the codes of the two ops they replace, bit for bit") {
     if (!fp8_gpu()) {
         MESSAGE("no FP8 on " << gpu().name() << ": skipped");
@@ -190,42 +197,58 @@ TEST_CASE("the fused norm and GELU quantizations write the codes of the two ops 
         int64_t L, C, split, period;
         bool affine, mod;
     };
-    // the DiT's three norms at both CFG branches' rows, small warp-kernel shapes, and one the kernel does not take
-    for (const NormCase& n : {NormCase{3570, 5120, 1760, 1785, false, true}, NormCase{3570, 5120, INT64_MAX, 1785, true, false},
-                              NormCase{37, 40, 30, INT64_MAX, true, true}, NormCase{6, 36, 2, 3, false, true}}) {
-        CAPTURE(n.L);
-        CAPTURE(n.C);
-        const Tensor x = upload(bf16_values({n.L, n.C}, 41, -3.f, 3.f), DType::BF16);
-        const Tensor w = upload(bf16_values({n.C}, 42, 0.5f, 1.5f), DType::BF16);
-        const Tensor b = upload(bf16_values({n.C}, 43, -0.5f, 0.5f), DType::BF16);
-        const Tensor mod = upload(bf16_values({2, 6, n.C}, 44, -0.5f, 0.5f), DType::BF16);
-        const auto vecs = [&](int i) {
-            return TensorView(static_cast<char*>(mod.data()) + size_t(i) * size_t(n.C) * 2, DType::BF16, Shape{2, n.C},
-                              Shape{6 * n.C, 1}, mod.device());
+    // every bf16 bit pattern (NaN and infinities included) as GELU input, 8 consecutive patterns a row
+    Tensor patterns = Tensor::host({8192, 8}, DType::BF16);
+    for (int i = 0; i < 65536; ++i) static_cast<uint16_t*>(patterns.data())[i] = uint16_t(i);
+    const Tensor all_bf16 = upload(patterns, DType::BF16);
+    for (RowKernels impl : {RowKernels::Stream, RowKernels::Warp}) {
+        CAPTURE(impl == RowKernels::Stream ? "streamed row kernels" : "warp row kernels");
+        set_row_kernels(impl);
+        // the DiT's three norms at one and both CFG branches' rows, ragged row counts, the widest rows, small shapes,
+        // and one the fused kernels do not take
+        for (const NormCase& n :
+             {NormCase{3570, 5120, 1760, 1785, false, true}, NormCase{3570, 5120, INT64_MAX, 1785, true, false},
+              NormCase{1785, 5120, 1760, INT64_MAX, false, true}, NormCase{1001, 5120, 480, 500, true, true},
+              NormCase{5, 6144, 1, 2, true, true}, NormCase{1, 5120, 0, INT64_MAX, false, true},
+              NormCase{37, 40, 30, INT64_MAX, true, true}, NormCase{6, 36, 2, 3, false, true}}) {
+            CAPTURE(n.L);
+            CAPTURE(n.C);
+            const Tensor x = upload(bf16_values({n.L, n.C}, 41, -3.f, 3.f), DType::BF16);
+            const Tensor w = upload(bf16_values({n.C}, 42, 0.5f, 1.5f), DType::BF16);
+            const Tensor b = upload(bf16_values({n.C}, 43, -0.5f, 0.5f), DType::BF16);
+            const Tensor mod = upload(bf16_values({2, 6, n.C}, 44, -0.5f, 0.5f), DType::BF16);
+            const auto vecs = [&](int i) {
+                return TensorView(static_cast<char*>(mod.data()) + size_t(i) * size_t(n.C) * 2, DType::BF16,
+                                  Shape{2, n.C}, Shape{6 * n.C, 1}, mod.device());
+            };
+            const FusedRowParams p{1e-6f, n.split, n.period};
+            const TensorView wv = n.affine ? w.view() : TensorView{}, bv = n.affine ? b.view() : TensorView{};
+            const TensorView sc = n.mod ? vecs(1) : TensorView{}, sh = n.mod ? vecs(0) : TensorView{};
+            Tensor h = gpu().alloc({n.L, n.C}, DType::BF16);
+            Tensor q1 = gpu().alloc({n.L, n.C}, DType::F8_E4M3), s1 = gpu().alloc({n.L}, DType::F32);
+            Tensor q2 = gpu().alloc({n.L, n.C}, DType::F8_E4M3), s2 = gpu().alloc({n.L}, DType::F32);
+            gpu().ada_layer_norm(p, x, wv, bv, sc, sh, h);
+            gpu().quantize_fp8(h, q1, s1);
+            gpu().ada_layer_norm_fp8(p, x, wv, bv, sc, sh, q2, s2);
+            check_same_codes(q1, s1, q2, s2);
+        }
+        const auto check_gelu = [&](const TensorView& x) {
+            const int64_t L = x.dim(0), F = x.dim(1);
+            CAPTURE(L);
+            CAPTURE(F);
+            Tensor a = gpu().alloc({L, F}, DType::BF16);
+            Tensor q1 = gpu().alloc({L, F}, DType::F8_E4M3), s1 = gpu().alloc({L}, DType::F32);
+            Tensor q2 = gpu().alloc({L, F}, DType::F8_E4M3), s2 = gpu().alloc({L}, DType::F32);
+            gpu().activation({Activation::GeluTanh}, x, a);
+            gpu().quantize_fp8(a, q1, s1);
+            gpu().activation_quantize_fp8({Activation::GeluTanh}, x, q2, s2);
+            check_same_codes(q1, s1, q2, s2);
         };
-        const FusedRowParams p{1e-6f, n.split, n.period};
-        const TensorView wv = n.affine ? w.view() : TensorView{}, bv = n.affine ? b.view() : TensorView{};
-        const TensorView sc = n.mod ? vecs(1) : TensorView{}, sh = n.mod ? vecs(0) : TensorView{};
-        Tensor h = gpu().alloc({n.L, n.C}, DType::BF16);
-        Tensor q1 = gpu().alloc({n.L, n.C}, DType::F8_E4M3), s1 = gpu().alloc({n.L}, DType::F32);
-        Tensor q2 = gpu().alloc({n.L, n.C}, DType::F8_E4M3), s2 = gpu().alloc({n.L}, DType::F32);
-        gpu().ada_layer_norm(p, x, wv, bv, sc, sh, h);
-        gpu().quantize_fp8(h, q1, s1);
-        gpu().ada_layer_norm_fp8(p, x, wv, bv, sc, sh, q2, s2);
-        check_same_codes(q1, s1, q2, s2);
+        for (const auto& [L, F] : {std::pair<int64_t, int64_t>{3570, 13824}, {1785, 13824}, {5, 16384}, {7, 24}, {3, 20}})
+            check_gelu(upload(bf16_values({L, F}, 45, -6.f, 6.f), DType::BF16));
+        check_gelu(all_bf16);
     }
-    for (const auto& [L, F] : {std::pair<int64_t, int64_t>{3570, 13824}, {7, 24}, {3, 20}}) {
-        CAPTURE(L);
-        CAPTURE(F);
-        const Tensor x = upload(bf16_values({L, F}, 45, -6.f, 6.f), DType::BF16);
-        Tensor a = gpu().alloc({L, F}, DType::BF16);
-        Tensor q1 = gpu().alloc({L, F}, DType::F8_E4M3), s1 = gpu().alloc({L}, DType::F32);
-        Tensor q2 = gpu().alloc({L, F}, DType::F8_E4M3), s2 = gpu().alloc({L}, DType::F32);
-        gpu().activation({Activation::GeluTanh}, x, a);
-        gpu().quantize_fp8(a, q1, s1);
-        gpu().activation_quantize_fp8({Activation::GeluTanh}, x, q2, s2);
-        check_same_codes(q1, s1, q2, s2);
-    }
+    set_row_kernels(RowKernels::Stream);
 }
 
 TEST_CASE("the FP8 GEMM runs through cuBLASLt at DreamZero's shapes and matches the CPU's") {

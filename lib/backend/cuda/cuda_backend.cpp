@@ -14,6 +14,7 @@
 #include "kernels/activation.cuh"
 #include "kernels/convert.cuh"
 #include "kernels/elementwise.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/dit_fused.cuh"
@@ -346,6 +347,8 @@ CudaBackend::CudaBackend(int index, const BackendOptions& options)
     DZR_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
     device_.reserve_workspace(options.workspace_bytes == 0 ? kDefaultWorkspaceBytes : options.workspace_bytes);
     set_plain_gemm_impl(options_.plain_gemm);
+    // NOTE: the FP8 GELU quantization looks its GELU up in a per-device table, filled here once (it waits)
+    DZR_CUDA_CHECK(kernels::prepare_gelu_table(stream_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -630,7 +633,7 @@ void CudaBackend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, c
                                            weight.defined() ? weight.data : nullptr,
                                            bias.defined() ? bias.data : nullptr,
                                            weight.defined() ? weight.dtype : bias.dtype, sc, sh, p.split, p.period,
-                                           stream_));
+                                           stream_, cuda_detail::row_impl(options_)));
 }
 
 void CudaBackend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
@@ -659,7 +662,8 @@ void CudaBackend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& 
         const cudaError_t e = kernels::ada_layer_norm_fp8(
             x.data, x.dtype, q.ptr<uint8_t>(), scales.ptr<float>(), L, C, p.eps,
             weight.defined() ? weight.data : nullptr, bias.defined() ? bias.data : nullptr,
-            weight.defined() ? weight.dtype : bias.dtype, sc, sh, p.split, p.period, stream_);
+            weight.defined() ? weight.dtype : bias.dtype, sc, sh, p.split, p.period, stream_,
+            cuda_detail::row_impl(options_));
         if (e != cudaErrorNotSupported) {
             DZR_CUDA_CHECK(e);
             return;
@@ -747,7 +751,7 @@ void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, co
         x.data, x.dtype, out.data, out.dtype, L, H, D, p.eps, weight.defined() ? weight.data : nullptr, weight.dtype,
         table_a.defined() ? static_cast<const float*>(table_a.data) : nullptr,
         table_b.defined() ? static_cast<const float*>(table_b.data) : nullptr, pairs, entry, p.split, p.period,
-        stream_));
+        stream_, cuda_detail::row_impl(options_)));
 }
 
 void CudaBackend::rope(const RopeParams&, const TensorView& x, const TensorView& table, const TensorView& out) {

@@ -99,8 +99,9 @@ void CudaBackend::activation_quantize_fp8(const ActivationParams& p, const Tenso
         q.dtype == DType::F8_E4M3 && q.is_contiguous() && q.shape == x.shape && scales.dtype == DType::F32 &&
         scales.is_contiguous() && scales.numel() == x.dim(0)) {
         DeviceGuard guard(index_);
-        const cudaError_t e = kernels::gelu_quantize_fp8_rows(x.data, x.dtype, x.dim(0), x.dim(1), q.ptr<uint8_t>(),
-                                                              scales.ptr<float>(), stream_);
+        const cudaError_t e =
+            kernels::gelu_quantize_fp8_rows(x.data, x.dtype, x.dim(0), x.dim(1), q.ptr<uint8_t>(), scales.ptr<float>(),
+                                            stream_, cuda_detail::row_impl(options_));
         if (e != cudaErrorNotSupported) {
             DZR_CUDA_CHECK(e);
             return;

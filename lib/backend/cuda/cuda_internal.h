@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "kernels/dit_fused.cuh"
 #include "kernels/gemm_fallback.cuh"
 
 namespace dzr::cuda_detail {
@@ -35,6 +36,11 @@ private:
 };
 
 inline bool is_float_act(DType t) { return t == DType::F32 || t == DType::BF16; }
+
+/// The row kernels the options choose (kernels/dit_fused.cuh).
+inline kernels::RowImpl row_impl(const CudaBackendOptions& o) {
+    return o.row_kernels == RowKernels::Warp ? kernels::RowImpl::Warp : kernels::RowImpl::Stream;
+}
 
 /// A [C, T, H, W] view of a contiguous [T, H, W, C] buffer (conv3d's channels-last input).
 inline bool is_channels_last_volume(const TensorView& x) {

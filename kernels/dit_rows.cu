@@ -1,0 +1,396 @@
+// The streamed row kernels (kernels/dit_rows.cuh): LayerNorm with modulation (and its E4M3 twin) and RMSNorm + RoPE over
+// bf16 rows at memory bandwidth.
+//
+// Why not the one-warp-per-row kernels of dit_fused.cu: there a warp loads its row (all loads in flight), reduces it,
+// then walks its 20 chunks reading the weight, bias, scale and shift of each chunk from L2 after storing the previous
+// chunk. The output pointer may alias those vectors, so no load is hoisted: every row pays ~20 dependent L2 round trips
+// with nothing of the next row in flight, at 16 rows per SM (126 registers a lane). The loads of x come in bursts
+// with idle gaps, and the vectors cost the row's bytes again in L2 traffic.
+//
+// Here a block stays resident (one per SM when its shared memory says so) and loops over rows, each warp owning one
+// row at a time: chunk 32k + lane of the row is lane's (the reduction order of the warp kernels), the next row of the
+// warp is copied into its shared-memory buffer by cp.async as soon as the current one sits in registers, and the
+// per-column vectors are staged once per block as f32 ((1 + scale) precomputed, the same f32 value the warp kernels
+// form per element) in two planes (elements 0-3, 4-7) so a lane's 16-byte reads are conflict-free.
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/dit_rows.cuh"
+#include "kernels/fp8_convert.cuh"
+
+namespace dzr::kernels::rows {
+namespace {
+
+constexpr int kMaxWarps = 8;  // rows in flight per block
+constexpr int kSlots = 6;     // staged vectors at most: weight, bias, scale of 2 groups, shift of 2 groups
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+/// One staged vector: 8 elements of chunk ch from src at off + 8 ch, plus `add` (1 for scale, else 0).
+struct StageSrc {
+    Vec8Ptr src;
+    int64_t off = 0;
+    float add = 0.f;
+};
+
+/// Where the staged vectors sit: slot s at float4 offset 2 s · chunks (elements 0-3 of chunk ch at [ch], 4-7 at
+/// [chunks + ch]); -1: absent.
+struct Slots {
+    StageSrc src[kSlots];
+    int count = 0;
+    int w = -1, b = -1, s[2] = {-1, -1}, h[2] = {-1, -1};
+    int add(Vec8Ptr p, int64_t off, float a) {
+        if (!p.defined()) return -1;
+        src[count] = StageSrc{p, off, a};
+        return count++;
+    }
+};
+
+/// Every thread of the block copies its share of the vectors into shared memory as f32.
+__device__ __forceinline__ void stage(const Slots& sl, float4* prm, int chunks) {
+#pragma unroll
+    for (int v = 0; v < kSlots; ++v) {
+        if (v >= sl.count) break;
+        for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
+            float p[8];
+            sl.src[v].src.load(sl.src[v].off + int64_t(ch) * 8, p);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) p[i] += sl.src[v].add;
+            float4* base = prm + int64_t(v) * 2 * chunks;
+            base[ch] = make_float4(p[0], p[1], p[2], p[3]);
+            base[chunks + ch] = make_float4(p[4], p[5], p[6], p[7]);
+        }
+    }
+}
+
+__device__ __forceinline__ void staged(const float4* prm, int slot, int chunks, int ch, float (&p)[8]) {
+    const float4* base = prm + int64_t(slot) * 2 * chunks;
+    const float4 lo = base[ch], hi = base[chunks + ch];
+    p[0] = lo.x, p[1] = lo.y, p[2] = lo.z, p[3] = lo.w, p[4] = hi.x, p[5] = hi.y, p[6] = hi.z, p[7] = hi.w;
+}
+
+/// Sum over the warp's row of f(value), per lane in chunk order, then across lanes (the warp kernels' order).
+template <int N, typename F>
+__device__ __forceinline__ float row_sum(const uint4 (&raw)[N], int chunks, int lane, F f) {
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        if (k * kWarp + lane < chunks) {
+            float v[8];
+            unpack8(raw[k], v);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc += f(v[i]);
+        }
+    }
+    return warp_sum(acc);
+}
+
+/// Issues the copies of this lane's chunks of row `row` into the warp's buffer.
+template <int N>
+__device__ __forceinline__ void issue_row(const bf16* x, int64_t row, int cols, uint4* buf, int lane) {
+    const uint4* src = reinterpret_cast<const uint4*>(x + row * cols);
+    const int chunks = cols / 8;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        const int ch = k * kWarp + lane;
+        if (ch < chunks) cp_async16(buf + ch, src + ch);
+    }
+    cp_async_commit();
+}
+
+/// This lane's chunks of the row its own copies brought into the buffer.
+template <int N>
+__device__ __forceinline__ void take_row(const uint4* buf, int chunks, int lane, uint4 (&raw)[N]) {
+    cp_async_wait_all();  // NOTE: a lane reads only the chunks it copied itself: no warp barrier needed
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+        if (k * kWarp + lane < chunks) raw[k] = buf[k * kWarp + lane];
+}
+
+struct NormKernelArgs {
+    NormArgs a;
+    Slots slots;
+};
+
+/// The LayerNorm with its parameters applied to 8 normalized values (one function for the bf16 and the E4M3 kernels, so
+/// both round the same f32 values).
+__device__ __forceinline__ void ada_apply(const float4* prm, const Slots& sl, int g, int chunks, int ch,
+                                          float (&o)[8]) {
+    float p[8];
+    if (sl.w >= 0) {
+        staged(prm, sl.w, chunks, ch, p);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] *= p[i];
+    }
+    if (sl.b >= 0) {
+        staged(prm, sl.b, chunks, ch, p);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] += p[i];
+    }
+    if (sl.s[g] >= 0) {
+        staged(prm, sl.s[g], chunks, ch, p);  // 1 + scale
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] *= p[i];
+    }
+    if (sl.h[g] >= 0) {
+        staged(prm, sl.h[g], chunks, ch, p);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] += p[i];
+    }
+}
+
+// kFp8: the output rows rounded to bf16 (as `out` would hold them) and quantized per row instead of written.
+template <int N, bool kFp8>
+__global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel(const NormKernelArgs k) {
+    extern __shared__ uint4 smem[];
+    const NormArgs& a = k.a;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+    const int chunks = a.cols / 8;
+    float4* prm = reinterpret_cast<float4*>(smem);
+    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks;
+    const int64_t step = int64_t(gridDim.x) * warps;
+    int64_t r = int64_t(blockIdx.x) * warps + warp;
+    if (r < a.rows) issue_row<N>(a.x, r, a.cols, buf, lane);
+    stage(k.slots, prm, chunks);  // overlaps the first rows' copies
+    __syncthreads();
+    for (; r < a.rows; r += step) {
+        uint4 raw[N];
+        take_row<N>(buf, chunks, lane, raw);
+        const float mean = row_sum(raw, chunks, lane, [](float v) { return v; }) / float(a.cols);
+        // NOTE: the sum consumed every value read from the buffer, so the next row's copies may overwrite it
+        if (r + step < a.rows) issue_row<N>(a.x, r + step, a.cols, buf, lane);
+        const float var = row_sum(raw, chunks, lane, [mean](float v) {
+                              const float d = v - mean;
+                              return d * d;
+                          }) / float(a.cols);
+        const float rstd = rsqrtf(var + a.eps);
+        const int g = r % a.period < a.split ? 0 : 1;
+        float amax = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < N; ++kk) {
+            const int ch = kk * kWarp + lane;
+            if (ch < chunks) {
+                float o[8];
+                unpack8(raw[kk], o);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] = (o[i] - mean) * rstd;
+                ada_apply(prm, k.slots, g, chunks, ch, o);
+                if constexpr (kFp8) {
+                    raw[kk] = pack8(o);  // the bf16 row, kept for the codes
+                    unpack8(raw[kk], o);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(o[i]));
+                } else {
+                    reinterpret_cast<uint4*>(a.out + r * a.cols)[ch] = pack8(o);
+                }
+            }
+        }
+        if constexpr (kFp8) {
+            const float2 sc = fp8::row_scale(warp_max(amax));
+            uint2* qrow = reinterpret_cast<uint2*>(a.q + r * a.cols);
+#pragma unroll
+            for (int kk = 0; kk < N; ++kk) {
+                const int ch = kk * kWarp + lane;
+                if (ch < chunks) {
+                    float o[8];
+                    unpack8(raw[kk], o);
+                    qrow[ch] = fp8::codes8(o, sc.y);
+                }
+            }
+            if (lane == 0) a.q_scales[r] = sc.x;
+        }
+    }
+}
+
+struct RopeKernelArgs {
+    RopeArgs a;
+    Slots slots;  // the weight only
+    bool lane_table;  // 256 % head_dim == 0: a lane's chunks all sit at one offset in their heads
+};
+
+/// (cos, sin) of the 4 pairs of the chunk at column c0 of row `row`; false: no rotation (pairs % 4 == 0: a chunk is
+/// wholly rotated or not).
+template <int kEntry>
+__device__ __forceinline__ bool rope_fetch(const RopeArgs& a, int64_t row, int c0, float (&cs)[4], float (&sn)[4]) {
+    const int64_t rr = row % a.period;
+    const float* table = rr < a.split ? a.table_a : a.table_b;
+    const int j0 = (c0 % a.head_dim) / 2;
+    if (!table || j0 >= a.pairs) return false;
+    const float* e = table + ((rr < a.split ? rr : rr - a.split) * int64_t(a.pairs) + j0) * kEntry;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        if constexpr (kEntry == 4) {
+            const float4 t = reinterpret_cast<const float4*>(e)[q];
+            cs[q] = t.x + t.y;
+            sn[q] = t.z + t.w;
+        } else {
+            const float2 t = reinterpret_cast<const float2*>(e)[q];
+            cs[q] = t.x;
+            sn[q] = t.y;
+        }
+    }
+    return true;
+}
+
+template <int N, int kEntry>
+__global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(const RopeKernelArgs k) {
+    extern __shared__ uint4 smem[];
+    const RopeArgs& a = k.a;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+    const int chunks = a.cols / 8;
+    float4* prm = reinterpret_cast<float4*>(smem);
+    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks;
+    const int64_t step = int64_t(gridDim.x) * warps;
+    int64_t r = int64_t(blockIdx.x) * warps + warp;
+    // the lane's (cos, sin) of the next row, fetched with its copies (lane_table)
+    float ncs[4] = {}, nsn[4] = {};
+    bool nrot = false;
+    if (r < a.rows) {
+        issue_row<N>(a.x, r, a.cols, buf, lane);
+        if (k.lane_table) nrot = rope_fetch<kEntry>(a, r, lane * 8, ncs, nsn);
+    }
+    stage(k.slots, prm, chunks);
+    __syncthreads();
+    for (; r < a.rows; r += step) {
+        uint4 raw[N];
+        take_row<N>(buf, chunks, lane, raw);
+        float cs[4], sn[4];
+        bool rotate = nrot;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cs[q] = ncs[q], sn[q] = nsn[q];
+        const float ss = row_sum(raw, chunks, lane, [](float v) { return v * v; });
+        // NOTE: the sum consumed every value read from the buffer, so the next row's copies may overwrite it
+        if (r + step < a.rows) {
+            issue_row<N>(a.x, r + step, a.cols, buf, lane);
+            if (k.lane_table) nrot = rope_fetch<kEntry>(a, r + step, lane * 8, ncs, nsn);
+        }
+        const float rstd = rsqrtf(ss / float(a.cols) + a.eps);
+        uint4* orow = reinterpret_cast<uint4*>(a.out + r * a.cols);
+#pragma unroll
+        for (int kk = 0; kk < N; ++kk) {
+            const int ch = kk * kWarp + lane;
+            if (ch < chunks) {
+                float o[8];
+                unpack8(raw[kk], o);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[i] *= rstd;
+                if (k.slots.w >= 0) {
+                    float p[8];
+                    staged(prm, k.slots.w, chunks, ch, p);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) o[i] *= p[i];
+                }
+                if (!k.lane_table) rotate = rope_fetch<kEntry>(a, r, ch * 8, cs, sn);
+                if (rotate) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const float x0 = o[2 * q], x1 = o[2 * q + 1];
+                        o[2 * q] = x0 * cs[q] - x1 * sn[q];
+                        o[2 * q + 1] = x0 * sn[q] + x1 * cs[q];
+                    }
+                }
+                orow[ch] = pack8(o);
+            }
+        }
+    }
+}
+
+/// Calls f(std::integral_constant<int, N>) with the smallest instantiated N (chunks per lane) that covers `cols`.
+template <typename F>
+cudaError_t dispatch_chunks(int64_t cols, F&& f) {
+    const int64_t per_lane = (cols / 8 + kWarp - 1) / kWarp;
+    if (per_lane <= 4) return f(std::integral_constant<int, 4>{});
+    if (per_lane <= 8) return f(std::integral_constant<int, 8>{});
+    if (per_lane <= 16) return f(std::integral_constant<int, 16>{});
+    if (per_lane <= 20) return f(std::integral_constant<int, 20>{});
+    return f(std::integral_constant<int, kMaxChunks>{});
+}
+
+/// The launch shape of a streamed kernel: warps (rows in flight) per block, dynamic shared memory, blocks.
+struct Launch {
+    int warps = 0;
+    size_t smem = 0;
+    unsigned blocks = 0;
+};
+
+/// Fits `slots` staged vectors and one row buffer per warp into the block's shared memory; warps = 0: does not fit.
+cudaError_t plan(int64_t rows, int cols, int slots, Launch& l) {
+    int dev = 0, sms = 0, optin = 0, per_sm = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    if (e != cudaSuccess) return e;
+    const size_t param_bytes = size_t(slots) * size_t(cols) * 4, row_bytes = size_t(cols) * 2;
+    if (param_bytes + row_bytes > size_t(optin)) return cudaSuccess;
+    l.warps = int(std::min<size_t>(kMaxWarps, (size_t(optin) - param_bytes) / row_bytes));
+    l.warps = int(std::min<int64_t>(l.warps, rows));
+    l.smem = param_bytes + size_t(l.warps) * row_bytes;
+    // NOTE: the runtime reserves 1 KiB of shared memory per block
+    const int64_t by_smem = int64_t(per_sm) / int64_t(l.smem + 1024);
+    const int64_t by_threads = 2048 / (int64_t(l.warps) * kWarp);
+    const int64_t per_sm_blocks = std::max<int64_t>(1, std::min(by_smem, by_threads));
+    const int64_t needed = (rows + l.warps - 1) / l.warps;
+    l.blocks = unsigned(std::min<int64_t>(needed, int64_t(sms) * per_sm_blocks));
+    return cudaSuccess;
+}
+
+template <typename Kernel, typename Args>
+cudaError_t launch(Kernel kernel, const Launch& l, const Args& args, cudaStream_t stream) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem));
+    if (e != cudaSuccess) return e;
+    kernel<<<l.blocks, l.warps * kWarp, l.smem, stream>>>(args);
+    return cudaGetLastError();
+}
+
+bool fits(int64_t rows, int cols) { return rows > 0 && cols > 0 && cols % 8 == 0 && cols <= kMaxCols; }
+
+}  // namespace
+
+cudaError_t ada_layer_norm(const NormArgs& a, cudaStream_t stream) {
+    if (!fits(a.rows, a.cols)) return cudaErrorNotSupported;
+    NormKernelArgs k;
+    k.a = a;
+    // NOTE: group 1 is staged only where some row takes it
+    const bool two = a.split < std::min(a.period, a.rows);
+    k.slots.w = k.slots.add(a.weight, 0, 0.f);
+    k.slots.b = k.slots.add(a.bias, 0, 0.f);
+    k.slots.s[0] = k.slots.add(a.scale, 0, 1.f);
+    k.slots.s[1] = two ? k.slots.add(a.scale, a.mod_stride, 1.f) : k.slots.s[0];
+    k.slots.h[0] = k.slots.add(a.shift, 0, 0.f);
+    k.slots.h[1] = two ? k.slots.add(a.shift, a.mod_stride, 0.f) : k.slots.h[0];
+    Launch l;
+    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
+    if (e != cudaSuccess) return e;
+    if (l.warps == 0) return cudaErrorNotSupported;
+    return dispatch_chunks(a.cols, [&](auto n) {
+        constexpr int N = decltype(n)::value;
+        return a.q ? launch(ada_layer_norm_stream_kernel<N, true>, l, k, stream)
+                   : launch(ada_layer_norm_stream_kernel<N, false>, l, k, stream);
+    });
+}
+
+cudaError_t rms_norm_rope(const RopeArgs& a, cudaStream_t stream) {
+    if (!fits(a.rows, a.cols) || a.head_dim % 8 != 0 || a.pairs % 4 != 0 || (a.entry != 2 && a.entry != 4))
+        return cudaErrorNotSupported;
+    RopeKernelArgs k;
+    k.a = a;
+    k.slots.w = k.slots.add(a.weight, 0, 0.f);
+    k.lane_table = (kWarp * 8) % a.head_dim == 0;
+    Launch l;
+    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
+    if (e != cudaSuccess) return e;
+    if (l.warps == 0) return cudaErrorNotSupported;
+    return dispatch_chunks(a.cols, [&](auto n) {
+        constexpr int N = decltype(n)::value;
+        return a.entry == 4 ? launch(rms_norm_rope_stream_kernel<N, 4>, l, k, stream)
+                            : launch(rms_norm_rope_stream_kernel<N, 2>, l, k, stream);
+    });
+}
+
+}  // namespace dzr::kernels::rows
