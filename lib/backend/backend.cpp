@@ -173,8 +173,10 @@ void Backend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const 
     const TensorView normed = scratch(Shape{L, H, D}, out.dtype);
     rms_norm({p.eps}, x, weight, normed.reshape(Shape{L, H * D}));
     const int64_t s = std::min(p.split, L);
-    if (s > 0) rope({}, normed.slice(0, 0, s), table_a, out.slice(0, 0, s));
-    if (s < L) rope({}, normed.slice(0, s, L - s), table_b, out.slice(0, s, L - s));
+    // NOTE: a ragged last block (fewer rows than its period) takes the first rows of each table
+    const auto first = [](const TensorView& t, int64_t n) { return t.dim(0) > n ? t.slice(0, 0, n) : t; };
+    if (s > 0) rope({}, normed.slice(0, 0, s), first(table_a, s), out.slice(0, 0, s));
+    if (s < L) rope({}, normed.slice(0, s, L - s), first(table_b, L - s), out.slice(0, s, L - s));
 }
 
 void Backend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
