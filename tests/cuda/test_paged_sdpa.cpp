@@ -61,7 +61,7 @@ const char* impl_name(PagedAttentionImpl i) {
 std::vector<float> bf16_values(int64_t n, uint64_t seed, float lo, float hi) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> dist(lo, hi);
-    std::vector<float> v(size_t(n));
+    std::vector<float> v(static_cast<size_t>(n));
     for (float& x : v) x = bf16_to_f32(f32_to_bf16(dist(rng)));
     return v;
 }
@@ -159,7 +159,7 @@ void exact_row(const Pool& pool, const std::vector<float>& q, const std::vector<
     const int64_t H = pool.heads, D = pool.dim, row = pool.row(), lk = pool.hist + cur;
     out.assign(size_t(row), 0.0);
     abs_scale.assign(size_t(row), 0.0);
-    std::vector<double> logits(size_t(lk));
+    std::vector<double> logits(static_cast<size_t>(lk));
     for (int64_t h = 0; h < H; ++h) {
         const float* qr = q.data() + t * row + h * D;
         const auto key = [&](int64_t j) {
@@ -337,9 +337,9 @@ TEST_CASE("a captured cudnn paged attention replays with new block-table content
     const std::vector<float> eager_a = download(be, out);
     const PagedAttentionImpl ran = be.last_paged_attention_impl();
 
-    be.begin_capture();
+    be.stream().begin_capture();
     be.paged_attention({scale}, q, pool.view(), pool.layer, k, v, out);
-    const std::unique_ptr<Graph> graph = be.end_capture();
+    const std::unique_ptr<Graph> graph = be.stream().end_capture();
     REQUIRE(graph);
 
     // table B with its own history rows: eager, then the graph

@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_paged_sdpa.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -245,8 +246,8 @@ bool CudaBackend::try_paged_sdpa(const AttentionParams& p, const TensorView& q, 
     c.table = history.block_table;
     c.pages = (hist + history.block_size - 1) / history.block_size;
     c.scale = p.scale;
-    for (const void* ptr : {c.q, static_cast<const void*>(c.out), c.k_pool, c.v_pool, k_cur.data, v_cur.data,
-                            static_cast<const void*>(c.table)})
+    for (const void* ptr : std::initializer_list<const void*>{c.q, c.out, c.k_pool, c.v_pool, k_cur.data, v_cur.data,
+                                                              c.table})
         if (cuda_detail::pointer_alignment(ptr) < 16) return refuse("an operand is not 16-byte aligned");
     if (lq > INT32_MAX || hist > INT32_MAX) return refuse("a length exceeds int32");
 
