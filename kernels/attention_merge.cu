@@ -1,6 +1,6 @@
 // The log-sum-exp merge of two attention parts (kernels/attention_merge.cuh): one thread per 8 consecutive
-// head-dim elements of one (token, head) row when every address and stride allows 16-byte accesses, else one per
-// element.
+// head-dim elements of one (token, head) row when every address and stride allows 16-byte accesses, else one
+// per element.
 #include "kernels/attention_merge.cuh"
 #include "kernels/common.cuh"
 

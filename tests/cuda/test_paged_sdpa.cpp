@@ -1,12 +1,13 @@
-// Paged attention without the gather (PagedAttentionImpl::CudnnPaged, fast numerics' choice): cuDNN SDPA over the
-// history through a shuffled device block table, a dense cuDNN SDPA over the current rows, merged by their
-// log-sum-exps. Checked against an f64 reference on the host and against the gathered path, over empty, one-block,
-// several-block and partial-block histories, small and DreamZero-sized current rows; a CUDA graph captured once
-// replays with new block-table contents as the eager call; reference numerics keep the gather.
+// Paged attention without the gather (PagedAttentionImpl::CudnnPaged, fast numerics' choice): cuDNN SDPA over
+// the history through a shuffled device block table, a dense cuDNN SDPA over the current rows, merged by
+// their log-sum-exps. Checked against an f64 reference on the host and against the gathered path, over empty,
+// one-block, several-block and partial-block histories, small and DreamZero-sized current rows; a CUDA graph
+// captured once replays with new block-table contents as the eager call; reference numerics keep the gather.
 //
-// Where cuDNN refuses the paged graphs (cuDNN 9.14 has no page tables on the unified node) the call gathers instead;
-// the tests then check the fallback's results and print which path ran ("ran gather"), so a device log shows
-// whether the cuDNN path was exercised.
+// Where cuDNN refuses the paged graphs (cuDNN 9.14 has no page tables on the unified node, and may refuse the
+// composite graph) fast numerics' Auto gathers instead and the forced choice throws; the tests then check the
+// fallback's results, warn, and print which path ran ("ran gather"), so a device log shows whether the cuDNN
+// path was exercised.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -95,8 +96,8 @@ Tensor poisoned(CudaBackend& be, Shape s) {
     return t;
 }
 
-/// A two-layer pool of `ids` blocks per layer; the layer under test holds the history rows at the blocks `table`
-/// lists (in order), every other row of both layers is NaN, so a read outside the table shows.
+/// A two-layer pool of `ids` blocks per layer; the layer under test holds the history rows at the blocks
+/// `table` lists (in order), every other row of both layers is NaN, so a read outside the table shows.
 struct Pool {
     int64_t heads = 0, dim = 0, bs = 0, ids = 0, hist = 0;
     int layer = 1;
@@ -109,7 +110,8 @@ struct Pool {
         PagedKvView p{};
         p.k_base = k.data(), p.v_base = v.data(), p.dtype = DType::BF16;
         p.num_heads = int32_t(heads), p.head_dim = int32_t(dim), p.block_size = int32_t(bs);
-        p.token_stride = row(), p.head_stride = dim, p.block_stride = bs * row(), p.layer_stride = ids * bs * row();
+        p.token_stride = row(), p.head_stride = dim, p.block_stride = bs * row(),
+        p.layer_stride = ids * bs * row();
         p.block_table = table_dev.ptr<const BlockId>();
         p.table_width = int32_t(table.size());
         p.num_table_blocks = int32_t((hist + bs - 1) / bs);
@@ -119,7 +121,8 @@ struct Pool {
 };
 
 /// The pool's layer contents for `table` (history rows at their slots, NaN elsewhere), both layers.
-std::vector<float> pool_contents(const Pool& p, const std::vector<BlockId>& table, const std::vector<float>& rows) {
+std::vector<float> pool_contents(const Pool& p, const std::vector<BlockId>& table,
+                                 const std::vector<float>& rows) {
     std::vector<float> all(size_t(2 * p.ids * p.bs * p.row()), NAN);
     const int64_t base = int64_t(p.layer) * p.ids * p.bs * p.row();
     for (int64_t t = 0; t < p.hist; ++t) {
@@ -146,16 +149,16 @@ Pool make_pool(CudaBackend& be, int64_t heads, int64_t dim, int64_t bs, int64_t 
     const Shape pool_shape{2 * p.ids * bs, heads, dim};
     p.k = upload(be, pool_contents(p, p.table, p.k_hist), pool_shape);
     p.v = upload(be, pool_contents(p, p.table, p.v_hist), pool_shape);
-    p.table_dev = upload(be, std::vector<float>(p.table.begin(), p.table.end()), Shape{int64_t(p.table.size())},
-                         DType::I32);
+    p.table_dev = upload(be, std::vector<float>(p.table.begin(), p.table.end()),
+                         Shape{int64_t(p.table.size())}, DType::I32);
     return p;
 }
 
-/// The exact attention of query row t over [history | current] (f64), and A = sum_j p_j |v_j| per element: the
-/// scale of the bf16 error bound (cuDNN rounds P to bf16 before P V, and each part's output once).
+/// The exact attention of query row t over [history | current] (f64), and A = sum_j p_j |v_j| per element:
+/// the scale of the bf16 error bound (cuDNN rounds P to bf16 before P V, and each part's output once).
 void exact_row(const Pool& pool, const std::vector<float>& q, const std::vector<float>& k_cur,
-               const std::vector<float>& v_cur, int64_t cur, int64_t t, double scale, std::vector<double>& out,
-               std::vector<double>& abs_scale) {
+               const std::vector<float>& v_cur, int64_t cur, int64_t t, double scale,
+               std::vector<double>& out, std::vector<double>& abs_scale) {
     const int64_t H = pool.heads, D = pool.dim, row = pool.row(), lk = pool.hist + cur;
     out.assign(size_t(row), 0.0);
     abs_scale.assign(size_t(row), 0.0);
@@ -163,10 +166,12 @@ void exact_row(const Pool& pool, const std::vector<float>& q, const std::vector<
     for (int64_t h = 0; h < H; ++h) {
         const float* qr = q.data() + t * row + h * D;
         const auto key = [&](int64_t j) {
-            return j < pool.hist ? pool.k_hist.data() + j * row + h * D : k_cur.data() + (j - pool.hist) * row + h * D;
+            return j < pool.hist ? pool.k_hist.data() + j * row + h * D
+                                 : k_cur.data() + (j - pool.hist) * row + h * D;
         };
         const auto value = [&](int64_t j) {
-            return j < pool.hist ? pool.v_hist.data() + j * row + h * D : v_cur.data() + (j - pool.hist) * row + h * D;
+            return j < pool.hist ? pool.v_hist.data() + j * row + h * D
+                                 : v_cur.data() + (j - pool.hist) * row + h * D;
         };
         double m = -INFINITY;
         for (int64_t j = 0; j < lk; ++j) {
@@ -245,8 +250,8 @@ void check_case(const Case& c, int64_t sampled_rows) {
         kv_k = kd.view(), kv_v = vd.view();
     }
     const float scale = 1.f / std::sqrt(float(c.dim));
-    // fast numerics' Auto takes the cuDNN path wherever cuDNN runs it (else gathers); forcing it gives the same bits
-    // or throws
+    // fast numerics' Auto takes the cuDNN path wherever cuDNN runs it (else gathers); forcing it gives the
+    // same bits or throws
     PagedAttentionImpl ran = PagedAttentionImpl::Auto;
     const std::vector<float> paged = run(be, PagedAttentionImpl::Auto, pool, qd, kv_k, kv_v, scale, &ran);
     std::vector<float> forced;
@@ -258,9 +263,11 @@ void check_case(const Case& c, int64_t sampled_rows) {
     } else {
         CHECK(ran == PagedAttentionImpl::Gather);
         CHECK(test::contains(forced_error, "cudnn-paged cannot run"));
-        WARN_MESSAGE(false, "cuDNN refused the paged graphs (" << forced_error << "); the gathered fallback was checked");
+        WARN_MESSAGE(false, "cuDNN refused the paged graphs (" << forced_error
+                                                               << "); the gathered fallback was checked");
     }
-    const std::vector<float> gathered = run(be, PagedAttentionImpl::Gather, pool, qd, kv_k, kv_v, scale, nullptr);
+    const std::vector<float> gathered =
+        run(be, PagedAttentionImpl::Gather, pool, qd, kv_k, kv_v, scale, nullptr);
 
     // the exact result on (a sample of) the query rows
     const int64_t rows = std::min(sampled_rows, c.lq);
@@ -276,10 +283,12 @@ void check_case(const Case& c, int64_t sampled_rows) {
         for (int64_t e = 0; e < row; ++e) {
             const size_t i = size_t(t * row + e);
             const double a = abs_scale[size_t(e)];
-            // NOTE: each part rounds P to bf16 (u · sum p|v|) and its output once (u · |part|); the merge rounds
-            // once more (u · |out|): together at most 3u · A, A = sum p|v| >= |out|. The gathered call: 2u · A.
+            // NOTE: each part rounds P to bf16 (u · sum p|v|) and its output once (u · |part|); the merge
+            // rounds once more (u · |out|): together at most 3u · A, A = sum p|v| >= |out|. The gathered
+            // call: 2u · A.
             const double bound = 3 * kBf16Unit * a + 1e-6, gather_bound = 2 * kBf16Unit * a + 1e-6;
-            const double ep = std::fabs(paged[i] - exact[size_t(e)]), eg = std::fabs(gathered[i] - exact[size_t(e)]);
+            const double ep = std::fabs(paged[i] - exact[size_t(e)]),
+                         eg = std::fabs(gathered[i] - exact[size_t(e)]);
             if (!(ep <= bound)) ++bad_paged;
             if (!(eg <= gather_bound)) ++bad_gather;
             if (!(std::fabs(double(paged[i]) - gathered[i]) <= bound + gather_bound)) ++bad_pair;
@@ -291,20 +300,23 @@ void check_case(const Case& c, int64_t sampled_rows) {
     CHECK(bad_paged == 0);
     CHECK(bad_gather == 0);
     CHECK(bad_pair == 0);
-    std::printf("H %lld D %lld block %lld history %lld current %lld Lq %lld%s: fast Auto ran %s; "
-                "max |err| vs f64 on %lld rows: paged %.3e (%.2f of its bound), gather %.3e (%.2f)\n",
-                (long long)c.heads, (long long)c.dim, (long long)c.bs, (long long)c.hist, (long long)c.cur,
-                (long long)c.lq, c.strided_cur ? " (strided k/v)" : "", impl_name(ran), (long long)rows, wp.err,
-                wp.bound_ratio, wg.err, wg.bound_ratio);
+    std::printf(
+        "H %lld D %lld block %lld history %lld current %lld Lq %lld%s: fast Auto ran %s; "
+        "max |err| vs f64 on %lld rows: paged %.3e (%.2f of its bound), gather %.3e (%.2f)\n",
+        (long long)c.heads, (long long)c.dim, (long long)c.bs, (long long)c.hist, (long long)c.cur,
+        (long long)c.lq, c.strided_cur ? " (strided k/v)" : "", impl_name(ran), (long long)rows, wp.err,
+        wp.bound_ratio, wg.err, wg.bound_ratio);
 }
 
 }  // namespace
 
-TEST_CASE("cudnn paged attention over a shuffled block table matches the exact result and the gathered path") {
+TEST_CASE(
+    "cudnn paged attention over a shuffled block table matches the exact result and the gathered path") {
     // histories: none, one block, several blocks, a partial last block; current rows from 1 up; Lq != current
-    for (const Case& c : {Case{4, 128, 64, 0, 37, 37}, Case{4, 128, 64, 64, 50, 50}, Case{4, 128, 64, 200, 70, 70},
-                          Case{2, 64, 40, 90, 37, 29}, Case{8, 128, 96, 192, 1, 1}, Case{4, 64, 32, 96, 0, 20},
-                          Case{3, 128, 48, 144, 33, 33, true}})
+    for (const Case& c :
+         {Case{4, 128, 64, 0, 37, 37}, Case{4, 128, 64, 64, 50, 50}, Case{4, 128, 64, 200, 70, 70},
+          Case{2, 64, 40, 90, 37, 29}, Case{8, 128, 96, 192, 1, 1}, Case{4, 64, 32, 96, 0, 20},
+          Case{3, 128, 48, 144, 33, 33, true}})
         check_case(c, c.lq);
 }
 
@@ -327,7 +339,8 @@ TEST_CASE("a captured cudnn paged attention replays with new block-table content
     std::reverse(other.begin(), other.begin() + 3);
     const std::vector<float> other_k = bf16_values(hist * row, 4, -2.f, 2.f);
     const std::vector<float> other_v = bf16_values(hist * row, 5, -1.f, 1.f);
-    const std::vector<float> table_a(pool.table.begin(), pool.table.end()), table_b(other.begin(), other.end());
+    const std::vector<float> table_a(pool.table.begin(), pool.table.end()),
+        table_b(other.begin(), other.end());
 
     REQUIRE(be.numerics() == Numerics::Fast);
     be.set_paged_attention_impl(PagedAttentionImpl::Auto);
@@ -363,7 +376,8 @@ TEST_CASE("a captured cudnn paged attention replays with new block-table content
     CHECK(download(be, out) == eager_a);
     std::printf("graph replay with a new block table: ran %s, replay == eager\n", impl_name(ran));
     if (ran != PagedAttentionImpl::CudnnPaged)
-        WARN_MESSAGE(false, "cuDNN refused the paged graphs here (see the log); the gathered fallback was replayed");
+        WARN_MESSAGE(false,
+                     "cuDNN refused the paged graphs here (see the log); the gathered fallback was replayed");
 }
 
 TEST_CASE("reference numerics keep the gathered paged attention") {

@@ -18,7 +18,8 @@
 
 namespace dzr::cuda_detail {
 
-/// A failed backend-API call while building an SDPA plan: the stage, cuDNN's status and its last error message.
+/// A failed backend-API call while building an SDPA plan: the stage, cuDNN's status and its last error
+/// message.
 struct CudnnFailure {
     std::string what;
 };
@@ -30,8 +31,8 @@ struct CudnnFailure {
         fmt::format("{}: {} ({})", stage, cudnnGetErrorString(st), detail[0] ? detail : "no detail")};
 }
 
-/// Optional operands of a matmul: the per-batch row (M), column (N) and inner (K) counts read from device int32
-/// tensors (the variable sequence lengths of a padded or paged attention).
+/// Optional operands of a matmul: the per-batch row (M), column (N) and inner (K) counts read from device
+/// int32 tensors (the variable sequence lengths of a padded or paged attention).
 struct MatmulOverrides {
     cudnnBackendDescriptor_t m = nullptr, n = nullptr, k = nullptr;
 };
@@ -145,9 +146,10 @@ class SdpaBuilder {
     }
 
 #if CUDNN_VERSION >= 90500
-    /// y (virtual) = the rows of `container` ([blocks, H, block_size, D]) that `page_table` ([B, 1, pages, 1] int32)
-    /// lists, up to `seq_len` ([B, 1, 1, 1] int32) tokens; y's strides say whether it is K^T or V.
-    cudnnBackendDescriptor_t paged_cache_load(cudnnBackendDescriptor_t container, cudnnBackendDescriptor_t page_table,
+    /// y (virtual) = the rows of `container` ([blocks, H, block_size, D]) that `page_table` ([B, 1, pages, 1]
+    /// int32) lists, up to `seq_len` ([B, 1, 1, 1] int32) tokens; y's strides say whether it is K^T or V.
+    cudnnBackendDescriptor_t paged_cache_load(cudnnBackendDescriptor_t container,
+                                              cudnnBackendDescriptor_t page_table,
                                               cudnnBackendDescriptor_t seq_len, cudnnBackendDescriptor_t y) {
         const char* stage = "paged cache load operation";
         cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR, stage);
