@@ -332,7 +332,7 @@ bool CudaBackend::try_paged_sdpa(const AttentionParams& p, const TensorView& q, 
     dense.v_tok = v_cur.strides[0], dense.v_head = v_cur.strides[1];
     dense.o_tok = H * D, dense.o_head = D;
     dense.scale = p.scale;
-    dense.out = take(rows_bytes);
+    dense.out = cur > 0 ? take(rows_bytes) : nullptr;
     dense.stats = static_cast<float*>(take(stats_bytes));
 
     // the current rows' plan: dense, with stats
