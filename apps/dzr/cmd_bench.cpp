@@ -538,15 +538,19 @@ int run_attention_bench(const BenchOptions& o) {
         PagedKvView view{};
         view.k_base = pool_k.data(), view.v_base = pool_v.data(), view.dtype = bf;
         view.num_heads = int32_t(H), view.head_dim = int32_t(D), view.block_size = int32_t(bs);
-        view.layer_stride = 0, view.token_stride = H * D, view.head_stride = D, view.block_stride = bs * H * D;
+        // NOTE: one layer, but its stride gives cuDNN's paged graph the pool's block count
+        view.layer_stride = max_blocks * bs * H * D, view.token_stride = H * D, view.head_stride = D;
+        view.block_stride = bs * H * D;
         view.block_table = table.ptr<const BlockId>();
         view.table_width = int32_t(max_blocks);
         view.num_table_blocks = int32_t((hist + bs - 1) / bs);
         view.seq_len = hist;
-        for (PagedAttentionImpl impl : {PagedAttentionImpl::Direct, PagedAttentionImpl::Gather}) {
+        for (PagedAttentionImpl impl :
+             {PagedAttentionImpl::Direct, PagedAttentionImpl::Gather, PagedAttentionImpl::CudnnPaged}) {
             set_paged_attention(*be, impl);
-            const char* label = impl == PagedAttentionImpl::Direct ? "paged direct (flash, block table)"
-                                                                   : "paged gather + dense auto";
+            const char* label = impl == PagedAttentionImpl::Direct   ? "paged direct (flash, block table)"
+                                : impl == PagedAttentionImpl::Gather ? "paged gather + dense auto"
+                                                                     : "paged cudnn (table) + dense, merged";
             report_attention(label, lk, o, [&] { be->paged_attention({scale}, q, view, 0, kcur, vcur, out); },
                              *be, impl_note);
         }
@@ -658,7 +662,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     fused->add_option("--sets", opts->sets, "buffer sets to rotate over")->capture_default_str();
     auto* attention = cmd->add_subcommand(
         "attention",
-        "Dense attention per implementation (cuDNN SDPA, flash, GEMM) and paged attention (direct, gather)");
+        "Dense attention per implementation (cuDNN SDPA, flash, GEMM) and paged attention (direct, gather, cuDNN "
+        "paged)");
     common(attention);
     attention->add_option("--lq", opts->lq, "query rows")->capture_default_str()->check(CLI::PositiveNumber);
     attention->add_option("--lk", opts->lk, "key lengths")->capture_default_str();

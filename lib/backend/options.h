@@ -51,10 +51,14 @@ LtAlignment parse_lt_alignment(const std::string& text);
 /// algorithms at a large K and a small N), at most kMaxLtWorkspaceBytes (the buffer the CUDA backend allocates).
 inline constexpr size_t kMaxLtWorkspaceBytes = size_t(32) << 20;
 
-/// How Backend::paged_attention runs on CUDA: Direct = the flash kernel reads the history through the device
-/// block table; Gather = one kernel copies [history | current] into the workspace, then the dense attention.
-/// Auto = Gather when cuDNN SDPA takes the dense call, else Direct.
-enum class PagedAttentionImpl : uint8_t { Auto, Direct, Gather };
+/// How Backend::paged_attention runs on CUDA (bf16/f16 pools; an FP8 pool always gathers): Direct = the flash
+/// kernel reads the history through the device block table; Gather = one kernel copies [history | current] into
+/// the workspace, then the dense attention; CudnnPaged = cuDNN SDPA reads the history through the block table and
+/// a dense cuDNN SDPA the current rows, the two merged by their log-sum-exps (no copy of the rows; throws where
+/// cuDNN refuses the graphs). Auto = CudnnPaged in fast numerics when cuDNN may run attention (Gather where it
+/// cannot, logged once), else Gather when cuDNN SDPA takes the dense call, else Direct (reference numerics keep the
+/// gathered call, the one PyTorch's SDPA makes).
+enum class PagedAttentionImpl : uint8_t { Auto, Direct, Gather, CudnnPaged };
 
 /// Which cuDNN API plans convolutions: Graph (the graph API with PyTorch's engine choice: heuristics INSTANT,
 /// then fallback, no down-converting engines) or Legacy (the v7 heuristics; a diagnostic).

@@ -6,21 +6,15 @@
 //    (cuDNN >= 9.13.1).
 //  - Composite: S = Q K^T (K described transposed through its strides), S *= scale, softmax as
 //    M = max(S), E = exp(S - M), Z = sum(E), P = E / Z, O = P V with P in the input dtype, plus the stats
-//    branch M + log Z (virtual, unused): cuDNN 9.14 offers no engine for the graph without it. Intermediates
-//    are virtual f32 tensors, so the fused engine keeps them on chip.
+//    branch M + log Z (virtual unless the call asks for the stats): cuDNN 9.14 offers no engine for the graph
+//    without it. Intermediates are virtual f32 tensors, so the fused engine keeps them on chip.
+// The descriptor builder is shared with the paged graphs (cuda_sdpa_builder.h, cuda_paged_sdpa.cpp).
 // Tensors are [b = 1, H, L, D] views of dzr's [L, H, D] layout: dims {1, H, L, D}, strides {batch, head
 // stride, token stride, 1}.
-//
-// NOTE: fmt's headers are included with two g++ 13 false-positive warnings off, as in cuda_gemm.cpp.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#include <fmt/format.h>
-
 #include <algorithm>
-#pragma GCC diagnostic pop
 
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_sdpa_builder.h"
 #include "backend/cuda/cuda_internal.h"
 #include "core/log.h"
 #include "kernels/attention.cuh"
@@ -32,117 +26,9 @@ namespace cuda_detail {
 
 namespace {
 
-constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5;
+constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5, kUidStats = 6;
 
-/// A failed backend-API call: the stage, cuDNN's status and its last error message.
-struct CudnnFailure {
-    std::string what;
-};
-
-[[noreturn]] void fail(const char* stage, cudnnStatus_t st) {
-    char detail[512] = {0};
-    cudnnGetLastErrorString(detail, sizeof(detail));
-    throw CudnnFailure{
-        fmt::format("{}: {} ({})", stage, cudnnGetErrorString(st), detail[0] ? detail : "no detail")};
-}
-
-/// Descriptors made while building a plan; all are destroyed with the plan (or on failure).
-class Builder {
-  public:
-    explicit Builder(std::vector<cudnnBackendDescriptor_t>& keep) : keep_(keep) {}
-
-    cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type, const char* stage) {
-        cudnnBackendDescriptor_t d = nullptr;
-        const cudnnStatus_t st = cudnnBackendCreateDescriptor(type, &d);
-        if (st != CUDNN_STATUS_SUCCESS) fail(stage, st);
-        keep_.push_back(d);
-        return d;
-    }
-    static void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-                    cudnnBackendAttributeType_t type, int64_t count, const void* value, const char* stage) {
-        const cudnnStatus_t st = cudnnBackendSetAttribute(d, name, type, count, value);
-        if (st != CUDNN_STATUS_SUCCESS) fail(stage, st);
-    }
-    static void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-                         cudnnBackendDescriptor_t v, const char* stage) {
-        set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, stage);
-    }
-    static void finalize(cudnnBackendDescriptor_t d, const char* stage) {
-        const cudnnStatus_t st = cudnnBackendFinalize(d);
-        if (st != CUDNN_STATUS_SUCCESS) fail(stage, st);
-    }
-
-    cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t type, std::array<int64_t, 4> dims,
-                                    std::array<int64_t, 4> strides, bool is_virtual, bool by_value = false) {
-        const char* stage = "tensor descriptor";
-        cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR, stage);
-        const int64_t align = 16;
-        set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, stage);
-        set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data(), stage);
-        set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data(), stage);
-        set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, stage);
-        set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, stage);
-        set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, stage);
-        if (by_value) set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, stage);
-        finalize(t, stage);
-        return t;
-    }
-
-    cudnnBackendDescriptor_t matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
-                                    cudnnBackendDescriptor_t c) {
-        const char* stage = "matmul operation";
-        cudnnBackendDescriptor_t desc = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR, stage);
-        const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-        set(desc, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, stage);
-        finalize(desc, stage);
-        cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, desc, stage);
-        finalize(op, stage);
-        return op;
-    }
-
-    cudnnBackendDescriptor_t pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
-                                       cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y) {
-        const char* stage = "pointwise operation";
-        cudnnBackendDescriptor_t desc = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, stage);
-        const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
-        set(desc, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, stage);
-        set(desc, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, stage);
-        finalize(desc, stage);
-        cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, desc, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, stage);
-        if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, stage);
-        const float one = 1.0f;
-        set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, stage);
-        set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, stage);
-        finalize(op, stage);
-        return op;
-    }
-
-    cudnnBackendDescriptor_t reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
-                                       cudnnBackendDescriptor_t y) {
-        const char* stage = "reduction operation";
-        cudnnBackendDescriptor_t desc = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, stage);
-        const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-        set(desc, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, stage);
-        set(desc, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, stage);
-        finalize(desc, stage);
-        cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, desc, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, stage);
-        set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, stage);
-        finalize(op, stage);
-        return op;
-    }
-
-  private:
-    std::vector<cudnnBackendDescriptor_t>& keep_;
-};
+using Builder = SdpaBuilder;
 
 cudnnDataType_t cudnn_type(DType t) {
     return t == DType::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
@@ -174,6 +60,9 @@ std::vector<cudnnBackendDescriptor_t> sdpa_operations(Builder& b, const Attentio
         Builder::set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, v, stage);
         Builder::set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, o, stage);
         Builder::set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, scale, stage);
+        if (c.stats)
+            Builder::set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC,
+                              b.tensor(kUidStats, f32, {1, H, Lq, 1}, {H * Lq, Lq, 1, 1}, false), stage);
         Builder::finalize(op, stage);
         return {op};
 #else
@@ -200,7 +89,9 @@ std::vector<cudnnBackendDescriptor_t> sdpa_operations(Builder& b, const Attentio
     ops.push_back(b.pointwise(CUDNN_POINTWISE_EXP, centered, nullptr, e));   // E = exp(S - M)
     const auto z = rows();
     ops.push_back(b.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z));  // Z = rowsum(E)
-    const auto log_z = rows(), stats = rows();
+    // NOTE: the stats are an output when the caller asks for them (a split attention merges its parts with them)
+    const auto log_z = rows();
+    const auto stats = c.stats ? b.tensor(kUidStats, f32, r_dims, r_strides, false) : rows();
     ops.push_back(b.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, log_z));  // log Z
     ops.push_back(b.pointwise(CUDNN_POINTWISE_ADD, m, log_z, stats));    // stats = M + log Z
     const auto p = logits(io);
@@ -229,71 +120,75 @@ SdpaPlan::~SdpaPlan() {
 
 SdpaKey sdpa_key(const AttentionCall& c, SdpaGraph g) {
     return {int64_t(c.dtype), c.lq,     c.lk,    c.heads,  c.d,     c.dv,     c.q_tok,    c.q_head,
-            c.k_tok,          c.k_head, c.v_tok, c.v_head, c.o_tok, c.o_head, int64_t(g), 0};
+            c.k_tok,          c.k_head, c.v_tok, c.v_head, c.o_tok, c.o_head, int64_t(g), c.stats ? 1 : 0};
+}
+
+void finalize_sdpa_plan(cudnnHandle_t handle, SdpaBuilder& b, const std::vector<cudnnBackendDescriptor_t>& ops,
+                        SdpaPlan& plan) {
+    const char* stage = "operation graph";
+    cudnnBackendDescriptor_t graph = b.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, stage);
+    Builder::set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, stage);
+    Builder::set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops.size()),
+                 ops.data(), stage);
+    Builder::finalize(graph, stage);
+
+    std::string refusals;
+    for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+        stage = "engine heuristics";
+        cudnnBackendDescriptor_t heur = b.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, stage);
+        Builder::set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, stage);
+        Builder::set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, stage);
+        Builder::finalize(heur, stage);
+        int64_t count = 0;
+        cudnnStatus_t st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
+        if (st != CUDNN_STATUS_SUCCESS) cudnn_fail("engine heuristics results", st);
+        if (count <= 0) {
+            refusals += fmt::format(" heuristics mode {} offered no engine config;", int(mode));
+            continue;
+        }
+        std::vector<cudnnBackendDescriptor_t> cfgs;
+        for (int64_t i = 0; i < count; ++i)
+            cfgs.push_back(b.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+        int64_t got = 0;
+        st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                      count, &got, cfgs.data());
+        if (st != CUDNN_STATUS_SUCCESS) cudnn_fail("engine configs", st);
+        for (int64_t i = 0; i < got; ++i) {
+            cudnnBackendDescriptor_t p = nullptr;
+            st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
+            if (st != CUDNN_STATUS_SUCCESS) cudnn_fail("execution plan", st);
+            st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                          &handle);
+            if (st == CUDNN_STATUS_SUCCESS)
+                st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[size_t(i)]);
+            if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(p);
+            int64_t ws = 0;
+            if (st == CUDNN_STATUS_SUCCESS)
+                st = cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                              CUDNN_TYPE_INT64, 1, nullptr, &ws);
+            if (st != CUDNN_STATUS_SUCCESS) {
+                cudnnBackendDestroyDescriptor(p);
+                refusals +=
+                    fmt::format(" config {} of mode {}: {};", i, int(mode), cudnnGetErrorString(st));
+                continue;
+            }
+            plan.plan = p;
+            plan.workspace = ws;
+            plan.engine = fmt::format("heuristics mode {}, config {} of {}", int(mode), i, got);
+            plan.ok = true;
+            return;
+        }
+    }
+    throw CudnnFailure{"execution plan: no engine config finalized:" + refusals};
 }
 
 std::unique_ptr<SdpaPlan> build_sdpa_plan(cudnnHandle_t handle, const AttentionCall& c, SdpaGraph g) {
     auto plan = std::make_unique<SdpaPlan>();
     try {
         Builder b(plan->keep);
-        const std::vector<cudnnBackendDescriptor_t> ops = sdpa_operations(b, c, g);
-        const char* stage = "operation graph";
-        cudnnBackendDescriptor_t graph = b.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, stage);
-        Builder::set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, stage);
-        Builder::set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops.size()),
-                     ops.data(), stage);
-        Builder::finalize(graph, stage);
-
-        std::string refusals;
-        for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-            stage = "engine heuristics";
-            cudnnBackendDescriptor_t heur = b.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, stage);
-            Builder::set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, stage);
-            Builder::set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, stage);
-            Builder::finalize(heur, stage);
-            int64_t count = 0;
-            cudnnStatus_t st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
-            if (st != CUDNN_STATUS_SUCCESS) fail("engine heuristics results", st);
-            if (count <= 0) {
-                refusals += fmt::format(" heuristics mode {} offered no engine config;", int(mode));
-                continue;
-            }
-            std::vector<cudnnBackendDescriptor_t> cfgs;
-            for (int64_t i = 0; i < count; ++i)
-                cfgs.push_back(b.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
-            int64_t got = 0;
-            st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                          count, &got, cfgs.data());
-            if (st != CUDNN_STATUS_SUCCESS) fail("engine configs", st);
-            for (int64_t i = 0; i < got; ++i) {
-                cudnnBackendDescriptor_t p = nullptr;
-                st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p);
-                if (st != CUDNN_STATUS_SUCCESS) fail("execution plan", st);
-                st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
-                                              &handle);
-                if (st == CUDNN_STATUS_SUCCESS)
-                    st = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[size_t(i)]);
-                if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(p);
-                int64_t ws = 0;
-                if (st == CUDNN_STATUS_SUCCESS)
-                    st = cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                  CUDNN_TYPE_INT64, 1, nullptr, &ws);
-                if (st != CUDNN_STATUS_SUCCESS) {
-                    cudnnBackendDestroyDescriptor(p);
-                    refusals +=
-                        fmt::format(" config {} of mode {}: {};", i, int(mode), cudnnGetErrorString(st));
-                    continue;
-                }
-                plan->plan = p;
-                plan->workspace = ws;
-                plan->engine = fmt::format("heuristics mode {}, config {} of {}", int(mode), i, got);
-                plan->ok = true;
-                return plan;
-            }
-        }
-        throw CudnnFailure{"execution plan: no engine config finalized:" + refusals};
+        finalize_sdpa_plan(handle, b, sdpa_operations(b, c, g), *plan);
     } catch (const CudnnFailure& f) {
         plan->ok = false;
         plan->error = f.what;
@@ -301,24 +196,33 @@ std::unique_ptr<SdpaPlan> build_sdpa_plan(cudnnHandle_t handle, const AttentionC
     return plan;
 }
 
-void run_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, const AttentionCall& c, void* workspace) {
-    float scale = c.scale;
-    const int64_t uids[5] = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
-    void* ptrs[5] = {const_cast<void*>(c.q), const_cast<void*>(c.k), const_cast<void*>(c.v), c.out, &scale};
+cudnnStatus_t execute_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, int64_t n, const int64_t* uids,
+                                void* const* ptrs, void* workspace) {
     cudnnBackendDescriptor_t pack = nullptr;
-    DZR_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
-    cudnnStatus_t st =
-        cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 5, uids);
+    cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
     if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 5,
-                                      ptrs);
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
     if (st == CUDNN_STATUS_SUCCESS)
         st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
                                       &workspace);
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(pack);
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(handle, plan.plan, pack);
     cudnnBackendDestroyDescriptor(pack);
-    DZR_CUDNN_CHECK(st);
+    return st;
+}
+
+cudnnStatus_t try_run_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, const AttentionCall& c,
+                                void* workspace) {
+    float scale = c.scale;
+    const int64_t uids[6] = {kUidQ, kUidK, kUidV, kUidO, kUidScale, kUidStats};
+    void* ptrs[6] = {const_cast<void*>(c.q), const_cast<void*>(c.k), const_cast<void*>(c.v), c.out, &scale, c.stats};
+    return execute_sdpa_plan(handle, plan, c.stats ? 6 : 5, uids, ptrs, workspace);
+}
+
+void run_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, const AttentionCall& c, void* workspace) {
+    DZR_CUDNN_CHECK(try_run_sdpa_plan(handle, plan, c, workspace));
 }
 
 }  // namespace cuda_detail

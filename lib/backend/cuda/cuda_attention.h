@@ -25,6 +25,9 @@ struct AttentionCall {
     void* out = nullptr;
     int64_t q_tok = 0, q_head = 0, k_tok = 0, k_head = 0, v_tok = 0, v_head = 0, o_tok = 0, o_head = 0;
     float scale = 1.0f;
+    /// Optional f32 [H, lq] output: each row's log-sum-exp of the scaled logits (M + log Z, natural log), which
+    /// merges this attention with another over other keys (the paged split in cuda_paged_sdpa.cpp).
+    float* stats = nullptr;
 };
 
 /// The cuDNN operation graph an SDPA plan was built from.
@@ -58,5 +61,19 @@ std::unique_ptr<SdpaPlan> build_sdpa_plan(cudnnHandle_t handle, const AttentionC
 
 /// Queues one execution of `plan` on the handle's stream with `workspace` (plan.workspace bytes).
 void run_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, const AttentionCall& c, void* workspace);
+/// run_sdpa_plan that returns cuDNN's status instead of throwing.
+cudnnStatus_t try_run_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, const AttentionCall& c,
+                                void* workspace);
+
+class SdpaBuilder;
+/// The operation graph of `ops` (made with `b`, whose descriptors `plan.keep` holds) and the first engine config
+/// that finalizes (heuristics mode A, then the fallback list) into `plan`; throws CudnnFailure
+/// (cuda_sdpa_builder.h) with the stage that refused.
+void finalize_sdpa_plan(cudnnHandle_t handle, SdpaBuilder& b, const std::vector<cudnnBackendDescriptor_t>& ops,
+                        SdpaPlan& plan);
+/// Queues one execution of `plan` with `n` tensors (unique ids and pointers; by-value tensors point at host
+/// values) and `workspace`; cuDNN's status.
+cudnnStatus_t execute_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, int64_t n, const int64_t* uids,
+                                void* const* ptrs, void* workspace);
 
 }  // namespace dzr::cuda_detail

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_paged_sdpa.h"
 #include "core/convert.h"
 #include "kernels/activation.cuh"
 #include "kernels/convert.cuh"
@@ -359,6 +360,7 @@ CudaBackend::~CudaBackend() {
     gemm_plans_.clear();
     conv_plans_.clear();
     sdpa_plans_.clear();  // NOTE: the plans hold cuDNN descriptors made with the handle destroyed below
+    paged_sdpa_.reset();
     if (cudnn_) cudnnDestroy(cudnn_);
     if (cublas_) cublasLtDestroy(cublas_);
     if (blas_) cublasDestroy(blas_);

@@ -40,6 +40,7 @@ struct FastConvPlan;
 struct FastConvCandidate;
 struct AttentionCall;
 struct SdpaPlan;
+struct PagedSdpaState;
 enum class SdpaGraph : uint8_t;
 using SdpaKey = std::array<int64_t, 16>;
 /// Everything a cuBLASLt plan depends on: dtypes, transposes, sizes, leading dims, batch strides,
@@ -206,7 +207,7 @@ public:
     void set_plain_gemm_impl(PlainGemmImpl impl);
     PlainGemmImpl plain_gemm_impl() const { return options_.plain_gemm; }
     void set_paged_attention_impl(PagedAttentionImpl impl) { options_.paged_attention = impl; }
-    /// Direct or Gather: how the last paged_attention ran.
+    /// Direct, Gather or CudnnPaged: how the last paged_attention ran.
     PagedAttentionImpl last_paged_attention_impl() const { return last_paged_impl_; }
     void set_fallback_only(bool on) { options_.fallback_only = on; }
     /// True when the last gemm_fp8 ran through cuBLASLt (false: the plain FP8 kernel).
@@ -275,6 +276,12 @@ private:
     bool try_flash(const cuda_detail::AttentionCall& c);
     bool try_mem_efficient(const cuda_detail::AttentionCall& c);
     AttentionImpl run_fused_attention(const cuda_detail::AttentionCall& c);
+    /// Paged attention without the gather (cuda_paged_sdpa.cpp): cuDNN SDPA over the history through the block
+    /// table and over the current rows, merged by their log-sum-exps. False, with the reason in `why` (also logged,
+    /// the first time as a warning), when it cannot run the call: cuDNN refuses a graph, the arena lacks room, or a
+    /// capture began before the shape's plans were built.
+    bool try_paged_sdpa(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
+                        const TensorView& k_cur, const TensorView& v_cur, const TensorView& out, std::string& why);
     void check_device_tensor(const TensorView& t, const char* op, const char* what) const;
     // FP8 (cuda_fp8.cpp): the cuBLASLt plan of an FP8 GEMM shape; the FP8 pool's paged attention and scatter
     using Fp8GemmKey = std::array<int64_t, 11>;
@@ -301,6 +308,7 @@ private:
     std::map<std::string, std::unique_ptr<cuda_detail::ConvPlan>> conv_plans_;
     std::map<std::string, std::unique_ptr<cuda_detail::FastConvPlan>> fast_conv_plans_;
     std::map<cuda_detail::SdpaKey, std::unique_ptr<cuda_detail::SdpaPlan>> sdpa_plans_;
+    std::unique_ptr<cuda_detail::PagedSdpaState> paged_sdpa_;  // made by the first try_paged_sdpa
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
     bool last_fp8_gemm_lt_ = false;

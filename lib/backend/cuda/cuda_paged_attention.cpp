@@ -1,11 +1,12 @@
 // Paged KV-cache ops of the CUDA backend: attention over [history through a device block table | current
-// rows], either directly in the flash kernel or by gathering the rows into the workspace and running the
-// dense fused attention; and the scatter of committed rows into their pool slots. Both read the block
+// rows], either directly in the flash kernel, by gathering the rows into the workspace and running the
+// dense fused attention, or (fast numerics) through cuDNN's paged SDPA (cuda_paged_sdpa.cpp); and the scatter of committed rows into their pool slots. Both read the block
 // table and slot mapping from device memory (uploaded by the cache's owner before the forward), so a
 // forward captured into a CUDA graph stays valid when the table's contents change.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_internal.h"
@@ -112,13 +113,32 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     gathered.k_head = gathered.v_head = D;
     gathered.scale = p.scale;
 
+    const bool cudnn_allowed = options_.attention == AttentionImpl::Auto ||
+                               options_.attention == AttentionImpl::CudnnUnified ||
+                               options_.attention == AttentionImpl::CudnnComposite;
     PagedAttentionImpl how = options_.paged_attention;
+    // NOTE: fast numerics read the history where it lies (cuda_paged_sdpa.cpp); reference numerics keep the gathered
+    // call, the dense SDPA the reference makes over the same rows
+    if (how == PagedAttentionImpl::CudnnPaged ||
+        (how == PagedAttentionImpl::Auto && numerics() == Numerics::Fast && cudnn_allowed)) {
+        if (hist == 0) {
+            // nothing paged: the dense attention over the current rows where they lie
+            last_paged_impl_ = PagedAttentionImpl::CudnnPaged;
+            return attention(p, q, k_cur, v_cur, TensorView{}, out);
+        }
+        std::string why;
+        if (try_paged_sdpa(p, q, history, layer, k_cur, v_cur, out, why)) {
+            last_paged_impl_ = PagedAttentionImpl::CudnnPaged;
+            return;
+        }
+        DZR_CHECK(how == PagedAttentionImpl::Auto,
+                  "cuda backend: {} implementation cudnn-paged cannot run q {} k {} over a history of {}: {}", op,
+                  q.str(), k_cur.str(), hist, why);
+        how = PagedAttentionImpl::Gather;
+    }
     if (how == PagedAttentionImpl::Auto) {
         // NOTE: the gather costs one read and write of every key row; it pays only when cuDNN's SDPA runs the
         // dense call (dzr's flash kernel reads the table directly at no extra cost).
-        const bool cudnn_allowed = options_.attention == AttentionImpl::Auto ||
-                                   options_.attention == AttentionImpl::CudnnUnified ||
-                                   options_.attention == AttentionImpl::CudnnComposite;
         bool cudnn_ok = false;
         if (cudnn_allowed) {
             // plans depend on shapes and strides only; the gathered buffers' addresses do not matter here
@@ -158,7 +178,10 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
 }
 
 size_t CudaBackend::paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) {
-    // NOTE: the gathered path's [history | current] K and V rows, whichever path the call then takes
+    // NOTE: the gathered path's [history | current] K and V rows, whichever path the call then takes. The cuDNN
+    // paged path takes less where Lq <= the current rows (the DiT's self-attention): the current rows' output and
+    // two f32 stats rows per query row and head, plus its plans' workspaces (reported by no query, as the dense
+    // SDPA's); it falls back to the gather where the arena lacks room.
     const auto aligned = [](size_t b) { return (b + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
     // NOTE: an f8_e4m3 pool is gathered (dequantized) into the compute dtype of the current rows
     const size_t rows = size_t(history.seq_len + k_cur.dim(0)) * size_t(history.num_heads) * size_t(history.head_dim) *
