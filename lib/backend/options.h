@@ -55,9 +55,9 @@ inline constexpr size_t kMaxLtWorkspaceBytes = size_t(32) << 20;
 /// kernel reads the history through the device block table; Gather = one kernel copies [history | current] into
 /// the workspace, then the dense attention; CudnnPaged = cuDNN SDPA reads the history through the block table and
 /// a dense cuDNN SDPA the current rows, the two merged by their log-sum-exps (no copy of the rows; throws where
-/// cuDNN refuses the graphs). Auto = CudnnPaged in fast numerics when cuDNN may run attention (Gather where it
-/// cannot, logged once), else Gather when cuDNN SDPA takes the dense call, else Direct (reference numerics keep the
-/// gathered call, the one PyTorch's SDPA makes).
+/// cuDNN refuses the graphs; measured slower than Gather where cuDNN 9.14 runs it, so only when forced). Auto =
+/// Gather when cuDNN SDPA takes the dense call, else Direct (fast numerics with no history: the dense attention over
+/// the current rows where they lie; reference numerics keep the gathered call, the one PyTorch's SDPA makes).
 enum class PagedAttentionImpl : uint8_t { Auto, Direct, Gather, CudnnPaged };
 
 /// Which cuDNN API plans convolutions: Graph (the graph API with PyTorch's engine choice: heuristics INSTANT,

@@ -1,13 +1,13 @@
-// Paged attention without the gather (PagedAttentionImpl::CudnnPaged, fast numerics' choice): cuDNN SDPA over
+// Paged attention without the gather (PagedAttentionImpl::CudnnPaged, a forced choice): cuDNN SDPA over
 // the history through a shuffled device block table, a dense cuDNN SDPA over the current rows, merged by
 // their log-sum-exps. Checked against an f64 reference on the host and against the gathered path, over empty,
 // one-block, several-block and partial-block histories, small and DreamZero-sized current rows; a CUDA graph
 // captured once replays with new block-table contents as the eager call; reference numerics keep the gather.
 //
-// Where cuDNN refuses the paged graphs (cuDNN 9.14 has no page tables on the unified node, and may refuse the
-// composite graph) fast numerics' Auto gathers instead and the forced choice throws; the tests then check the
-// fallback's results, warn, and print which path ran ("ran gather"), so a device log shows whether the cuDNN
-// path was exercised.
+// Auto gathers (the cuDNN paged path measured slower on cuDNN 9.14, docs/KV_CACHE.md); the tests force
+// CudnnPaged. Where cuDNN refuses the paged graphs (cuDNN 9.14 has no page tables on the unified node and its
+// composite graph needs power-of-2 blocks) the forced choice throws; the tests then check the gathered results,
+// warn, and print which path ran ("ran gather"), so a device log shows whether the cuDNN path was exercised.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -250,21 +250,21 @@ void check_case(const Case& c, int64_t sampled_rows) {
         kv_k = kd.view(), kv_v = vd.view();
     }
     const float scale = 1.f / std::sqrt(float(c.dim));
-    // fast numerics' Auto takes the cuDNN path wherever cuDNN runs it (else gathers); forcing it gives the
-    // same bits or throws
+    // fast numerics' Auto gathers (with no history: the dense attention over the current rows where they lie);
+    // the forced cuDNN paged path runs where cuDNN takes its graphs, else throws
     PagedAttentionImpl ran = PagedAttentionImpl::Auto;
-    const std::vector<float> paged = run(be, PagedAttentionImpl::Auto, pool, qd, kv_k, kv_v, scale, &ran);
-    std::vector<float> forced;
+    const std::vector<float> automatic = run(be, PagedAttentionImpl::Auto, pool, qd, kv_k, kv_v, scale, &ran);
+    CHECK(ran == PagedAttentionImpl::Gather);
+    std::vector<float> paged;
     const std::string forced_error = test::error_of(
-        [&] { forced = run(be, PagedAttentionImpl::CudnnPaged, pool, qd, kv_k, kv_v, scale, nullptr); });
-    if (ran == PagedAttentionImpl::CudnnPaged) {
-        CHECK(forced_error.empty());
-        CHECK(forced == paged);
+        [&] { paged = run(be, PagedAttentionImpl::CudnnPaged, pool, qd, kv_k, kv_v, scale, nullptr); });
+    const bool paged_ran = forced_error.empty();
+    if (paged_ran) {
+        ran = PagedAttentionImpl::CudnnPaged;
     } else {
-        CHECK(ran == PagedAttentionImpl::Gather);
         CHECK(test::contains(forced_error, "cudnn-paged cannot run"));
         WARN_MESSAGE(false, "cuDNN refused the paged graphs (" << forced_error
-                                                               << "); the gathered fallback was checked");
+                                                               << "); the gathered path was checked");
     }
     const std::vector<float> gathered =
         run(be, PagedAttentionImpl::Gather, pool, qd, kv_k, kv_v, scale, nullptr);
@@ -287,21 +287,25 @@ void check_case(const Case& c, int64_t sampled_rows) {
             // rounds once more (u · |out|): together at most 3u · A, A = sum p|v| >= |out|. The gathered
             // call: 2u · A.
             const double bound = 3 * kBf16Unit * a + 1e-6, gather_bound = 2 * kBf16Unit * a + 1e-6;
-            const double ep = std::fabs(paged[i] - exact[size_t(e)]),
-                         eg = std::fabs(gathered[i] - exact[size_t(e)]);
-            if (!(ep <= bound)) ++bad_paged;
+            const double eg = std::fabs(gathered[i] - exact[size_t(e)]),
+                         ea = std::fabs(automatic[i] - exact[size_t(e)]);
             if (!(eg <= gather_bound)) ++bad_gather;
+            if (!(ea <= gather_bound)) ++bad_gather;
+            wg.err = std::max({wg.err, eg, ea});
+            wg.bound_ratio = std::max(wg.bound_ratio, std::max(eg, ea) / gather_bound);
+            if (!paged_ran) continue;
+            const double ep = std::fabs(paged[i] - exact[size_t(e)]);
+            if (!(ep <= bound)) ++bad_paged;
             if (!(std::fabs(double(paged[i]) - gathered[i]) <= bound + gather_bound)) ++bad_pair;
-            wp.err = std::max(wp.err, ep), wg.err = std::max(wg.err, eg);
+            wp.err = std::max(wp.err, ep);
             wp.bound_ratio = std::max(wp.bound_ratio, ep / bound);
-            wg.bound_ratio = std::max(wg.bound_ratio, eg / gather_bound);
         }
     }
     CHECK(bad_paged == 0);
     CHECK(bad_gather == 0);
     CHECK(bad_pair == 0);
     std::printf(
-        "H %lld D %lld block %lld history %lld current %lld Lq %lld%s: fast Auto ran %s; "
+        "H %lld D %lld block %lld history %lld current %lld Lq %lld%s: ran %s; "
         "max |err| vs f64 on %lld rows: paged %.3e (%.2f of its bound), gather %.3e (%.2f)\n",
         (long long)c.heads, (long long)c.dim, (long long)c.bs, (long long)c.hist, (long long)c.cur,
         (long long)c.lq, c.strided_cur ? " (strided k/v)" : "", impl_name(ran), (long long)rows, wp.err,
@@ -343,10 +347,18 @@ TEST_CASE("a captured cudnn paged attention replays with new block-table content
         table_b(other.begin(), other.end());
 
     REQUIRE(be.numerics() == Numerics::Fast);
-    be.set_paged_attention_impl(PagedAttentionImpl::Auto);
+    struct Restore {
+        CudaBackend& be;
+        ~Restore() { be.set_paged_attention_impl(PagedAttentionImpl::Auto); }
+    } restore{be};
     const Tensor out = poisoned(be, Shape{cur, H, D});
-    // eager with table A (builds the plans)
-    be.paged_attention({scale}, q, pool.view(), pool.layer, k, v, out);
+    // eager with table A (builds the plans): the forced cuDNN paged path where cuDNN takes it (64-token blocks),
+    // else Auto's gather
+    be.set_paged_attention_impl(PagedAttentionImpl::CudnnPaged);
+    if (!test::error_of([&] { be.paged_attention({scale}, q, pool.view(), pool.layer, k, v, out); }).empty()) {
+        be.set_paged_attention_impl(PagedAttentionImpl::Auto);
+        be.paged_attention({scale}, q, pool.view(), pool.layer, k, v, out);
+    }
     const std::vector<float> eager_a = download(be, out);
     const PagedAttentionImpl ran = be.last_paged_attention_impl();
 

@@ -117,24 +117,21 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
                                options_.attention == AttentionImpl::CudnnUnified ||
                                options_.attention == AttentionImpl::CudnnComposite;
     PagedAttentionImpl how = options_.paged_attention;
-    // NOTE: fast numerics read the history where it lies (cuda_paged_sdpa.cpp); reference numerics keep the gathered
-    // call, the dense SDPA the reference makes over the same rows
-    if (how == PagedAttentionImpl::CudnnPaged ||
-        (how == PagedAttentionImpl::Auto && numerics() == Numerics::Fast && cudnn_allowed)) {
-        if (hist == 0) {
-            // nothing paged: the dense attention over the current rows where they lie
-            last_paged_impl_ = PagedAttentionImpl::CudnnPaged;
-            return attention(p, q, k_cur, v_cur, TensorView{}, out);
-        }
+    // NOTE: fast numerics with no history attend to the current rows where they lie (nothing to gather). Auto never
+    // picks CudnnPaged: on the H200 with cuDNN 9.14 it is refused at the DiT's 880-token blocks (paged cache loads
+    // need power-of-2 blocks) and ran 1.75x slower than the gathered call at 16-token blocks (docs/PERF.md, session
+    // 11); the unified node's page tables (cuDNN >= 9.15) have not been measured. It stays a forced choice.
+    if (how == PagedAttentionImpl::Auto && numerics() == Numerics::Fast && cudnn_allowed && hist == 0) {
+        last_paged_impl_ = PagedAttentionImpl::Gather;
+        return attention(p, q, k_cur, v_cur, TensorView{}, out);
+    }
+    if (how == PagedAttentionImpl::CudnnPaged) {
+        last_paged_impl_ = PagedAttentionImpl::CudnnPaged;
+        if (hist == 0) return attention(p, q, k_cur, v_cur, TensorView{}, out);
         std::string why;
-        if (try_paged_sdpa(p, q, history, layer, k_cur, v_cur, out, why)) {
-            last_paged_impl_ = PagedAttentionImpl::CudnnPaged;
-            return;
-        }
-        DZR_CHECK(how == PagedAttentionImpl::Auto,
-                  "cuda backend: {} implementation cudnn-paged cannot run q {} k {} over a history of {}: {}", op,
-                  q.str(), k_cur.str(), hist, why);
-        how = PagedAttentionImpl::Gather;
+        if (try_paged_sdpa(p, q, history, layer, k_cur, v_cur, out, why)) return;
+        DZR_THROW("cuda backend: {} implementation cudnn-paged cannot run q {} k {} over a history of {}: {}", op,
+                 q.str(), k_cur.str(), hist, why);
     }
     if (how == PagedAttentionImpl::Auto) {
         // NOTE: the gather costs one read and write of every key row; it pays only when cuDNN's SDPA runs the

@@ -1,4 +1,4 @@
-// Paged attention without the gather (PagedAttentionImpl::CudnnPaged, what fast numerics pick): the history
+// Paged attention without the gather (PagedAttentionImpl::CudnnPaged, a forced choice; Auto gathers): the history
 // is read by cuDNN SDPA straight from the KV pool through the device block table, the current rows by a dense
 // cuDNN SDPA, and the two outputs are merged by their log-sum-exps.
 //
@@ -227,19 +227,11 @@ bool CudaBackend::try_paged_sdpa(const AttentionParams& p, const TensorView& q, 
     cuda_detail::PagedSdpaState& state = *paged_sdpa_;
     const int64_t H = history.num_heads, D = history.head_dim, hist = history.seq_len, cur = k_cur.dim(0),
                   lq = q.dim(0);
-    // NOTE: logged once per backend as a warning (the rollout then gathers, which is correct but slower);
-    // later refusals at debug level
+    // NOTE: only a forced CudnnPaged gets here (Auto gathers: cuda_paged_attention.cpp); the caller throws `why`
     const auto refuse = [&](const std::string& reason) {
         why = reason;
-        if (!state.fallback_logged)
-            log()->warn(
-                "cuda backend: cuDNN's paged SDPA cannot run paged attention (Lq {}, history {}, {} current, "
-                "{} heads x {}): {}; gathering the rows instead",
-                lq, hist, cur, H, D, reason);
-        else
-            log()->debug("cuda backend: paged attention Lq {} history {} current {} gathers: {}", lq, hist,
-                         cur, reason);
-        state.fallback_logged = true;
+        log()->debug("cuda backend: paged attention Lq {} history {} current {}: cuDNN paged SDPA refused: {}", lq,
+                     hist, cur, reason);
         return false;
     };
     std::vector<SdpaGraph> graphs;
@@ -295,7 +287,7 @@ bool CudaBackend::try_paged_sdpa(const AttentionParams& p, const TensorView& q, 
                     cuda_detail::sdpa_graph_name(g), lq, hist, H, D, c.block_size, dtype_name(c.dtype),
                     plan->sdpa.engine, plan->sdpa.workspace);
             else
-                log()->info(
+                log()->debug(
                     "cuDNN paged SDPA {} graph refused for Lq {} history {} H {} D {} block {} ({}): {}",
                     cuda_detail::sdpa_graph_name(g), lq, hist, H, D, c.block_size, dtype_name(c.dtype),
                     plan->sdpa.error);

@@ -62,11 +62,9 @@ std::unique_ptr<PagedSdpaPlan> build_paged_sdpa_plan(cudnnHandle_t handle, const
 cudnnStatus_t run_paged_sdpa_plan(cudnnHandle_t handle, const PagedSdpaPlan& plan, const PagedSdpaCall& c,
                                   void* workspace);
 
-/// The backend's paged plans (refusals included, so a refused shape is not rebuilt) and whether the fallback
-/// to the gather was logged.
+/// The backend's paged plans (refusals included, so a refused shape is not rebuilt).
 struct PagedSdpaState {
     std::map<PagedSdpaKey, std::unique_ptr<PagedSdpaPlan>> plans;
-    bool fallback_logged = false;
 };
 
 }  // namespace dzr::cuda_detail
