@@ -24,6 +24,7 @@ struct PlanArgs {
     std::string kv_dtype = "bf16";
     std::string budget;
     std::string device;
+    std::string numerics = "fast";
     std::string kv = "paged";
     bool no_text_prepass = false;
     bool json = false;
@@ -70,6 +71,8 @@ int run(const PlanArgs& a) {
     options.kv = run.kv;
     options.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     options.text_prepass = !a.no_text_prepass;
+    options.batch_cfg = run.batch_cfg;
+    po.numerics = parse_numerics(a.numerics);
 
     // Offline by default; --device plans with that device's backend (a GPU's convolution scratch included).
     std::unique_ptr<Backend> planner;
@@ -77,6 +80,7 @@ int run(const PlanArgs& a) {
         const Device device = parse_device(a.device);
         BackendOptions bo;
         bo.workspace_bytes = size_t(1) << 20;
+        bo.numerics = po.numerics;
         planner = make_backend(device, bo);
         po.compute_dtype = planner->compute_dtype();
         po.cuda = device.is_cuda();
@@ -104,9 +108,10 @@ int run(const PlanArgs& a) {
             j["budget"] = nullptr;
         std::printf("%s\n", j.dump(2).c_str());
     } else {
-        std::printf("dzr plan: %s, embodiment %s; planned %s; %s weights (DiT), %s KV cache, text pre-pass %s\n",
+        std::printf("dzr plan: %s, embodiment %s; planned %s; %s numerics; %s weights (DiT), %s KV cache, text "
+                    "pre-pass %s\n",
                     !a.checkpoint.empty() ? a.checkpoint.c_str() : a.config.c_str(), embodiment.tag.c_str(),
-                    plan.planner.c_str(), std::string(precision_name(po.precision)).c_str(),
+                    plan.planner.c_str(), numerics_name(plan.numerics), std::string(precision_name(po.precision)).c_str(),
                     po.kv_dtype == DType::F8_E4M3 ? "fp8" : std::string(dtype_name(po.kv_dtype)).c_str(),
                     plan.text_prepass ? "on" : "off");
         std::printf("%s", plan.table(budget).c_str());
@@ -140,6 +145,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "CPU engine); default: offline, for a CUDA GPU");
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense")->capture_default_str();
     cmd->add_flag("--no-text-prepass", args->no_text_prepass, "Plan with umT5 resident (no text encoder pre-pass)");
+    cmd->add_option("--numerics", args->numerics,
+                    "The run's numerics: fast (the rollout's default: the CFG branches batched, channels-last VAE "
+                    "weights) or reference")
+        ->capture_default_str();
     cmd->add_flag("--json", args->json, "Machine-readable output");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args); }; });
 });

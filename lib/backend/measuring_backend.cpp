@@ -36,8 +36,9 @@ Capabilities MeasuringBackend::Device::capabilities() const {
     return c;
 }
 
-MeasuringBackend::MeasuringBackend(DType compute_dtype, Backend* planner, std::optional<Capabilities> assumed)
-    : Backend(planner ? planner->numerics() : Numerics::Reference), planner_(planner), dtype_(compute_dtype),
+MeasuringBackend::MeasuringBackend(DType compute_dtype, Backend* planner, std::optional<Capabilities> assumed,
+                                   Numerics numerics)
+    : Backend(planner ? planner->numerics() : numerics), planner_(planner), dtype_(compute_dtype),
       device_(planner, assumed) {}
 
 void MeasuringBackend::touch(size_t bytes) {

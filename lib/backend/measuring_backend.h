@@ -16,9 +16,11 @@ class MeasuringBackend final : public Backend {
 public:
     /// planner: the backend that will run the calls, asked for the workspace of its ops (may be null: the ops'
     /// own workspace is then not counted). assumed: the capabilities the measured calls see when there is no
-    /// planner (a plan for a device this machine lacks); the planner's own otherwise.
+    /// planner (a plan for a device this machine lacks); the planner's own otherwise. numerics: the mode the
+    /// measured calls run in without a planner (the planner's own otherwise).
     explicit MeasuringBackend(DType compute_dtype, Backend* planner = nullptr,
-                              std::optional<Capabilities> assumed = std::nullopt);
+                              std::optional<Capabilities> assumed = std::nullopt,
+                              Numerics numerics = Numerics::Reference);
 
     /// Bytes of every alloc() so far (persistent tensors: weights, tables, KV pools, buffers), as requested
     /// (no alignment or rounding).

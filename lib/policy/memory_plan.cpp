@@ -31,6 +31,7 @@ Capabilities assumed_cuda_capabilities() {
     c.graphs = true;
     c.fp8 = true;
     c.compute_capability = 90;
+    c.conv_channels_last = true;
     return c;
 }
 
@@ -144,12 +145,13 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     plan.options = po;
     plan.text_prepass = options.text_prepass;
     plan.planner = planner ? planner->device().str() : "offline (a CUDA GPU assumed)";
+    plan.numerics = planner ? planner->numerics() : po.numerics;
     const DType dt = po.compute_dtype;
     const std::optional<Capabilities> assumed =
         planner ? std::nullopt : std::optional<Capabilities>(assumed_cuda_capabilities());
 
     // ---- the engine's calls on a measuring backend: workspace, allocations, a session's buffers ---------------
-    MeasuringBackend measuring(dt, planner, assumed);
+    MeasuringBackend measuring(dt, planner, assumed, po.numerics);
     RecordingWeights shapes(make_shape_only_weights(model));
     // NOTE: measured at the compute dtype (bf16 Linears, a compute-dtype KV pool); the plan below sizes the FP8
     // weights and KV itself, and the FP8 Linears' quantized activations as a part of their own
@@ -160,7 +162,7 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     // umT5 alone (what the pre-pass loads, and frees)
     uint64_t t5_allocated = 0;
     {
-        MeasuringBackend alone(dt, planner, assumed);
+        MeasuringBackend alone(dt, planner, assumed, po.numerics);
         WeightLoader loader(shapes, alone);
         const Umt5Encoder encoder(loader, model.t5);
         t5_allocated = alone.allocated_bytes();
@@ -336,6 +338,7 @@ Json MemoryPlan::to_json() const {
     j["kv_dtype"] = kv_dtype_name(options.kv_dtype);
     j["compute_dtype"] = std::string(dtype_name(options.compute_dtype));
     j["text_prepass"] = text_prepass;
+    j["numerics"] = numerics_name(numerics);
     Json ps = Json::array();
     for (const auto& p : parts) ps.push_back({{"key", p.key}, {"name", p.name}, {"bytes", p.bytes}, {"detail", p.detail}});
     j["parts"] = ps;

@@ -72,6 +72,9 @@ struct MemoryPlanOptions {
     bool cuda = true;                   ///< a CUDA device: the context allowance counts
     /// --save-video: the most latent frames an episode's predicted video joins (0: no video decode phase).
     int64_t video_latent_frames = 0;
+    /// The numerics the run's calls are measured in when the plan has no planner (a planner plans its own): fast
+    /// numerics batch the CFG branches' rows and keep the VAE encoder's weights channels-last as well.
+    Numerics numerics = Numerics::Fast;
 };
 
 /// One part of the plan.
@@ -94,6 +97,7 @@ struct MemoryPlan {
     std::string planner;  ///< what sized the op workspaces: "cuda:0", "cpu", or "offline (a CUDA GPU assumed)"
     MemoryPlanOptions options;
     bool text_prepass = false;
+    Numerics numerics = Numerics::Fast;  ///< the numerics the calls were measured in (the planner's, else the options')
     std::vector<MemoryPart> parts;
     std::vector<MemoryPhase> phases;
 
@@ -104,7 +108,8 @@ struct MemoryPlan {
     uint64_t peak_bytes() const { return peak().bytes; }
     /// The parts and the phases as text tables (bytes and GiB); with a budget (> 0), whether the plan fits.
     std::string table(uint64_t budget_bytes = 0) const;
-    /// {"planner", "precision", "kv_dtype", "text_prepass", "parts": [...], "phases": [...], "peak": {...}}.
+    /// {"planner", "precision", "kv_dtype", "text_prepass", "numerics", "parts": [...], "phases": [...],
+    /// "peak": {...}}.
     nlohmann::ordered_json to_json() const;
 };
 

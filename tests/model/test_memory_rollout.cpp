@@ -201,6 +201,7 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j["precision"] == "bf16");
     CHECK(j["text_prepass"] == true);
+    CHECK(j["numerics"] == "fast");  // the rollout's default
     CHECK(j["budget"].is_null());
     uint64_t parts = 0;
     for (const auto& p : j["parts"]) parts += p["bytes"].get<uint64_t>();
@@ -212,6 +213,12 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     r = test::run_dzr("plan --config " + cfg + " --precision fp16", dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("--precision: expected bf16 or fp8, got 'fp16'"));
+    r = test::run_dzr("plan --config " + cfg + " --numerics turbo", dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("turbo"));
+    r = test::run_dzr("plan --config " + cfg + " --numerics reference --json", dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out)["numerics"] == "reference");
     r = test::run_dzr("plan", dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("--config"));

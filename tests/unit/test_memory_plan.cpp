@@ -7,6 +7,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <vector>
 
 #include "backend/backend.h"
 #include "config/run_config.h"
@@ -51,6 +52,7 @@ MemoryPlan offline_plan(const config::RunConfig& run, WeightPrecision precision,
 struct KeyListFigures {
     uint64_t dit = 0, umt5 = 0, clip_stored = 0, clip_run = 0, vae = 0, vae_no_decoder = 0;
     uint64_t dit_fp8_bytes = 0;  // the DiT with its layers' linear weights in fp8 + a float32 scale per row
+    uint64_t vae_encoder_taps = 0;  // the VAE encoder's convolution weights of more than one tap (kept channels-last)
 };
 
 KeyListFigures key_list_figures() {
@@ -90,6 +92,18 @@ KeyListFigures key_list_figures() {
         } else if (key.rfind("action_head.vae.", 0) == 0) {
             k.vae += n;
             if (key.find("vae.model.decoder.") == std::string::npos) k.vae_no_decoder += n;
+            // "[Co, Ci, kt, kh, kw]" or "[Co, Ci, kh, kw]": the taps are the dimensions after the first two
+            std::vector<uint64_t> dims;
+            for (size_t i = 1; i < shape.size();) {
+                const size_t end = shape.find_first_of(",]", i);
+                dims.push_back(std::stoull(shape.substr(i, end - i)));
+                i = end + 2;
+            }
+            uint64_t taps = 1;
+            for (size_t d = 2; d < dims.size(); ++d) taps *= dims[d];
+            if (key.rfind("action_head.vae.model.encoder.", 0) == 0 && key.ends_with(".weight") && dims.size() >= 4 &&
+                taps > 1)
+                k.vae_encoder_taps += n;
         } else {
             FAIL("unexpected key " << key);
         }
@@ -127,6 +141,27 @@ TEST_CASE("the DROID plan's weights are the reference key list's parameters in b
     CHECK(k.umt5 > 5'670'000'000ull);
     CHECK(k.umt5 < 5'690'000'000ull);
     CHECK(k.clip_run < k.clip_stored);
+}
+
+TEST_CASE("an offline plan measures fast numerics by default, counting the VAE encoder's channels-last weights") {
+    const config::RunConfig run = droid();
+    const KeyListFigures k = key_list_figures();
+    MemoryPlanOptions po;
+    const MemoryPlan fast = plan_memory(run.model, droid_embodiment(), policy(run, true), po, nullptr);
+    po.numerics = Numerics::Reference;
+    const MemoryPlan reference = plan_memory(run.model, droid_embodiment(), policy(run, true), po, nullptr);
+    CHECK(fast.numerics == Numerics::Fast);
+    CHECK(reference.numerics == Numerics::Reference);
+    CHECK(fast.to_json()["numerics"] == "fast");
+    // the same weights and KV cache; fast numerics add a bf16 channels-last copy of every encoder convolution
+    // weight of more than one tap (the 1x1x1 ones are read in place)
+    for (const char* key : {"weights.dit", "weights.clip", "weights.vae", "kv.pool", "kv.cross"})
+        CHECK(fast.part_bytes(key) == reference.part_bytes(key));
+    CHECK(fast.part_bytes("tables.networks") == reference.part_bytes("tables.networks") + 2 * k.vae_encoder_taps);
+    // NOTE: the workspaces are measured, not derived: fast numerics' (the channels-last VAE encode, the batched
+    // CFG rows) came out 1.46 GB against reference numerics' 1.89 GB offline (docs/MEMORY.md)
+    CHECK(fast.part_bytes("workspace") > 0);
+    CHECK(reference.part_bytes("workspace") > 0);
 }
 
 TEST_CASE("the DROID plan in fp8 stores the DiT layers' linear weights in one byte plus a float32 scale per row") {
