@@ -8,6 +8,7 @@
 #include "kernels/dit_fused.cuh"
 #include "kernels/dit_rows.cuh"
 #include "kernels/fp8_convert.cuh"
+#include "kernels/warp_rows.cuh"
 
 namespace dzr::kernels {
 namespace {
@@ -263,22 +264,6 @@ __global__ void rms_norm_rope_any_kernel(const Tx* x, To* out, int64_t cols, int
 
 constexpr int kWarpRows = 4;  // rows (warps) per block of the warp kernels
 
-/// Sum over the warp's row of f(value): every lane gets it.
-template <int N, typename F>
-__device__ __forceinline__ float warp_row_sum(const uint4 (&raw)[N], int chunks, int lane, F f) {
-    float acc = 0.f;
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-        if (k * kWarp + lane < chunks) {
-            float v[8];
-            unpack8(raw[k], v);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc += f(v[i]);
-        }
-    }
-    return warp_sum(acc);
-}
-
 /// The operands of the warp LayerNorm; with kResidual, x += y [* gate[g]] first (written back, rounded to bf16, and
 /// the norm reads the rounded sum, as the unfused gated_residual then ada_layer_norm do).
 struct AdaWarpArgs {
@@ -373,10 +358,7 @@ __global__ void __launch_bounds__(kWarpRows* kWarp) ada_layer_norm_warp_kernel(c
                 for (int i = 0; i < 8; ++i) o[i] += p[i];
             }
             if constexpr (kFp8) {
-                raw[k] = pack8(o);  // the bf16 row, kept for the codes
-                unpack8(raw[k], o);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(o[i]));
+                fp8::round_for_codes(raw[k], o, amax);  // the bf16 row, kept for the codes
             } else {
                 orow[ch] = pack8(o);
             }
@@ -384,34 +366,13 @@ __global__ void __launch_bounds__(kWarpRows* kWarp) ada_layer_norm_warp_kernel(c
     }
     if constexpr (kFp8) {
         const float2 sc = fp8::row_scale(warp_max(amax));
-        uint2* qrow = reinterpret_cast<uint2*>(a.q + r * a.cols);
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            const int ch = k * kWarp + lane;
-            if (ch < chunks) {
-                float o[8];
-                unpack8(raw[k], o);
-                qrow[ch] = fp8::codes8(o, sc.y);
-            }
-        }
+        fp8::write_codes(raw, chunks, lane, kWarp, sc.y, reinterpret_cast<uint2*>(a.q + r * a.cols));
         if (lane == 0) a.q_scales[r] = sc.x;
     }
 }
 
-struct RopeWarpArgs {
-    const bf16* x;
-    bf16* out;
-    int64_t rows;
-    int cols;
-    int head_dim;
-    float eps;
-    Vec8Ptr weight;
-    const float* table_a;
-    const float* table_b;
-    int pairs;
-    int64_t split;
-    int64_t period;
-    bool lane_table;  // 256 % head_dim == 0: a lane's chunks all sit at one offset in their heads
+struct RopeWarpArgs : rows::RopeArgs {
+    bool lane_table = false;  // 256 % head_dim == 0: a lane's chunks all sit at one offset in their heads
 };
 
 template <int N, int kEntry>
@@ -426,30 +387,8 @@ __global__ void __launch_bounds__(kWarpRows* kWarp) rms_norm_rope_warp_kernel(co
     for (int k = 0; k < N; ++k)
         if (k * kWarp + lane < chunks) raw[k] = xr[k * kWarp + lane];
     const float rstd = rsqrtf(warp_row_sum(raw, chunks, lane, [](float v) { return v * v; }) / float(a.cols) + a.eps);
-    const int64_t rr = r % a.period;
-    const float* table = rr < a.split ? a.table_a : a.table_b;
-    const float* trow = table ? table + (rr < a.split ? rr : rr - a.split) * int64_t(a.pairs) * kEntry : nullptr;
     float cs[4], sn[4];
-    bool rotate = false;
-    // (cos, sin) of the 4 pairs of the chunk at column c0 (pairs % 4 == 0: a chunk is wholly rotated or not)
-    const auto fetch = [&](int c0) {
-        const int j0 = (c0 % a.head_dim) / 2;
-        rotate = trow && j0 < a.pairs;
-        if (!rotate) return;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            if constexpr (kEntry == 4) {
-                const float4 t = reinterpret_cast<const float4*>(trow + int64_t(j0) * 4)[q];
-                cs[q] = t.x + t.y;
-                sn[q] = t.z + t.w;
-            } else {
-                const float2 t = reinterpret_cast<const float2*>(trow + int64_t(j0) * 2)[q];
-                cs[q] = t.x;
-                sn[q] = t.y;
-            }
-        }
-    };
-    if (a.lane_table) fetch(lane * 8);
+    bool rotate = a.lane_table && rope_fetch<kEntry>(a, r, lane * 8, cs, sn);
     uint4* orow = reinterpret_cast<uint4*>(a.out + r * a.cols);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -465,32 +404,11 @@ __global__ void __launch_bounds__(kWarpRows* kWarp) rms_norm_rope_warp_kernel(co
 #pragma unroll
                 for (int i = 0; i < 8; ++i) o[i] *= p[i];
             }
-            if (!a.lane_table) fetch(ch * 8);
-            if (rotate) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const float x0 = o[2 * q], x1 = o[2 * q + 1];
-                    o[2 * q] = x0 * cs[q] - x1 * sn[q];
-                    o[2 * q + 1] = x0 * sn[q] + x1 * cs[q];
-                }
-            }
+            if (!a.lane_table) rotate = rope_fetch<kEntry>(a, r, ch * 8, cs, sn);
+            if (rotate) rotate_pairs(o, cs, sn);
             orow[ch] = pack8(o);
         }
     }
-}
-
-constexpr int kWarpMaxChunks = 24;  // per lane: the warp kernels take rows of up to 24 · 256 = 6144 columns
-constexpr int64_t kWarpMaxCols = int64_t(kWarpMaxChunks) * kWarp * 8;
-
-/// Calls f(std::integral_constant<int, N>) with the smallest instantiated N (chunks per lane) that covers `cols`.
-template <typename F>
-cudaError_t dispatch_warp_chunks(int64_t cols, F&& f) {
-    const int64_t per_lane = (cols / 8 + kWarp - 1) / kWarp;
-    if (per_lane <= 4) return f(std::integral_constant<int, 4>{});
-    if (per_lane <= 8) return f(std::integral_constant<int, 8>{});
-    if (per_lane <= 16) return f(std::integral_constant<int, 16>{});
-    if (per_lane <= 20) return f(std::integral_constant<int, 20>{});
-    return f(std::integral_constant<int, kWarpMaxChunks>{});
 }
 
 unsigned warp_grid(int64_t rows) { return unsigned((rows + kWarpRows - 1) / kWarpRows); }
@@ -717,25 +635,7 @@ cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t 
     const bool tables_ok = head_dim % 8 == 0 && pairs % 4 == 0 && ok16(table_a) && ok16(table_b);
     if (tables_ok && tx == DType::BF16 && to == DType::BF16 && cols <= kWarpMaxCols && aligned16(x) &&
         aligned16(out) && ok16(weight)) {
-        if (impl == RowImpl::Stream) {
-            rows::RopeArgs s;
-            s.x = static_cast<const bf16*>(x);
-            s.out = static_cast<bf16*>(out);
-            s.rows = rows;
-            s.cols = int(cols);
-            s.head_dim = int(head_dim);
-            s.eps = eps;
-            s.weight = vec8(weight, tw);
-            s.table_a = table_a;
-            s.table_b = table_b;
-            s.pairs = int(pairs);
-            s.entry = entry;
-            s.split = split;
-            s.period = period;
-            const cudaError_t e = rows::rms_norm_rope(s, stream);
-            if (e != cudaErrorNotSupported) return e;
-        }
-        RopeWarpArgs a{};
+        RopeWarpArgs a;
         a.x = static_cast<const bf16*>(x);
         a.out = static_cast<bf16*>(out);
         a.rows = rows;
@@ -746,8 +646,13 @@ cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t 
         a.table_a = table_a;
         a.table_b = table_b;
         a.pairs = int(pairs);
+        a.entry = entry;
         a.split = split;
         a.period = period;
+        if (impl == RowImpl::Stream) {
+            const cudaError_t e = rows::rms_norm_rope(a, stream);
+            if (e != cudaErrorNotSupported) return e;
+        }
         a.lane_table = (kWarp * 8) % head_dim == 0;
         return dispatch_warp_chunks(cols, [&](auto n) {
             constexpr int N = decltype(n)::value;

@@ -13,7 +13,6 @@
 // per-column vectors are staged once per block as f32 ((1 + scale) precomputed, the same f32 value the warp kernels
 // form per element) in two planes (elements 0-3, 4-7) so a lane's 16-byte reads are conflict-free.
 #include <algorithm>
-#include <type_traits>
 
 #include "kernels/dit_rows.cuh"
 #include "kernels/fp8_convert.cuh"
@@ -72,22 +71,6 @@ __device__ __forceinline__ void staged(const float4* prm, int slot, int chunks, 
     const float4* base = prm + int64_t(slot) * 2 * chunks;
     const float4 lo = base[ch], hi = base[chunks + ch];
     p[0] = lo.x, p[1] = lo.y, p[2] = lo.z, p[3] = lo.w, p[4] = hi.x, p[5] = hi.y, p[6] = hi.z, p[7] = hi.w;
-}
-
-/// Sum over the warp's row of f(value), per lane in chunk order, then across lanes (the warp kernels' order).
-template <int N, typename F>
-__device__ __forceinline__ float row_sum(const uint4 (&raw)[N], int chunks, int lane, F f) {
-    float acc = 0.f;
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-        if (k * kWarp + lane < chunks) {
-            float v[8];
-            unpack8(raw[k], v);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc += f(v[i]);
-        }
-    }
-    return warp_sum(acc);
 }
 
 /// Issues the copies of this lane's chunks of row `row` into the warp's buffer.
@@ -161,10 +144,10 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
     for (; r < a.rows; r += step) {
         uint4 raw[N];
         take_row<N>(buf, chunks, lane, raw);
-        const float mean = row_sum(raw, chunks, lane, [](float v) { return v; }) / float(a.cols);
+        const float mean = warp_row_sum(raw, chunks, lane, [](float v) { return v; }) / float(a.cols);
         // NOTE: the sum consumed every value read from the buffer, so the next row's copies may overwrite it
         if (r + step < a.rows) issue_row<N>(a.x, r + step, a.cols, buf, lane);
-        const float var = row_sum(raw, chunks, lane, [mean](float v) {
+        const float var = warp_row_sum(raw, chunks, lane, [mean](float v) {
                               const float d = v - mean;
                               return d * d;
                           }) / float(a.cols);
@@ -181,10 +164,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
                 for (int i = 0; i < 8; ++i) o[i] = (o[i] - mean) * rstd;
                 ada_apply(prm, k.slots, g, chunks, ch, o);
                 if constexpr (kFp8) {
-                    raw[kk] = pack8(o);  // the bf16 row, kept for the codes
-                    unpack8(raw[kk], o);
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(o[i]));
+                    fp8::round_for_codes(raw[kk], o, amax);  // the bf16 row, kept for the codes
                 } else {
                     reinterpret_cast<uint4*>(a.out + r * a.cols)[ch] = pack8(o);
                 }
@@ -192,16 +172,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
         }
         if constexpr (kFp8) {
             const float2 sc = fp8::row_scale(warp_max(amax));
-            uint2* qrow = reinterpret_cast<uint2*>(a.q + r * a.cols);
-#pragma unroll
-            for (int kk = 0; kk < N; ++kk) {
-                const int ch = kk * kWarp + lane;
-                if (ch < chunks) {
-                    float o[8];
-                    unpack8(raw[kk], o);
-                    qrow[ch] = fp8::codes8(o, sc.y);
-                }
-            }
+            fp8::write_codes(raw, chunks, lane, kWarp, sc.y, reinterpret_cast<uint2*>(a.q + r * a.cols));
             if (lane == 0) a.q_scales[r] = sc.x;
         }
     }
@@ -212,30 +183,6 @@ struct RopeKernelArgs {
     Slots slots;  // the weight only
     bool lane_table;  // 256 % head_dim == 0: a lane's chunks all sit at one offset in their heads
 };
-
-/// (cos, sin) of the 4 pairs of the chunk at column c0 of row `row`; false: no rotation (pairs % 4 == 0: a chunk is
-/// wholly rotated or not).
-template <int kEntry>
-__device__ __forceinline__ bool rope_fetch(const RopeArgs& a, int64_t row, int c0, float (&cs)[4], float (&sn)[4]) {
-    const int64_t rr = row % a.period;
-    const float* table = rr < a.split ? a.table_a : a.table_b;
-    const int j0 = (c0 % a.head_dim) / 2;
-    if (!table || j0 >= a.pairs) return false;
-    const float* e = table + ((rr < a.split ? rr : rr - a.split) * int64_t(a.pairs) + j0) * kEntry;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        if constexpr (kEntry == 4) {
-            const float4 t = reinterpret_cast<const float4*>(e)[q];
-            cs[q] = t.x + t.y;
-            sn[q] = t.z + t.w;
-        } else {
-            const float2 t = reinterpret_cast<const float2*>(e)[q];
-            cs[q] = t.x;
-            sn[q] = t.y;
-        }
-    }
-    return true;
-}
 
 template <int N, int kEntry>
 __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(const RopeKernelArgs k) {
@@ -263,7 +210,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
         bool rotate = nrot;
 #pragma unroll
         for (int q = 0; q < 4; ++q) cs[q] = ncs[q], sn[q] = nsn[q];
-        const float ss = row_sum(raw, chunks, lane, [](float v) { return v * v; });
+        const float ss = warp_row_sum(raw, chunks, lane, [](float v) { return v * v; });
         // NOTE: the sum consumed every value read from the buffer, so the next row's copies may overwrite it
         if (r + step < a.rows) {
             issue_row<N>(a.x, r + step, a.cols, buf, lane);
@@ -286,29 +233,11 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
                     for (int i = 0; i < 8; ++i) o[i] *= p[i];
                 }
                 if (!k.lane_table) rotate = rope_fetch<kEntry>(a, r, ch * 8, cs, sn);
-                if (rotate) {
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const float x0 = o[2 * q], x1 = o[2 * q + 1];
-                        o[2 * q] = x0 * cs[q] - x1 * sn[q];
-                        o[2 * q + 1] = x0 * sn[q] + x1 * cs[q];
-                    }
-                }
+                if (rotate) rotate_pairs(o, cs, sn);
                 orow[ch] = pack8(o);
             }
         }
     }
-}
-
-/// Calls f(std::integral_constant<int, N>) with the smallest instantiated N (chunks per lane) that covers `cols`.
-template <typename F>
-cudaError_t dispatch_chunks(int64_t cols, F&& f) {
-    const int64_t per_lane = (cols / 8 + kWarp - 1) / kWarp;
-    if (per_lane <= 4) return f(std::integral_constant<int, 4>{});
-    if (per_lane <= 8) return f(std::integral_constant<int, 8>{});
-    if (per_lane <= 16) return f(std::integral_constant<int, 16>{});
-    if (per_lane <= 20) return f(std::integral_constant<int, 20>{});
-    return f(std::integral_constant<int, kMaxChunks>{});
 }
 
 /// The launch shape of a streamed kernel: warps (rows in flight) per block, dynamic shared memory, blocks.
@@ -348,7 +277,7 @@ cudaError_t launch(Kernel kernel, const Launch& l, const Args& args, cudaStream_
     return cudaGetLastError();
 }
 
-bool fits(int64_t rows, int cols) { return rows > 0 && cols > 0 && cols % 8 == 0 && cols <= kMaxCols; }
+bool fits(int64_t rows, int cols) { return rows > 0 && cols > 0 && cols % 8 == 0 && cols <= kWarpMaxCols; }
 
 }  // namespace
 
@@ -368,7 +297,7 @@ cudaError_t ada_layer_norm(const NormArgs& a, cudaStream_t stream) {
     const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
-    return dispatch_chunks(a.cols, [&](auto n) {
+    return dispatch_warp_chunks(a.cols, [&](auto n) {
         constexpr int N = decltype(n)::value;
         return a.q ? launch(ada_layer_norm_stream_kernel<N, true>, l, k, stream)
                    : launch(ada_layer_norm_stream_kernel<N, false>, l, k, stream);
@@ -386,7 +315,7 @@ cudaError_t rms_norm_rope(const RopeArgs& a, cudaStream_t stream) {
     const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
-    return dispatch_chunks(a.cols, [&](auto n) {
+    return dispatch_warp_chunks(a.cols, [&](auto n) {
         constexpr int N = decltype(n)::value;
         return a.entry == 4 ? launch(rms_norm_rope_stream_kernel<N, 4>, l, k, stream)
                             : launch(rms_norm_rope_stream_kernel<N, 2>, l, k, stream);

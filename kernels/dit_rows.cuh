@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/common.cuh"
+#include "kernels/warp_rows.cuh"
 
 namespace dzr::kernels::rows {
 
@@ -45,11 +46,8 @@ struct RopeArgs {
     int64_t period = INT64_MAX;
 };
 
-/// Columns the streamed kernels take (a lane holds at most kMaxChunks chunks of 8 of a row).
-constexpr int kMaxChunks = 24;
-constexpr int64_t kMaxCols = int64_t(kMaxChunks) * kWarp * 8;
-
-/// cudaErrorNotSupported (nothing launched) when the shape or the shared memory does not fit.
+/// cudaErrorNotSupported (nothing launched) when the shape (at most kWarpMaxCols columns) or the shared memory does
+/// not fit.
 cudaError_t ada_layer_norm(const NormArgs& a, cudaStream_t stream);
 cudaError_t rms_norm_rope(const RopeArgs& a, cudaStream_t stream);
 

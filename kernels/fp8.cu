@@ -11,7 +11,6 @@
 namespace dzr::kernels {
 namespace {
 
-using fp8::codes8;
 using fp8::from_e4m3;
 using fp8::row_scale;
 using fp8::to_e4m3;
@@ -64,16 +63,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_vec_kernel(const 
     }
     amax = block_max(amax, shared);
     const float2 s = row_scale(amax);
-    uint2* out = reinterpret_cast<uint2*>(q + r * int64_t(chunks) * 8);
-#pragma unroll
-    for (int k = 0; k < kQuantChunks; ++k) {
-        const int ch = threadIdx.x + k * kQuantThreads;
-        if (ch < chunks) {
-            float v[8];
-            unpack8(raw[k], v);
-            out[ch] = codes8(v, s.y);
-        }
-    }
+    fp8::write_codes(raw, chunks, int(threadIdx.x), kQuantThreads, s.y,
+                     reinterpret_cast<uint2*>(q + r * int64_t(chunks) * 8));
     if (threadIdx.x == 0) scales[r] = s.x;
 }
 
@@ -153,16 +144,8 @@ __global__ void __launch_bounds__(kGeluThreads) gelu_quantize_stream_kernel(cons
         }
         amax = block_max(amax, shared);
         const float2 s = row_scale(amax);
-        uint2* out = reinterpret_cast<uint2*>(q + r * int64_t(chunks) * 8);
-#pragma unroll
-        for (int c = 0; c < kGeluChunks; ++c) {
-            const int ch = threadIdx.x + c * kGeluThreads;
-            if (ch < chunks) {
-                float v[8];
-                unpack8(raw[c], v);
-                out[ch] = codes8(v, s.y);
-            }
-        }
+        fp8::write_codes(raw, chunks, int(threadIdx.x), kGeluThreads, s.y,
+                         reinterpret_cast<uint2*>(q + r * int64_t(chunks) * 8));
         if (threadIdx.x == 0) scales[r] = s.x;
     }
 }

@@ -1,10 +1,13 @@
 #pragma once
 /// E4M3 conversions and the row scale of core/fp8.h on the device, shared by the FP8 kernels and the fused row
-/// kernels that quantize their output (kernels/fp8.cu, kernels/dit_fused.cu): amax by fmaxf, scale = max(amax,
-/// 1e-12) / 448 and the multiplier 448 / max(amax, 1e-12) by IEEE divisions, codes by cvt.rn.satfinite.
+/// kernels that quantize their output (kernels/fp8.cu, dit_fused.cu, dit_rows.cu): amax by fmaxf, scale =
+/// max(amax, 1e-12) / 448 and the multiplier 448 / max(amax, 1e-12) by IEEE divisions, codes by cvt.rn.satfinite;
+/// and the codes of a thread's chunks of a bf16 row, written one way by all of them.
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "kernels/common.cuh"
 
 namespace dzr::kernels::fp8 {
 
@@ -36,6 +39,31 @@ __device__ __forceinline__ uint2 codes8(const float (&v)[8], float mul) {
         hi |= uint32_t(to_e4m3(__fmul_rn(v[i + 4], mul))) << (8 * i);
     }
     return make_uint2(lo, hi);
+}
+
+/// The chunk rounded to bf16 (as an output row would hold it) back into `raw` and `o`, its absolute maximum folded
+/// into `amax`: what an E4M3 row quantizes.
+__device__ __forceinline__ void round_for_codes(uint4& raw, float (&o)[8], float& amax) {
+    raw = pack8(o);
+    unpack8(raw, o);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(o[i]));
+}
+
+/// Writes the E4M3 codes of a thread's chunks of a bf16 row: chunk k is the row's chunk first + k · stride, the
+/// codes of its values times `mul` (row_scale's multiplier) into out[chunk].
+template <int N>
+__device__ __forceinline__ void write_codes(const uint4 (&raw)[N], int chunks, int first, int stride, float mul,
+                                            uint2* out) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        const int ch = first + k * stride;
+        if (ch < chunks) {
+            float v[8];
+            unpack8(raw[k], v);
+            out[ch] = codes8(v, mul);
+        }
+    }
 }
 
 }  // namespace dzr::kernels::fp8

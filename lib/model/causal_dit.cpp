@@ -276,7 +276,7 @@ size_t CausalDit::forward_workspace_bytes(Backend& be, int frames, bool register
         std::vector<NoHistoryCache> caches(size_t(std::max(branches, 1)));
         std::vector<DitBranch> list;
         for (NoHistoryCache& cache : caches)
-            list.push_back({&cross, &cache, DitOutputs{mb.alloc(x.shape(), mb.compute_dtype()), action}});
+            list.push_back({&cross, &cache, DitOutputs{mb.alloc(x.shape(), mb.compute_dtype()), action}, {}});
         forward_batch(mb, in, list);
     });
 }
@@ -291,7 +291,7 @@ size_t CausalDit::cross_kv_workspace_bytes(Backend& be, int64_t image_tokens) co
 
 void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cross, SelfAttentionCache& cache,
                         const DitOutputs& out, const DitForwardOptions& opt) const {
-    const DitBranch branch{&cross, &cache, out};
+    const DitBranch branch{&cross, &cache, out, {}};
     forward_batch(be, in, std::span<const DitBranch>(&branch, 1), opt);
 }
 

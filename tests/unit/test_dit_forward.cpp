@@ -373,8 +373,8 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
             batched[0].begin(true);
             batched[1].begin(true);
             std::vector<float> scratch_b;
-            const DitBranch pre[2] = {{kvs[0], &batched[0], DitOutputs{video_out(scratch_video, prefill), {}}},
-                                      {kvs[1], &batched[1], DitOutputs{video_out(scratch_b, prefill), {}}}};
+            const DitBranch pre[2] = {{kvs[0], &batched[0], DitOutputs{video_out(scratch_video, prefill), {}}, {}},
+                                      {kvs[1], &batched[1], DitOutputs{video_out(scratch_b, prefill), {}}, {}}};
             fx.dit->forward_batch(*fx.be, inputs(prefill), pre);
             batched[0].commit();
             batched[1].commit();
@@ -382,8 +382,8 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
             batched[1].begin(false);
             // branch 1 without an action output: its decoder is skipped
             const DitBranch den[2] = {
-                {kvs[0], &batched[0], DitOutputs{video_out(video[1][0], denoise), action_out(action[1])}},
-                {kvs[1], &batched[1], DitOutputs{video_out(video[1][1], denoise), {}}}};
+                {kvs[0], &batched[0], DitOutputs{video_out(video[1][0], denoise), action_out(action[1])}, {}},
+                {kvs[1], &batched[1], DitOutputs{video_out(video[1][1], denoise), {}}, {}}};
             fx.dit->forward_batch(*fx.be, inputs(denoise), den);
         }
         // the history each branch committed: the same rows, batched or not
@@ -435,8 +435,8 @@ TEST_CASE("a batched forward needs fast numerics and takes the workspace it meas
     DitInputs di;
     di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, 1, kTinyLatentH, kTinyLatentW});
     di.y = TensorView(in.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, 1, kTinyLatentH, kTinyLatentW});
-    const DitBranch two[2] = {{&fx.kv, &caches[0], DitOutputs{TensorView(v0.data(), DType::F32, di.x.shape), {}}},
-                              {&fx.kv, &caches[1], DitOutputs{TensorView(v1.data(), DType::F32, di.x.shape), {}}}};
+    const DitBranch two[2] = {{&fx.kv, &caches[0], DitOutputs{TensorView(v0.data(), DType::F32, di.x.shape), {}}, {}},
+                              {&fx.kv, &caches[1], DitOutputs{TensorView(v1.data(), DType::F32, di.x.shape), {}}, {}}};
     caches[0].begin(true);
     caches[1].begin(true);
     const std::string msg = error_of([&] { fx.dit->forward_batch(*fx.be, di, two); });
@@ -447,7 +447,7 @@ TEST_CASE("a batched forward needs fast numerics and takes the workspace it meas
     const size_t planned = fast.dit->forward_workspace_bytes(*fast.be, 1, false, 2);
     CHECK(planned > one);
     fast.be->reserve_workspace(planned);
-    const DitBranch fast_two[2] = {{&fast.kv, &caches[0], two[0].out}, {&fast.kv, &caches[1], two[1].out}};
+    const DitBranch fast_two[2] = {{&fast.kv, &caches[0], two[0].out, {}}, {&fast.kv, &caches[1], two[1].out, {}}};
     caches[0].begin(true);
     caches[1].begin(true);
     CHECK_NOTHROW(fast.dit->forward_batch(*fast.be, di, fast_two));
