@@ -18,6 +18,37 @@ void Backend::paged_attention(const AttentionParams&, const TensorView&, const P
     DZR_THROW("backend {} has no paged attention", name());
 }
 
+namespace {
+
+/// Rows [b·L, (b+1)·L) of a [B·L, ...] view of B branches' rows.
+TensorView branch_rows(const TensorView& t, size_t branches, size_t b, const char* what) {
+    DZR_CHECK(t.rank() >= 1 && t.dim(0) % int64_t(branches) == 0,
+              "paged_attention_batched: {} {} does not hold {} branches' rows", what, t.str(), branches);
+    const int64_t rows = t.dim(0) / int64_t(branches);
+    return t.slice(0, int64_t(b) * rows, rows);
+}
+
+}  // namespace
+
+void Backend::paged_attention_batched(const AttentionParams& p, const TensorView& q,
+                                      std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
+                                      const TensorView& v_cur, const TensorView& out) {
+    const size_t B = histories.size();
+    DZR_CHECK(B >= 1, "paged_attention_batched: no branches");
+    for (size_t b = 0; b < B; ++b)
+        paged_attention(p, branch_rows(q, B, b, "q"), histories[b], layer, branch_rows(k_cur, B, b, "k"),
+                        branch_rows(v_cur, B, b, "v"), branch_rows(out, B, b, "out"));
+}
+
+size_t Backend::paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                        const TensorView& k_cur) {
+    size_t most = 0;
+    const size_t B = histories.size();
+    for (size_t b = 0; b < B; ++b)
+        most = std::max(most, paged_attention_workspace_bytes(histories[b], branch_rows(k_cur, B, b, "k")));
+    return most;
+}
+
 void Backend::resize_bicubic(const TensorView&, const TensorView&) {
     DZR_THROW("backend {} has no device bicubic resize (capabilities().resize_bicubic)", name());
 }

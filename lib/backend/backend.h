@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "backend/kv_view.h"
@@ -360,6 +361,17 @@ public:
     /// this backend's device; `layer` selects the pool layer. With no keys at all the output is zero.
     virtual void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
                                  int layer, const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
+    /// paged_attention of B branches at once (the CFG branches of one batched forward): branch b's query, current
+    /// and output rows are rows [b·L, (b+1)·L) of q, k_cur, v_cur and out ([B·L, H, D], L = q.dim(0) / B), its
+    /// history histories[b]. Each branch's result is what paged_attention gives it; a backend that runs the branches
+    /// as one call (CUDA, fast numerics: one cuDNN SDPA of batch B when every history has the same length) may round
+    /// like that call. This default runs paged_attention per branch.
+    virtual void paged_attention_batched(const AttentionParams& p, const TensorView& q,
+                                         std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
+                                         const TensorView& v_cur, const TensorView& out);
+    /// Workspace bytes paged_attention_batched takes (shapes only): by default the most one branch's call takes.
+    virtual size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                           const TensorView& k_cur);
     /// Writes row i of k and v ([n, H, D]) to pool slot slots[i] (i64 [n] on this backend's device; slot =
     /// block_id * block_size + offset) of layer `layer`; kPadSlot (-1) rows are skipped. Slots must lie in
     /// [0, num_slots); the CPU checks, the CUDA kernel skips rows outside (it cannot throw).

@@ -70,6 +70,17 @@ void MeasuringBackend::paged_attention(const AttentionParams&, const TensorView&
     touch(paged_attention_workspace_bytes(history, k_cur));
 }
 
+size_t MeasuringBackend::paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                                const TensorView& k_cur) {
+    return planner_ ? planner_->paged_attention_batched_workspace_bytes(histories, k_cur) : 0;
+}
+
+void MeasuringBackend::paged_attention_batched(const AttentionParams&, const TensorView&,
+                                               std::span<const PagedKvView> histories, int, const TensorView& k_cur,
+                                               const TensorView&, const TensorView&) {
+    touch(paged_attention_batched_workspace_bytes(histories, k_cur));
+}
+
 size_t measure_workspace(Backend& planner, const std::function<void(Backend& measuring)>& call) {
     MeasuringBackend measuring(planner.compute_dtype(), &planner);
     call(measuring);

@@ -57,6 +57,8 @@ public:
                 const TensorView& out) override;
     void paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
                          const TensorView& k_cur, const TensorView&, const TensorView&) override;
+    void paged_attention_batched(const AttentionParams&, const TensorView&, std::span<const PagedKvView> histories,
+                                 int, const TensorView& k_cur, const TensorView&, const TensorView&) override;
     void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
                     int64_t) override {}
     void count_nonfinite(const TensorView&, const TensorView&) override {}
@@ -65,6 +67,8 @@ public:
     size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                   const TensorView& out) override;
     size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) override;
+    size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                   const TensorView& k_cur) override;
     void quantize_fp8(const TensorView&, const TensorView&, const TensorView&) override {}
     void dequantize_fp8(const TensorView&, const TensorView&, const TensorView&) override {}
     void gemm_fp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,

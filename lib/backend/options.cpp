@@ -106,6 +106,12 @@ RowKernels parse_row_kernels(const std::string& text) {
     DZR_THROW("unknown row kernels '{}' (stream or warp)", text);
 }
 
+bool parse_on_off(const std::string& text) {
+    if (text == "on" || text == "1") return true;
+    if (text == "off" || text == "0") return false;
+    DZR_THROW("'{}' is neither on nor off", text);
+}
+
 BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_ATTENTION")) o.cuda.attention = parse_env("DZR_ATTENTION", v, parse_attention_impl);
     if (const char* v = env("DZR_PLAIN_GEMM")) o.cuda.plain_gemm = parse_env("DZR_PLAIN_GEMM", v, parse_plain_gemm_impl);
@@ -115,6 +121,8 @@ BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_LT_ALIGN")) o.cuda.lt_alignment = parse_env("DZR_LT_ALIGN", v, parse_lt_alignment);
     if (const char* v = env("DZR_CONV_TUNE")) o.cuda.conv_tune = parse_env("DZR_CONV_TUNE", v, parse_conv_tune);
     if (const char* v = env("DZR_ROW_KERNELS")) o.cuda.row_kernels = parse_env("DZR_ROW_KERNELS", v, parse_row_kernels);
+    if (const char* v = env("DZR_BATCHED_ATTENTION"))
+        o.cuda.batched_attention = parse_env("DZR_BATCHED_ATTENTION", v, parse_on_off);
     return o;
 }
 

@@ -101,6 +101,9 @@ struct CudaBackendOptions {
     /// faster, less exact. Off by default.
     bool fp8_fast_accum = false;
     RowKernels row_kernels = RowKernels::Stream;
+    /// Fast numerics: the batched CFG branches' self-attention as one cuDNN SDPA of batch B
+    /// (Backend::paged_attention_batched); false runs one SDPA per branch.
+    bool batched_attention = true;
 };
 
 struct BackendOptions {
@@ -116,7 +119,7 @@ struct BackendOptions {
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
 /// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last), DZR_ROW_KERNELS
-/// (stream | warp). An unreadable value throws, naming the variable.
+/// (stream | warp), DZR_BATCHED_ATTENTION (on | off). An unreadable value throws, naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 
 }  // namespace dzr

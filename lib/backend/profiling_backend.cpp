@@ -119,6 +119,10 @@ size_t ProfilingBackend::conv3d_workspace_bytes(const Conv3dParams& p, const Ten
 size_t ProfilingBackend::paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) {
     return inner_->paged_attention_workspace_bytes(history, k_cur);
 }
+size_t ProfilingBackend::paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                                 const TensorView& k_cur) {
+    return inner_->paged_attention_batched_workspace_bytes(histories, k_cur);
+}
 void ProfilingBackend::resize_bicubic(const TensorView& src, const TensorView& dst) {
     run(fmt::format("resize_bicubic {} -> {}", desc(src), desc(dst)), [&](Backend& b) { b.resize_bicubic(src, dst); });
 }
@@ -185,6 +189,13 @@ void ProfilingBackend::paged_attention(const AttentionParams& p, const TensorVie
     // NOTE: the history length is part of the key: it is what the time depends on
     run(fmt::format("paged_attention q {} hist {} cur {}", desc(q), history.seq_len, desc(k_cur)),
         [&](Backend& b) { b.paged_attention(p, q, history, layer, k_cur, v_cur, out); });
+}
+void ProfilingBackend::paged_attention_batched(const AttentionParams& p, const TensorView& q,
+                                               std::span<const PagedKvView> histories, int layer,
+                                               const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) {
+    run(fmt::format("paged_attention_batched {} x q {} hist {} cur {}", histories.size(), desc(q),
+                    histories.empty() ? int64_t(0) : histories[0].seq_len, desc(k_cur)),
+        [&](Backend& b) { b.paged_attention_batched(p, q, histories, layer, k_cur, v_cur, out); });
 }
 void ProfilingBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                                   const TensorView& v, int64_t num_slots) {

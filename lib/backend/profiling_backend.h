@@ -48,6 +48,8 @@ public:
     size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                   const TensorView& out) override;
     size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) override;
+    size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                   const TensorView& k_cur) override;
     void resize_bicubic(const TensorView& src, const TensorView& dst) override;
     void sin_cos_table(float step, const TensorView& out) override;
     void count_nonfinite(const TensorView& x, const TensorView& out) override;
@@ -73,6 +75,9 @@ public:
                    const TensorView& out) override;
     void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
                          const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
+    void paged_attention_batched(const AttentionParams& p, const TensorView& q, std::span<const PagedKvView> histories,
+                                 int layer, const TensorView& k_cur, const TensorView& v_cur,
+                                 const TensorView& out) override;
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                     const TensorView& v, int64_t num_slots) override;
 

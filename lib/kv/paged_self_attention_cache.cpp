@@ -57,14 +57,15 @@ int64_t PagedSelfAttentionCache::history_tokens() const {
     return t.seq_len();
 }
 
-void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q, const TensorView& k,
-                                     const TensorView& v, int64_t video_tokens, float scale, const TensorView& out) {
-    KvCacheManager& m = session_.manager();
+namespace {
+
+void check_attend(KvSession& session, const BlockTable& t, int layer, const TensorView& k, const TensorView& v,
+                  int64_t video_tokens) {
+    const KvCacheManager& m = session.manager();
     const KvGeometry& g = m.geometry();
-    const BlockTable& t = session_.table(branch_);
     DZR_CHECK(t.in_forward(), "kv {}: attend (layer {}) outside a forward (call begin first)", t.name(), layer);
-    DZR_CHECK(!session_.failed() && !session_.closed(), "kv {}: attend on a {} session", t.name(),
-              session_.closed() ? "closed" : "failed");
+    DZR_CHECK(!session.failed() && !session.closed(), "kv {}: attend on a {} session", t.name(),
+              session.closed() ? "closed" : "failed");
     DZR_CHECK(m.has_storage(), "kv {}: the cache was built without storage (bookkeeping only)", t.name());
     DZR_CHECK(layer >= 0 && layer < g.num_layers, "kv {}: layer {} out of range [0, {})", t.name(), layer,
               g.num_layers);
@@ -75,25 +76,46 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
               "tokens of {} heads x {}",
               t.name(), layer, k.str(), v.str(), video_tokens, t.current_video_tokens(), t.current_register_tokens(),
               g.num_kv_heads, g.head_dim);
+}
 
+}  // namespace
+
+PagedKvView PagedSelfAttentionCache::prepare_kernel_attend(Backend& be, int layer, const TensorView& k,
+                                                           const TensorView& v, int64_t video_tokens) {
+    KvCacheManager& m = session_.manager();
+    const BlockTable& t = session_.table(branch_);
+    DZR_CHECK(path_ == PagedAttentionPath::Kernel, "kv {}: a kernel-path attend on the gather path", t.name());
+    check_attend(session_, t, layer, k, v, video_tokens);
+    // committing forward: the video rows -> their pool slots (the slot mapping on the backend's device)
+    PagedKvView view = session_.history_view(branch_);
+    const TensorView pk = m.pool_k(layer);
+    TensorView slots;
+    // NOTE: the device mirror when `be` is the storage's device; host data for the CPU reference and for a
+    // measuring backend (which reads no data)
+    if (dev_table_.defined() && be.device() == dev_table_.device()) {
+        view.block_table = dev_table_.ptr<const BlockId>();
+        slots = dev_slots_.view().slice(0, 0, video_tokens);
+    } else {
+        slots = TensorView(const_cast<int64_t*>(t.slot_mapping().data()), DType::I64, Shape{video_tokens});
+    }
+    if (t.committing()) be.scatter_kv(view, layer, slots, k, v, pk.dim(0));
+    return view;
+}
+
+void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q, const TensorView& k,
+                                     const TensorView& v, int64_t video_tokens, float scale, const TensorView& out) {
     if (path_ == PagedAttentionPath::Kernel) {
-        // 1. committing forward: the video rows -> their pool slots (the slot mapping on the backend's device)
-        PagedKvView view = session_.history_view(branch_);
-        const TensorView pk = m.pool_k(layer);
-        TensorView slots;
-        // NOTE: the device mirror when `be` is the storage's device; host data for the CPU reference and for a
-        // measuring backend (which reads no data)
-        if (dev_table_.defined() && be.device() == dev_table_.device()) {
-            view.block_table = dev_table_.ptr<const BlockId>();
-            slots = dev_slots_.view().slice(0, 0, video_tokens);
-        } else {
-            slots = TensorView(const_cast<int64_t*>(t.slot_mapping().data()), DType::I64, Shape{video_tokens});
-        }
-        if (t.committing()) be.scatter_kv(view, layer, slots, k, v, pk.dim(0));
-        // 2. attend over [visible history through the table | current rows]
+        // the scatter of a committing forward's rows, then attention over [visible history through the table |
+        // current rows]
+        const PagedKvView view = prepare_kernel_attend(be, layer, k, v, video_tokens);
         be.paged_attention(AttentionParams{scale}, q, view, layer, k, v, out);
         return;
     }
+    KvCacheManager& m = session_.manager();
+    const KvGeometry& g = m.geometry();
+    const BlockTable& t = session_.table(branch_);
+    check_attend(session_, t, layer, k, v, video_tokens);
+    const int64_t cur = t.current_video_tokens() + t.current_register_tokens();
 
     ArenaScope scope(be.workspace());
     // 1. write: current rows -> the branch scratch (one layer at a time)

@@ -1,6 +1,35 @@
 #include "kv/self_attention_cache.h"
 
+#include "core/error.h"
+#include "kv/paged_self_attention_cache.h"
+
 namespace dzr {
+
+void attend_branches(Backend& be, int layer, std::span<SelfAttentionCache* const> caches, const TensorView& q,
+                     const TensorView& k, const TensorView& v, int64_t video_tokens, float scale, const TensorView& out) {
+    const int64_t B = int64_t(caches.size());
+    DZR_CHECK(B >= 1 && q.rank() == 3 && q.dim(0) % B == 0 && k.rank() == 3 && k.dim(0) % B == 0 &&
+                  v.shape == k.shape && out.shape == q.shape,
+              "attend_branches: q {} k {} v {} out {} are not the rows of {} branches", q.str(), k.str(), v.str(),
+              out.str(), B);
+    const int64_t lq = q.dim(0) / B, lk = k.dim(0) / B;
+    std::vector<PagedSelfAttentionCache*> paged;
+    for (SelfAttentionCache* c : caches) {
+        auto* p = dynamic_cast<PagedSelfAttentionCache*>(c);
+        if (p && p->path() == PagedAttentionPath::Kernel) paged.push_back(p);
+    }
+    if (B == 1 || int64_t(paged.size()) != B) {
+        for (int64_t b = 0; b < B; ++b)
+            caches[size_t(b)]->attend(be, layer, q.slice(0, b * lq, lq), k.slice(0, b * lk, lk),
+                                      v.slice(0, b * lk, lk), video_tokens, scale, out.slice(0, b * lq, lq));
+        return;
+    }
+    std::vector<PagedKvView> views;
+    for (int64_t b = 0; b < B; ++b)
+        views.push_back(paged[size_t(b)]->prepare_kernel_attend(be, layer, k.slice(0, b * lk, lk),
+                                                                v.slice(0, b * lk, lk), video_tokens));
+    be.paged_attention_batched(AttentionParams{scale}, q, views, layer, k, v, out);
+}
 
 std::vector<KvForwardSpec> kv_fill_walk(const KvGeometry& g, const KvConfig& c) {
     const KvLimits l = kv_limits(g, c);

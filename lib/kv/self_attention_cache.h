@@ -7,6 +7,7 @@
 /// tables over a preallocated pool). Forward control (begin, commit, abort) belongs to the
 /// implementation's owner (the policy), not to the DiT.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -30,6 +31,14 @@ public:
     virtual void attend(Backend& be, int layer, const TensorView& q, const TensorView& k, const TensorView& v,
                         int64_t video_tokens, float scale, const TensorView& out) = 0;
 };
+
+/// The self-attention of the B branches of one batched forward (CausalDit::forward_batch), layer `layer`: q, k, v and
+/// out are [B·L, H, D] with branch b's rows (those of caches[b]) at [b·L, (b+1)·L). Paged caches on the kernel path
+/// attend in one Backend::paged_attention_batched call (one cuDNN SDPA for every branch on the GPU in fast numerics);
+/// any other set of caches attends branch by branch. Each branch's result is what its own attend() gives, up to the
+/// batched call's rounding.
+void attend_branches(Backend& be, int layer, std::span<SelfAttentionCache* const> caches, const TensorView& q,
+                     const TensorView& k, const TensorView& v, int64_t video_tokens, float scale, const TensorView& out);
 
 /// The forwards of one branch from an empty history to the longest history `config` lets it see (kv_limits): a
 /// prefill, then chunk commits (with reset_at_boundary up to the last one max_committed_tokens allows; sliding,

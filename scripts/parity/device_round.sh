@@ -71,11 +71,14 @@ if busy:
           f"limit reasons {sorted(reasons.items(), key=lambda kv: -kv[1])[:3]}")
 PY
 }
-# The bench/profile variant NAME as `dzr bench rollout` arguments in VARGS: numerics first, then "-nobatch" (the CFG
+# The bench/profile variant NAME as `dzr bench rollout` arguments in VARGS (and environment settings in VENV:
+# "-nobattn", one self-attention SDPA per branch: DZR_BATCHED_ATTENTION=off): numerics first, then "-nobatch" (the CFG
 # branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), "-fp8w" (FP8 weights, bf16 KV), e.g. fast,
 # reference, fast-nobatch, fast-fp8, fast-fp8w.
 variant_args() {
     VARGS=(--numerics "${1%%-*}")
+    VENV=()
+    [[ "$1" == *-nobattn* ]] && VENV+=(DZR_BATCHED_ATTENTION=off)
     [[ "$1" == *-nobatch* ]] && VARGS+=(--no-batch-cfg)
     if [[ "$1" == *-fp8w* ]]; then VARGS+=(--precision fp8)
     elif [[ "$1" == *-fp8* ]]; then VARGS+=(--precision fp8 --kv-dtype fp8); fi
@@ -394,7 +397,7 @@ if want bench; then
     for n in ${BENCH_NUMERICS:-reference}; do
         variant_args "$n"
         smi_start "$WORK/bench/smi-$n.csv"
-        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" "${VARGS[@]}" \
+        env "${VENV[@]}" "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" "${VARGS[@]}" \
             --calls "${BENCH_CALLS:-21}" --json "$WORK/bench/rollout-$n.json" >"$WORK/bench/rollout-$n.log" 2>&1
         check $? "bench rollout $n"
         smi_stop "$WORK/bench/smi-$n.csv"
@@ -418,7 +421,7 @@ if want profile; then
     mkdir -p "$WORK/profile"
     for n in ${PROFILE_NUMERICS:-reference}; do
         variant_args "$n"
-        "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" "${VARGS[@]}" \
+        env "${VENV[@]}" "$DZR" bench rollout --config configs/dreamzero_droid.yaml --device "${BENCH_DEVICE:-cuda:0}" "${VARGS[@]}" \
             --calls "${PROFILE_CALLS:-6}" --json "$WORK/profile/rollout-$n.json" --profile "$WORK/profile/profile-$n.json" \
             >"$WORK/profile/rollout-$n.log" 2>"$WORK/profile/profile-$n.txt"
         check $? "profile $n"

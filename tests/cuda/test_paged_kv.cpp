@@ -400,3 +400,88 @@ TEST_CASE("a committing forward on the cuda kernel path leaves the exact K/V row
     const Tensor pk0 = to_host(m.pool_k(0));
     for (int64_t t = 0; t < shape[0]; ++t) CHECK(pk0.ptr<float>()[slots[size_t(t)] * row] == 0.f);
 }
+
+TEST_CASE("the CFG branches' paged attention in one batched call gives each branch's own result (fast numerics)") {
+    // NOTE: the batched call (one cuDNN SDPA of batch 2 over both branches' gathered rows) and the per-branch calls
+    // read the same bf16 rows; cuDNN runs every (batch, head) tile alike, so the outputs are expected bit for bit
+    // equal; the check allows bf16 rounding differences but counts the exact ones, and the batched path must run.
+    for (const bool fp8 : {false, true}) {
+        CAPTURE(fp8);
+        KvGeometry g = cycle_geometry();
+        g.head_dim = 128;
+        g.num_kv_heads = 3;
+        g.fp8_pool = fp8;
+        const KvConfig c;
+        BackendOptions o;
+        o.numerics = Numerics::Fast;
+        o.workspace_bytes = size_t(256) << 20;
+        auto owned = make_cuda_backend(0, o);
+        UseBackend use(dynamic_cast<CudaBackend&>(*owned));
+        KvCacheManager m(g, c, kv_session_bytes(g, c), &gpu());
+        auto session = m.open_session("batched");
+        PagedSelfAttentionCache paged[2] = {{*session, 0, PagedAttentionPath::Kernel},
+                                            {*session, 1, PagedAttentionPath::Kernel}};
+        std::vector<SelfAttentionCache*> caches = {&paged[0], &paged[1]};
+        const float scale = 1.f / std::sqrt(float(g.head_dim));
+        uint64_t seed = 500;
+        int64_t compared = 0, exact = 0, bad = 0;
+        // prefill, denoise, commit, denoise, commit, denoise: histories of 0, 1, 1, 3, 3, 5 frames
+        const std::vector<KvForwardSpec> specs = {KvForwardSpec::prefill(g),      KvForwardSpec::denoise(g),
+                                                  KvForwardSpec::commit_chunk(g), KvForwardSpec::denoise(g),
+                                                  KvForwardSpec::commit_chunk(g), KvForwardSpec::denoise(g)};
+        const int64_t calls_before = gpu().batched_attention_calls();
+        for (const KvForwardSpec& spec : specs) {
+            for (auto& p : paged) p.begin(spec);
+            const int64_t video = int64_t(spec.video_frames) * g.tokens_per_frame;
+            const int64_t L = video + spec.register_tokens;
+            const Shape both{2 * L, g.num_kv_heads, g.head_dim};
+            for (int layer = 0; layer < g.num_layers; ++layer, seed += 3) {
+                const Tensor q = to_device(bf16_values(both, seed)), k = to_device(bf16_values(both, seed + 1));
+                const Tensor v = to_device(bf16_values(both, seed + 2, -1.f, 1.f));
+                const Tensor out_batched = poisoned(both), out_each = poisoned(both);
+                attend_branches(gpu(), layer, caches, q, k, v, video, scale, out_batched);
+                for (int b = 0; b < 2; ++b)
+                    paged[b].attend(gpu(), layer, q.view().slice(0, b * L, L), k.view().slice(0, b * L, L),
+                                    v.view().slice(0, b * L, L), video, scale, out_each.view().slice(0, b * L, L));
+                const Tensor hb = to_host(out_batched), he = to_host(out_each);
+                bad += count_bad(hb, he);
+                for (int64_t i = 0; i < hb.numel(); ++i) exact += hb.ptr<float>()[i] == he.ptr<float>()[i];
+                compared += hb.numel();
+            }
+            for (auto& p : paged) p.commit();
+        }
+        MESSAGE("batched against per-branch: " << exact << " of " << compared << " elements identical");
+        CHECK(bad == 0);
+        // every forward's layers ran batched (the prefill attends its current rows in place)
+        CHECK(gpu().batched_attention_calls() - calls_before == int64_t(specs.size()) * g.num_layers);
+        CHECK(gpu().batched_attention_fallbacks() == 0);
+        session->close();
+    }
+}
+
+TEST_CASE("batched paged attention runs the branches one by one in reference numerics") {
+    const KvGeometry g = cycle_geometry();
+    const KvConfig c;
+    auto owned = make_cuda_backend(0, size_t(64) << 20);  // reference numerics
+    UseBackend use(dynamic_cast<CudaBackend&>(*owned));
+    KvCacheManager m(g, c, kv_session_bytes(g, c), &gpu());
+    auto session = m.open_session("reference");
+    PagedSelfAttentionCache paged[2] = {{*session, 0, PagedAttentionPath::Kernel},
+                                        {*session, 1, PagedAttentionPath::Kernel}};
+    std::vector<SelfAttentionCache*> caches = {&paged[0], &paged[1]};
+    for (auto& p : paged) p.begin(KvForwardSpec::prefill(g));
+    const int64_t L = int64_t(g.prefill_frames) * g.tokens_per_frame + KvForwardSpec::prefill(g).register_tokens;
+    const Shape both{2 * L, g.num_kv_heads, g.head_dim};
+    const Tensor q = to_device(bf16_values(both, 1)), k = to_device(bf16_values(both, 2));
+    const Tensor v = to_device(bf16_values(both, 3)), out = poisoned(both), each = poisoned(both);
+    attend_branches(gpu(), 0, caches, q, k, v, L - KvForwardSpec::prefill(g).register_tokens, 0.125f, out);
+    for (int b = 0; b < 2; ++b)
+        paged[b].attend(gpu(), 0, q.view().slice(0, b * L, L), k.view().slice(0, b * L, L), v.view().slice(0, b * L, L),
+                        L - KvForwardSpec::prefill(g).register_tokens, 0.125f, each.view().slice(0, b * L, L));
+    const Tensor ho = to_host(out), he = to_host(each);
+    CHECK(std::equal(ho.ptr<float>(), ho.ptr<float>() + ho.numel(), he.ptr<float>()));  // the same calls
+    CHECK(gpu().batched_attention_calls() == 0);
+    CHECK(gpu().batched_attention_fallbacks() == 1);
+    for (auto& p : paged) p.commit();
+    session->close();
+}

@@ -358,3 +358,46 @@ TEST_CASE("attend checks the forward's token counts and refuses a cache without 
     const Tensor y = Tensor::host(one, DType::F32);
     CHECK_THROWS_WITH_AS(p2.attend(*be, 0, y, y, y, one[0], 1.f, y), doctest::Contains("without storage"), Error);
 }
+
+TEST_CASE("attend_branches gives every branch what its own attend gives, on the kernel and the gather path") {
+    for (const PagedAttentionPath path : {PagedAttentionPath::Kernel, PagedAttentionPath::Gather}) {
+        CAPTURE(int(path));
+        const KvGeometry g = small_geometry(2);
+        const KvConfig c;
+        auto be = make_cpu_backend(size_t(16) << 20);
+        KvCacheManager m(g, c, kv_session_bytes(g, c), be.get());
+        auto session = m.open_session("branches");
+        PagedSelfAttentionCache paged[2] = {{*session, 0, path}, {*session, 1, path}};
+        std::vector<SelfAttentionCache*> caches = {&paged[0], &paged[1]};
+        const float scale = 1.0f / std::sqrt(float(g.head_dim));
+        uint64_t seed = 9;
+        for (const KvForwardSpec& spec : {KvForwardSpec::prefill(g), KvForwardSpec::denoise(g),
+                                          KvForwardSpec::commit_chunk(g), KvForwardSpec::denoise(g)}) {
+            for (auto& p : paged) p.begin(spec);
+            const int64_t video = int64_t(spec.video_frames) * g.tokens_per_frame, L = video + spec.register_tokens;
+            const Shape both{2 * L, g.num_kv_heads, g.head_dim};
+            const size_t n = size_t(both.numel());
+            for (int layer = 0; layer < g.num_layers; ++layer, seed += 3) {
+                const Tensor q = Tensor::host_f32(both, test::random_floats(n, seed, -2.f, 2.f));
+                const Tensor k = Tensor::host_f32(both, test::random_floats(n, seed + 1, -2.f, 2.f));
+                // the branches' rows differ, so a branch answered with the other's rows would show
+                const Tensor v = Tensor::host_f32(both, test::random_floats(n, seed + 2));
+                const Tensor out = Tensor::host(both, DType::F32), each = Tensor::host(both, DType::F32);
+                attend_branches(*be, layer, caches, q, k, v, video, scale, out);
+                for (int b = 0; b < 2; ++b)
+                    paged[b].attend(*be, layer, q.view().slice(0, b * L, L), k.view().slice(0, b * L, L),
+                                    v.view().slice(0, b * L, L), video, scale, each.view().slice(0, b * L, L));
+                const std::vector<float> a = to_f32_vector(out), e = to_f32_vector(each);
+                CHECK(std::memcmp(a.data(), e.data(), a.size() * sizeof(float)) == 0);
+            }
+            for (auto& p : paged) p.commit();
+        }
+        // one branch's rows cannot be split into two
+        const Shape odd{3, g.num_kv_heads, g.head_dim};
+        const Tensor t = Tensor::host(odd, DType::F32);
+        for (auto& p : paged) p.begin(KvForwardSpec::denoise(g));
+        CHECK_THROWS_WITH_AS(attend_branches(*be, 0, caches, t, t, t, 0, scale, t),
+                             doctest::Contains("are not the rows of 2 branches"), Error);
+        session->close();
+    }
+}

@@ -9,8 +9,8 @@
 //    branch M + log Z (virtual unless the call asks for the stats): cuDNN 9.14 offers no engine for the graph
 //    without it. Intermediates are virtual f32 tensors, so the fused engine keeps them on chip.
 // The descriptor builder is shared with the paged graphs (cuda_sdpa_builder.h, cuda_paged_sdpa.cpp).
-// Tensors are [b = 1, H, L, D] views of dzr's [L, H, D] layout: dims {1, H, L, D}, strides {batch, head
-// stride, token stride, 1}.
+// Tensors are [B, H, L, D] views of dzr's [L, H, D] layout: dims {B, H, L, D}, strides {batch, head stride, token
+// stride, 1}; B is 1 but for a batched call (AttentionCall::batch: the CFG branches' self-attention).
 #include <algorithm>
 
 #include "backend/cuda/cuda_attention.h"
@@ -34,26 +34,27 @@ cudnnDataType_t cudnn_type(DType t) {
     return t == DType::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
 }
 
-/// [L, H, D] with (token, head) strides as a cuDNN [1, H, L, D] tensor's strides.
-std::array<int64_t, 4> bhsd_strides(int64_t len, int64_t heads, int64_t tok, int64_t head) {
-    const int64_t batch = std::max({len * tok, heads * head, int64_t(1)});
+/// [L, H, D] with (token, head) strides as a cuDNN [B, H, L, D] tensor's strides (`batch`: the stride between the
+/// B attentions, unused with B = 1).
+std::array<int64_t, 4> bhsd_strides(int64_t len, int64_t heads, int64_t tok, int64_t head, int64_t batch) {
+    if (batch <= 0) batch = std::max({len * tok, heads * head, int64_t(1)});
     return {batch, head, tok, 1};
 }
 
 /// The operations of one graph kind; returns them in execution order.
 std::vector<cudnnBackendDescriptor_t> sdpa_operations(Builder& b, const AttentionCall& c, SdpaGraph g) {
     const cudnnDataType_t io = cudnn_type(c.dtype), f32 = CUDNN_DATA_FLOAT;
-    const int64_t H = c.heads, Lq = c.lq, Lk = c.lk, D = c.d, Dv = c.dv;
-    const auto q = b.tensor(kUidQ, io, {1, H, Lq, D}, bhsd_strides(Lq, H, c.q_tok, c.q_head), false);
-    const auto v = b.tensor(kUidV, io, {1, H, Lk, Dv}, bhsd_strides(Lk, H, c.v_tok, c.v_head), false);
-    const auto o = b.tensor(kUidO, io, {1, H, Lq, Dv}, bhsd_strides(Lq, H, c.o_tok, c.o_head), false);
+    const int64_t B = c.batch, H = c.heads, Lq = c.lq, Lk = c.lk, D = c.d, Dv = c.dv;
+    const auto q = b.tensor(kUidQ, io, {B, H, Lq, D}, bhsd_strides(Lq, H, c.q_tok, c.q_head, c.q_batch), false);
+    const auto v = b.tensor(kUidV, io, {B, H, Lk, Dv}, bhsd_strides(Lk, H, c.v_tok, c.v_head, c.v_batch), false);
+    const auto o = b.tensor(kUidO, io, {B, H, Lq, Dv}, bhsd_strides(Lq, H, c.o_tok, c.o_head, c.o_batch), false);
     const auto scale = b.tensor(kUidScale, f32, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
-    const auto ks = bhsd_strides(Lk, H, c.k_tok, c.k_head);
+    const auto ks = bhsd_strides(Lk, H, c.k_tok, c.k_head, c.k_batch);
 
     if (g == SdpaGraph::Unified) {
 #if CUDNN_VERSION >= 91301
         const char* stage = "sdpa_fwd operation";
-        const auto k = b.tensor(kUidK, io, {1, H, Lk, D}, ks, false);
+        const auto k = b.tensor(kUidK, io, {B, H, Lk, D}, ks, false);
         cudnnBackendDescriptor_t op = b.make(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, stage);
         Builder::set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, q, stage);
         Builder::set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, k, stage);
@@ -62,7 +63,7 @@ std::vector<cudnnBackendDescriptor_t> sdpa_operations(Builder& b, const Attentio
         Builder::set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, scale, stage);
         if (c.stats)
             Builder::set_desc(op, CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC,
-                              b.tensor(kUidStats, f32, {1, H, Lq, 1}, {H * Lq, Lq, 1, 1}, false), stage);
+                              b.tensor(kUidStats, f32, {B, H, Lq, 1}, {H * Lq, Lq, 1, 1}, false), stage);
         Builder::finalize(op, stage);
         return {op};
 #else
@@ -71,11 +72,11 @@ std::vector<cudnnBackendDescriptor_t> sdpa_operations(Builder& b, const Attentio
 #endif
     }
 
-    // K^T: [1, H, D, Lk], the same memory as K with the last two strides swapped
-    const auto kt = b.tensor(kUidK, io, {1, H, D, Lk}, {ks[0], ks[1], 1, ks[2]}, false);
+    // K^T: [B, H, D, Lk], the same memory as K with the last two strides swapped
+    const auto kt = b.tensor(kUidK, io, {B, H, D, Lk}, {ks[0], ks[1], 1, ks[2]}, false);
     int64_t uid = 100;
-    const std::array<int64_t, 4> s_dims{1, H, Lq, Lk}, s_strides{H * Lq * Lk, Lq * Lk, Lk, 1};
-    const std::array<int64_t, 4> r_dims{1, H, Lq, 1}, r_strides{H * Lq, Lq, 1, 1};
+    const std::array<int64_t, 4> s_dims{B, H, Lq, Lk}, s_strides{H * Lq * Lk, Lq * Lk, Lk, 1};
+    const std::array<int64_t, 4> r_dims{B, H, Lq, 1}, r_strides{H * Lq, Lq, 1, 1};
     const auto logits = [&](cudnnDataType_t t) { return b.tensor(uid++, t, s_dims, s_strides, true); };
     const auto rows = [&] { return b.tensor(uid++, f32, r_dims, r_strides, true); };
     std::vector<cudnnBackendDescriptor_t> ops;
@@ -119,8 +120,9 @@ SdpaPlan::~SdpaPlan() {
 }
 
 SdpaKey sdpa_key(const AttentionCall& c, SdpaGraph g) {
-    return {int64_t(c.dtype), c.lq,     c.lk,    c.heads,  c.d,     c.dv,     c.q_tok,    c.q_head,
-            c.k_tok,          c.k_head, c.v_tok, c.v_head, c.o_tok, c.o_head, int64_t(g), c.stats ? 1 : 0};
+    return {int64_t(c.dtype), c.lq,      c.lk,      c.heads,   c.d,       c.dv,       c.q_tok,
+            c.q_head,         c.k_tok,   c.k_head,  c.v_tok,   c.v_head,  c.o_tok,    c.o_head,
+            int64_t(g),       c.stats ? 1 : 0,      c.batch,   c.q_batch, c.k_batch,  c.v_batch, c.o_batch};
 }
 
 void finalize_sdpa_plan(cudnnHandle_t handle, SdpaBuilder& b, const std::vector<cudnnBackendDescriptor_t>& ops,
@@ -280,7 +282,7 @@ bool CudaBackend::try_flash(const AttentionCall& c) {
     a.k = c.k, a.k_tok = c.k_tok, a.k_head = c.k_head;
     a.v = c.v, a.v_tok = c.v_tok, a.v_head = c.v_head;
     a.cur_len = c.lk;
-    if (c.d != c.dv || !kernels::flash_attention_supported(a)) return false;
+    if (c.batch != 1 || c.d != c.dv || !kernels::flash_attention_supported(a)) return false;
     DZR_CUDA_CHECK(kernels::flash_attention(a, stream_));
     return true;
 }
@@ -296,7 +298,7 @@ bool CudaBackend::try_mem_efficient(const AttentionCall& c) {
     a.k = c.k, a.k_tok = c.k_tok, a.k_head = c.k_head;
     a.v = c.v, a.v_tok = c.v_tok, a.v_head = c.v_head;
     a.out = c.out, a.o_tok = c.o_tok, a.o_head = c.o_head;
-    if (c.heads > 65535 || c.d > 512 || c.dv > 512 || !kernels::mem_eff_attention_supported(a)) return false;
+    if (c.batch != 1 || c.heads > 65535 || c.d > 512 || c.dv > 512 || !kernels::mem_eff_attention_supported(a)) return false;
     DZR_CUDA_CHECK(kernels::mem_eff_attention(a, stream_));
     return true;
 }

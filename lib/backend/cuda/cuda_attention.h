@@ -24,8 +24,11 @@ struct AttentionCall {
     const void* v = nullptr;
     void* out = nullptr;
     int64_t q_tok = 0, q_head = 0, k_tok = 0, k_head = 0, v_tok = 0, v_head = 0, o_tok = 0, o_head = 0;
+    /// Independent attentions of one shape in one call (cuDNN only: the CFG branches' self-attention): element
+    /// strides between them; 0 with batch 1.
+    int64_t batch = 1, q_batch = 0, k_batch = 0, v_batch = 0, o_batch = 0;
     float scale = 1.0f;
-    /// Optional f32 [H, lq] output: each row's log-sum-exp of the scaled logits (M + log Z, natural log), which
+    /// Optional f32 [batch, H, lq] output: each row's log-sum-exp of the scaled logits (M + log Z, natural log), which
     /// merges this attention with another over other keys (the paged split in cuda_paged_sdpa.cpp).
     float* stats = nullptr;
 };
@@ -53,7 +56,7 @@ struct SdpaPlan {
 };
 
 /// Everything a plan depends on (dtype, sizes, strides, graph kind); pointers must be 16-byte aligned.
-using SdpaKey = std::array<int64_t, 16>;
+using SdpaKey = std::array<int64_t, 21>;
 SdpaKey sdpa_key(const AttentionCall& c, SdpaGraph g);
 
 /// Builds the plan for `c`'s shape; never throws (a refusal comes back as ok = false with the stage).

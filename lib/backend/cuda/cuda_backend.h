@@ -42,7 +42,7 @@ struct AttentionCall;
 struct SdpaPlan;
 struct PagedSdpaState;
 enum class SdpaGraph : uint8_t;
-using SdpaKey = std::array<int64_t, 16>;
+using SdpaKey = std::array<int64_t, 21>;  // cuda_attention.h's sdpa_key()
 /// Everything a cuBLASLt plan depends on: dtypes, transposes, sizes, leading dims, batch strides,
 /// pointer alignments, bias.
 using GemmKey = std::array<int64_t, 24>;
@@ -177,6 +177,16 @@ public:
                          const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                     const TensorView& v, int64_t num_slots) override;
+    /// Fast numerics, every history of one length, cuDNN allowed: each branch's [history | current] rows gathered
+    /// into one [B, Lk, H, D] buffer and one cuDNN SDPA of batch B (docs/PERF.md, session 12); otherwise per branch.
+    void paged_attention_batched(const AttentionParams& p, const TensorView& q, std::span<const PagedKvView> histories,
+                                 int layer, const TensorView& k_cur, const TensorView& v_cur,
+                                 const TensorView& out) override;
+    size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                   const TensorView& k_cur) override;
+    /// How many paged_attention_batched calls ran as one batched call, and how many per branch.
+    int64_t batched_attention_calls() const { return batched_calls_; }
+    int64_t batched_attention_fallbacks() const { return batched_fallbacks_; }
     // FP8 (cuda_fp8.cpp)
     void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override;
     void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
@@ -292,6 +302,13 @@ private:
                              const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
     void scatter_kv_fp8(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                         const TensorView& v, int64_t num_slots);
+    /// [history (dequantized) | current] K and V rows of one branch into contiguous [hist + cur, H, D] buffers of
+    /// the current rows' dtype (the gather of paged_attention_fp8).
+    void gather_paged_rows_fp8(const PagedKvView& history, int layer, const TensorView& k_cur, const TensorView& v_cur,
+                               void* k_out, void* v_out);
+    /// Why the batched path cannot run these operands (empty: it can).
+    std::string batched_attention_refusal(std::span<const PagedKvView> histories, const TensorView& q,
+                                          const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
 
     int index_ = 0;
     CudaDevice device_;
@@ -311,6 +328,8 @@ private:
     std::unique_ptr<cuda_detail::PagedSdpaState> paged_sdpa_;  // made by the first try_paged_sdpa
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
+    int64_t batched_calls_ = 0, batched_fallbacks_ = 0;
+    bool batched_fallback_logged_ = false;
     bool last_fp8_gemm_lt_ = false;
     bool last_gemm_gelu_fused_ = false;
 };

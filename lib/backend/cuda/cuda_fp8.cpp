@@ -350,6 +350,19 @@ void CudaBackend::paged_attention_fp8(const AttentionParams& p, const TensorView
     attention(p, q, kall, vall, TensorView{}, out);
 }
 
+void CudaBackend::gather_paged_rows_fp8(const PagedKvView& history, int layer, const TensorView& k_cur,
+                                        const TensorView& v_cur, void* k_out, void* v_out) {
+    const char* op = "paged_attention_batched (f8_e4m3 pool)";
+    const int64_t hist = history.seq_len, cur = k_cur.dim(0);
+    if (hist > 0) check_fp8_pool(history, op);
+    DZR_CHECK(k_cur.strides == v_cur.strides, "cuda backend: {} needs k {} and v {} with one stride set", op,
+              k_cur.str(), v_cur.str());
+    const kernels::KvRows rows{k_cur.data, v_cur.data, k_cur.strides[0], k_cur.strides[1]};
+    DZR_CUDA_CHECK(kernels::gather_kv_fp8(hist > 0 ? fp8_pool_layer(history, layer) : kernels::Fp8KvPoolLayer{},
+                                          history.block_table, hist, rows, cur, k_out, v_out, history.num_heads,
+                                          history.head_dim, k_cur.dtype, stream_));
+}
+
 void CudaBackend::scatter_kv_fp8(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                                  const TensorView& v, int64_t num_slots) {
     const char* op = "scatter_kv (f8_e4m3 pool)";

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_internal.h"
+#include "core/log.h"
 #include "kernels/attention.cuh"
 #include "kernels/kv_scatter.cuh"
 
@@ -205,6 +206,147 @@ void CudaBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorVie
     const kernels::KvRows rows{k.data, v.data, k.strides[0], k.strides[1]};
     DZR_CUDA_CHECK(kernels::scatter_kv(rows, pool_layer(pool, layer), slots.ptr<const int64_t>(), n,
                                        num_slots, pool.num_heads, pool.head_dim, pool.dtype, stream_));
+}
+
+}  // namespace dzr
+
+namespace dzr {
+
+std::string CudaBackend::batched_attention_refusal(std::span<const PagedKvView> histories, const TensorView& q,
+                                                   const TensorView& k_cur, const TensorView& v_cur,
+                                                   const TensorView& out) {
+    const int64_t B = int64_t(histories.size());
+    if (B < 2) return "one branch";
+    // NOTE: reference numerics keep PyTorch's one SDPA per branch (cuDNN may pick another engine for a batch)
+    if (numerics() != Numerics::Fast) return "reference numerics";
+    if (!options_.batched_attention) return "batched attention off (DZR_BATCHED_ATTENTION)";
+    if (options_.paged_attention != PagedAttentionImpl::Auto) return "a forced paged attention implementation";
+    if (options_.attention != AttentionImpl::Auto && options_.attention != AttentionImpl::CudnnUnified &&
+        options_.attention != AttentionImpl::CudnnComposite)
+        return "a forced non-cuDNN attention";
+    const PagedKvView& h0 = histories[0];
+    for (const PagedKvView& h : histories) {
+        if (h.seq_len != h0.seq_len) return "histories of different lengths";
+        if (h.dtype != h0.dtype || h.num_heads != h0.num_heads || h.head_dim != h0.head_dim)
+            return "pools of different layouts";
+        if (h.seq_len < 0 || h.seq_len > int64_t(h.num_table_blocks) * h.block_size ||
+            h.num_table_blocks > h.table_width || (h.seq_len > 0 && (!h.block_table || !h.k_base || !h.v_base)))
+            return "a history its table does not cover";
+    }
+    const DType dt = q.dtype;
+    if (dt != DType::BF16 && dt != DType::F16) return "not bf16/f16 rows";
+    if (!h0.fp8() && h0.dtype != dt) return "a pool of another dtype than the rows";
+    for (const TensorView* t : {&q, &k_cur, &v_cur, &out})
+        if (t->rank() != 3 || t->dim(1) != h0.num_heads || t->dim(2) != h0.head_dim || t->strides[2] != 1 ||
+            t->dtype != dt || t->dim(0) % B != 0 || t->strides[1] != h0.head_dim ||
+            t->strides[0] != int64_t(h0.num_heads) * h0.head_dim)
+            return fmt::format("{} is not [B * L, {}, {}] rows of {}", t->str(), h0.num_heads, h0.head_dim,
+                               dtype_name(dt));
+    if (q.dim(0) != out.dim(0) || k_cur.dim(0) != v_cur.dim(0)) return "lengths disagree";
+    return {};
+}
+
+size_t CudaBackend::paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                            const TensorView& k_cur) {
+    // NOTE: the batched call gathers every branch at once: the sum of the branches' gathers (an upper bound of the
+    // per-branch fallback, which takes one branch's at a time)
+    const int64_t B = int64_t(histories.size());
+    if (B < 2 || k_cur.dim(0) % B != 0) return Backend::paged_attention_batched_workspace_bytes(histories, k_cur);
+    const int64_t cur = k_cur.dim(0) / B;
+    size_t sum = 0;
+    for (int64_t b = 0; b < B; ++b)
+        sum += paged_attention_workspace_bytes(histories[size_t(b)], k_cur.slice(0, b * cur, cur));
+    return sum;
+}
+
+void CudaBackend::paged_attention_batched(const AttentionParams& p, const TensorView& q,
+                                          std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
+                                          const TensorView& v_cur, const TensorView& out) {
+    const char* op = "paged_attention_batched";
+    for (const auto& [t, what] :
+         {std::pair{&q, "q"}, std::pair{&k_cur, "k"}, std::pair{&v_cur, "v"}, std::pair{&out, "out"}})
+        check_device_tensor(*t, op, what);
+    const std::string refusal = batched_attention_refusal(histories, q, k_cur, v_cur, out);
+    const auto per_branch = [&](const std::string& why) {
+        if (histories.size() > 1) {
+            ++batched_fallbacks_;
+            if (!batched_fallback_logged_)
+                log()->info("cuda backend: {} runs its {} branches one by one: {}", op, histories.size(), why);
+            batched_fallback_logged_ = true;
+        }
+        Backend::paged_attention_batched(p, q, histories, layer, k_cur, v_cur, out);
+    };
+    if (!refusal.empty()) return per_branch(refusal);
+
+    DeviceGuard guard(index_);
+    const int64_t B = int64_t(histories.size()), H = histories[0].num_heads, D = histories[0].head_dim;
+    const int64_t lq = q.dim(0) / B, cur = k_cur.dim(0) / B, hist = histories[0].seq_len, lk = hist + cur;
+    const DType dt = q.dtype;
+    if (lq == 0 || lk == 0) return per_branch("no queries or no keys");
+    const int64_t row = H * D;  // elements per token row
+
+    AttentionCall c;
+    c.dtype = dt;
+    c.batch = B;
+    c.lq = lq, c.lk = lk, c.heads = H, c.d = D, c.dv = D;
+    c.q = q.data, c.out = out.data;
+    c.q_tok = c.o_tok = c.k_tok = c.v_tok = row;
+    c.q_head = c.o_head = c.k_head = c.v_head = D;
+    c.q_batch = c.o_batch = lq * row;
+    c.scale = p.scale;
+
+    ArenaScope scope(arena_);
+    TensorView kall, vall;
+    if (hist == 0) {
+        // NOTE: no history (the prefill): the current rows are the keys where they lie, as paged_attention does
+        c.k = k_cur.data, c.v = v_cur.data;
+        c.k_batch = c.v_batch = cur * row;
+    } else {
+        const size_t bytes = 2 * ((size_t(B * lk * row) * dtype_size(dt) + Arena::kAlign - 1) / Arena::kAlign *
+                                  Arena::kAlign);
+        if (arena_.capacity() - arena_.used() < bytes)
+            return per_branch(fmt::format("the workspace lacks room for the batched gather ({:.1f} MiB)",
+                                          double(bytes) / double(1 << 20)));
+        kall = arena_.alloc_view(Shape{B * lk, H, D}, dt);
+        vall = arena_.alloc_view(Shape{B * lk, H, D}, dt);
+        for (int64_t b = 0; b < B; ++b) {
+            const PagedKvView& h = histories[size_t(b)];
+            const TensorView kb = k_cur.slice(0, b * cur, cur), vb = v_cur.slice(0, b * cur, cur);
+            char* ko = static_cast<char*>(kall.data) + size_t(b * lk * row) * dtype_size(dt);
+            char* vo = static_cast<char*>(vall.data) + size_t(b * lk * row) * dtype_size(dt);
+            if (h.fp8()) {
+                gather_paged_rows_fp8(h, layer, kb, vb, ko, vo);
+                continue;
+            }
+            const kernels::KvRows rows{kb.data, vb.data, kb.strides[0], kb.strides[1]};
+            DZR_CUDA_CHECK(kernels::gather_kv(pool_layer(h, layer), h.block_table, hist, rows, cur, ko, vo, int(H),
+                                              int(D), dt, stream_));
+        }
+        c.k = kall.data, c.v = vall.data;
+        c.k_batch = c.v_batch = lk * row;
+    }
+    last_paged_impl_ = PagedAttentionImpl::Gather;
+    const bool unified_ok = options_.attention != AttentionImpl::CudnnComposite;
+    const bool composite_ok = options_.attention != AttentionImpl::CudnnUnified;
+    if (unified_ok && try_sdpa(c, SdpaGraph::Unified)) {
+        last_attention_impl_ = AttentionImpl::CudnnUnified;
+        ++batched_calls_;
+        return;
+    }
+    if (composite_ok && try_sdpa(c, SdpaGraph::Composite)) {
+        last_attention_impl_ = AttentionImpl::CudnnComposite;
+        ++batched_calls_;
+        return;
+    }
+    // cuDNN refused the batch: one dense call per branch over the rows already gathered
+    ++batched_fallbacks_;
+    for (int64_t b = 0; b < B; ++b) {
+        const TensorView qb = q.slice(0, b * lq, lq), ob = out.slice(0, b * lq, lq);
+        if (hist == 0)
+            attention(p, qb, k_cur.slice(0, b * cur, cur), v_cur.slice(0, b * cur, cur), TensorView{}, ob);
+        else
+            attention(p, qb, kall.slice(0, b * lk, lk), vall.slice(0, b * lk, lk), TensorView{}, ob);
+    }
 }
 
 }  // namespace dzr
