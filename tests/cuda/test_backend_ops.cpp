@@ -59,6 +59,18 @@ CudaBackend& gpu() {
     return dynamic_cast<CudaBackend&>(*be);
 }
 
+/// Fast numerics on the same device (the ops that only fast numerics run: paged_attention_batched's one SDPA). It has
+/// its own stream: operands uploaded through gpu() are synchronized before it reads them.
+CudaBackend& fast_gpu() {
+    static std::unique_ptr<Backend> be = [] {
+        BackendOptions o;
+        o.numerics = Numerics::Fast;
+        o.workspace_bytes = size_t(256) << 20;
+        return make_cuda_backend(0, o);
+    }();
+    return dynamic_cast<CudaBackend&>(*be);
+}
+
 Backend& cpu() {
     static std::unique_ptr<Backend> be = make_cpu_backend();
     return *be;
@@ -476,6 +488,53 @@ Stats run_paged_attention(Harness& h, int64_t H, int64_t D, int64_t bs, int64_t 
     dev_view.block_table = table_dev.ptr<const BlockId>();
     const TensorView od = h.dev_out({lq, H, D});
     gpu().paged_attention({scale}, h.dev(q), dev_view, 0, h.dev(k), h.dev(v), od);
+    Stats s = h.compare(od, ref);
+    gpu().synchronize();  // table_dev is freed on return
+    return s;
+}
+
+/// Two branches' paged attention in one call (fast numerics: one cuDNN SDPA of batch 2) against the CPU reference of
+/// each branch: one pool of 7 blocks, branch 0's history through table {4, 1, 3}, branch 1's through {6, 2, 5}.
+Stats run_paged_attention_batched(Harness& h, int64_t H, int64_t D, int64_t bs, int64_t hist, int64_t cur) {
+    const int64_t ids = 7, row = H * D, B = 2, lq = cur;
+    const std::vector<BlockId> tables[2] = {{4, 1, 3, kNullBlockId}, {6, 2, 5, kNullBlockId}};
+    REQUIRE(hist <= 3 * bs);
+    Tensor kp = Harness::cpu_out({ids * bs, H, D}), vp = Harness::cpu_out({ids * bs, H, D});
+    for (int64_t b = 0; b < B; ++b) {
+        Tensor hk = h.input({std::max<int64_t>(hist, 1), H, D}, -2.f, 2.f), hv = h.input({std::max<int64_t>(hist, 1), H, D});
+        for (int64_t t = 0; t < hist; ++t) {
+            const int64_t slot = int64_t(tables[b][size_t(t / bs)]) * bs + t % bs;
+            std::copy_n(fp(hk) + t * row, row, kp.ptr<float>() + slot * row);
+            std::copy_n(fp(hv) + t * row, row, vp.ptr<float>() + slot * row);
+        }
+    }
+    Tensor q = h.input({B * lq, H, D}, -2.f, 2.f), k = h.input({B * cur, H, D}, -2.f, 2.f), v = h.input({B * cur, H, D});
+    const int32_t width = int32_t(tables[0].size()), used = int32_t((hist + bs - 1) / bs);
+    Tensor ref = Harness::cpu_out({B * lq, H, D});
+    const float scale = 1.f / std::sqrt(float(D));
+    const TensorView kpd = h.dev(kp), vpd = h.dev(vp);
+    std::vector<Tensor> table_dev;
+    std::vector<PagedKvView> views;
+    for (int64_t b = 0; b < B; ++b) {
+        const PagedKvView host_view{kp.data(), vp.data(), DType::F32, int32_t(H), int32_t(D), int32_t(bs), 0, bs * row,
+                                    row, D, tables[b].data(), width, used, hist};
+        cpu().paged_attention({scale}, q.view().slice(0, b * lq, lq), host_view, 0, k.view().slice(0, b * cur, cur),
+                              v.view().slice(0, b * cur, cur), ref.view().slice(0, b * lq, lq));
+        Tensor table_host = Tensor::host({width}, DType::I32);
+        std::copy(tables[b].begin(), tables[b].end(), table_host.ptr<int32_t>());
+        table_dev.push_back(gpu().alloc({width}, DType::I32));
+        gpu().upload(table_host, table_dev.back());
+        PagedKvView dev_view = host_view;
+        dev_view.k_base = kpd.data, dev_view.v_base = vpd.data, dev_view.dtype = h.dt();
+        dev_view.block_table = table_dev.back().ptr<const BlockId>();
+        views.push_back(dev_view);
+    }
+    const TensorView qd = h.dev(q), kd = h.dev(k), vd = h.dev(v), od = h.dev_out({B * lq, H, D});
+    gpu().synchronize();  // fast_gpu() has its own stream
+    const int64_t before = fast_gpu().batched_attention_calls();
+    fast_gpu().paged_attention_batched({scale}, qd, views, 0, kd, vd, od);
+    fast_gpu().synchronize();
+    CHECK_MESSAGE(fast_gpu().batched_attention_calls() == before + 1, "the branches did not run as one call");
     Stats s = h.compare(od, ref);
     gpu().synchronize();  // table_dev is freed on return
     return s;
@@ -1310,6 +1369,10 @@ std::vector<OpCase> make_cases() {
         [](Harness& h) { return run_paged_attention(h, 2, 64, 40, 90, 37, 29); });
     add("paged_attention", "H3 D128 block 16, empty history, 20 current, Lq 5", DType::BF16,
         [](Harness& h) { return run_paged_attention(h, 3, 128, 16, 0, 20, 5); });
+    add("paged_attention_batched", "2 branches, H2 D128 block 40, history 90 each, 37 current, fast numerics",
+        DType::BF16, [](Harness& h) { return run_paged_attention_batched(h, 2, 128, 40, 90, 37); });
+    add("paged_attention_batched", "2 branches, H3 D128, empty histories, 20 current, fast numerics", DType::BF16,
+        [](Harness& h) { return run_paged_attention_batched(h, 3, 128, 16, 0, 20); });
     return cases;
 }
 
@@ -1325,7 +1388,7 @@ std::set<std::string> declared_backend_ops() {
     // DeviceContext, Stream, Event and Graph housekeeping, the backend's accessors and its implementation choices
     const std::set<std::string> not_ops = {"device", "name", "compute_dtype", "workspace", "reserve_workspace",
                                            "synchronize", "device_memory_in_use", "conv3d_workspace_bytes",
-                                           "paged_attention_workspace_bytes", "memory_in_use", "capabilities",
+                                           "paged_attention_workspace_bytes", "paged_attention_batched_workspace_bytes", "memory_in_use", "capabilities",
                                            "make_event", "record", "wait", "elapsed_ms", "begin_capture",
                                            "end_capture", "abort_capture", "capturing", "launch", "context", "stream", "set_cuda_options",
                                            "cuda_options", "last_attention_impl", "conv_plan_report", "profiler"};
@@ -1346,7 +1409,7 @@ TEST_CASE("every backend op has at least one parity case") {
     const std::set<std::string> expected = {"alloc",   "upload",  "download",   "copy",       "fill",
                                             "gemm",    "binary",  "scale",      "activation", "layer_norm",
                                             "rms_norm", "l2_norm", "softmax", "reduce",     "rope",       "attention",
-                                            "conv3d",  "paged_attention", "scatter_kv", "resize_bicubic",
+                                            "conv3d",  "paged_attention", "paged_attention_batched", "scatter_kv", "resize_bicubic",
                                             "sin_cos_table", "count_nonfinite", "ada_layer_norm",
                                             "gated_residual", "rms_norm_rope", "gated_residual_norm", "gemm_gelu",
                                             "quantize_fp8", "dequantize_fp8", "gemm_fp8", "ada_layer_norm_fp8",
