@@ -121,6 +121,7 @@ BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_LT_ALIGN")) o.cuda.lt_alignment = parse_env("DZR_LT_ALIGN", v, parse_lt_alignment);
     if (const char* v = env("DZR_CONV_TUNE")) o.cuda.conv_tune = parse_env("DZR_CONV_TUNE", v, parse_conv_tune);
     if (const char* v = env("DZR_ROW_KERNELS")) o.cuda.row_kernels = parse_env("DZR_ROW_KERNELS", v, parse_row_kernels);
+    if (const char* v = env("DZR_GEMM_TUNE")) o.cuda.gemm_tune = parse_env("DZR_GEMM_TUNE", v, parse_on_off);
     if (const char* v = env("DZR_BATCHED_ATTENTION"))
         o.cuda.batched_attention = parse_env("DZR_BATCHED_ATTENTION", v, parse_on_off);
     return o;

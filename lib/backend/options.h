@@ -104,6 +104,10 @@ struct CudaBackendOptions {
     /// Fast numerics: the batched CFG branches' self-attention as one cuDNN SDPA of batch B
     /// (Backend::paged_attention_batched); false runs one SDPA per branch.
     bool batched_attention = true;
+    /// Fast numerics: large cuBLASLt GEMMs (>= 20 GFLOP) time the heuristic's first candidates once, when their plan
+    /// is made, and keep the fastest if it beats the first by 2% (the heuristic's pick at the commit forward's 3520
+    /// rows ran 4.7% slower than its second, docs/PERF.md session 12). Reference numerics never tune.
+    bool gemm_tune = true;
 };
 
 struct BackendOptions {
@@ -119,7 +123,7 @@ struct BackendOptions {
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
 /// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last), DZR_ROW_KERNELS
-/// (stream | warp), DZR_BATCHED_ATTENTION (on | off). An unreadable value throws, naming the variable.
+/// (stream | warp), DZR_BATCHED_ATTENTION (on | off), DZR_GEMM_TUNE (on | off). An unreadable value throws, naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 
 }  // namespace dzr

@@ -96,6 +96,20 @@ void DenseSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
     be.attention(AttentionParams{scale}, q, kall, vall, TensorView{}, out);
 }
 
+void DenseSelfAttentionCache::store(Backend& be, int layer, const TensorView& k, const TensorView& v,
+                                    int64_t video_tokens) {
+    DZR_CHECK(in_forward_ && spec_.commit, "dense kv cache: store (layer {}) outside a committing forward", layer);
+    DZR_CHECK(layer >= 0 && layer < geometry_.num_layers, "dense kv cache: layer {} out of range [0, {})", layer,
+              geometry_.num_layers);
+    const Shape want{video_tokens_ + spec_.register_tokens, geometry_.num_kv_heads, geometry_.head_dim};
+    DZR_CHECK(video_tokens == video_tokens_ && k.shape == want && v.shape == want,
+              "dense kv cache: layer {}: k {} and v {} with {} video tokens do not match the forward's {} video + {} "
+              "register tokens",
+              layer, k.str(), v.str(), video_tokens, video_tokens_, spec_.register_tokens);
+    be.copy(k.slice(0, 0, video_tokens), rows(k_, layer, len_, video_tokens));
+    be.copy(v.slice(0, 0, video_tokens), rows(v_, layer, len_, video_tokens));
+}
+
 void DenseSelfAttentionCache::commit() {
     DZR_CHECK(in_forward_, "dense kv cache: commit without an open forward");
     in_forward_ = false;

@@ -37,6 +37,7 @@ public:
     int64_t history_tokens() const override;
     void attend(Backend& be, int layer, const TensorView& q, const TensorView& k, const TensorView& v,
                 int64_t video_tokens, float scale, const TensorView& out) override;
+    void store(Backend& be, int layer, const TensorView& k, const TensorView& v, int64_t video_tokens) override;
 
 private:
     TensorView rows(const Tensor& t, int layer, int64_t start, int64_t n) const;

@@ -102,6 +102,45 @@ PagedKvView PagedSelfAttentionCache::prepare_kernel_attend(Backend& be, int laye
     return view;
 }
 
+void PagedSelfAttentionCache::store_committed(Backend& be, int layer, const TensorView& k, const TensorView& v,
+                                              int64_t video_tokens) {
+    KvCacheManager& m = session_.manager();
+    const KvGeometry& g = m.geometry();
+    const BlockTable& t = session_.table(branch_);
+    const TensorView pk = m.pool_k(layer), pv = m.pool_v(layer);
+    const TensorView pks = m.pool_k_scale(layer), pvs = m.pool_v_scale(layer);
+    const int64_t H = g.num_kv_heads, D = g.head_dim;
+    // NOTE: an FP8 pool quantizes each (token, head) row of D values on the way in and dequantizes it on the way
+    // out (core/fp8.h); [n, H, D] rows are [n * H, D] quantization rows with [n * H] scales
+    const auto put = [&](const TensorView& src, const TensorView& pool, const TensorView& scales, int64_t slot,
+                         int64_t n) {
+        if (!g.fp8_pool) return be.copy(src, pool.slice(0, slot, n));
+        be.quantize_fp8(src.reshape(Shape{n * H, D}), pool.slice(0, slot, n).reshape(Shape{n * H, D}),
+                        scales.slice(0, slot, n).reshape(Shape{n * H}));
+    };
+    // consecutive slots are consecutive rows: one copy per run
+    const std::vector<int64_t>& slots = t.slot_mapping();
+    for (int64_t i = 0; i < video_tokens;) {
+        int64_t n = 1;
+        while (i + n < video_tokens && slots[size_t(i + n)] == slots[size_t(i)] + n) ++n;
+        put(k.slice(0, i, n), pk, pks, slots[size_t(i)], n);
+        put(v.slice(0, i, n), pv, pvs, slots[size_t(i)], n);
+        i += n;
+    }
+}
+
+void PagedSelfAttentionCache::store(Backend& be, int layer, const TensorView& k, const TensorView& v,
+                                    int64_t video_tokens) {
+    const BlockTable& t = session_.table(branch_);
+    check_attend(session_, t, layer, k, v, video_tokens);
+    DZR_CHECK(t.committing(), "kv {}: store (layer {}) outside a committing forward", t.name(), layer);
+    if (path_ == PagedAttentionPath::Kernel) {
+        prepare_kernel_attend(be, layer, k, v, video_tokens);  // the scatter, nothing else
+        return;
+    }
+    store_committed(be, layer, k, v, video_tokens);
+}
+
 void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q, const TensorView& k,
                                      const TensorView& v, int64_t video_tokens, float scale, const TensorView& out) {
     if (path_ == PagedAttentionPath::Kernel) {
@@ -124,36 +163,19 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
     be.copy(k, sk);
     be.copy(v, sv);
 
-    // 2. committing forward: video rows -> their pool slots (consecutive slots are consecutive rows)
+    // 2. committing forward: video rows -> their pool slots
+    if (t.committing()) store_committed(be, layer, k, v, video_tokens);
+
     const TensorView pk = m.pool_k(layer), pv = m.pool_v(layer);
     const TensorView pks = m.pool_k_scale(layer), pvs = m.pool_v_scale(layer);
     const bool fp8 = g.fp8_pool;
     const int64_t H = g.num_kv_heads, D = g.head_dim;
-    // NOTE: an FP8 pool quantizes each (token, head) row of D values on the way in and dequantizes it on the way
-    // out (core/fp8.h); [n, H, D] rows are [n * H, D] quantization rows with [n * H] scales
-    const auto store = [&](const TensorView& src, const TensorView& pool, const TensorView& scales, int64_t slot,
-                           int64_t n) {
-        if (!fp8) return be.copy(src, pool.slice(0, slot, n));
-        be.quantize_fp8(src.reshape(Shape{n * H, D}), pool.slice(0, slot, n).reshape(Shape{n * H, D}),
-                        scales.slice(0, slot, n).reshape(Shape{n * H}));
-    };
     const auto load = [&](const TensorView& pool, const TensorView& scales, int64_t row, int64_t n,
                           const TensorView& dst) {
         if (!fp8) return be.copy(pool.slice(0, row, n), dst);
         be.dequantize_fp8(pool.slice(0, row, n).reshape(Shape{n * H, D}), scales.slice(0, row, n).reshape(Shape{n * H}),
                           dst.reshape(Shape{n * H, D}));
     };
-    if (t.committing()) {
-        const std::vector<int64_t>& slots = t.slot_mapping();
-        for (int64_t i = 0; i < video_tokens;) {
-            int64_t n = 1;
-            while (i + n < video_tokens && slots[size_t(i + n)] == slots[size_t(i)] + n) ++n;
-            store(k.slice(0, i, n), pk, pks, slots[size_t(i)], n);
-            store(v.slice(0, i, n), pv, pvs, slots[size_t(i)], n);
-            i += n;
-        }
-    }
-
     // 3. attend over [visible history | current]
     const int64_t hist = t.seq_len(), bs = t.block_tokens();
     // [history | current] keys and values, gathered: [hist + cur, H, D]

@@ -54,6 +54,7 @@ public:
     int64_t history_tokens() const override;
     void attend(Backend& be, int layer, const TensorView& q, const TensorView& k, const TensorView& v,
                 int64_t video_tokens, float scale, const TensorView& out) override;
+    void store(Backend& be, int layer, const TensorView& k, const TensorView& v, int64_t video_tokens) override;
     /// The kernel path's attend() up to the attention: checks the rows, scatters a committing forward's video rows
     /// to their pool slots, and returns the history view `be` reads (the device table when `be` is the storage's
     /// device). attend_branches() runs the attention of several branches' views in one call.
@@ -61,6 +62,9 @@ public:
                                       int64_t video_tokens);
 
 private:
+    /// The gather path's store of a committing forward's video rows into their pool slots.
+    void store_committed(Backend& be, int layer, const TensorView& k, const TensorView& v, int64_t video_tokens);
+
     KvSession& session_;
     int branch_ = 0;
     PagedAttentionPath path_ = PagedAttentionPath::Gather;

@@ -30,6 +30,11 @@ public:
     /// only when the owner commits the forward; register tokens are never stored.
     virtual void attend(Backend& be, int layer, const TensorView& q, const TensorView& k, const TensorView& v,
                         int64_t video_tokens, float scale, const TensorView& out) = 0;
+
+    /// A committing forward's layer whose attention output nobody reads (DitForwardOptions::kv_only): stages the
+    /// first `video_tokens` rows of k and v ([L, H, D]) exactly as attend() would, without attending. Throws outside
+    /// a committing forward.
+    virtual void store(Backend& be, int layer, const TensorView& k, const TensorView& v, int64_t video_tokens) = 0;
 };
 
 /// The self-attention of the B branches of one batched forward (CausalDit::forward_batch), layer `layer`: q, k, v and

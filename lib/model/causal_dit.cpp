@@ -258,6 +258,7 @@ class NoHistoryCache final : public SelfAttentionCache {
     int64_t history_tokens() const override { return 0; }
     void attend(Backend&, int, const TensorView&, const TensorView&, const TensorView&, int64_t, float,
                 const TensorView&) override {}
+    void store(Backend&, int, const TensorView&, const TensorView&, int64_t) override {}
 };
 
 }  // namespace
@@ -445,10 +446,13 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
     // every branch starts from the same embedded rows
     for (int b = 1; b < B; ++b) be.copy(s.branch(s.x, 0), s.branch(s.x, b));
 
+    // NOTE: a forward of committed rows only needs every layer's K/V: the last layer stops after storing them
+    const bool kv_only = opt.kv_only && !opt.trace && be.numerics() == Numerics::Fast && !layers_.empty();
     for (size_t i = 0; i < layers_.size(); ++i) {
-        layer_forward(be, s, int(i), branches, opt);
+        layer_forward(be, s, int(i), branches, opt, kv_only && i + 1 == layers_.size());
         if (opt.trace) opt.trace("layer_out", int(i), s.x);
     }
+    if (kv_only) return;
 
     // a branch's own outputs go to its trace, or the forward's (one branch)
     const auto branch_trace = [&](int b) -> const DitTraceFn& {
@@ -471,7 +475,7 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
 }
 
 void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
-                              const DitForwardOptions& opt) const {
+                              const DitForwardOptions& opt, bool kv_only) const {
     const Layer& w = layers_[size_t(li)];
     // NOTE: BL: the rows of every branch (the linear layers and row ops); L: one branch's (attention, groups)
     const int64_t BL = s.x.dim(0), L = s.tokens, C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
@@ -556,11 +560,19 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
             k = be.scratch(Shape{BL, H, D});
             v3 = be.scratch(Shape{BL, H, D});
             const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
-            w.q.forward(be, h, hq, raw);
-            be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_q.w, s.rope_video, regs_table, q);
+            if (!kv_only) {
+                w.q.forward(be, h, hq, raw);
+                be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_q.w, s.rope_video, regs_table, q);
+            }
             w.k.forward(be, h, hq, raw);
             be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_k.w, s.rope_video, regs_table, k);
             w.v.forward(be, h, hq, v3.reshape(Shape{BL, C}));
+            if (kv_only) {
+                // the committed rows are all this forward is for: store them, skip the rest of the layer
+                for (int b = 0; b < B; ++b)
+                    branches[size_t(b)].cache->store(be, li, s.branch(k, b), s.branch(v3, b), Lv);
+                return;
+            }
         } else {
             const TensorView qn = be.scratch(Shape{L, C});
             const TensorView kn = be.scratch(Shape{L, C});

@@ -92,6 +92,11 @@ struct DitBranch {
 struct DitForwardOptions {
     DitTraceFn trace;           // empty: no tracing, no cost
     bool check_finite = false;  // debug: download each stage's output and throw on NaN/Inf (syncs)
+    /// A committing forward whose outputs nobody reads (the prefill and the commit of observed frames): the last
+    /// layer stops once its K/V rows are stored (SelfAttentionCache::store), and the head and the action decoder do
+    /// not run; the outputs are left unwritten. Fast numerics without a trace only (otherwise ignored): reference
+    /// numerics run every op of the official forward.
+    bool kv_only = false;
 };
 
 class CausalDit {
@@ -171,8 +176,9 @@ class CausalDit {
     /// into kv's text or image views: k = norm_k(k(ctx)), v = v(ctx).
     void project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv,
                           const std::function<void(size_t)>& layer_done) const;
+    /// kv_only (fast numerics): the layer's K/V rows stored into every branch's cache, and nothing after them.
     void layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
-                       const DitForwardOptions& opt) const;
+                       const DitForwardOptions& opt, bool kv_only = false) const;
     /// The head on branch b's video rows into `out`.
     void head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitTraceFn& trace,
                       const DitForwardOptions& opt) const;

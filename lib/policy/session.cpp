@@ -401,6 +401,8 @@ void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchI
     // the unconditional branch's action velocity is never used: its decoder is skipped (unless a trace records it)
     BranchIo uncond_out = uncond;
     if (!trace_) uncond_out.action_out = {};
+    // NOTE: a committing forward's outputs are never read: fast numerics stop its last layer after the K/V
+    opt.kv_only = kind != ForwardKind::Denoise && !trace_;
     ProfileScope profile(a.backend(), fmt::format("{}.both", forward_kind_name(kind)));
     BranchRunner::forward_pair(a, b, kind, cond, uncond_out, start_frame, timestep, action_timestep, opt, traces);
 }

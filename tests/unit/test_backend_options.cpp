@@ -104,3 +104,28 @@ TEST_CASE("fast numerics tune their convolutions unless DZR_CONV_TUNE says other
     CHECK(test::contains(msg, "DZR_CONV_TUNE"));
     CHECK(test::contains(msg, "auto, off or channels-last"));
 }
+
+TEST_CASE("DZR_GEMM_TUNE and DZR_BATCHED_ATTENTION turn fast numerics' GEMM timing and batched attention on or off") {
+    for (const char* name : {"DZR_GEMM_TUNE", "DZR_BATCHED_ATTENTION"}) {
+        CAPTURE(name);
+        const auto value = [&](const BackendOptions& o) {
+            return std::string(name) == "DZR_GEMM_TUNE" ? o.cuda.gemm_tune : o.cuda.batched_attention;
+        };
+        {
+            const ScopedEnv t(name, nullptr);
+            CHECK(value(apply_env_overrides({})));  // on by default
+        }
+        {
+            const ScopedEnv t(name, "off");
+            CHECK_FALSE(value(apply_env_overrides({})));
+        }
+        {
+            const ScopedEnv t(name, "on");
+            CHECK(value(apply_env_overrides({})));
+        }
+        const ScopedEnv t(name, "maybe");
+        const std::string msg = test::error_of([] { apply_env_overrides({}); });
+        CHECK(test::contains(msg, name));
+        CHECK(test::contains(msg, "neither on nor off"));
+    }
+}

@@ -406,6 +406,44 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
     }
 }
 
+TEST_CASE("a kv_only committing forward stores every layer's K/V as the full forward does, and writes no output") {
+    for (const Numerics numerics : {Numerics::Fast, Numerics::Reference}) {
+        CAPTURE(int(numerics));
+        Fixture fx(2, 7, 0.0f, Precision::Bf16, numerics);
+        const DitConfig& c = fx.cfg;
+        Inputs prefill = make_inputs(c, 1, 0, 0, false, 81);
+        DitInputs di;
+        di.x = TensorView(prefill.x.data(), DType::F32, Shape{c.out_dim, 1, kTinyLatentH, kTinyLatentW});
+        di.y = TensorView(prefill.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, 1, kTinyLatentH, kTinyLatentW});
+        DenseTestCache full = fx.make_cache(), kv = fx.make_cache();
+        std::vector<float> video_full(prefill.x.size(), 0.f), video_kv(prefill.x.size(), -7.f);
+        const Shape vs{c.out_dim, 1, kTinyLatentH, kTinyLatentW};
+        full.begin(true);
+        fx.dit->forward(*fx.be, di, fx.kv, full, DitOutputs{TensorView(video_full.data(), DType::F32, vs), {}});
+        DitForwardOptions opt;
+        opt.kv_only = true;
+        kv.begin(true);
+        fx.dit->forward(*fx.be, di, fx.kv, kv, DitOutputs{TensorView(video_kv.data(), DType::F32, vs), {}}, opt);
+        full.commit();
+        kv.commit();
+        for (int l = 0; l < c.num_layers; ++l) {
+            CAPTURE(l);
+            CHECK(kv.history_k(l) == full.history_k(l));  // bit for bit: the same ops up to the last K/V
+            CHECK(kv.history_v(l) == full.history_v(l));
+        }
+        if (numerics == Numerics::Fast) {
+            // the last layer stored without attending; the outputs were not written
+            CHECK(kv.stores == 1);
+            CHECK(kv.last_keys[size_t(c.num_layers - 1)] == -1);
+            CHECK(std::all_of(video_kv.begin(), video_kv.end(), [](float v) { return v == -7.f; }));
+        } else {
+            // reference numerics run the official forward whole
+            CHECK(kv.stores == 0);
+            CHECK(video_kv == video_full);
+        }
+    }
+}
+
 TEST_CASE("fast numerics with FP8 Linears: the norms' fused quantization gives the two ops' outputs") {
     // NOTE: a traced forward runs the norm, then the quantization (the trace wants the rows); an untraced one the
     // fused ops (Backend::ada_layer_norm_fp8, activation_quantize_fp8), whose base implementations are the same ops:
@@ -588,6 +626,9 @@ class FixedHistoryCache final : public SelfAttentionCache {
     void attend(Backend&, int, const TensorView&, const TensorView&, const TensorView&, int64_t, float,
                 const TensorView&) override {
         DZR_THROW("attend must not be reached");
+    }
+    void store(Backend&, int, const TensorView&, const TensorView&, int64_t) override {
+        DZR_THROW("store must not be reached");
     }
 
   private:

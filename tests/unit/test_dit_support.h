@@ -166,6 +166,14 @@ class DenseTestCache final : public SelfAttentionCache {
             staged_rows[size_t(layer)] = video_tokens;
         }
     }
+    void store(Backend&, int layer, const TensorView& k, const TensorView& v, int64_t video_tokens) override {
+        DZR_ASSERT(committing_ && video_tokens <= k.dim(0));
+        const std::vector<float> kc = to_f32_vector(k), vc = to_f32_vector(v);
+        k_stage_[size_t(layer)].assign(kc.begin(), kc.begin() + video_tokens * row_);
+        v_stage_[size_t(layer)].assign(vc.begin(), vc.begin() + video_tokens * row_);
+        staged_rows[size_t(layer)] = video_tokens;
+        ++stores;
+    }
 
   private:
     int64_t row_;
@@ -175,6 +183,7 @@ class DenseTestCache final : public SelfAttentionCache {
 
   public:
     std::vector<int64_t> last_keys, last_queries, staged_rows;
+    int stores = 0;  // store() calls (kv_only forwards' last layers)
 };
 
 // ---------------------------------------------------------------------------------------------

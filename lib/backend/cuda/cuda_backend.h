@@ -235,6 +235,10 @@ private:
     void launch_lt(const cuda_detail::GemmPlan& plan, const cuda_detail::GemmCall& call);
     /// The plan of a GEMM; gelu: with cuBLASLt's GELU (GELU_BIAS with a bias of the output's dtype) epilogue.
     cuda_detail::GemmPlan& gemm_plan(const cuda_detail::GemmCall& call, bool gelu = false);
+    /// Fast numerics: times the heuristic's candidates for `plan` on `call`'s operands (the output in arena scratch)
+    /// and keeps the fastest when it beats the first by 2%; no-op while capturing, for small GEMMs, or without room.
+    void tune_gemm_plan(cuda_detail::GemmPlan& plan, const cuda_detail::GemmCall& call,
+                        const cublasLtMatmulHeuristicResult_t* candidates, int count);
     /// gemm's operand checks and its call description.
     cuda_detail::GemmCall make_gemm_call(const GemmParams& p, const TensorView& a, const TensorView& b,
                                          const TensorView& bias, const TensorView& out) const;
