@@ -24,7 +24,7 @@
 # $OUT/<step>.tar.gz, and a short summary is printed last.
 #
 # Usage (GPU machine, repository root, .ref carried): STEPS="build tests parity" OUT=$OUT scripts/parity/device_round.sh
-# Settings: BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
+# Settings: CUDA_TESTS_J (parallel CUDA tests), CUDA_TESTS_R (a ctest -R filter of them), BUILD_DIR=build-parity-device WORK=/tmp/dzr-round VARIANTS="DZR_PLAIN_GEMM=lt DZR_PLAIN_GEMM=cublas"
 #   PARITY_CALLS=7 (the parity step's calls; CALLS is the sub-stage probe's)
 #   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80")
 #   LOAD_CKPT (the load step's checkpoint), LOAD_VARIANTS and SKIP_OLD (scripts/bench/load_cold_warm.sh's)
@@ -72,13 +72,15 @@ if busy:
 PY
 }
 # The bench/profile variant NAME as `dzr bench rollout` arguments in VARGS (and environment settings in VENV:
-# "-nobattn", one self-attention SDPA per branch: DZR_BATCHED_ATTENTION=off): numerics first, then "-nobatch" (the CFG
+# "-nobattn", one self-attention SDPA per branch: DZR_BATCHED_ATTENTION=off; "-notune", the cuBLASLt heuristic's
+# first algorithm for every GEMM: DZR_GEMM_TUNE=off): numerics first, then "-nobatch" (the CFG
 # branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), "-fp8w" (FP8 weights, bf16 KV), e.g. fast,
 # reference, fast-nobatch, fast-fp8, fast-fp8w.
 variant_args() {
     VARGS=(--numerics "${1%%-*}")
     VENV=()
     [[ "$1" == *-nobattn* ]] && VENV+=(DZR_BATCHED_ATTENTION=off)
+    [[ "$1" == *-notune* ]] && VENV+=(DZR_GEMM_TUNE=off)
     [[ "$1" == *-nobatch* ]] && VARGS+=(--no-batch-cfg)
     if [[ "$1" == *-fp8w* ]]; then VARGS+=(--precision fp8)
     elif [[ "$1" == *-fp8* ]]; then VARGS+=(--precision fp8 --kv-dtype fp8); fi
@@ -111,7 +113,7 @@ if want tests; then
     say "cuda tests"
     mkdir -p "$WORK/tests"
     # NOTE: CUDA_TESTS_J tests at once (one GPU holds several: each takes a few GiB)
-    ctest --test-dir "$BUILD_DIR" -L cuda -j "${CUDA_TESTS_J:-1}" --output-on-failure --timeout 300 \
+    ctest --test-dir "$BUILD_DIR" -L cuda ${CUDA_TESTS_R:+-R "$CUDA_TESTS_R"} -j "${CUDA_TESTS_J:-1}" --output-on-failure --timeout 300 \
         >"$WORK/tests/ctest-cuda.log" 2>&1
     check $? "cuda tests"
     tail -n 12 "$WORK/tests/ctest-cuda.log"

@@ -181,6 +181,7 @@ struct GemmSpec {
     bool broadcast_b = false;       // b's batch stride is 0
     bool fallback = false;          // dzr's plain kernel instead of cuBLASLt
     bool cublas = false;            // bias-free through cuBLAS (PlainGemmImpl::Cublas) instead of cuBLASLt
+    double rtol = 0;                // > 0: the comparison's rtol instead of the dtype's
 };
 
 Stats run_gemm(Harness& h, const GemmSpec& g) {
@@ -225,7 +226,7 @@ Stats run_gemm(Harness& h, const GemmSpec& g) {
     gpu().set_fallback_only(false);
     gpu().set_plain_gemm_impl(plain_before);
     cpu().gemm(p, a_cpu, b_cpu, g.bias ? bias.view() : TensorView{}, ref);
-    return h.compare(out_dev, ref);
+    return h.compare(out_dev, ref, g.rtol > 0 ? g.rtol : h.rtol());
 }
 
 Stats run_binary(Harness& h, BinaryOp op, Shape as, Shape bs, bool mixed_b, bool in_place) {
@@ -880,6 +881,11 @@ std::vector<OpCase> make_cases() {
         {
             GemmSpec g{1785, 5120, 5120};
             g.bias = true, g.bias_dtype = dt;
+            // NOTE: f32: two summation orders of K = 5120 products of U(-1, 1) values differ by about
+            // u * sqrt(K^2 / 2) * 1/3 ~ 1e-4 per element (sequential partial sums), and the largest of 9.1 M differences
+            // reaches 5 of those (1 element of 9139200 exceeded kRtolF32's 2.4e-4 at one seed on the H200, session 12);
+            // 5e-5 of the rms (24) is 1.2e-3, still 1e-4 of an output and far below any wiring mistake
+            if (dt == DType::F32) g.rtol = 5e-5;
             add_big("gemm", "DreamZero M1785 N5120 K5120 + bias", dt, [g](Harness& h) { return run_gemm(h, g); });
         }
 
