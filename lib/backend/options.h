@@ -104,9 +104,10 @@ struct CudaBackendOptions {
     /// Fast numerics: the batched CFG branches' self-attention as one cuDNN SDPA of batch B
     /// (Backend::paged_attention_batched); false runs one SDPA per branch.
     bool batched_attention = true;
-    /// Fast numerics: large cuBLASLt GEMMs (>= 20 GFLOP, bf16 and FP8) time the heuristic's first candidates once,
-    /// when their plan is made (the warm-up's eager forwards), and keep the fastest if it beats the first by 2% (the heuristic's pick at the commit forward's 3520
-    /// rows ran 4.7% slower than its second, docs/PERF.md session 12). Reference numerics never tune.
+    /// Fast numerics: large bf16 cuBLASLt GEMMs (>= 20 GFLOP) time the heuristic's first candidates once, when their
+    /// plan is made (the warm-up's eager forwards), and keep the fastest if it beats the first by 2% (the heuristic's
+    /// pick at the commit forward's 3520 rows ran 4.7% slower than its second, docs/PERF.md session 12). Reference
+    /// numerics never tune; FP8 GEMMs keep the heuristic's pick (timing them measured no gain).
     bool gemm_tune = true;
 };
 

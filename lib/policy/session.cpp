@@ -370,6 +370,8 @@ void Session::forward(int branch, ForwardKind kind, const BranchIo& io, int star
     DitForwardOptions opt;
     opt.check_finite = engine_.options_.check_finite && !engine_.measuring_;
     opt.trace = dit_trace(kind, branch);
+    // NOTE: as in forward_both: a committing forward's outputs are never read (fast numerics skip its last layer's tail)
+    opt.kv_only = kind != ForwardKind::Denoise && !opt.trace;
     BranchRunner& runner = *runners_->branch[size_t(branch)];
     ProfileScope profile(runner.backend(), fmt::format("{}.{}", forward_kind_name(kind), kBranchNames[branch]));
     runner.forward(kind, io, start_frame, timestep, action_timestep, opt);

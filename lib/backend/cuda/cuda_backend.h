@@ -184,8 +184,6 @@ public:
                                  const TensorView& out) override;
     size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
                                                    const TensorView& k_cur) override;
-    /// How many cuBLASLt heuristic results a tuned GEMM plan times (CudaBackendOptions::gemm_tune).
-    static constexpr int kGemmTuneCandidates = 6;
     /// How many paged_attention_batched calls ran as one batched call, and how many per branch.
     int64_t batched_attention_calls() const { return batched_calls_; }
     int64_t batched_attention_fallbacks() const { return batched_fallbacks_; }
@@ -241,12 +239,6 @@ private:
     /// and keeps the fastest when it beats the first by 2%; no-op while capturing, for small GEMMs, or without room.
     void tune_gemm_plan(cuda_detail::GemmPlan& plan, const cuda_detail::GemmCall& call,
                         const cublasLtMatmulHeuristicResult_t* candidates, int count);
-    /// Whether a GEMM of this size is tuned now: fast numerics, gemm_tune, >= 20 GFLOP, the stream not capturing.
-    bool may_tune_gemm(int64_t M, int64_t N, int64_t K, int64_t batch);
-    /// Times each usable candidate (one run, then 5 between events; `run` launches one on the stream and says whether
-    /// cuBLASLt took it) and returns the fastest's index, or 0 when none beats the first by 2%.
-    int fastest_lt_candidate(const cublasLtMatmulHeuristicResult_t* candidates, int count, size_t workspace,
-                             const std::function<bool(const cublasLtMatmulAlgo_t&)>& run);
     /// gemm's operand checks and its call description.
     cuda_detail::GemmCall make_gemm_call(const GemmParams& p, const TensorView& a, const TensorView& b,
                                          const TensorView& bias, const TensorView& out) const;

@@ -166,12 +166,13 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c, bool gelu) {
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &lt_align_d, sizeof(lt_align_d));
     // NOTE: reference numerics take the heuristic's first result, as PyTorch does; fast numerics may time a few
+    constexpr int kTuneCandidates = 6;
     const bool tune = numerics() == Numerics::Fast && options_.gemm_tune;
-    cublasLtMatmulHeuristicResult_t results[kGemmTuneCandidates]{};
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulAlgoGetHeuristic(cublas_, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c,
-                                            plan->layout_c, pref, tune ? kGemmTuneCandidates : 1, results, &found);
+                                            plan->layout_c, pref, tune ? kTuneCandidates : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     const cublasLtMatmulHeuristicResult_t& result = results[0];
     plan->has_algo = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
@@ -189,16 +190,36 @@ GemmPlan& CudaBackend::gemm_plan(const GemmCall& c, bool gelu) {
     return *gemm_plans_.emplace(key, std::move(plan)).first->second;
 }
 
-int CudaBackend::fastest_lt_candidate(const cublasLtMatmulHeuristicResult_t* candidates, int count, size_t workspace,
-                                      const std::function<bool(const cublasLtMatmulAlgo_t&)>& run) {
+void CudaBackend::tune_gemm_plan(GemmPlan& plan, const GemmCall& c, const cublasLtMatmulHeuristicResult_t* candidates,
+                                 int count) {
+    constexpr double kMinFlops = 2e10;  // the DiT's projections and FFNs; smaller GEMMs keep the heuristic's pick
     constexpr int kReps = 5;
+    if (2.0 * double(c.M) * double(c.N) * double(c.K) * double(c.batch) < kMinFlops) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DZR_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return;
+    // NOTE: the candidates write a scratch output (the call's own may be an accumulation target, beta = 1)
+    const size_t out_elems = size_t((c.batch - 1) * c.stride_c + (c.M - 1) * c.ldc + c.N);
+    const size_t need = (out_elems * dtype_size(c.out_dtype) + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
+    if (arena_.capacity() - arena_.used() < need) return;
+    ArenaScope scope(arena_);
+    void* scratch = arena_.alloc(out_elems * dtype_size(c.out_dtype));
+    if (plan.bias_in_epilogue)
+        DZR_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof(c.bias)));
     cudaEvent_t start = nullptr, stop = nullptr;
     DZR_CUDA_CHECK(cudaEventCreate(&start));
     DZR_CUDA_CHECK(cudaEventCreate(&stop));
+    const float beta = 0.0f;
+    const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(cublas_, plan.desc, &c.alpha, c.b, plan.layout_a, c.a, plan.layout_b, &beta, scratch,
+                              plan.layout_c, scratch, plan.layout_c, &algo, cublas_workspace_,
+                              options_.lt_workspace_bytes, stream_) == CUBLAS_STATUS_SUCCESS;
+    };
     std::vector<float> ms(size_t(count), -1.0f);
     for (int i = 0; i < count; ++i) {
         if (candidates[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        if (candidates[i].workspaceSize > workspace || !run(candidates[i].algo)) continue;  // refused: not timed
+        if (candidates[i].workspaceSize > options_.lt_workspace_bytes || !run(candidates[i].algo)) continue;
         DZR_CUDA_CHECK(cudaEventRecord(start, stream_));
         bool ok = true;
         for (int r = 0; r < kReps && ok; ++r) ok = run(candidates[i].algo);
@@ -212,40 +233,9 @@ int CudaBackend::fastest_lt_candidate(const cublasLtMatmulHeuristicResult_t* can
     for (int i = 1; i < count; ++i)
         if (ms[size_t(i)] > 0 && (ms[size_t(best)] <= 0 || ms[size_t(i)] < ms[size_t(best)])) best = i;
     if (best != 0 && ms[0] > 0 && ms[size_t(best)] > 0.98f * ms[0]) best = 0;  // within 2%: the heuristic's pick
-    if (ms[size_t(best)] <= 0) return 0;
-    log()->debug("cuBLASLt: candidate {} of {} ({:.4f} ms against the first's {:.4f})", best, count,
-                 ms[size_t(best)] / kReps, ms[0] / kReps);
-    return best;
-}
-
-bool CudaBackend::may_tune_gemm(int64_t M, int64_t N, int64_t K, int64_t batch) {
-    constexpr double kMinFlops = 2e10;  // the DiT's projections and FFNs; smaller GEMMs keep the heuristic's pick
-    if (numerics() != Numerics::Fast || !options_.gemm_tune) return false;
-    if (2.0 * double(M) * double(N) * double(K) * double(batch) < kMinFlops) return false;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    DZR_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-    return capture == cudaStreamCaptureStatusNone;
-}
-
-void CudaBackend::tune_gemm_plan(GemmPlan& plan, const GemmCall& c, const cublasLtMatmulHeuristicResult_t* candidates,
-                                 int count) {
-    if (!may_tune_gemm(c.M, c.N, c.K, c.batch)) return;
-    // NOTE: the candidates write a scratch output (the call's own may be an accumulation target, beta = 1)
-    const size_t out_elems = size_t((c.batch - 1) * c.stride_c + (c.M - 1) * c.ldc + c.N);
-    const size_t need = (out_elems * dtype_size(c.out_dtype) + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign;
-    if (arena_.capacity() - arena_.used() < need) return;
-    ArenaScope scope(arena_);
-    void* scratch = arena_.alloc(out_elems * dtype_size(c.out_dtype));
-    if (plan.bias_in_epilogue)
-        DZR_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof(c.bias)));
-    const float beta = 0.0f;
-    const int best = fastest_lt_candidate(candidates, count, options_.lt_workspace_bytes, [&](const cublasLtMatmulAlgo_t& algo) {
-        return cublasLtMatmul(cublas_, plan.desc, &c.alpha, c.b, plan.layout_a, c.a, plan.layout_b, &beta, scratch,
-                              plan.layout_c, scratch, plan.layout_c, &algo, cublas_workspace_,
-                              options_.lt_workspace_bytes, stream_) == CUBLAS_STATUS_SUCCESS;
-    });
     if (best != 0) plan.algo = candidates[best].algo;
+    log()->debug("cuBLASLt gemm {} x {} x {} (batch {}): candidate {} of {} ({:.4f} ms against the first's {:.4f})",
+                 c.M, c.N, c.K, c.batch, best, count, ms[size_t(best)] / kReps, ms[0] / kReps);
 }
 
 void CudaBackend::set_plain_gemm_impl(PlainGemmImpl impl) {
