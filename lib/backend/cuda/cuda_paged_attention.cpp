@@ -1,8 +1,10 @@
 // Paged KV-cache ops of the CUDA backend: attention over [history through a device block table | current
 // rows], either directly in the flash kernel, by gathering the rows into the workspace and running the
-// dense fused attention, or (fast numerics) through cuDNN's paged SDPA (cuda_paged_sdpa.cpp); and the scatter of committed rows into their pool slots. Both read the block
-// table and slot mapping from device memory (uploaded by the cache's owner before the forward), so a
-// forward captured into a CUDA graph stays valid when the table's contents change.
+// dense fused attention, or (fast numerics, forced) through cuDNN's paged SDPA (cuda_paged_sdpa.cpp); the CFG
+// branches' attention as one batched cuDNN SDPA over their gathered rows (paged_attention_batched); and the scatter of
+// committed rows into their pool slots. All read the block table and slot mapping from device memory (uploaded by the
+// cache's owner before the forward), so a forward captured into a CUDA graph stays valid when the table's contents
+// change.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -207,10 +209,6 @@ void CudaBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorVie
     DZR_CUDA_CHECK(kernels::scatter_kv(rows, pool_layer(pool, layer), slots.ptr<const int64_t>(), n,
                                        num_slots, pool.num_heads, pool.head_dim, pool.dtype, stream_));
 }
-
-}  // namespace dzr
-
-namespace dzr {
 
 std::string CudaBackend::batched_attention_refusal(std::span<const PagedKvView> histories, const TensorView& q,
                                                    const TensorView& k_cur, const TensorView& v_cur,
