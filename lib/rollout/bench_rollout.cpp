@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "config/run_config.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -118,6 +120,10 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     r.backend = engine.backend().name();
     r.numerics = numerics_name(engine.backend().numerics());
     r.engine = engine.describe();
+    for (const char* name : {"DZR_ATTENTION", "DZR_PLAIN_GEMM", "DZR_CONV_API", "DZR_LT_WORKSPACE", "DZR_LT_ALIGN",
+                             "DZR_CONV_TUNE", "DZR_ROW_KERNELS", "DZR_BATCHED_ATTENTION", "DZR_GEMM_TUNE",
+                             "DZR_CUDA_GRAPHS"})
+        if (const char* v = std::getenv(name)) r.environment.emplace_back(name, v);
     return r;
 }
 
@@ -127,6 +133,9 @@ nlohmann::ordered_json BenchRolloutResult::to_json() const {
     j["backend"] = backend;
     j["numerics"] = numerics;
     j["engine"] = engine;
+    nlohmann::ordered_json env = nlohmann::ordered_json::object();
+    for (const auto& [name, value] : environment) env[name] = value;
+    j["environment"] = env;
     j["random_weights_ms"] = weights_ms;
     j["load_ms"] = load_ms;
     j["warmup"] = {{"calls", warmup_calls}, {"ms", warmup_ms}};
@@ -186,6 +195,11 @@ std::string BenchRolloutResult::table() const {
         devices, numerics, weights_ms / 1e3, load_ms / 1e3, warmup_calls, warmup_ms / 1e3,
         peak_memory_bytes ? fmt::format("{:.2f} GiB", double(*peak_memory_bytes) / double(1ull << 30)) : "-",
         planned_peak_bytes ? fmt::format("{:.2f} GiB", double(*planned_peak_bytes) / double(1ull << 30)) : "-");
+    if (!environment.empty()) {
+        std::string set;
+        for (const auto& [name, value] : environment) set += fmt::format("{}{}={}", set.empty() ? "" : " ", name, value);
+        out += "environment: " + set + "\n";
+    }
     if (graphs.enabled)
         out += fmt::format("cuda graphs: {} captured ({} failed) in {:.1f} ms; timed calls: {} forwards replayed, {} "
                            "op by op\n",

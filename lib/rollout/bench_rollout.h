@@ -34,6 +34,9 @@ struct BenchRolloutOptions {
 
 struct BenchRolloutResult {
     std::string devices, backend, numerics, engine;
+    /// The DZR_* backend settings of the process environment that were set (apply_env_overrides' variables and
+    /// DZR_CUDA_GRAPHS), name -> value: what the command line alone does not say about the run.
+    std::vector<std::pair<std::string, std::string>> environment;
     double weights_ms = 0, load_ms = 0, warmup_ms = 0;
     int warmup_calls = 0;
     std::optional<int64_t> peak_memory_bytes;
