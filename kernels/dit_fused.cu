@@ -499,12 +499,10 @@ cudaError_t launch_ada_warp(const AdaWarpArgs& a, cudaStream_t stream) {
     });
 }
 
-AdaWarpArgs ada_warp_args(const void* x, void* out, int64_t rows, int64_t cols, float eps, const void* weight,
-                          const void* bias, DType tparam, GroupVec scale, GroupVec shift, int64_t split,
-                          int64_t period) {
-    AdaWarpArgs a{};
-    a.x = static_cast<bf16*>(const_cast<void*>(x));
-    a.out = static_cast<bf16*>(out);
+/// The norm operands the warp kernels' AdaWarpArgs and the streamed kernels' rows::NormArgs share.
+template <typename Args>
+void fill_norm_args(Args& a, int64_t rows, int64_t cols, float eps, const void* weight, const void* bias, DType tparam,
+                    GroupVec scale, GroupVec shift, int64_t split, int64_t period) {
     a.rows = rows;
     a.cols = int(cols);
     a.eps = eps;
@@ -512,10 +510,19 @@ AdaWarpArgs ada_warp_args(const void* x, void* out, int64_t rows, int64_t cols, 
     a.bias = vec8(bias, tparam);
     a.scale = vec8(scale.data, scale.dtype);
     a.shift = vec8(shift.data, shift.dtype);
-    // NOTE: the kernel reads scale and shift with one row stride; absent vectors take the other's
+    // NOTE: the kernels read scale and shift with one row stride; absent vectors take the other's
     a.mod_stride = scale.data ? scale.row_stride : shift.row_stride;
     a.split = split;
     a.period = period;
+}
+
+AdaWarpArgs ada_warp_args(const void* x, void* out, int64_t rows, int64_t cols, float eps, const void* weight,
+                          const void* bias, DType tparam, GroupVec scale, GroupVec shift, int64_t split,
+                          int64_t period) {
+    AdaWarpArgs a{};
+    a.x = static_cast<bf16*>(const_cast<void*>(x));
+    a.out = static_cast<bf16*>(out);
+    fill_norm_args(a, rows, cols, eps, weight, bias, tparam, scale, shift, split, period);
     return a;
 }
 
@@ -524,16 +531,7 @@ rows::NormArgs stream_norm_args(const void* x, int64_t rows, int64_t cols, float
                                 int64_t period) {
     rows::NormArgs a;
     a.x = static_cast<const bf16*>(x);
-    a.rows = rows;
-    a.cols = int(cols);
-    a.eps = eps;
-    a.weight = vec8(weight, tparam);
-    a.bias = vec8(bias, tparam);
-    a.scale = vec8(scale.data, scale.dtype);
-    a.shift = vec8(shift.data, shift.dtype);
-    a.mod_stride = scale.data ? scale.row_stride : shift.row_stride;
-    a.split = split;
-    a.period = period;
+    fill_norm_args(a, rows, cols, eps, weight, bias, tparam, scale, shift, split, period);
     return a;
 }
 

@@ -106,10 +106,10 @@ RowKernels parse_row_kernels(const std::string& text) {
     DZR_THROW("unknown row kernels '{}' (stream or warp)", text);
 }
 
-bool parse_on_off(const std::string& text) {
-    if (text == "on" || text == "1") return true;
-    if (text == "off" || text == "0") return false;
-    DZR_THROW("'{}' is neither on nor off", text);
+bool parse_switch(const std::string& text) {
+    if (text == "1" || text == "true" || text == "on") return true;
+    if (text == "0" || text == "false" || text == "off") return false;
+    DZR_THROW("'{}': expected 0, 1, true, false, on or off", text);
 }
 
 BackendOptions apply_env_overrides(BackendOptions o) {
@@ -121,9 +121,9 @@ BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_LT_ALIGN")) o.cuda.lt_alignment = parse_env("DZR_LT_ALIGN", v, parse_lt_alignment);
     if (const char* v = env("DZR_CONV_TUNE")) o.cuda.conv_tune = parse_env("DZR_CONV_TUNE", v, parse_conv_tune);
     if (const char* v = env("DZR_ROW_KERNELS")) o.cuda.row_kernels = parse_env("DZR_ROW_KERNELS", v, parse_row_kernels);
-    if (const char* v = env("DZR_GEMM_TUNE")) o.cuda.gemm_tune = parse_env("DZR_GEMM_TUNE", v, parse_on_off);
+    if (const char* v = env("DZR_GEMM_TUNE")) o.cuda.gemm_tune = parse_env("DZR_GEMM_TUNE", v, parse_switch);
     if (const char* v = env("DZR_BATCHED_ATTENTION"))
-        o.cuda.batched_attention = parse_env("DZR_BATCHED_ATTENTION", v, parse_on_off);
+        o.cuda.batched_attention = parse_env("DZR_BATCHED_ATTENTION", v, parse_switch);
     return o;
 }
 

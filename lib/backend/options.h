@@ -79,6 +79,8 @@ ConvTune parse_conv_tune(const std::string& text);
 enum class RowKernels : uint8_t { Stream, Warp };
 /// "stream", "warp"; throws dzr::Error otherwise.
 RowKernels parse_row_kernels(const std::string& text);
+/// A switch's value: 1, true or on; 0, false or off (the DZR_* on/off variables); anything else throws.
+bool parse_switch(const std::string& text);
 /// The CUDA backend's implementation choices. The CPU backend has one implementation of each op.
 struct CudaBackendOptions {
     AttentionImpl attention = AttentionImpl::Auto;
@@ -124,7 +126,7 @@ struct BackendOptions {
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
 /// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last), DZR_ROW_KERNELS
-/// (stream | warp), DZR_BATCHED_ATTENTION (on | off), DZR_GEMM_TUNE (on | off). An unreadable value throws, naming the variable.
+/// (stream | warp), DZR_BATCHED_ATTENTION and DZR_GEMM_TUNE (switches: parse_switch). An unreadable value throws, naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 
 }  // namespace dzr

@@ -62,22 +62,29 @@ int64_t DenseSelfAttentionCache::history_tokens() const {
     return sink_rows_ + (len_ - window_start_);
 }
 
-void DenseSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q, const TensorView& k,
-                                     const TensorView& v, int64_t video_tokens, float scale, const TensorView& out) {
-    DZR_CHECK(in_forward_, "dense kv cache: attend (layer {}) outside a forward (call begin first)", layer);
+void DenseSelfAttentionCache::check_rows(const char* what, int layer, const TensorView& k, const TensorView& v,
+                                         int64_t video_tokens) const {
+    DZR_CHECK(in_forward_, "dense kv cache: {} (layer {}) outside a forward (call begin first)", what, layer);
     DZR_CHECK(layer >= 0 && layer < geometry_.num_layers, "dense kv cache: layer {} out of range [0, {})", layer,
               geometry_.num_layers);
-    const int64_t cur = video_tokens_ + spec_.register_tokens;
-    const Shape want{cur, geometry_.num_kv_heads, geometry_.head_dim};
+    const Shape want{video_tokens_ + spec_.register_tokens, geometry_.num_kv_heads, geometry_.head_dim};
     DZR_CHECK(video_tokens == video_tokens_ && k.shape == want && v.shape == want,
               "dense kv cache: layer {}: k {} and v {} with {} video tokens do not match the forward's {} video + {} "
               "register tokens",
               layer, k.str(), v.str(), video_tokens, video_tokens_, spec_.register_tokens);
-    if (spec_.commit) {
-        // stage the video rows right after the history; commit() makes them history
-        be.copy(k.slice(0, 0, video_tokens), rows(k_, layer, len_, video_tokens));
-        be.copy(v.slice(0, 0, video_tokens), rows(v_, layer, len_, video_tokens));
-    }
+}
+
+void DenseSelfAttentionCache::stage(Backend& be, int layer, const TensorView& k, const TensorView& v,
+                                    int64_t video_tokens) {
+    be.copy(k.slice(0, 0, video_tokens), rows(k_, layer, len_, video_tokens));
+    be.copy(v.slice(0, 0, video_tokens), rows(v_, layer, len_, video_tokens));
+}
+
+void DenseSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q, const TensorView& k,
+                                     const TensorView& v, int64_t video_tokens, float scale, const TensorView& out) {
+    check_rows("attend", layer, k, v, video_tokens);
+    const int64_t cur = video_tokens_ + spec_.register_tokens;
+    if (spec_.commit) stage(be, layer, k, v, video_tokens);
     ArenaScope scope(be.workspace());
     const int64_t hist = history_tokens(), window = len_ - window_start_;
     // concat(sink rows, newest rows, current): [hist + cur, H, D]
@@ -99,15 +106,8 @@ void DenseSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
 void DenseSelfAttentionCache::store(Backend& be, int layer, const TensorView& k, const TensorView& v,
                                     int64_t video_tokens) {
     DZR_CHECK(in_forward_ && spec_.commit, "dense kv cache: store (layer {}) outside a committing forward", layer);
-    DZR_CHECK(layer >= 0 && layer < geometry_.num_layers, "dense kv cache: layer {} out of range [0, {})", layer,
-              geometry_.num_layers);
-    const Shape want{video_tokens_ + spec_.register_tokens, geometry_.num_kv_heads, geometry_.head_dim};
-    DZR_CHECK(video_tokens == video_tokens_ && k.shape == want && v.shape == want,
-              "dense kv cache: layer {}: k {} and v {} with {} video tokens do not match the forward's {} video + {} "
-              "register tokens",
-              layer, k.str(), v.str(), video_tokens, video_tokens_, spec_.register_tokens);
-    be.copy(k.slice(0, 0, video_tokens), rows(k_, layer, len_, video_tokens));
-    be.copy(v.slice(0, 0, video_tokens), rows(v_, layer, len_, video_tokens));
+    check_rows("store", layer, k, v, video_tokens);
+    stage(be, layer, k, v, video_tokens);
 }
 
 void DenseSelfAttentionCache::commit() {

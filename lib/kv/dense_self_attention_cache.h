@@ -41,6 +41,10 @@ public:
 
 private:
     TensorView rows(const Tensor& t, int layer, int64_t start, int64_t n) const;
+    /// attend()'s and store()'s operand checks (`what` names the call).
+    void check_rows(const char* what, int layer, const TensorView& k, const TensorView& v, int64_t video_tokens) const;
+    /// A committing forward's video rows staged right after the history; commit() makes them history.
+    void stage(Backend& be, int layer, const TensorView& k, const TensorView& v, int64_t video_tokens);
 
     Backend& be_;
     KvGeometry geometry_;

@@ -132,12 +132,12 @@ void PagedSelfAttentionCache::store_committed(Backend& be, int layer, const Tens
 void PagedSelfAttentionCache::store(Backend& be, int layer, const TensorView& k, const TensorView& v,
                                     int64_t video_tokens) {
     const BlockTable& t = session_.table(branch_);
-    check_attend(session_, t, layer, k, v, video_tokens);
     DZR_CHECK(t.committing(), "kv {}: store (layer {}) outside a committing forward", t.name(), layer);
     if (path_ == PagedAttentionPath::Kernel) {
-        prepare_kernel_attend(be, layer, k, v, video_tokens);  // the scatter, nothing else
+        prepare_kernel_attend(be, layer, k, v, video_tokens);  // its checks and the scatter, nothing else
         return;
     }
+    check_attend(session_, t, layer, k, v, video_tokens);
     store_committed(be, layer, k, v, video_tokens);
 }
 

@@ -2,8 +2,8 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <string_view>
 
+#include "backend/options.h"
 #include "backend/profiler.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -88,11 +88,12 @@ bool graphs_supported(Backend& be) {
 }
 
 bool graphs_env_override(bool configured, const char* value) {
-    if (value == nullptr) return configured;
-    const std::string_view v(value);
-    if (v == "0" || v == "false" || v == "off") return false;
-    if (v == "1" || v == "true" || v == "on" || v.empty()) return configured;
-    DZR_THROW("DZR_CUDA_GRAPHS={}: expected 0, 1, true, false, on or off", v);
+    if (value == nullptr || *value == '\0') return configured;
+    try {
+        return parse_switch(value) && configured;  // the variable only turns graphs off
+    } catch (const Error& e) {
+        DZR_THROW("DZR_CUDA_GRAPHS={}: {}", value, e.what());
+    }
 }
 
 bool graphs_env_override(bool configured) { return graphs_env_override(configured, std::getenv("DZR_CUDA_GRAPHS")); }

@@ -96,6 +96,15 @@ DType sample_dtype(const Backend& be) {
 /// The view of `t`'s first elements with `shape` (a prefill's one-frame slice of a two-frame buffer).
 TensorView head_view(const Tensor& t, Shape shape) { return TensorView(t.data(), t.dtype(), shape, t.device()); }
 
+/// A forward's DiT options: the finite checks, and kv_only for a committing forward nothing traces (its outputs are
+/// never read; fast numerics then stop its last layer after the K/V).
+DitForwardOptions dit_options(bool check_finite, ForwardKind kind, bool traced) {
+    DitForwardOptions opt;
+    opt.check_finite = check_finite;
+    opt.kv_only = kind != ForwardKind::Denoise && !traced;
+    return opt;
+}
+
 }  // namespace
 
 Session::Session(Engine& engine) : engine_(engine) {
@@ -367,11 +376,9 @@ void Session::populate_image_cross() {
 
 void Session::forward(int branch, ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep,
                       int64_t action_timestep) {
-    DitForwardOptions opt;
-    opt.check_finite = engine_.options_.check_finite && !engine_.measuring_;
+    DitForwardOptions opt =
+        dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_));
     opt.trace = dit_trace(kind, branch);
-    // NOTE: as in forward_both: a committing forward's outputs are never read (fast numerics skip its last layer's tail)
-    opt.kv_only = kind != ForwardKind::Denoise && !opt.trace;
     BranchRunner& runner = *runners_->branch[size_t(branch)];
     ProfileScope profile(runner.backend(), fmt::format("{}.{}", forward_kind_name(kind), kBranchNames[branch]));
     runner.forward(kind, io, start_frame, timestep, action_timestep, opt);
@@ -396,15 +403,12 @@ void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchI
         forward(kUncondBranch, kind, uncond, start_frame, timestep, action_timestep);
         return;
     }
-    DitForwardOptions opt;
-    opt.check_finite = engine_.options_.check_finite && !engine_.measuring_;
+    const DitForwardOptions opt = dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_));
     std::array<DitTraceFn, 2> traces;
     for (int branch : {kCondBranch, kUncondBranch}) traces[size_t(branch)] = dit_trace(kind, branch);
     // the unconditional branch's action velocity is never used: its decoder is skipped (unless a trace records it)
     BranchIo uncond_out = uncond;
     if (!trace_) uncond_out.action_out = {};
-    // NOTE: a committing forward's outputs are never read: fast numerics stop its last layer after the K/V
-    opt.kv_only = kind != ForwardKind::Denoise && !trace_;
     ProfileScope profile(a.backend(), fmt::format("{}.both", forward_kind_name(kind)));
     BranchRunner::forward_pair(a, b, kind, cond, uncond_out, start_frame, timestep, action_timestep, opt, traces);
 }

@@ -123,9 +123,13 @@ TEST_CASE("DZR_GEMM_TUNE and DZR_BATCHED_ATTENTION turn fast numerics' GEMM timi
             const ScopedEnv t(name, "on");
             CHECK(value(apply_env_overrides({})));
         }
+        {
+            const ScopedEnv t(name, "false");  // the spellings DZR_CUDA_GRAPHS takes too
+            CHECK_FALSE(value(apply_env_overrides({})));
+        }
         const ScopedEnv t(name, "maybe");
         const std::string msg = test::error_of([] { apply_env_overrides({}); });
         CHECK(test::contains(msg, name));
-        CHECK(test::contains(msg, "neither on nor off"));
+        CHECK(test::contains(msg, "expected 0, 1, true, false, on or off"));
     }
 }

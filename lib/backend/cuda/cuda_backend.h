@@ -333,7 +333,6 @@ private:
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
     int64_t batched_calls_ = 0, batched_fallbacks_ = 0;
-    bool batched_fallback_logged_ = false;
     bool last_fp8_gemm_lt_ = false;
     bool last_gemm_gelu_fused_ = false;
 };

@@ -265,13 +265,13 @@ void CudaBackend::paged_attention_batched(const AttentionParams& p, const Tensor
          {std::pair{&q, "q"}, std::pair{&k_cur, "k"}, std::pair{&v_cur, "v"}, std::pair{&out, "out"}})
         check_device_tensor(*t, op, what);
     const std::string refusal = batched_attention_refusal(histories, q, k_cur, v_cur, out);
+    // NOTE: the first fallback of a backend is logged (a run's attention then takes the per-branch time)
+    const auto note_fallback = [&](const std::string& why) {
+        if (histories.size() > 1 && batched_fallbacks_++ == 0)
+            log()->info("cuda backend: {} runs its {} branches one by one: {}", op, histories.size(), why);
+    };
     const auto per_branch = [&](const std::string& why) {
-        if (histories.size() > 1) {
-            ++batched_fallbacks_;
-            if (!batched_fallback_logged_)
-                log()->info("cuda backend: {} runs its {} branches one by one: {}", op, histories.size(), why);
-            batched_fallback_logged_ = true;
-        }
+        note_fallback(why);
         Backend::paged_attention_batched(p, q, histories, layer, k_cur, v_cur, out);
     };
     if (!refusal.empty()) return per_branch(refusal);
@@ -337,7 +337,7 @@ void CudaBackend::paged_attention_batched(const AttentionParams& p, const Tensor
         return;
     }
     // cuDNN refused the batch: one dense call per branch over the rows already gathered
-    ++batched_fallbacks_;
+    note_fallback("cuDNN refused the batched SDPA");
     for (int64_t b = 0; b < B; ++b) {
         const TensorView qb = q.slice(0, b * lq, lq), ob = out.slice(0, b * lq, lq);
         if (hist == 0)
