@@ -126,7 +126,8 @@ struct BackendOptions {
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
 /// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last), DZR_ROW_KERNELS
-/// (stream | warp), DZR_BATCHED_ATTENTION and DZR_GEMM_TUNE (switches: parse_switch). An unreadable value throws, naming the variable.
+/// (stream | warp), DZR_BATCHED_ATTENTION and DZR_GEMM_TUNE (switches: parse_switch). An unreadable value throws,
+/// naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 
 }  // namespace dzr
