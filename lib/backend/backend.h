@@ -183,6 +183,8 @@ public:
     /// Device memory in use, device-wide (total minus free as the driver reports it: includes the context and
     /// other processes), in bytes; nullopt where not measured (CPU). Call it between forwards only.
     virtual std::optional<int64_t> memory_in_use() const { return std::nullopt; }
+    /// Device memory free now (as the driver reports it); nullopt where not measured (CPU).
+    virtual std::optional<int64_t> memory_free() const { return std::nullopt; }
     virtual Capabilities capabilities() const = 0;
 };
 

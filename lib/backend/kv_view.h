@@ -43,6 +43,11 @@ struct PagedKvView {
     int64_t seq_len;               // visible history tokens
     void* k_scale = nullptr;       // FP8 pool: f32 scales of K (see above); null otherwise
     void* v_scale = nullptr;
+    /// In place (KvGeometry::lanes, BlockTable::in_place_slot): history token t, and the open forward's current row i,
+    /// live at pool slots in_place_slot + t and in_place_slot + seq_len + i, which the forward may write; -1 otherwise.
+    int64_t in_place_slot = -1;
+    /// Current rows already at their in-place slots (a committing forward's scattered video rows).
+    int64_t in_place_stored = 0;
 
     int64_t num_tokens() const { return seq_len; }
     bool fp8() const { return dtype == DType::F8_E4M3; }

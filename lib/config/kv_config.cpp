@@ -188,9 +188,12 @@ KvConfig parse_kv_config(const YAML::Node& kv) {
             } else if (key == "dtype") {
                 DZR_CHECK(value.IsScalar(), "kv.dtype: expected bf16 or fp8");
                 c.dtype = parse_precision(value.Scalar(), "kv.dtype");
+            } else if (key == "in_place") {
+                DZR_CHECK(value.IsScalar(), "kv.in_place: expected auto, true or false");
+                c.in_place = parse_kv_in_place(value.Scalar(), "kv.in_place");
             } else {
                 DZR_THROW("kv.{}: unknown key (known: window_frames, sink_frames, frames_per_block, memory_budget, "
-                          "reset_at_boundary, dtype)",
+                          "reset_at_boundary, dtype, in_place)",
                           key);
             }
         } catch (const YAML::Exception&) {
@@ -221,7 +224,52 @@ KvLimits kv_limits(const KvGeometry& g, const KvConfig& c) {
         l.max_history_tokens = (c.sink_frames + c.window_frames - min_current) * tpf;
         l.table_width = int(l.max_history_tokens / l.block_tokens);
     }
+    if (g.lanes) {
+        DZR_CHECK(c.reset_at_boundary && !g.fp8_pool,
+                  "kv.in_place: lanes need kv.reset_at_boundary and a bf16 pool (sliding eviction moves the history's "
+                  "first block; an fp8 pool is dequantized by a gather anyway)");
+        // NOTE: the longest history a forward sees, then its current rows (video, then register) right after it
+        l.lane_blocks = std::max(l.max_blocks_per_branch,
+                                 int(ceil_div(l.max_history_tokens + l.scratch_tokens, l.block_tokens)));
+    }
     return l;
+}
+
+const char* kv_in_place_name(KvInPlace mode) {
+    switch (mode) {
+        case KvInPlace::Auto:
+            return "auto";
+        case KvInPlace::On:
+            return "true";
+        case KvInPlace::Off:
+            return "false";
+    }
+    return "?";
+}
+
+KvInPlace parse_kv_in_place(const std::string& text, const std::string& what) {
+    std::string t;
+    for (char ch : text) t += char(std::tolower(static_cast<unsigned char>(ch)));
+    if (t == "auto") return KvInPlace::Auto;
+    if (t == "true" || t == "on" || t == "1" || t == "yes") return KvInPlace::On;
+    if (t == "false" || t == "off" || t == "0" || t == "no") return KvInPlace::Off;
+    DZR_THROW("{}: expected auto, true or false, got '{}'", what, text);
+}
+
+bool resolve_kv_lanes(const KvConfig& config, const KvGeometry& geometry, bool fast_device) {
+    switch (config.in_place) {
+        case KvInPlace::Off:
+            return false;
+        case KvInPlace::On:
+            DZR_CHECK(config.reset_at_boundary, "kv.in_place: true needs kv.reset_at_boundary: true (sliding eviction "
+                                                "moves the history's first block out of its lane)");
+            DZR_CHECK(!geometry.fp8_pool, "kv.in_place: true needs a bf16 pool, not kv.dtype fp8 (the attention "
+                                          "dequantizes an fp8 pool's rows by a gather)");
+            return true;
+        case KvInPlace::Auto:
+            return fast_device && config.reset_at_boundary && !geometry.fp8_pool;
+    }
+    return false;
 }
 
 std::string format_bytes(uint64_t bytes) {

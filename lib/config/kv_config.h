@@ -35,6 +35,11 @@ struct KvGeometry {
     /// The cross-attention caches hold E4M3 K and V with one f32 scale per token and head too (kv.dtype: fp8; the
     /// forward dequantizes a layer's K and V before attending).
     bool fp8_cross = false;
+    /// The branches' blocks lie in lanes (kv.in_place, resolved by resolve_kv_lanes): branch b owns the
+    /// KvLimits::lane_blocks consecutive block ids from 1 + b * lane_blocks, its history fills them in order, and the
+    /// blocks after it hold a forward's current rows, so the attention reads [history | current] where it lies instead
+    /// of gathering it (CUDA, fast numerics, a bf16 pool). The lanes' room costs pool blocks (kv_limits).
+    bool lanes = false;
 
     /// Geometry of `model`'s DiT (layers, heads, frame tokens, register tokens, context lengths).
     static KvGeometry from_model(const ModelConfig& model, DType dtype, int num_branches = 2);
@@ -73,6 +78,18 @@ struct KvForwardSpec {
     static KvForwardSpec denoise(const KvGeometry& g) { return {false, g.chunk_frames, g.register_tokens}; }
 };
 
+/// kv.in_place: whether the branches' blocks are laid out in lanes with room for the current rows (KvGeometry::lanes).
+enum class KvInPlace : uint8_t {
+    Auto,  // lanes where they apply (CUDA, fast numerics, a bf16 pool, reset_at_boundary) and fit the device
+    On,    // lanes; an error where they cannot apply
+    Off,   // the pool hands out blocks first in, first out (vLLM's order); the attention gathers its rows
+};
+
+/// "auto", "true", "false".
+const char* kv_in_place_name(KvInPlace mode);
+/// Parses auto / true / false (also on / off); throws dzr::Error naming `what` otherwise.
+KvInPlace parse_kv_in_place(const std::string& text, const std::string& what);
+
 /// How much memory the KV cache may take.
 enum class KvBudgetKind : uint8_t {
     Auto,      // exactly one session (both CFG branches), see plan_kv_memory
@@ -103,6 +120,8 @@ struct KvConfig {
     /// The self-attention pool's element type: bf16 = the compute dtype; fp8 = E4M3 with an f32 scale per token
     /// and head (KvGeometry::fp8_pool). Cross caches and the scratch keep the compute dtype.
     Precision dtype = Precision::Bf16;
+    /// Lanes with room for the current rows (KvGeometry::lanes): auto, true or false.
+    KvInPlace in_place = KvInPlace::Auto;
 
     /// Throws dzr::Error for an inconsistent setting, naming the `kv.` key, its value and the rule.
     void validate(const KvGeometry& geometry) const;
@@ -121,6 +140,9 @@ struct KvLimits {
     int64_t max_committed_tokens = 0; // reset_at_boundary: most committed tokens (history + pending)
     int64_t scratch_tokens = 0;       // per-branch scratch rows: largest current video + register tokens
     int64_t max_history_tokens = 0;   // most visible history tokens of one forward
+    /// With KvGeometry::lanes: the block ids of one branch's lane, its longest history plus one forward's current rows
+    /// (ceil((max_history_tokens + scratch_tokens) / block_tokens)); 0 without lanes.
+    int lane_blocks = 0;
 };
 
 /// Window policy. With reset_at_boundary the owner resets before the window overflows, so a branch holds
@@ -128,6 +150,12 @@ struct KvLimits {
 /// Without it, sliding eviction keeps the sink blocks plus the newest blocks such that history + current
 /// <= sink + window frames, so a branch holds at most sink + window frames. Validates the config first.
 KvLimits kv_limits(const KvGeometry& geometry, const KvConfig& config);
+
+/// Whether a pool for `config` on `geometry` gets lanes (KvGeometry::lanes): kv.in_place auto gives them where they
+/// pay, `fast_device` (a CUDA device in fast numerics, where the attention reads the lanes in place), with a bf16 pool
+/// and reset_at_boundary; true gives them wherever they can hold (throws naming kv.in_place for an fp8 pool or sliding
+/// eviction); false never. The memory check of auto is the caller's (Engine: the device's free memory).
+bool resolve_kv_lanes(const KvConfig& config, const KvGeometry& geometry, bool fast_device);
 
 /// "687.5 MiB", "12.12 GiB", "512 B".
 std::string format_bytes(uint64_t bytes);

@@ -1,5 +1,7 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "config/kv_config.h"
 
@@ -34,6 +36,30 @@ BlockId BlockPool::allocate(uint32_t owner) {
     std::vector<BlockId> one;
     allocate(1, owner, one);
     return one[0];
+}
+
+bool BlockPool::allocate_run(BlockId first, int n, uint32_t owner, std::vector<BlockId>& out) {
+    DZR_ASSERT(owner != 0 && n >= 0);
+    if (first < 1 || int64_t(first) + n - 1 > num_blocks_) return false;
+    for (int i = 0; i < n; ++i)
+        if (owner_[size_t(first + i)] != 0) return false;
+    if (n == 0) return true;
+    // NOTE: the free queue keeps its order without the taken ids (O(pool) per call; pools hold tens of blocks)
+    std::vector<BlockId> rest;
+    rest.reserve(size_t(count_));
+    for (int i = 0; i < count_; ++i) {
+        const BlockId id = ring_[size_t((head_ + i) % num_blocks_)];
+        if (id < first || id >= first + n) rest.push_back(id);
+    }
+    DZR_ASSERT(int(rest.size()) == count_ - n);
+    head_ = 0;
+    count_ = int(rest.size());
+    std::copy(rest.begin(), rest.end(), ring_.begin());
+    for (int i = 0; i < n; ++i) {
+        owner_[size_t(first + i)] = owner;
+        out.push_back(BlockId(first + i));
+    }
+    return true;
 }
 
 void BlockPool::check_id(BlockId id, const char* what) const {

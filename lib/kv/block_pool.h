@@ -27,6 +27,9 @@ public:
     /// ("pool exhausted: need ... bytes, ... free") when fewer than n are free.
     void allocate(int n, uint32_t owner, std::vector<BlockId>& out);
     BlockId allocate(uint32_t owner);
+    /// Takes the `n` consecutive ids first .. first + n - 1 for `owner` (appended to `out`) when every one lies in the
+    /// pool and is free; otherwise changes nothing and returns false. The lanes' allocation (KvGeometry::lanes).
+    bool allocate_run(BlockId first, int n, uint32_t owner, std::vector<BlockId>& out);
 
     /// Returns `id` to the back of the free queue. Throws for the null block, an id outside the pool, a
     /// block that is already free, or a block owned by another table.

@@ -6,11 +6,35 @@
 
 namespace dzr {
 
-BlockTable::BlockTable(BlockPool& pool, const KvGeometry& geometry, const KvConfig& config, std::string name)
+BlockTable::BlockTable(BlockPool& pool, const KvGeometry& geometry, const KvConfig& config, std::string name,
+                       int lane)
     : pool_(pool), geometry_(geometry), config_(config), limits_(kv_limits(geometry, config)), name_(std::move(name)),
       owner_(pool.new_owner()) {
     window_first_logical_ = limits_.sink_blocks;
     table_.assign(size_t(limits_.table_width), kNullBlockId);
+    // NOTE: a lane the pool cannot hold (a pool smaller than one session's lanes) leaves the table without one
+    if (geometry.lanes && lane >= 0 && int64_t(lane + 1) * limits_.lane_blocks <= pool.num_blocks()) {
+        lane_first_ = BlockId(1 + lane * limits_.lane_blocks);
+        lane_blocks_ = limits_.lane_blocks;
+    }
+}
+
+int64_t BlockTable::in_place_slot() const {
+    if (!in_forward_ || lane_blocks_ == 0 || seq_len_ != num_tokens_ || num_table_blocks_ != int(resident_.size()))
+        return -1;
+    const int64_t bs = limits_.block_tokens;
+    const BlockId first = resident_.empty() ? (pending_.empty() ? lane_first_ : pending_.front()) : resident_.front();
+    if (first < lane_first_) return -1;
+    int64_t j = 0;
+    for (const std::vector<BlockId>* list : {&resident_, &pending_})
+        for (BlockId id : *list)
+            if (id != first + j++) return -1;
+    const int64_t rows = seq_len_ + video_tokens_ + register_tokens_;
+    const int64_t need = (rows + bs - 1) / bs;
+    if (int64_t(first) + need > int64_t(lane_first_) + lane_blocks_) return -1;
+    for (; j < need; ++j)
+        if (!pool_.is_free(BlockId(first + j))) return -1;
+    return int64_t(first) * bs;
 }
 
 BlockTable::~BlockTable() { release(); }
@@ -95,7 +119,13 @@ void BlockTable::begin(int64_t video_tokens, int64_t register_tokens, bool commi
         ++window_first_logical_;
     }
     std::vector<BlockId> fresh;
-    pool_.allocate(need, owner_, fresh);
+    // NOTE: a lane's blocks follow its history (the lane's first id after a release), so [history | current rows]
+    // stay consecutive slots; the whole pool's free queue where that run is taken or past the lane
+    const BlockId next = resident_.empty() ? lane_first_ : BlockId(resident_.back() + 1);
+    const bool in_lane = lane_blocks_ > 0 && need > 0 && next >= lane_first_ &&
+                         int64_t(next) + need <= int64_t(lane_first_) + lane_blocks_ &&
+                         pool_.allocate_run(next, need, owner_, fresh);
+    if (!in_lane) pool_.allocate(need, owner_, fresh);
     pending_ = std::move(fresh);
     in_forward_ = true;
     commit_ = commit;

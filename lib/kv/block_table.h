@@ -20,7 +20,9 @@ namespace dzr {
 
 class BlockTable {
 public:
-    BlockTable(BlockPool& pool, const KvGeometry& geometry, const KvConfig& config, std::string name);
+    /// `lane` >= 0 with KvGeometry::lanes: the table allocates from block ids 1 + lane * lane_blocks on, in order
+    /// (first in, first out from the whole pool where its lane lacks a free run).
+    BlockTable(BlockPool& pool, const KvGeometry& geometry, const KvConfig& config, std::string name, int lane = -1);
     ~BlockTable();
     BlockTable(const BlockTable&) = delete;
     BlockTable& operator=(const BlockTable&) = delete;
@@ -61,6 +63,15 @@ public:
     /// Blocks allocated by the open committing forward.
     const std::vector<BlockId>& pending_blocks() const { return pending_; }
     int64_t block_tokens() const { return limits_.block_tokens; }
+
+    /// The open forward's rows in place (KvGeometry::lanes): the pool slot of history token 0 when the history, this
+    /// forward's pending blocks and its current rows (video, then register) lie in consecutive slots of the table's
+    /// lane, history token t and current row i at that slot + t and + seq_len() + i, every block past the pending ones
+    /// free; -1 otherwise (no lane, no open forward, blocks out of order, or too little room).
+    int64_t in_place_slot() const;
+    /// The first block id of the table's lane (0: none) and its length.
+    BlockId lane_first() const { return lane_first_; }
+    int lane_blocks() const { return lane_blocks_; }
     const KvLimits& limits() const { return limits_; }
 
 private:
@@ -73,6 +84,8 @@ private:
     KvLimits limits_;
     std::string name_;
     uint32_t owner_ = 0;
+    BlockId lane_first_ = kNullBlockId;  // lanes: the lane's first id; kNullBlockId without one
+    int lane_blocks_ = 0;
 
     std::vector<BlockId> resident_;
     int64_t num_tokens_ = 0;

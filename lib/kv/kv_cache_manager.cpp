@@ -125,7 +125,8 @@ CrossAttentionCache& KvCacheManager::cross(int branch, CrossKind kind) {
 KvSession::KvSession(KvCacheManager& manager, std::string name) : manager_(manager), name_(std::move(name)) {
     for (int b = 0; b < manager_.geometry().num_branches; ++b)
         tables_.push_back(std::make_unique<BlockTable>(manager_.pool(), manager_.geometry(), manager_.config(),
-                                                       fmt::format("session '{}' branch {}", name_, branch_name(b))));
+                                                       fmt::format("session '{}' branch {}", name_, branch_name(b)),
+                                                       b));
 }
 
 KvSession::~KvSession() { close(); }

@@ -51,6 +51,10 @@ size_t PagedSelfAttentionCache::attend_workspace_bytes(const KvGeometry& geometr
     });
 }
 
+int64_t PagedSelfAttentionCache::in_place_slot() const {
+    return path_ == PagedAttentionPath::Kernel ? session_.table(branch_).in_place_slot() : -1;
+}
+
 int64_t PagedSelfAttentionCache::history_tokens() const {
     const BlockTable& t = session_.table(branch_);
     DZR_CHECK(t.in_forward(), "kv {}: history_tokens() outside a forward (call begin first)", t.name());
@@ -99,6 +103,10 @@ PagedKvView PagedSelfAttentionCache::prepare_kernel_attend(Backend& be, int laye
         slots = TensorView(const_cast<int64_t*>(t.slot_mapping().data()), DType::I64, Shape{video_tokens});
     }
     if (t.committing()) be.scatter_kv(view, layer, slots, k, v, pk.dim(0));
+    // NOTE: [history | current] in consecutive slots of the branch's lane: the backend may attend to them where they
+    // lie, writing the current rows the scatter did not (checked per layer: cheap, and after every branch's begin)
+    view.in_place_slot = t.in_place_slot();
+    view.in_place_stored = t.committing() ? video_tokens : 0;
     return view;
 }
 

@@ -91,6 +91,8 @@ ForwardGraphKey BranchRunner::graph_key(ForwardKind kind, const KvForwardSpec& s
         add(paged_->device_slots().data);
         const KvCacheManager& m = paged_->session().manager();
         for (const TensorView& t : {m.pool_k(0), m.pool_v(0), m.pool_k_scale(0), m.pool_v_scale(0)}) add(t.data);
+        // NOTE: an in-place attention bakes the history's first slot into its kernels (the table does not move it)
+        a.push_back(uintptr_t(paged_->in_place_slot() + 1));
     }
     return key;
 }

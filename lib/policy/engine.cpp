@@ -25,6 +25,16 @@ namespace dzr {
 
 namespace {
 
+/// kv.in_place auto: the lanes' room pays where the attention reads it in place (a GPU in fast numerics).
+bool kv_lanes_pay(const Backend& be) {
+    // NOTE: a GPU, or a measuring backend planning one (its capabilities are the GPU's)
+    return be.context().capabilities().compute_capability > 0 && be.numerics() == Numerics::Fast;
+}
+
+/// kv.in_place auto keeps the lanes only where one session with them leaves this much device memory free (the offline
+/// workspace is 1.4-1.8 GiB at DROID, docs/MEMORY.md).
+constexpr size_t kLaneHeadroomBytes = size_t(4) << 30;
+
 class ShapeOnlyWeights final : public WeightSource {
 public:
     ShapeOnlyWeights(const ModelConfig& model, const WeightSource* like) {
@@ -257,6 +267,21 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
             KvGeometry geometry = KvGeometry::from_model(model_, dev.compute_dtype(), branches);
             geometry.fp8_pool = geometry.fp8_cross = options_.kv.dtype == Precision::Fp8;
             options_.kv.validate(geometry);
+            geometry.lanes = resolve_kv_lanes(options_.kv, geometry, kv_lanes_pay(dev));
+            if (geometry.lanes && options_.kv.in_place == KvInPlace::Auto) {
+                // NOTE: auto keeps the lanes' room only where the device holds it with headroom for the workspace
+                KvGeometry plain = geometry;
+                plain.lanes = false;
+                const auto free = dev.context().memory_free();
+                const size_t need = kv_session_bytes(geometry, options_.kv) + kLaneHeadroomBytes;
+                if (free && size_t(*free) < need) {
+                    log()->info("kv cache: no in-place lanes (kv.in_place auto): one session with them needs {} + {} "
+                                "headroom, {} free",
+                                format_bytes(kv_session_bytes(geometry, options_.kv)), format_bytes(kLaneHeadroomBytes),
+                                format_bytes(size_t(*free)));
+                    geometry = plain;
+                }
+            }
             const size_t budget = resolve_kv_budget(geometry, options_.kv, options_.free_device_bytes);
             kv_managers_.push_back(std::make_unique<KvCacheManager>(geometry, options_.kv, budget, &dev));
         }

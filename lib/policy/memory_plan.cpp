@@ -191,19 +191,27 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     // ---- the KV cache (paged: the engine's pool; dense: the session's own caches, in its buffers) -------------
     KvMemoryPlan kv;
     uint64_t kv_scales = 0, kv_measured = 0;
+    bool lanes = false;
     const bool paged = options.kv_mode == KvMode::Paged;
     const bool fp8_kv = po.kv_dtype == DType::F8_E4M3;
     if (paged) {
         // NOTE: the engine's geometry: the compute dtype, and with an fp8 KV cache E4M3 pool and cross-cache rows with
         // an f32 scale per token and head (the scratch keeps the compute dtype)
+        // NOTE: kv.in_place lanes as the engine decides them on this device and numerics (Engine: a GPU in fast
+        // numerics; auto's free-memory check happens at the load, so the plan counts the lanes it would keep)
+        const bool lanes_pay =
+            measuring.context().capabilities().compute_capability > 0 && measuring.numerics() == Numerics::Fast;
         KvGeometry g = KvGeometry::from_model(model, dt, 2);
         g.fp8_pool = g.fp8_cross = fp8_kv;
         options.kv.validate(g);
+        g.lanes = resolve_kv_lanes(options.kv, g, lanes_pay);
+        lanes = g.lanes;
         kv = plan_kv_memory(g, options.kv, resolve_kv_budget(g, options.kv, 0));
         kv_scales = kv_scale_bytes(g, kv.total_block_ids(), kv.limits.block_tokens);
         // NOTE: the measuring engine's pool is in its compute dtype
-        const KvGeometry gm = KvGeometry::from_model(model, dt, 2);
-        kv_measured = plan_kv_memory(gm, options.kv, resolve_kv_budget(gm, options.kv, 0)).total_bytes;
+        KvGeometry gm = KvGeometry::from_model(model, dt, 2);
+        gm.lanes = resolve_kv_lanes(measured.kv, gm, lanes_pay);
+        kv_measured = plan_kv_memory(gm, measured.kv, resolve_kv_budget(gm, measured.kv, 0)).total_bytes;
     } else {
         DZR_CHECK(po.kv_dtype == dt, "memory plan: an fp8 KV cache needs the paged cache (--kv paged)");
     }
@@ -228,8 +236,11 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
         "numerics the VAE encoder's channels-last convolution weights)");
     if (paged) {
         add("kv.pool", "KV pool", kv.pool_bytes - kv_scales,
-            fmt::format("{} blocks of {} tokens + the null block, {} each, {}", kv.num_blocks, kv.limits.block_tokens,
-                        format_bytes(kv.block_bytes), kv_dtype_name(po.kv_dtype)));
+            fmt::format("{} blocks of {} tokens + the null block, {} each, {}{}", kv.num_blocks, kv.limits.block_tokens,
+                        format_bytes(kv.block_bytes), kv_dtype_name(po.kv_dtype),
+                        lanes ? fmt::format("; in-place lanes of {} blocks per branch (kv.in_place; {} without them)",
+                                            kv.limits.lane_blocks, kv.limits.max_blocks_per_branch)
+                              : std::string()));
         add("kv.scratch", "KV scratch", kv.scratch_bytes, "the current rows of one layer, K and V, per branch");
         add("kv.cross", "cross-attention caches", kv.cross_bytes,
             fmt::format("K and V of every layer: the text per branch, the image shared, {}",

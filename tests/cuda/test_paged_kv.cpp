@@ -459,6 +459,100 @@ TEST_CASE("the CFG branches' paged attention in one batched call gives each bran
     }
 }
 
+TEST_CASE("in-place lanes give the gathered attention's result over DreamZero's cycle, batched and per branch") {
+    // NOTE: with kv.in_place lanes every branch's [history | current] rows lie in consecutive pool slots, so cuDNN reads
+    // them where they lie (the current rows written after the history) instead of gathering them; the rows and their
+    // order are the gather's, so the outputs are expected equal up to the plans' rounding (counted, and reported)
+    KvGeometry g = cycle_geometry();
+    g.head_dim = 128;
+    g.num_kv_heads = 3;
+    const KvConfig c;
+    BackendOptions o;
+    o.numerics = Numerics::Fast;
+    o.workspace_bytes = size_t(256) << 20;
+    auto owned = make_cuda_backend(0, o);
+    UseBackend use(dynamic_cast<CudaBackend&>(*owned));
+    KvGeometry gl = g;
+    gl.lanes = true;
+    KvCacheManager lanes_m(gl, c, kv_session_bytes(gl, c), &gpu()), gather_m(g, c, kv_session_bytes(g, c), &gpu());
+    auto lanes_s = lanes_m.open_session("lanes");
+    auto gather_s = gather_m.open_session("gather");
+    PagedSelfAttentionCache lanes[2] = {{*lanes_s, 0, PagedAttentionPath::Kernel},
+                                        {*lanes_s, 1, PagedAttentionPath::Kernel}};
+    PagedSelfAttentionCache gather[2] = {{*gather_s, 0, PagedAttentionPath::Kernel},
+                                         {*gather_s, 1, PagedAttentionPath::Kernel}};
+    std::vector<SelfAttentionCache*> lane_caches = {&lanes[0], &lanes[1]}, gather_caches = {&gather[0], &gather[1]};
+    const float scale = 1.f / std::sqrt(float(g.head_dim));
+    uint64_t seed = 900;
+    int64_t compared = 0, exact_batched = 0, exact_each = 0, bad = 0, in_place_forwards = 0;
+    // a whole window: prefill and denoise, then three commits each followed by a denoise (histories 1, 3, 5 and 7
+    // frames), then a window reset and its prefill and denoise again
+    std::vector<KvForwardSpec> specs = {KvForwardSpec::prefill(g), KvForwardSpec::denoise(g)};
+    for (int i = 0; i < 3; ++i) specs.insert(specs.end(), {KvForwardSpec::commit_chunk(g), KvForwardSpec::denoise(g)});
+    const size_t reset_at = specs.size();
+    specs.insert(specs.end(), {KvForwardSpec::prefill(g), KvForwardSpec::denoise(g)});
+    const int64_t in_place_before = gpu().in_place_attention_calls();
+    for (size_t f = 0; f < specs.size(); ++f) {
+        const KvForwardSpec& spec = specs[f];
+        CAPTURE(f);
+        if (f == reset_at) {
+            lanes_s->reset_window();
+            gather_s->reset_window();
+        }
+        for (auto& p : lanes) p.begin(spec);
+        for (auto& p : gather) p.begin(spec);
+        CHECK(lanes[0].history_tokens() == gather[0].history_tokens());
+        // each branch in its lane: the history from the lane's first block on
+        for (int b = 0; b < 2; ++b) CHECK(lanes[b].in_place_slot() == lanes_s->table(b).lane_first() * g.tokens_per_frame);
+        CHECK(gather[0].in_place_slot() == -1);
+        in_place_forwards += lanes[0].history_tokens() > 0 ? 1 : 0;
+        const int64_t video = int64_t(spec.video_frames) * g.tokens_per_frame;
+        const int64_t L = video + spec.register_tokens;
+        const Shape both{2 * L, g.num_kv_heads, g.head_dim};
+        for (int layer = 0; layer < g.num_layers; ++layer, seed += 3) {
+            const Tensor q = to_device(bf16_values(both, seed)), k = to_device(bf16_values(both, seed + 1));
+            const Tensor v = to_device(bf16_values(both, seed + 2, -1.f, 1.f));
+            const Tensor out_lanes = poisoned(both), out_each = poisoned(both), out_gather = poisoned(both);
+            attend_branches(gpu(), layer, lane_caches, q, k, v, video, scale, out_lanes);
+            for (int b = 0; b < 2; ++b)
+                lanes[b].attend(gpu(), layer, q.view().slice(0, b * L, L), k.view().slice(0, b * L, L),
+                                v.view().slice(0, b * L, L), video, scale, out_each.view().slice(0, b * L, L));
+            attend_branches(gpu(), layer, gather_caches, q, k, v, video, scale, out_gather);
+            const Tensor hl = to_host(out_lanes), he = to_host(out_each), hg = to_host(out_gather);
+            bad += count_bad(hl, hg) + count_bad(he, hg);
+            for (int64_t i = 0; i < hg.numel(); ++i) {
+                exact_batched += hl.ptr<float>()[i] == hg.ptr<float>()[i];
+                exact_each += he.ptr<float>()[i] == hg.ptr<float>()[i];
+            }
+            compared += hg.numel();
+        }
+        for (auto& p : lanes) p.commit();
+        for (auto& p : gather) p.commit();
+    }
+    MESSAGE("in place against gathered: batched " << exact_batched << ", per branch " << exact_each << " of " << compared
+                                                  << " elements identical");
+    CHECK(bad == 0);
+    // every forward with a history read in place: once batched and once per branch for each branch, every layer
+    CHECK(gpu().in_place_attention_calls() - in_place_before == in_place_forwards * g.num_layers * 3);
+    // the committed rows are the gather session's, slot for slot of the same history positions
+    const BlockTable &lt = lanes_s->table(1), &gt = gather_s->table(1);
+    REQUIRE(lt.resident().size() == gt.resident().size());
+    const int64_t rows = int64_t(lt.resident().size()) * g.tokens_per_frame;
+    const int64_t row = int64_t(g.num_kv_heads) * g.head_dim;
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+        const Tensor pl = to_host(lanes_m.pool_k(layer)), pg = to_host(gather_m.pool_k(layer));
+        int64_t differ = 0;
+        for (int64_t t = 0; t < rows; ++t) {
+            const int64_t bl = lt.resident()[size_t(t / g.tokens_per_frame)], bg = gt.resident()[size_t(t / g.tokens_per_frame)];
+            const int64_t sl = bl * g.tokens_per_frame + t % g.tokens_per_frame, sg = bg * g.tokens_per_frame + t % g.tokens_per_frame;
+            differ += !std::equal(pl.ptr<float>() + sl * row, pl.ptr<float>() + (sl + 1) * row, pg.ptr<float>() + sg * row);
+        }
+        CHECK(differ == 0);
+    }
+    lanes_s->close();
+    gather_s->close();
+}
+
 TEST_CASE("batched paged attention runs the branches one by one in reference numerics") {
     const KvGeometry g = cycle_geometry();
     const KvConfig c;

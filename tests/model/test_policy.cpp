@@ -33,10 +33,11 @@ struct TinyWorld {
         ckpt = std::make_unique<Checkpoint>(dir / "ckpt");
     }
 
-    std::unique_ptr<DreamZeroPolicy> policy(Backend& be, KvMode mode) const {
+    std::unique_ptr<DreamZeroPolicy> policy(Backend& be, KvMode mode, KvInPlace in_place = KvInPlace::Auto) const {
         PolicyOptions o;
         o.sampling = cfg.sampling;
         o.kv = cfg.kv;
+        o.kv.in_place = in_place;
         o.kv_mode = mode;
         return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, droid_embodiment(ckpt->statistics("oxe_droid")),
                                                  test::data_dir() / "tokenizer/spiece.model", o, be);
@@ -93,10 +94,27 @@ TEST_CASE("the policy walks the reference's 7-call window cycle with paged KV eq
     }
     CHECK(paged->kv_manager()->pool().num_free() > 0);
 
+    // auto gives no lanes on the CPU (its attention reads through the table either way)
+    CHECK_FALSE(paged->kv_manager()->geometry().lanes);
+
     auto dense = world.policy(*be, KvMode::Dense);
     for (int call = 0; call < 7; ++call) {
         CallInput in(call == 0 ? 1 : 4, call);
         PolicyCallResult r = dense->step(in.obs);
+        CAPTURE(call);
+        CHECK(r.actions == paged_actions[size_t(call)]);
+    }
+
+    // kv.in_place: true lays the branches' blocks in lanes on the CPU too (lanes of the longest history plus a
+    // forward's rows): the same actions
+    auto lanes = world.policy(*be, KvMode::Paged, KvInPlace::On);
+    REQUIRE(lanes->kv_manager()->geometry().lanes);
+    const int lane = lanes->kv_manager()->limits().lane_blocks;
+    CHECK(lane > lanes->kv_manager()->limits().max_blocks_per_branch);
+    CHECK(lanes->kv_manager()->pool().num_blocks() == 2 * lane);
+    for (int call = 0; call < 7; ++call) {
+        CallInput in(call == 0 ? 1 : 4, call);
+        PolicyCallResult r = lanes->step(in.obs);
         CAPTURE(call);
         CHECK(r.actions == paged_actions[size_t(call)]);
     }

@@ -88,3 +88,36 @@ TEST_CASE("block pool exhaustion is all or nothing and names bytes needed and av
 }
 
 TEST_CASE("block pool needs at least one block") { CHECK_THROWS_AS(BlockPool(0, 100), Error); }
+
+TEST_CASE("block pool takes a run of given ids all or nothing and keeps the rest in their free order") {
+    BlockPool pool(8, 100);
+    const uint32_t a = pool.new_owner(), b = pool.new_owner();
+    std::vector<BlockId> out;
+    REQUIRE(pool.allocate_run(3, 2, a, out));
+    CHECK(out == std::vector<BlockId>{3, 4});
+    CHECK(pool.num_free() == 6);
+    CHECK(pool.owner_of(3) == a);
+    CHECK(pool.owner_of(4) == a);
+    // a run over a taken id, past the pool or at the null block changes nothing
+    out.clear();
+    CHECK_FALSE(pool.allocate_run(2, 2, b, out));
+    CHECK_FALSE(pool.allocate_run(7, 3, b, out));
+    CHECK_FALSE(pool.allocate_run(0, 1, b, out));
+    CHECK(out.empty());
+    CHECK(pool.num_free() == 6);
+    CHECK(pool.is_free(2));
+    // the free queue keeps its order without the taken ids: 1, 2, 5, 6, 7, 8
+    pool.allocate(6, b, out);
+    CHECK(out == std::vector<BlockId>{1, 2, 5, 6, 7, 8});
+    // freed blocks queue up behind, and a run can take from the middle of the queue
+    for (BlockId id : {1, 2, 5, 6}) pool.free(id, b);
+    out.clear();
+    REQUIRE(pool.allocate_run(5, 2, a, out));
+    CHECK(out == std::vector<BlockId>{5, 6});
+    out.clear();
+    pool.allocate(2, b, out);
+    CHECK(out == std::vector<BlockId>{1, 2});
+    CHECK(pool.num_free() == 0);
+    // an empty run always succeeds
+    CHECK(pool.allocate_run(1, 0, a, out));
+}

@@ -154,6 +154,49 @@ TEST_CASE("kv limits at DROID geometry: 7 blocks per branch, a 7-wide table and 
     CHECK(l.scratch_tokens == 1760 + 25);
 }
 
+TEST_CASE("kv.in_place reads auto, true and false, and lanes hold the longest history plus one forward's rows") {
+    CHECK(KvConfig{}.in_place == KvInPlace::Auto);
+    CHECK(parse("in_place: true").in_place == KvInPlace::On);
+    CHECK(parse("in_place: false").in_place == KvInPlace::Off);
+    CHECK(parse("in_place: auto").in_place == KvInPlace::Auto);
+    CHECK(parse("in_place: off").in_place == KvInPlace::Off);
+    CHECK_THROWS_WITH_AS(parse("in_place: sometimes"), doctest::Contains("kv.in_place: expected auto, true or false"),
+                         Error);
+    CHECK_THROWS_WITH_AS(parse("in_place: [1]"), doctest::Contains("kv.in_place"), Error);
+
+    KvGeometry g = droid();
+    CHECK(kv_limits(g, KvConfig{}).lane_blocks == 0);
+    g.lanes = true;
+    // DROID: 7 frames of history + 2 frames + 25 register rows = 7945 rows = 9.03 blocks of 880 -> 10
+    const KvLimits l = kv_limits(g, KvConfig{});
+    CHECK(l.lane_blocks == 10);
+    CHECK(l.max_blocks_per_branch == 7);
+    CHECK(kv_session_bytes(g, KvConfig{}) - kv_session_bytes(droid(), KvConfig{}) == 6 * 880 * g.token_bytes());
+    // sliding eviction moves the history's first block: no lanes
+    KvConfig slide;
+    slide.reset_at_boundary = false;
+    CHECK_THROWS_WITH_AS(kv_limits(g, slide), doctest::Contains("kv.in_place"), Error);
+
+    // auto: lanes where the attention reads them in place (a GPU in fast numerics) with a bf16 pool
+    KvConfig c;
+    const KvGeometry bf16 = droid();
+    CHECK(resolve_kv_lanes(c, bf16, true));
+    CHECK_FALSE(resolve_kv_lanes(c, bf16, false));
+    KvGeometry fp8 = droid();
+    fp8.fp8_pool = fp8.fp8_cross = true;
+    CHECK_FALSE(resolve_kv_lanes(c, fp8, true));
+    CHECK_FALSE(resolve_kv_lanes(slide, bf16, true));
+    c.in_place = KvInPlace::Off;
+    CHECK_FALSE(resolve_kv_lanes(c, bf16, true));
+    // true: wherever they can hold, an error naming the key where they cannot
+    c.in_place = KvInPlace::On;
+    CHECK(resolve_kv_lanes(c, bf16, false));
+    CHECK_THROWS_WITH_AS(resolve_kv_lanes(c, fp8, true), doctest::Contains("kv.in_place: true needs a bf16 pool"),
+                         Error);
+    slide.in_place = KvInPlace::On;
+    CHECK_THROWS_WITH_AS(resolve_kv_lanes(slide, bf16, true), doctest::Contains("kv.reset_at_boundary"), Error);
+}
+
 TEST_CASE("kv limits with sliding eviction hold sink plus window blocks") {
     KvConfig c;
     c.reset_at_boundary = false;

@@ -129,6 +129,80 @@ TEST_CASE("the same DreamZero rollout at DROID geometry cycles the free count 12
     CHECK(m.pool().num_free() == 14);
 }
 
+TEST_CASE("lanes keep each branch's history and a forward's rows in consecutive slots over DreamZero's cycle") {
+    KvGeometry g = KvGeometry::from_model(ModelConfig{}, DType::BF16, 2);
+    g.lanes = true;
+    const KvConfig c;
+    KvCacheManager m(g, c, kv_session_bytes(g, c));  // bookkeeping only
+    REQUIRE(m.pool().num_blocks() == 20);
+    auto s = m.open_session("lanes");
+    const int64_t bs = 880;
+    std::vector<int64_t> history_seen;
+    for (int window = 0; window < 2; ++window) {
+        if (window > 0) s->reset_window();
+        for (int call = 0; call < 4; ++call) {
+            for (int b = 0; b < 2; ++b) {
+                // the committing forward: its blocks follow the history in the branch's lane
+                s->begin_forward(b, call == 0 ? KvForwardSpec::prefill(g) : KvForwardSpec::commit_chunk(g));
+                const BlockTable& t = s->table(b);
+                CHECK(t.lane_first() == 1 + 10 * b);
+                CHECK(t.in_place_slot() == int64_t(t.lane_first()) * bs);
+                for (size_t i = 0; i < t.slot_mapping().size(); ++i)
+                    CHECK(t.slot_mapping()[i] == t.in_place_slot() + t.seq_len() + int64_t(i));
+                s->commit(b);
+            }
+            for (int b = 0; b < 2; ++b) {
+                // the denoising forward: 1760 video + 25 register rows right after the history, in the lane
+                s->begin_forward(b, KvForwardSpec::denoise(g));
+                const BlockTable& t = s->table(b);
+                CHECK(t.in_place_slot() == int64_t(1 + 10 * b) * bs);
+                for (size_t j = 0; j < t.resident().size(); ++j) CHECK(t.resident()[j] == BlockId(1 + 10 * b + int(j)));
+                if (b == 0) history_seen.push_back(t.seq_len());
+                s->commit(b);
+            }
+        }
+    }
+    CHECK(history_seen == std::vector<int64_t>{880, 2640, 4400, 6160, 880, 2640, 4400, 6160});
+    s->close();
+    CHECK(m.pool().num_free() == 20);
+}
+
+TEST_CASE("a lane whose room another owner holds, or a table without lanes, is not read in place") {
+    KvGeometry g = KvGeometry::from_model(ModelConfig{}, DType::BF16, 2);
+    const KvConfig c;
+    {
+        KvCacheManager m(g, c, kv_session_bytes(g, c));
+        auto s = m.open_session("fifo");
+        s->begin_forward(kPos, KvForwardSpec::prefill(g));
+        CHECK(s->table(kPos).in_place_slot() == -1);
+        CHECK(s->table(kPos).lane_first() == kNullBlockId);
+        s->commit(kPos);
+    }
+    g.lanes = true;
+    KvCacheManager m(g, c, kv_session_bytes(g, c));
+    auto s = m.open_session("taken");
+    s->begin_forward(kPos, KvForwardSpec::prefill(g));
+    s->commit(kPos);
+    s->begin_forward(kPos, KvForwardSpec::denoise(g));
+    CHECK(s->table(kPos).in_place_slot() == 880);
+    s->commit(kPos);
+    // block 3 (lane rows 1760..2639: the denoising forward's rows after the 880-row history) taken by someone else
+    std::vector<BlockId> stolen;
+    const uint32_t other = m.pool().new_owner();
+    REQUIRE(m.pool().allocate_run(3, 1, other, stolen));
+    s->begin_forward(kPos, KvForwardSpec::denoise(g));
+    CHECK(s->table(kPos).in_place_slot() == -1);
+    s->commit(kPos);
+    // a commit whose lane run is taken falls back to the free queue: its history is no longer consecutive
+    s->begin_forward(kPos, KvForwardSpec::commit_chunk(g));
+    CHECK(s->table(kPos).pending_blocks().size() == 2);
+    CHECK(s->table(kPos).in_place_slot() == -1);
+    s->commit(kPos);
+    m.pool().free(3, other);
+    s->close();
+    CHECK(m.pool().num_free() == 20);
+}
+
 TEST_CASE("slot mapping sends each video token to its block and offset and register tokens nowhere") {
     const KvGeometry g = tiny();
     KvConfig c;

@@ -172,6 +172,13 @@ std::optional<int64_t> CudaDevice::memory_in_use() const {
     return int64_t(total - free_bytes);
 }
 
+std::optional<int64_t> CudaDevice::memory_free() const {
+    DeviceGuard guard(index_);
+    size_t free_bytes = 0, total = 0;
+    DZR_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return int64_t(free_bytes);
+}
+
 // ---- stream ------------------------------------------------------------------------------------
 
 namespace {

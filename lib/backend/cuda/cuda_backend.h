@@ -64,6 +64,7 @@ public:
     /// Synchronizes the device before replacing the old workspace.
     void reserve_workspace(size_t bytes) override;
     std::optional<int64_t> memory_in_use() const override;
+    std::optional<int64_t> memory_free() const override;
     Capabilities capabilities() const override { return caps_; }
     int index() const { return index_; }
     /// The stream alloc() zero-fills on (the backend's), so the fill is ordered before the backend's work.
@@ -187,6 +188,8 @@ public:
     /// How many paged_attention_batched calls ran as one batched call, and how many per branch.
     int64_t batched_attention_calls() const { return batched_calls_; }
     int64_t batched_attention_fallbacks() const { return batched_fallbacks_; }
+    /// How many paged attentions (a batched call counts once) read [history | current] in place (kv.in_place lanes).
+    int64_t in_place_attention_calls() const { return in_place_calls_; }
     // FP8 (cuda_fp8.cpp)
     void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override;
     void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
@@ -332,7 +335,7 @@ private:
     std::unique_ptr<cuda_detail::PagedSdpaState> paged_sdpa_;  // made by the first try_paged_sdpa
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
-    int64_t batched_calls_ = 0, batched_fallbacks_ = 0;
+    int64_t batched_calls_ = 0, batched_fallbacks_ = 0, in_place_calls_ = 0;
     bool last_fp8_gemm_lt_ = false;
     bool last_gemm_gelu_fused_ = false;
 };
