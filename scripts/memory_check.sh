@@ -31,7 +31,7 @@ bench() {
     # the plan of the same precision and KV dtype as the bench
     local a prev=""
     for a in "$@"; do
-        [[ $prev == --precision || $prev == --kv-dtype ]] && plan_args+=("$prev" "$a")
+        [[ $prev == --precision || $prev == --kv-dtype || $prev == --set ]] && plan_args+=("$prev" "$a")
         prev=$a
     done
     printf '\n== %s ==\n' "$name"
@@ -108,7 +108,10 @@ identical() {
 for v in $VARIANTS; do
     case $v in
     resident) bench resident ;;               # umT5 resident (today's default before the pre-pass)
-    prepass) bench prepass --text-prepass ;;  # the text pre-pass (issue #14: <= 47 GiB)
+    # the text pre-pass (issue #14: <= 47 GiB, a 48 GB card: without kv.in_place's lanes, whose room for the current
+    # rows is 4 GiB at DROID; prepass-lanes: with them, as kv.in_place auto gives on a GPU that holds them)
+    prepass) bench prepass --text-prepass --set kv.in_place=false ;;
+    prepass-lanes) bench prepass-lanes --text-prepass ;;
     # issue #14's targets: bf16 weights + FP8 KV <= 42 GiB (a 48 GB card); FP8 weights + FP8 KV <= 26 GiB (a 32 GB
     # card); with the FP8 KV cache a 44 GiB budget fits and completes; bf16 weights and a bf16 KV cache do not fit
     # 44 GiB: refused

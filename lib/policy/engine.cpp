@@ -283,6 +283,11 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
                 }
             }
             const size_t budget = resolve_kv_budget(geometry, options_.kv, options_.free_device_bytes);
+            if (geometry.lanes && !measuring_)
+                log()->info("kv cache: in-place lanes of {} blocks per branch on {} (kv.in_place {}): the attention reads "
+                            "[history | current] where it lies",
+                            kv_limits(geometry, options_.kv).lane_blocks, dev.device().str(),
+                            kv_in_place_name(options_.kv.in_place));
             kv_managers_.push_back(std::make_unique<KvCacheManager>(geometry, options_.kv, budget, &dev));
         }
     } else {
