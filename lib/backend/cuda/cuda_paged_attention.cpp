@@ -156,8 +156,8 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
         write_in_place(history, layer, k_cur, v_cur, stream_);
         const kernels::KvPoolLayer pl = pool_layer(history, layer);
         const size_t off = size_t(history.in_place_slot) * size_t(history.token_stride) * es;
-        const TensorView kall(static_cast<char*>(pl.k) + off, dt, Shape{lk, H, D});
-        const TensorView vall(static_cast<char*>(pl.v) + off, dt, Shape{lk, H, D});
+        const TensorView kall(static_cast<char*>(pl.k) + off, dt, Shape{lk, H, D}, q.device);
+        const TensorView vall(static_cast<char*>(pl.v) + off, dt, Shape{lk, H, D}, q.device);
         last_paged_impl_ = PagedAttentionImpl::Gather;
         ++in_place_calls_;
         return attention(p, q, kall, vall, TensorView{}, out);
@@ -396,8 +396,8 @@ void CudaBackend::paged_attention_batched(const AttentionParams& p, const Tensor
         if (in_place) {
             const char* kb = static_cast<const char*>(c.k) + size_t(b * lane_stride * row) * dtype_size(dt);
             const char* vb = static_cast<const char*>(c.v) + size_t(b * lane_stride * row) * dtype_size(dt);
-            attention(p, qb, TensorView(const_cast<char*>(kb), dt, Shape{lk, H, D}),
-                      TensorView(const_cast<char*>(vb), dt, Shape{lk, H, D}), TensorView{}, ob);
+            attention(p, qb, TensorView(const_cast<char*>(kb), dt, Shape{lk, H, D}, q.device),
+                      TensorView(const_cast<char*>(vb), dt, Shape{lk, H, D}, q.device), TensorView{}, ob);
         } else if (hist == 0)
             attention(p, qb, k_cur.slice(0, b * cur, cur), v_cur.slice(0, b * cur, cur), TensorView{}, ob);
         else
