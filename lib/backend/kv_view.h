@@ -43,9 +43,11 @@ struct PagedKvView {
     int64_t seq_len;               // visible history tokens
     void* k_scale = nullptr;       // FP8 pool: f32 scales of K (see above); null otherwise
     void* v_scale = nullptr;
-    /// In place (KvGeometry::lanes, BlockTable::in_place_slot): history token t, and the open forward's current row i,
-    /// live at pool slots in_place_slot + t and in_place_slot + seq_len + i, which the forward may write; -1 otherwise.
+    /// In place (KvGeometry::lanes, BlockTable::in_place): the seq_len history rows and the open forward's current
+    /// rows lie one after the other from slot in_place_slot on (in the order attention needs none of), current row i at
+    /// slot in_place_current + i, which the forward may write; -1 otherwise.
     int64_t in_place_slot = -1;
+    int64_t in_place_current = -1;
     /// Current rows already at their in-place slots (a committing forward's scattered video rows).
     int64_t in_place_stored = 0;
 

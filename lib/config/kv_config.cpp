@@ -225,12 +225,23 @@ KvLimits kv_limits(const KvGeometry& g, const KvConfig& c) {
         l.table_width = int(l.max_history_tokens / l.block_tokens);
     }
     if (g.lanes) {
-        DZR_CHECK(c.reset_at_boundary && !g.fp8_pool,
-                  "kv.in_place: lanes need kv.reset_at_boundary and a bf16 pool (sliding eviction moves the history's "
-                  "first block; an fp8 pool is dequantized by a gather anyway)");
-        // NOTE: the longest history a forward sees, then its current rows (video, then register) right after it
-        l.lane_blocks = std::max(l.max_blocks_per_branch,
-                                 int(ceil_div(l.max_history_tokens + l.scratch_tokens, l.block_tokens)));
+        DZR_CHECK(c.reset_at_boundary && !g.fp8_pool && g.num_branches <= 2,
+                  "kv.in_place: lanes need kv.reset_at_boundary, a bf16 pool and one or two branches (sliding eviction "
+                  "moves the history's first block; an fp8 pool is dequantized by a gather anyway)");
+        if (g.num_branches == 1) {
+            // NOTE: the longest history a forward sees, then its current rows (video, then register) right after it
+            l.lane_blocks = std::max(l.max_blocks_per_branch,
+                                     int(ceil_div(l.max_history_tokens + l.scratch_tokens, l.block_tokens)));
+            l.lane_ids = l.lane_blocks;
+        } else {
+            // NOTE: mirrored: [branch 0's history | its current rows | branch 1's current rows | branch 1's history],
+            // the current rows of both where one batched forward's K and V rows lie one after the other
+            const int64_t middle_rows = 2 * l.scratch_tokens;
+            l.lane_blocks = l.max_blocks_per_branch;
+            l.middle_blocks = int(middle_rows / l.block_tokens);
+            l.shift_rows = middle_rows % l.block_tokens;
+            l.lane_ids = 2 * l.lane_blocks + l.middle_blocks + (l.shift_rows > 0 ? 1 : 0);
+        }
     }
     return l;
 }
@@ -263,11 +274,13 @@ bool resolve_kv_lanes(const KvConfig& config, const KvGeometry& geometry, bool f
         case KvInPlace::On:
             DZR_CHECK(config.reset_at_boundary, "kv.in_place: true needs kv.reset_at_boundary: true (sliding eviction "
                                                 "moves the history's first block out of its lane)");
+            DZR_CHECK(geometry.num_branches <= 2, "kv.in_place: true needs one or two CFG branches on the device, got {}",
+                      geometry.num_branches);
             DZR_CHECK(!geometry.fp8_pool, "kv.in_place: true needs a bf16 pool, not kv.dtype fp8 (the attention "
                                           "dequantizes an fp8 pool's rows by a gather)");
             return true;
         case KvInPlace::Auto:
-            return fast_device && config.reset_at_boundary && !geometry.fp8_pool;
+            return fast_device && config.reset_at_boundary && !geometry.fp8_pool && geometry.num_branches <= 2;
     }
     return false;
 }

@@ -35,10 +35,11 @@ struct KvGeometry {
     /// The cross-attention caches hold E4M3 K and V with one f32 scale per token and head too (kv.dtype: fp8; the
     /// forward dequantizes a layer's K and V before attending).
     bool fp8_cross = false;
-    /// The branches' blocks lie in lanes (kv.in_place, resolved by resolve_kv_lanes): branch b owns the
-    /// KvLimits::lane_blocks consecutive block ids from 1 + b * lane_blocks, its history fills them in order, and the
-    /// blocks after it hold a forward's current rows, so the attention reads [history | current] where it lies instead
-    /// of gathering it (CUDA, fast numerics, a bf16 pool). The lanes' room costs pool blocks (kv_limits).
+    /// The branches' blocks lie in lanes (kv.in_place, resolved by resolve_kv_lanes), so the attention reads each
+    /// branch's [history | current] rows where they lie instead of gathering them (CUDA, fast numerics, a bf16 pool).
+    /// One branch: its lane holds the history from block 1 on and, after it, room for a forward's current rows. Two
+    /// branches (mirrored): branch 0's history grows down from the middle, branch 1's up from it, and the middle holds
+    /// a denoising forward's current rows of both, [branch 0 | branch 1], where the DiT writes them (KvLimits).
     bool lanes = false;
 
     /// Geometry of `model`'s DiT (layers, heads, frame tokens, register tokens, context lengths).
@@ -140,9 +141,18 @@ struct KvLimits {
     int64_t max_committed_tokens = 0; // reset_at_boundary: most committed tokens (history + pending)
     int64_t scratch_tokens = 0;       // per-branch scratch rows: largest current video + register tokens
     int64_t max_history_tokens = 0;   // most visible history tokens of one forward
-    /// With KvGeometry::lanes: the block ids of one branch's lane, its longest history plus one forward's current rows
-    /// (ceil((max_history_tokens + scratch_tokens) / block_tokens)); 0 without lanes.
+    /// With KvGeometry::lanes, the lanes' block ids (docs/KV_CACHE.md, "Lanes"); all 0 without lanes.
+    /// One branch: its lane, ids 1 .. lane_blocks: the longest history plus one forward's current rows.
+    /// Two branches (mirrored): branch 0's lane is ids 1 .. lane_blocks (its history in runs growing down from
+    /// lane_blocks), the middle_blocks ids after it hold [branch 0's | branch 1's] scratch_tokens current rows, and
+    /// branch 1's lane follows (its history growing up) with its rows shifted by shift_rows, so that it starts right
+    /// after the middle's 2 * scratch_tokens rows; one more id (reserved, like the middle) holds the shift's tail.
     int lane_blocks = 0;
+    int middle_blocks = 0;
+    int64_t shift_rows = 0;
+    /// Block ids the lanes take in all (the middle and the tail included).
+    int lane_ids = 0;
+    bool mirrored() const { return middle_blocks > 0 || shift_rows > 0; }
 };
 
 /// Window policy. With reset_at_boundary the owner resets before the window overflows, so a branch holds
@@ -152,9 +162,9 @@ struct KvLimits {
 KvLimits kv_limits(const KvGeometry& geometry, const KvConfig& config);
 
 /// Whether a pool for `config` on `geometry` gets lanes (KvGeometry::lanes): kv.in_place auto gives them where they
-/// pay, `fast_device` (a CUDA device in fast numerics, where the attention reads the lanes in place), with a bf16 pool
-/// and reset_at_boundary; true gives them wherever they can hold (throws naming kv.in_place for an fp8 pool or sliding
-/// eviction); false never. The memory check of auto is the caller's (Engine: the device's free memory).
+/// pay, `fast_device` (a CUDA device in fast numerics, where the attention reads the lanes in place), with a bf16 pool,
+/// reset_at_boundary and one or two branches on the device; true gives them wherever they can hold (throws naming
+/// kv.in_place for an fp8 pool, sliding eviction or more than two branches); false never. The memory check of auto is the caller's (Engine: the device's free memory).
 bool resolve_kv_lanes(const KvConfig& config, const KvGeometry& geometry, bool fast_device);
 
 /// "687.5 MiB", "12.12 GiB", "512 B".

@@ -16,6 +16,7 @@ BlockPool::BlockPool(int num_blocks, size_t block_bytes)
 
 uint32_t BlockPool::new_owner() { return next_owner_++; }
 
+
 void BlockPool::allocate(int n, uint32_t owner, std::vector<BlockId>& out) {
     DZR_ASSERT(owner != 0 && n >= 0);
     DZR_CHECK(n <= count_,
@@ -36,6 +37,17 @@ BlockId BlockPool::allocate(uint32_t owner) {
     std::vector<BlockId> one;
     allocate(1, owner, one);
     return one[0];
+}
+
+namespace {
+constexpr uint32_t kReservedOwner = UINT32_MAX;
+}  // namespace
+
+void BlockPool::reserve(BlockId first, int n) {
+    std::vector<BlockId> taken;
+    DZR_CHECK(allocate_run(first, n, kReservedOwner, taken), "kv block pool: cannot reserve blocks {}..{}: not all free "
+                                                             "in ids 1..{}", first, first + n - 1, num_blocks_);
+    reserved_ += n;
 }
 
 bool BlockPool::allocate_run(BlockId first, int n, uint32_t owner, std::vector<BlockId>& out) {
@@ -72,6 +84,7 @@ void BlockPool::free(BlockId id, uint32_t owner) {
     check_id(id, "freeing");
     const uint32_t held_by = owner_[size_t(id)];
     DZR_CHECK(held_by != 0, "kv block pool: block {} freed twice (it is already free)", id);
+    DZR_CHECK(held_by != kReservedOwner, "kv block pool: block {} is reserved (the lanes' middle) and never freed", id);
     DZR_CHECK(held_by == owner, "kv block pool: block {} belongs to block table #{}, not to #{} which freed it", id,
               held_by, owner);
     owner_[size_t(id)] = 0;

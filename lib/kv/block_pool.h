@@ -31,13 +31,21 @@ public:
     /// pool and is free; otherwise changes nothing and returns false. The lanes' allocation (KvGeometry::lanes).
     bool allocate_run(BlockId first, int n, uint32_t owner, std::vector<BlockId>& out);
 
+    /// Takes the free ids first .. first + n - 1 out of the pool for good (the lanes' middle rows, KvCacheManager): they
+    /// are never handed out, freed or counted in num_blocks(). Throws when one is not free.
+    void reserve(BlockId first, int n);
+
     /// Returns `id` to the back of the free queue. Throws for the null block, an id outside the pool, a
     /// block that is already free, or a block owned by another table.
     void free(BlockId id, uint32_t owner);
 
-    int num_blocks() const { return num_blocks_; }
+    /// Blocks that can be handed out (the reserved ones not counted).
+    int num_blocks() const { return num_blocks_ - reserved_; }
     int num_free() const { return count_; }
-    int num_used() const { return num_blocks_ - count_; }
+    int num_used() const { return num_blocks() - count_; }
+    int num_reserved() const { return reserved_; }
+    /// Block ids 1..num_ids() (the reserved ones included).
+    int num_ids() const { return num_blocks_; }
     size_t block_bytes() const { return block_bytes_; }
     bool is_free(BlockId id) const;
     /// Owner tag of an allocated block, 0 when free.
@@ -53,6 +61,7 @@ private:
     int count_ = 0;
     std::vector<uint32_t> owner_;   // per block id; 0 = free (index 0 = null block, unused)
     uint32_t next_owner_ = 1;
+    int reserved_ = 0;
 };
 
 }  // namespace dzr

@@ -13,28 +13,54 @@ BlockTable::BlockTable(BlockPool& pool, const KvGeometry& geometry, const KvConf
     window_first_logical_ = limits_.sink_blocks;
     table_.assign(size_t(limits_.table_width), kNullBlockId);
     // NOTE: a lane the pool cannot hold (a pool smaller than one session's lanes) leaves the table without one
-    if (geometry.lanes && lane >= 0 && int64_t(lane + 1) * limits_.lane_blocks <= pool.num_blocks()) {
-        lane_first_ = BlockId(1 + lane * limits_.lane_blocks);
-        lane_blocks_ = limits_.lane_blocks;
+    const KvLimits& l = limits_;
+    if (geometry.lanes && lane >= 0 && lane < geometry.num_branches && l.lane_ids <= pool.num_ids()) {
+        lane_blocks_ = l.lane_blocks;
+        if (!l.mirrored()) {
+            lane_first_ = BlockId(1 + lane * l.lane_blocks);
+        } else {
+            lane_first_ = BlockId(lane == 0 ? 1 : 1 + l.lane_blocks + l.middle_blocks);
+            descending_ = lane == 0;
+        }
     }
 }
 
-int64_t BlockTable::in_place_slot() const {
+BlockTable::InPlace BlockTable::in_place() const {
+    const InPlace none;
     if (!in_forward_ || lane_blocks_ == 0 || seq_len_ != num_tokens_ || num_table_blocks_ != int(resident_.size()))
-        return -1;
+        return none;
     const int64_t bs = limits_.block_tokens;
-    const BlockId first = resident_.empty() ? (pending_.empty() ? lane_first_ : pending_.front()) : resident_.front();
-    if (first < lane_first_) return -1;
-    int64_t j = 0;
-    for (const std::vector<BlockId>* list : {&resident_, &pending_})
-        for (BlockId id : *list)
-            if (id != first + j++) return -1;
-    const int64_t rows = seq_len_ + video_tokens_ + register_tokens_;
-    const int64_t need = (rows + bs - 1) / bs;
-    if (int64_t(first) + need > int64_t(lane_first_) + lane_blocks_) return -1;
-    for (; j < need; ++j)
-        if (!pool_.is_free(BlockId(first + j))) return -1;
-    return int64_t(first) * bs;
+    const int64_t cur = video_tokens_ + register_tokens_;
+    const int64_t lane_end = int64_t(lane_first_) + lane_blocks_;
+    // the resident and pending ids must be one range of the lane
+    std::vector<BlockId> ids(resident_);
+    ids.insert(ids.end(), pending_.begin(), pending_.end());
+    const auto [lo_it, hi_it] = std::minmax_element(ids.begin(), ids.end());
+    const int64_t lo = ids.empty() ? (descending_ ? lane_end : lane_first_) : *lo_it;
+    const int64_t hi = ids.empty() ? lo - 1 : *hi_it;
+    if (hi - lo + 1 != int64_t(ids.size()) || lo < lane_first_ || hi >= lane_end) return none;
+    const bool mirrored = limits_.mirrored();
+    if (descending_) {
+        // [runs of history growing down | the middle]: every block full (a partial one would leave a hole), ending at
+        // the lane's end; a denoising forward's rows at the middle's start, a commit's in its run at the bottom
+        if (hi != lane_end - 1 && !ids.empty()) return none;
+        if (num_tokens_ % bs != 0 || (commit_ && video_tokens_ % bs != 0)) return none;
+        if (!commit_ && cur > limits_.scratch_tokens) return none;
+        return {lo * bs, commit_ ? lo * bs : lane_end * bs};
+    }
+    if (!ids.empty() && lo != lane_first_) return none;
+    if (mirrored && !commit_) {
+        // the mirrored lanes' branch 1: its current rows in the middle's second half, right before its lane
+        if (cur > limits_.scratch_tokens) return none;
+        return {int64_t(lane_first_) * bs - cur, int64_t(lane_first_) * bs - cur};
+    }
+    // [history | current] from the lane's first block on; a denoising forward's rows in the free blocks after it
+    const int64_t first = int64_t(lane_first_) * bs;
+    const int64_t need = (seq_len_ + cur + bs - 1) / bs;
+    if (int64_t(lane_first_) + need > lane_end) return none;
+    for (int64_t j = int64_t(ids.size()); j < need; ++j)
+        if (!pool_.is_free(BlockId(lane_first_ + j))) return none;
+    return {first, first + seq_len_};
 }
 
 BlockTable::~BlockTable() { release(); }
@@ -121,7 +147,12 @@ void BlockTable::begin(int64_t video_tokens, int64_t register_tokens, bool commi
     std::vector<BlockId> fresh;
     // NOTE: a lane's blocks follow its history (the lane's first id after a release), so [history | current rows]
     // stay consecutive slots; the whole pool's free queue where that run is taken or past the lane
-    const BlockId next = resident_.empty() ? lane_first_ : BlockId(resident_.back() + 1);
+    // (a descending lane: the run right below the history, toward the lane's first id)
+    BlockId next = resident_.empty() ? lane_first_ : BlockId(resident_.back() + 1);
+    if (descending_)
+        next = BlockId((resident_.empty() ? int64_t(lane_first_) + lane_blocks_
+                                          : int64_t(*std::min_element(resident_.begin(), resident_.end()))) -
+                       need);
     const bool in_lane = lane_blocks_ > 0 && need > 0 && next >= lane_first_ &&
                          int64_t(next) + need <= int64_t(lane_first_) + lane_blocks_ &&
                          pool_.allocate_run(next, need, owner_, fresh);

@@ -64,14 +64,24 @@ public:
     const std::vector<BlockId>& pending_blocks() const { return pending_; }
     int64_t block_tokens() const { return limits_.block_tokens; }
 
-    /// The open forward's rows in place (KvGeometry::lanes): the pool slot of history token 0 when the history, this
-    /// forward's pending blocks and its current rows (video, then register) lie in consecutive slots of the table's
-    /// lane, history token t and current row i at that slot + t and + seq_len() + i, every block past the pending ones
-    /// free; -1 otherwise (no lane, no open forward, blocks out of order, or too little room).
-    int64_t in_place_slot() const;
-    /// The first block id of the table's lane (0: none) and its length.
+    /// The open forward's [history | current] rows in place (KvGeometry::lanes): slots in the branch's own coordinates
+    /// (KvSession::row_shift), -1 where they are not in place.
+    struct InPlace {
+        int64_t first = -1;    ///< the slot of the first of the hist + current rows, which lie one after the other
+        int64_t current = -1;  ///< the slot of current row 0 (current row i at current + i), inside that range
+    };
+    /// Where the history, this forward's pending blocks and its current rows (video, then register) lie in
+    /// consecutive slots: an ascending lane holds [history | current] from its first block on (current rows of a
+    /// denoising forward in the free blocks after the history, or, for the mirrored lanes' branch 1, in the middle
+    /// right before the lane); the mirrored lanes' branch 0 holds its history in runs growing down to the middle,
+    /// where its current rows follow. {-1, -1} without a lane, outside a forward, with blocks out of order, a partial
+    /// block inside the range, or too little room.
+    InPlace in_place() const;
+    /// The first block id of the table's lane (0: none), its length, and whether its history grows down (the
+    /// mirrored lanes' branch 0).
     BlockId lane_first() const { return lane_first_; }
     int lane_blocks() const { return lane_blocks_; }
+    bool lane_descending() const { return descending_; }
     const KvLimits& limits() const { return limits_; }
 
 private:
@@ -86,6 +96,7 @@ private:
     uint32_t owner_ = 0;
     BlockId lane_first_ = kNullBlockId;  // lanes: the lane's first id; kNullBlockId without one
     int lane_blocks_ = 0;
+    bool descending_ = false;  // the mirrored lanes' branch 0: runs of blocks below the history, toward id lane_first_
 
     std::vector<BlockId> resident_;
     int64_t num_tokens_ = 0;

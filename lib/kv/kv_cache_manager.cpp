@@ -50,6 +50,13 @@ void KvCacheManager::init() {
         scratch_k_ = storage_->alloc(scratch_shape, geometry_.dtype);
         scratch_v_ = storage_->alloc(scratch_shape, geometry_.dtype);
     }
+    // NOTE: the lanes' middle (and the tail of branch 1's shifted rows) hold rows but are never handed out
+    const KvLimits& l = plan_.limits;
+    lanes_ = geometry_.lanes && l.lane_ids <= pool_.num_ids();
+    if (lanes_ && l.mirrored()) {
+        if (l.middle_blocks > 0) pool_.reserve(BlockId(1 + l.lane_blocks), l.middle_blocks);
+        if (l.shift_rows > 0) pool_.reserve(BlockId(1 + 2 * l.lane_blocks + l.middle_blocks), 1);
+    }
     CrossAttentionCache* image = nullptr;
     for (int b = 0; b < geometry_.num_branches; ++b) {
         cross_.push_back(std::make_unique<CrossAttentionCache>(
@@ -106,6 +113,22 @@ TensorView KvCacheManager::branch_rows(const Tensor& t, int branch) const {
     if (!t.defined()) return TensorView(nullptr, geometry_.dtype, rows);
     // [branches, scratch_tokens, H, D] -> [scratch_tokens, H, D] of one branch
     return t.view().slice(0, branch, 1).reshape(rows);
+}
+
+int64_t KvCacheManager::row_shift(int branch) const {
+    return lanes_ && plan_.limits.mirrored() && branch == 1 ? plan_.limits.shift_rows : 0;
+}
+
+TensorView KvCacheManager::middle_k(int layer) const {
+    if (!lanes_ || !plan_.limits.mirrored() || !pool_k_.defined()) return {};
+    const KvLimits& l = plan_.limits;
+    return pool_k(layer).slice(0, int64_t(1 + l.lane_blocks) * l.block_tokens, 2 * l.scratch_tokens);
+}
+
+TensorView KvCacheManager::middle_v(int layer) const {
+    if (!lanes_ || !plan_.limits.mirrored() || !pool_v_.defined()) return {};
+    const KvLimits& l = plan_.limits;
+    return pool_v(layer).slice(0, int64_t(1 + l.lane_blocks) * l.block_tokens, 2 * l.scratch_tokens);
 }
 
 TensorView KvCacheManager::pool_k(int layer) const { return layer_rows(pool_k_, layer); }
@@ -244,6 +267,12 @@ PagedKvView KvSession::history_view(int branch) const {
     }
     view.head_stride = g.head_dim;
     view.token_stride = int64_t(g.num_kv_heads) * g.head_dim;
+    if (const int64_t shift = manager_.row_shift(branch); shift > 0 && view.k_base && view.v_base) {
+        // NOTE: the mirrored lanes' branch 1: its slots sit shift rows further (pool_k / pool_v are the unshifted rows)
+        const size_t bytes = size_t(shift * view.token_stride) * dtype_size(view.dtype);
+        view.k_base = static_cast<char*>(view.k_base) + bytes;
+        view.v_base = static_cast<char*>(view.v_base) + bytes;
+    }
     view.block_stride = view.token_stride * t.block_tokens();
     view.layer_stride = view.block_stride * manager_.plan().total_block_ids();
     view.block_table = t.padded_table().data();

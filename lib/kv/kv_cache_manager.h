@@ -71,6 +71,15 @@ public:
     /// head); an undefined view otherwise.
     TensorView pool_k_scale(int layer) const;
     TensorView pool_v_scale(int layer) const;
+    /// The rows past a slot where `branch`'s pool slots lie (slot s at pool row s + row_shift): the mirrored lanes'
+    /// branch 1 (KvLimits::shift_rows); 0 otherwise.
+    int64_t row_shift(int branch) const;
+    /// Whether the pool holds the lanes (KvGeometry::lanes, and enough ids for them).
+    bool has_lanes() const { return lanes_; }
+    /// The mirrored lanes' middle of `layer`: [2 * scratch_tokens, H, D] rows of K (and V) between the branches' lanes,
+    /// branch 0's current rows first; undefined views without mirrored lanes or storage.
+    TensorView middle_k(int layer) const;
+    TensorView middle_v(int layer) const;
     /// A branch's scratch rows, [scratch_tokens, H, D] (one layer at a time).
     TensorView scratch_k(int branch) const;
     TensorView scratch_v(int branch) const;
@@ -96,6 +105,7 @@ private:
     std::vector<std::unique_ptr<CrossAttentionCache>> cross_;
     std::vector<CrossAttentionCache*> cross_of_;
     KvSession* open_ = nullptr;
+    bool lanes_ = false;
 };
 
 class KvSession {

@@ -28,7 +28,7 @@ SessionParts session_parts(const KvGeometry& g, const KvConfig& c) {
     // and attended, never committed) holds one layer at a time: scratch_tokens rows, K and V, per branch.
     p.scratch_bytes = size_t(p.limits.scratch_tokens) * 2 * g.row_bytes() * branches;
     // NOTE: with lanes every branch owns lane_blocks ids: its history and the room for a forward's current rows
-    p.session_blocks = (g.lanes ? p.limits.lane_blocks : p.limits.max_blocks_per_branch) * g.num_branches;
+    p.session_blocks = g.lanes ? p.limits.lane_ids : p.limits.max_blocks_per_branch * g.num_branches;
     // the null block (id 0) has real, zero-filled storage: a padded read stays finite
     p.session_bytes = p.cross_bytes + p.scratch_bytes + size_t(p.session_blocks + 1) * p.block_bytes;
     return p;
@@ -63,6 +63,7 @@ KvMemoryPlan plan_kv_memory(const KvGeometry& geometry, const KvConfig& config, 
     plan.cross_bytes = p.cross_bytes;
     plan.scratch_bytes = p.scratch_bytes;
     plan.blocks_per_branch = geometry.lanes ? p.limits.lane_blocks : p.limits.max_blocks_per_branch;
+    // NOTE: the lanes' middle and tail ids hold rows but are never handed out (KvCacheManager reserves them)
     plan.session_blocks = p.session_blocks;
     plan.session_bytes = p.session_bytes;
     plan.budget_bytes = budget_bytes;

@@ -52,7 +52,7 @@ size_t PagedSelfAttentionCache::attend_workspace_bytes(const KvGeometry& geometr
 }
 
 int64_t PagedSelfAttentionCache::in_place_slot() const {
-    return path_ == PagedAttentionPath::Kernel ? session_.table(branch_).in_place_slot() : -1;
+    return path_ == PagedAttentionPath::Kernel ? session_.table(branch_).in_place().first : -1;
 }
 
 int64_t PagedSelfAttentionCache::history_tokens() const {
@@ -105,7 +105,9 @@ PagedKvView PagedSelfAttentionCache::prepare_kernel_attend(Backend& be, int laye
     if (t.committing()) be.scatter_kv(view, layer, slots, k, v, pk.dim(0));
     // NOTE: [history | current] in consecutive slots of the branch's lane: the backend may attend to them where they
     // lie, writing the current rows the scatter did not (checked per layer: cheap, and after every branch's begin)
-    view.in_place_slot = t.in_place_slot();
+    const BlockTable::InPlace at = t.in_place();
+    view.in_place_slot = at.first;
+    view.in_place_current = at.current;
     view.in_place_stored = t.committing() ? video_tokens : 0;
     return view;
 }
@@ -118,11 +120,12 @@ void PagedSelfAttentionCache::store_committed(Backend& be, int layer, const Tens
     const TensorView pk = m.pool_k(layer), pv = m.pool_v(layer);
     const TensorView pks = m.pool_k_scale(layer), pvs = m.pool_v_scale(layer);
     const int64_t H = g.num_kv_heads, D = g.head_dim;
+    const int64_t shift = m.row_shift(branch_);  // the mirrored lanes' branch 1: slot s at pool row s + shift
     // NOTE: an FP8 pool quantizes each (token, head) row of D values on the way in and dequantizes it on the way
     // out (core/fp8.h); [n, H, D] rows are [n * H, D] quantization rows with [n * H] scales
     const auto put = [&](const TensorView& src, const TensorView& pool, const TensorView& scales, int64_t slot,
                          int64_t n) {
-        if (!g.fp8_pool) return be.copy(src, pool.slice(0, slot, n));
+        if (!g.fp8_pool) return be.copy(src, pool.slice(0, slot + shift, n));
         be.quantize_fp8(src.reshape(Shape{n * H, D}), pool.slice(0, slot, n).reshape(Shape{n * H, D}),
                         scales.slice(0, slot, n).reshape(Shape{n * H}));
     };
@@ -192,7 +195,7 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
     const std::vector<BlockId>& table = t.padded_table();
     for (int j = 0; j < t.num_table_blocks(); ++j) {
         const int64_t start = int64_t(j) * bs, n = std::min(bs, hist - start);
-        const int64_t row = int64_t(table[size_t(j)]) * bs;
+        const int64_t row = int64_t(table[size_t(j)]) * bs + m.row_shift(branch_);
         load(pk, pks, row, n, kall.slice(0, start, n));
         load(pv, pvs, row, n, vall.slice(0, start, n));
     }

@@ -31,6 +31,33 @@ void attend_branches(Backend& be, int layer, std::span<SelfAttentionCache* const
     be.paged_attention_batched(AttentionParams{scale}, q, views, layer, k, v, out);
 }
 
+bool current_rows_in_place(const Backend& be, int layer, std::span<SelfAttentionCache* const> caches, int64_t rows,
+                           TensorView& k, TensorView& v) {
+    if (caches.size() != 2) return false;
+    auto* p0 = dynamic_cast<PagedSelfAttentionCache*>(caches[0]);
+    auto* p1 = dynamic_cast<PagedSelfAttentionCache*>(caches[1]);
+    if (!p0 || !p1 || p0->path() != PagedAttentionPath::Kernel || p1->path() != PagedAttentionPath::Kernel) return false;
+    KvSession& s = p0->session();
+    if (&s != &p1->session() || p0->branch() != 0 || p1->branch() != 1) return false;
+    const KvCacheManager& m = s.manager();
+    const KvLimits& l = m.limits();
+    if (!m.has_lanes() || !l.mirrored() || !m.has_storage() || m.storage_backend()->device() != be.device() ||
+        rows != l.scratch_tokens)
+        return false;
+    const BlockTable &t0 = s.table(0), &t1 = s.table(1);
+    if (!t0.in_forward() || !t1.in_forward() || t0.committing() || t1.committing() ||
+        t0.current_video_tokens() + t0.current_register_tokens() != rows ||
+        t1.current_video_tokens() + t1.current_register_tokens() != rows)
+        return false;
+    // NOTE: both in place with their current rows in the middle: branch 0's at its start, branch 1's right after
+    const int64_t middle = int64_t(1 + l.lane_blocks) * l.block_tokens;
+    const BlockTable::InPlace a = t0.in_place(), b = t1.in_place();
+    if (a.current != middle || b.current < 0 || b.current + m.row_shift(1) != middle + rows) return false;
+    k = m.middle_k(layer);
+    v = m.middle_v(layer);
+    return k.defined() && v.defined();
+}
+
 std::vector<KvForwardSpec> kv_fill_walk(const KvGeometry& g, const KvConfig& c) {
     const KvLimits l = kv_limits(g, c);
     const int64_t chunk = int64_t(g.chunk_frames) * g.tokens_per_frame;

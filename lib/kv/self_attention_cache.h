@@ -45,6 +45,14 @@ public:
 void attend_branches(Backend& be, int layer, std::span<SelfAttentionCache* const> caches, const TensorView& q,
                      const TensorView& k, const TensorView& v, int64_t video_tokens, float scale, const TensorView& out);
 
+/// Where the DiT should write a batched denoising forward's current K and V rows of layer `layer` ([B·rows, H, D]
+/// each, branch b's at [b·rows, (b+1)·rows)) so that attend_branches reads them where they lie: the mirrored lanes'
+/// middle (KvCacheManager::middle_k) when `caches` are the two paged caches (kernel path) of one session with mirrored
+/// lanes on `be`'s device, in a non-committing forward of `rows` = scratch_tokens current rows each, both in place.
+/// Sets k and v and returns true; false (k and v untouched) otherwise, and the DiT writes its own buffers.
+bool current_rows_in_place(const Backend& be, int layer, std::span<SelfAttentionCache* const> caches, int64_t rows,
+                           TensorView& k, TensorView& v);
+
 /// The forwards of one branch from an empty history to the longest history `config` lets it see (kv_limits): a
 /// prefill, then chunk commits (with reset_at_boundary up to the last one max_committed_tokens allows; sliding,
 /// up to the first one past it, which evicts), each followed by a denoising forward. The caches measure their

@@ -560,6 +560,15 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
             k = be.scratch(Shape{BL, H, D});
             v3 = be.scratch(Shape{BL, H, D});
             const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
+            // NOTE: the mirrored lanes' middle, where the batched attention reads both branches' current rows in place
+            if (!kv_only && B == 2) {
+                SelfAttentionCache* const both[2] = {branches[0].cache, branches[1].cache};
+                TensorView kt, vt;
+                if (current_rows_in_place(be, li, both, L, kt, vt)) {
+                    k = kt;
+                    v3 = vt;
+                }
+            }
             if (!kv_only) {
                 w.q.forward(be, h, hq, raw);
                 be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_q.w, s.rope_video, regs_table, q);

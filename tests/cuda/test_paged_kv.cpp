@@ -460,9 +460,10 @@ TEST_CASE("the CFG branches' paged attention in one batched call gives each bran
 }
 
 TEST_CASE("in-place lanes give the gathered attention's result over DreamZero's cycle, batched and per branch") {
-    // NOTE: with kv.in_place lanes every branch's [history | current] rows lie in consecutive pool slots, so cuDNN reads
-    // them where they lie (the current rows written after the history) instead of gathering them; the rows and their
-    // order are the gather's, so the outputs are expected equal up to the plans' rounding (counted, and reported)
+    // NOTE: with kv.in_place's mirrored lanes every branch's [history | current] rows lie in consecutive pool slots, so
+    // cuDNN reads them where they lie (the current rows copied next to the history, or written there by the DiT: the
+    // middle) instead of gathering them; the rows are the gather's (branch 0's history in another order), so the
+    // outputs are expected equal up to the SDPA's rounding (counted, and reported)
     KvGeometry g = cycle_geometry();
     g.head_dim = 128;
     g.num_kv_heads = 3;
@@ -484,7 +485,7 @@ TEST_CASE("in-place lanes give the gathered attention's result over DreamZero's 
     std::vector<SelfAttentionCache*> lane_caches = {&lanes[0], &lanes[1]}, gather_caches = {&gather[0], &gather[1]};
     const float scale = 1.f / std::sqrt(float(g.head_dim));
     uint64_t seed = 900;
-    int64_t compared = 0, exact_batched = 0, exact_each = 0, bad = 0, in_place_forwards = 0;
+    int64_t compared = 0, exact_batched = 0, exact_each = 0, bad = 0, in_place_forwards = 0, middle_calls = 0;
     // a whole window: prefill and denoise, then three commits each followed by a denoise (histories 1, 3, 5 and 7
     // frames), then a window reset and its prefill and denoise again
     std::vector<KvForwardSpec> specs = {KvForwardSpec::prefill(g), KvForwardSpec::denoise(g)};
@@ -502,8 +503,8 @@ TEST_CASE("in-place lanes give the gathered attention's result over DreamZero's 
         for (auto& p : lanes) p.begin(spec);
         for (auto& p : gather) p.begin(spec);
         CHECK(lanes[0].history_tokens() == gather[0].history_tokens());
-        // each branch in its lane: the history from the lane's first block on
-        for (int b = 0; b < 2; ++b) CHECK(lanes[b].in_place_slot() == lanes_s->table(b).lane_first() * g.tokens_per_frame);
+        // each branch in its lane (mirrored: branch 0's history growing down to the middle, branch 1's up from it)
+        for (int b = 0; b < 2; ++b) CHECK(lanes[b].in_place_slot() >= 0);
         CHECK(gather[0].in_place_slot() == -1);
         in_place_forwards += lanes[0].history_tokens() > 0 ? 1 : 0;
         const int64_t video = int64_t(spec.video_frames) * g.tokens_per_frame;
@@ -518,6 +519,18 @@ TEST_CASE("in-place lanes give the gathered attention's result over DreamZero's 
                 lanes[b].attend(gpu(), layer, q.view().slice(0, b * L, L), k.view().slice(0, b * L, L),
                                 v.view().slice(0, b * L, L), video, scale, out_each.view().slice(0, b * L, L));
             attend_branches(gpu(), layer, gather_caches, q, k, v, video, scale, out_gather);
+            // a denoising forward's K and V written by the DiT into the mirrored lanes' middle: read where they lie
+            const Tensor out_middle = poisoned(both);
+            TensorView km, vm;
+            const bool middle = current_rows_in_place(gpu(), layer, lane_caches, L, km, vm);
+            CHECK(middle == !spec.commit);
+            if (middle) {
+                gpu().copy(k, km);
+                gpu().copy(v, vm);
+                attend_branches(gpu(), layer, lane_caches, q, km, vm, video, scale, out_middle);
+                bad += count_bad(to_host(out_middle), to_host(out_gather));
+                ++middle_calls;
+            }
             const Tensor hl = to_host(out_lanes), he = to_host(out_each), hg = to_host(out_gather);
             bad += count_bad(hl, hg) + count_bad(he, hg);
             for (int64_t i = 0; i < hg.numel(); ++i) {
@@ -532,8 +545,10 @@ TEST_CASE("in-place lanes give the gathered attention's result over DreamZero's 
     MESSAGE("in place against gathered: batched " << exact_batched << ", per branch " << exact_each << " of " << compared
                                                   << " elements identical");
     CHECK(bad == 0);
-    // every forward with a history read in place: once batched and once per branch for each branch, every layer
-    CHECK(gpu().in_place_attention_calls() - in_place_before == in_place_forwards * g.num_layers * 3);
+    // every forward with a history read in place: once batched and once per branch for each branch, every layer, and
+    // the denoising forwards' layers once more from the middle
+    CHECK(middle_calls > 0);
+    CHECK(gpu().in_place_attention_calls() - in_place_before == in_place_forwards * g.num_layers * 3 + middle_calls);
     // the committed rows are the gather session's, slot for slot of the same history positions
     const BlockTable &lt = lanes_s->table(1), &gt = gather_s->table(1);
     REQUIRE(lt.resident().size() == gt.resident().size());
@@ -544,7 +559,9 @@ TEST_CASE("in-place lanes give the gathered attention's result over DreamZero's 
         int64_t differ = 0;
         for (int64_t t = 0; t < rows; ++t) {
             const int64_t bl = lt.resident()[size_t(t / g.tokens_per_frame)], bg = gt.resident()[size_t(t / g.tokens_per_frame)];
-            const int64_t sl = bl * g.tokens_per_frame + t % g.tokens_per_frame, sg = bg * g.tokens_per_frame + t % g.tokens_per_frame;
+            // NOTE: the mirrored lanes' branch 1 keeps slot s at pool row s + row_shift
+            const int64_t sl = bl * g.tokens_per_frame + t % g.tokens_per_frame + lanes_m.row_shift(1);
+            const int64_t sg = bg * g.tokens_per_frame + t % g.tokens_per_frame;
             differ += !std::equal(pl.ptr<float>() + sl * row, pl.ptr<float>() + (sl + 1) * row, pg.ptr<float>() + sg * row);
         }
         CHECK(differ == 0);

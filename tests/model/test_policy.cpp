@@ -105,13 +105,14 @@ TEST_CASE("the policy walks the reference's 7-call window cycle with paged KV eq
         CHECK(r.actions == paged_actions[size_t(call)]);
     }
 
-    // kv.in_place: true lays the branches' blocks in lanes on the CPU too (lanes of the longest history plus a
-    // forward's rows): the same actions
+    // kv.in_place: true lays the branches' blocks in mirrored lanes on the CPU too (branch 1's slots shifted past the
+    // middle; the CPU's gather path reads them through the table): the same actions
     auto lanes = world.policy(*be, KvMode::Paged, KvInPlace::On);
     REQUIRE(lanes->kv_manager()->geometry().lanes);
-    const int lane = lanes->kv_manager()->limits().lane_blocks;
-    CHECK(lane > lanes->kv_manager()->limits().max_blocks_per_branch);
-    CHECK(lanes->kv_manager()->pool().num_blocks() == 2 * lane);
+    const KvLimits& l = lanes->kv_manager()->limits();
+    CHECK(l.mirrored());
+    CHECK(lanes->kv_manager()->pool().num_ids() == l.lane_ids);
+    CHECK(lanes->kv_manager()->pool().num_blocks() == 2 * l.lane_blocks);
     for (int call = 0; call < 7; ++call) {
         CallInput in(call == 0 ? 1 : 4, call);
         PolicyCallResult r = lanes->step(in.obs);

@@ -10,6 +10,8 @@
 #include <memory>
 
 #include "backend/profiling_backend.h"
+#include "kv/kv_cache_manager.h"
+#include "kv/paged_self_attention_cache.h"
 #include "model/causal_dit.h"
 #include "support/test_support.h"
 #include "unit/test_dit_support.h"
@@ -744,4 +746,89 @@ TEST_CASE("fast numerics (the fused block ops) give the reference forwards' outp
         for (size_t i = 0; i < ref[2].action.size(); ++i)
             REQUIRE(got[2].action[i] == doctest::Approx(ref[2].action[i]).epsilon(1e-5));
     }
+}
+
+TEST_CASE("a batched forward over mirrored lanes, K and V written into their middle, gives the paged forward's outputs") {
+    // NOTE: kv.in_place's mirrored lanes on the CPU backend (kernel path: the reference paged attention reads the
+    // history through the table and the current rows where the DiT wrote them, the lanes' middle); against the same
+    // forwards over a pool without lanes, bit for bit (the same f32 arithmetic over the same rows)
+    Fixture fx(2, 7, 0.0f, Precision::Bf16, Numerics::Fast);
+    const DitConfig& c = fx.cfg;
+    std::vector<float> text_b = random_floats(size_t(c.text_len) * c.text_dim, 404);
+    const TensorView clip(fx.clip.data(), DType::F32, Shape{kTinyImageTokens, c.image_dim});
+    DitCrossKv kv_b = fx.dit->make_cross_kv(*fx.be, kTinyImageTokens);
+    fx.dit->compute_cross_kv(*fx.be, clip, TensorView(text_b.data(), DType::F32, Shape{c.text_len, c.text_dim}), kv_b);
+    const DitCrossKv* kvs[2] = {&fx.kv, &kv_b};
+    KvGeometry g;
+    g.num_layers = c.num_layers;
+    g.num_kv_heads = c.num_heads;
+    g.head_dim = c.dim / c.num_heads;
+    g.tokens_per_frame = c.frame_seqlen;
+    g.chunk_frames = c.num_frame_per_block;
+    g.prefill_frames = 1;
+    g.register_tokens = c.num_action_per_block + c.num_state_per_block;
+    g.text_tokens = c.text_len;
+    g.image_tokens = kTinyImageTokens;
+    g.num_branches = 2;
+    g.dtype = DType::F32;
+    const KvConfig kc;
+    std::vector<float> outputs[2];  // [without lanes | with lanes]: every forward's video and action rows
+    for (const bool lanes : {false, true}) {
+        CAPTURE(lanes);
+        KvGeometry gl = g;
+        gl.lanes = lanes;
+        KvCacheManager m(gl, kc, kv_session_bytes(gl, kc), fx.be.get());
+        REQUIRE(m.has_lanes() == lanes);
+        auto session = m.open_session("dit");
+        PagedSelfAttentionCache caches[2] = {{*session, 0, PagedAttentionPath::Kernel},
+                                             {*session, 1, PagedAttentionPath::Kernel}};
+        SelfAttentionCache* both[2] = {&caches[0], &caches[1]};
+        // prefill, denoise, commit, denoise, commit, denoise (histories of 1, 3 and 5 frames)
+        struct Step {
+            KvForwardSpec spec;
+            int start;
+            int64_t t;
+        };
+        std::vector<Step> steps = {{KvForwardSpec::prefill(g), 0, 0}, {KvForwardSpec::denoise(g), 1, 700}};
+        for (int i = 0; i < 2; ++i)
+            steps.insert(steps.end(), {{KvForwardSpec::commit_chunk(g), 1 + 2 * i, 0},
+                                       {KvForwardSpec::denoise(g), 3 + 2 * i, 500}});
+        uint64_t seed = 80;
+        for (const Step& st : steps) {
+            for (auto& p : caches) p.begin(st.spec);
+            const bool denoise = !st.spec.commit;
+            Inputs in = make_inputs(c, st.spec.video_frames, st.start, st.t, denoise, seed++, st.t);
+            const int64_t L = int64_t(st.spec.video_frames) * c.frame_seqlen + st.spec.register_tokens;
+            TensorView k, v;
+            // the DiT's current rows go to the middle exactly where lanes are on and the forward denoises
+            CHECK(current_rows_in_place(*fx.be, 0, both, L, k, v) == (lanes && denoise));
+            DitInputs di;
+            di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+            di.y = TensorView(in.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+            di.start_frame = in.start_frame;
+            di.timestep = in.timestep;
+            if (in.regs)
+                di.registers = DitRegisterInputs{
+                    TensorView(in.regs->action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}),
+                    in.regs->timestep,
+                    TensorView(in.regs->state.data(), DType::F32, Shape{c.num_state_per_block, c.max_state_dim})};
+            std::vector<float> video[2], action(size_t(c.num_action_per_block) * c.action_dim, NAN);
+            for (auto& vb : video) vb.assign(in.x.size(), NAN);
+            const auto vview = [&](std::vector<float>& vb) {
+                return TensorView(vb.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+            };
+            const TensorView aview =
+                denoise ? TensorView(action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}) : TensorView{};
+            const DitBranch branches[2] = {{kvs[0], &caches[0], DitOutputs{vview(video[0]), aview}, {}},
+                                           {kvs[1], &caches[1], DitOutputs{vview(video[1]), {}}, {}}};
+            fx.dit->forward_batch(*fx.be, di, branches);
+            for (auto& p : caches) p.commit();
+            for (const auto& vb : video) outputs[lanes].insert(outputs[lanes].end(), vb.begin(), vb.end());
+            if (denoise) outputs[lanes].insert(outputs[lanes].end(), action.begin(), action.end());
+        }
+        session->close();
+    }
+    REQUIRE(outputs[0].size() == outputs[1].size());
+    CHECK(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(float)) == 0);
+    for (float x : outputs[1]) REQUIRE(std::isfinite(x));
 }

@@ -166,12 +166,29 @@ TEST_CASE("kv.in_place reads auto, true and false, and lanes hold the longest hi
 
     KvGeometry g = droid();
     CHECK(kv_limits(g, KvConfig{}).lane_blocks == 0);
+    CHECK_FALSE(kv_limits(g, KvConfig{}).mirrored());
     g.lanes = true;
-    // DROID: 7 frames of history + 2 frames + 25 register rows = 7945 rows = 9.03 blocks of 880 -> 10
+    // DROID, two branches (mirrored): lanes of 7 blocks (the longest history with a commit's blocks), a middle of the
+    // two branches' 1785 current rows (4 blocks of 880 and 50 rows, which shift branch 1's lane), one tail id
     const KvLimits l = kv_limits(g, KvConfig{});
-    CHECK(l.lane_blocks == 10);
-    CHECK(l.max_blocks_per_branch == 7);
-    CHECK(kv_session_bytes(g, KvConfig{}) - kv_session_bytes(droid(), KvConfig{}) == 6 * 880 * g.token_bytes());
+    CHECK(l.mirrored());
+    CHECK(l.lane_blocks == 7);
+    CHECK(l.middle_blocks == 4);
+    CHECK(l.shift_rows == 50);
+    CHECK(l.lane_ids == 19);
+    CHECK(kv_session_bytes(g, KvConfig{}) - kv_session_bytes(droid(), KvConfig{}) == 5 * 880 * g.token_bytes());
+    // one branch (CFG across two devices): one lane of 7 frames of history + 2 frames + 25 register rows = 7945 rows
+    // = 9.03 blocks of 880 -> 10
+    KvGeometry one = KvGeometry::from_model(ModelConfig{}, DType::BF16, 1);
+    one.lanes = true;
+    const KvLimits l1 = kv_limits(one, KvConfig{});
+    CHECK_FALSE(l1.mirrored());
+    CHECK(l1.lane_blocks == 10);
+    CHECK(l1.lane_ids == 10);
+    // three branches on one device: no lanes
+    KvGeometry three = KvGeometry::from_model(ModelConfig{}, DType::BF16, 3);
+    three.lanes = true;
+    CHECK_THROWS_WITH_AS(kv_limits(three, KvConfig{}), doctest::Contains("one or two branches"), Error);
     // sliding eviction moves the history's first block: no lanes
     KvConfig slide;
     slide.reset_at_boundary = false;
@@ -186,6 +203,7 @@ TEST_CASE("kv.in_place reads auto, true and false, and lanes hold the longest hi
     fp8.fp8_pool = fp8.fp8_cross = true;
     CHECK_FALSE(resolve_kv_lanes(c, fp8, true));
     CHECK_FALSE(resolve_kv_lanes(slide, bf16, true));
+    CHECK_FALSE(resolve_kv_lanes(c, KvGeometry::from_model(ModelConfig{}, DType::BF16, 3), true));
     c.in_place = KvInPlace::Off;
     CHECK_FALSE(resolve_kv_lanes(c, bf16, true));
     // true: wherever they can hold, an error naming the key where they cannot

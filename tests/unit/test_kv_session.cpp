@@ -2,6 +2,7 @@
 // window policies, failure handling, resets and leak checks (the paged-kv-design.md §5 checklist).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -129,78 +130,132 @@ TEST_CASE("the same DreamZero rollout at DROID geometry cycles the free count 12
     CHECK(m.pool().num_free() == 14);
 }
 
-TEST_CASE("lanes keep each branch's history and a forward's rows in consecutive slots over DreamZero's cycle") {
+TEST_CASE("mirrored lanes keep both branches' history and current rows in consecutive slots over DreamZero's cycle") {
     KvGeometry g = KvGeometry::from_model(ModelConfig{}, DType::BF16, 2);
     g.lanes = true;
     const KvConfig c;
     KvCacheManager m(g, c, kv_session_bytes(g, c));  // bookkeeping only
-    REQUIRE(m.pool().num_blocks() == 20);
+    // [null | branch 0: ids 1..7 | middle: 8..11 | branch 1: 12..18 | tail 19]; the middle and the tail reserved
+    REQUIRE(m.limits().lane_blocks == 7);
+    REQUIRE(m.limits().middle_blocks == 4);
+    REQUIRE(m.limits().shift_rows == 2 * 1785 - 4 * 880);
+    CHECK(m.pool().num_ids() == 19);
+    CHECK(m.pool().num_blocks() == 14);
+    CHECK(m.row_shift(0) == 0);
+    CHECK(m.row_shift(1) == 50);
     auto s = m.open_session("lanes");
-    const int64_t bs = 880;
+    const int64_t bs = 880, middle = 8 * bs;
     std::vector<int64_t> history_seen;
     for (int window = 0; window < 2; ++window) {
         if (window > 0) s->reset_window();
         for (int call = 0; call < 4; ++call) {
             for (int b = 0; b < 2; ++b) {
-                // the committing forward: its blocks follow the history in the branch's lane
+                // the committing forward: its rows at their slots, next to the history in the branch's lane
                 s->begin_forward(b, call == 0 ? KvForwardSpec::prefill(g) : KvForwardSpec::commit_chunk(g));
                 const BlockTable& t = s->table(b);
-                CHECK(t.lane_first() == 1 + 10 * b);
-                CHECK(t.in_place_slot() == int64_t(t.lane_first()) * bs);
+                const BlockTable::InPlace at = t.in_place();
+                REQUIRE(at.current >= 0);
                 for (size_t i = 0; i < t.slot_mapping().size(); ++i)
-                    CHECK(t.slot_mapping()[i] == t.in_place_slot() + t.seq_len() + int64_t(i));
+                    CHECK(t.slot_mapping()[i] == at.current + int64_t(i));
                 s->commit(b);
             }
             for (int b = 0; b < 2; ++b) {
-                // the denoising forward: 1760 video + 25 register rows right after the history, in the lane
                 s->begin_forward(b, KvForwardSpec::denoise(g));
                 const BlockTable& t = s->table(b);
-                CHECK(t.in_place_slot() == int64_t(1 + 10 * b) * bs);
-                for (size_t j = 0; j < t.resident().size(); ++j) CHECK(t.resident()[j] == BlockId(1 + 10 * b + int(j)));
-                if (b == 0) history_seen.push_back(t.seq_len());
+                const BlockTable::InPlace at = t.in_place();
+                const int64_t n = int64_t(t.resident().size());
+                std::vector<BlockId> ids = t.resident();
+                std::sort(ids.begin(), ids.end());
+                if (b == 0) {
+                    // branch 0: its history in runs growing down from id 7, its 1785 current rows at the middle's start
+                    CHECK(t.lane_descending());
+                    CHECK(ids.front() == 8 - n);
+                    CHECK(ids.back() == 7);
+                    CHECK(at.first == (8 - n) * bs);
+                    CHECK(at.current == middle);
+                    history_seen.push_back(t.seq_len());
+                } else {
+                    // branch 1: its current rows end where its lane (id 12, its slots shifted 50 rows) begins, right
+                    // after branch 0's in the middle
+                    CHECK(ids.front() == 12);
+                    CHECK(ids.back() == 11 + n);
+                    CHECK(at.first == 12 * bs - 1785);
+                    CHECK(at.current == at.first);
+                    CHECK(at.current + m.row_shift(1) == middle + 1785);
+                }
                 s->commit(b);
             }
         }
     }
     CHECK(history_seen == std::vector<int64_t>{880, 2640, 4400, 6160, 880, 2640, 4400, 6160});
     s->close();
-    CHECK(m.pool().num_free() == 20);
+    CHECK(m.pool().num_free() == 14);
+    // the reserved ids are never handed out or freed
+    CHECK(m.pool().owner_of(8) != 0);
+    CHECK_THROWS_WITH_AS(m.pool().free(8, 1), doctest::Contains("reserved"), Error);
 }
 
-TEST_CASE("a lane whose room another owner holds, or a table without lanes, is not read in place") {
-    KvGeometry g = KvGeometry::from_model(ModelConfig{}, DType::BF16, 2);
+TEST_CASE("a one-branch lane whose room another owner holds, or a table without lanes, is not read in place") {
+    KvGeometry g = KvGeometry::from_model(ModelConfig{}, DType::BF16, 1);
     const KvConfig c;
     {
         KvCacheManager m(g, c, kv_session_bytes(g, c));
         auto s = m.open_session("fifo");
         s->begin_forward(kPos, KvForwardSpec::prefill(g));
-        CHECK(s->table(kPos).in_place_slot() == -1);
+        CHECK(s->table(kPos).in_place().first == -1);
         CHECK(s->table(kPos).lane_first() == kNullBlockId);
         s->commit(kPos);
     }
     g.lanes = true;
     KvCacheManager m(g, c, kv_session_bytes(g, c));
+    REQUIRE(m.limits().lane_blocks == 10);  // 7 frames of history + 1785 current rows
+    CHECK(m.pool().num_blocks() == 10);
     auto s = m.open_session("taken");
     s->begin_forward(kPos, KvForwardSpec::prefill(g));
     s->commit(kPos);
     s->begin_forward(kPos, KvForwardSpec::denoise(g));
-    CHECK(s->table(kPos).in_place_slot() == 880);
+    CHECK(s->table(kPos).in_place().first == 880);
+    CHECK(s->table(kPos).in_place().current == 2 * 880);
     s->commit(kPos);
     // block 3 (lane rows 1760..2639: the denoising forward's rows after the 880-row history) taken by someone else
     std::vector<BlockId> stolen;
     const uint32_t other = m.pool().new_owner();
     REQUIRE(m.pool().allocate_run(3, 1, other, stolen));
     s->begin_forward(kPos, KvForwardSpec::denoise(g));
-    CHECK(s->table(kPos).in_place_slot() == -1);
+    CHECK(s->table(kPos).in_place().first == -1);
     s->commit(kPos);
     // a commit whose lane run is taken falls back to the free queue: its history is no longer consecutive
     s->begin_forward(kPos, KvForwardSpec::commit_chunk(g));
     CHECK(s->table(kPos).pending_blocks().size() == 2);
-    CHECK(s->table(kPos).in_place_slot() == -1);
+    CHECK(s->table(kPos).in_place().first == -1);
     s->commit(kPos);
     m.pool().free(3, other);
     s->close();
-    CHECK(m.pool().num_free() == 20);
+    CHECK(m.pool().num_free() == 10);
+}
+
+TEST_CASE("a mirrored lane whose next run is taken falls back to the free queue and is not read in place") {
+    KvGeometry g = KvGeometry::from_model(ModelConfig{}, DType::BF16, 2);
+    g.lanes = true;
+    const KvConfig c;
+    KvCacheManager m(g, c, kv_session_bytes(g, c));
+    auto s = m.open_session("taken");
+    s->begin_forward(kPos, KvForwardSpec::prefill(g));
+    CHECK(s->table(kPos).pending_blocks() == std::vector<BlockId>{7});
+    s->commit(kPos);
+    std::vector<BlockId> stolen;
+    const uint32_t other = m.pool().new_owner();
+    REQUIRE(m.pool().allocate_run(6, 1, other, stolen));  // where branch 0's first commit run (5, 6) would go
+    s->begin_forward(kPos, KvForwardSpec::commit_chunk(g));
+    CHECK(s->table(kPos).pending_blocks() != std::vector<BlockId>{5, 6});
+    CHECK(s->table(kPos).in_place().first == -1);
+    s->commit(kPos);
+    s->begin_forward(kPos, KvForwardSpec::denoise(g));
+    CHECK(s->table(kPos).in_place().first == -1);
+    s->commit(kPos);
+    m.pool().free(6, other);
+    s->close();
+    CHECK(m.pool().num_free() == 14);
 }
 
 TEST_CASE("slot mapping sends each video token to its block and offset and register tokens nowhere") {

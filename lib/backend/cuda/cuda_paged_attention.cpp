@@ -44,24 +44,33 @@ kernels::KvPoolLayer pool_layer(const PagedKvView& pool, int layer) {
 }
 
 /// Whether `h`'s [history | current] rows can be read where they lie (PagedKvView::in_place_slot): a bf16/f16 pool of
-/// the rows' dtype with a history and room for `cur` current rows.
+/// the rows' dtype with a history.
 bool in_place_rows(const PagedKvView& h, DType dt) {
-    return h.in_place_slot >= 0 && h.seq_len > 0 && !h.fp8() && h.dtype == dt && h.k_base && h.v_base;
+    return h.in_place_slot >= 0 && h.in_place_current >= 0 && h.seq_len > 0 && !h.fp8() && h.dtype == dt && h.k_base &&
+           h.v_base;
+}
+
+/// The address of `h`'s in-place slot `slot` in `layer`'s K (or V) rows.
+char* in_place_row(const PagedKvView& h, int layer, int64_t slot, bool v) {
+    const kernels::KvPoolLayer pool = pool_layer(h, layer);
+    return static_cast<char*>(v ? pool.v : pool.k) + size_t(slot * h.token_stride) * dtype_size(h.dtype);
 }
 
 /// Writes the current rows a committing forward's scatter did not (from h.in_place_stored on) to their in-place slots
-/// of `layer`: k and v are [cur, H, D] rows with a token stride of H * D.
+/// of `layer` (rows the DiT wrote there already stay: kv::current_rows_in_place); k and v are [cur, H, D] rows with
+/// a unit head-dim stride and head stride D (token strides of their own).
 void write_in_place(const PagedKvView& h, int layer, const TensorView& k, const TensorView& v, cudaStream_t stream) {
     const int64_t cur = k.dim(0), from = std::clamp<int64_t>(h.in_place_stored, 0, cur);
     if (from == cur) return;
-    const kernels::KvPoolLayer pool = pool_layer(h, layer);
     const size_t es = dtype_size(h.dtype), row = size_t(h.token_stride) * es;
-    const size_t dst = size_t(h.in_place_slot + h.seq_len + from) * row;
-    const size_t bytes = size_t(cur - from) * row;
-    DZR_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool.k) + dst, static_cast<const char*>(k.data) + from * row,
-                                   bytes, cudaMemcpyDeviceToDevice, stream));
-    DZR_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool.v) + dst, static_cast<const char*>(v.data) + from * row,
-                                   bytes, cudaMemcpyDeviceToDevice, stream));
+    for (const bool is_v : {false, true}) {
+        const TensorView& src = is_v ? v : k;
+        const char* from_row = static_cast<const char*>(src.data) + size_t(from * src.strides[0]) * es;
+        char* to = in_place_row(h, layer, h.in_place_current + from, is_v);
+        if (from_row == to) continue;
+        DZR_CUDA_CHECK(cudaMemcpy2DAsync(to, row, from_row, size_t(src.strides[0]) * es, row, size_t(cur - from),
+                                         cudaMemcpyDeviceToDevice, stream));
+    }
 }
 
 }  // namespace
@@ -152,12 +161,10 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     // NOTE: fast numerics over a lane (kv.in_place): the current rows go to their slots after the history and cuDNN's
     // SDPA reads [history | current] where it lies, the rows the gather would have copied, in the same order
     if (how == PagedAttentionImpl::Auto && numerics() == Numerics::Fast && cudnn_allowed && in_place_rows(history, dt) &&
-        k_cur.strides[0] == int64_t(H) * D && v_cur.strides == k_cur.strides && k_cur.strides[1] == D) {
+        k_cur.strides[1] == D && v_cur.strides[1] == D) {
         write_in_place(history, layer, k_cur, v_cur, stream_);
-        const kernels::KvPoolLayer pl = pool_layer(history, layer);
-        const size_t off = size_t(history.in_place_slot) * size_t(history.token_stride) * es;
-        const TensorView kall(static_cast<char*>(pl.k) + off, dt, Shape{lk, H, D}, q.device);
-        const TensorView vall(static_cast<char*>(pl.v) + off, dt, Shape{lk, H, D}, q.device);
+        const TensorView kall(in_place_row(history, layer, history.in_place_slot, false), dt, Shape{lk, H, D}, q.device);
+        const TensorView vall(in_place_row(history, layer, history.in_place_slot, true), dt, Shape{lk, H, D}, q.device);
         last_paged_impl_ = PagedAttentionImpl::Gather;
         ++in_place_calls_;
         return attention(p, q, kall, vall, TensorView{}, out);
@@ -329,24 +336,28 @@ void CudaBackend::paged_attention_batched(const AttentionParams& p, const Tensor
 
     ArenaScope scope(arena_);
     TensorView kall, vall;
-    // NOTE: every branch over its lane (kv.in_place) with one slot distance between consecutive branches: the current
-    // rows go to their slots after each history, and one SDPA reads every branch's [history | current] where it lies,
-    // the branch stride being the lanes' distance (the rows the gather would copy, in the same order)
+    // NOTE: every branch over its lane (kv.in_place): the current rows go to their slots (unless the DiT wrote them
+    // there: the mirrored lanes' middle) and one SDPA reads every branch's [history | current] rows where they lie,
+    // the branch stride being the distance of their first rows (the rows the gather would copy)
     bool in_place = hist > 0;
-    for (const PagedKvView& h : histories)
-        in_place = in_place && in_place_rows(h, dt) && h.k_base == histories[0].k_base && h.v_base == histories[0].v_base;
-    const int64_t lane_stride = in_place ? histories[1].in_place_slot - histories[0].in_place_slot : 0;
-    in_place = in_place && lane_stride >= lk;  // ascending lanes that do not overlap
-    for (int64_t b = 2; b < B && in_place; ++b)
-        in_place = histories[size_t(b)].in_place_slot - histories[size_t(b - 1)].in_place_slot == lane_stride;
+    for (const PagedKvView& h : histories) in_place = in_place && in_place_rows(h, dt);
+    // NOTE: one element stride between consecutive branches' first rows, K and V alike, and no overlap
+    const auto first_row = [&](int64_t b, bool v) {
+        return in_place_row(histories[size_t(b)], layer, histories[size_t(b)].in_place_slot, v);
+    };
+    const int64_t row_bytes = row * int64_t(dtype_size(dt));
+    const int64_t branch_bytes = in_place ? first_row(1, false) - first_row(0, false) : 0;
+    in_place = in_place && branch_bytes >= lk * row_bytes && branch_bytes % row_bytes == 0;
+    for (int64_t b = 1; b < B && in_place; ++b)
+        in_place = first_row(b, false) - first_row(b - 1, false) == branch_bytes &&
+                   first_row(b, true) - first_row(b - 1, true) == branch_bytes;
+    const int64_t branch_stride = branch_bytes / row_bytes * row;  // elements
     if (in_place) {
         for (int64_t b = 0; b < B; ++b)
             write_in_place(histories[size_t(b)], layer, k_cur.slice(0, b * cur, cur), v_cur.slice(0, b * cur, cur),
                            stream_);
-        const kernels::KvPoolLayer pl = pool_layer(histories[0], layer);
-        const size_t off = size_t(histories[0].in_place_slot) * size_t(row) * dtype_size(dt);
-        c.k = static_cast<const char*>(pl.k) + off, c.v = static_cast<const char*>(pl.v) + off;
-        c.k_batch = c.v_batch = lane_stride * row;
+        c.k = first_row(0, false), c.v = first_row(0, true);
+        c.k_batch = c.v_batch = branch_stride;
         ++in_place_calls_;
     } else if (hist == 0) {
         // NOTE: no history (the prefill): the current rows are the keys where they lie, as paged_attention does
@@ -394,8 +405,8 @@ void CudaBackend::paged_attention_batched(const AttentionParams& p, const Tensor
     for (int64_t b = 0; b < B; ++b) {
         const TensorView qb = q.slice(0, b * lq, lq), ob = out.slice(0, b * lq, lq);
         if (in_place) {
-            const char* kb = static_cast<const char*>(c.k) + size_t(b * lane_stride * row) * dtype_size(dt);
-            const char* vb = static_cast<const char*>(c.v) + size_t(b * lane_stride * row) * dtype_size(dt);
+            const char* kb = static_cast<const char*>(c.k) + size_t(b * branch_stride) * dtype_size(dt);
+            const char* vb = static_cast<const char*>(c.v) + size_t(b * branch_stride) * dtype_size(dt);
             attention(p, qb, TensorView(const_cast<char*>(kb), dt, Shape{lk, H, D}, q.device),
                       TensorView(const_cast<char*>(vb), dt, Shape{lk, H, D}, q.device), TensorView{}, ob);
         } else if (hist == 0)
