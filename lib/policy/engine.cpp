@@ -420,7 +420,7 @@ std::string Engine::devices() const {
 
 bool Engine::kv_pools_whole() const {
     for (const auto& m : kv_managers_)
-        if (m->pool().num_free() != m->plan().num_blocks) return false;
+        if (m->pool().num_free() != m->pool().num_blocks()) return false;
     return true;
 }
 

@@ -116,9 +116,9 @@ double run_warmup(Engine& engine, Session& session, int& calls) {
     }
     session.reset();
     for (int d = 0; const KvCacheManager* m = engine.kv_manager(d); ++d) {
-        DZR_CHECK(m->pool().num_free() == m->plan().num_blocks,
+        DZR_CHECK(m->pool().num_free() == m->pool().num_blocks(),
                   "warm-up left the KV pool of {} with {} of {} blocks free (a leak)",
-                  engine.placement().backends[size_t(d)]->device().str(), m->pool().num_free(), m->plan().num_blocks);
+                  engine.placement().backends[size_t(d)]->device().str(), m->pool().num_free(), m->pool().num_blocks());
     }
     return t.ms();
 }

@@ -83,7 +83,7 @@ RunResult run_session(Numerics numerics, bool graphs, bool warmup) {
         r.after_calls = session->graph_stats();
         session->reset();
         const KvCacheManager* m = engine->kv_manager();
-        r.pool_whole = m != nullptr && m->pool().num_free() == m->plan().num_blocks;
+        r.pool_whole = m != nullptr && m->pool().num_free() == m->pool().num_blocks();
     }
     return r;
 }
