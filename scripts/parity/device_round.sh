@@ -209,8 +209,11 @@ if want fp8gate; then
         grep -E "^-- " "$WORK/fp8gate/$tag/run.log" | cut -c1-160
         grep -E "^failed" "$WORK/fp8gate/$tag/parity.log" | cut -c1-200
     }
-    fp8_phase wide "ref-fp32-gpu ref-bf16-gpu dzr-cudafp8-gpu dzr-cudafp8kv-gpu dzr-cudafp8all-gpu"
-    fp8_phase outlier "ref-fp32-outlier ref-bf16-outlier dzr-cudafp8-outlier"
+    # NOTE: FP8_PHASES (wide, outlier) and FP8_WIDE_RUNS narrow a short call down to the runs a change touches
+    [[ " ${FP8_PHASES:-wide outlier} " == *" wide "* ]] &&
+        fp8_phase wide "${FP8_WIDE_RUNS:-ref-fp32-gpu ref-bf16-gpu dzr-cudafp8-gpu dzr-cudafp8kv-gpu dzr-cudafp8all-gpu}"
+    [[ " ${FP8_PHASES:-wide outlier} " == *" outlier "* ]] &&
+        fp8_phase outlier "ref-fp32-outlier ref-bf16-outlier dzr-cudafp8-outlier"
     for f in "$WORK"/fp8gate/wide/gate-dzr-*.txt "$WORK"/fp8gate/outlier/gate-dzr-*.txt; do
         [[ -f $f ]] || continue
         # the table and the verdict, without the three lines naming the dumps
