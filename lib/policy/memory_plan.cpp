@@ -238,9 +238,14 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
         add("kv.pool", "KV pool", kv.pool_bytes - kv_scales,
             fmt::format("{} blocks of {} tokens + the null block, {} each, {}{}", kv.num_blocks, kv.limits.block_tokens,
                         format_bytes(kv.block_bytes), kv_dtype_name(po.kv_dtype),
-                        lanes ? fmt::format("; in-place lanes of {} blocks per branch (kv.in_place; {} without them)",
-                                            kv.limits.lane_blocks, kv.limits.max_blocks_per_branch)
-                              : std::string()));
+                        !lanes ? std::string()
+                        : kv.limits.mirrored()
+                            ? fmt::format("; kv.in_place lanes: {} blocks per branch and {} reserved for the current rows "
+                                          "(--set kv.in_place=false: {} fewer)",
+                                          kv.limits.lane_blocks, kv.limits.lane_ids - 2 * kv.limits.lane_blocks,
+                                          kv.limits.lane_ids - 2 * kv.limits.max_blocks_per_branch)
+                            : fmt::format("; a kv.in_place lane of {} blocks ({} without it)", kv.limits.lane_blocks,
+                                          kv.limits.max_blocks_per_branch)));
         add("kv.scratch", "KV scratch", kv.scratch_bytes, "the current rows of one layer, K and V, per branch");
         add("kv.cross", "cross-attention caches", kv.cross_bytes,
             fmt::format("K and V of every layer: the text per branch, the image shared, {}",

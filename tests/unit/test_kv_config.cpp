@@ -185,6 +185,9 @@ TEST_CASE("kv.in_place reads auto, true and false, and lanes hold the longest hi
     CHECK_FALSE(l1.mirrored());
     CHECK(l1.lane_blocks == 10);
     CHECK(l1.lane_ids == 10);
+    // docs/KV_CACHE.md's "Other settings" rows
+    CHECK(kv_session_bytes(g, KvConfig{}) == 15'540'428'800ull);
+    CHECK(kv_session_bytes(one, KvConfig{}) == 8'596'377'600ull);
     // three branches on one device: no lanes
     KvGeometry three = KvGeometry::from_model(ModelConfig{}, DType::BF16, 3);
     three.lanes = true;
