@@ -7,6 +7,11 @@
 
 namespace dzr {
 
+namespace {
+/// The owner tag of reserved ids (BlockPool::reserve); new_owner() never reaches it.
+constexpr uint32_t kReservedOwner = UINT32_MAX;
+}  // namespace
+
 BlockPool::BlockPool(int num_blocks, size_t block_bytes)
     : num_blocks_(num_blocks), block_bytes_(block_bytes), ring_(size_t(num_blocks > 0 ? num_blocks : 0)),
       count_(num_blocks), owner_(size_t(num_blocks > 0 ? num_blocks : 0) + 1, 0) {
@@ -15,7 +20,6 @@ BlockPool::BlockPool(int num_blocks, size_t block_bytes)
 }
 
 uint32_t BlockPool::new_owner() { return next_owner_++; }
-
 
 void BlockPool::allocate(int n, uint32_t owner, std::vector<BlockId>& out) {
     DZR_ASSERT(owner != 0 && n >= 0);
@@ -38,10 +42,6 @@ BlockId BlockPool::allocate(uint32_t owner) {
     allocate(1, owner, one);
     return one[0];
 }
-
-namespace {
-constexpr uint32_t kReservedOwner = UINT32_MAX;
-}  // namespace
 
 void BlockPool::reserve(BlockId first, int n) {
     std::vector<BlockId> taken;
