@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "backend/options.h"
 #include "core/error.h"
 #include "config/model_config.h"
 
@@ -262,9 +263,11 @@ KvInPlace parse_kv_in_place(const std::string& text, const std::string& what) {
     std::string t;
     for (char ch : text) t += char(std::tolower(static_cast<unsigned char>(ch)));
     if (t == "auto") return KvInPlace::Auto;
-    if (t == "true" || t == "on" || t == "1" || t == "yes") return KvInPlace::On;
-    if (t == "false" || t == "off" || t == "0" || t == "no") return KvInPlace::Off;
-    DZR_THROW("{}: expected auto, true or false, got '{}'", what, text);
+    try {
+        return parse_switch(t) ? KvInPlace::On : KvInPlace::Off;  // the DZR_* switches' spellings
+    } catch (const Error&) {
+        DZR_THROW("{}: expected auto, true or false, got '{}'", what, text);
+    }
 }
 
 bool resolve_kv_lanes(const KvConfig& config, const KvGeometry& geometry, bool fast_device) {

@@ -88,7 +88,7 @@ enum class KvInPlace : uint8_t {
 
 /// "auto", "true", "false".
 const char* kv_in_place_name(KvInPlace mode);
-/// Parses auto / true / false (also on / off); throws dzr::Error naming `what` otherwise.
+/// Parses auto, or a switch (true / false, on / off, 1 / 0: parse_switch); throws dzr::Error naming `what` otherwise.
 KvInPlace parse_kv_in_place(const std::string& text, const std::string& what);
 
 /// How much memory the KV cache may take.

@@ -58,6 +58,21 @@ std::unique_ptr<Backend> cpu_backend(Numerics numerics) {
     return make_cpu_backend(o);
 }
 
+/// The DiT's view of `in` (its buffers, at the tiny latent size).
+DitInputs dit_inputs(const DitConfig& c, Inputs& in) {
+    DitInputs di;
+    di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+    di.y = TensorView(in.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
+    di.start_frame = in.start_frame;
+    di.timestep = in.timestep;
+    if (in.regs)
+        di.registers = DitRegisterInputs{
+            TensorView(in.regs->action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}),
+            in.regs->timestep,
+            TensorView(in.regs->state.data(), DType::F32, Shape{c.num_state_per_block, c.max_state_dim})};
+    return di;
+}
+
 struct Fixture {
     DitConfig cfg;
     MapWeightSource src;
@@ -99,18 +114,7 @@ Output run(Fixture& fx, DenseTestCache& cache, Inputs& in, bool stage, bool trac
     Output o;
     o.video.assign(in.x.size(), std::numeric_limits<float>::quiet_NaN());  // poisoned
     o.action.assign(size_t(c.num_action_per_block) * c.action_dim, std::numeric_limits<float>::quiet_NaN());
-    DitInputs di;
-    di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
-    di.y = TensorView(in.y.data(), DType::F32,
-                      Shape{c.in_dim - c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
-    di.start_frame = in.start_frame;
-    di.timestep = in.timestep;
-    if (in.regs) {
-        di.registers = DitRegisterInputs{
-            TensorView(in.regs->action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}),
-            in.regs->timestep,
-            TensorView(in.regs->state.data(), DType::F32, Shape{c.num_state_per_block, c.max_state_dim})};
-    }
+    const DitInputs di = dit_inputs(c, in);
     DitOutputs out;
     out.video_velocity = TensorView(o.video.data(), DType::F32, di.x.shape);
     out.action_velocity =
@@ -341,19 +345,7 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
         Inputs prefill = make_inputs(c, 1, 0, 0, false, 61);
         Inputs denoise = make_inputs(c, 2, 1, 624, true, 62, 731);
         std::vector<float> video[2][2], action[2];  // [single | batched][branch]
-        const auto inputs = [&](Inputs& in) {
-            DitInputs di;
-            di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
-            di.y = TensorView(in.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
-            di.start_frame = in.start_frame;
-            di.timestep = in.timestep;
-            if (in.regs)
-                di.registers = DitRegisterInputs{
-                    TensorView(in.regs->action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}),
-                    in.regs->timestep,
-                    TensorView(in.regs->state.data(), DType::F32, Shape{c.num_state_per_block, c.max_state_dim})};
-            return di;
-        };
+        const auto inputs = [&](Inputs& in) { return dit_inputs(c, in); };
         const auto video_out = [&](std::vector<float>& v, const Inputs& in) {
             v.assign(in.x.size(), std::numeric_limits<float>::quiet_NaN());
             return TensorView(v.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
@@ -802,16 +794,7 @@ TEST_CASE("a batched forward over mirrored lanes, K and V written into their mid
             TensorView k, v;
             // the DiT's current rows go to the middle exactly where lanes are on and the forward denoises
             CHECK(current_rows_in_place(*fx.be, 0, both, L, k, v) == (lanes && denoise));
-            DitInputs di;
-            di.x = TensorView(in.x.data(), DType::F32, Shape{c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
-            di.y = TensorView(in.y.data(), DType::F32, Shape{c.in_dim - c.out_dim, in.frames, kTinyLatentH, kTinyLatentW});
-            di.start_frame = in.start_frame;
-            di.timestep = in.timestep;
-            if (in.regs)
-                di.registers = DitRegisterInputs{
-                    TensorView(in.regs->action.data(), DType::F32, Shape{c.num_action_per_block, c.action_dim}),
-                    in.regs->timestep,
-                    TensorView(in.regs->state.data(), DType::F32, Shape{c.num_state_per_block, c.max_state_dim})};
+            const DitInputs di = dit_inputs(c, in);
             std::vector<float> video[2], action(size_t(c.num_action_per_block) * c.action_dim, NAN);
             for (auto& vb : video) vb.assign(in.x.size(), NAN);
             const auto vview = [&](std::vector<float>& vb) {
