@@ -226,9 +226,8 @@ KvLimits kv_limits(const KvGeometry& g, const KvConfig& c) {
         l.table_width = int(l.max_history_tokens / l.block_tokens);
     }
     if (g.lanes) {
-        DZR_CHECK(c.reset_at_boundary && !g.fp8_pool && g.num_branches <= 2,
-                  "kv.in_place: lanes need kv.reset_at_boundary, a bf16 pool and one or two branches (sliding eviction "
-                  "moves the history's first block; an fp8 pool is dequantized by a gather anyway)");
+        const std::string why = kv_lanes_refusal(c, g);
+        DZR_CHECK(why.empty(), "kv.in_place: lanes need {}", why);
         if (g.num_branches == 1) {
             // NOTE: the longest history a forward sees, then its current rows (video, then register) right after it
             l.lane_blocks = std::max(l.max_blocks_per_branch,
@@ -270,22 +269,21 @@ KvInPlace parse_kv_in_place(const std::string& text, const std::string& what) {
     }
 }
 
+std::string kv_lanes_refusal(const KvConfig& config, const KvGeometry& geometry) {
+    if (!config.reset_at_boundary)
+        return "kv.reset_at_boundary: true (sliding eviction moves the history's first block out of its lane)";
+    if (geometry.fp8_pool) return "a bf16 pool, not kv.dtype fp8 (the attention dequantizes an fp8 pool's rows by a gather)";
+    if (geometry.num_branches > 2)
+        return fmt::format("one or two CFG branches on the device, not {}", geometry.num_branches);
+    return {};
+}
+
 bool resolve_kv_lanes(const KvConfig& config, const KvGeometry& geometry, bool fast_device) {
-    switch (config.in_place) {
-        case KvInPlace::Off:
-            return false;
-        case KvInPlace::On:
-            DZR_CHECK(config.reset_at_boundary, "kv.in_place: true needs kv.reset_at_boundary: true (sliding eviction "
-                                                "moves the history's first block out of its lane)");
-            DZR_CHECK(geometry.num_branches <= 2, "kv.in_place: true needs one or two CFG branches on the device, got {}",
-                      geometry.num_branches);
-            DZR_CHECK(!geometry.fp8_pool, "kv.in_place: true needs a bf16 pool, not kv.dtype fp8 (the attention "
-                                          "dequantizes an fp8 pool's rows by a gather)");
-            return true;
-        case KvInPlace::Auto:
-            return fast_device && config.reset_at_boundary && !geometry.fp8_pool && geometry.num_branches <= 2;
-    }
-    return false;
+    if (config.in_place == KvInPlace::Off) return false;
+    const std::string why = kv_lanes_refusal(config, geometry);
+    if (config.in_place == KvInPlace::Auto) return fast_device && why.empty();
+    DZR_CHECK(why.empty(), "kv.in_place: true needs {}", why);
+    return true;
 }
 
 std::string format_bytes(uint64_t bytes) {

@@ -164,8 +164,11 @@ KvLimits kv_limits(const KvGeometry& geometry, const KvConfig& config);
 /// Whether a pool for `config` on `geometry` gets lanes (KvGeometry::lanes): kv.in_place auto gives them where they
 /// pay, `fast_device` (a CUDA device in fast numerics, where the attention reads the lanes in place), with a bf16 pool,
 /// reset_at_boundary and one or two branches on the device; true gives them wherever they can hold (throws naming
-/// kv.in_place for an fp8 pool, sliding eviction or more than two branches); false never. The memory check of auto is the caller's (Engine: the device's free memory).
+/// kv.in_place for an fp8 pool, sliding eviction or more than two branches: kv_lanes_refusal); false never. The
+/// memory check of auto is the caller's (Engine: the device's free memory).
 bool resolve_kv_lanes(const KvConfig& config, const KvGeometry& geometry, bool fast_device);
+/// Why a pool for `config` on `geometry` cannot hold lanes ("a bf16 pool, not kv.dtype fp8 ..."); empty where it can.
+std::string kv_lanes_refusal(const KvConfig& config, const KvGeometry& geometry);
 
 /// "687.5 MiB", "12.12 GiB", "512 B".
 std::string format_bytes(uint64_t bytes);

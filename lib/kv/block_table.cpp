@@ -25,7 +25,7 @@ BlockTable::BlockTable(BlockPool& pool, const KvGeometry& geometry, const KvConf
     }
 }
 
-BlockTable::InPlace BlockTable::in_place() const {
+BlockTable::InPlace BlockTable::find_in_place() const {
     const InPlace none;
     if (!in_forward_ || lane_blocks_ == 0 || seq_len_ != num_tokens_ || num_table_blocks_ != int(resident_.size()))
         return none;
@@ -178,6 +178,7 @@ void BlockTable::begin(int64_t video_tokens, int64_t register_tokens, bool commi
             slots_[size_t(i)] = int64_t(block) * bs + p % bs;
         }
     }
+    in_place_ = find_in_place();
 }
 
 void BlockTable::commit() {
@@ -189,6 +190,7 @@ void BlockTable::commit() {
     pending_.clear();
     in_forward_ = false;
     commit_ = false;
+    in_place_ = {};
 }
 
 void BlockTable::abort() noexcept {
@@ -202,6 +204,7 @@ void BlockTable::abort() noexcept {
     pending_.clear();
     in_forward_ = false;
     commit_ = false;
+    in_place_ = {};
 }
 
 void BlockTable::release() noexcept {

@@ -75,8 +75,9 @@ public:
     /// denoising forward in the free blocks after the history, or, for the mirrored lanes' branch 1, in the middle
     /// right before the lane); the mirrored lanes' branch 0 holds its history in runs growing down to the middle,
     /// where its current rows follow. {-1, -1} without a lane, outside a forward, with blocks out of order, a partial
-    /// block inside the range, or too little room.
-    InPlace in_place() const;
+    /// block inside the range, or too little room. Worked out once by begin() (no other table takes ids of a lane
+    /// during a forward: its room past the pending blocks is checked only for a one-branch pool).
+    InPlace in_place() const { return in_place_; }
     /// The first block id of the table's lane (0: none), its length, and whether its history grows down (the
     /// mirrored lanes' branch 0).
     BlockId lane_first() const { return lane_first_; }
@@ -86,6 +87,7 @@ public:
 
 private:
     BlockId block_of_logical(int64_t logical) const;
+    InPlace find_in_place() const;
     int64_t num_logical_blocks() const;
 
     BlockPool& pool_;
@@ -97,6 +99,7 @@ private:
     BlockId lane_first_ = kNullBlockId;  // lanes: the lane's first id; kNullBlockId without one
     int lane_blocks_ = 0;
     bool descending_ = false;  // the mirrored lanes' branch 0: runs of blocks below the history, toward id lane_first_
+    InPlace in_place_;         // the open forward's (find_in_place at begin); {-1, -1} outside a forward
 
     std::vector<BlockId> resident_;
     int64_t num_tokens_ = 0;

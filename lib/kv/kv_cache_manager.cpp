@@ -119,6 +119,14 @@ int64_t KvCacheManager::row_shift(int branch) const {
     return lanes_ && plan_.limits.mirrored() && branch == 1 ? plan_.limits.shift_rows : 0;
 }
 
+TensorView KvCacheManager::shifted(const TensorView& rows, int branch) const {
+    const int64_t shift = row_shift(branch);
+    return shift == 0 || !rows.data ? rows : rows.slice(0, shift, rows.dim(0) - shift);
+}
+
+TensorView KvCacheManager::branch_pool_k(int branch, int layer) const { return shifted(pool_k(layer), branch); }
+TensorView KvCacheManager::branch_pool_v(int branch, int layer) const { return shifted(pool_v(layer), branch); }
+
 TensorView KvCacheManager::middle_k(int layer) const {
     if (!lanes_ || !plan_.limits.mirrored() || !pool_k_.defined()) return {};
     const KvLimits& l = plan_.limits;
@@ -253,7 +261,8 @@ PagedKvView KvSession::history_view(int branch) const {
     const BlockTable& t = table(branch);
     DZR_CHECK(t.in_forward(), "kv session '{}' branch {}: history_view outside a forward", name_, branch_name(branch));
     const KvGeometry& g = manager_.geometry();
-    const TensorView k = manager_.pool_k(0), v = manager_.pool_v(0);
+    // NOTE: the branch's rows (the mirrored lanes' branch 1 sits row_shift rows further than its slots say)
+    const TensorView k = manager_.branch_pool_k(branch, 0), v = manager_.branch_pool_v(branch, 0);
     PagedKvView view{};
     view.k_base = k.data;
     view.v_base = v.data;
@@ -267,12 +276,6 @@ PagedKvView KvSession::history_view(int branch) const {
     }
     view.head_stride = g.head_dim;
     view.token_stride = int64_t(g.num_kv_heads) * g.head_dim;
-    if (const int64_t shift = manager_.row_shift(branch); shift > 0 && view.k_base && view.v_base) {
-        // NOTE: the mirrored lanes' branch 1: its slots sit shift rows further (pool_k / pool_v are the unshifted rows)
-        const size_t bytes = size_t(shift * view.token_stride) * dtype_size(view.dtype);
-        view.k_base = static_cast<char*>(view.k_base) + bytes;
-        view.v_base = static_cast<char*>(view.v_base) + bytes;
-    }
     view.block_stride = view.token_stride * t.block_tokens();
     view.layer_stride = view.block_stride * manager_.plan().total_block_ids();
     view.block_table = t.padded_table().data();

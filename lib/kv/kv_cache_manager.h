@@ -74,6 +74,9 @@ public:
     /// The rows past a slot where `branch`'s pool slots lie (slot s at pool row s + row_shift): the mirrored lanes'
     /// branch 1 (KvLimits::shift_rows); 0 otherwise.
     int64_t row_shift(int branch) const;
+    /// `branch`'s view of one layer's pool rows: row s is the branch's slot s (pool_k / pool_v past row_shift).
+    TensorView branch_pool_k(int branch, int layer) const;
+    TensorView branch_pool_v(int branch, int layer) const;
     /// Whether the pool holds the lanes (KvGeometry::lanes, and enough ids for them).
     bool has_lanes() const { return lanes_; }
     /// The mirrored lanes' middle of `layer`: [2 * scratch_tokens, H, D] rows of K (and V) between the branches' lanes,
@@ -90,6 +93,7 @@ private:
     TensorView layer_rows(const Tensor& t, int layer) const;
     TensorView layer_scales(const Tensor& t, int layer) const;
     TensorView branch_rows(const Tensor& t, int branch) const;
+    TensorView shifted(const TensorView& rows, int branch) const;
     CrossAttentionCache& cross(int branch, CrossKind kind);
 
     KvGeometry geometry_;

@@ -92,7 +92,7 @@ PagedKvView PagedSelfAttentionCache::prepare_kernel_attend(Backend& be, int laye
     check_attend(session_, t, layer, k, v, video_tokens);
     // committing forward: the video rows -> their pool slots (the slot mapping on the backend's device)
     PagedKvView view = session_.history_view(branch_);
-    const TensorView pk = m.pool_k(layer);
+    const TensorView pk = m.branch_pool_k(branch_, layer);  // the slots the scatter may address
     TensorView slots;
     // NOTE: the device mirror when `be` is the storage's device; host data for the CPU reference and for a
     // measuring backend (which reads no data)
@@ -117,15 +117,14 @@ void PagedSelfAttentionCache::store_committed(Backend& be, int layer, const Tens
     KvCacheManager& m = session_.manager();
     const KvGeometry& g = m.geometry();
     const BlockTable& t = session_.table(branch_);
-    const TensorView pk = m.pool_k(layer), pv = m.pool_v(layer);
+    const TensorView pk = m.branch_pool_k(branch_, layer), pv = m.branch_pool_v(branch_, layer);
     const TensorView pks = m.pool_k_scale(layer), pvs = m.pool_v_scale(layer);
     const int64_t H = g.num_kv_heads, D = g.head_dim;
-    const int64_t shift = m.row_shift(branch_);  // the mirrored lanes' branch 1: slot s at pool row s + shift
     // NOTE: an FP8 pool quantizes each (token, head) row of D values on the way in and dequantizes it on the way
     // out (core/fp8.h); [n, H, D] rows are [n * H, D] quantization rows with [n * H] scales
     const auto put = [&](const TensorView& src, const TensorView& pool, const TensorView& scales, int64_t slot,
                          int64_t n) {
-        if (!g.fp8_pool) return be.copy(src, pool.slice(0, slot + shift, n));
+        if (!g.fp8_pool) return be.copy(src, pool.slice(0, slot, n));
         be.quantize_fp8(src.reshape(Shape{n * H, D}), pool.slice(0, slot, n).reshape(Shape{n * H, D}),
                         scales.slice(0, slot, n).reshape(Shape{n * H}));
     };
@@ -177,7 +176,7 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
     // 2. committing forward: video rows -> their pool slots
     if (t.committing()) store_committed(be, layer, k, v, video_tokens);
 
-    const TensorView pk = m.pool_k(layer), pv = m.pool_v(layer);
+    const TensorView pk = m.branch_pool_k(branch_, layer), pv = m.branch_pool_v(branch_, layer);
     const TensorView pks = m.pool_k_scale(layer), pvs = m.pool_v_scale(layer);
     const bool fp8 = g.fp8_pool;
     const int64_t H = g.num_kv_heads, D = g.head_dim;
@@ -195,7 +194,7 @@ void PagedSelfAttentionCache::attend(Backend& be, int layer, const TensorView& q
     const std::vector<BlockId>& table = t.padded_table();
     for (int j = 0; j < t.num_table_blocks(); ++j) {
         const int64_t start = int64_t(j) * bs, n = std::min(bs, hist - start);
-        const int64_t row = int64_t(table[size_t(j)]) * bs + m.row_shift(branch_);
+        const int64_t row = int64_t(table[size_t(j)]) * bs;
         load(pk, pks, row, n, kall.slice(0, start, n));
         load(pv, pvs, row, n, vall.slice(0, start, n));
     }

@@ -25,12 +25,6 @@ namespace dzr {
 
 namespace {
 
-/// kv.in_place auto: the lanes' room pays where the attention reads it in place (a GPU in fast numerics).
-bool kv_lanes_pay(const Backend& be) {
-    // NOTE: a GPU, or a measuring backend planning one (its capabilities are the GPU's)
-    return be.context().capabilities().compute_capability > 0 && be.numerics() == Numerics::Fast;
-}
-
 /// kv.in_place auto keeps the lanes only where one session with them leaves this much device memory free (the offline
 /// workspace is 1.4-1.8 GiB at DROID, docs/MEMORY.md).
 constexpr size_t kLaneHeadroomBytes = size_t(4) << 30;
@@ -270,24 +264,22 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
             geometry.lanes = resolve_kv_lanes(options_.kv, geometry, kv_lanes_pay(dev));
             if (geometry.lanes && options_.kv.in_place == KvInPlace::Auto) {
                 // NOTE: auto keeps the lanes' room only where the device holds it with headroom for the workspace
-                KvGeometry plain = geometry;
-                plain.lanes = false;
                 const auto free = dev.context().memory_free();
-                const size_t need = kv_session_bytes(geometry, options_.kv) + kLaneHeadroomBytes;
-                if (free && size_t(*free) < need) {
+                const size_t session = kv_session_bytes(geometry, options_.kv);
+                if (free && size_t(*free) < session + kLaneHeadroomBytes) {
                     log()->info("kv cache: no in-place lanes (kv.in_place auto): one session with them needs {} + {} "
                                 "headroom, {} free",
-                                format_bytes(kv_session_bytes(geometry, options_.kv)), format_bytes(kLaneHeadroomBytes),
-                                format_bytes(size_t(*free)));
-                    geometry = plain;
+                                format_bytes(session), format_bytes(kLaneHeadroomBytes), format_bytes(size_t(*free)));
+                    geometry.lanes = false;
                 }
             }
             const size_t budget = resolve_kv_budget(geometry, options_.kv, options_.free_device_bytes);
             if (geometry.lanes && !measuring_)
-                log()->info("kv cache: in-place lanes of {} blocks per branch on {} (kv.in_place {}): the attention reads "
-                            "[history | current] where it lies",
+                log()->info("kv cache: in-place lanes of {} blocks per branch on {} (kv.in_place {}){}",
                             kv_limits(geometry, options_.kv).lane_blocks, dev.device().str(),
-                            kv_in_place_name(options_.kv.in_place));
+                            kv_in_place_name(options_.kv.in_place),
+                            kv_lanes_pay(dev) ? ": the attention reads [history | current] where it lies"
+                                              : " (this backend's attention reads them through the block table)");
             kv_managers_.push_back(std::make_unique<KvCacheManager>(geometry, options_.kv, budget, &dev));
         }
     } else {
@@ -297,6 +289,10 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
 }
 
 Engine::~Engine() = default;
+
+bool kv_lanes_pay(const Backend& be) {
+    return be.context().capabilities().compute_capability > 0 && be.numerics() == Numerics::Fast;
+}
 
 namespace {
 

@@ -354,6 +354,10 @@ private:
     PolicyOverrideFn override_;
 };
 
+/// kv.in_place auto: whether the lanes' room pays on `be` (resolve_kv_lanes' fast_device): a GPU, or a measuring backend
+/// planning one (its capabilities are the GPU's), in fast numerics, where the attention reads the lanes in place.
+bool kv_lanes_pay(const Backend& be);
+
 /// A WeightSource of shapes only (no data), from the inventory of a geometry, for workspace planning. With `like`,
 /// a Linear weight stored there as F8_E4M3 is F8_E4M3 here too (with its scale), so the plan loads what the real
 /// load will.

@@ -199,8 +199,7 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
         // an f32 scale per token and head (the scratch keeps the compute dtype)
         // NOTE: kv.in_place lanes as the engine decides them on this device and numerics (Engine: a GPU in fast
         // numerics; auto's free-memory check happens at the load, so the plan counts the lanes it would keep)
-        const bool lanes_pay =
-            measuring.context().capabilities().compute_capability > 0 && measuring.numerics() == Numerics::Fast;
+        const bool lanes_pay = kv_lanes_pay(measuring);
         KvGeometry g = KvGeometry::from_model(model, dt, 2);
         g.fp8_pool = g.fp8_cross = fp8_kv;
         options.kv.validate(g);

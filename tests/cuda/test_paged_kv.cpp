@@ -555,12 +555,12 @@ TEST_CASE("in-place lanes give the gathered attention's result over DreamZero's 
     const int64_t rows = int64_t(lt.resident().size()) * g.tokens_per_frame;
     const int64_t row = int64_t(g.num_kv_heads) * g.head_dim;
     for (int layer = 0; layer < g.num_layers; ++layer) {
-        const Tensor pl = to_host(lanes_m.pool_k(layer)), pg = to_host(gather_m.pool_k(layer));
+        // NOTE: branch 1's view of the rows (the mirrored lanes keep its slot s at pool row s + row_shift)
+        const Tensor pl = to_host(lanes_m.branch_pool_k(1, layer)), pg = to_host(gather_m.pool_k(layer));
         int64_t differ = 0;
         for (int64_t t = 0; t < rows; ++t) {
             const int64_t bl = lt.resident()[size_t(t / g.tokens_per_frame)], bg = gt.resident()[size_t(t / g.tokens_per_frame)];
-            // NOTE: the mirrored lanes' branch 1 keeps slot s at pool row s + row_shift
-            const int64_t sl = bl * g.tokens_per_frame + t % g.tokens_per_frame + lanes_m.row_shift(1);
+            const int64_t sl = bl * g.tokens_per_frame + t % g.tokens_per_frame;
             const int64_t sg = bg * g.tokens_per_frame + t % g.tokens_per_frame;
             differ += !std::equal(pl.ptr<float>() + sl * row, pl.ptr<float>() + (sl + 1) * row, pg.ptr<float>() + sg * row);
         }

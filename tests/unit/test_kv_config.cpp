@@ -191,7 +191,7 @@ TEST_CASE("kv.in_place reads auto, true and false, and lanes hold the longest hi
     // three branches on one device: no lanes
     KvGeometry three = KvGeometry::from_model(ModelConfig{}, DType::BF16, 3);
     three.lanes = true;
-    CHECK_THROWS_WITH_AS(kv_limits(three, KvConfig{}), doctest::Contains("one or two branches"), Error);
+    CHECK_THROWS_WITH_AS(kv_limits(three, KvConfig{}), doctest::Contains("one or two CFG branches"), Error);
     // sliding eviction moves the history's first block: no lanes
     KvConfig slide;
     slide.reset_at_boundary = false;

@@ -165,19 +165,19 @@ void CudaDevice::reserve_workspace(size_t bytes) {
     arena_ = Arena(workspace_base_, bytes, device());
 }
 
-std::optional<int64_t> CudaDevice::memory_in_use() const {
+std::pair<size_t, size_t> CudaDevice::memory_info() const {
     DeviceGuard guard(index_);
     size_t free_bytes = 0, total = 0;
     DZR_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return {free_bytes, total};
+}
+
+std::optional<int64_t> CudaDevice::memory_in_use() const {
+    const auto [free_bytes, total] = memory_info();
     return int64_t(total - free_bytes);
 }
 
-std::optional<int64_t> CudaDevice::memory_free() const {
-    DeviceGuard guard(index_);
-    size_t free_bytes = 0, total = 0;
-    DZR_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-    return int64_t(free_bytes);
-}
+std::optional<int64_t> CudaDevice::memory_free() const { return int64_t(memory_info().first); }
 
 // ---- stream ------------------------------------------------------------------------------------
 

@@ -158,8 +158,8 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
         last_paged_impl_ = PagedAttentionImpl::Gather;
         return attention(p, q, k_cur, v_cur, TensorView{}, out);
     }
-    // NOTE: fast numerics over a lane (kv.in_place): the current rows go to their slots after the history and cuDNN's
-    // SDPA reads [history | current] where it lies, the rows the gather would have copied, in the same order
+    // NOTE: fast numerics over a lane (kv.in_place): the current rows go to their slots next to the history (unless
+    // the DiT wrote them there) and cuDNN's SDPA reads the branch's rows where they lie, the rows the gather would copy
     if (how == PagedAttentionImpl::Auto && numerics() == Numerics::Fast && cudnn_allowed && in_place_rows(history, dt) &&
         k_cur.strides[1] == D && v_cur.strides[1] == D) {
         write_in_place(history, layer, k_cur, v_cur, stream_);
