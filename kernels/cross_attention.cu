@@ -1,10 +1,10 @@
-// The DiT's cross-attention of fast numerics (kernels/cross_attention.cuh): one CTA of 4 warps takes 64 query rows of
-// one branch and head (16 per warp; two CTAs share an SM) and walks that branch's keys as one sequence of 64-key
-// chunks, the text context's then the image context's (when given). Per chunk: S = Q K^T with mma.sync m16n8k16 (bf16 in, f32 accumulate), an
+// The DiT's cross-attention of fast numerics (kernels/cross_attention.cuh): one CTA of 8 warps takes 128 query rows
+// of one branch and head (16 per warp) and walks that branch's keys as one sequence of 64-key chunks, the text
+// context's then the image context's. Per chunk: S = Q K^T with mma.sync m16n8k16 (bf16 in, f32 accumulate), an
 // online softmax in registers (exp2 with the scale folded in), P rounded to bf16 and O += P V, as in kernels/
 // attention.cu. At the last text chunk each warp normalizes its text output and parks it, in f32, in shared memory
-// (each thread's own slots), then restarts the softmax for the image keys; the end adds the two outputs (and the
-// addend's row, when given) and rounds once. K and V of chunk c + 1 load (cp.async, zero-filled past a context's keys) while chunk c computes. A chunk
+// (each thread's own slots), then restarts the softmax for the image keys; the end adds the two outputs and rounds
+// once. K and V of chunk c + 1 load (cp.async, zero-filled past a context's keys) while chunk c computes. A chunk
 // computes only its 16-key steps that hold keys (the image's 257 keys: four full chunks and one step).
 #include "kernels/common.cuh"
 #include "kernels/cross_attention.cuh"
@@ -16,13 +16,18 @@ namespace {
 using namespace mma;
 
 constexpr int kD = 128;
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * kWarp;
-constexpr int kBr = 16 * kWarps;    // query rows per CTA
 constexpr int kBc = 64;             // keys per chunk
 constexpr int kStash = kD / 8 * 4;  // f32 accumulators per thread (16 rows x 128 columns per warp)
-// 112 KB: two CTAs per SM (measured on the H200: 4% faster than one CTA of 8 warps)
-constexpr size_t kSmemBytes = size_t(kBr + 4 * kBc) * kD * sizeof(bf16) + size_t(kStash) * kThreads * sizeof(float);
+
+/// A CTA of kWarps warps (16 query rows each): its shared memory, and how many CTAs share an SM.
+template <int kWarps>
+struct Shape {
+    static constexpr int kThreads = kWarps * kWarp;
+    static constexpr int kBr = 16 * kWarps;  // query rows per CTA
+    static constexpr size_t kSmemBytes =
+        size_t(kBr + 4 * kBc) * kD * sizeof(bf16) + size_t(kStash) * kThreads * sizeof(float);
+    static constexpr int kCtasPerSm = kWarps <= 4 ? 2 : 1;  // 112 KB of shared memory each at 4 warps
+};
 
 /// One context of one branch and head, as the kernel walks it.
 struct Context {
@@ -47,6 +52,7 @@ __device__ __forceinline__ Context context(const CrossContextArgs& c, int head) 
 }
 
 /// Rows [start, start + kBc) of one of a context's K or V into a swizzled [kBc][kD] tile (zeros past `keys`).
+template <int kThreads>
 __device__ __forceinline__ void load_rows(bf16* tile, const bf16* base, int64_t tok, int start, int keys) {
     constexpr int kChunksPerRow = kD / 8, kChunks = kBc * kChunksPerRow;
 #pragma unroll
@@ -58,7 +64,10 @@ __device__ __forceinline__ void load_rows(bf16* tile, const bf16* base, int64_t 
     }
 }
 
-__global__ void __launch_bounds__(kThreads, 2) cross_attention_kernel(CrossAttentionArgs a) {
+template <int kWarps>
+__global__ void __launch_bounds__(Shape<kWarps>::kThreads, Shape<kWarps>::kCtasPerSm)
+    cross_attention_kernel(CrossAttentionArgs a) {
+    constexpr int kThreads = Shape<kWarps>::kThreads, kBr = Shape<kWarps>::kBr;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* qs = reinterpret_cast<bf16*>(smem_raw);
     bf16* ks = qs + kBr * kD;      // two stages
@@ -68,14 +77,14 @@ __global__ void __launch_bounds__(kThreads, 2) cross_attention_kernel(CrossAtten
     const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
     const int head = int(blockIdx.y), branch = int(blockIdx.z);
     const int64_t q0 = int64_t(blockIdx.x) * kBr;
-    const Context txt = context(a.text[branch], head), img = context(a.image[branch], head);  // img.keys 0: none
+    const Context txt = context(a.text[branch], head), img = context(a.image[branch], head);
     const int text_chunks = (txt.keys + kBc - 1) / kBc;
     const int chunks = text_chunks + (img.keys + kBc - 1) / kBc;
     const auto load_chunk = [&](int c, int stage) {
         const Context x = c < text_chunks ? txt : img;
         const int start = (c < text_chunks ? c : c - text_chunks) * kBc;
-        load_rows(ks + stage * kBc * kD, x.k, x.k_tok, start, x.keys);
-        load_rows(vs + stage * kBc * kD, x.v, x.v_tok, start, x.keys);
+        load_rows<kThreads>(ks + stage * kBc * kD, x.k, x.k_tok, start, x.keys);
+        load_rows<kThreads>(vs + stage * kBc * kD, x.v, x.v_tok, start, x.keys);
     };
 
     {  // this CTA's query rows (zeros past the branch's rows), then chunk 0
@@ -206,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 2) cross_attention_kernel(CrossAtten
             }
         }
 
-        if (c == text_chunks - 1 && c + 1 < chunks) {  // the text's softmax is complete: park it, start the image's
+        if (c == text_chunks - 1) {  // the text's softmax is complete: park its output, start the image's
             float inv[2];
             inverse_sums(inv);
 #pragma unroll
@@ -225,35 +234,23 @@ __global__ void __launch_bounds__(kThreads, 2) cross_attention_kernel(CrossAtten
 
     float inv[2];
     inverse_sums(inv);
-    const bool parked = chunks > text_chunks;
     bf16* out = static_cast<bf16*>(a.out) + (int64_t(branch) * a.lq) * a.o_tok + head * a.o_head;
-    const bf16* addend =
-        a.addend ? static_cast<const bf16*>(a.addend) + (int64_t(branch) * a.lq) * a.a_tok + head * a.a_head : nullptr;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int64_t row = q0 + warp * 16 + g + r * 8;
         if (row >= a.lq) continue;
         bf16* po = out + row * a.o_tok + c2;
-        const bf16* pa2 = addend ? addend + row * a.a_tok + c2 : nullptr;
 #pragma unroll
         for (int dt = 0; dt < kD / 8; ++dt) {
-            float v0 = o[dt][2 * r] * inv[r], v1 = o[dt][2 * r + 1] * inv[r];
-            if (parked) {
-                const float* t = stash + (dt * 4 + 2 * r) * kThreads + int(threadIdx.x);
-                v0 += t[0], v1 += t[kThreads];
-            }
-            if (pa2) {
-                const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(pa2 + dt * 8);
-                v0 += __low2float(x), v1 += __high2float(x);
-            }
-            *reinterpret_cast<uint32_t*>(po + dt * 8) = MmaType<bf16>::pack(v0, v1);
+            const float* t = stash + (dt * 4 + 2 * r) * kThreads + int(threadIdx.x);
+            const uint32_t v = MmaType<bf16>::pack(o[dt][2 * r] * inv[r] + t[0], o[dt][2 * r + 1] * inv[r] + t[kThreads]);
+            *reinterpret_cast<uint32_t*>(po + dt * 8) = v;
         }
     }
 }
 
-bool context_supported(const CrossContextArgs& c, bool optional) {
+bool context_supported(const CrossContextArgs& c) {
     constexpr size_t es = sizeof(bf16);
-    if (optional && c.rows == 0) return true;
     return c.k && c.v && c.rows >= 1 && aligned16(c.k) && aligned16(c.v) && aligned16_stride(c.k_tok, es) &&
            aligned16_stride(c.k_head, es) && aligned16_stride(c.v_tok, es) && aligned16_stride(c.v_head, es);
 }
@@ -262,29 +259,35 @@ bool context_supported(const CrossContextArgs& c, bool optional) {
 
 bool cross_attention_supported(const CrossAttentionArgs& a) {
     if (a.branches < 1 || a.branches > kCrossMaxBranches || a.heads <= 0 || a.heads > 65535 || a.lq <= 0) return false;
-    if ((a.lq + kBr - 1) / kBr > int64_t(0x7fffffff)) return false;
+    if (a.warps != 4 && a.warps != 8) return false;
+    if ((a.lq + 63) / 64 > int64_t(0x7fffffff)) return false;
     constexpr size_t es = sizeof(bf16);
     if (!a.q || !a.out || !aligned16(a.q) || !aligned16(a.out) || !aligned16_stride(a.q_tok, es) ||
         !aligned16_stride(a.q_head, es) || !aligned16_stride(a.o_tok, es) || !aligned16_stride(a.o_head, es))
         return false;
-    // the addend is read 4 bytes at a time
-    if (a.addend && (!aligned16(a.addend) || !aligned16_stride(a.a_tok, es) || !aligned16_stride(a.a_head, es)))
-        return false;
-    for (int b = 0; b < a.branches; ++b) {
-        if (!context_supported(a.text[b], false) || !context_supported(a.image[b], true)) return false;
-        if ((a.image[b].rows == 0) != (a.image[0].rows == 0)) return false;
-    }
+    for (int b = 0; b < a.branches; ++b)
+        if (!context_supported(a.text[b]) || !context_supported(a.image[b])) return false;
     return true;
 }
 
+namespace {
+
+template <int kWarps>
+cudaError_t launch(const CrossAttentionArgs& a, cudaStream_t stream) {
+    using S = Shape<kWarps>;
+    static const cudaError_t attr = cudaFuncSetAttribute(
+        cross_attention_kernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes));
+    if (attr != cudaSuccess) return attr;
+    const dim3 grid(unsigned((a.lq + S::kBr - 1) / S::kBr), unsigned(a.heads), unsigned(a.branches));
+    cross_attention_kernel<kWarps><<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t cross_attention(const CrossAttentionArgs& a, cudaStream_t stream) {
     if (!cross_attention_supported(a)) return cudaErrorNotSupported;
-    static const cudaError_t attr =
-        cudaFuncSetAttribute(cross_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
-    if (attr != cudaSuccess) return attr;
-    const dim3 grid(unsigned((a.lq + kBr - 1) / kBr), unsigned(a.heads), unsigned(a.branches));
-    cross_attention_kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
-    return cudaGetLastError();
+    return a.warps == 8 ? launch<8>(a, stream) : launch<4>(a, stream);
 }
 
 }  // namespace dzr::kernels

@@ -1,8 +1,7 @@
 #pragma once
-/// The DiT's cross-attention of fast numerics (Backend::cross_attention): per CFG branch, query row and head,
-/// out = softmax(scale q k_txt^T) v_txt [+ softmax(scale q k_img^T) v_img] [+ addend], the terms summed in f32 and
-/// rounded once. The CUDA backend gives it the text and, as the addend, the image attention cuDNN computed (the
-/// kernel's own image pass measured slower than cuDNN's SDPA on the H200). Each context may end in rows that are all equal (the text's zeroed pad rows after the projections):
+/// The DiT's cross-attention of fast numerics in one kernel (Backend::cross_attention): per CFG branch, query row and
+/// head, out = softmax(scale q k_txt^T) v_txt + softmax(scale q k_img^T) v_img, two softmaxes summed in f32 and
+/// rounded once. Each context may end in rows that are all equal (the text's zeroed pad rows after the projections):
 /// `distinct` (device memory, so a CUDA graph replays with the count of a later prompt) names how many leading rows
 /// differ; the kernel attends to those and counts the last of them once for every equal row (its logit + ln(count)),
 /// which is the softmax over all rows. bf16 only, head_dim 128.
@@ -27,6 +26,8 @@ struct CrossContextArgs {
 struct CrossAttentionArgs {
     int heads = 0;
     int branches = 1;  // 1 or 2
+    /// Warps per CTA, 16 query rows each: 4 (two CTAs of 112 KB shared memory per SM, the default) or 8 (one of 160 KB).
+    int warps = 4;
     int64_t lq = 0;    // query rows per branch: branch b's rows are [b lq, (b + 1) lq) of q and out
     float scale = 1.0f;
     const void* q = nullptr;  // [branches lq, heads, 128] bf16
@@ -34,14 +35,11 @@ struct CrossAttentionArgs {
     void* out = nullptr;
     int64_t o_tok = 0, o_head = 0;
     CrossContextArgs text[kCrossMaxBranches];
-    CrossContextArgs image[kCrossMaxBranches];  // rows 0 (every branch): no image pass
-    /// Optional, laid out as out: added to each row before the rounding.
-    const void* addend = nullptr;
-    int64_t a_tok = 0, a_head = 0;
+    CrossContextArgs image[kCrossMaxBranches];
 };
 
-/// True when the kernel takes these arguments: 1 or 2 branches, every text context with at least one row, image
-/// contexts in every branch or in none, every pointer and row/head stride 16-byte aligned.
+/// True when the kernel takes these arguments: 1 or 2 branches, every context with at least one row, every
+/// pointer and row/head stride 16-byte aligned.
 bool cross_attention_supported(const CrossAttentionArgs& a);
 
 /// Queues the kernel on `stream`; cudaErrorNotSupported when !cross_attention_supported(a).

@@ -530,11 +530,11 @@ void run_cross_attention_bench(const BenchOptions& o) {
     }
     be.synchronize();
     const float scale = 1.f / std::sqrt(float(D));
-    for (const int variant : {0, 1, 2}) {  // 0: kernel + cuDNN image, 1: the kernel's own image pass, 2: composed
-        const bool fused = variant < 2;
+    for (const int warps : {4, 8, 0}) {  // 0: the composition
+        const bool fused = warps > 0;
         CudaBackendOptions co = be.cuda_options();
         co.fused_cross_attention = fused;
-        co.cross_image_in_kernel = variant == 1;
+        co.cross_attention_warps = fused ? warps : co.cross_attention_warps;
         be.set_cuda_options(co);
         std::vector<CrossKeys> text, image;
         for (int64_t b = 0; b < B; ++b) {
@@ -545,9 +545,8 @@ void run_cross_attention_bench(const BenchOptions& o) {
         const double flop = 4.0 * double(L) * double(keys) * double(D) * double(H);
         const Timing t = time_on_stream(be, o.warmup, o.iters, [&](int) { be.cross_attention({scale}, q, text, image, out); });
         std::printf("%-44s %9.4f %9.4f %9.1f\n",
-                    variant == 0   ? "SDPA image, kernel: distinct text rows + image"
-                    : variant == 1 ? "kernel: distinct text rows, then image rows"
-                                   : "composed: SDPA per context + add",
+                    fused ? fmt::format("fused kernel (distinct text rows), {} warps", warps).c_str()
+                          : "composed: SDPA per context + add",
                     t.median_ms,
                     t.min_ms, flop / (t.median_ms * 1e-3) / 1e12);
     }

@@ -111,13 +111,11 @@ struct CudaBackendOptions {
     /// pick at the commit forward's 3520 rows ran 4.7% slower than its second, docs/PERF.md session 12). Reference
     /// numerics never tune; FP8 GEMMs keep the heuristic's pick (timing them measured no gain).
     bool gemm_tune = true;
-    /// Fast numerics: the DiT's cross-attention (Backend::cross_attention): cuDNN's SDPA over the image rows, then one
-    /// kernel over the text's distinct rows that adds the image's output in f32 (kernels/cross_attention.cuh); false
-    /// composes cuDNN SDPAs over every row and an add.
+    /// Fast numerics: the DiT's cross-attention (Backend::cross_attention) as one kernel that attends to the text's
+    /// distinct rows only and adds the image attention in f32; false composes cuDNN SDPAs over all rows and an add.
     bool fused_cross_attention = true;
-    /// With it: the kernel runs the image pass too (one launch, no image output in memory; measured slower than
-    /// cuDNN's image SDPA on the H200, `dzr bench attention`).
-    bool cross_image_in_kernel = false;
+    /// Warps per CTA of that kernel: 4 (two CTAs per SM) or 8 (one); `dzr bench attention` times both.
+    int cross_attention_warps = 4;
 };
 
 struct BackendOptions {

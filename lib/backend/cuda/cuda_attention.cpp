@@ -438,20 +438,7 @@ void CudaBackend::cross_attention(const AttentionParams& p, const TensorView& q,
         return;
     }
     a.scale = p.scale;
-    ArenaScope tmp(workspace());
-    if (!options_.cross_image_in_kernel) {
-        // the image rows through cuDNN's SDPA (one call over every branch's rows where the branches share the image
-        // context), its output the kernel's addend; the kernel then attends to the text only
-        const TensorView o_img = scratch(out.shape, out.dtype);
-        const int64_t B = int64_t(image.size()), L = q.dim(0) / B;
-        bool shared_image = true;
-        for (const CrossKeys& c : image) shared_image = shared_image && c.k.data == image[0].k.data && c.v.data == image[0].v.data;
-        for (int64_t b = 0; b < (shared_image ? 1 : B); ++b)
-            attention(p, shared_image ? q : q.slice(0, b * L, L), image[size_t(b)].k, image[size_t(b)].v, {},
-                      shared_image ? o_img : o_img.slice(0, b * L, L));
-        for (kernels::CrossContextArgs& c : a.image) c = {};
-        a.addend = o_img.data, a.a_tok = o_img.strides[0], a.a_head = o_img.strides[1];
-    }
+    a.warps = options_.cross_attention_warps;
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::cross_attention(a, stream_));
     ++fused_cross_calls_;
