@@ -16,18 +16,12 @@ namespace {
 using namespace mma;
 
 constexpr int kD = 128;
-constexpr int kBc = 64;             // keys per chunk
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarp;
+constexpr int kBr = 16 * kWarps;  // query rows per CTA
+constexpr int kBc = 64;           // keys per chunk
 constexpr int kStash = kD / 8 * 4;  // f32 accumulators per thread (16 rows x 128 columns per warp)
-
-/// A CTA of kWarps warps (16 query rows each): its shared memory, and how many CTAs share an SM.
-template <int kWarps>
-struct Shape {
-    static constexpr int kThreads = kWarps * kWarp;
-    static constexpr int kBr = 16 * kWarps;  // query rows per CTA
-    static constexpr size_t kSmemBytes =
-        size_t(kBr + 4 * kBc) * kD * sizeof(bf16) + size_t(kStash) * kThreads * sizeof(float);
-    static constexpr int kCtasPerSm = kWarps <= 4 ? 2 : 1;  // 112 KB of shared memory each at 4 warps
-};
+constexpr size_t kSmemBytes = size_t(kBr + 4 * kBc) * kD * sizeof(bf16) + size_t(kStash) * kThreads * sizeof(float);
 
 /// One context of one branch and head, as the kernel walks it.
 struct Context {
@@ -52,7 +46,6 @@ __device__ __forceinline__ Context context(const CrossContextArgs& c, int head) 
 }
 
 /// Rows [start, start + kBc) of one of a context's K or V into a swizzled [kBc][kD] tile (zeros past `keys`).
-template <int kThreads>
 __device__ __forceinline__ void load_rows(bf16* tile, const bf16* base, int64_t tok, int start, int keys) {
     constexpr int kChunksPerRow = kD / 8, kChunks = kBc * kChunksPerRow;
 #pragma unroll
@@ -64,10 +57,7 @@ __device__ __forceinline__ void load_rows(bf16* tile, const bf16* base, int64_t 
     }
 }
 
-template <int kWarps>
-__global__ void __launch_bounds__(Shape<kWarps>::kThreads, Shape<kWarps>::kCtasPerSm)
-    cross_attention_kernel(CrossAttentionArgs a) {
-    constexpr int kThreads = Shape<kWarps>::kThreads, kBr = Shape<kWarps>::kBr;
+__global__ void __launch_bounds__(kThreads, 1) cross_attention_kernel(CrossAttentionArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* qs = reinterpret_cast<bf16*>(smem_raw);
     bf16* ks = qs + kBr * kD;      // two stages
@@ -83,8 +73,8 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, Shape<kWarps>::kCtasP
     const auto load_chunk = [&](int c, int stage) {
         const Context x = c < text_chunks ? txt : img;
         const int start = (c < text_chunks ? c : c - text_chunks) * kBc;
-        load_rows<kThreads>(ks + stage * kBc * kD, x.k, x.k_tok, start, x.keys);
-        load_rows<kThreads>(vs + stage * kBc * kD, x.v, x.v_tok, start, x.keys);
+        load_rows(ks + stage * kBc * kD, x.k, x.k_tok, start, x.keys);
+        load_rows(vs + stage * kBc * kD, x.v, x.v_tok, start, x.keys);
     };
 
     {  // this CTA's query rows (zeros past the branch's rows), then chunk 0
@@ -259,8 +249,7 @@ bool context_supported(const CrossContextArgs& c) {
 
 bool cross_attention_supported(const CrossAttentionArgs& a) {
     if (a.branches < 1 || a.branches > kCrossMaxBranches || a.heads <= 0 || a.heads > 65535 || a.lq <= 0) return false;
-    if (a.warps != 4 && a.warps != 8) return false;
-    if ((a.lq + 63) / 64 > int64_t(0x7fffffff)) return false;
+    if ((a.lq + kBr - 1) / kBr > int64_t(0x7fffffff)) return false;
     constexpr size_t es = sizeof(bf16);
     if (!a.q || !a.out || !aligned16(a.q) || !aligned16(a.out) || !aligned16_stride(a.q_tok, es) ||
         !aligned16_stride(a.q_head, es) || !aligned16_stride(a.o_tok, es) || !aligned16_stride(a.o_head, es))
@@ -270,24 +259,14 @@ bool cross_attention_supported(const CrossAttentionArgs& a) {
     return true;
 }
 
-namespace {
-
-template <int kWarps>
-cudaError_t launch(const CrossAttentionArgs& a, cudaStream_t stream) {
-    using S = Shape<kWarps>;
-    static const cudaError_t attr = cudaFuncSetAttribute(
-        cross_attention_kernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes));
-    if (attr != cudaSuccess) return attr;
-    const dim3 grid(unsigned((a.lq + S::kBr - 1) / S::kBr), unsigned(a.heads), unsigned(a.branches));
-    cross_attention_kernel<kWarps><<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
-    return cudaGetLastError();
-}
-
-}  // namespace
-
 cudaError_t cross_attention(const CrossAttentionArgs& a, cudaStream_t stream) {
     if (!cross_attention_supported(a)) return cudaErrorNotSupported;
-    return a.warps == 8 ? launch<8>(a, stream) : launch<4>(a, stream);
+    static const cudaError_t attr = cudaFuncSetAttribute(
+        cross_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
+    if (attr != cudaSuccess) return attr;
+    const dim3 grid(unsigned((a.lq + kBr - 1) / kBr), unsigned(a.heads), unsigned(a.branches));
+    cross_attention_kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
+    return cudaGetLastError();
 }
 
 }  // namespace dzr::kernels

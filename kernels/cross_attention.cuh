@@ -26,8 +26,6 @@ struct CrossContextArgs {
 struct CrossAttentionArgs {
     int heads = 0;
     int branches = 1;  // 1 or 2
-    /// Warps per CTA, 16 query rows each: 4 (two CTAs of 112 KB shared memory per SM, the default) or 8 (one of 160 KB).
-    int warps = 4;
     int64_t lq = 0;    // query rows per branch: branch b's rows are [b lq, (b + 1) lq) of q and out
     float scale = 1.0f;
     const void* q = nullptr;  // [branches lq, heads, 128] bf16

@@ -114,8 +114,6 @@ struct CudaBackendOptions {
     /// Fast numerics: the DiT's cross-attention (Backend::cross_attention) as one kernel that attends to the text's
     /// distinct rows only and adds the image attention in f32; false composes cuDNN SDPAs over all rows and an add.
     bool fused_cross_attention = true;
-    /// Warps per CTA of that kernel: 4 (two CTAs per SM) or 8 (one); `dzr bench attention` times both.
-    int cross_attention_warps = 4;
 };
 
 struct BackendOptions {

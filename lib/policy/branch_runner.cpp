@@ -71,8 +71,7 @@ ForwardGraphKey BranchRunner::graph_key(ForwardKind kind, const KvForwardSpec& s
     const CudaBackendOptions o = be_.cuda_options();
     key.settings = {int64_t(o.attention), int64_t(o.paged_attention), int64_t(o.plain_gemm), int64_t(o.conv_api),
                     int64_t(o.fallback_only), int64_t(o.fp8_fast_accum), int64_t(o.batched_attention),
-                    int64_t(o.gemm_tune), int64_t(o.fused_cross_attention),
-                    int64_t(o.cross_attention_warps)};
+                    int64_t(o.gemm_tune), int64_t(o.fused_cross_attention)};
     std::vector<uintptr_t>& a = key.addresses;
     const auto add = [&a](const void* p) { a.push_back(reinterpret_cast<uintptr_t>(p)); };
     // NOTE: the forward's activations come from the arena's next offset on: the same offsets, the same addresses

@@ -545,7 +545,6 @@ struct CrossSpec {
     int64_t branches, lq, heads, text_rows, image_rows;
     int64_t distinct[2];  // text rows that differ per branch (rows from distinct - 1 on are equal); 0: no count given
     bool shared_image = true;
-    int warps = 4;  // CudaBackendOptions::cross_attention_warps
 };
 
 /// The fused cross-attention (fast numerics) against the CPU's composition over every row: each branch's text context
@@ -591,13 +590,8 @@ Stats run_cross_attention(Harness& h, const CrossSpec& c) {
     const TensorView qd = h.dev(q), od = h.dev_out({B * c.lq, H, D});
     gpu().synchronize();  // fast_gpu() has its own stream
     const int64_t before = fast_gpu().fused_cross_attention_calls();
-    const CudaBackendOptions saved = fast_gpu().cuda_options();
-    CudaBackendOptions o = saved;
-    o.cross_attention_warps = c.warps;
-    fast_gpu().set_cuda_options(o);
     fast_gpu().cross_attention({scale}, qd, dev_text, dev_image, od);
     fast_gpu().synchronize();
-    fast_gpu().set_cuda_options(saved);
     CHECK_MESSAGE(fast_gpu().fused_cross_attention_calls() == before + 1, "the fused kernel did not run");
     Stats s = h.compare(od, ref);
     gpu().synchronize();  // the counts are freed on return
@@ -1446,8 +1440,6 @@ std::vector<OpCase> make_cases() {
         DType::BF16, [](Harness& h) { return run_cross_attention(h, {2, 37, 2, 130, 65, {66, 0}, false}); });
     add("cross_attention", "1 branch x 129 rows, H1, text 64 (distinct 1), image 1, fast numerics", DType::BF16,
         [](Harness& h) { return run_cross_attention(h, {1, 129, 1, 64, 1, {1, 0}, true}); });
-    add("cross_attention", "2 branches x 150 rows, H3, text 70 (distinct 9, 70), image 13 shared, 8 warps, fast",
-        DType::BF16, [](Harness& h) { return run_cross_attention(h, {2, 150, 3, 70, 13, {9, 70}, true, 8}); });
     add_big("cross_attention", "DreamZero 2 branches x 1785 rows, H40, text 512 (distinct 179, 185), image 257 shared",
             DType::BF16, [](Harness& h) { return run_cross_attention(h, {2, 1785, 40, 512, 257, {179, 185}, true}); });
     add("paged_attention_batched", "2 branches, H3 D128, empty histories, 20 current, fast numerics", DType::BF16,

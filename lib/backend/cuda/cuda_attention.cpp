@@ -438,7 +438,6 @@ void CudaBackend::cross_attention(const AttentionParams& p, const TensorView& q,
         return;
     }
     a.scale = p.scale;
-    a.warps = options_.cross_attention_warps;
     DeviceGuard guard(index_);
     DZR_CUDA_CHECK(kernels::cross_attention(a, stream_));
     ++fused_cross_calls_;
