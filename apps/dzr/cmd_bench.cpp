@@ -497,57 +497,6 @@ void report_attention(const char* label, int64_t lk, const BenchOptions& o, cons
     std::fflush(stdout);
 }
 
-/// DreamZero's cross-attention of both CFG branches (Backend::cross_attention, fast numerics): the fused kernel over
-/// the text's distinct rows against the composition (an SDPA per branch over all 512 text rows, one over the image's
-/// 257 rows for both branches, the add). Text K/V rows from distinct - 1 on are equal, as the zeroed pad rows make them.
-void run_cross_attention_bench(const BenchOptions& o) {
-    BackendOptions bo = apply_env_overrides({});
-    bo.numerics = Numerics::Fast;
-    bo.workspace_bytes = size_t(1) << 30;
-    auto owned = make_backend(parse_device(o.device), bo);
-    Backend& be = *owned;
-    const DType bf = DType::BF16;
-    const int64_t B = 2, L = o.lq, H = o.heads, D = o.head_dim, text_rows = 512, image_rows = 257;
-    std::printf("\ncross-attention, fast numerics: %lld branches x Lq %lld, %lld heads x %lld, text %lld rows, image %lld "
-                "rows shared; TFLOP/s = 4 Lq (text keys attended + image) D H over both branches\n",
-                (long long)B, (long long)L, (long long)H, (long long)D, (long long)text_rows, (long long)image_rows);
-    std::printf("%-44s %9s %9s %9s\n", "variant", "med ms", "min ms", "TFLOP/s");
-    Tensor q = random_device_tensor(be, {B * L, H, D}, bf, 21, 2.f), out = be.alloc({B * L, H, D}, bf);
-    Tensor ik = random_device_tensor(be, {image_rows, H, D}, bf, 22, 2.f);
-    Tensor iv = random_device_tensor(be, {image_rows, H, D}, bf, 23);
-    std::vector<Tensor> tk, tv, counts;
-    // the distinct rows of `dzr bench rollout`'s prompts with the test tokenizer (178 and 184 tokens with EOS), then all
-    for (const int64_t distinct : {int64_t(179), int64_t(185)}) {
-        tk.push_back(random_device_tensor(be, {text_rows, H, D}, bf, 24 + uint32_t(tk.size()), 2.f));
-        tv.push_back(random_device_tensor(be, {text_rows, H, D}, bf, 26 + uint32_t(tv.size())));
-        for (Tensor* t : {&tk.back(), &tv.back()})
-            for (int64_t r = distinct; r < text_rows; ++r)
-                be.copy(t->view().slice(0, distinct - 1, 1), t->view().slice(0, r, 1));
-        Tensor n = Tensor::host({1}, DType::I32);
-        n.ptr<int32_t>()[0] = int32_t(distinct);
-        counts.push_back(be.alloc({1}, DType::I32));
-        be.upload(n, counts.back());
-    }
-    be.synchronize();
-    const float scale = 1.f / std::sqrt(float(D));
-    for (const bool fused : {true, false}) {
-        CudaBackendOptions co = be.cuda_options();
-        co.fused_cross_attention = fused;
-        be.set_cuda_options(co);
-        std::vector<CrossKeys> text, image;
-        for (int64_t b = 0; b < B; ++b) {
-            text.push_back({tk[size_t(b)].view(), tv[size_t(b)].view(), counts[size_t(b)].view()});
-            image.push_back({ik.view(), iv.view(), {}});
-        }
-        const int64_t keys = fused ? (179 + 185) + B * image_rows : B * (text_rows + image_rows);
-        const double flop = 4.0 * double(L) * double(keys) * double(D) * double(H);
-        const Timing t = time_on_stream(be, o.warmup, o.iters, [&](int) { be.cross_attention({scale}, q, text, image, out); });
-        std::printf("%-44s %9.4f %9.4f %9.1f\n",
-                    fused ? "fused kernel (distinct text rows)" : "composed: SDPA per context + add", t.median_ms,
-                    t.min_ms, flop / (t.median_ms * 1e-3) / 1e12);
-    }
-}
-
 int run_attention_bench(const BenchOptions& o) {
     auto owned = make_gpu_backend(o.device, size_t(6) << 30, "attention");
     Backend* be = owned.get();
@@ -607,7 +556,6 @@ int run_attention_bench(const BenchOptions& o) {
         }
         set_paged_attention(*be, PagedAttentionImpl::Auto);
     }
-    run_cross_attention_bench(o);
     return 0;
 }
 

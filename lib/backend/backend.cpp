@@ -21,10 +21,9 @@ void Backend::paged_attention(const AttentionParams&, const TensorView&, const P
 namespace {
 
 /// Rows [b·L, (b+1)·L) of a [B·L, ...] view of B branches' rows.
-TensorView branch_rows(const TensorView& t, size_t branches, size_t b, const char* what,
-                       const char* op = "paged_attention_batched") {
-    DZR_CHECK(t.rank() >= 1 && t.dim(0) % int64_t(branches) == 0, "{}: {} {} does not hold {} branches' rows", op, what,
-              t.str(), branches);
+TensorView branch_rows(const TensorView& t, size_t branches, size_t b, const char* what) {
+    DZR_CHECK(t.rank() >= 1 && t.dim(0) % int64_t(branches) == 0,
+              "paged_attention_batched: {} {} does not hold {} branches' rows", what, t.str(), branches);
     const int64_t rows = t.dim(0) / int64_t(branches);
     return t.slice(0, int64_t(b) * rows, rows);
 }
@@ -48,28 +47,6 @@ size_t Backend::paged_attention_batched_workspace_bytes(std::span<const PagedKvV
     for (size_t b = 0; b < B; ++b)
         most = std::max(most, paged_attention_workspace_bytes(histories[b], branch_rows(k_cur, B, b, "k")));
     return most;
-}
-
-void Backend::cross_attention(const AttentionParams& p, const TensorView& q, std::span<const CrossKeys> text,
-                              std::span<const CrossKeys> image, const TensorView& out) {
-    const size_t B = text.size();
-    DZR_CHECK(B >= 1 && image.size() == B, "cross_attention: {} text and {} image contexts (one of each per branch)",
-              text.size(), image.size());
-    DZR_CHECK(out.shape == q.shape, "cross_attention: out {} is not shaped as q {}", out.str(), q.str());
-    const auto rows = [&](const TensorView& t, size_t b, const char* what) {
-        return branch_rows(t, B, b, what, "cross_attention");
-    };
-    for (size_t b = 0; b < B; ++b) attention(p, rows(q, b, "q"), text[b].k, text[b].v, {}, rows(out, b, "out"));
-    // NOTE: the branches of one device share one image context (one CLIP context): one attention over all rows
-    bool shared_image = true;
-    for (size_t b = 1; b < B; ++b)
-        shared_image = shared_image && image[b].k.data == image[0].k.data && image[b].v.data == image[0].v.data;
-    ArenaScope tmp(workspace());
-    const TensorView o_img = scratch(out.shape, out.dtype);
-    for (size_t b = 0; b < (shared_image ? 1 : B); ++b)
-        attention(p, shared_image ? q : rows(q, b, "q"), image[b].k, image[b].v, {},
-                  shared_image ? o_img : rows(o_img, b, "out"));
-    add(out, o_img, out);
 }
 
 void Backend::resize_bicubic(const TensorView&, const TensorView&) {

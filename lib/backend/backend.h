@@ -114,16 +114,6 @@ struct AttentionParams {
     float scale = 1.0f;
 };
 
-/// One context of Backend::cross_attention: k and v [rows, H, D] (strided rows allowed). `distinct` (optional: an i32
-/// [1] on the backend's device, read when the op runs, so a CUDA graph replays with a later prompt's count): rows [0,
-/// distinct) differ and rows [distinct - 1, rows) are all equal, which the caller promises (the text context's zeroed
-/// pad rows after the projections); a backend may then attend to the first `distinct` rows with the last of them
-/// counted once per equal row (its logit + ln(rows - distinct + 1)), which is the softmax over every row.
-struct CrossKeys {
-    TensorView k, v;
-    TensorView distinct;
-};
-
 /// 3-D convolution with zero padding, one sample: x [Ci, T, H, W], w [Co, Ci, kt, kh, kw],
 /// bias [Co] (optional), out [Co, To, Ho, Wo]. Padding may differ before and after (causal time). x, w and out are
 /// contiguous; where Capabilities::conv_channels_last, x and out may also be channels-last views.
@@ -381,13 +371,6 @@ public:
     virtual void paged_attention_batched(const AttentionParams& p, const TensorView& q,
                                          std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
                                          const TensorView& v_cur, const TensorView& out);
-    /// DreamZero's DiT cross-attention (fast numerics): for branch b, out_b = attention(q_b over text[b]) +
-    /// attention(q_b over image[b]), two softmaxes summed; q and out [B·L, H, D] with branch b's rows [b·L, (b+1)·L),
-    /// B = text.size() = image.size(). The default attends over every row of each context (attention) and adds, with one
-    /// image attention over all rows where every branch has the same image context (what the DiT ran before this op);
-    /// the CUDA backend runs one kernel in fast numerics (each context's equal trailing rows as one key: CrossKeys).
-    virtual void cross_attention(const AttentionParams& p, const TensorView& q, std::span<const CrossKeys> text,
-                                 std::span<const CrossKeys> image, const TensorView& out);
     /// Workspace bytes paged_attention_batched takes (shapes only): by default the most one branch's call takes.
     virtual size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
                                                            const TensorView& k_cur);

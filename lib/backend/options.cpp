@@ -124,8 +124,6 @@ BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_GEMM_TUNE")) o.cuda.gemm_tune = parse_env("DZR_GEMM_TUNE", v, parse_switch);
     if (const char* v = env("DZR_BATCHED_ATTENTION"))
         o.cuda.batched_attention = parse_env("DZR_BATCHED_ATTENTION", v, parse_switch);
-    if (const char* v = env("DZR_CROSS_ATTENTION"))
-        o.cuda.fused_cross_attention = parse_env("DZR_CROSS_ATTENTION", v, parse_switch);
     return o;
 }
 

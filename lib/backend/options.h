@@ -111,9 +111,6 @@ struct CudaBackendOptions {
     /// pick at the commit forward's 3520 rows ran 4.7% slower than its second, docs/PERF.md session 12). Reference
     /// numerics never tune; FP8 GEMMs keep the heuristic's pick (timing them measured no gain).
     bool gemm_tune = true;
-    /// Fast numerics: the DiT's cross-attention (Backend::cross_attention) as one kernel that attends to the text's
-    /// distinct rows only and adds the image attention in f32; false composes cuDNN SDPAs over all rows and an add.
-    bool fused_cross_attention = true;
 };
 
 struct BackendOptions {
@@ -129,7 +126,7 @@ struct BackendOptions {
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
 /// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last), DZR_ROW_KERNELS
-/// (stream | warp), DZR_BATCHED_ATTENTION, DZR_GEMM_TUNE and DZR_CROSS_ATTENTION (switches: parse_switch). An unreadable value throws,
+/// (stream | warp), DZR_BATCHED_ATTENTION and DZR_GEMM_TUNE (switches: parse_switch). An unreadable value throws,
 /// naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 

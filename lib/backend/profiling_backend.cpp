@@ -197,12 +197,6 @@ void ProfilingBackend::paged_attention_batched(const AttentionParams& p, const T
                     histories.empty() ? int64_t(0) : histories[0].seq_len, desc(k_cur)),
         [&](Backend& b) { b.paged_attention_batched(p, q, histories, layer, k_cur, v_cur, out); });
 }
-void ProfilingBackend::cross_attention(const AttentionParams& p, const TensorView& q, std::span<const CrossKeys> text,
-                                       std::span<const CrossKeys> image, const TensorView& out) {
-    run(fmt::format("cross_attention {} x q {} text {} image {}", text.size(), desc(q),
-                    text.empty() ? int64_t(0) : text[0].k.dim(0), image.empty() ? int64_t(0) : image[0].k.dim(0)),
-        [&](Backend& b) { b.cross_attention(p, q, text, image, out); });
-}
 void ProfilingBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                                   const TensorView& v, int64_t num_slots) {
     run(fmt::format("scatter_kv {}", desc(k)), [&](Backend& b) { b.scatter_kv(pool, layer, slots, k, v, num_slots); });

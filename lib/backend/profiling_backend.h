@@ -78,8 +78,6 @@ public:
     void paged_attention_batched(const AttentionParams& p, const TensorView& q, std::span<const PagedKvView> histories,
                                  int layer, const TensorView& k_cur, const TensorView& v_cur,
                                  const TensorView& out) override;
-    void cross_attention(const AttentionParams& p, const TensorView& q, std::span<const CrossKeys> text,
-                         std::span<const CrossKeys> image, const TensorView& out) override;
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                     const TensorView& v, int64_t num_slots) override;
 

@@ -640,7 +640,8 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
         else
             w.cross_norm_q.forward(be, raw, q);
         const TensorView q3 = q.reshape(Shape{BL, H, D});  // [L, C] -> [L, H, D]
-        const TensorView o_txt = be.scratch(Shape{BL, H, D});  // the text's and the image's attention, summed
+        const TensorView o_txt = be.scratch(Shape{BL, H, D});
+        const TensorView o_img = be.scratch(Shape{BL, H, D});
         // an FP8 cross cache: each K and V dequantized into the workspace (per token and head scales) first
         const auto dequantized = [&](const TensorView& t, const TensorView& scales) {
             if (t.dtype != DType::F8_E4M3) return t;
@@ -653,16 +654,22 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
         const auto layer_kv = [&](int b) -> const DitCrossKv::Layer& {
             return branches[size_t(b)].cross->layers[size_t(li)];
         };
-        std::vector<CrossKeys> text, image;
         for (int b = 0; b < B; ++b) {
             const DitCrossKv::Layer& ckv = layer_kv(b);
-            text.push_back({dequantized(ckv.k_txt, ckv.k_txt_scale), dequantized(ckv.v_txt, ckv.v_txt_scale),
-                            fast ? branches[size_t(b)].cross->text_distinct : TensorView{}});
-            image.push_back({dequantized(ckv.k_img, ckv.k_img_scale), dequantized(ckv.v_img, ckv.v_img_scale), {}});
+            be.attention({attn_scale}, s.branch(q3, b), dequantized(ckv.k_txt, ckv.k_txt_scale),
+                         dequantized(ckv.v_txt, ckv.v_txt_scale), {}, s.branch(o_txt, b));
         }
-        // NOTE: the op's default (reference numerics, the CPU) is the attention over every row of each context and the
-        // add; fast numerics on CUDA run one kernel over the text's distinct rows (docs/PERF.md, session 14)
-        be.cross_attention({attn_scale}, q3, text, image, o_txt);
+        // NOTE: the branches of one device share one image cache (one CLIP context): one attention over all rows
+        bool shared_image = true;
+        for (int b = 1; b < B; ++b)
+            shared_image = shared_image && layer_kv(b).k_img.data == layer_kv(0).k_img.data &&
+                           layer_kv(b).v_img.data == layer_kv(0).v_img.data;
+        for (int b = 0; b < (shared_image ? 1 : B); ++b) {
+            const DitCrossKv::Layer& ckv = layer_kv(b);
+            be.attention({attn_scale}, shared_image ? q3 : s.branch(q3, b), dequantized(ckv.k_img, ckv.k_img_scale),
+                         dequantized(ckv.v_img, ckv.v_img_scale), {}, shared_image ? o_img : s.branch(o_img, b));
+        }
+        be.add(o_txt, o_img, o_txt);
         if (fast) {
             // x += cross_o(o): the GEMM accumulates into the residual (no "cross_attn" intermediate to trace)
             w.cross_o.forward_accumulate(be, o_txt.reshape(Shape{BL, C}), s.x);  // [L, H, D] -> [L, C] -> += [L, C]

@@ -44,10 +44,6 @@ struct DitCrossKv {
     };
     std::vector<Layer> layers;
     std::vector<Tensor> storage;  // backing memory when owned; empty for borrowed views
-    /// Optional: an i32 [1] on the DiT's device, the text rows that differ (the prompt's tokens and EOS, then the first
-    /// of the zeroed pad rows, whose K and V every later row repeats): fast numerics' cross-attention attends to those
-    /// only (Backend::cross_attention, CrossKeys). Undefined: every row is attended.
-    TensorView text_distinct;
 };
 
 /// The register tokens of a denoising forward.

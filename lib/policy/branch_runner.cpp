@@ -1,6 +1,5 @@
 #include "policy/branch_runner.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -71,7 +70,7 @@ ForwardGraphKey BranchRunner::graph_key(ForwardKind kind, const KvForwardSpec& s
     const CudaBackendOptions o = be_.cuda_options();
     key.settings = {int64_t(o.attention), int64_t(o.paged_attention), int64_t(o.plain_gemm), int64_t(o.conv_api),
                     int64_t(o.fallback_only), int64_t(o.fp8_fast_accum), int64_t(o.batched_attention),
-                    int64_t(o.gemm_tune), int64_t(o.fused_cross_attention)};
+                    int64_t(o.gemm_tune)};
     std::vector<uintptr_t>& a = key.addresses;
     const auto add = [&a](const void* p) { a.push_back(reinterpret_cast<uintptr_t>(p)); };
     // NOTE: the forward's activations come from the arena's next offset on: the same offsets, the same addresses
@@ -87,7 +86,6 @@ ForwardGraphKey BranchRunner::graph_key(ForwardKind kind, const KvForwardSpec& s
     add(time_rows_.action.data());
     for (const DitCrossKv::Layer& l : cross_.layers)
         for (const TensorView* t : {&l.k_txt, &l.v_txt, &l.k_img, &l.v_img}) add(t->data);
-    add(cross_.text_distinct.data);
     if (paged_) {
         add(paged_->device_table().data);
         add(paged_->device_slots().data);
@@ -111,14 +109,6 @@ void BranchRunner::use_paged(KvSession& session, int kv_branch, PagedAttentionPa
 void BranchRunner::use_dense(const KvGeometry& geometry, const KvConfig& config) {
     dense_ = std::make_unique<DenseSelfAttentionCache>(be_, geometry, config);
     paged_.reset();
-}
-
-void BranchRunner::set_text_tokens(int64_t tokens, int64_t text_len) {
-    DZR_CHECK(tokens >= 1 && tokens <= text_len, "branch runner: {} text tokens of {} rows", tokens, text_len);
-    if (!text_distinct_.defined()) text_distinct_ = be_.alloc(Shape{1}, DType::I32);
-    const int32_t distinct = int32_t(std::min(tokens + 1, text_len));
-    be_.upload(TensorView(const_cast<int32_t*>(&distinct), DType::I32, Shape{1}), text_distinct_);
-    cross_.text_distinct = text_distinct_.view();
 }
 
 void BranchRunner::reset_history() {

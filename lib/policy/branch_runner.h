@@ -74,10 +74,6 @@ public:
     void use_dense(const KvGeometry& geometry, const KvConfig& config);
     /// Cross K/V: views into cross caches (paged) or the runner's own storage (dense); the caller fills them.
     DitCrossKv& cross() { return cross_; }
-    /// The text context's rows that differ: the prompt's `tokens` (EOS included), then the first zeroed pad row, which
-    /// every later row repeats (min(tokens + 1, text_len)). Written to device memory that the forwards' cross-attention
-    /// reads (DitCrossKv::text_distinct; a graph replay reads the new count); call after each prompt's cross K/V.
-    void set_text_tokens(int64_t tokens, int64_t text_len);
     /// Drops the dense history (the paged session is reset by its owner).
     void reset_history();
 
@@ -137,7 +133,6 @@ private:
     Backend& primary_;
     Communicator* comm_;
     DitCrossKv cross_;
-    Tensor text_distinct_;  // i32 [1] on be_: cross_.text_distinct
     std::unique_ptr<PagedSelfAttentionCache> paged_;
     std::unique_ptr<DenseSelfAttentionCache> dense_;
     Tensor x_, y_, action_, state_, video_out_, action_out_;  // remote runners: inputs and outputs on be_

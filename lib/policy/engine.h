@@ -326,7 +326,7 @@ private:
     void encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out, const char* branch);
     /// The encoders' trace hook under `prefix` (empty without a trace): their internals as policy stages.
     std::function<void(const char*, int, const TensorView&)> encoder_trace(std::string prefix);
-    void populate_text_cross(const PromptTokens& tokens);
+    void populate_text_cross();
     void populate_image_cross();
     /// Both CFG branches' forwards of `kind`: as one batched forward where the options and placement allow
     /// (BranchRunner::forward_pair), else the conditional branch's, then the unconditional's.

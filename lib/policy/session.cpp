@@ -296,7 +296,7 @@ std::function<void(const char*, int, const TensorView&)> Session::encoder_trace(
     };
 }
 
-void Session::populate_text_cross(const PromptTokens& tokens) {
+void Session::populate_text_cross() {
     Backend& be = engine_.backend();
     const Placement& placement = engine_.placement_;
     for (int b = 0; b < 2; ++b) {
@@ -308,8 +308,6 @@ void Session::populate_text_cross(const PromptTokens& tokens) {
             engine_.communicator_->transfer(be, text, r.backend(), local);
             text = local;
         }
-        const TokenizedText& t = b == kCondBranch ? tokens.positive : tokens.negative;
-        r.set_text_tokens(t.length, engine_.model_.t5.text_len);
         if (runners_->kv.empty()) {
             r.dit().compute_text_kv(r.backend(), text, r.cross());
             continue;
@@ -480,7 +478,7 @@ void Session::encode_context(const PreparedObservation& obs) {
     trace("text.pos", buf_->text_pos);
     trace("text.neg", buf_->text_neg);
     check_finite("text encoder", buf_->text_pos);
-    populate_text_cross(tokens);
+    populate_text_cross();
     text_ready_ = true;
 }
 

@@ -541,63 +541,6 @@ Stats run_paged_attention_batched(Harness& h, int64_t H, int64_t D, int64_t bs, 
     return s;
 }
 
-struct CrossSpec {
-    int64_t branches, lq, heads, text_rows, image_rows;
-    int64_t distinct[2];  // text rows that differ per branch (rows from distinct - 1 on are equal); 0: no count given
-    bool shared_image = true;
-};
-
-/// The fused cross-attention (fast numerics) against the CPU's composition over every row: each branch's text context
-/// ends in rows equal to its row distinct - 1 (the zeroed pad rows' K and V), which the kernel counts as one key.
-Stats run_cross_attention(Harness& h, const CrossSpec& c) {
-    const int64_t H = c.heads, D = 128, row = H * D, B = c.branches;
-    const float scale = 1.f / std::sqrt(float(D));
-    Tensor q = h.input({B * c.lq, H, D}, -2.f, 2.f);
-    std::vector<Tensor> tk, tv, ik, iv;
-    for (int64_t b = 0; b < B; ++b) {
-        tk.push_back(h.input({c.text_rows, H, D}, -2.f, 2.f));
-        tv.push_back(h.input({c.text_rows, H, D}));
-        if (const int64_t d = c.distinct[b]; d > 0)
-            for (int64_t r = d; r < c.text_rows; ++r) {
-                std::copy_n(fp(tk.back()) + (d - 1) * row, row, tk.back().ptr<float>() + r * row);
-                std::copy_n(fp(tv.back()) + (d - 1) * row, row, tv.back().ptr<float>() + r * row);
-            }
-        if (b == 0 || !c.shared_image) {
-            ik.push_back(h.input({c.image_rows, H, D}, -2.f, 2.f));
-            iv.push_back(h.input({c.image_rows, H, D}));
-        }
-    }
-    std::vector<CrossKeys> host_text, host_image, dev_text, dev_image;
-    std::vector<Tensor> counts;
-    for (int64_t b = 0; b < B; ++b) {
-        const size_t ib = c.shared_image ? 0 : size_t(b);
-        host_text.push_back({tk[size_t(b)].view(), tv[size_t(b)].view(), {}});
-        host_image.push_back({ik[ib].view(), iv[ib].view(), {}});
-        TensorView distinct;
-        if (c.distinct[b] > 0) {
-            Tensor n = Tensor::host({1}, DType::I32);
-            n.ptr<int32_t>()[0] = int32_t(c.distinct[b]);
-            counts.push_back(gpu().alloc({1}, DType::I32));
-            gpu().upload(n, counts.back());
-            distinct = counts.back().view();
-        }
-        dev_text.push_back({h.dev(tk[size_t(b)]), h.dev(tv[size_t(b)]), distinct});
-        // the shared image context: the same device views for every branch (what the DiT passes)
-        dev_image.push_back(c.shared_image && b > 0 ? dev_image[0] : CrossKeys{h.dev(ik[ib]), h.dev(iv[ib]), {}});
-    }
-    Tensor ref = Harness::cpu_out({B * c.lq, H, D});
-    cpu().cross_attention({scale}, q, host_text, host_image, ref);
-    const TensorView qd = h.dev(q), od = h.dev_out({B * c.lq, H, D});
-    gpu().synchronize();  // fast_gpu() has its own stream
-    const int64_t before = fast_gpu().fused_cross_attention_calls();
-    fast_gpu().cross_attention({scale}, qd, dev_text, dev_image, od);
-    fast_gpu().synchronize();
-    CHECK_MESSAGE(fast_gpu().fused_cross_attention_calls() == before + 1, "the fused kernel did not run");
-    Stats s = h.compare(od, ref);
-    gpu().synchronize();  // the counts are freed on return
-    return s;
-}
-
 /// Scatters 5 rows into slots {7, 2, pad, 9, 40 (outside: skipped)} of layer 1 of a 2-layer pool of 12
 /// slots; compares the whole pool (untouched slots stay zero).
 Stats run_scatter_kv(Harness& h) {
@@ -1434,14 +1377,6 @@ std::vector<OpCase> make_cases() {
         [](Harness& h) { return run_paged_attention(h, 3, 128, 16, 0, 20, 5); });
     add("paged_attention_batched", "2 branches, H2 D128 block 40, history 90 each, 37 current, fast numerics",
         DType::BF16, [](Harness& h) { return run_paged_attention_batched(h, 2, 128, 40, 90, 37); });
-    add("cross_attention", "2 branches x 150 rows, H3, text 70 rows (distinct 9 and 70), image 13 shared, fast numerics",
-        DType::BF16, [](Harness& h) { return run_cross_attention(h, {2, 150, 3, 70, 13, {9, 70}, true}); });
-    add("cross_attention", "2 branches x 37 rows, H2, text 130 (distinct 66, none given), image 65 per branch, fast",
-        DType::BF16, [](Harness& h) { return run_cross_attention(h, {2, 37, 2, 130, 65, {66, 0}, false}); });
-    add("cross_attention", "1 branch x 129 rows, H1, text 64 (distinct 1), image 1, fast numerics", DType::BF16,
-        [](Harness& h) { return run_cross_attention(h, {1, 129, 1, 64, 1, {1, 0}, true}); });
-    add_big("cross_attention", "DreamZero 2 branches x 1785 rows, H40, text 512 (distinct 179, 185), image 257 shared",
-            DType::BF16, [](Harness& h) { return run_cross_attention(h, {2, 1785, 40, 512, 257, {179, 185}, true}); });
     add("paged_attention_batched", "2 branches, H3 D128, empty histories, 20 current, fast numerics", DType::BF16,
         [](Harness& h) { return run_paged_attention_batched(h, 3, 128, 16, 0, 20); });
     return cases;
@@ -1480,7 +1415,7 @@ TEST_CASE("every backend op has at least one parity case") {
     const std::set<std::string> expected = {"alloc",   "upload",  "download",   "copy",       "fill",
                                             "gemm",    "binary",  "scale",      "activation", "layer_norm",
                                             "rms_norm", "l2_norm", "softmax", "reduce",     "rope",       "attention",
-                                            "conv3d",  "paged_attention", "paged_attention_batched", "cross_attention", "scatter_kv", "resize_bicubic",
+                                            "conv3d",  "paged_attention", "paged_attention_batched", "scatter_kv", "resize_bicubic",
                                             "sin_cos_table", "count_nonfinite", "ada_layer_norm",
                                             "gated_residual", "rms_norm_rope", "gated_residual_norm", "gemm_gelu",
                                             "quantize_fp8", "dequantize_fp8", "gemm_fp8", "ada_layer_norm_fp8",

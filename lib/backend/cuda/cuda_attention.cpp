@@ -19,7 +19,6 @@
 #include "core/log.h"
 #include "kernels/attention.cuh"
 #include "kernels/attention_memeff.cuh"
-#include "kernels/cross_attention.cuh"
 
 namespace dzr {
 
@@ -374,73 +373,6 @@ void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const
               "path is f32/bf16 only)",
               q.str());
     attention_gemm(p, q, k, v, bias, out);
-}
-
-}  // namespace dzr
-
-namespace dzr {
-
-namespace {
-
-/// Why the fused cross-attention kernel cannot take these operands ("" when it can), filling `a` when it can.
-std::string cross_refusal(const TensorView& q, std::span<const CrossKeys> text, std::span<const CrossKeys> image,
-                          const TensorView& out, kernels::CrossAttentionArgs& a) {
-    const size_t B = text.size();
-    if (B < 1 || B > size_t(kernels::kCrossMaxBranches) || image.size() != B) return "not one or two branches";
-    if (q.dtype != DType::BF16 || out.dtype != DType::BF16) return "not bf16";
-    if (q.rank() != 3 || out.shape != q.shape || q.dim(2) != 128 || q.dim(0) % int64_t(B) != 0 || q.strides[2] != 1 ||
-        out.strides[2] != 1)
-        return fmt::format("q {} / out {} are not [B * L, H, 128] rows", q.str(), out.str());
-    a.heads = int(q.dim(1)), a.branches = int(B), a.lq = q.dim(0) / int64_t(B);
-    a.q = q.data, a.q_tok = q.strides[0], a.q_head = q.strides[1];
-    a.out = out.data, a.o_tok = out.strides[0], a.o_head = out.strides[1];
-    const auto context = [&](const CrossKeys& c, kernels::CrossContextArgs& x) -> std::string {
-        for (const TensorView* t : {&c.k, &c.v})
-            if (t->dtype != DType::BF16 || t->rank() != 3 || t->dim(1) != q.dim(1) || t->dim(2) != 128 ||
-                t->strides[2] != 1 || t->dim(0) != c.k.dim(0) || t->dim(0) < 1 || t->dim(0) > INT32_MAX)
-                return fmt::format("a context {} is not bf16 [rows, {}, 128]", t->str(), q.dim(1));
-        if (c.distinct.defined() && (c.distinct.dtype != DType::I32 || c.distinct.numel() != 1))
-            return fmt::format("distinct {} is not one i32", c.distinct.str());
-        x.k = c.k.data, x.v = c.v.data, x.k_tok = c.k.strides[0], x.k_head = c.k.strides[1];
-        x.v_tok = c.v.strides[0], x.v_head = c.v.strides[1], x.rows = int32_t(c.k.dim(0));
-        x.distinct = c.distinct.defined() ? c.distinct.ptr<const int32_t>() : nullptr;
-        return {};
-    };
-    for (size_t b = 0; b < B; ++b) {
-        if (std::string why = context(text[b], a.text[b]); !why.empty()) return why;
-        if (std::string why = context(image[b], a.image[b]); !why.empty()) return why;
-    }
-    if (!kernels::cross_attention_supported(a)) return "unaligned rows";
-    return {};
-}
-
-}  // namespace
-
-void CudaBackend::cross_attention(const AttentionParams& p, const TensorView& q, std::span<const CrossKeys> text,
-                                  std::span<const CrossKeys> image, const TensorView& out) {
-    check_device_tensor(q, "cross_attention", "q");
-    check_device_tensor(out, "cross_attention", "out");
-    for (const std::span<const CrossKeys>& ctx : {text, image})
-        for (const CrossKeys& c : ctx) {
-            check_device_tensor(c.k, "cross_attention", "k");
-            check_device_tensor(c.v, "cross_attention", "v");
-            if (c.distinct.defined()) check_device_tensor(c.distinct, "cross_attention", "distinct");
-        }
-    // NOTE: reference numerics keep PyTorch's SDPA per context over every row, and its add
-    kernels::CrossAttentionArgs a;
-    const std::string why = numerics() != Numerics::Fast     ? "reference numerics"
-                            : !options_.fused_cross_attention ? "off (DZR_CROSS_ATTENTION)"
-                                                              : cross_refusal(q, text, image, out, a);
-    if (!why.empty()) {
-        if (numerics() == Numerics::Fast && cross_fallbacks_++ == 0)
-            log()->info("cuda backend: cross_attention composes SDPAs over every row: {}", why);
-        Backend::cross_attention(p, q, text, image, out);
-        return;
-    }
-    a.scale = p.scale;
-    DeviceGuard guard(index_);
-    DZR_CUDA_CHECK(kernels::cross_attention(a, stream_));
-    ++fused_cross_calls_;
 }
 
 }  // namespace dzr

@@ -192,13 +192,6 @@ public:
     int64_t batched_attention_fallbacks() const { return batched_fallbacks_; }
     /// How many paged attentions (a batched call counts once) read [history | current] in place (kv.in_place lanes).
     int64_t in_place_attention_calls() const { return in_place_calls_; }
-    /// Fast numerics, bf16 with head_dim 128, at most two branches, CudaBackendOptions::fused_cross_attention: one
-    /// kernel (kernels/cross_attention.cuh) attends to each context's distinct rows and sums the two outputs in f32;
-    /// otherwise (reference numerics included) the default composition.
-    void cross_attention(const AttentionParams& p, const TensorView& q, std::span<const CrossKeys> text,
-                         std::span<const CrossKeys> image, const TensorView& out) override;
-    /// How many cross_attention calls ran the fused kernel.
-    int64_t fused_cross_attention_calls() const { return fused_cross_calls_; }
     // FP8 (cuda_fp8.cpp)
     void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override;
     void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
@@ -345,7 +338,6 @@ private:
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
     int64_t batched_calls_ = 0, batched_fallbacks_ = 0, in_place_calls_ = 0;
-    int64_t fused_cross_calls_ = 0, cross_fallbacks_ = 0;
     bool last_fp8_gemm_lt_ = false;
     bool last_gemm_gelu_fused_ = false;
 };
