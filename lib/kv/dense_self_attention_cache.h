@@ -35,6 +35,7 @@ public:
     int64_t committed_tokens() const { return len_; }
     /// Visible history tokens of the open forward.
     int64_t history_tokens() const override;
+    bool committing() const override { return in_forward_ && spec_.commit; }
     void attend(Backend& be, int layer, const TensorView& q, const TensorView& k, const TensorView& v,
                 int64_t video_tokens, float scale, const TensorView& out) override;
     void store(Backend& be, int layer, const TensorView& k, const TensorView& v, int64_t video_tokens) override;

@@ -55,6 +55,11 @@ int64_t PagedSelfAttentionCache::in_place_slot() const {
     return path_ == PagedAttentionPath::Kernel ? session_.table(branch_).in_place().first : -1;
 }
 
+bool PagedSelfAttentionCache::committing() const {
+    const BlockTable& t = session_.table(branch_);
+    return t.in_forward() && t.committing();
+}
+
 int64_t PagedSelfAttentionCache::history_tokens() const {
     const BlockTable& t = session_.table(branch_);
     DZR_CHECK(t.in_forward(), "kv {}: history_tokens() outside a forward (call begin first)", t.name());

@@ -52,6 +52,7 @@ public:
 
     /// Visible history tokens of the open forward.
     int64_t history_tokens() const override;
+    bool committing() const override;
     /// The kernel path's BlockTable::in_place_slot of the open forward (-1 on the gather path): what
     /// prepare_kernel_attend puts in the history view, and part of a captured forward's key.
     int64_t in_place_slot() const;

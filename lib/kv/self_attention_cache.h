@@ -21,6 +21,8 @@ public:
 
     /// Committed history tokens visible to this forward (csf * frame_seqlen in DreamZero).
     virtual int64_t history_tokens() const = 0;
+    /// Whether the open forward is a committing one (prefill/commit): its video rows become history at commit.
+    virtual bool committing() const = 0;
 
     /// Self-attention of layer `layer` for the current forward:
     ///   out = softmax(scale * q [K_hist | k]^T) [V_hist | v]

@@ -256,6 +256,7 @@ namespace {
 class NoHistoryCache final : public SelfAttentionCache {
   public:
     int64_t history_tokens() const override { return 0; }
+    bool committing() const override { return false; }
     void attend(Backend&, int, const TensorView&, const TensorView&, const TensorView&, int64_t, float,
                 const TensorView&) override {}
     void store(Backend&, int, const TensorView&, const TensorView&, int64_t) override {}
@@ -498,26 +499,26 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
     }
 
     // h = LN(x) · (1 + scale) + shift, per token group
-    const auto modulated_norm = [&](int shift_i, int scale_i, const TensorView& h) {
+    const auto modulated_norm = [&](const Step& st, int shift_i, int scale_i, const TensorView& h) {
         if (fast) {
-            be.ada_layer_norm(rows, s.x, {}, {}, mod_vecs(mod, scale_i), mod_vecs(mod, shift_i), h);
+            be.ada_layer_norm(rows, st.x, {}, {}, mod_vecs(mod, scale_i), mod_vecs(mod, shift_i), h);
             return;
         }
-        norm_.forward(be, s.x, h);
-        for (int g = 0; g < s.groups; ++g) {
-            const TensorView hg = s.rows(h, g);
+        norm_.forward(be, st.x, h);
+        for (int g = 0; g < st.groups; ++g) {
+            const TensorView hg = st.rows(h, g);
             be.mul(hg, mod_vec(mod1, g, scale_i), hg);
             be.add(hg, mod_vec(mod, g, shift_i), hg);
         }
     };
     // x += gate · y, per token group (y is scaled in place)
-    const auto gated_residual = [&](const TensorView& y, int gate_i) {
+    const auto gated_residual = [&](const Step& st, const TensorView& y, int gate_i) {
         if (fast) {
-            be.gated_residual(rows, s.x, y, mod_vecs(mod, gate_i));
+            be.gated_residual(rows, st.x, y, mod_vecs(mod, gate_i));
             return;
         }
-        for (int g = 0; g < s.groups; ++g) {
-            const TensorView yg = s.rows(y, g), xg = s.rows(s.x, g);
+        for (int g = 0; g < st.groups; ++g) {
+            const TensorView yg = st.rows(y, g), xg = st.rows(st.x, g);
             be.mul(yg, mod_vec(mod, g, gate_i), yg);
             be.add(xg, yg, xg);
         }
@@ -529,40 +530,52 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
     // (Backend::ada_layer_norm_fp8: the codes quantize_fp8 makes of the rounded rows, which are not written). A trace
     // wants the rows: the two ops then.
     const auto fused_fp8 = [&](bool fp8) { return fast && fp8 && !opt.trace; };
-    const auto norm_fp8 = [&](const TensorView& weight, const TensorView& bias, const TensorView& scale,
-                              const TensorView& shift) {
+    const auto norm_fp8 = [&](const Step& st, const TensorView& weight, const TensorView& bias,
+                              const TensorView& scale, const TensorView& shift) {
         Fp8Input r;
-        r.q = be.scratch(Shape{BL, C}, DType::F8_E4M3);
-        r.scales = be.scratch(Shape{BL}, DType::F32);
-        be.ada_layer_norm_fp8(rows, s.x, weight, bias, scale, shift, r.q, r.scales);
+        r.q = be.scratch(Shape{st.x.dim(0), C}, DType::F8_E4M3);
+        r.scales = be.scratch(Shape{st.x.dim(0)}, DType::F32);
+        be.ada_layer_norm_fp8(rows, st.x, weight, bias, scale, shift, r.q, r.scales);
         return r;
     };
 
     const TensorView h = be.scratch(Shape{BL, C});
     const TensorView y = be.scratch(Shape{BL, C});
 
+    // NOTE: layer 0 of a batched forward sees the same rows in every branch (the same inputs: the text enters at the
+    // cross-attention) and the same history (committed the same way): branch 0's self-attention serves both
+    const bool share = opt.share_first_self_attention && li == 0 && B == 2 && fast && !kv_only && !opt.trace;
     {  // self-attention over [history | video | registers]
         ArenaScope tmp(be.workspace());
-        // FP8 weights: h quantized once for q, k and v (the codes each would make itself)
+        Step sa = s;  // the rows it runs on: every branch's, or branch 0's when shared
+        if (share) {
+            sa.x = s.branch(s.x, 0);
+            sa.batch = 1;
+        }
+        const std::span<const DitBranch> sa_branches = share ? branches.subspan(0, 1) : branches;
+        const int64_t n_rows = sa.x.dim(0);
+        const int n_branches = sa.batch;
+        const TensorView hs = h.slice(0, 0, n_rows), ys = y.slice(0, 0, n_rows);
+        // FP8 weights: hs quantized once for q, k and v (the codes each would make itself)
         Fp8Input hq;
         if (fused_fp8(w.q.fp8() && w.k.fp8() && w.v.fp8())) {
-            hq = norm_fp8({}, {}, mod_vecs(mod, kScaleSa), mod_vecs(mod, kShiftSa));
+            hq = norm_fp8(sa, {}, {}, mod_vecs(mod, kScaleSa), mod_vecs(mod, kShiftSa));
         } else {
-            modulated_norm(kShiftSa, kScaleSa, h);
-            hq = Fp8Input::quantize(be, h, w.q.fp8() || w.k.fp8() || w.v.fp8());
+            modulated_norm(sa, kShiftSa, kScaleSa, hs);
+            hq = Fp8Input::quantize(be, hs, w.q.fp8() || w.k.fp8() || w.v.fp8());
         }
-        trace("self_attn_in", h);
-        const TensorView raw = be.scratch(Shape{BL, C});
+        trace("self_attn_in", hs);
+        const TensorView raw = be.scratch(Shape{n_rows, C});
         TensorView q, k, v3;  // [L, H, D]
         if (fast) {
             // q/k RMSNorm and RoPE (3-D on video rows, 1-D on register rows) in one op each
-            q = be.scratch(Shape{BL, H, D});
-            k = be.scratch(Shape{BL, H, D});
-            v3 = be.scratch(Shape{BL, H, D});
+            q = be.scratch(Shape{n_rows, H, D});
+            k = be.scratch(Shape{n_rows, H, D});
+            v3 = be.scratch(Shape{n_rows, H, D});
             const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
             // NOTE: the mirrored lanes' middle, where the batched attention reads both branches' current rows in place
-            if (!kv_only && B == 2) {
-                SelfAttentionCache* const both[2] = {branches[0].cache, branches[1].cache};
+            if (!kv_only && n_branches == 2) {
+                SelfAttentionCache* const both[2] = {sa_branches[0].cache, sa_branches[1].cache};
                 TensorView kt, vt;
                 if (current_rows_in_place(be, li, both, L, kt, vt)) {
                     k = kt;
@@ -570,27 +583,27 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
                 }
             }
             if (!kv_only) {
-                w.q.forward(be, h, hq, raw);
+                w.q.forward(be, hs, hq, raw);
                 be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_q.w, s.rope_video, regs_table, q);
             }
-            w.k.forward(be, h, hq, raw);
+            w.k.forward(be, hs, hq, raw);
             be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_k.w, s.rope_video, regs_table, k);
-            w.v.forward(be, h, hq, v3.reshape(Shape{BL, C}));
+            w.v.forward(be, hs, hq, v3.reshape(Shape{n_rows, C}));
             if (kv_only) {
                 // the committed rows are all this forward is for: store them, skip the rest of the layer
-                for (int b = 0; b < B; ++b)
-                    branches[size_t(b)].cache->store(be, li, s.branch(k, b), s.branch(v3, b), Lv);
+                for (int b = 0; b < n_branches; ++b)
+                    sa_branches[size_t(b)].cache->store(be, li, s.branch(k, b), s.branch(v3, b), Lv);
                 return;
             }
         } else {
             const TensorView qn = be.scratch(Shape{L, C});
             const TensorView kn = be.scratch(Shape{L, C});
             const TensorView v = be.scratch(Shape{L, C});
-            w.q.forward(be, h, hq, raw);  // [L, C] -> [L, C]
+            w.q.forward(be, hs, hq, raw);  // [L, C] -> [L, C]
             w.norm_q.forward(be, raw, qn);
-            w.k.forward(be, h, hq, raw);  // [L, C] -> [L, C]
+            w.k.forward(be, hs, hq, raw);  // [L, C] -> [L, C]
             w.norm_k.forward(be, raw, kn);
-            w.v.forward(be, h, hq, v);  // [L, C] -> [L, C]
+            w.v.forward(be, hs, hq, v);  // [L, C] -> [L, C]
 
             // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
             q = be.scratch(Shape{L, H, D});
@@ -604,21 +617,24 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
             }
             v3 = v.reshape(Shape{L, H, D});
         }
+        // a shared layer 0 of a committing forward: branch 1's cache stores the same rows
+        if (share && branches[1].cache->committing()) branches[1].cache->store(be, li, k, v3, Lv);
         trace("q", q);
         trace("k", k);
         trace("v", v3);
 
-        const TensorView attn = be.scratch(Shape{BL, H, D});
+        const TensorView attn = be.scratch(Shape{n_rows, H, D});
         // NOTE: the batched branches' paged caches attend in one call (one cuDNN SDPA of batch B in fast numerics:
         // 8-13% faster than one call per branch at the DiT's shapes, docs/PERF.md session 12)
         std::vector<SelfAttentionCache*> caches;
-        for (int b = 0; b < B; ++b) caches.push_back(branches[size_t(b)].cache);
+        for (int b = 0; b < n_branches; ++b) caches.push_back(sa_branches[size_t(b)].cache);
         attend_branches(be, li, caches, q, k, v3, Lv, attn_scale, attn);
-        w.o.forward(be, attn.reshape(Shape{BL, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
-        trace("self_attn", y);
+        w.o.forward(be, attn.reshape(Shape{n_rows, C}), ys);  // [L, H, D] -> [L, C] -> [L, C]
+        trace("self_attn", ys);
         // NOTE: not Backend::gated_residual_norm (the add and norm3 in one pass): on the H200 it measured slower
         // than the two ops (`dzr bench fused`: 53.9 us against 45.7 us at [1785, 5120], docs/PERF.md)
-        gated_residual(y, kGateSa);
+        gated_residual(sa, ys, kGateSa);
+        if (share) be.copy(s.branch(s.x, 0), s.branch(s.x, 1));
     }
     trace("x_self", s.x);
     if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
@@ -627,7 +643,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
         ArenaScope tmp(be.workspace());
         Fp8Input hq;
         if (fused_fp8(w.cross_q.fp8()))
-            hq = norm_fp8(w.norm3.w, w.norm3.b, {}, {});
+            hq = norm_fp8(s, w.norm3.w, w.norm3.b, {}, {});
         else if (fast)
             be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
         else
@@ -687,7 +703,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
         const TensorView hidden = be.scratch(Shape{BL, cfg_.ffn_dim});
         if (fused_fp8(w.ffn1.fp8())) {
             // FP8: the norm quantizes for ffn1, whose GEMM adds the bias; the GELU then runs in ffn2's quantization
-            const Fp8Input hq = norm_fp8({}, {}, mod_vecs(mod, kScaleFf), mod_vecs(mod, kShiftFf));
+            const Fp8Input hq = norm_fp8(s, {}, {}, mod_vecs(mod, kScaleFf), mod_vecs(mod, kShiftFf));
             w.ffn1.forward(be, h, hq, hidden);  // [L, C] -> [L, ffn]
             if (w.ffn2.fp8()) {
                 Fp8Input gq;
@@ -700,7 +716,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
                 w.ffn2.forward(be, hidden, y);
             }
         } else {
-            modulated_norm(kShiftFf, kScaleFf, h);
+            modulated_norm(s, kShiftFf, kScaleFf, h);
             if (fast) {
                 w.ffn1.forward_gelu(be, h, hidden);  // [L, C] -> [L, ffn], the bias and GELU in the GEMM's epilogue
             } else {
@@ -710,7 +726,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
             w.ffn2.forward(be, hidden, y);  // [L, ffn] -> [L, C]
         }
         trace("ffn", y);
-        gated_residual(y, kGateFf);
+        gated_residual(s, y, kGateFf);
     }
     if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
 }

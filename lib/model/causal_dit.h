@@ -97,6 +97,10 @@ struct DitForwardOptions {
     /// not run; the outputs are left unwritten. Fast numerics without a trace only (otherwise ignored): reference
     /// numerics run every op of the official forward.
     bool kv_only = false;
+    /// A batched forward of two branches (fast numerics, no trace): layer 0's self-attention, whose rows and history
+    /// are the same in both branches (the text enters at its cross-attention), runs on branch 0's rows only and branch
+    /// 1 takes its result (a committing forward stores the same K/V rows into branch 1's cache).
+    bool share_first_self_attention = false;
 };
 
 class CausalDit {

@@ -74,6 +74,9 @@ struct PolicyOptions {
     /// (BranchRunner::forward_pair). A traced call batches too when `trace_dit_layers` is off; with it on it runs the
     /// branches one after the other (the DiT's layer intermediates are named per branch).
     bool batch_cfg = true;
+    /// With batch_cfg: layer 0's self-attention runs once for both branches (DitForwardOptions::
+    /// share_first_self_attention). The environment's DZR_SHARE_LAYER0=off turns it off.
+    bool share_first_self_attention = true;
     /// A trace (set_trace) records the DiT's intermediates ("dit.<kind>.<branch>.<name>[.<layer>]": the embeddings,
     /// every layer's, the head's). Off: only the head's input and output and the action velocity of each branch,
     /// which a batched forward gives per branch (a parity run that compares those, docs/PARITY.md).

@@ -403,7 +403,8 @@ void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchI
         forward(kUncondBranch, kind, uncond, start_frame, timestep, action_timestep);
         return;
     }
-    const DitForwardOptions opt = dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_));
+    DitForwardOptions opt = dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_));
+    opt.share_first_self_attention = engine_.options_.share_first_self_attention;
     std::array<DitTraceFn, 2> traces;
     for (int branch : {kCondBranch, kUncondBranch}) traces[size_t(branch)] = dit_trace(kind, branch);
     // the unconditional branch's action velocity is never used: its decoder is skipped (unless a trace records it)

@@ -74,7 +74,8 @@ PY
 # The bench/profile variant NAME as `dzr bench rollout` arguments in VARGS (and environment settings in VENV:
 # "-nobattn", one self-attention SDPA per branch: DZR_BATCHED_ATTENTION=off; "-notune", the cuBLASLt heuristic's
 # first algorithm for every GEMM: DZR_GEMM_TUNE=off; "-nolanes", the pool without kv.in_place lanes (the attention
-# gathers its rows): --set kv.in_place=false): numerics first, then "-nobatch" (the CFG
+# gathers its rows): --set kv.in_place=false; "-noshare", layer 0's self-attention run per branch: DZR_SHARE_LAYER0=off):
+# numerics first, then "-nobatch" (the CFG
 # branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), "-fp8w" (FP8 weights, bf16 KV), e.g. fast,
 # reference, fast-nobatch, fast-fp8, fast-fp8w.
 variant_args() {
@@ -82,6 +83,7 @@ variant_args() {
     VENV=()
     [[ "$1" == *-nobattn* ]] && VENV+=(DZR_BATCHED_ATTENTION=off)
     [[ "$1" == *-notune* ]] && VENV+=(DZR_GEMM_TUNE=off)
+    [[ "$1" == *-noshare* ]] && VENV+=(DZR_SHARE_LAYER0=off)
     [[ "$1" == *-nobatch* ]] && VARGS+=(--no-batch-cfg)
     [[ "$1" == *-nolanes* ]] && VARGS+=(--set kv.in_place=false)
     if [[ "$1" == *-fp8w* ]]; then VARGS+=(--precision fp8)

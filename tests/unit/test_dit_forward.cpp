@@ -321,7 +321,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     return m;
 }
 
-TEST_CASE("a batched forward of two CFG branches gives each branch its own forward's outputs") {
+TEST_CASE("a batched forward of two CFG branches gives each branch its own forward's outputs, layer 0 shared or not") {
     Fixture fx(2, 7, 0.0f, Precision::Bf16, Numerics::Fast);
     const DitConfig& c = fx.cfg;
     // branch 0: the fixture's text; branch 1: another text; both read one image cache (shared) or each its own
@@ -331,8 +331,11 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
     fx.dit->compute_cross_kv(*fx.be, clip, TensorView(fx.text.data(), DType::F32, Shape{c.text_len, c.text_dim}), kv_a);
     DitCrossKv kv_b = fx.dit->make_cross_kv(*fx.be, kTinyImageTokens);
     fx.dit->compute_cross_kv(*fx.be, clip, TensorView(text_b.data(), DType::F32, Shape{c.text_len, c.text_dim}), kv_b);
-    for (bool shared_image : {true, false}) {
+    for (const auto [shared_image, share_layer0] : {std::pair{true, false}, {false, false}, {true, true}}) {
         CAPTURE(shared_image);
+        CAPTURE(share_layer0);
+        DitForwardOptions opt;
+        opt.share_first_self_attention = share_layer0;
         if (shared_image)
             for (size_t l = 0; l < kv_b.layers.size(); ++l) {
                 kv_b.layers[l].k_img = kv_a.layers[l].k_img;
@@ -369,7 +372,7 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
             std::vector<float> scratch_b;
             const DitBranch pre[2] = {{kvs[0], &batched[0], DitOutputs{video_out(scratch_video, prefill), {}}, {}},
                                       {kvs[1], &batched[1], DitOutputs{video_out(scratch_b, prefill), {}}, {}}};
-            fx.dit->forward_batch(*fx.be, inputs(prefill), pre);
+            fx.dit->forward_batch(*fx.be, inputs(prefill), pre, opt);
             batched[0].commit();
             batched[1].commit();
             batched[0].begin(false);
@@ -378,7 +381,7 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
             const DitBranch den[2] = {
                 {kvs[0], &batched[0], DitOutputs{video_out(video[1][0], denoise), action_out(action[1])}, {}},
                 {kvs[1], &batched[1], DitOutputs{video_out(video[1][1], denoise), {}}, {}}};
-            fx.dit->forward_batch(*fx.be, inputs(denoise), den);
+            fx.dit->forward_batch(*fx.be, inputs(denoise), den, opt);
         }
         // the history each branch committed: the same rows, batched or not
         for (int b = 0; b < 2; ++b) CHECK(batched[b].history_tokens() == single[b].history_tokens());
@@ -394,6 +397,18 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
             CHECK(close(video[1][b], video[0][b]));
         }
         CHECK(close(action[1], action[0]));
+        // every layer's committed K/V (layer 0's from branch 0's rows when shared: both branches hold the same)
+        for (int l = 0; l < c.num_layers; ++l)
+            for (int b = 0; b < 2; ++b) {
+                CAPTURE(l);
+                CAPTURE(b);
+                CHECK(close(batched[b].history_k(l), single[b].history_k(l)));
+                CHECK(close(batched[b].history_v(l), single[b].history_v(l)));
+            }
+        if (share_layer0) {
+            CHECK(batched[1].history_k(0) == batched[0].history_k(0));
+            CHECK(batched[1].history_v(0) == batched[0].history_v(0));
+        }
         // the branches differ (a test of two equal branches would not see them swapped)
         CHECK(max_abs_diff(video[0][0], video[0][1]) > 1e-3);
         for (float v : video[1][1]) REQUIRE(std::isfinite(v));
@@ -617,6 +632,7 @@ class FixedHistoryCache final : public SelfAttentionCache {
   public:
     explicit FixedHistoryCache(int64_t tokens) : tokens_(tokens) {}
     int64_t history_tokens() const override { return tokens_; }
+    bool committing() const override { return false; }
     void attend(Backend&, int, const TensorView&, const TensorView&, const TensorView&, int64_t, float,
                 const TensorView&) override {
         DZR_THROW("attend must not be reached");

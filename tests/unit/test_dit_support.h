@@ -144,6 +144,7 @@ class DenseTestCache final : public SelfAttentionCache {
     }
 
     int64_t history_tokens() const override { return int64_t(k_hist_[0].size()) / row_; }
+    bool committing() const override { return committing_; }
     const std::vector<float>& history_k(int layer) const { return k_hist_[size_t(layer)]; }
     const std::vector<float>& history_v(int layer) const { return v_hist_[size_t(layer)]; }
 
