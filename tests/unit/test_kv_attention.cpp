@@ -56,10 +56,14 @@ struct Pair {
 
 void forward_both(Backend& be, const KvGeometry& g, Pair p, const KvForwardSpec& spec, uint64_t seed,
                   double tolerance, int64_t expect_history) {
+    CHECK_FALSE(p.paged.committing());  // outside a forward
+    CHECK_FALSE(p.dense.committing());
     p.paged.begin(spec);
     p.dense.begin(spec);
     CHECK(p.paged.history_tokens() == expect_history);
     CHECK(p.dense.history_tokens() == expect_history);
+    CHECK(p.paged.committing() == spec.commit);
+    CHECK(p.dense.committing() == spec.commit);
     const int64_t video = int64_t(spec.video_frames) * g.tokens_per_frame;
     const int64_t len = video + spec.register_tokens;
     const Shape shape{len, g.num_kv_heads, g.head_dim};
