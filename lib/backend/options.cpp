@@ -112,6 +112,15 @@ bool parse_switch(const std::string& text) {
     DZR_THROW("'{}': expected 0, 1, true, false, on or off", text);
 }
 
+bool env_switch_off(const char* name, bool configured, const char* value) {
+    if (value == nullptr || *value == '\0') return configured;
+    try {
+        return parse_switch(value) && configured;
+    } catch (const Error& e) {
+        DZR_THROW("{}={}: {}", name, value, e.what());
+    }
+}
+
 BackendOptions apply_env_overrides(BackendOptions o) {
     if (const char* v = env("DZR_ATTENTION")) o.cuda.attention = parse_env("DZR_ATTENTION", v, parse_attention_impl);
     if (const char* v = env("DZR_PLAIN_GEMM")) o.cuda.plain_gemm = parse_env("DZR_PLAIN_GEMM", v, parse_plain_gemm_impl);

@@ -81,6 +81,9 @@ enum class RowKernels : uint8_t { Stream, Warp };
 RowKernels parse_row_kernels(const std::string& text);
 /// A switch's value: 1, true or on; 0, false or off (the DZR_* on/off variables); anything else throws.
 bool parse_switch(const std::string& text);
+/// An environment switch that can only turn a setting off: `value` (the variable `name`'s, null or empty: unset)
+/// off -> false, on or unset -> `configured`; anything else throws naming "name=value".
+bool env_switch_off(const char* name, bool configured, const char* value);
 /// The CUDA backend's implementation choices. The CPU backend has one implementation of each op.
 struct CudaBackendOptions {
     AttentionImpl attention = AttentionImpl::Auto;

@@ -188,13 +188,8 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
         DZR_CHECK(b->compute_dtype() == be.compute_dtype(),
                   "engine: the backends compute in different dtypes ({} and {})", be.name(), b->name());
     measuring_ = be.capabilities().measuring;
-    if (const char* v = std::getenv("DZR_SHARE_LAYER0")) {
-        try {
-            options_.share_first_self_attention = options_.share_first_self_attention && parse_switch(v);
-        } catch (const Error& e) {
-            DZR_THROW("DZR_SHARE_LAYER0: {}", e.what());
-        }
-    }
+    options_.share_first_self_attention =
+        env_switch_off("DZR_SHARE_LAYER0", options_.share_first_self_attention, std::getenv("DZR_SHARE_LAYER0"));
     // NOTE: the VAE decoder serves decode_video() only: without video_decode its weights (0.14 GiB at DROID size)
     // stay in the checkpoint
     if (!options_.video_decode) model_.vae.has_decoder = false;

@@ -88,12 +88,7 @@ bool graphs_supported(Backend& be) {
 }
 
 bool graphs_env_override(bool configured, const char* value) {
-    if (value == nullptr || *value == '\0') return configured;
-    try {
-        return parse_switch(value) && configured;  // the variable only turns graphs off
-    } catch (const Error& e) {
-        DZR_THROW("DZR_CUDA_GRAPHS={}: {}", value, e.what());
-    }
+    return env_switch_off("DZR_CUDA_GRAPHS", configured, value);
 }
 
 bool graphs_env_override(bool configured) { return graphs_env_override(configured, std::getenv("DZR_CUDA_GRAPHS")); }

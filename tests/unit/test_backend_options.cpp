@@ -133,3 +133,14 @@ TEST_CASE("DZR_GEMM_TUNE and DZR_BATCHED_ATTENTION turn fast numerics' GEMM timi
         CHECK(test::contains(msg, "expected 0, 1, true, false, on or off"));
     }
 }
+
+TEST_CASE("env_switch_off: an environment switch only turns a setting off, and a bad value names the variable") {
+    CHECK(env_switch_off("DZR_SHARE_LAYER0", true, nullptr));
+    CHECK(env_switch_off("DZR_SHARE_LAYER0", true, ""));
+    CHECK_FALSE(env_switch_off("DZR_SHARE_LAYER0", true, "off"));
+    CHECK_FALSE(env_switch_off("DZR_SHARE_LAYER0", false, "on"));
+    CHECK(env_switch_off("DZR_SHARE_LAYER0", true, "1"));
+    const std::string msg = test::error_of([] { env_switch_off("DZR_SHARE_LAYER0", true, "maybe"); });
+    CHECK(test::contains(msg, "DZR_SHARE_LAYER0=maybe"));
+    CHECK(test::contains(msg, "expected 0, 1"));
+}
