@@ -18,6 +18,7 @@
 # dumps (run_parity.sh REUSE=1);
 # `widesub` finds the first op that differs at the real widths (per-forward internals on both sides, every real-width
 # GEMM shape under the cuBLASLt workspace, alignment and library settings, dzr variants; WIDESUB_CALLS, WIDE_VARIANTS);
+# `ltsearch` runs scripts/bench/lt_search.cu (cuBLASLt configurations at the DiT's shapes, timed sustained);
 # `load` times loading the DROID checkpoint cold and warm, old path and new (scripts/bench/load_cold_warm.sh; the
 # random 46 GB checkpoint is made once into LOAD_CKPT, default .dzr-load/droid in the repository, on the machine's
 # disk). The device tool returns at most 8 files, so everything each step writes goes into one archive,
@@ -456,6 +457,21 @@ if want fp8probe; then
     check $? fp8probe
     cat "$WORK/fp8probe/probe.txt" "$WORK/fp8probe/build.log" | head -n 70
     pack fp8probe
+fi
+
+if want ltsearch; then
+    # A wider cuBLASLt search at the DiT's bf16 shapes, timed sustained (scripts/bench/lt_search.cu; docs/PERF.md)
+    say "ltsearch: cuBLASLt configurations at the DiT's shapes, sustained (scripts/bench/lt_search.cu)"
+    mkdir -p "$WORK/ltsearch"
+    smi_start "$WORK/ltsearch/smi.csv"
+    nvcc -std=c++17 -O2 -arch=sm_90a scripts/bench/lt_search.cu -lcublasLt -o "$WORK/ltsearch/search" \
+        >"$WORK/ltsearch/build.log" 2>&1 && "$WORK/ltsearch/search" >"$WORK/ltsearch/search.txt" 2>&1
+    check $? ltsearch
+    smi_stop "$WORK/ltsearch/smi.csv"
+    grep -vE "^    [0-9]" "$WORK/ltsearch/search.txt" | head -n 20
+    grep -A8 "sustained" "$WORK/ltsearch/search.txt" | cut -c1-170
+    cat "$WORK/ltsearch/build.log" | head -n 20
+    pack ltsearch
 fi
 
 if want memory; then
