@@ -185,6 +185,8 @@ public:
     virtual std::optional<int64_t> memory_in_use() const { return std::nullopt; }
     /// Device memory free now (as the driver reports it); nullopt where not measured (CPU).
     virtual std::optional<int64_t> memory_free() const { return std::nullopt; }
+    /// The GPU's PCI bus id ("00000000:3B:00.0", as NVML names it); "" for a device without one (CPU).
+    virtual std::string pci_bus_id() const { return {}; }
     virtual Capabilities capabilities() const = 0;
 };
 

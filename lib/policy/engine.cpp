@@ -408,6 +408,15 @@ std::optional<int64_t> Engine::device_memory_in_use() const {
     return most;
 }
 
+std::vector<std::string> Engine::pci_bus_ids() const {
+    std::vector<std::string> out;
+    for (const Backend* b : placement_.backends) {
+        std::string id = b->context().pci_bus_id();
+        if (!id.empty() && std::find(out.begin(), out.end(), id) == out.end()) out.push_back(std::move(id));
+    }
+    return out;
+}
+
 std::string Engine::devices() const {
     std::string out;
     for (const Backend* b : placement_.backends) {

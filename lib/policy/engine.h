@@ -217,6 +217,8 @@ public:
     std::optional<int64_t> device_memory_in_use() const;
     /// "cpu", "cuda:0", "cpu,cpu": the placement's devices.
     std::string devices() const;
+    /// The PCI bus ids of the placement's GPUs, each once (empty on CPU).
+    std::vector<std::string> pci_bus_ids() const;
     /// True when every KV pool is whole (no session holds blocks).
     bool kv_pools_whole() const;
     std::string describe() const;

@@ -107,6 +107,9 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     r.warmup_graphs = session->graph_stats();
     r.memory_after_warmup_bytes = sample_memory();
     engine.reset_profiles();
+    // NOTE: sampled on a thread of its own (NVML reads every 100 ms); the device work is not touched
+    GpuTelemetry telemetry(engine.pci_bus_ids());
+    telemetry.start();
     for (int c = 0; c < o.calls; ++c) {
         BenchFrames f(c == 0 ? 1 : 4, c);
         PreparedObservation prepared = engine.prepare(f.obs);
@@ -114,6 +117,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
         engine.recycle(std::move(prepared));
         sample_memory();
     }
+    r.gpu_telemetry = telemetry.stop();
     r.graphs = session->graph_stats();
     if (o.backend.profile) r.profile = engine.profile_json(&r.profile_table);
     r.devices = engine.devices();
@@ -145,6 +149,13 @@ nlohmann::ordered_json BenchRolloutResult::to_json() const {
     j["gpu_memory_after_load_bytes"] = opt_json(memory_after_load_bytes);
     j["gpu_memory_after_warmup_bytes"] = opt_json(memory_after_warmup_bytes);
     j["memory_plan"] = memory_plan;
+    nlohmann::ordered_json gpus = nlohmann::ordered_json::array();
+    for (const GpuTelemetrySummary& g : gpu_telemetry) {
+        nlohmann::ordered_json e = g.to_json();
+        if (g.energy_j && !calls.empty()) e["energy_j_per_call"] = *g.energy_j / double(calls.size());
+        gpus.push_back(e);
+    }
+    j["gpu_telemetry"] = gpus;
     j["cuda_graphs"] = {{"used", graphs.enabled && graphs.captured > 0},
                         {"enabled", graphs.enabled},
                         {"captured", graphs.captured},
@@ -208,6 +219,11 @@ std::string BenchRolloutResult::table() const {
     else
         out += "cuda graphs: off (every forward op by op)\n";
     out += fmt::format("{} timed calls: {} steady, {} window resets\n", calls.size(), steady.size(), resets.size());
+    for (const GpuTelemetrySummary& g : gpu_telemetry) {
+        out += fmt::format("gpu {} during the timed calls: {}", g.device, g.line());
+        if (g.energy_j && !calls.empty()) out += fmt::format(" ({:.0f} J per call)", *g.energy_j / double(calls.size()));
+        out += "\n";
+    }
     out += format_table({"phase (ms)", "all median", "all p90", "steady median", "steady p90", "reset median"}, rows);
     return out;
 }

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/gpu_telemetry.h"
 #include "backend/options.h"
 #include "config/run_config.h"
 #include "policy/engine.h"
@@ -53,6 +54,9 @@ struct BenchRolloutResult {
     ForwardGraphStats graphs;
     /// The same right after the warm-up (what it captured and how long capturing took).
     ForwardGraphStats warmup_graphs;
+    /// Each GPU's clocks, power, temperature, limit reasons and energy over the timed calls (NVML; one entry per GPU,
+    /// none on CPU): a sustained rollout runs at the power cap, so a time is read with the clock it ran at.
+    std::vector<GpuTelemetrySummary> gpu_telemetry;
 
     nlohmann::ordered_json to_json() const;
     /// The table of phases (median, p90, max) and of the calls, for stderr/stdout.

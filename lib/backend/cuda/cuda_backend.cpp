@@ -179,6 +179,15 @@ std::optional<int64_t> CudaDevice::memory_in_use() const {
 
 std::optional<int64_t> CudaDevice::memory_free() const { return int64_t(memory_info().first); }
 
+std::string CudaDevice::pci_bus_id() const {
+    char id[32] = {0};
+    if (cudaDeviceGetPCIBusId(id, int(sizeof(id)), index_) != cudaSuccess) {
+        cudaGetLastError();  // NOTE: not sticky; cleared so a later check does not report it
+        return {};
+    }
+    return id;
+}
+
 // ---- stream ------------------------------------------------------------------------------------
 
 namespace {

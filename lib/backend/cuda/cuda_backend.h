@@ -65,6 +65,7 @@ public:
     void reserve_workspace(size_t bytes) override;
     std::optional<int64_t> memory_in_use() const override;
     std::optional<int64_t> memory_free() const override;
+    std::string pci_bus_id() const override;
     /// cudaMemGetInfo of the device: {free, total} bytes.
     std::pair<size_t, size_t> memory_info() const;
     Capabilities capabilities() const override { return caps_; }
