@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_paged_sdpa.h"
 #include "core/convert.h"
+#include "core/parallel.h"
 #include "kernels/activation.cuh"
 #include "kernels/convert.cuh"
 #include "kernels/elementwise.cuh"
@@ -267,9 +268,17 @@ void CudaStream::upload(const TensorView& host_src, const TensorView& dst) {
         next_staging_ ^= 1;
         // Wait until the copy that last read this staging buffer is done before overwriting it.
         DZR_CUDA_CHECK(cudaEventSynchronize(staging_done_[s]));
-        TensorView from(static_cast<char*>(src.data) + off * int64_t(es), src.dtype, Shape{len}, Device::cpu());
-        TensorView to(staging_[s], dst.dtype, Shape{len}, Device::cpu());
-        convert_copy_host(from, to);
+        // NOTE: a large chunk (a call's 12 MB clip) is copied into the pinned buffer by several threads: one
+        // thread's copy took ~2 ms of the call, the device idle meanwhile (docs/PERF.md, session 15)
+        constexpr int64_t kPieceBytes = int64_t(1) << 20;
+        const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(es, ed)));
+        const size_t pieces = size_t((len + piece - 1) / piece);
+        parallel_for(pieces, worker_threads(pieces, 8), [&](size_t p) {
+            const int64_t o = int64_t(p) * piece, l = std::min(piece, len - o);
+            TensorView from(static_cast<char*>(src.data) + (off + o) * int64_t(es), src.dtype, Shape{l}, Device::cpu());
+            TensorView to(static_cast<char*>(staging_[s]) + o * int64_t(ed), dst.dtype, Shape{l}, Device::cpu());
+            convert_copy_host(from, to);
+        });
         DZR_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data) + off * int64_t(ed), staging_[s], size_t(len) * ed,
                                        cudaMemcpyHostToDevice, stream_));
         DZR_CUDA_CHECK(cudaEventRecord(staging_done_[s], stream_));
