@@ -57,6 +57,7 @@ struct BenchOptions {
     std::string kv_dtype;   // empty: the config's
     std::string json;
     std::string profile;
+    bool profile_graphs = false;
     std::vector<std::string> sets_overrides;
     uint64_t seed = 0;
     bool text_prepass = false;
@@ -611,6 +612,8 @@ int run_rollout_bench(const BenchOptions& o) {
     b.seed = o.seed;
     b.threads = o.threads;
     b.backend.profile = !o.profile.empty();
+    DZR_CHECK(!o.profile_graphs || b.backend.profile, "bench rollout: --profile-graphs needs --profile FILE");
+    b.backend.profile_ops = !o.profile_graphs;
     b.text_prepass = o.text_prepass;
     b.gpu_memory_budget = o.gpu_memory_budget;
     if (!b.gpu_memory_budget.empty()) config::parse_memory_budget(b.gpu_memory_budget, "--gpu-memory-budget");
@@ -717,6 +720,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     roll->add_option("--profile", opts->profile,
                      "profile the timed calls (every backend op timed with events, CUPTI kernel counts where built "
                      "in): JSON to this file, a table on stderr; slows the calls down");
+    roll->add_flag("--profile-graphs", opts->profile_graphs,
+                   "with --profile: leave the ops untimed so the forwards replay their CUDA graphs; the profile then "
+                   "counts each region's kernels, host launches and idle gaps (CUPTI)");
     roll->add_flag("--text-prepass", opts->text_prepass,
                    "encode the prompts with umT5 alone before the other networks load, then free it (as dzr rollout)");
     roll->add_option("--gpu-memory-budget", opts->gpu_memory_budget,

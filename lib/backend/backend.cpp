@@ -97,7 +97,7 @@ void Backend::gemm_fp8(const TensorView&, const TensorView&, const TensorView&, 
 std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& options) {
     std::unique_ptr<Backend> be =
         device.is_cpu() ? make_cpu_backend(options) : make_cuda_backend(device.index, options);
-    if (options.profile) be = std::make_unique<ProfilingBackend>(std::move(be));
+    if (options.profile) be = std::make_unique<ProfilingBackend>(std::move(be), options.profile_ops);
     return be;
 }
 

@@ -124,6 +124,10 @@ struct BackendOptions {
     /// Wrap the backend in a ProfilingBackend (profiler.h): every op timed with events, regions, CUPTI kernel
     /// counts where built in. For finding where time goes; it slows every op down.
     bool profile = false;
+    /// With `profile`: time every op with events (true), or leave the ops untimed (false) so that the DiT's forwards
+    /// still replay their CUDA graphs; the profile then holds each region's CUPTI kernel counts, host launches and
+    /// idle gaps only: what a replayed call launches (`--profile-graphs`).
+    bool profile_ops = true;
 };
 
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),

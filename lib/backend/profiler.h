@@ -66,8 +66,9 @@ std::unique_ptr<KernelTracer> make_kernel_tracer(const Backend& backend);
 
 class Profiler {
 public:
-    /// stream: where op events are recorded (the wrapped backend's); tracer: optional.
-    Profiler(Stream& stream, std::unique_ptr<KernelTracer> tracer);
+    /// stream: where op events are recorded (the wrapped backend's); tracer: optional; time_ops false: begin_op and
+    /// end_op record nothing (regions and the tracer only, so CUDA graphs may run: policy/forward_graphs.h).
+    Profiler(Stream& stream, std::unique_ptr<KernelTracer> tracer, bool time_ops = true);
     ~Profiler();
     Profiler(const Profiler&) = delete;
     Profiler& operator=(const Profiler&) = delete;
@@ -90,6 +91,8 @@ public:
     /// The totals as a table: regions, then the top ops of each region kind by time.
     std::string table(int top_ops = 12) const;
     bool has_tracer() const { return tracer_ != nullptr; }
+    /// True when every op is timed with events (a forward must then run op by op, not as a graph replay).
+    bool ops_timed() const { return time_ops_; }
 
 private:
     struct OpRecord;
@@ -101,6 +104,7 @@ private:
 
     Stream& stream_;
     std::unique_ptr<KernelTracer> tracer_;
+    bool time_ops_ = true;
     std::vector<std::unique_ptr<Event>> events_;  // a pool reused every call
     size_t next_event_ = 0;
     std::vector<OpRecord> ops_;                   // this call's

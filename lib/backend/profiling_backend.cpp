@@ -43,8 +43,10 @@ const char* activation_name(Activation a) {
 
 }  // namespace
 
-ProfilingBackend::ProfilingBackend(std::unique_ptr<Backend> inner)
-    : Backend(inner->numerics()), inner_(std::move(inner)), profiler_(inner_->stream(), make_kernel_tracer(*inner_)) {}
+ProfilingBackend::ProfilingBackend(std::unique_ptr<Backend> inner, bool time_ops)
+    : Backend(inner->numerics()),
+      inner_(std::move(inner)),
+      profiler_(inner_->stream(), make_kernel_tracer(*inner_), time_ops) {}
 
 template <class F>
 void ProfilingBackend::run(std::string key, F&& f) {

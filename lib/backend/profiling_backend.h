@@ -11,7 +11,8 @@ namespace dzr {
 
 class ProfilingBackend final : public Backend {
 public:
-    explicit ProfilingBackend(std::unique_ptr<Backend> inner);
+    /// time_ops false: the ops run untimed (Profiler::ops_timed), regions and the kernel tracer only.
+    explicit ProfilingBackend(std::unique_ptr<Backend> inner, bool time_ops = true);
 
     Profiler* profiler() override { return &profiler_; }
     Backend& inner() { return *inner_; }

@@ -84,7 +84,8 @@ void ForwardGraphs::run(const ForwardGraphKey& key, const std::function<void()>&
 
 bool graphs_supported(Backend& be) {
     const Capabilities caps = be.capabilities();
-    return caps.graphs && !caps.measuring && be.profiler() == nullptr;
+    // NOTE: a profiler that times every op needs the forwards op by op; one that only traces kernels does not
+    return caps.graphs && !caps.measuring && (be.profiler() == nullptr || !be.profiler()->ops_timed());
 }
 
 bool graphs_env_override(bool configured, const char* value) {

@@ -87,8 +87,8 @@ private:
     ForwardGraphStats stats_;
 };
 
-/// Whether graphs can be used on `be`: a device with Capabilities::graphs, not a measuring backend, not a profiled
-/// one (the profiler times every op, so profiled runs stay eager).
+/// Whether graphs can be used on `be`: a device with Capabilities::graphs, not a measuring backend, and not a profiled
+/// one whose profiler times every op (those runs stay eager; a profiler that only traces kernels lets graphs run).
 bool graphs_supported(Backend& be);
 
 /// The DZR_CUDA_GRAPHS environment override: unset -> `configured`; "0", "false", "off" -> false; "1", "true",

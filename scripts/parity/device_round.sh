@@ -75,7 +75,8 @@ PY
 # The bench/profile variant NAME as `dzr bench rollout` arguments in VARGS (and environment settings in VENV:
 # "-nobattn", one self-attention SDPA per branch: DZR_BATCHED_ATTENTION=off; "-notune", the cuBLASLt heuristic's
 # first algorithm for every GEMM: DZR_GEMM_TUNE=off; "-nolanes", the pool without kv.in_place lanes (the attention
-# gathers its rows): --set kv.in_place=false; "-noshare", layer 0's self-attention run per branch: DZR_SHARE_LAYER0=off):
+# gathers its rows): --set kv.in_place=false; "-pgraphs" (profile step: --profile-graphs, the forwards replayed and only
+# their kernels and launches counted); "-noshare", layer 0's self-attention run per branch: DZR_SHARE_LAYER0=off):
 # numerics first, then "-nobatch" (the CFG
 # branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), "-fp8w" (FP8 weights, bf16 KV), e.g. fast,
 # reference, fast-nobatch, fast-fp8, fast-fp8w.
@@ -87,6 +88,7 @@ variant_args() {
     [[ "$1" == *-noshare* ]] && VENV+=(DZR_SHARE_LAYER0=off)
     [[ "$1" == *-nobatch* ]] && VARGS+=(--no-batch-cfg)
     [[ "$1" == *-nolanes* ]] && VARGS+=(--set kv.in_place=false)
+    [[ "$1" == *-pgraphs* ]] && VARGS+=(--profile-graphs)  # profile step only: graphs replayed, kernels and launches
     if [[ "$1" == *-fp8w* ]]; then VARGS+=(--precision fp8)
     elif [[ "$1" == *-fp8* ]]; then VARGS+=(--precision fp8 --kv-dtype fp8); fi
     return 0

@@ -38,7 +38,7 @@ std::set<std::string> virtual_names(const std::string& header, bool overrides) {
 TEST_CASE("the profiling backend forwards every op the Backend interface declares") {
     std::set<std::string> declared = virtual_names("backend.h", false);
     // DeviceContext, Stream, Event and Graph members (other classes of backend.h), and the profiler accessor itself
-    for (const char* not_backend : {"device", "alloc", "workspace", "reserve_workspace", "memory_in_use", "memory_free",
+    for (const char* not_backend : {"device", "alloc", "workspace", "reserve_workspace", "memory_in_use", "memory_free", "pci_bus_id",
                                     "capabilities", "launch", "upload", "download", "synchronize", "make_event",
                                     "record", "wait", "elapsed_ms", "begin_capture", "end_capture", "abort_capture",
                                     "capturing", "profiler"})
@@ -118,4 +118,25 @@ TEST_CASE("kernel gaps are per region instance, so interleaved regions do not co
         kernel_stats({{0, 10, 2, 7, 1, true}, {10, 20, 3, 8, 2, true}, {20, 25, 2, 7, 3, true}});
     CHECK(nested.at(2).span_ms == doctest::Approx(25e-6));
     CHECK(nested.at(2).gap_ms == doctest::Approx(0.0));
+}
+
+TEST_CASE("a profiler that leaves the ops untimed keeps its regions and records no op (CUDA graphs may replay)") {
+    ProfilingBackend be(make_cpu_backend(size_t(1) << 20), /*time_ops=*/false);
+    Tensor a = be.alloc(Shape{4, 8}, DType::F32), b = be.alloc(Shape{4, 8}, DType::F32);
+    Profiler& p = *be.profiler();
+    CHECK_FALSE(p.ops_timed());
+    {
+        ProfileScope region(be, "denoise");
+        be.copy(a.view(), b.view());
+        be.fill(b.view(), 1.0f);
+    }
+    p.end_call();
+    const nlohmann::ordered_json j = p.to_json();
+    CHECK(j["ops_timed"] == false);
+    CHECK(j["totals"]["denoise"]["entries"] == 1);
+    CHECK(j["totals"]["denoise"]["ops"] == 0);
+    CHECK_FALSE(j["totals"]["denoise"].contains("ops_by_time"));
+    CHECK(p.table().find("ops untimed") != std::string::npos);
+    // the ops still ran on the wrapped backend
+    CHECK(b.ptr<float>()[0] == 1.0f);
 }
