@@ -1394,7 +1394,7 @@ std::set<std::string> declared_backend_ops() {
     // DeviceContext, Stream, Event and Graph housekeeping, the backend's accessors and its implementation choices
     const std::set<std::string> not_ops = {"device", "name", "compute_dtype", "workspace", "reserve_workspace",
                                            "synchronize", "device_memory_in_use", "conv3d_workspace_bytes",
-                                           "paged_attention_workspace_bytes", "paged_attention_batched_workspace_bytes", "memory_in_use", "memory_free", "capabilities",
+                                           "paged_attention_workspace_bytes", "paged_attention_batched_workspace_bytes", "memory_in_use", "memory_free", "pci_bus_id", "capabilities",
                                            "make_event", "record", "wait", "elapsed_ms", "begin_capture",
                                            "end_capture", "abort_capture", "capturing", "launch", "context", "stream", "set_cuda_options",
                                            "cuda_options", "last_attention_impl", "conv_plan_report", "profiler"};
