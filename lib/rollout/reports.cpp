@@ -101,6 +101,7 @@ Json TimingReport::to_json() const {
     } else {
         j["memory_plan"] = nullptr;
     }
+    j["gpu_telemetry"] = gpu_telemetry;
     if (video) {
         j["video"] = {{"latent_frames", video->latent_frames}, {"frames", video->frames}, {"fps", video->fps},
                       {"decode_ms", ms_us(video->decode_ms)}, {"write_ms", ms_us(video->write_ms)}};

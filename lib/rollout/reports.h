@@ -89,6 +89,9 @@ struct TimingReport {
     std::optional<int64_t> peak_gpu_memory_bytes;  // null when not measured (CPU)
     std::optional<PlannedMemory> memory_plan;      // null when the run made no plan
     std::optional<VideoTiming> video;              // null without --save-video
+    /// Each GPU's telemetry over the episode's calls (backend/gpu_telemetry.h: SM clock, power, limit reasons, energy
+    /// and energy per call); empty on the CPU.
+    Json gpu_telemetry = Json::array();
     std::vector<CallTiming> calls;
 
     /// Statistics of total_ms over the timed calls.

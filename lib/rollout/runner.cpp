@@ -5,6 +5,7 @@
 #include <future>
 
 #include "backend/backend.h"
+#include "backend/gpu_telemetry.h"
 #include "config/model_fields.h"
 #include "config/run_fields.h"
 #include "core/error.h"
@@ -476,8 +477,17 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.num_frames = ep.num_frames;
             summary.num_calls = int64_t(schedule.calls(ep.num_frames).size());
 
+            // NOTE: sampled on a thread of its own while the calls run (NVML; nothing on the CPU)
+            GpuTelemetry telemetry(engine.pci_bus_ids());
+            telemetry.start();
             EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, shard->progress_prefix(),
                                               int64_t(e) + 1, num_episodes);
+            for (const GpuTelemetrySummary& g : telemetry.stop()) {
+                Json t = g.to_json();
+                if (g.energy_j && !er.timing.calls.empty())
+                    t["energy_j_per_call"] = *g.energy_j / double(er.timing.calls.size());
+                er.timing.gpu_telemetry.push_back(std::move(t));
+            }
             result.interrupted = er.interrupted;
             // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
             // timing and manifest of the calls it finished and gets no done marker (--resume redoes it).

@@ -79,6 +79,8 @@ TEST_CASE("rollout of the sample episode writes every output with the right shap
     const auto timing = read_json(ep / "timing.json");
     CHECK(timing["calls"].size() == 3);
     CHECK(timing["warmup"]["calls"].get<int>() == 6);
+    CHECK(timing["gpu_telemetry"].is_array());
+    CHECK(timing["gpu_telemetry"].empty());  // the CPU: no GPU sampled
     const auto manifest = read_json(ep / "manifest.json");
     CHECK(manifest["seed"].get<uint64_t>() == 1140);
     CHECK(manifest.contains("git_hash"));

@@ -123,6 +123,10 @@ TEST_CASE("timing report lists every call and summarizes only the timed ones") {
     CHECK(j["summary"]["host_prepare_ms"]["median"] == 4.0);
     r.peak_gpu_memory_bytes = int64_t(1) << 35;
     CHECK(r.to_json()["peak_gpu_memory_bytes"] == (int64_t(1) << 35));
+    CHECK(j["gpu_telemetry"].is_array());
+    CHECK(j["gpu_telemetry"].empty());
+    r.gpu_telemetry.push_back({{"device", "00000000:3B:00.0"}, {"energy_j_per_call", 780.5}});
+    CHECK(r.to_json()["gpu_telemetry"][0]["energy_j_per_call"] == 780.5);
 }
 
 TEST_CASE("metrics match hand-computed MSE overall, per key, per dimension, step and call") {
