@@ -131,7 +131,7 @@ void read_timing(Episode& e, const Json& t) {
     e.stats = compute_stats(timed);
     Json extra = Json::object();
     for (const char* k : {"device", "checkpoint_load_ms", "warmup", "peak_gpu_memory_bytes",
-                          "planned_peak_gpu_memory_bytes", "video"})
+                          "planned_peak_gpu_memory_bytes", "video", "gpu_telemetry"})
         if (t.contains(k)) extra[k] = t.at(k);
     e.timing_extra = extra;
 }
@@ -457,6 +457,29 @@ std::string timing_section(const Episode& e) {
             info_row(out, "planned GPU memory",
                      fmt::format("{:.2f} GiB (dzr plan)",
                                  t.at("planned_peak_gpu_memory_bytes").get<double>() / double(1ull << 30)));
+        if (t.contains("gpu_telemetry") && t.at("gpu_telemetry").is_array()) {
+            for (const Json& g : t.at("gpu_telemetry")) {
+                if (!g.is_object()) continue;
+                const std::string label = "GPU " + g.value("device", std::string());
+                if (g.contains("unavailable")) {
+                    info_row(out, label, "not measured: " + json_text(g.at("unavailable")));
+                    continue;
+                }
+                const auto num = [&](const char* a, const char* b) {
+                    return g.contains(a) && g.at(a).is_object() && g.at(a).contains(b) && g.at(a).at(b).is_number()
+                               ? g.at(a).at(b).get<double>()
+                               : 0.0;
+                };
+                std::string text = fmt::format("SM clock median {:.0f} MHz (max {:.0f}), power median {:.0f} W of {:.0f} W, "
+                                               "power-capped in {:.0f}% of the samples",
+                                               num("sm_clock_mhz", "median"), num("sm_clock_mhz", "limit"),
+                                               num("power_w", "median"), num("power_w", "limit"),
+                                               100.0 * g.value("power_capped_fraction", 0.0));
+                if (g.contains("energy_j_per_call") && g.at("energy_j_per_call").is_number())
+                    text += fmt::format(", {:.0f} J per call", g.at("energy_j_per_call").get<double>());
+                info_row(out, label, text);
+            }
+        }
         if (t.contains("video") && t.at("video").is_object())
             info_row(out, "video", fmt::format("{} frames at {} fps; decode {:.2f} s, write {:.2f} s",
                                                t.at("video").value("frames", int64_t(0)), t.at("video").value("fps", 0.0),

@@ -138,6 +138,18 @@ TEST_CASE("the report lists finished, failed, interrupted and damaged episodes a
     write_episode(out / "ep_bad", c, true);
     io::write_file_atomic(out / "ep_bad" / "metrics.json", "{not json");
     write_episode(out / "a&b <c>", c, true);
+    {  // ep_ok ran on a GPU whose telemetry was read; ep_cut on one without NVML
+        TimingReport t = timing_of(c.pred);
+        t.gpu_telemetry.push_back({{"device", "00000000:3B:00.0"},
+                                   {"sm_clock_mhz", {{"median", 1680.0}, {"limit", 1980.0}}},
+                                   {"power_w", {{"median", 691.0}, {"limit", 700.0}}},
+                                   {"power_capped_fraction", 1.0},
+                                   {"energy_j_per_call", 1043.0}});
+        io::write_file_atomic(out / "ep_ok" / "timing.json", t.to_json().dump());
+        TimingReport u = timing_of(c.pred);
+        u.gpu_telemetry.push_back({{"device", "00000000:3B:00.0"}, {"unavailable", "NVML <missing>"}});
+        io::write_file_atomic(out / "ep_cut" / "timing.json", u.to_json().dump());
+    }
     // --save-video without an encoder: .npy frames, shown as a frame strip.
     std::vector<uint8_t> frames(size_t(3 * 8 * 12 * 3));
     for (size_t i = 0; i < frames.size(); ++i) frames[i] = uint8_t(i * 5);
@@ -172,6 +184,8 @@ TEST_CASE("the report lists finished, failed, interrupted and damaged episodes a
     CHECK(count(ep, "class=\"plot\"") == 8 + 2 + 2);
     CHECK(ep.find("put the &lt;block&gt; in the bowl") != std::string::npos);
     CHECK(ep.find("<video") == std::string::npos);
+    CHECK(ep.find("<tr><th>GPU 00000000:3B:00.0</th><td>SM clock median 1680 MHz (max 1980), power median 691 W of "
+                  "700 W, power-capped in 100% of the samples, 1043 J per call</td></tr>") != std::string::npos);
     CHECK(ep.find("src=\"ep_ok_frames.png\"") != std::string::npos);
     const io::Image strip = io::read_png(out / "report/ep_ok_frames.png");
     CHECK(strip.width() == 3 * 12 + 4 * 4);  // 3 frames a row, 4-pixel gaps
@@ -181,6 +195,7 @@ TEST_CASE("the report lists finished, failed, interrupted and damaged episodes a
     const std::string cut = io::read_file(out / "report/ep_cut.html");
     CHECK(count(cut, "class=\"plot\"") == 8 + 2);
     CHECK(cut.find("no ground truth") != std::string::npos);
+    CHECK(cut.find("not measured: NVML &lt;missing&gt;") != std::string::npos);
     for (const auto& e : fs::recursive_directory_iterator(out))
         CHECK(e.path().filename().string().find(io::kTempMarker) == std::string::npos);
 
