@@ -28,6 +28,7 @@ struct RolloutArgs {
     // official bf16 run is, and faster; reference stays for parity and CI
     std::string numerics = "fast";
     std::string profile;
+    bool profile_graphs = false;
     std::string kv = "paged";
     std::string precision;  // empty: the config's (bf16 without one)
     std::string kv_dtype;   // empty: the config's kv.dtype
@@ -102,6 +103,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     }
     o.numerics = parse_numerics(a.numerics);
     o.profile = a.profile;
+    DZR_CHECK(!a.profile_graphs || !a.profile.empty(), "--profile-graphs needs --profile FILE");
+    o.profile_graphs = a.profile_graphs;
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
     o.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     o.tokenizer = a.tokenizer;
@@ -223,6 +226,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "profile the episodes' calls: every backend op timed with events, grouped by phase, forward and op "
                     "shape (CUPTI kernel counts on CUDA where built in); JSON to this file, a table on stderr; slows "
                     "every call down");
+    cmd->add_flag("--profile-graphs", args->profile_graphs,
+                  "with --profile: leave the ops untimed so the forwards replay their CUDA graphs; the profile then "
+                  "counts each region's kernels, host launches and idle gaps (CUPTI)");
     cmd->add_option("--precision", args->precision,
                     "DiT Linear weights: bf16 or fp8 (E4M3, per-channel scales; quantized at load unless the "
                     "checkpoint stores them; default: the config's precision, else bf16)");

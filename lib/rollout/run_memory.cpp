@@ -16,6 +16,7 @@ EngineOptions rollout_engine_options(const RolloutOptions& opt, std::vector<std:
     eo.backend = apply_env_overrides({});
     eo.backend.numerics = opt.numerics;
     eo.backend.profile = !opt.profile.empty();
+    eo.backend.profile_ops = !opt.profile_graphs;
     eo.kv_mode = opt.kv_mode;
     eo.tokenizer = opt.tokenizer;
     eo.check_finite = opt.check_finite;

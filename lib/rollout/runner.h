@@ -70,6 +70,9 @@ struct RolloutOptions {
     /// --profile: every backend op of the episodes' calls timed (backend/profiler.h; the warm-up's are dropped); the
     /// JSON goes to this file and the table to stderr at the end. Slows every call down.
     std::filesystem::path profile;
+    /// --profile-graphs: with `profile`, the ops untimed so that the forwards replay their CUDA graphs (the profile
+    /// counts each region's kernels, host launches and idle gaps only).
+    bool profile_graphs = false;
 };
 
 /// The warm-up: synthetic calls that walk every forward shape of a window (prefill, the commits at start frames

@@ -171,4 +171,18 @@ TEST_CASE("a profiled rollout writes the op profile of its episode calls and the
     for (const auto& op : totals["denoise.denoise.pos"]["ops_by_time"])
         gemm = gemm || op["op"].get<std::string>().rfind("gemm", 0) == 0;
     CHECK(gemm);
+
+    // --profile-graphs: the regions without op times (on a GPU the forwards then replay their graphs)
+    auto graphs = tiny_options(sample_episode(dir), dir / "ckpt", dir / "graphs");
+    graphs.report = false;
+    graphs.profile = dir / "profile-graphs.json";
+    graphs.profile_graphs = true;
+    REQUIRE(rollout::run_rollout(graphs).failed == 0);
+    CHECK(io::read_npy(dir / "graphs/episode_000/actions.npy").to_f32() ==
+          io::read_npy(dir / "plain/episode_000/actions.npy").to_f32());
+    const auto graphs_profile = read_json(dir / "profile-graphs.json");
+    const auto& g = graphs_profile["cpu"];
+    CHECK(g["ops_timed"] == false);
+    CHECK(g["totals"]["denoise.denoise.pos"]["entries"].get<int64_t>() == evaluations);
+    CHECK(g["totals"]["denoise.denoise.pos"]["ops"].get<int64_t>() == 0);
 }
