@@ -366,6 +366,21 @@ EpisodeSummary summary_from_outputs(const fs::path& dir, const std::string& name
     return e;
 }
 
+void set_gpu_energy(const Json& timing, EpisodeSummary& e) {
+    e.gpu_energy_j.reset();
+    e.gpu_energy_calls = 0;
+    const auto it = timing.find("gpu_telemetry");
+    if (it == timing.end() || !it->is_array() || it->empty()) return;
+    double sum = 0;
+    for (const Json& g : *it) {
+        const auto en = g.find("energy_j");
+        if (en == g.end() || !en->is_number()) return;  // one GPU unmeasured: no total
+        sum += en->get<double>();
+    }
+    e.gpu_energy_j = sum;
+    e.gpu_energy_calls = timing.contains("calls") && timing.at("calls").is_array() ? int64_t(timing.at("calls").size()) : 0;
+}
+
 void read_call_timings(const fs::path& dir, EpisodeSummary& e) {
     const fs::path path = dir / "timing.json";
     std::error_code ec;
@@ -387,6 +402,7 @@ void read_call_timings(const fs::path& dir, EpisodeSummary& e) {
             }
             if (c.contains("host_prepare_ms")) e.host_prepare_ms.push_back(c.at("host_prepare_ms").get<double>());
         }
+        set_gpu_energy(t, e);
     } catch (const Json::exception& ex) {
         DZR_THROW("{}: not a timing report: {}", path.string(), ex.what());
     }
@@ -399,6 +415,8 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
     int64_t pooled_n = 0;
     std::vector<std::pair<std::string, double>> key_sum;
     std::vector<double> all_calls;
+    double energy_sum = 0;
+    int64_t energy_calls = 0, energy_episodes = 0;
     for (const auto& e : episodes) {
         ok += e.status == "ok";
         failed += e.status == "failed";
@@ -430,6 +448,13 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
         }
         if (!e.call_ms.empty()) j["call_ms"] = stats_json(compute_stats(e.call_ms));
         all_calls.insert(all_calls.end(), e.call_ms.begin(), e.call_ms.end());
+        if (e.gpu_energy_j) {
+            j["gpu_energy_j"] = *e.gpu_energy_j;
+            if (e.gpu_energy_calls > 0) j["gpu_energy_j_per_call"] = *e.gpu_energy_j / double(e.gpu_energy_calls);
+            energy_sum += *e.gpu_energy_j;
+            energy_calls += e.gpu_energy_calls;
+            ++energy_episodes;
+        }
         list.push_back(j);
     }
     Json totals = {{"episodes", int64_t(episodes.size())}, {"ok", ok}, {"failed", failed}, {"skipped", skipped}};
@@ -444,12 +469,18 @@ Json summary_json(std::span<const EpisodeSummary> episodes) {
         totals["compared_steps"] = pooled_n;
     }
     if (!all_calls.empty()) totals["call_ms"] = stats_json(compute_stats(all_calls));
+    if (energy_episodes > 0) {
+        // NOTE: over the episodes that measured it (totals.gpu_energy_episodes says how many)
+        totals["gpu_energy_j"] = energy_sum;
+        totals["gpu_energy_episodes"] = energy_episodes;
+        if (energy_calls > 0) totals["gpu_energy_j_per_call"] = energy_sum / double(energy_calls);
+    }
     return {{"episodes", list}, {"totals", totals}};
 }
 
 std::string summary_csv(std::span<const EpisodeSummary> episodes) {
     std::string out = "episode,status,frames,calls,overall_mse,joint_position_mse,gripper_position_mse,"
-                      "call_ms_median,call_ms_p90,call_ms_max,error\n";
+                      "call_ms_median,call_ms_p90,call_ms_max,gpu_energy_j_per_call,error\n";
     for (const auto& e : episodes) {
         auto key = [&](std::string_view k) {
             if (!e.metrics) return std::string();
@@ -459,10 +490,12 @@ std::string summary_csv(std::span<const EpisodeSummary> episodes) {
         };
         const TimingStats t = compute_stats(e.call_ms);
         const bool timed = !e.call_ms.empty();
-        out += fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(e.name), e.status, e.num_frames, e.num_calls,
-                           e.metrics ? csv_number(e.metrics->overall_mse) : "", key("joint_position"),
+        const bool energy = e.gpu_energy_j && e.gpu_energy_calls > 0;
+        out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(e.name), e.status, e.num_frames,
+                           e.num_calls, e.metrics ? csv_number(e.metrics->overall_mse) : "", key("joint_position"),
                            key("gripper_position"), timed ? fmt::format("{:.3f}", t.median) : "",
                            timed ? fmt::format("{:.3f}", t.p90) : "", timed ? fmt::format("{:.3f}", t.max) : "",
+                           energy ? fmt::format("{:.1f}", *e.gpu_energy_j / double(e.gpu_energy_calls)) : "",
                            csv_field(e.error));
     }
     return out;

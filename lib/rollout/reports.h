@@ -203,14 +203,22 @@ struct EpisodeSummary {
     std::vector<double> call_ms;  // total_ms of the timed calls
     std::array<std::vector<double>, kNumPhases> phase_ms;  // per phase, over the timed calls
     std::vector<double> host_prepare_ms;                   // prepare()'s host time, over the timed calls
+    /// The GPUs' energy over the episode's calls (timing.json's gpu_telemetry, summed over GPUs) and the calls it
+    /// covers (every call of the episode, timed or not); nullopt where not measured (CPU, no NVML).
+    std::optional<double> gpu_energy_j;
+    int64_t gpu_energy_calls = 0;
 };
 
 /// The summary of an episode finished by an earlier run (for --resume): status "skipped",
 /// num_frames and num_calls from done.json (when the runner put them there), metrics from
 /// metrics.json (when present) and call_ms from timing.json's timed calls (when present).
 EpisodeSummary summary_from_outputs(const std::filesystem::path& dir, const std::string& name);
-/// Adds the timed calls of `dir`/timing.json (when present) to `e`: call_ms, phase_ms, host_prepare_ms.
+/// Adds the timed calls of `dir`/timing.json (when present) to `e`: call_ms, phase_ms, host_prepare_ms, and the GPU
+/// energy (set_gpu_energy).
 void read_call_timings(const std::filesystem::path& dir, EpisodeSummary& e);
+/// e.gpu_energy_j and gpu_energy_calls from a timing report's JSON: the sum of its gpu_telemetry entries' energy_j
+/// (none when any GPU lacks one) over its calls.
+void set_gpu_energy(const Json& timing, EpisodeSummary& e);
 
 Json summary_json(std::span<const EpisodeSummary> episodes);
 std::string summary_csv(std::span<const EpisodeSummary> episodes);

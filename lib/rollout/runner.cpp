@@ -488,6 +488,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                     t["energy_j_per_call"] = *g.energy_j / double(er.timing.calls.size());
                 er.timing.gpu_telemetry.push_back(std::move(t));
             }
+            set_gpu_energy(er.timing.to_json(), summary);
             result.interrupted = er.interrupted;
             // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
             // timing and manifest of the calls it finished and gets no done marker (--resume redoes it).

@@ -283,8 +283,17 @@ TEST_CASE("summary pools MSE over compared steps and quotes CSV fields") {
     EpisodeSummary b{"ep_b", "ok", "", 30, 2, mb, {400}, {}, {}};
     EpisodeSummary c{"ep, c", "failed", "ep_c/wrist_image_left.mp4: truncated, \"frame 7\"", 0, 0, std::nullopt, {}, {}, {}};
     EpisodeSummary d{"ep_d", "skipped", "", 10, 1, std::nullopt, {}, {}, {}};
+    // a and b ran on a GPU whose energy was read: 2000 J over 5 calls and 900 J over 2
+    a.gpu_energy_j = 2000.0, a.gpu_energy_calls = 5;
+    b.gpu_energy_j = 900.0, b.gpu_energy_calls = 2;
     const std::vector<EpisodeSummary> eps = {a, b, c, d};
     const json j = summary_json(eps);
+    CHECK(j["episodes"][0]["gpu_energy_j_per_call"] == doctest::Approx(400.0));
+    CHECK(j["episodes"][1]["gpu_energy_j"] == doctest::Approx(900.0));
+    CHECK_FALSE(j["episodes"][2].contains("gpu_energy_j"));
+    CHECK(j["totals"]["gpu_energy_j"] == doctest::Approx(2900.0));
+    CHECK(j["totals"]["gpu_energy_episodes"] == 2);
+    CHECK(j["totals"]["gpu_energy_j_per_call"] == doctest::Approx(2900.0 / 7));
     CHECK(j["totals"]["episodes"] == 4);
     CHECK(j["totals"]["ok"] == 2);
     CHECK(j["totals"]["failed"] == 1);
@@ -298,9 +307,10 @@ TEST_CASE("summary pools MSE over compared steps and quotes CSV fields") {
 
     const std::string csv = summary_csv(eps);
     CHECK(csv.rfind("episode,status,frames,calls,overall_mse,", 0) == 0);
-    CHECK(csv.find("\n\"ep, c\",failed,0,0,,,,,,,\"ep_c/wrist_image_left.mp4: truncated, \"\"frame 7\"\"\"\n") !=
+    CHECK(csv.find(",call_ms_max,gpu_energy_j_per_call,error\n") != std::string::npos);
+    CHECK(csv.find("\n\"ep, c\",failed,0,0,,,,,,,,\"ep_c/wrist_image_left.mp4: truncated, \"\"frame 7\"\"\"\n") !=
           std::string::npos);
-    CHECK(csv.find("\nep_b,ok,30,2,4,2,18,400.000,400.000,400.000,\n") != std::string::npos);
+    CHECK(csv.find("\nep_b,ok,30,2,4,2,18,400.000,400.000,400.000,450.0,\n") != std::string::npos);
 
     test::TempDir dir;
     write_summary(dir.path(), eps);
@@ -335,6 +345,17 @@ TEST_CASE("summary of a finished episode reloads its metrics and timed calls for
     CHECK(e.call_ms == std::vector<double>{10.0, 30.0});
     CHECK(e.phase_ms[size_t(Phase::Dit)] == std::vector<double>{5.0, 15.0});
     CHECK(e.host_prepare_ms == std::vector<double>{1.0, 3.0});
+    CHECK_FALSE(e.gpu_energy_j.has_value());  // no telemetry (a CPU run)
+    // two GPUs' energy over the 3 calls: summed; one GPU without an energy reading: no total
+    t.gpu_telemetry = json::array({{{"device", "a"}, {"energy_j", 100.0}}, {{"device", "b"}, {"energy_j", 50.0}}});
+    w.write_json("timing.json", t.to_json());
+    const EpisodeSummary with_energy = summary_from_outputs(w.dir(), "ep");
+    REQUIRE(with_energy.gpu_energy_j.has_value());
+    CHECK(*with_energy.gpu_energy_j == doctest::Approx(150.0));
+    CHECK(with_energy.gpu_energy_calls == 3);
+    t.gpu_telemetry[1] = {{"device", "b"}, {"unavailable", "NVML (libnvidia-ml.so.1) not found"}};
+    w.write_json("timing.json", t.to_json());
+    CHECK_FALSE(summary_from_outputs(w.dir(), "ep").gpu_energy_j.has_value());
     io::write_file_atomic(w.dir() / "timing.json", "{\"calls\": [{\"total_ms\": 1}]}");
     CHECK_THROWS_WITH_AS(summary_from_outputs(w.dir(), "ep"), doctest::Contains("timing.json: not a timing report"),
                          Error);
