@@ -117,7 +117,12 @@ GpuTelemetrySummary summarize_gpu_samples(const std::vector<GpuSample>& samples)
     return s;
 }
 
-nlohmann::ordered_json GpuTelemetrySummary::to_json() const {
+std::optional<double> GpuTelemetrySummary::energy_per_call(int64_t calls) const {
+    if (!energy_j || calls <= 0) return std::nullopt;
+    return *energy_j / double(calls);
+}
+
+nlohmann::ordered_json GpuTelemetrySummary::to_json(int64_t calls) const {
     nlohmann::ordered_json j;
     j["device"] = device;
     if (!name.empty()) j["name"] = name;
@@ -135,10 +140,11 @@ nlohmann::ordered_json GpuTelemetrySummary::to_json() const {
     j["power_capped_fraction"] = power_capped_fraction;
     j["thermal_or_hw_slowdown_fraction"] = thermal_fraction;
     j["energy_j"] = energy_j ? nlohmann::ordered_json(*energy_j) : nullptr;
+    if (const auto e = energy_per_call(calls)) j["energy_j_per_call"] = *e;
     return j;
 }
 
-std::string GpuTelemetrySummary::line() const {
+std::string GpuTelemetrySummary::line(int64_t calls) const {
     if (!measured()) return fmt::format("{}: not measured ({})", device, unavailable.empty() ? "no samples" : unavailable);
     std::string out = fmt::format("SM clock median {:.0f} MHz ({:.0f}-{:.0f}", sm_clock_median_mhz, sm_clock_min_mhz,
                                   sm_clock_max_mhz);
@@ -149,6 +155,7 @@ std::string GpuTelemetrySummary::line() const {
     if (thermal_fraction > 0) out += fmt::format(", thermal/hw slowdown in {:.0f}%", 100.0 * thermal_fraction);
     out += fmt::format(", {:.0f} C (max {:.0f})", temperature_median_c, temperature_max_c);
     if (energy_j) out += fmt::format(", {:.1f} kJ in {:.1f} s", *energy_j / 1e3, seconds);
+    if (const auto e = energy_per_call(calls)) out += fmt::format(" ({:.0f} J per call)", *e);
     return out;
 }
 

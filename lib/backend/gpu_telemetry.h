@@ -55,10 +55,13 @@ struct GpuTelemetrySummary {
     double seconds = 0;                ///< start() to stop()
 
     bool measured() const { return unavailable.empty() && samples > 0; }
-    nlohmann::ordered_json to_json() const;
+    /// `calls`: the calls the samples cover; when positive (and the energy was read), "energy_j_per_call" too.
+    nlohmann::ordered_json to_json(int64_t calls = 0) const;
     /// One line for a report: "SM clock median 1710 MHz (1665-1725, max 1980), power 691 W of 700 W, power-capped in
-    /// 98% of samples, 63 C (max 66), 1.0 kJ".
-    std::string line() const;
+    /// 98% of samples, 63 C (max 66), 1.0 kJ in 23.7 s" and, with `calls` positive, " (779 J per call)".
+    std::string line(int64_t calls = 0) const;
+    /// The energy per call over `calls` calls, where the energy was read and calls is positive.
+    std::optional<double> energy_per_call(int64_t calls) const;
 };
 
 /// `samples` summarized (the limits and the energy come from the caller: they are not per sample).

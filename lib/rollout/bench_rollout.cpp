@@ -150,11 +150,7 @@ nlohmann::ordered_json BenchRolloutResult::to_json() const {
     j["gpu_memory_after_warmup_bytes"] = opt_json(memory_after_warmup_bytes);
     j["memory_plan"] = memory_plan;
     nlohmann::ordered_json gpus = nlohmann::ordered_json::array();
-    for (const GpuTelemetrySummary& g : gpu_telemetry) {
-        nlohmann::ordered_json e = g.to_json();
-        if (g.energy_j && !calls.empty()) e["energy_j_per_call"] = *g.energy_j / double(calls.size());
-        gpus.push_back(e);
-    }
+    for (const GpuTelemetrySummary& g : gpu_telemetry) gpus.push_back(g.to_json(int64_t(calls.size())));
     j["gpu_telemetry"] = gpus;
     j["cuda_graphs"] = {{"used", graphs.enabled && graphs.captured > 0},
                         {"enabled", graphs.enabled},
@@ -219,11 +215,8 @@ std::string BenchRolloutResult::table() const {
     else
         out += "cuda graphs: off (every forward op by op)\n";
     out += fmt::format("{} timed calls: {} steady, {} window resets\n", calls.size(), steady.size(), resets.size());
-    for (const GpuTelemetrySummary& g : gpu_telemetry) {
-        out += fmt::format("gpu {} during the timed calls: {}", g.device, g.line());
-        if (g.energy_j && !calls.empty()) out += fmt::format(" ({:.0f} J per call)", *g.energy_j / double(calls.size()));
-        out += "\n";
-    }
+    for (const GpuTelemetrySummary& g : gpu_telemetry)
+        out += fmt::format("gpu {} during the timed calls: {}\n", g.device, g.line(int64_t(calls.size())));
     out += format_table({"phase (ms)", "all median", "all p90", "steady median", "steady p90", "reset median"}, rows);
     return out;
 }

@@ -366,19 +366,18 @@ EpisodeSummary summary_from_outputs(const fs::path& dir, const std::string& name
     return e;
 }
 
-void set_gpu_energy(const Json& timing, EpisodeSummary& e) {
+void set_gpu_energy(const Json& telemetry, int64_t calls, EpisodeSummary& e) {
     e.gpu_energy_j.reset();
     e.gpu_energy_calls = 0;
-    const auto it = timing.find("gpu_telemetry");
-    if (it == timing.end() || !it->is_array() || it->empty()) return;
+    if (!telemetry.is_array() || telemetry.empty()) return;
     double sum = 0;
-    for (const Json& g : *it) {
+    for (const Json& g : telemetry) {
         const auto en = g.find("energy_j");
         if (en == g.end() || !en->is_number()) return;  // one GPU unmeasured: no total
         sum += en->get<double>();
     }
     e.gpu_energy_j = sum;
-    e.gpu_energy_calls = timing.contains("calls") && timing.at("calls").is_array() ? int64_t(timing.at("calls").size()) : 0;
+    e.gpu_energy_calls = calls;
 }
 
 void read_call_timings(const fs::path& dir, EpisodeSummary& e) {
@@ -402,7 +401,7 @@ void read_call_timings(const fs::path& dir, EpisodeSummary& e) {
             }
             if (c.contains("host_prepare_ms")) e.host_prepare_ms.push_back(c.at("host_prepare_ms").get<double>());
         }
-        set_gpu_energy(t, e);
+        if (const auto g = t.find("gpu_telemetry"); g != t.end()) set_gpu_energy(*g, int64_t(t.at("calls").size()), e);
     } catch (const Json::exception& ex) {
         DZR_THROW("{}: not a timing report: {}", path.string(), ex.what());
     }

@@ -216,9 +216,9 @@ EpisodeSummary summary_from_outputs(const std::filesystem::path& dir, const std:
 /// Adds the timed calls of `dir`/timing.json (when present) to `e`: call_ms, phase_ms, host_prepare_ms, and the GPU
 /// energy (set_gpu_energy).
 void read_call_timings(const std::filesystem::path& dir, EpisodeSummary& e);
-/// e.gpu_energy_j and gpu_energy_calls from a timing report's JSON: the sum of its gpu_telemetry entries' energy_j
-/// (none when any GPU lacks one) over its calls.
-void set_gpu_energy(const Json& timing, EpisodeSummary& e);
+/// e.gpu_energy_j and gpu_energy_calls from a timing report's gpu_telemetry array: the sum of its entries' energy_j
+/// (none when any GPU lacks one), over `calls` calls.
+void set_gpu_energy(const Json& telemetry, int64_t calls, EpisodeSummary& e);
 
 Json summary_json(std::span<const EpisodeSummary> episodes);
 std::string summary_csv(std::span<const EpisodeSummary> episodes);

@@ -482,13 +482,9 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             telemetry.start();
             EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, shard->progress_prefix(),
                                               int64_t(e) + 1, num_episodes);
-            for (const GpuTelemetrySummary& g : telemetry.stop()) {
-                Json t = g.to_json();
-                if (g.energy_j && !er.timing.calls.empty())
-                    t["energy_j_per_call"] = *g.energy_j / double(er.timing.calls.size());
-                er.timing.gpu_telemetry.push_back(std::move(t));
-            }
-            set_gpu_energy(er.timing.to_json(), summary);
+            const int64_t calls_run = int64_t(er.timing.calls.size());
+            for (const GpuTelemetrySummary& g : telemetry.stop()) er.timing.gpu_telemetry.push_back(g.to_json(calls_run));
+            set_gpu_energy(er.timing.gpu_telemetry, calls_run, summary);
             result.interrupted = er.interrupted;
             // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
             // timing and manifest of the calls it finished and gets no done marker (--resume redoes it).

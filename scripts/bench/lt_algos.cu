@@ -12,22 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                                          \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));     \
-            std::exit(1);                                                                      \
-        }                                                                                      \
-    } while (0)
-#define CHECK_LT(x)                                                                            \
-    do {                                                                                       \
-        cublasStatus_t st_ = (x);                                                              \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
-            std::fprintf(stderr, "%s:%d cublasLt %d\n", __FILE__, __LINE__, int(st_));         \
-            std::exit(1);                                                                      \
-        }                                                                                      \
-    } while (0)
+#include "lt_check.cuh"
 
 int main(int argc, char** argv) {
     const int want = argc > 1 ? std::atoi(argv[1]) : 12;

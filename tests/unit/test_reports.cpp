@@ -275,17 +275,15 @@ TEST_CASE("result writer writes every file atomically and the done marker last")
 
 TEST_CASE("summary pools MSE over compared steps and quotes CSV fields") {
     Fixture f;
-    EpisodeSummary a{"ep_a", "ok", "", 100, 5, compute_metrics(f.pred, f.gt, 5), {100, 200, 300}, {}, {}};
+    EpisodeSummary a{"ep_a", "ok", "", 100, 5, compute_metrics(f.pred, f.gt, 5), {100, 200, 300}, {}, {}, 2000.0, 5};
     Metrics mb;
     mb.overall_mse = 4.0;
     mb.per_key = {{"joint_position", 2.0}, {"gripper_position", 18.0}};
     mb.compared_steps = 2;
-    EpisodeSummary b{"ep_b", "ok", "", 30, 2, mb, {400}, {}, {}};
-    EpisodeSummary c{"ep, c", "failed", "ep_c/wrist_image_left.mp4: truncated, \"frame 7\"", 0, 0, std::nullopt, {}, {}, {}};
-    EpisodeSummary d{"ep_d", "skipped", "", 10, 1, std::nullopt, {}, {}, {}};
+    EpisodeSummary b{"ep_b", "ok", "", 30, 2, mb, {400}, {}, {}, 900.0, 2};
+    EpisodeSummary c{"ep, c", "failed", "ep_c/wrist_image_left.mp4: truncated, \"frame 7\"", 0, 0, std::nullopt, {}, {}, {}, std::nullopt, 0};
+    EpisodeSummary d{"ep_d", "skipped", "", 10, 1, std::nullopt, {}, {}, {}, std::nullopt, 0};
     // a and b ran on a GPU whose energy was read: 2000 J over 5 calls and 900 J over 2
-    a.gpu_energy_j = 2000.0, a.gpu_energy_calls = 5;
-    b.gpu_energy_j = 900.0, b.gpu_energy_calls = 2;
     const std::vector<EpisodeSummary> eps = {a, b, c, d};
     const json j = summary_json(eps);
     CHECK(j["episodes"][0]["gpu_energy_j_per_call"] == doctest::Approx(400.0));
