@@ -251,6 +251,75 @@ TEST_CASE("the fused norm and GELU quantizations write the codes of the two ops 
     set_row_kernels(RowKernels::Stream);
 }
 
+TEST_CASE("the fused residual norms write the residual, rows and codes of the ops they replace, bit for bit") {
+    struct Case {
+        int64_t L, C, split, period;
+        bool affine, mod, gate;
+    };
+    const auto same_bits = [](const Tensor& a, const Tensor& b, DType t, const char* what) {
+        const Tensor ha = download(a, t), hb = download(b, t);
+        int64_t bad = 0;
+        const auto* pa = static_cast<const uint16_t*>(ha.data());
+        const auto* pb = static_cast<const uint16_t*>(hb.data());
+        for (int64_t i = 0; i < ha.numel(); ++i) bad += pa[i] != pb[i];
+        CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << ha.numel() << " elements differ");
+    };
+    const auto clone = [](const Tensor& t) {
+        Tensor c = gpu().alloc(t.shape(), t.dtype());
+        gpu().copy(t, c);
+        return c;
+    };
+    for (RowKernels impl : {RowKernels::Stream, RowKernels::Warp}) {
+        CAPTURE(impl == RowKernels::Stream ? "streamed row kernels" : "warp row kernels");
+        set_row_kernels(impl);
+        // the DiT's two fused pairs at both CFG branches' rows (the feed-forward's residual with the next norm1,
+        // the self-attention's with norm3), one branch's rows, ragged blocks, no gate, the widest rows, small shapes,
+        // and one no fused kernel takes (36 columns)
+        for (const Case& n :
+             {Case{3570, 5120, 1760, 1785, false, true, true}, Case{3570, 5120, 1760, 1785, true, false, true},
+              Case{1785, 5120, 1760, INT64_MAX, false, true, true}, Case{1001, 5120, 480, 500, true, true, true},
+              Case{1001, 5120, 480, 500, false, true, false}, Case{5, 6144, 1, 2, true, true, true},
+              Case{1, 5120, 0, INT64_MAX, false, true, true}, Case{37, 40, 30, INT64_MAX, true, true, true},
+              Case{6, 36, 2, 3, false, true, true}}) {
+            CAPTURE(n.L);
+            CAPTURE(n.C);
+            CAPTURE(n.gate);
+            const Tensor x0 = upload(bf16_values({n.L, n.C}, 51, -3.f, 3.f), DType::BF16);
+            const Tensor y = upload(bf16_values({n.L, n.C}, 52, -2.f, 2.f), DType::BF16);
+            const Tensor w = upload(bf16_values({n.C}, 53, 0.5f, 1.5f), DType::BF16);
+            const Tensor b = upload(bf16_values({n.C}, 54, -0.5f, 0.5f), DType::BF16);
+            const Tensor mod = upload(bf16_values({2, 6, n.C}, 55, -0.5f, 0.5f), DType::BF16);
+            const auto vecs = [&](int i) {
+                return TensorView(static_cast<char*>(mod.data()) + size_t(i) * size_t(n.C) * 2, DType::BF16,
+                                  Shape{2, n.C}, Shape{6 * n.C, 1}, mod.device());
+            };
+            const FusedRowParams p{1e-6f, n.split, n.period};
+            const TensorView wv = n.affine ? w.view() : TensorView{}, bv = n.affine ? b.view() : TensorView{};
+            const TensorView sc = n.mod ? vecs(1) : TensorView{}, sh = n.mod ? vecs(0) : TensorView{};
+            const TensorView gt = n.gate ? vecs(5) : TensorView{};
+            // the two ops
+            Tensor x1 = clone(x0), y1 = clone(y), h1 = gpu().alloc({n.L, n.C}, DType::BF16);
+            gpu().gated_residual(p, x1, y1, gt);
+            gpu().ada_layer_norm(p, x1, wv, bv, sc, sh, h1);
+            // fused, bf16 rows
+            Tensor x2 = clone(x0), y2 = clone(y), h2 = gpu().alloc({n.L, n.C}, DType::BF16);
+            gpu().gated_residual_norm(p, x2, y2, gt, wv, bv, sc, sh, h2);
+            same_bits(x2, x1, DType::BF16, "residual");
+            same_bits(h2, h1, DType::BF16, "rows");
+            if (!fp8_gpu()) continue;
+            // fused, E4M3 codes: those quantize_fp8 makes of the two ops' rows
+            Tensor x3 = clone(x0), y3 = clone(y);
+            Tensor q1 = gpu().alloc({n.L, n.C}, DType::F8_E4M3), s1 = gpu().alloc({n.L}, DType::F32);
+            Tensor q2 = gpu().alloc({n.L, n.C}, DType::F8_E4M3), s2 = gpu().alloc({n.L}, DType::F32);
+            gpu().quantize_fp8(h1, q1, s1);
+            gpu().gated_residual_norm_fp8(p, x3, y3, gt, wv, bv, sc, sh, q2, s2);
+            same_bits(x3, x1, DType::BF16, "residual (FP8 rows)");
+            check_same_codes(q1, s1, q2, s2);
+        }
+    }
+    set_row_kernels(RowKernels::Stream);
+}
+
 TEST_CASE("the FP8 GEMM runs through cuBLASLt at DreamZero's shapes and matches the CPU's") {
     if (!fp8_gpu()) {
         MESSAGE("no FP8 on " << gpu().name() << ": skipped");
