@@ -37,20 +37,32 @@ struct StageSrc {
     float add = 0.f;
 };
 
-/// A vector read from global memory where the rows need it instead of staged (group 1's, where staging it would cost
-/// rows in flight: the few register rows read it from L2).
-constexpr int kFromGlobal = -2;
-
-/// Where the staged vectors sit: slot s at float4 offset 2 s · chunks (elements 0-3 of chunk ch at [ch], 4-7 at
-/// [chunks + ch]); -1: absent; kFromGlobal: not staged.
+/// The per-column vectors: slot v (-1: absent) staged in shared memory at plane pos[v] (float4 offset 2 pos · chunks:
+/// elements 0-3 of chunk ch at [ch], 4-7 at [chunks + ch]), or, where shared memory is short (group 1's vectors: the
+/// few register rows), read from global memory as the staging would read it.
 struct Slots {
     StageSrc src[kSlots];
+    int pos[kSlots] = {};
+    bool in_smem[kSlots] = {};
     int count = 0;
+    int staged = 0;  // planes in shared memory
     int w = -1, b = -1, s[2] = {-1, -1}, h[2] = {-1, -1}, g[2] = {-1, -1};
     int add(Vec8Ptr p, int64_t off, float a) {
         if (!p.defined()) return -1;
         src[count] = StageSrc{p, off, a};
+        in_smem[count] = true;
+        pos[count] = staged++;
         return count++;
+    }
+    /// Group 1's vectors (those not also group 0's) read from global memory instead; false: there are none.
+    bool unstage_group1() {
+        bool any = false;
+        for (int v : {s[1], h[1], g[1]})
+            if (v >= 0 && v != s[0] && v != h[0] && v != g[0] && in_smem[v]) in_smem[v] = false, any = true;
+        staged = 0;
+        for (int v = 0; v < count; ++v)
+            if (in_smem[v]) pos[v] = staged++;
+        return any;
     }
 };
 
@@ -59,6 +71,7 @@ __device__ __forceinline__ void stage(const Slots& sl, float4* prm, int chunks) 
 #pragma unroll
     for (int v = 0; v < kSlots; ++v) {
         if (v >= sl.count) break;
+        if (!sl.in_smem[v]) continue;
         for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
             float p[8];
             sl.src[v].src.load(sl.src[v].off + int64_t(ch) * 8, p);
@@ -67,15 +80,25 @@ __device__ __forceinline__ void stage(const Slots& sl, float4* prm, int chunks) 
 #pragma unroll
                 for (int i = 0; i < 8; ++i) p[i] += sl.src[v].add;
             }
-            float4* base = prm + int64_t(v) * 2 * chunks;
+            float4* base = prm + int64_t(sl.pos[v]) * 2 * chunks;
             base[ch] = make_float4(p[0], p[1], p[2], p[3]);
             base[chunks + ch] = make_float4(p[4], p[5], p[6], p[7]);
         }
     }
 }
 
-__device__ __forceinline__ void staged(const float4* prm, int slot, int chunks, int ch, float (&p)[8]) {
-    const float4* base = prm + int64_t(slot) * 2 * chunks;
+__device__ __forceinline__ void staged(const float4* prm, const Slots& sl, int slot, int chunks, int ch,
+                                       float (&p)[8]) {
+    if (!sl.in_smem[slot]) {
+        const StageSrc& src = sl.src[slot];
+        src.src.load(src.off + int64_t(ch) * 8, p);
+        if (src.add != 0.f) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) p[i] += src.add;
+        }
+        return;
+    }
+    const float4* base = prm + int64_t(sl.pos[slot]) * 2 * chunks;
     const float4 lo = base[ch], hi = base[chunks + ch];
     p[0] = lo.x, p[1] = lo.y, p[2] = lo.z, p[3] = lo.w, p[4] = hi.x, p[5] = hi.y, p[6] = hi.z, p[7] = hi.w;
 }
@@ -107,42 +130,28 @@ struct NormKernelArgs {
     Slots slots;
 };
 
-/// Group g's vector at chunk ch: staged, or (kFromGlobal) read as the staging reads it (`add` 1: the 1 + scale factor).
-__device__ __forceinline__ void group_vec(const float4* prm, int slot, Vec8Ptr src, int64_t off, float add, int chunks,
-                                          int ch, float (&p)[8]) {
-    if (slot >= 0) {
-        staged(prm, slot, chunks, ch, p);
-        return;
-    }
-    src.load(off + int64_t(ch) * 8, p);
-    if (add != 0.f) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) p[i] += add;
-    }
-}
-
 /// The LayerNorm with its parameters applied to 8 normalized values (one function for the bf16 and the E4M3 kernels, so
 /// both round the same f32 values).
-__device__ __forceinline__ void ada_apply(const float4* prm, const Slots& sl, const NormArgs& a, int g, int chunks,
-                                          int ch, float (&o)[8]) {
+__device__ __forceinline__ void ada_apply(const float4* prm, const Slots& sl, int g, int chunks, int ch,
+                                          float (&o)[8]) {
     float p[8];
     if (sl.w >= 0) {
-        staged(prm, sl.w, chunks, ch, p);
+        staged(prm, sl, sl.w, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] *= p[i];
     }
     if (sl.b >= 0) {
-        staged(prm, sl.b, chunks, ch, p);
+        staged(prm, sl, sl.b, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] += p[i];
     }
-    if (sl.s[g] != -1) {
-        group_vec(prm, sl.s[g], a.scale, g * a.mod_stride, 1.f, chunks, ch, p);  // 1 + scale
+    if (sl.s[g] >= 0) {
+        staged(prm, sl, sl.s[g], chunks, ch, p);  // 1 + scale
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] *= p[i];
     }
-    if (sl.h[g] != -1) {
-        group_vec(prm, sl.h[g], a.shift, g * a.mod_stride, 0.f, chunks, ch, p);
+    if (sl.h[g] >= 0) {
+        staged(prm, sl, sl.h[g], chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] += p[i];
     }
@@ -157,7 +166,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
     const int chunks = a.cols / 8;
     float4* prm = reinterpret_cast<float4*>(smem);
-    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks * (kResidual ? 2 : 1);
+    uint4* buf = smem + int64_t(k.slots.staged) * 2 * chunks + int64_t(warp) * chunks * (kResidual ? 2 : 1);
     uint4* ybuf = buf + chunks;  // kResidual only
     const int64_t step = int64_t(gridDim.x) * warps;
     int64_t r = int64_t(blockIdx.x) * warps + warp;
@@ -175,8 +184,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
             // x + y [* gate] in f32 (one fma, as kernels::gated_residual), rounded, stored, and normalized as rounded
             uint4 yraw[N];
             take_row<N>(ybuf, chunks, lane, yraw);
-            const int gg = r % a.period < a.split ? 0 : 1;
-            const int gslot = k.slots.g[gg];
+            const int gslot = k.slots.g[r % a.period < a.split ? 0 : 1];
             uint4* xrow = reinterpret_cast<uint4*>(const_cast<bf16*>(a.x) + r * a.cols);
 #pragma unroll
             for (int kk = 0; kk < N; ++kk) {
@@ -185,9 +193,9 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
                     float v[8], d[8];
                     unpack8(raw[kk], v);
                     unpack8(yraw[kk], d);
-                    if (gslot != -1) {
+                    if (gslot >= 0) {
                         float gt[8];
-                        group_vec(prm, gslot, a.gate, gg * a.gate_stride, 0.f, chunks, ch, gt);
+                        staged(prm, k.slots, gslot, chunks, ch, gt);
 #pragma unroll
                         for (int i = 0; i < 8; ++i) v[i] = fmaf(d[i], gt[i], v[i]);
                     } else {
@@ -217,7 +225,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
                 unpack8(raw[kk], o);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) o[i] = (o[i] - mean) * rstd;
-                ada_apply(prm, k.slots, a, g, chunks, ch, o);
+                ada_apply(prm, k.slots, g, chunks, ch, o);
                 if constexpr (kFp8) {
                     fp8::round_for_codes(raw[kk], o, amax);  // the bf16 row, kept for the codes
                 } else {
@@ -246,7 +254,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
     const int chunks = a.cols / 8;
     float4* prm = reinterpret_cast<float4*>(smem);
-    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks;
+    uint4* buf = smem + int64_t(k.slots.staged) * 2 * chunks + int64_t(warp) * chunks;
     const int64_t step = int64_t(gridDim.x) * warps;
     int64_t r = int64_t(blockIdx.x) * warps + warp;
     // the lane's (cos, sin) of the next row, fetched with its copies (lane_table)
@@ -283,7 +291,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
                 for (int i = 0; i < 8; ++i) o[i] *= rstd;
                 if (k.slots.w >= 0) {
                     float p[8];
-                    staged(prm, k.slots.w, chunks, ch, p);
+                    staged(prm, k.slots, k.slots.w, chunks, ch, p);
 #pragma unroll
                     for (int i = 0; i < 8; ++i) o[i] *= p[i];
                 }
@@ -339,36 +347,26 @@ bool fits(int64_t rows, int cols) { return rows > 0 && cols > 0 && cols % 8 == 0
 
 cudaError_t ada_layer_norm(const NormArgs& a, cudaStream_t stream) {
     if (!fits(a.rows, a.cols)) return cudaErrorNotSupported;
-    // NOTE: group 1 is staged only where some row takes it
-    const bool two = a.split < std::min(a.period, a.rows);
-    const bool residual = a.y != nullptr;
-    const auto slots = [&](bool stage_group1) {
-        Slots sl;
-        sl.w = sl.add(a.weight, 0, 0.f);
-        sl.b = sl.add(a.bias, 0, 0.f);
-        sl.s[0] = sl.add(a.scale, 0, 1.f);
-        sl.h[0] = sl.add(a.shift, 0, 0.f);
-        if (residual) sl.g[0] = sl.add(a.gate, 0, 0.f);
-        const auto group1 = [&](Vec8Ptr p, int64_t stride, float add, int same) {
-            if (!two) return same;
-            if (!p.defined()) return -1;
-            return stage_group1 ? sl.add(p, stride, add) : kFromGlobal;
-        };
-        sl.s[1] = group1(a.scale, a.mod_stride, 1.f, sl.s[0]);
-        sl.h[1] = group1(a.shift, a.mod_stride, 0.f, sl.h[0]);
-        if (residual) sl.g[1] = group1(a.gate, a.gate_stride, 0.f, sl.g[0]);
-        return sl;
-    };
     NormKernelArgs k;
     k.a = a;
-    k.slots = slots(true);
-    Launch l;
-    cudaError_t e = plan(a.rows, a.cols, k.slots.count, l, residual ? 2 : 1);
-    // NOTE: rows in flight matter more than group 1's vectors (the 25 register rows of 1785 read them from L2)
-    if (e == cudaSuccess && two && l.warps < kMaxWarps && l.warps < a.rows) {
-        k.slots = slots(false);
-        e = plan(a.rows, a.cols, k.slots.count, l, residual ? 2 : 1);
+    // NOTE: group 1 is staged only where some row takes it
+    const bool two = a.split < std::min(a.period, a.rows);
+    k.slots.w = k.slots.add(a.weight, 0, 0.f);
+    k.slots.b = k.slots.add(a.bias, 0, 0.f);
+    k.slots.s[0] = k.slots.add(a.scale, 0, 1.f);
+    k.slots.s[1] = two ? k.slots.add(a.scale, a.mod_stride, 1.f) : k.slots.s[0];
+    k.slots.h[0] = k.slots.add(a.shift, 0, 0.f);
+    k.slots.h[1] = two ? k.slots.add(a.shift, a.mod_stride, 0.f) : k.slots.h[0];
+    const bool residual = a.y != nullptr;
+    if (residual) {
+        k.slots.g[0] = k.slots.add(a.gate, 0, 0.f);
+        k.slots.g[1] = two ? k.slots.add(a.gate, a.gate_stride, 0.f) : k.slots.g[0];
     }
+    Launch l;
+    cudaError_t e = plan(a.rows, a.cols, k.slots.staged, l, residual ? 2 : 1);
+    // NOTE: rows in flight matter more than group 1's vectors (the 25 register rows of 1785 read them from L2)
+    if (e == cudaSuccess && l.warps < kMaxWarps && l.warps < a.rows && k.slots.unstage_group1())
+        e = plan(a.rows, a.cols, k.slots.staged, l, residual ? 2 : 1);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
     return dispatch_warp_chunks(a.cols, [&](auto n) {
@@ -389,7 +387,7 @@ cudaError_t rms_norm_rope(const RopeArgs& a, cudaStream_t stream) {
     k.slots.w = k.slots.add(a.weight, 0, 0.f);
     k.lane_table = (kWarp * 8) % a.head_dim == 0;
     Launch l;
-    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
+    const cudaError_t e = plan(a.rows, a.cols, k.slots.staged, l);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
     return dispatch_warp_chunks(a.cols, [&](auto n) {
