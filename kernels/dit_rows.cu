@@ -37,32 +37,16 @@ struct StageSrc {
     float add = 0.f;
 };
 
-/// The per-column vectors: slot v (-1: absent) staged in shared memory at plane pos[v] (float4 offset 2 pos · chunks:
-/// elements 0-3 of chunk ch at [ch], 4-7 at [chunks + ch]), or, where shared memory is short (group 1's vectors: the
-/// few register rows), read from global memory as the staging would read it.
+/// Where the staged vectors sit: slot s at float4 offset 2 s · chunks (elements 0-3 of chunk ch at [ch], 4-7 at
+/// [chunks + ch]); -1: absent.
 struct Slots {
     StageSrc src[kSlots];
-    int pos[kSlots] = {};
-    bool in_smem[kSlots] = {};
     int count = 0;
-    int staged = 0;  // planes in shared memory
     int w = -1, b = -1, s[2] = {-1, -1}, h[2] = {-1, -1}, g[2] = {-1, -1};
     int add(Vec8Ptr p, int64_t off, float a) {
         if (!p.defined()) return -1;
         src[count] = StageSrc{p, off, a};
-        in_smem[count] = true;
-        pos[count] = staged++;
         return count++;
-    }
-    /// Group 1's vectors (those not also group 0's) read from global memory instead; false: there are none.
-    bool unstage_group1() {
-        bool any = false;
-        for (int v : {s[1], h[1], g[1]})
-            if (v >= 0 && v != s[0] && v != h[0] && v != g[0] && in_smem[v]) in_smem[v] = false, any = true;
-        staged = 0;
-        for (int v = 0; v < count; ++v)
-            if (in_smem[v]) pos[v] = staged++;
-        return any;
     }
 };
 
@@ -71,7 +55,6 @@ __device__ __forceinline__ void stage(const Slots& sl, float4* prm, int chunks) 
 #pragma unroll
     for (int v = 0; v < kSlots; ++v) {
         if (v >= sl.count) break;
-        if (!sl.in_smem[v]) continue;
         for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
             float p[8];
             sl.src[v].src.load(sl.src[v].off + int64_t(ch) * 8, p);
@@ -80,25 +63,15 @@ __device__ __forceinline__ void stage(const Slots& sl, float4* prm, int chunks) 
 #pragma unroll
                 for (int i = 0; i < 8; ++i) p[i] += sl.src[v].add;
             }
-            float4* base = prm + int64_t(sl.pos[v]) * 2 * chunks;
+            float4* base = prm + int64_t(v) * 2 * chunks;
             base[ch] = make_float4(p[0], p[1], p[2], p[3]);
             base[chunks + ch] = make_float4(p[4], p[5], p[6], p[7]);
         }
     }
 }
 
-__device__ __forceinline__ void staged(const float4* prm, const Slots& sl, int slot, int chunks, int ch,
-                                       float (&p)[8]) {
-    if (!sl.in_smem[slot]) {
-        const StageSrc& src = sl.src[slot];
-        src.src.load(src.off + int64_t(ch) * 8, p);
-        if (src.add != 0.f) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) p[i] += src.add;
-        }
-        return;
-    }
-    const float4* base = prm + int64_t(sl.pos[slot]) * 2 * chunks;
+__device__ __forceinline__ void staged(const float4* prm, int slot, int chunks, int ch, float (&p)[8]) {
+    const float4* base = prm + int64_t(slot) * 2 * chunks;
     const float4 lo = base[ch], hi = base[chunks + ch];
     p[0] = lo.x, p[1] = lo.y, p[2] = lo.z, p[3] = lo.w, p[4] = hi.x, p[5] = hi.y, p[6] = hi.z, p[7] = hi.w;
 }
@@ -136,22 +109,22 @@ __device__ __forceinline__ void ada_apply(const float4* prm, const Slots& sl, in
                                           float (&o)[8]) {
     float p[8];
     if (sl.w >= 0) {
-        staged(prm, sl, sl.w, chunks, ch, p);
+        staged(prm, sl.w, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] *= p[i];
     }
     if (sl.b >= 0) {
-        staged(prm, sl, sl.b, chunks, ch, p);
+        staged(prm, sl.b, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] += p[i];
     }
     if (sl.s[g] >= 0) {
-        staged(prm, sl, sl.s[g], chunks, ch, p);  // 1 + scale
+        staged(prm, sl.s[g], chunks, ch, p);  // 1 + scale
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] *= p[i];
     }
     if (sl.h[g] >= 0) {
-        staged(prm, sl, sl.h[g], chunks, ch, p);
+        staged(prm, sl.h[g], chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] += p[i];
     }
@@ -166,7 +139,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
     const int chunks = a.cols / 8;
     float4* prm = reinterpret_cast<float4*>(smem);
-    uint4* buf = smem + int64_t(k.slots.staged) * 2 * chunks + int64_t(warp) * chunks * (kResidual ? 2 : 1);
+    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks * (kResidual ? 2 : 1);
     uint4* ybuf = buf + chunks;  // kResidual only
     const int64_t step = int64_t(gridDim.x) * warps;
     int64_t r = int64_t(blockIdx.x) * warps + warp;
@@ -195,7 +168,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
                     unpack8(yraw[kk], d);
                     if (gslot >= 0) {
                         float gt[8];
-                        staged(prm, k.slots, gslot, chunks, ch, gt);
+                        staged(prm, gslot, chunks, ch, gt);
 #pragma unroll
                         for (int i = 0; i < 8; ++i) v[i] = fmaf(d[i], gt[i], v[i]);
                     } else {
@@ -254,7 +227,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
     const int chunks = a.cols / 8;
     float4* prm = reinterpret_cast<float4*>(smem);
-    uint4* buf = smem + int64_t(k.slots.staged) * 2 * chunks + int64_t(warp) * chunks;
+    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks;
     const int64_t step = int64_t(gridDim.x) * warps;
     int64_t r = int64_t(blockIdx.x) * warps + warp;
     // the lane's (cos, sin) of the next row, fetched with its copies (lane_table)
@@ -291,7 +264,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
                 for (int i = 0; i < 8; ++i) o[i] *= rstd;
                 if (k.slots.w >= 0) {
                     float p[8];
-                    staged(prm, k.slots, k.slots.w, chunks, ch, p);
+                    staged(prm, k.slots.w, chunks, ch, p);
 #pragma unroll
                     for (int i = 0; i < 8; ++i) o[i] *= p[i];
                 }
@@ -363,10 +336,7 @@ cudaError_t ada_layer_norm(const NormArgs& a, cudaStream_t stream) {
         k.slots.g[1] = two ? k.slots.add(a.gate, a.gate_stride, 0.f) : k.slots.g[0];
     }
     Launch l;
-    cudaError_t e = plan(a.rows, a.cols, k.slots.staged, l, residual ? 2 : 1);
-    // NOTE: rows in flight matter more than group 1's vectors (the 25 register rows of 1785 read them from L2)
-    if (e == cudaSuccess && l.warps < kMaxWarps && l.warps < a.rows && k.slots.unstage_group1())
-        e = plan(a.rows, a.cols, k.slots.staged, l, residual ? 2 : 1);
+    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l, residual ? 2 : 1);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
     return dispatch_warp_chunks(a.cols, [&](auto n) {
@@ -387,7 +357,7 @@ cudaError_t rms_norm_rope(const RopeArgs& a, cudaStream_t stream) {
     k.slots.w = k.slots.add(a.weight, 0, 0.f);
     k.lane_table = (kWarp * 8) % a.head_dim == 0;
     Launch l;
-    const cudaError_t e = plan(a.rows, a.cols, k.slots.staged, l);
+    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
     return dispatch_warp_chunks(a.cols, [&](auto n) {
