@@ -603,38 +603,17 @@ cudaError_t gated_residual(void* x, const void* y, DType t, int64_t rows, int64_
     });
 }
 
-cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t stream, RowImpl impl) {
+cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t stream) {
     if (a.rows == 0) return cudaSuccess;
     if (a.period <= 0) return cudaErrorInvalidValue;
-    const bool fp8 = a.q != nullptr;
     const bool strides_agree = !a.scale.data || !a.shift.data || a.scale.row_stride == a.shift.row_stride;
-    // NOTE: with q, `out` of the warp check stands for the codes (as in ada_layer_norm_fp8)
-    const bool norm_ok = warp_norm_ok(a.x, a.t, fp8 ? a.x : a.out, fp8 ? DType::BF16 : a.to, a.cols, a.weight,
-                                      a.bias, a.scale, a.shift) &&
-                         strides_agree && (!fp8 || (reinterpret_cast<uintptr_t>(a.q) & 7u) == 0);
-    const bool fused_ok = norm_ok && a.t == DType::BF16 && aligned16(a.y) && group_ok16(a.gate);
-    if (fp8 && !norm_ok) return cudaErrorNotSupported;
-    if (fused_ok && impl == RowImpl::Stream) {
-        rows::NormArgs s = stream_norm_args(a.x, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam, a.scale, a.shift,
-                                            a.split, a.period);
-        s.out = static_cast<bf16*>(a.out);
-        s.q = a.q;
-        s.q_scales = a.q_scales;
-        s.y = static_cast<const bf16*>(a.y);
-        s.gate = vec8(a.gate.data, a.gate.dtype);
-        s.gate_stride = a.gate.row_stride;
-        const cudaError_t e = rows::ada_layer_norm(s, stream);
-        if (e != cudaErrorNotSupported) return e;
-    }
-    if (!fused_ok || fp8) {
+    if (a.t != DType::BF16 || !aligned16(a.y) || !group_ok16(a.gate) || !strides_agree ||
+        !warp_norm_ok(a.x, a.t, a.out, a.to, a.cols, a.weight, a.bias, a.scale, a.shift)) {
         // the unfused pair: the same values (the norm reads the rounded residual either way)
         const cudaError_t e = gated_residual(a.x, a.y, a.t, a.rows, a.cols, a.gate, a.split, a.period, stream);
         if (e != cudaSuccess) return e;
-        if (fp8)
-            return ada_layer_norm_fp8(a.x, a.t, a.q, a.q_scales, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam,
-                                      a.scale, a.shift, a.split, a.period, stream, impl);
         return ada_layer_norm(a.x, a.t, a.out, a.to, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam, a.scale,
-                              a.shift, a.split, a.period, stream, impl);
+                              a.shift, a.split, a.period, stream);
     }
     AdaWarpArgs w = ada_warp_args(a.x, a.out, a.rows, a.cols, a.eps, a.weight, a.bias, a.tparam, a.scale, a.shift,
                                   a.split, a.period);

@@ -62,15 +62,11 @@ struct GatedResidualNormArgs {
     GroupVec scale, shift;
     int64_t split = INT64_MAX;
     int64_t period = INT64_MAX;
-    uint8_t* q = nullptr;       // set: ada_layer_norm_fp8's codes [rows, cols] (8-byte aligned) instead of out
-    float* q_scales = nullptr;  // with q: their row scales [rows]
 };
 
-/// x += y [* gate[g]] (rounded to x's dtype), then out = ada_layer_norm(x) (or, with q, ada_layer_norm_fp8's codes of
-/// the rounded rows): one pass over x where the shapes allow (bf16 rows the row kernels take), else the two kernels in
-/// turn (the same values). With q, shapes ada_layer_norm_fp8 does not take give cudaErrorNotSupported, nothing
-/// launched.
-cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t stream, RowImpl impl = RowImpl::Stream);
+/// x += y [* gate[g]] (rounded to x's dtype), then out = ada_layer_norm(x): one pass over x where the shapes allow
+/// (bf16 rows the warp kernel takes), else the two kernels in turn (the same values).
+cudaError_t gated_residual_norm(const GatedResidualNormArgs& a, cudaStream_t stream);
 
 /// out[r] = rope(rms_norm(x[r]) * weight): the RMS over the whole row (heads · head_dim), then the rotation of each
 /// head's interleaved pairs j < pairs by (cos, sin) of table row r (table_a for r < split, table_b row r - split

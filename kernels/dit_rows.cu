@@ -21,7 +21,7 @@ namespace dzr::kernels::rows {
 namespace {
 
 constexpr int kMaxWarps = 8;  // rows in flight per block
-constexpr int kSlots = 8;     // staged vectors at most: weight, bias, scale, shift and gate of 2 groups (6 used at once)
+constexpr int kSlots = 6;     // staged vectors at most: weight, bias, scale of 2 groups, shift of 2 groups
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -42,7 +42,7 @@ struct StageSrc {
 struct Slots {
     StageSrc src[kSlots];
     int count = 0;
-    int w = -1, b = -1, s[2] = {-1, -1}, h[2] = {-1, -1}, g[2] = {-1, -1};
+    int w = -1, b = -1, s[2] = {-1, -1}, h[2] = {-1, -1};
     int add(Vec8Ptr p, int64_t off, float a) {
         if (!p.defined()) return -1;
         src[count] = StageSrc{p, off, a};
@@ -58,11 +58,8 @@ __device__ __forceinline__ void stage(const Slots& sl, float4* prm, int chunks) 
         for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
             float p[8];
             sl.src[v].src.load(sl.src[v].off + int64_t(ch) * 8, p);
-            // NOTE: no add of 0 (it would turn a -0 into +0: the values stay those the warp kernels read)
-            if (sl.src[v].add != 0.f) {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) p[i] += sl.src[v].add;
-            }
+            for (int i = 0; i < 8; ++i) p[i] += sl.src[v].add;
             float4* base = prm + int64_t(v) * 2 * chunks;
             base[ch] = make_float4(p[0], p[1], p[2], p[3]);
             base[chunks + ch] = make_float4(p[4], p[5], p[6], p[7]);
@@ -131,58 +128,25 @@ __device__ __forceinline__ void ada_apply(const float4* prm, const Slots& sl, in
 }
 
 // kFp8: the output rows rounded to bf16 (as `out` would hold them) and quantized per row instead of written.
-// kResidual: x += y [* gate[g]] first, written back (each warp holds the x and the y row in its buffers).
-template <int N, bool kFp8, bool kResidual>
+template <int N, bool kFp8>
 __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel(const NormKernelArgs k) {
     extern __shared__ uint4 smem[];
     const NormArgs& a = k.a;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
     const int chunks = a.cols / 8;
     float4* prm = reinterpret_cast<float4*>(smem);
-    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks * (kResidual ? 2 : 1);
-    uint4* ybuf = buf + chunks;  // kResidual only
+    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks;
     const int64_t step = int64_t(gridDim.x) * warps;
     int64_t r = int64_t(blockIdx.x) * warps + warp;
-    const auto issue = [&](int64_t row) {
-        issue_row<N>(a.x, row, a.cols, buf, lane);
-        if constexpr (kResidual) issue_row<N>(a.y, row, a.cols, ybuf, lane);
-    };
-    if (r < a.rows) issue(r);
+    if (r < a.rows) issue_row<N>(a.x, r, a.cols, buf, lane);
     stage(k.slots, prm, chunks);  // overlaps the first rows' copies
     __syncthreads();
     for (; r < a.rows; r += step) {
         uint4 raw[N];
         take_row<N>(buf, chunks, lane, raw);
-        if constexpr (kResidual) {
-            // x + y [* gate] in f32 (one fma, as kernels::gated_residual), rounded, stored, and normalized as rounded
-            uint4 yraw[N];
-            take_row<N>(ybuf, chunks, lane, yraw);
-            const int gslot = k.slots.g[r % a.period < a.split ? 0 : 1];
-            uint4* xrow = reinterpret_cast<uint4*>(const_cast<bf16*>(a.x) + r * a.cols);
-#pragma unroll
-            for (int kk = 0; kk < N; ++kk) {
-                const int ch = kk * kWarp + lane;
-                if (ch < chunks) {
-                    float v[8], d[8];
-                    unpack8(raw[kk], v);
-                    unpack8(yraw[kk], d);
-                    if (gslot >= 0) {
-                        float gt[8];
-                        staged(prm, gslot, chunks, ch, gt);
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) v[i] = fmaf(d[i], gt[i], v[i]);
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) v[i] += d[i];
-                    }
-                    raw[kk] = pack8(v);
-                    xrow[ch] = raw[kk];
-                }
-            }
-        }
         const float mean = warp_row_sum(raw, chunks, lane, [](float v) { return v; }) / float(a.cols);
-        // NOTE: the sum consumed every value read from the buffers, so the next row's copies may overwrite them
-        if (r + step < a.rows) issue(r + step);
+        // NOTE: the sum consumed every value read from the buffer, so the next row's copies may overwrite it
+        if (r + step < a.rows) issue_row<N>(a.x, r + step, a.cols, buf, lane);
         const float var = warp_row_sum(raw, chunks, lane, [mean](float v) {
                               const float d = v - mean;
                               return d * d;
@@ -283,16 +247,15 @@ struct Launch {
     unsigned blocks = 0;
 };
 
-/// Fits `slots` staged vectors and `buffers` row buffers per warp into the block's shared memory; warps = 0: does not
-/// fit.
-cudaError_t plan(int64_t rows, int cols, int slots, Launch& l, int buffers = 1) {
+/// Fits `slots` staged vectors and one row buffer per warp into the block's shared memory; warps = 0: does not fit.
+cudaError_t plan(int64_t rows, int cols, int slots, Launch& l) {
     int dev = 0, sms = 0, optin = 0, per_sm = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     if (e != cudaSuccess) return e;
-    const size_t param_bytes = size_t(slots) * size_t(cols) * 4, row_bytes = size_t(cols) * 2 * size_t(buffers);
+    const size_t param_bytes = size_t(slots) * size_t(cols) * 4, row_bytes = size_t(cols) * 2;
     if (param_bytes + row_bytes > size_t(optin)) return cudaSuccess;
     l.warps = int(std::min<size_t>(kMaxWarps, (size_t(optin) - param_bytes) / row_bytes));
     l.warps = int(std::min<int64_t>(l.warps, rows));
@@ -330,22 +293,14 @@ cudaError_t ada_layer_norm(const NormArgs& a, cudaStream_t stream) {
     k.slots.s[1] = two ? k.slots.add(a.scale, a.mod_stride, 1.f) : k.slots.s[0];
     k.slots.h[0] = k.slots.add(a.shift, 0, 0.f);
     k.slots.h[1] = two ? k.slots.add(a.shift, a.mod_stride, 0.f) : k.slots.h[0];
-    const bool residual = a.y != nullptr;
-    if (residual) {
-        k.slots.g[0] = k.slots.add(a.gate, 0, 0.f);
-        k.slots.g[1] = two ? k.slots.add(a.gate, a.gate_stride, 0.f) : k.slots.g[0];
-    }
     Launch l;
-    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l, residual ? 2 : 1);
+    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
     return dispatch_warp_chunks(a.cols, [&](auto n) {
         constexpr int N = decltype(n)::value;
-        if (residual)
-            return a.q ? launch(ada_layer_norm_stream_kernel<N, true, true>, l, k, stream)
-                       : launch(ada_layer_norm_stream_kernel<N, false, true>, l, k, stream);
-        return a.q ? launch(ada_layer_norm_stream_kernel<N, true, false>, l, k, stream)
-                   : launch(ada_layer_norm_stream_kernel<N, false, false>, l, k, stream);
+        return a.q ? launch(ada_layer_norm_stream_kernel<N, true>, l, k, stream)
+                   : launch(ada_layer_norm_stream_kernel<N, false>, l, k, stream);
     });
 }
 

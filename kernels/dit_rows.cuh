@@ -14,14 +14,9 @@
 namespace dzr::kernels::rows {
 
 /// The operands of the streamed LayerNorm (bf16 x [rows, cols], cols % 8 == 0, 16-byte aligned vectors; scale and
-/// shift rows `mod_stride` elements apart). With q set: the bf16 rows' E4M3 codes and row scales instead of out. With
-/// y set: x += y [* gate[g]] first (gate rows `gate_stride` apart), rounded to bf16 and written back to x, and the norm
-/// reads the rounded rows (kernels::gated_residual then the norm, in one pass).
+/// shift rows `mod_stride` elements apart). With q set: the bf16 rows' E4M3 codes and row scales instead of out.
 struct NormArgs {
-    const bf16* x = nullptr;  // written (the residual) when y is set
-    const bf16* y = nullptr;
-    Vec8Ptr gate;
-    int64_t gate_stride = 0;
+    const bf16* x = nullptr;
     bf16* out = nullptr;
     uint8_t* q = nullptr;
     float* q_scales = nullptr;

@@ -438,28 +438,12 @@ int run_fused_bench(const BenchOptions& o) {
             be->activation_quantize_fp8({Activation::GeluTanh}, ffn[j], codes(j, F), q_scales);
         });
         bench("gated_residual gate, 2 groups", 3, [&](size_t j) { be->gated_residual(rows, x[j], y[j], mvec(2)); });
-        // the DiT's residual adds with the norm after them (DitForwardOptions::fuse_residual_norm) against the two ops
-        both("gated_residual_norm gate + norm3", C, 4 * tensor_bytes,
-             [&](size_t j) { be->gated_residual_norm(rows, x[j], y[j], mvec(2), w, b, {}, {}, out[j]); });
+        bench("gated_residual_norm gate + norm3", 4,
+              [&](size_t j) { be->gated_residual_norm(rows, x[j], y[j], mvec(2), w, b, {}, {}, out[j]); });
         bench("  unfused: gated_residual, then ada_layer_norm", 5, [&](size_t j) {
             be->gated_residual(rows, x[j], y[j], mvec(2));
             be->ada_layer_norm(rows, x[j], w, b, {}, {}, out[j]);
         });
-        both("gated_residual_norm gate + modulated norm1", C, 4 * tensor_bytes, [&](size_t j) {
-            be->gated_residual_norm(rows, x[j], y[j], mvec(5), {}, {}, mvec(1), mvec(0), out[j]);
-        });
-        bench("  unfused: gated_residual, then ada_layer_norm modulated", 5, [&](size_t j) {
-            be->gated_residual(rows, x[j], y[j], mvec(5));
-            be->ada_layer_norm(rows, x[j], {}, {}, mvec(1), mvec(0), out[j]);
-        });
-        both("gated_residual_norm_fp8 gate + modulated norm1", C, 2 * tensor_bytes + fp8_norm_bytes, [&](size_t j) {
-            be->gated_residual_norm_fp8(rows, x[j], y[j], mvec(5), {}, {}, mvec(1), mvec(0), codes(j, C), q_scales);
-        });
-        bench_bytes("  unfused: gated_residual, then ada_layer_norm_fp8", C, 3 * tensor_bytes + fp8_norm_bytes,
-                    [&](size_t j) {
-                        be->gated_residual(rows, x[j], y[j], mvec(5));
-                        be->ada_layer_norm_fp8(rows, x[j], {}, {}, mvec(1), mvec(0), codes(j, C), q_scales);
-                    });
         bench("binary add x += y", 3, [&](size_t j) { be->add(x[j], y[j], x[j]); });
         {
             // FFN up: the GEMM with the bias and GELU in its epilogue against the GEMM then the GELU kernel

@@ -226,14 +226,6 @@ void Backend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, c
     quantize_fp8(h, q, scales);
 }
 
-void Backend::gated_residual_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                      const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                      const TensorView& scale, const TensorView& shift, const TensorView& q,
-                                      const TensorView& scales) {
-    gated_residual(p, x, y, gate);
-    ada_layer_norm_fp8(p, x, weight, bias, scale, shift, q, scales);
-}
-
 void Backend::activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
                                       const TensorView& scales) {
     ArenaScope scope(workspace());

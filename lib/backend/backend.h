@@ -404,12 +404,6 @@ public:
     virtual void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
                                     const TensorView& bias, const TensorView& scale, const TensorView& shift,
                                     const TensorView& q, const TensorView& scales);
-    /// gated_residual, then ada_layer_norm_fp8 of the updated x (the FFN's residual and the next layer's norm in front
-    /// of its FP8 q/k/v, in one pass where the backend fuses them). The base implementation runs the two ops.
-    virtual void gated_residual_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                         const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                         const TensorView& scale, const TensorView& shift, const TensorView& q,
-                                         const TensorView& scales);
     /// quantize_fp8 of activation(x) rounded to x's dtype (x contiguous [rows, cols], left unchanged): the FFN's GELU
     /// and the next FP8 Linear's quantization in one pass. The base implementation runs the activation into the
     /// workspace, then quantize_fp8: the same codes and scales.

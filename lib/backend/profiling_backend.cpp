@@ -143,14 +143,6 @@ void ProfilingBackend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorV
     run(fmt::format("ada_layer_norm_fp8 {}{}{}", desc(x), weight.defined() ? " affine" : "", scale.defined() ? " mod" : ""),
         [&](Backend& b) { b.ada_layer_norm_fp8(p, x, weight, bias, scale, shift, q, scales); });
 }
-void ProfilingBackend::gated_residual_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                               const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                               const TensorView& scale, const TensorView& shift, const TensorView& q,
-                                               const TensorView& scales) {
-    run(fmt::format("gated_residual_norm_fp8 {}{}{}{}", desc(x), gate.defined() ? " gate" : "",
-                    weight.defined() ? " affine" : "", scale.defined() ? " mod" : ""),
-        [&](Backend& b) { b.gated_residual_norm_fp8(p, x, y, gate, weight, bias, scale, shift, q, scales); });
-}
 void ProfilingBackend::activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
                                                const TensorView& scales) {
     run(fmt::format("activation_quantize_fp8 {}", desc(x)),

@@ -70,15 +70,6 @@ struct CausalDit::Step {
     TensorView branch(const TensorView& t, int b) const { return t.slice(0, b * tokens, tokens); }
 };
 
-/// DitForwardOptions::fuse_residual_norm: a layer's feed-forward output is not added to x at the layer's end but by the
-/// next layer's first norm (Backend::gated_residual_norm), so it outlives the layer's workspace; its gate is in the
-/// layer's modulation, so consecutive layers take turns in two modulation buffers.
-struct CausalDit::Residual {
-    TensorView y;         // [B·L, dim]: the last feed-forward output
-    TensorView mod[2];    // [G, 6, dim]: layer li's modulation in mod[li % 2]
-    bool waiting = false;  // y is not added yet (its gate: the previous layer's kGateFf row)
-};
-
 CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader)
     : cfg_(cfg) {
     const int C = cfg.dim;
@@ -458,22 +449,11 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
 
     // NOTE: a forward of committed rows only needs every layer's K/V: the last layer stops after storing them
     const bool kv_only = opt.kv_only && !opt.trace && be.numerics() == Numerics::Fast && !layers_.empty();
-    Residual res;
-    const bool fuse = opt.fuse_residual_norm && be.numerics() == Numerics::Fast && !opt.trace && !opt.check_finite;
-    if (fuse) {
-        res.y = be.scratch(Shape{B * L, C});
-        for (TensorView& m : res.mod) m = be.scratch(Shape{s.groups, 6, C});
-    }
     for (size_t i = 0; i < layers_.size(); ++i) {
-        layer_forward(be, s, int(i), branches, opt, kv_only && i + 1 == layers_.size(), fuse ? &res : nullptr);
+        layer_forward(be, s, int(i), branches, opt, kv_only && i + 1 == layers_.size());
         if (opt.trace) opt.trace("layer_out", int(i), s.x);
     }
     if (kv_only) return;
-    if (res.waiting) {  // the last layer's feed-forward output, before the head
-        const FusedRowParams rows{c.eps, s.groups > 1 ? Lv : L, L};
-        be.gated_residual(rows, s.x, res.y, mod_vecs(res.mod[(layers_.size() - 1) % 2], kGateFf));
-        res.waiting = false;
-    }
 
     // a branch's own outputs go to its trace, or the forward's (one branch)
     const auto branch_trace = [&](int b) -> const DitTraceFn& {
@@ -496,7 +476,7 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
 }
 
 void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
-                              const DitForwardOptions& opt, bool kv_only, Residual* res) const {
+                              const DitForwardOptions& opt, bool kv_only) const {
     const Layer& w = layers_[size_t(li)];
     // NOTE: BL: the rows of every branch (the linear layers and row ops); L: one branch's (attention, groups)
     const int64_t BL = s.x.dim(0), L = s.tokens, C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
@@ -510,12 +490,8 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
     ArenaScope scope(be.workspace());
 
     // mod[g] = modulation [6, C] + e0[g]; mod1 = mod + 1 serves the (1 + scale) factors (fast: added in f32)
-    DZR_CHECK(!res || fast, "causal dit: the fused residual needs fast numerics");
-    const TensorView mod = res ? res->mod[li % 2] : be.scratch(Shape{s.groups, 6, C});
+    const TensorView mod = be.scratch(Shape{s.groups, 6, C});
     be.add(s.e0, w.modulation, mod);
-    // the previous layer's feed-forward output, added by this layer's first norm
-    const bool add_pending = res && res->waiting;
-    const TensorView pending_gate = add_pending ? mod_vecs(res->mod[(li + 1) % 2], kGateFf) : TensorView{};
     TensorView mod1;
     if (!fast) {
         mod1 = be.scratch(Shape{s.groups, 6, C});
@@ -554,15 +530,11 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
     // (Backend::ada_layer_norm_fp8: the codes quantize_fp8 makes of the rounded rows, which are not written). A trace
     // wants the rows: the two ops then.
     const auto fused_fp8 = [&](bool fp8) { return fast && fp8 && !opt.trace; };
-    const auto fp8_rows = [&](const Step& st) {
+    const auto norm_fp8 = [&](const Step& st, const TensorView& weight, const TensorView& bias,
+                              const TensorView& scale, const TensorView& shift) {
         Fp8Input r;
         r.q = be.scratch(Shape{st.x.dim(0), C}, DType::F8_E4M3);
         r.scales = be.scratch(Shape{st.x.dim(0)}, DType::F32);
-        return r;
-    };
-    const auto norm_fp8 = [&](const Step& st, const TensorView& weight, const TensorView& bias,
-                              const TensorView& scale, const TensorView& shift) {
-        const Fp8Input r = fp8_rows(st);
         be.ada_layer_norm_fp8(rows, st.x, weight, bias, scale, shift, r.q, r.scales);
         return r;
     };
@@ -586,24 +558,12 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
         const TensorView hs = h.slice(0, 0, n_rows), ys = y.slice(0, 0, n_rows);
         // FP8 weights: hs quantized once for q, k and v (the codes each would make itself)
         Fp8Input hq;
-        DZR_CHECK(!add_pending || !share, "causal dit: a shared layer 0 has no previous layer");
         if (fused_fp8(w.q.fp8() && w.k.fp8() && w.v.fp8())) {
-            if (add_pending) {
-                hq = fp8_rows(sa);
-                be.gated_residual_norm_fp8(rows, sa.x, res->y, pending_gate, {}, {}, mod_vecs(mod, kScaleSa),
-                                           mod_vecs(mod, kShiftSa), hq.q, hq.scales);
-            } else {
-                hq = norm_fp8(sa, {}, {}, mod_vecs(mod, kScaleSa), mod_vecs(mod, kShiftSa));
-            }
+            hq = norm_fp8(sa, {}, {}, mod_vecs(mod, kScaleSa), mod_vecs(mod, kShiftSa));
         } else {
-            if (add_pending)
-                be.gated_residual_norm(rows, sa.x, res->y, pending_gate, {}, {}, mod_vecs(mod, kScaleSa),
-                                       mod_vecs(mod, kShiftSa), hs);
-            else
-                modulated_norm(sa, kShiftSa, kScaleSa, hs);
+            modulated_norm(sa, kShiftSa, kScaleSa, hs);
             hq = Fp8Input::quantize(be, hs, w.q.fp8() || w.k.fp8() || w.v.fp8());
         }
-        if (res) res->waiting = false;
         trace("self_attn_in", hs);
         const TensorView raw = be.scratch(Shape{n_rows, C});
         TensorView q, k, v3;  // [L, H, D]
@@ -671,32 +631,23 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
         attend_branches(be, li, caches, q, k, v3, Lv, attn_scale, attn);
         w.o.forward(be, attn.reshape(Shape{n_rows, C}), ys);  // [L, H, D] -> [L, C] -> [L, C]
         trace("self_attn", ys);
-        // NOTE: with res (and every branch's rows here) norm3 adds ys: y holds it until then
-        if (!res || share) gated_residual(sa, ys, kGateSa);
+        // NOTE: not Backend::gated_residual_norm (the add and norm3 in one pass): on the H200 it measured slower
+        // than the two ops (`dzr bench fused`: 53.9 us against 45.7 us at [1785, 5120], docs/PERF.md)
+        gated_residual(sa, ys, kGateSa);
         if (share) be.copy(s.branch(s.x, 0), s.branch(s.x, 1));
     }
-    const bool norm3_adds = res && !share;
     trace("x_self", s.x);
     if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
 
     {  // cross-attention: separate softmaxes over text and image keys, summed, then o
         ArenaScope tmp(be.workspace());
         Fp8Input hq;
-        if (fused_fp8(w.cross_q.fp8())) {
-            if (norm3_adds) {
-                hq = fp8_rows(s);
-                be.gated_residual_norm_fp8(rows, s.x, y, mod_vecs(mod, kGateSa), w.norm3.w, w.norm3.b, {}, {}, hq.q,
-                                           hq.scales);
-            } else {
-                hq = norm_fp8(s, w.norm3.w, w.norm3.b, {}, {});
-            }
-        } else if (norm3_adds) {
-            be.gated_residual_norm(rows, s.x, y, mod_vecs(mod, kGateSa), w.norm3.w, w.norm3.b, {}, {}, h);
-        } else if (fast) {
+        if (fused_fp8(w.cross_q.fp8()))
+            hq = norm_fp8(s, w.norm3.w, w.norm3.b, {}, {});
+        else if (fast)
             be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
-        } else {
+        else
             w.norm3.forward(be, s.x, h);
-        }
         const TensorView raw = be.scratch(Shape{BL, C});
         const TensorView q = be.scratch(Shape{BL, C});
         w.cross_q.forward(be, h, hq, raw);  // [L, C] -> [L, C]
@@ -749,8 +700,6 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
 
     {  // feed-forward: C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
         ArenaScope tmp(be.workspace());
-        // NOTE: with res the output waits in res->y for the next layer's first norm (or the head) to add it
-        const TensorView yf = res ? res->y : y;
         const TensorView hidden = be.scratch(Shape{BL, cfg_.ffn_dim});
         if (fused_fp8(w.ffn1.fp8())) {
             // FP8: the norm quantizes for ffn1, whose GEMM adds the bias; the GELU then runs in ffn2's quantization
@@ -761,10 +710,10 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
                 gq.q = be.scratch(Shape{BL, cfg_.ffn_dim}, DType::F8_E4M3);
                 gq.scales = be.scratch(Shape{BL}, DType::F32);
                 be.activation_quantize_fp8({Activation::GeluTanh}, hidden, gq.q, gq.scales);
-                w.ffn2.forward(be, hidden, gq, yf);  // [L, ffn] -> [L, C]
+                w.ffn2.forward(be, hidden, gq, y);  // [L, ffn] -> [L, C]
             } else {
                 be.activation({Activation::GeluTanh}, hidden, hidden);
-                w.ffn2.forward(be, hidden, yf);
+                w.ffn2.forward(be, hidden, y);
             }
         } else {
             modulated_norm(s, kShiftFf, kScaleFf, h);
@@ -774,13 +723,10 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
                 w.ffn1.forward(be, h, hidden);  // [L, C] -> [L, ffn]
                 be.activation({Activation::GeluTanh}, hidden, hidden);
             }
-            w.ffn2.forward(be, hidden, yf);  // [L, ffn] -> [L, C]
+            w.ffn2.forward(be, hidden, y);  // [L, ffn] -> [L, C]
         }
-        trace("ffn", yf);
-        if (res)
-            res->waiting = true;
-        else
-            gated_residual(s, y, kGateFf);
+        trace("ffn", y);
+        gated_residual(s, y, kGateFf);
     }
     if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
 }

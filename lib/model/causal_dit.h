@@ -101,10 +101,6 @@ struct DitForwardOptions {
     /// are the same in both branches (the text enters at its cross-attention), runs on branch 0's rows only and branch
     /// 1 takes its result (a committing forward stores the same K/V rows into branch 1's cache).
     bool share_first_self_attention = false;
-    /// Fast numerics without a trace or finite checks: each residual add runs in one pass with the norm after it
-    /// (Backend::gated_residual_norm[_fp8]): the self-attention's with norm3, the feed-forward's with the next
-    /// layer's norm1 (the last layer's alone, before the head). The same values as the two ops.
-    bool fuse_residual_norm = false;
 };
 
 class CausalDit {
@@ -177,8 +173,7 @@ class CausalDit {
         RmsNorm cross_norm_q, cross_norm_k, cross_norm_k_img;
         Linear ffn1, ffn2;
     };
-    struct Step;      // per-forward state shared by the layer passes (causal_dit.cpp)
-    struct Residual;  // DitForwardOptions::fuse_residual_norm's feed-forward output between layers (causal_dit.cpp)
+    struct Step;  // per-forward state shared by the layer passes (causal_dit.cpp)
 
     enum class CrossContext : uint8_t { Text, Image };
     /// Every layer's cross K and V of one context ctx [tokens, dim] (text_embedding's or img_emb's output)
@@ -186,10 +181,8 @@ class CausalDit {
     void project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv,
                           const std::function<void(size_t)>& layer_done) const;
     /// kv_only (fast numerics): the layer's K/V rows stored into every branch's cache, and nothing after them.
-    /// res (fuse_residual_norm): the previous layer's feed-forward output that this layer's first norm adds, and where
-    /// this layer leaves its own.
     void layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
-                       const DitForwardOptions& opt, bool kv_only = false, Residual* res = nullptr) const;
+                       const DitForwardOptions& opt, bool kv_only = false) const;
     /// The head on branch b's video rows into `out`.
     void head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitTraceFn& trace,
                       const DitForwardOptions& opt) const;

@@ -190,8 +190,6 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
     measuring_ = be.capabilities().measuring;
     options_.share_first_self_attention =
         env_switch_off("DZR_SHARE_LAYER0", options_.share_first_self_attention, std::getenv("DZR_SHARE_LAYER0"));
-    options_.fuse_residual_norm =
-        env_switch_off("DZR_FUSED_RESIDUAL", options_.fuse_residual_norm, std::getenv("DZR_FUSED_RESIDUAL"));
     // NOTE: the VAE decoder serves decode_video() only: without video_decode its weights (0.14 GiB at DROID size)
     // stay in the checkpoint
     if (!options_.video_decode) model_.vae.has_decoder = false;

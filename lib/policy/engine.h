@@ -77,9 +77,6 @@ struct PolicyOptions {
     /// With batch_cfg: layer 0's self-attention runs once for both branches (DitForwardOptions::
     /// share_first_self_attention). The environment's DZR_SHARE_LAYER0=off turns it off.
     bool share_first_self_attention = true;
-    /// `fast` numerics: each residual add of the DiT in one pass with the norm after it (DitForwardOptions::
-    /// fuse_residual_norm: the same values). The environment's DZR_FUSED_RESIDUAL=off turns it off.
-    bool fuse_residual_norm = true;
     /// A trace (set_trace) records the DiT's intermediates ("dit.<kind>.<branch>.<name>[.<layer>]": the embeddings,
     /// every layer's, the head's). Off: only the head's input and output and the action velocity of each branch,
     /// which a batched forward gives per branch (a parity run that compares those, docs/PARITY.md).

@@ -98,11 +98,10 @@ TensorView head_view(const Tensor& t, Shape shape) { return TensorView(t.data(),
 
 /// A forward's DiT options: the finite checks, and kv_only for a committing forward nothing traces (its outputs are
 /// never read; fast numerics then stop its last layer after the K/V).
-DitForwardOptions dit_options(bool check_finite, ForwardKind kind, bool traced, bool fuse_residual_norm) {
+DitForwardOptions dit_options(bool check_finite, ForwardKind kind, bool traced) {
     DitForwardOptions opt;
     opt.check_finite = check_finite;
     opt.kv_only = kind != ForwardKind::Denoise && !traced;
-    opt.fuse_residual_norm = fuse_residual_norm;
     return opt;
 }
 
@@ -378,8 +377,7 @@ void Session::populate_image_cross() {
 void Session::forward(int branch, ForwardKind kind, const BranchIo& io, int start_frame, int64_t timestep,
                       int64_t action_timestep) {
     DitForwardOptions opt =
-        dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_),
-                    engine_.options_.fuse_residual_norm);
+        dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_));
     opt.trace = dit_trace(kind, branch);
     BranchRunner& runner = *runners_->branch[size_t(branch)];
     ProfileScope profile(runner.backend(), fmt::format("{}.{}", forward_kind_name(kind), kBranchNames[branch]));
@@ -405,8 +403,7 @@ void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchI
         forward(kUncondBranch, kind, uncond, start_frame, timestep, action_timestep);
         return;
     }
-    DitForwardOptions opt = dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_),
-                    engine_.options_.fuse_residual_norm);
+    DitForwardOptions opt = dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_));
     opt.share_first_self_attention = engine_.options_.share_first_self_attention;
     std::array<DitTraceFn, 2> traces;
     for (int branch : {kCondBranch, kUncondBranch}) traces[size_t(branch)] = dit_trace(kind, branch);

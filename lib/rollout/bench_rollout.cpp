@@ -126,7 +126,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     r.engine = engine.describe();
     for (const char* name : {"DZR_ATTENTION", "DZR_PLAIN_GEMM", "DZR_CONV_API", "DZR_LT_WORKSPACE", "DZR_LT_ALIGN",
                              "DZR_CONV_TUNE", "DZR_ROW_KERNELS", "DZR_BATCHED_ATTENTION", "DZR_GEMM_TUNE", "DZR_SHARE_LAYER0",
-                             "DZR_FUSED_RESIDUAL", "DZR_CUDA_GRAPHS"})
+                             "DZR_CUDA_GRAPHS"})
         if (const char* v = std::getenv(name)) r.environment.emplace_back(name, v);
     return r;
 }

@@ -711,77 +711,36 @@ void CudaBackend::gated_residual(const FusedRowParams& p, const TensorView& x, c
     DZR_CUDA_CHECK(kernels::gated_residual(x.data, y.data, x.dtype, L, C, g, p.split, p.period, stream_));
 }
 
-namespace {
-
-/// The operands gated_residual_norm and gated_residual_norm_fp8 share, checked (out or q/scales set by the caller).
-kernels::GatedResidualNormArgs residual_norm_args(const char* op, const FusedRowParams& p, const TensorView& x,
-                                                  const TensorView& y, const TensorView& gate,
-                                                  const TensorView& weight, const TensorView& bias,
-                                                  const TensorView& scale, const TensorView& shift) {
+void CudaBackend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                      const TensorView& gate, const TensorView& weight, const TensorView& bias,
+                                      const TensorView& scale, const TensorView& shift, const TensorView& out) {
+    check_device_tensor(x, "gated_residual_norm", "x");
+    check_device_tensor(y, "gated_residual_norm", "y");
+    check_device_tensor(out, "gated_residual_norm", "out");
     DZR_CHECK(x.is_contiguous() && y.is_contiguous() && x.shape == y.shape && x.dtype == y.dtype,
-              "cuda backend: {} needs contiguous x and y of one shape and dtype: {} {}", op, x.str(), y.str());
+              "cuda backend: gated_residual_norm needs contiguous x and y of one shape and dtype: {} {}", x.str(),
+              y.str());
+    unary_checks(x, out, "gated_residual_norm");
     const int64_t C = x.cols(), L = x.rows();
-    check_param(weight, C, op, "weight");
-    check_param(bias, C, op, "bias");
+    check_param(weight, C, "gated_residual_norm", "weight");
+    check_param(bias, C, "gated_residual_norm", "bias");
     DZR_CHECK(!weight.defined() || !bias.defined() || weight.dtype == bias.dtype,
-              "cuda backend: {} weight and bias must share a dtype", op);
+              "cuda backend: gated_residual_norm weight and bias must share a dtype");
     const int64_t G = groups_of(p, L);
     kernels::GatedResidualNormArgs a;
     a.x = x.data, a.y = y.data, a.t = x.dtype;
-    a.gate = group_vec(gate, C, G, op, "gate");
+    a.gate = group_vec(gate, C, G, "gated_residual_norm", "gate");
+    a.out = out.data, a.to = out.dtype;
     a.rows = L, a.cols = C, a.eps = p.eps;
     a.weight = weight.defined() ? weight.data : nullptr;
     a.bias = bias.defined() ? bias.data : nullptr;
     a.tparam = weight.defined() ? weight.dtype : bias.dtype;
-    a.scale = group_vec(scale, C, G, op, "scale");
-    a.shift = group_vec(shift, C, G, op, "shift");
+    a.scale = group_vec(scale, C, G, "gated_residual_norm", "scale");
+    a.shift = group_vec(shift, C, G, "gated_residual_norm", "shift");
     a.split = p.split;
     a.period = p.period;
-    return a;
-}
-
-}  // namespace
-
-void CudaBackend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                      const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                      const TensorView& scale, const TensorView& shift, const TensorView& out) {
-    const char* op = "gated_residual_norm";
-    check_device_tensor(x, op, "x");
-    check_device_tensor(y, op, "y");
-    check_device_tensor(out, op, "out");
-    unary_checks(x, out, op);
-    kernels::GatedResidualNormArgs a = residual_norm_args(op, p, x, y, gate, weight, bias, scale, shift);
-    a.out = out.data, a.to = out.dtype;
     DeviceGuard guard(index_);
-    DZR_CUDA_CHECK(kernels::gated_residual_norm(a, stream_, cuda_detail::row_impl(options_)));
-}
-
-void CudaBackend::gated_residual_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                          const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                          const TensorView& scale, const TensorView& shift, const TensorView& q,
-                                          const TensorView& scales) {
-    const char* op = "gated_residual_norm_fp8";
-    check_device_tensor(x, op, "x");
-    check_device_tensor(y, op, "y");
-    check_device_tensor(q, op, "q");
-    check_device_tensor(scales, op, "scales");
-    DZR_CHECK(q.dtype == DType::F8_E4M3 && q.is_contiguous() && q.numel() == x.numel() && scales.dtype == DType::F32 &&
-                  scales.is_contiguous() && scales.numel() == x.rows(),
-              "cuda backend: {} needs q f8_e4m3 of x's size and f32 scales of its rows: {} {} {}", op, x.str(), q.str(),
-              scales.str());
-    kernels::GatedResidualNormArgs a = residual_norm_args(op, p, x, y, gate, weight, bias, scale, shift);
-    a.q = q.ptr<uint8_t>();
-    a.q_scales = scales.ptr<float>();
-    // NOTE: as ada_layer_norm_fp8: the fused kernels take bf16 rows; other shapes and dtypes run the two ops
-    if (x.dtype == DType::BF16 && compute_dtype() == DType::BF16) {
-        DeviceGuard guard(index_);
-        const cudaError_t e = kernels::gated_residual_norm(a, stream_, cuda_detail::row_impl(options_));
-        if (e != cudaErrorNotSupported) {
-            DZR_CUDA_CHECK(e);
-            return;
-        }
-    }
-    Backend::gated_residual_norm_fp8(p, x, y, gate, weight, bias, scale, shift, q, scales);
+    DZR_CUDA_CHECK(kernels::gated_residual_norm(a, stream_));
 }
 
 void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,

@@ -198,10 +198,6 @@ public:
     void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
                             const TensorView& bias, const TensorView& scale, const TensorView& shift, const TensorView& q,
                             const TensorView& scales) override;
-    void gated_residual_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                 const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                 const TensorView& scale, const TensorView& shift, const TensorView& q,
-                                 const TensorView& scales) override;
     void activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
                                  const TensorView& scales) override;
     void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override;
