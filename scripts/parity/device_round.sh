@@ -29,6 +29,8 @@
 #   PARITY_CALLS=7 (the parity step's calls; CALLS is the sub-stage probe's)
 #   PROBE_ARGS (extra kernel_probe.py arguments, e.g. "--skip conv --cases clip_257_h16_d80")
 #   LOAD_CKPT (the load step's checkpoint), LOAD_VARIANTS and SKIP_OLD (scripts/bench/load_cold_warm.sh's)
+#   EXTRA_CMAKE_ARGS (more configure arguments of the build step, e.g. another cuDNN: -DDZR_CUDNN_INCLUDE=DIR
+#   -DDZR_CUDNN_LIB=FILE, with BUILD_DIR set apart and LD_LIBRARY_PATH naming its library folder)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dzr-round-out}
@@ -107,7 +109,7 @@ if want build; then
         gen=()
         command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
         cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDZR_CUDA=ON -DDZR_OPENCV=OFF \
-            -DCMAKE_CUDA_ARCHITECTURES=90a >"$WORK/build/configure.log" 2>&1 &&
+            -DCMAKE_CUDA_ARCHITECTURES=90a ${EXTRA_CMAKE_ARGS:-} >"$WORK/build/configure.log" 2>&1 &&
             cmake --build "$BUILD_DIR" -j "$(nproc)" >"$WORK/build/build.log" 2>&1
     fi
     check $? build
