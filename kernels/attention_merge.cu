@@ -81,64 +81,11 @@ __global__ void repeated_key_kernel(RepeatedKeyMergeArgs a) {
     }
 }
 
-/// bf16 rows of 128 with 16-byte aligned addresses and strides: half a warp per (token, head) row, 8 elements per
-/// lane (one 16-byte access per stream); the warp's two rows share its shuffles (the loop is uniform per warp).
-__global__ void repeated_key_kernel_bf16_d128(RepeatedKeyMergeArgs a) {
-    const int lane = int(threadIdx.x) & 31, sub = lane & 15;
-    const int64_t rows = a.lq * a.heads;
-    const int64_t nwarps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-    for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; 2 * w < rows; w += nwarps) {
-        const int64_t r = 2 * w + (lane >> 4);
-        const bool valid = r < rows;
-        const int64_t rr = valid ? r : rows - 1;
-        const int64_t t = rr / a.heads;
-        const int h = int(rr % a.heads);
-        const int d = sub * 8;
-        float q[8], k[8];
-        Vec8<bf16>::load(static_cast<const bf16*>(a.q) + t * a.q_tok + int64_t(h) * a.q_head + d, q);
-        Vec8<bf16>::load(static_cast<const bf16*>(a.k_rep) + int64_t(h) * a.k_head + d, k);
-        float dot = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dot = fmaf(q[i], k[i], dot);
-#pragma unroll
-        for (int off = 8; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        const float lb = dot * a.scale + a.log_n, la = a.lse[int64_t(h) * a.lq + t];
-        const float m = fmaxf(la, lb);
-        const float wa = expf(la - m), wb = expf(lb - m);
-        const float inv = 1.f / (wa + wb);
-        float p[8], v[8], o[8];
-        Vec8<bf16>::load(static_cast<const bf16*>(a.part) + t * a.p_tok + int64_t(h) * a.p_head + d, p);
-        Vec8<bf16>::load(static_cast<const bf16*>(a.v_rep) + int64_t(h) * a.v_head + d, v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[i] = (wa * p[i] + wb * v[i]) * inv;
-        if (a.addend) {
-            float ad[8];
-            Vec8<bf16>::load(static_cast<const bf16*>(a.addend) + t * a.a_tok + int64_t(h) * a.a_head + d, ad);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) o[i] += ad[i];
-        }
-        if (valid) Vec8<bf16>::store(static_cast<bf16*>(a.out) + t * a.o_tok + int64_t(h) * a.o_head + d, o);
-    }
-}
-
 }  // namespace
 
 cudaError_t repeated_key_merge(const RepeatedKeyMergeArgs& a, cudaStream_t stream) {
     if (a.lq <= 0 || a.heads <= 0 || a.head_dim_v <= 0) return cudaSuccess;
     const int64_t threads = a.lq * a.heads * 32;
-    const size_t es = 2;
-    const bool vec = a.dtype == DType::BF16 && a.head_dim == 128 && a.head_dim_v == 128 && aligned16(a.q) &&
-                     aligned16(a.k_rep) && aligned16(a.v_rep) && aligned16(a.part) && aligned16(a.out) &&
-                     (!a.addend || (aligned16(a.addend) && aligned16_stride(a.a_tok, es) &&
-                                    aligned16_stride(a.a_head, es))) &&
-                     aligned16_stride(a.q_tok, es) && aligned16_stride(a.q_head, es) &&
-                     aligned16_stride(a.k_head, es) && aligned16_stride(a.v_head, es) &&
-                     aligned16_stride(a.p_tok, es) && aligned16_stride(a.p_head, es) &&
-                     aligned16_stride(a.o_tok, es) && aligned16_stride(a.o_head, es);
-    if (vec) {
-        repeated_key_kernel_bf16_d128<<<grid_for(threads / 2, kThreads), kThreads, 0, stream>>>(a);
-        return cudaGetLastError();
-    }
     if (a.dtype == DType::BF16) {
         repeated_key_kernel<bf16><<<grid_for(threads, kThreads), kThreads, 0, stream>>>(a);
         return cudaGetLastError();
