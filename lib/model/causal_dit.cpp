@@ -274,15 +274,12 @@ size_t CausalDit::forward_workspace_bytes(Backend& be, int frames, bool register
         const Tensor action = mb.alloc(Shape{c.num_action_per_block, c.action_dim}, mb.compute_dtype());
         const Tensor state = mb.alloc(Shape{c.num_state_per_block, c.max_state_dim}, mb.compute_dtype());
         if (registers) in.registers = DitRegisterInputs{action, 0, state};
-        DitCrossKv cross = make_cross_kv(mb, 1);
-        cross.text_tokens = 1;  // a one-token prompt: a collapsing text cross-attention's scratch is counted too
+        const DitCrossKv cross = make_cross_kv(mb, 1);
         std::vector<NoHistoryCache> caches(size_t(std::max(branches, 1)));
         std::vector<DitBranch> list;
         for (NoHistoryCache& cache : caches)
             list.push_back({&cross, &cache, DitOutputs{mb.alloc(x.shape(), mb.compute_dtype()), action}, {}});
-        DitForwardOptions opt;
-        opt.collapse_text_padding = true;
-        forward_batch(mb, in, list, opt);
+        forward_batch(mb, in, list);
     });
 }
 
