@@ -51,51 +51,7 @@ __global__ void merge_kernel_bf16x8(AttentionMergeArgs a) {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__global__ void repeated_key_kernel(RepeatedKeyMergeArgs a) {
-    const int lane = int(threadIdx.x) & 31;
-    const int64_t rows = a.lq * a.heads;
-    const int64_t nwarps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-    for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; r < rows; r += nwarps) {
-        const int64_t t = r / a.heads;
-        const int h = int(r % a.heads);
-        const T* q = static_cast<const T*>(a.q) + t * a.q_tok + int64_t(h) * a.q_head;
-        const T* k = static_cast<const T*>(a.k_rep) + int64_t(h) * a.k_head;
-        float dot = 0.f;
-        for (int d = lane; d < a.head_dim; d += 32) dot = fmaf(to_f32(q[d]), to_f32(k[d]), dot);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        const float lb = dot * a.scale + a.log_n, la = a.lse[int64_t(h) * a.lq + t];
-        const float m = fmaxf(la, lb);
-        const float wa = expf(la - m), wb = expf(lb - m);
-        const float inv = 1.f / (wa + wb);
-        const T* p = static_cast<const T*>(a.part) + t * a.p_tok + int64_t(h) * a.p_head;
-        const T* v = static_cast<const T*>(a.v_rep) + int64_t(h) * a.v_head;
-        const T* add = a.addend ? static_cast<const T*>(a.addend) + t * a.a_tok + int64_t(h) * a.a_head : nullptr;
-        T* o = static_cast<T*>(a.out) + t * a.o_tok + int64_t(h) * a.o_head;
-        for (int d = lane; d < a.head_dim_v; d += 32) {
-            float x = (wa * to_f32(p[d]) + wb * to_f32(v[d])) * inv;
-            if (add) x += to_f32(add[d]);
-            o[d] = from_f32<T>(x);
-        }
-    }
-}
-
 }  // namespace
-
-cudaError_t repeated_key_merge(const RepeatedKeyMergeArgs& a, cudaStream_t stream) {
-    if (a.lq <= 0 || a.heads <= 0 || a.head_dim_v <= 0) return cudaSuccess;
-    const int64_t threads = a.lq * a.heads * 32;
-    if (a.dtype == DType::BF16) {
-        repeated_key_kernel<bf16><<<grid_for(threads, kThreads), kThreads, 0, stream>>>(a);
-        return cudaGetLastError();
-    }
-    if (a.dtype == DType::F16) {
-        repeated_key_kernel<__half><<<grid_for(threads, kThreads), kThreads, 0, stream>>>(a);
-        return cudaGetLastError();
-    }
-    return cudaErrorNotSupported;
-}
 
 cudaError_t attention_merge(const AttentionMergeArgs& a, cudaStream_t stream) {
     if (a.lq <= 0 || a.heads <= 0 || a.head_dim <= 0) return cudaSuccess;

@@ -27,7 +27,6 @@
 #include "backend/kv_view.h"
 #include "backend/options.h"
 #include "core/arena.h"
-#include "core/error.h"
 #include "core/tensor.h"
 
 namespace dzr {
@@ -305,21 +304,6 @@ public:
                       const TensorView& out) = 0;
     virtual void attention(const AttentionParams& p, const TensorView& q, const TensorView& k,
                            const TensorView& v, const TensorView& bias, const TensorView& out) = 0;
-    /// attention (no bias) of q over every row of k and v, whose rows from `lc` on are copies of their last row (a
-    /// padded prompt's text K/V: pad tokens project to one row), plus `addend` when defined:
-    /// out = attention(q, k, v) + addend. 0 < lc < Lk. A backend may attend to the first lc rows and merge the
-    /// Lk - lc copies in as one key of weight Lk - lc (the CUDA backend: cuDNN SDPA with its log-sum-exp, then one
-    /// kernel); the result differs from the full attention only by rounding. This default runs the full attention
-    /// and the add. out may not alias q, k, v or addend.
-    virtual void attention_repeated_tail(const AttentionParams& p, const TensorView& q, const TensorView& k,
-                                         const TensorView& v, int64_t lc, const TensorView& addend,
-                                         const TensorView& out) {
-        DZR_CHECK(k.rank() == 3 && lc > 0 && lc < k.dim(0),
-                  "attention_repeated_tail: lc {} must lie in (0, {}) (the rows of k {})", lc,
-                  k.rank() == 3 ? k.dim(0) : 0, k.str());
-        attention(p, q, k, v, {}, out);
-        if (addend.defined()) add(out, addend, out);
-    }
     virtual void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                         const TensorView& out) = 0;
     /// Workspace bytes conv3d takes from the arena for these shapes (its padded or re-laid-out operands and the

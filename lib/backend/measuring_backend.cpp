@@ -65,16 +65,6 @@ size_t MeasuringBackend::paged_attention_workspace_bytes(const PagedKvView& hist
     return planner_ ? planner_->paged_attention_workspace_bytes(history, k_cur) : 0;
 }
 
-void MeasuringBackend::attention_repeated_tail(const AttentionParams&, const TensorView& q, const TensorView& k,
-                                               const TensorView& v, int64_t lc, const TensorView&,
-                                               const TensorView&) {
-    DZR_CHECK(q.rank() == 3 && k.rank() == 3 && v.rank() == 3 && lc > 0 && lc < k.dim(0),
-              "attention_repeated_tail: q {} k {} v {}, lc {}", q.str(), k.str(), v.str(), lc);
-    const auto round_up = [](size_t n) { return (n + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
-    const int64_t Lq = q.dim(0), H = q.dim(1), Dv = v.dim(2);
-    touch(round_up(size_t(Lq * H * Dv) * dtype_size(q.dtype)) + round_up(size_t(H * Lq) * sizeof(float)));
-}
-
 void MeasuringBackend::paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
                                        const TensorView& k_cur, const TensorView&, const TensorView&) {
     touch(paged_attention_workspace_bytes(history, k_cur));

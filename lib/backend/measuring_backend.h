@@ -52,10 +52,6 @@ public:
     void rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) override {}
     void attention(const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
                    const TensorView&, const TensorView&) override {}
-    /// Takes what the CUDA backend's split takes from the arena (its part's rows and log-sum-exps).
-    void attention_repeated_tail(const AttentionParams&, const TensorView& q, const TensorView& k,
-                                 const TensorView& v, int64_t lc, const TensorView& addend,
-                                 const TensorView& out) override;
     void resize_bicubic(const TensorView&, const TensorView&) override {}
     void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView&,
                 const TensorView& out) override;

@@ -109,12 +109,6 @@ void ProfilingBackend::attention(const AttentionParams& p, const TensorView& q, 
     run(fmt::format("attention q {} k {}{}", desc(q), desc(k), bias.defined() ? " +bias" : ""),
         [&](Backend& b) { b.attention(p, q, k, v, bias, out); });
 }
-void ProfilingBackend::attention_repeated_tail(const AttentionParams& p, const TensorView& q, const TensorView& k,
-                                               const TensorView& v, int64_t lc, const TensorView& addend,
-                                               const TensorView& out) {
-    run(fmt::format("attention q {} k {} first {} rows + repeated row", desc(q), desc(k), lc),
-        [&](Backend& b) { b.attention_repeated_tail(p, q, k, v, lc, addend, out); });
-}
 void ProfilingBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                               const TensorView& out) {
     run(fmt::format("conv3d {} w {}{}", desc(x), desc(w), p.frames_2d ? " 2d" : ""),

@@ -44,9 +44,6 @@ public:
     void rope(const RopeParams& p, const TensorView& x, const TensorView& table, const TensorView& out) override;
     void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                    const TensorView& bias, const TensorView& out) override;
-    void attention_repeated_tail(const AttentionParams& p, const TensorView& q, const TensorView& k,
-                                 const TensorView& v, int64_t lc, const TensorView& addend,
-                                 const TensorView& out) override;
     void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                 const TensorView& out) override;
     size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,

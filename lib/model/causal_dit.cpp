@@ -670,15 +670,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
         const auto layer_kv = [&](int b) -> const DitCrossKv::Layer& {
             return branches[size_t(b)].cross->layers[size_t(li)];
         };
-        // fast numerics: a branch's text rows past its prompt are one repeated row, merged in as one key (with the
-        // image attention added in the same pass, below); the others attend to every row
-        const auto text_rows = [&](int b) -> int64_t {
-            const DitCrossKv::Layer& ckv = layer_kv(b);
-            if (!fast || !opt.collapse_text_padding || ckv.k_txt.dtype == DType::F8_E4M3) return 0;
-            return collapsed_text_rows(branches[size_t(b)].cross->text_tokens, ckv.k_txt.dim(0));
-        };
         for (int b = 0; b < B; ++b) {
-            if (text_rows(b) > 0) continue;
             const DitCrossKv::Layer& ckv = layer_kv(b);
             be.attention({attn_scale}, s.branch(q3, b), dequantized(ckv.k_txt, ckv.k_txt_scale),
                          dequantized(ckv.v_txt, ckv.v_txt_scale), {}, s.branch(o_txt, b));
@@ -693,20 +685,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
             be.attention({attn_scale}, shared_image ? q3 : s.branch(q3, b), dequantized(ckv.k_img, ckv.k_img_scale),
                          dequantized(ckv.v_img, ckv.v_img_scale), {}, shared_image ? o_img : s.branch(o_img, b));
         }
-        int collapsed = 0;
-        for (int b = 0; b < B; ++b) {
-            const int64_t lc = text_rows(b);
-            if (lc == 0) continue;
-            const DitCrossKv::Layer& ckv = layer_kv(b);
-            be.attention_repeated_tail({attn_scale}, s.branch(q3, b), ckv.k_txt, ckv.v_txt, lc, s.branch(o_img, b),
-                                       s.branch(o_txt, b));
-            ++collapsed;
-        }
-        if (collapsed == 0)
-            be.add(o_txt, o_img, o_txt);
-        else
-            for (int b = 0; b < B; ++b)
-                if (text_rows(b) == 0) be.add(s.branch(o_txt, b), s.branch(o_img, b), s.branch(o_txt, b));
+        be.add(o_txt, o_img, o_txt);
         if (fast) {
             // x += cross_o(o): the GEMM accumulates into the residual (no "cross_attn" intermediate to trace)
             w.cross_o.forward_accumulate(be, o_txt.reshape(Shape{BL, C}), s.x);  // [L, H, D] -> [L, C] -> += [L, C]

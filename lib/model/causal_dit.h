@@ -44,21 +44,7 @@ struct DitCrossKv {
     };
     std::vector<Layer> layers;
     std::vector<Tensor> storage;  // backing memory when owned; empty for borrowed views
-    /// The prompt's real tokens (with EOS) in the text context: its rows from here on are padding, zeroed, so every
-    /// layer's K/V rows from here on are one repeated row. 0: not known (no collapse).
-    int64_t text_tokens = 0;
 };
-
-/// The text rows a fast cross-attention attends to directly when the rows from `text_tokens` on of a `text_len`-row
-/// context are padding (DitForwardOptions::collapse_text_padding): 128, 192 or 256, the smallest that holds every
-/// real token and leaves padding after it; 0 when none does (the attention runs over every row). Fewer than 128 rows
-/// gain nothing at the DiT's shapes (cuDNN SDPA of 1785 rows: 0.0207 ms over 64 keys, 0.0193 over 128, H200).
-inline int64_t collapsed_text_rows(int64_t text_tokens, int64_t text_len) {
-    if (text_tokens <= 0) return 0;
-    for (const int64_t rows : {int64_t(128), int64_t(192), int64_t(256)})
-        if (text_tokens <= rows && rows < text_len) return rows;
-    return 0;
-}
 
 /// The register tokens of a denoising forward.
 struct DitRegisterInputs {
@@ -115,11 +101,6 @@ struct DitForwardOptions {
     /// are the same in both branches (the text enters at its cross-attention), runs on branch 0's rows only and branch
     /// 1 takes its result (a committing forward stores the same K/V rows into branch 1's cache).
     bool share_first_self_attention = false;
-    /// Fast numerics, bf16/f16 text caches whose branch knows its prompt's length (DitCrossKv::text_tokens): the
-    /// text cross-attention attends to the first collapsed_text_rows() rows and merges the padding rows, all one
-    /// repeated K/V row, in as one key of their count (Backend::attention_repeated_tail), adding the image
-    /// attention in the same pass. The same sum as over every row, rounded differently.
-    bool collapse_text_padding = false;
 };
 
 class CausalDit {

@@ -86,10 +86,6 @@ ForwardGraphKey BranchRunner::graph_key(ForwardKind kind, const KvForwardSpec& s
     add(time_rows_.action.data());
     for (const DitCrossKv::Layer& l : cross_.layers)
         for (const TensorView* t : {&l.k_txt, &l.v_txt, &l.k_img, &l.v_img}) add(t->data);
-    // NOTE: the text rows a collapsing cross-attention attends to are baked into its SDPA (another prompt's length
-    // may change them)
-    if (!cross_.layers.empty() && cross_.layers[0].k_txt.defined())
-        a.push_back(uintptr_t(collapsed_text_rows(cross_.text_tokens, cross_.layers[0].k_txt.dim(0))));
     if (paged_) {
         add(paged_->device_table().data);
         add(paged_->device_slots().data);

@@ -190,8 +190,6 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
     measuring_ = be.capabilities().measuring;
     options_.share_first_self_attention =
         env_switch_off("DZR_SHARE_LAYER0", options_.share_first_self_attention, std::getenv("DZR_SHARE_LAYER0"));
-    options_.collapse_text_padding =
-        env_switch_off("DZR_TEXT_COLLAPSE", options_.collapse_text_padding, std::getenv("DZR_TEXT_COLLAPSE"));
     // NOTE: the VAE decoder serves decode_video() only: without video_decode its weights (0.14 GiB at DROID size)
     // stay in the checkpoint
     if (!options_.video_decode) model_.vae.has_decoder = false;

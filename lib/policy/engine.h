@@ -77,9 +77,6 @@ struct PolicyOptions {
     /// With batch_cfg: layer 0's self-attention runs once for both branches (DitForwardOptions::
     /// share_first_self_attention). The environment's DZR_SHARE_LAYER0=off turns it off.
     bool share_first_self_attention = true;
-    /// Fast numerics: the text cross-attention attends to the prompt's rows and merges the padding rows in as one
-    /// key (DitForwardOptions::collapse_text_padding). The environment's DZR_TEXT_COLLAPSE=off turns it off.
-    bool collapse_text_padding = true;
     /// A trace (set_trace) records the DiT's intermediates ("dit.<kind>.<branch>.<name>[.<layer>]": the embeddings,
     /// every layer's, the head's). Off: only the head's input and output and the action velocity of each branch,
     /// which a batched forward gives per branch (a parity run that compares those, docs/PARITY.md).
@@ -334,8 +331,7 @@ private:
     void encode_text(const std::vector<int64_t>& ids, int64_t length, const TensorView& out, const char* branch);
     /// The encoders' trace hook under `prefix` (empty without a trace): their internals as policy stages.
     std::function<void(const char*, int, const TensorView&)> encoder_trace(std::string prefix);
-    /// Each branch's text cross K/V from its umT5 output, and its prompt's length (DitCrossKv::text_tokens).
-    void populate_text_cross(const PromptTokens& tokens);
+    void populate_text_cross();
     void populate_image_cross();
     /// Both CFG branches' forwards of `kind`: as one batched forward where the options and placement allow
     /// (BranchRunner::forward_pair), else the conditional branch's, then the unconditional's.

@@ -296,13 +296,11 @@ std::function<void(const char*, int, const TensorView&)> Session::encoder_trace(
     };
 }
 
-void Session::populate_text_cross(const PromptTokens& tokens) {
+void Session::populate_text_cross() {
     Backend& be = engine_.backend();
     const Placement& placement = engine_.placement_;
     for (int b = 0; b < 2; ++b) {
         BranchRunner& r = *runners_->branch[size_t(b)];
-        // the context's rows from the prompt's length on are zeroed padding (umT5 output, encode_text)
-        r.cross().text_tokens = b == kCondBranch ? tokens.positive.length : tokens.negative.length;
         TensorView text = b == kCondBranch ? buf_->text_pos.view() : buf_->text_neg.view();
         if (r.remote()) {
             // the umT5 output moves once per prompt; the branch's DiT projects it on its own device
@@ -381,7 +379,6 @@ void Session::forward(int branch, ForwardKind kind, const BranchIo& io, int star
     DitForwardOptions opt =
         dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_));
     opt.trace = dit_trace(kind, branch);
-    opt.collapse_text_padding = engine_.options_.collapse_text_padding;
     BranchRunner& runner = *runners_->branch[size_t(branch)];
     ProfileScope profile(runner.backend(), fmt::format("{}.{}", forward_kind_name(kind), kBranchNames[branch]));
     runner.forward(kind, io, start_frame, timestep, action_timestep, opt);
@@ -408,7 +405,6 @@ void Session::forward_both(ForwardKind kind, const BranchIo& cond, const BranchI
     }
     DitForwardOptions opt = dit_options(engine_.options_.check_finite && !engine_.measuring_, kind, bool(trace_));
     opt.share_first_self_attention = engine_.options_.share_first_self_attention;
-    opt.collapse_text_padding = engine_.options_.collapse_text_padding;
     std::array<DitTraceFn, 2> traces;
     for (int branch : {kCondBranch, kUncondBranch}) traces[size_t(branch)] = dit_trace(kind, branch);
     // the unconditional branch's action velocity is never used: its decoder is skipped (unless a trace records it)
@@ -483,7 +479,7 @@ void Session::encode_context(const PreparedObservation& obs) {
     trace("text.pos", buf_->text_pos);
     trace("text.neg", buf_->text_neg);
     check_finite("text encoder", buf_->text_pos);
-    populate_text_cross(tokens);
+    populate_text_cross();
     text_ready_ = true;
 }
 

@@ -78,8 +78,7 @@ PY
 # "-nobattn", one self-attention SDPA per branch: DZR_BATCHED_ATTENTION=off; "-notune", the cuBLASLt heuristic's
 # first algorithm for every GEMM: DZR_GEMM_TUNE=off; "-nolanes", the pool without kv.in_place lanes (the attention
 # gathers its rows): --set kv.in_place=false; "-pgraphs" (profile step: --profile-graphs, the forwards replayed and only
-# their kernels and launches counted); "-noshare", layer 0's self-attention run per branch: DZR_SHARE_LAYER0=off; "-nocollapse", the text cross-attention over
-# every padding row: DZR_TEXT_COLLAPSE=off):
+# their kernels and launches counted); "-noshare", layer 0's self-attention run per branch: DZR_SHARE_LAYER0=off):
 # numerics first, then "-nobatch" (the CFG
 # branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), "-fp8w" (FP8 weights, bf16 KV), e.g. fast,
 # reference, fast-nobatch, fast-fp8, fast-fp8w.
@@ -89,7 +88,6 @@ variant_args() {
     [[ "$1" == *-nobattn* ]] && VENV+=(DZR_BATCHED_ATTENTION=off)
     [[ "$1" == *-notune* ]] && VENV+=(DZR_GEMM_TUNE=off)
     [[ "$1" == *-noshare* ]] && VENV+=(DZR_SHARE_LAYER0=off)
-    [[ "$1" == *-nocollapse* ]] && VENV+=(DZR_TEXT_COLLAPSE=off)
     [[ "$1" == *-nobatch* ]] && VARGS+=(--no-batch-cfg)
     [[ "$1" == *-nolanes* ]] && VARGS+=(--set kv.in_place=false)
     [[ "$1" == *-pgraphs* ]] && VARGS+=(--profile-graphs)  # profile step only: graphs replayed, kernels and launches

@@ -410,30 +410,6 @@ Stats run_attention(Harness& h, const AttnSpec& s) {
     return h.compare(back, ref);
 }
 
-/// attention_repeated_tail: k and v's rows from `distinct` on are copies of their last row (a padded prompt's text
-/// K/V); the split (cuDNN over the first lc rows, the copies merged in as one key, the addend added) against the CPU's
-/// full attention plus the add.
-Stats run_attention_repeated_tail(Harness& h, int64_t Lq, int64_t Lk, int64_t lc, int64_t distinct, int64_t H,
-                                  int64_t D) {
-    const float scale = 1.f / std::sqrt(float(D));
-    Tensor q = h.input({Lq, H, D}, -2.f, 2.f), k = h.input({Lk, H, D}, -2.f, 2.f), v = h.input({Lk, H, D});
-    Tensor addend = h.input({Lq, H, D});
-    for (int64_t r = distinct; r < Lk - 1; ++r)
-        for (int64_t i = 0; i < H * D; ++i) {
-            k.ptr<float>()[r * H * D + i] = k.ptr<float>()[(Lk - 1) * H * D + i];
-            v.ptr<float>()[r * H * D + i] = v.ptr<float>()[(Lk - 1) * H * D + i];
-        }
-    Tensor ref = Harness::cpu_out({Lq, H, D});
-    cpu().attention({scale}, q, k, v, {}, ref);
-    cpu().add(ref, addend, ref);
-    const TensorView qd = h.dev(q), kd = h.dev(k), vd = h.dev(v), ad = h.dev(addend), od = h.dev_out({Lq, H, D});
-    const int64_t before = gpu().repeated_tail_split_calls();
-    gpu().attention_repeated_tail({scale}, qd, kd, vd, lc, ad, od);
-    if (h.dt() == DType::BF16)
-        CHECK_MESSAGE(gpu().repeated_tail_split_calls() == before + 1, "bf16 did not take the split (cuDNN refused?)");
-    return h.compare(od, ref);
-}
-
 struct ConvSpec {
     int64_t Ci, Co, T, H, W, kt, kh, kw;
     int stride[3] = {1, 1, 1};
@@ -1117,10 +1093,6 @@ std::vector<OpCase> make_cases() {
             return run_attention(h, {64, 100, 5, 32, true, false, small.get()});
         });
         add("attention", "Lk = 0 writes zeros", dt, [](Harness& h) { return run_attention(h, {5, 0, 2, 8}); });
-        add("attention_repeated_tail", "Lq300 Lk512 H2 D128, 77 distinct rows, first 128 attended (a padded prompt)",
-            dt, [](Harness& h) { return run_attention_repeated_tail(h, 300, 512, 128, 77, 2, 128); });
-        add("attention_repeated_tail", "Lq50 Lk200 H3 D64, 128 distinct rows, first 128 attended", dt,
-            [](Harness& h) { return run_attention_repeated_tail(h, 50, 200, 128, 128, 3, 64); });
 
         // conv3d
         {
@@ -1462,7 +1434,6 @@ TEST_CASE("every backend op has at least one parity case") {
     const std::set<std::string> expected = {"alloc",   "upload",  "download",   "copy",       "fill",
                                             "gemm",    "binary",  "scale",      "activation", "layer_norm",
                                             "rms_norm", "l2_norm", "softmax", "reduce",     "rope",       "attention",
-                                            "attention_repeated_tail",
                                             "conv3d",  "paged_attention", "paged_attention_batched", "scatter_kv", "resize_bicubic",
                                             "sin_cos_table", "count_nonfinite", "ada_layer_norm",
                                             "gated_residual", "rms_norm_rope", "gated_residual_norm", "gemm_gelu",

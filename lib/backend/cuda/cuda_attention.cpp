@@ -12,14 +12,12 @@
 // Tensors are [B, H, L, D] views of dzr's [L, H, D] layout: dims {B, H, L, D}, strides {batch, head stride, token
 // stride, 1}; B is 1 but for a batched call (AttentionCall::batch: the CFG branches' self-attention).
 #include <algorithm>
-#include <cmath>
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_sdpa_builder.h"
 #include "backend/cuda/cuda_internal.h"
 #include "core/log.h"
 #include "kernels/attention.cuh"
-#include "kernels/attention_merge.cuh"
 #include "kernels/attention_memeff.cuh"
 
 namespace dzr {
@@ -395,83 +393,6 @@ void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const
               "path is f32/bf16 only)",
               q.str());
     attention_gemm(p, q, k, v, bias, out);
-}
-
-void CudaBackend::attention_repeated_tail(const AttentionParams& p, const TensorView& q, const TensorView& k,
-                                          const TensorView& v, int64_t lc, const TensorView& addend,
-                                          const TensorView& out) {
-    for (const auto& [t, what] :
-         {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}})
-        check_device_tensor(*t, "attention_repeated_tail", what);
-    DZR_CHECK(q.rank() == 3 && k.rank() == 3 && v.rank() == 3 && out.rank() == 3,
-              "cuda backend: attention_repeated_tail needs [L, H, D] operands: q {} k {} v {} out {}", q.str(),
-              k.str(), v.str(), out.str());
-    const int64_t Lq = q.dim(0), H = q.dim(1), D = q.dim(2), Lk = k.dim(0), Dv = v.dim(2);
-    DZR_CHECK(k.dim(1) == H && v.dim(1) == H && k.dim(2) == D && v.dim(0) == Lk && out.dim(0) == Lq &&
-                  out.dim(1) == H && out.dim(2) == Dv && lc > 0 && lc < Lk,
-              "cuda backend: attention_repeated_tail shapes disagree: q {} k {} v {} out {}, lc {}", q.str(), k.str(),
-              v.str(), out.str(), lc);
-    if (addend.defined()) {
-        check_device_tensor(addend, "attention_repeated_tail", "addend");
-        DZR_CHECK(addend.shape == out.shape && addend.dtype == out.dtype && addend.strides[2] == 1,
-                  "cuda backend: attention_repeated_tail addend {} must match out {}", addend.str(), out.str());
-    }
-    const bool half = q.dtype == DType::BF16 || q.dtype == DType::F16;
-    bool unit = true;
-    for (const TensorView* t : {&q, &k, &v, &out}) unit = unit && t->strides[2] == 1;
-    const bool cudnn_ok = options_.attention == AttentionImpl::Auto || options_.attention == AttentionImpl::CudnnUnified ||
-                          options_.attention == AttentionImpl::CudnnComposite;
-    if (!half || !unit || !cudnn_ok || k.dtype != q.dtype || v.dtype != q.dtype || out.dtype != q.dtype) {
-        Backend::attention_repeated_tail(p, q, k, v, lc, addend, out);
-        return;
-    }
-    DeviceGuard guard(index_);
-    ArenaScope scope(arena_);
-    const size_t es = dtype_size(q.dtype);
-    const size_t part_bytes = size_t(Lq * H * Dv) * es, lse_bytes = size_t(H * Lq) * sizeof(float);
-    const auto round_up = [](size_t n) { return (n + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
-    if (arena_.capacity() - arena_.used() < round_up(part_bytes) + round_up(lse_bytes)) {
-        Backend::attention_repeated_tail(p, q, k, v, lc, addend, out);
-        return;
-    }
-    const size_t mark = arena_.mark();
-    void* part = arena_.alloc(part_bytes);
-    float* lse = static_cast<float*>(arena_.alloc(lse_bytes));
-    AttentionCall c;
-    c.dtype = q.dtype;
-    c.lq = Lq, c.lk = lc, c.heads = H, c.d = D, c.dv = Dv;
-    c.q = q.data, c.k = k.data, c.v = v.data, c.out = part;
-    c.q_tok = q.strides[0], c.q_head = q.strides[1], c.k_tok = k.strides[0], c.k_head = k.strides[1];
-    c.v_tok = v.strides[0], c.v_head = v.strides[1], c.o_tok = H * Dv, c.o_head = Dv;
-    c.scale = p.scale;
-    c.stats = lse;
-    const bool want_unified = options_.attention != AttentionImpl::CudnnComposite;
-    const bool want_composite = options_.attention != AttentionImpl::CudnnUnified;
-    AttentionImpl ran = AttentionImpl::Gemm;
-    if (want_unified && try_sdpa(c, SdpaGraph::Unified))
-        ran = AttentionImpl::CudnnUnified;
-    else if (want_composite && try_sdpa(c, SdpaGraph::Composite))
-        ran = AttentionImpl::CudnnComposite;
-    if (ran == AttentionImpl::Gemm) {
-        arena_.release(mark);  // the full attention's own scratch may need the room
-        Backend::attention_repeated_tail(p, q, k, v, lc, addend, out);
-        return;
-    }
-    last_attention_impl_ = ran;
-    kernels::RepeatedKeyMergeArgs m;
-    m.dtype = q.dtype;
-    m.lq = Lq, m.heads = int(H), m.head_dim = int(D), m.head_dim_v = int(Dv);
-    m.scale = p.scale;
-    m.log_n = float(std::log(double(Lk - lc)));
-    m.q = q.data, m.q_tok = q.strides[0], m.q_head = q.strides[1];
-    m.k_rep = static_cast<const char*>(k.data) + (Lk - 1) * k.strides[0] * int64_t(es), m.k_head = k.strides[1];
-    m.v_rep = static_cast<const char*>(v.data) + (Lk - 1) * v.strides[0] * int64_t(es), m.v_head = v.strides[1];
-    m.part = part, m.p_tok = H * Dv, m.p_head = Dv;
-    m.lse = lse;
-    if (addend.defined()) m.addend = addend.data, m.a_tok = addend.strides[0], m.a_head = addend.strides[1];
-    m.out = out.data, m.o_tok = out.strides[0], m.o_head = out.strides[1];
-    DZR_CUDA_CHECK(kernels::repeated_key_merge(m, stream_));
-    ++repeated_tail_split_calls_;
 }
 
 }  // namespace dzr

@@ -172,13 +172,6 @@ public:
                        const TensorView& table_a, const TensorView& table_b, const TensorView& out) override;
     void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                    const TensorView& bias, const TensorView& out) override;
-    /// cuDNN SDPA over the first lc rows with its log-sum-exp, then one kernel merging the repeated row in (and the
-    /// addend); the default (full attention and add) where cuDNN refuses or the arena has no room.
-    void attention_repeated_tail(const AttentionParams& p, const TensorView& q, const TensorView& k,
-                                 const TensorView& v, int64_t lc, const TensorView& addend,
-                                 const TensorView& out) override;
-    /// Calls of attention_repeated_tail that took the split path (tests).
-    int64_t repeated_tail_split_calls() const { return repeated_tail_split_calls_; }
     void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
                 const TensorView& out) override;
     size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
@@ -342,7 +335,6 @@ private:
     std::map<std::string, std::unique_ptr<cuda_detail::ConvPlan>> conv_plans_;
     std::map<std::string, std::unique_ptr<cuda_detail::FastConvPlan>> fast_conv_plans_;
     std::map<cuda_detail::SdpaKey, std::unique_ptr<cuda_detail::SdpaPlan>> sdpa_plans_;
-    int64_t repeated_tail_split_calls_ = 0;
     std::unique_ptr<cuda_detail::PagedSdpaState> paged_sdpa_;  // made by the first try_paged_sdpa
     AttentionImpl last_attention_impl_ = AttentionImpl::Gemm;
     PagedAttentionImpl last_paged_impl_ = PagedAttentionImpl::Direct;
