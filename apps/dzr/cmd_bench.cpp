@@ -534,11 +534,6 @@ int run_attention_bench(const BenchOptions& o) {
                              impl_note);
         }
         set_attention(*be, AttentionImpl::Auto);
-        {  // a logits bias shared by the heads (the DiT's collapsed text rows: cuDNN's composite graph)
-            Tensor bias = be->alloc({L, lk}, DType::F32);
-            report_attention("dense auto + bias [Lq, Lk]", lk, o,
-                             [&] { be->attention({scale}, q, kv, vv, bias.view(), out); }, *be, impl_note);
-        }
         const int64_t hist = lk - L;
         if (hist < 0) continue;
         PagedKvView view{};

@@ -109,8 +109,7 @@ struct RopeParams {};
 
 /// Dense non-causal attention: out = softmax(scale * q k^T + bias) v per head.
 /// q: [Lq, H, D], k and v: [Lk, H, D] (strided rows allowed), out: [Lq, H, D].
-/// bias (optional): f32 [H, Lq, Lk] added to the logits (T5 relative positions, masks), or f32 [Lq, Lk] added for
-/// every head (the DiT's collapsed text padding rows: one key standing for n identical ones with bias log n).
+/// bias (optional): f32 [H, Lq, Lk] added to the logits (T5 relative positions, masks).
 struct AttentionParams {
     float scale = 1.0f;
 };

@@ -357,8 +357,6 @@ struct AttnSpec {
     bool bias = false;
     bool fused = false;  // q, k, v as slices of fused [L, 3, H, D] buffers
     Backend* backend = nullptr;  // another CUDA backend (small workspace) or null for the shared one
-    bool shared_bias = false;    // with bias: one [Lq, Lk] for every head (cuDNN's composite graph)
-    int64_t masked_keys = 0;     // with shared_bias: the last keys' bias is -1e30 (the collapsed text's filler rows)
 };
 
 Stats run_attention(Harness& h, const AttnSpec& s) {
@@ -367,11 +365,7 @@ Stats run_attention(Harness& h, const AttnSpec& s) {
     const int64_t parts = s.fused ? 3 : 1;
     Tensor q = h.input({s.Lq, parts, s.H, s.D}, -2.f, 2.f), kv = h.input({s.Lk, parts, s.H, s.D}, -2.f, 2.f);
     Tensor k2 = s.fused ? Tensor() : h.input({s.Lk, 1, s.H, s.D}, -2.f, 2.f);
-    Tensor bias = !s.bias        ? Tensor()
-                  : s.shared_bias ? h.input_as({s.Lq, s.Lk}, DType::F32, -3.f, 3.f)
-                                  : h.input_as({s.H, s.Lq, s.Lk}, DType::F32, -3.f, 3.f);
-    for (int64_t i = 0; s.bias && i < s.Lq; ++i)
-        for (int64_t j = s.Lk - s.masked_keys; j < s.Lk; ++j) bias.ptr<float>()[i * s.Lk + j] = -1e30f;
+    Tensor bias = s.bias ? h.input_as({s.H, s.Lq, s.Lk}, DType::F32, -3.f, 3.f) : Tensor();
     const auto part = [&](void* base, DType t, int64_t L, int i, Device dev) {
         return TensorView(static_cast<char*>(base) + i * s.H * s.D * int64_t(dtype_size(t)), t, Shape{L, s.H, s.D},
                           Shape{parts * s.H * s.D, s.D, 1}, dev);
@@ -393,7 +387,6 @@ Stats run_attention(Harness& h, const AttnSpec& s) {
                                    : part(k2d.data(), h.dt(), s.Lk, 0, k2d.device());
     const TensorView vv = part(kvd.data(), h.dt(), s.Lk, s.fused ? 2 : 0, kvd.device());
     be.attention({scale}, qv, kvv, vv, s.bias ? bd.view() : TensorView{}, od);
-    if (s.shared_bias) MESSAGE("attention with a shared bias ran on " << be.last_attention_impl());
 
     Tensor ref = Harness::cpu_out({s.Lq, s.H, s.D});
     const TensorView qc = part(q.data(), DType::F32, s.Lq, 0, Device::cpu());
@@ -1073,18 +1066,6 @@ std::vector<OpCase> make_cases() {
         add("attention", "Lq37 Lk53 H3 D64", dt, [](Harness& h) { return run_attention(h, {37, 53, 3, 64}); });
         add("attention", "Lq37 Lk53 H3 D64 + f32 bias, fused qkv (strided rows)", dt,
             [](Harness& h) { return run_attention(h, {37, 53, 3, 64, true, true}); });
-        add("attention", "Lq37 Lk53 H3 D64 + f32 bias shared by the heads", dt, [](Harness& h) {
-            AttnSpec s{37, 53, 3, 64, true};
-            s.shared_bias = true;
-            return run_attention(h, s);
-        });
-        add("attention", "Lq300 Lk128 H2 D128 + shared bias, 40 keys masked by -1e30 (collapsed text rows)", dt,
-            [](Harness& h) {
-                AttnSpec s{300, 128, 2, 128, true};
-                s.shared_bias = true;
-                s.masked_keys = 40;
-                return run_attention(h, s);
-            });
         add_big("attention", "Lq1785 Lk2665 H4 D128 (DreamZero first chunk, 4 of 40 heads)", dt,
             [](Harness& h) { return run_attention(h, {1785, 2665, 4, 128}); });
         add("attention", "Lq64 Lk100 H5 D32 in head groups (small workspace)", dt, [](Harness& h) {

@@ -337,11 +337,9 @@ public:
         if (bias.defined()) {
             require_f32(bias, "attention", "bias");
             require_contiguous(bias, "attention", "bias");
-            DZR_CHECK(bias.rank() == 2 ? bias.dim(0) == Lq && bias.dim(1) == Lk : bias.numel() == H * Lq * Lk,
-                      "cpu backend: attention bias {} must be [H={}, Lq={}, Lk={}] or [Lq, Lk]", bias.str(), H, Lq,
-                      Lk);
+            DZR_CHECK(bias.numel() == H * Lq * Lk, "cpu backend: attention bias {} must be [H={}, Lq={}, Lk={}]",
+                      bias.str(), H, Lq, Lk);
         }
-        const int64_t bias_head_stride = bias.defined() && bias.rank() == 2 ? 0 : Lq * Lk;
         attn_scratch_.resize(size_t(Lq * Lk));
         float* logits = attn_scratch_.data();
         for (int64_t h = 0; h < H; ++h) {
@@ -356,7 +354,7 @@ public:
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(Lq), int(Lk), int(D), p.scale, pq,
                         int(q.strides[0]), pk, int(k.strides[0]), 0.f, logits, int(Lk));
             if (bias.defined()) {
-                const float* pb = f32(bias) + h * bias_head_stride;
+                const float* pb = f32(bias) + h * Lq * Lk;
                 for (int64_t i = 0; i < Lq * Lk; ++i) logits[i] += pb[i];
             }
             for (int64_t i = 0; i < Lq; ++i) softmax_row(&logits[i * Lk], &logits[i * Lk], Lk, 1.0f);

@@ -26,7 +26,7 @@ namespace cuda_detail {
 
 namespace {
 
-constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5, kUidStats = 6, kUidBias = 7;
+constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5, kUidStats = 6;
 
 using Builder = SdpaBuilder;
 
@@ -52,7 +52,6 @@ std::vector<cudnnBackendDescriptor_t> sdpa_operations(Builder& b, const Attentio
     const auto ks = bhsd_strides(Lk, H, c.k_tok, c.k_head, c.k_batch);
 
     if (g == SdpaGraph::Unified) {
-        if (c.bias) throw CudnnFailure{"the unified SDPA node takes no logits bias"};
 #if CUDNN_VERSION >= 91301
         const char* stage = "sdpa_fwd operation";
         const auto k = b.tensor(kUidK, io, {B, H, Lk, D}, ks, false);
@@ -81,16 +80,9 @@ std::vector<cudnnBackendDescriptor_t> sdpa_operations(Builder& b, const Attentio
     const auto logits = [&](cudnnDataType_t t) { return b.tensor(uid++, t, s_dims, s_strides, true); };
     const auto rows = [&] { return b.tensor(uid++, f32, r_dims, r_strides, true); };
     std::vector<cudnnBackendDescriptor_t> ops;
-    const auto s = logits(f32);
-    auto s_scaled = logits(f32);
+    const auto s = logits(f32), s_scaled = logits(f32);
     ops.push_back(b.matmul(q, kt, s));                                    // S = Q K^T
     ops.push_back(b.pointwise(CUDNN_POINTWISE_MUL, s, scale, s_scaled));  // S *= scale
-    if (c.bias) {  // S += bias ([Lq, Lk], every batch element and head)
-        const auto bias = b.tensor(kUidBias, f32, {1, 1, Lq, Lk}, {Lq * Lk, Lq * Lk, Lk, 1}, false);
-        const auto s_biased = logits(f32);
-        ops.push_back(b.pointwise(CUDNN_POINTWISE_ADD, s_scaled, bias, s_biased));
-        s_scaled = s_biased;
-    }
     const auto m = rows();
     ops.push_back(b.reduction(CUDNN_REDUCE_TENSOR_MAX, s_scaled, m));  // M = rowmax(S)
     const auto centered = logits(f32), e = logits(f32);
@@ -130,8 +122,7 @@ SdpaPlan::~SdpaPlan() {
 SdpaKey sdpa_key(const AttentionCall& c, SdpaGraph g) {
     return {int64_t(c.dtype), c.lq,      c.lk,      c.heads,   c.d,       c.dv,       c.q_tok,
             c.q_head,         c.k_tok,   c.k_head,  c.v_tok,   c.v_head,  c.o_tok,    c.o_head,
-            int64_t(g),       c.stats ? 1 : 0,      c.batch,   c.q_batch, c.k_batch,  c.v_batch, c.o_batch,
-            c.bias ? 1 : 0};
+            int64_t(g),       c.stats ? 1 : 0,      c.batch,   c.q_batch, c.k_batch,  c.v_batch, c.o_batch};
 }
 
 void finalize_sdpa_plan(cudnnHandle_t handle, SdpaBuilder& b, const std::vector<cudnnBackendDescriptor_t>& ops,
@@ -227,12 +218,9 @@ cudnnStatus_t execute_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, int6
 cudnnStatus_t try_run_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, const AttentionCall& c,
                                 void* workspace) {
     float scale = c.scale;
-    int64_t uids[7] = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
-    void* ptrs[7] = {const_cast<void*>(c.q), const_cast<void*>(c.k), const_cast<void*>(c.v), c.out, &scale};
-    int64_t n = 5;
-    if (c.stats) uids[n] = kUidStats, ptrs[n++] = c.stats;
-    if (c.bias) uids[n] = kUidBias, ptrs[n++] = const_cast<float*>(c.bias);
-    return execute_sdpa_plan(handle, plan, n, uids, ptrs, workspace);
+    const int64_t uids[6] = {kUidQ, kUidK, kUidV, kUidO, kUidScale, kUidStats};
+    void* ptrs[6] = {const_cast<void*>(c.q), const_cast<void*>(c.k), const_cast<void*>(c.v), c.out, &scale, c.stats};
+    return execute_sdpa_plan(handle, plan, c.stats ? 6 : 5, uids, ptrs, workspace);
 }
 
 void run_sdpa_plan(cudnnHandle_t handle, const SdpaPlan& plan, const AttentionCall& c, void* workspace) {
@@ -266,8 +254,8 @@ const SdpaPlan* CudaBackend::sdpa_plan(const AttentionCall& c, SdpaGraph g) {
 
 bool CudaBackend::try_sdpa(const AttentionCall& c, SdpaGraph g) {
     // NOTE: cuDNN wants 16-byte aligned operands; the descriptors declare it.
-    for (const void* p : {c.q, c.k, c.v, static_cast<const void*>(c.out), static_cast<const void*>(c.bias)})
-        if (p && cuda_detail::pointer_alignment(p) < 16) return false;
+    for (const void* p : {c.q, c.k, c.v, static_cast<const void*>(c.out)})
+        if (cuda_detail::pointer_alignment(p) < 16) return false;
     const SdpaPlan* plan = sdpa_plan(c, g);
     if (!plan->ok) return false;
     ArenaScope scope(arena_);
@@ -294,7 +282,7 @@ bool CudaBackend::try_flash(const AttentionCall& c) {
     a.k = c.k, a.k_tok = c.k_tok, a.k_head = c.k_head;
     a.v = c.v, a.v_tok = c.v_tok, a.v_head = c.v_head;
     a.cur_len = c.lk;
-    if (c.batch != 1 || c.d != c.dv || c.bias || !kernels::flash_attention_supported(a)) return false;
+    if (c.batch != 1 || c.d != c.dv || !kernels::flash_attention_supported(a)) return false;
     DZR_CUDA_CHECK(kernels::flash_attention(a, stream_));
     return true;
 }
@@ -310,9 +298,7 @@ bool CudaBackend::try_mem_efficient(const AttentionCall& c) {
     a.k = c.k, a.k_tok = c.k_tok, a.k_head = c.k_head;
     a.v = c.v, a.v_tok = c.v_tok, a.v_head = c.v_head;
     a.out = c.out, a.o_tok = c.o_tok, a.o_head = c.o_head;
-    if (c.batch != 1 || c.heads > 65535 || c.d > 512 || c.dv > 512 || c.bias ||
-        !kernels::mem_eff_attention_supported(a))
-        return false;
+    if (c.batch != 1 || c.heads > 65535 || c.d > 512 || c.dv > 512 || !kernels::mem_eff_attention_supported(a)) return false;
     DZR_CUDA_CHECK(kernels::mem_eff_attention(a, stream_));
     return true;
 }
@@ -355,21 +341,16 @@ void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const
               q.str(), k.str(), v.str(), out.str());
     for (const TensorView* t : {&q, &k, &v, &out})
         DZR_CHECK(t->strides[2] == 1, "cuda backend: attention needs a unit head-dim stride: {}", t->str());
-    // a bias shared by the heads ([Lq, Lk]) or one per head ([H, Lq, Lk])
-    const bool shared_bias = bias.defined() && bias.rank() == 2;
     if (bias.defined()) {
         check_device_tensor(bias, "attention", "bias");
-        DZR_CHECK(bias.dtype == DType::F32 && bias.is_contiguous() &&
-                      (shared_bias ? bias.dim(0) == Lq && bias.dim(1) == Lk : bias.numel() == H * Lq * Lk),
-                  "cuda backend: attention bias {} must be a contiguous f32 [H={}, Lq={}, Lk={}] or [Lq, Lk]",
-                  bias.str(), H, Lq, Lk);
+        DZR_CHECK(bias.dtype == DType::F32 && bias.is_contiguous() && bias.numel() == H * Lq * Lk,
+                  "cuda backend: attention bias {} must be a contiguous f32 [H={}, Lq={}, Lk={}]", bias.str(),
+                  H, Lq, Lk);
     }
     DeviceGuard guard(index_);
-    // NOTE: the fused paths cover bf16/f16 without bias, and cuDNN's composite graph a bias shared by the heads;
-    // f32 and per-head biased attention (umT5's relative positions) take the GEMM path, as does every shape the
-    // fused paths refuse.
-    const bool fusable = (!bias.defined() || shared_bias) && q.dtype != DType::F32 && Lq > 0 && Lk > 0 && H > 0 &&
-                         Dv > 0;
+    // NOTE: the fused paths cover bf16/f16 without bias; f32 and biased attention (umT5's relative
+    // positions) take the GEMM path, as does every shape the fused paths refuse.
+    const bool fusable = !bias.defined() && q.dtype != DType::F32 && Lq > 0 && Lk > 0 && H > 0 && Dv > 0;
     AttentionImpl ran = AttentionImpl::Gemm;
     if (fusable && options_.attention != AttentionImpl::Gemm) {
         AttentionCall c;
@@ -379,7 +360,6 @@ void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const
         c.q_tok = q.strides[0], c.q_head = q.strides[1], c.k_tok = k.strides[0], c.k_head = k.strides[1];
         c.v_tok = v.strides[0], c.v_head = v.strides[1], c.o_tok = out.strides[0], c.o_head = out.strides[1];
         c.scale = p.scale;
-        c.bias = shared_bias ? bias.ptr<const float>() : nullptr;
         ran = run_fused_attention(c);
         if (ran == AttentionImpl::Gemm && options_.attention != AttentionImpl::Auto)
             DZR_THROW(

@@ -31,9 +31,6 @@ struct AttentionCall {
     /// Optional f32 [batch, H, lq] output: each row's log-sum-exp of the scaled logits (M + log Z, natural log), which
     /// merges this attention with another over other keys (the paged split in cuda_paged_sdpa.cpp).
     float* stats = nullptr;
-    /// Optional f32 [lq, lk] logits bias shared by every head and batch element, added after the scale (cuDNN's
-    /// composite graph only): the text cross-attention's collapsed padding rows (model/causal_dit.cpp).
-    const float* bias = nullptr;
 };
 
 /// The cuDNN operation graph an SDPA plan was built from.
@@ -59,7 +56,7 @@ struct SdpaPlan {
 };
 
 /// Everything a plan depends on (dtype, sizes, strides, graph kind); pointers must be 16-byte aligned.
-using SdpaKey = std::array<int64_t, 22>;
+using SdpaKey = std::array<int64_t, 21>;
 SdpaKey sdpa_key(const AttentionCall& c, SdpaGraph g);
 
 /// Builds the plan for `c`'s shape; never throws (a refusal comes back as ok = false with the stage).

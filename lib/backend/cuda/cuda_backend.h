@@ -42,7 +42,7 @@ struct AttentionCall;
 struct SdpaPlan;
 struct PagedSdpaState;
 enum class SdpaGraph : uint8_t;
-using SdpaKey = std::array<int64_t, 22>;  // cuda_attention.h's sdpa_key()
+using SdpaKey = std::array<int64_t, 21>;  // cuda_attention.h's sdpa_key()
 /// Everything a cuBLASLt plan depends on: dtypes, transposes, sizes, leading dims, batch strides,
 /// pointer alignments, bias.
 using GemmKey = std::array<int64_t, 24>;

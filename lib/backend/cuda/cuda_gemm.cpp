@@ -435,13 +435,11 @@ void CudaBackend::attention_gemm(const AttentionParams& p, const TensorView& q, 
               v.str(), out.str());
     for (const TensorView* t : {&q, &k, &v, &out})
         DZR_CHECK(t->strides[2] == 1, "cuda backend: attention needs a unit head-dim stride: {}", t->str());
-    const bool shared_bias = bias.defined() && bias.rank() == 2;  // [Lq, Lk] for every head
     if (bias.defined()) {
         check_device_tensor(bias, "attention", "bias");
-        DZR_CHECK(bias.dtype == DType::F32 && bias.is_contiguous() &&
-                      (shared_bias ? bias.dim(0) == Lq && bias.dim(1) == Lk : bias.numel() == H * Lq * Lk),
-                  "cuda backend: attention bias {} must be a contiguous f32 [H={}, Lq={}, Lk={}] or [Lq, Lk]",
-                  bias.str(), H, Lq, Lk);
+        DZR_CHECK(bias.dtype == DType::F32 && bias.is_contiguous() && bias.numel() == H * Lq * Lk,
+                  "cuda backend: attention bias {} must be a contiguous f32 [H={}, Lq={}, Lk={}]", bias.str(), H, Lq,
+                  Lk);
     }
     DeviceGuard guard(index_);
     const size_t esize = dtype_size(q.dtype);
@@ -467,11 +465,7 @@ void CudaBackend::attention_gemm(const AttentionParams& p, const TensorView& q, 
     void* probs = bf16 ? arena_.alloc(size_t(group * Lq * Lk) * 2) : static_cast<void*>(logits);
     for (int64_t h0 = 0; h0 < H; h0 += group) {
         const int64_t g = std::min(group, H - h0);
-        if (shared_bias)
-            for (int64_t h = 0; h < g; ++h)
-                DZR_CUDA_CHECK(cudaMemcpyAsync(logits + h * Lq * Lk, bias.data, size_t(Lq * Lk) * 4,
-                                               cudaMemcpyDeviceToDevice, stream_));
-        else if (bias.defined())
+        if (bias.defined())
             DZR_CUDA_CHECK(cudaMemcpyAsync(logits, static_cast<const float*>(bias.data) + h0 * Lq * Lk,
                                            size_t(g * Lq * Lk) * 4, cudaMemcpyDeviceToDevice, stream_));
         // logits[h] = scale * q[:, h, :] · k[:, h, :]^T (+ bias[h]):  [Lq, D] x [Lk, D]^T -> [Lq, Lk]
