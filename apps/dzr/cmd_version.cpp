@@ -1,8 +1,10 @@
 // `dzr info`: build configuration and visible devices.
 #include <cstdio>
+#include <cstdlib>
 
 #include "apps/dzr/command.h"
 #include "backend/backend.h"
+#include "backend/cpu/blas_kernels.h"
 #include "io/video_reader.h"
 
 namespace dzr::app {
@@ -17,6 +19,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
                 std::printf("cuda backend: built; device present: %s\n", cuda_device_available() ? "yes" : "no");
             else
                 std::printf("cuda backend: not built\n");
+            std::printf("cpu backend: OpenBLAS kernels %s%s\n", blas_core_name().c_str(),
+                        std::getenv("DZR_BLAS_CORE_SET") != nullptr ? " (chosen by dzr: OPENBLAS_CORETYPE)" : "");
 #ifdef DZR_HAVE_OPENCV
             std::printf("video decoding: OpenCV\n");
 #else

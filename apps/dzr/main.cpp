@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "apps/dzr/command.h"
+#include "backend/cpu/blas_kernels.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -21,6 +22,7 @@ std::vector<std::string>& command_line() {
 }  // namespace dzr::app
 
 int main(int argc, char** argv) {
+    dzr::use_best_blas_kernels(argv);  // may start dzr again with OpenBLAS's AVX kernels (blas_kernels.h)
     for (int i = 0; i < argc; ++i) dzr::app::command_line().emplace_back(argv[i]);
     CLI::App app{"dzr: offline DreamZero world-action-model rollouts (C++/CUDA)", "dzr"};
     app.require_subcommand(1);

@@ -4,11 +4,13 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/blas_kernels.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -46,6 +48,20 @@ void poison(const TensorView& t) {
 }
 
 }  // namespace
+
+TEST_CASE("OpenBLAS's Prescott fallback is replaced by the best kernels the CPU runs, and nothing else is") {
+    CHECK(better_blas_core("Prescott", true, true) == "SkylakeX");
+    CHECK(better_blas_core("PRESCOTT", false, true) == "Haswell");
+    CHECK(better_blas_core("Prescott", false, false).empty());
+    for (const char* known : {"SkylakeX", "Haswell", "Zen", "Cooperlake", "Sandybridge", ""}) {
+        CAPTURE(known);
+        CHECK(better_blas_core(known, true, true).empty());
+    }
+    // This process started through test_main's use_best_blas_kernels: OpenBLAS runs what that rule left it.
+    const char* forced = std::getenv("OPENBLAS_CORETYPE");
+    if (std::getenv("DZR_BLAS_CORE_SET") != nullptr && forced != nullptr) CHECK(blas_core_name() == forced);
+    CHECK(!blas_core_name().empty());
+}
 
 TEST_CASE("cpu gemm matches a naive double loop for every transpose combination") {
     auto be = make_cpu_backend();
