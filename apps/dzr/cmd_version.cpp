@@ -4,7 +4,7 @@
 
 #include "apps/dzr/command.h"
 #include "backend/backend.h"
-#include "backend/cpu/blas_kernels.h"
+#include "backend/blas_kernels.h"
 #include "io/video_reader.h"
 
 namespace dzr::app {

@@ -3,7 +3,7 @@
 #include <exception>
 
 #include "apps/dzr/command.h"
-#include "backend/cpu/blas_kernels.h"
+#include "backend/blas_kernels.h"
 #include "core/error.h"
 #include "core/log.h"
 

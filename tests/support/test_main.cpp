@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "backend/backend.h"
-#include "backend/cpu/blas_kernels.h"
+#include "backend/blas_kernels.h"
 #include "support/test_support.h"
 
 // Defined (strongly) by DZR_TEST_REQUIRES_GPU() in GPU test files.

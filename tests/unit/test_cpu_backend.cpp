@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cpu/blas_kernels.h"
+#include "backend/blas_kernels.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/half.h"

@@ -1,4 +1,4 @@
-#include "backend/cpu/blas_kernels.h"
+#include "backend/blas_kernels.h"
 
 #include <cblas.h>
 #include <unistd.h>
