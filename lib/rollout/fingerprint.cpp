@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "backend/blas_kernels.h"
 #include "core/error.h"
 #include "config/run_fields.h"
 #include "core/sha256.h"
@@ -95,6 +96,8 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
                      {"mode", numerics_name(opt.numerics)},
                      {"kv_mode", opt.kv_mode == KvMode::Paged ? "paged" : "dense"},
                      {"env", env}};
+    // NOTE: the CPU backend's GEMMs round as OpenBLAS's kernel table for this CPU does (backend/blas_kernels.h)
+    if (!cuda) numerics["blas_core"] = blas_core_name();
     return Json{{"dzr_version", fmt::format("{} ({})", DZR_VERSION, DZR_GIT_HASH)},
                 {"checkpoint", checkpoint_identity(ckpt)},
                 {"tokenizer_sha256", file_hash_or_null(tokenizer)},

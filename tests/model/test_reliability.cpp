@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/blas_kernels.h"
 #include "config/run_config.h"
 #include "io/npy.h"
 #include "io/synth_episode.h"
@@ -176,8 +177,16 @@ TEST_CASE(
     CHECK(r.has("checkpoint.shards[0].data_sample_sha256"));
     CHECK(fs::last_write_time(out / "ep_a/done.json") == done_mtime);
 
-    // A done marker without a fingerprint (an older dzr) cannot be trusted either.
+    // The CPU backend's numbers depend on OpenBLAS's kernels: the fingerprint names them, and another table is refused.
     auto done = test::read_json(out / "ep_a/done.json");
+    CHECK(done["fingerprint"]["numerics"]["blas_core"] == blas_core_name());
+    done["fingerprint"]["numerics"]["blas_core"] = "Sandybridge";
+    std::ofstream(out / "ep_a/done.json") << done.dump();
+    r = f.rollout(f.ckpt, out, "--resume");
+    CHECK(r.code == 1);
+    CHECK(r.has("numerics.blas_core: \"Sandybridge\" (recorded)"));
+
+    // A done marker without a fingerprint (an older dzr) cannot be trusted either.
     done.erase("fingerprint");
     std::ofstream(out / "ep_a/done.json") << done.dump();
     r = f.rollout(f.ckpt, out, "--resume");
