@@ -26,6 +26,10 @@ if { command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; } && 
     cuda_args=(-DCMAKE_CUDA_ARCHITECTURES=90a)
 fi
 BUILD_DIR=build scripts/build.sh "${cuda_args[@]}"
+if ((${#cuda_args[@]})); then
+    echo "note: build/ holds CUDA kernels for sm_90a (H100/H200) only; for another GPU rebuild it there:"
+    echo "      cmake -S . -B build -DCMAKE_CUDA_ARCHITECTURES='90a;80;89' && scripts/build.sh (dzr names a GPU it cannot run on)"
+fi
 echo "== tests =="
 # NOTE: one OpenBLAS thread per test: ctest runs nproc tests at once, and OpenBLAS's threads spin (sched_yield)
 # when they outnumber the cores. Two tiny CPU rollouts side by side on the 2-core machine: 1.36 s per call with 2

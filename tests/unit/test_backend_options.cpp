@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda_archs.h"
 #include "backend/options.h"
 #include "core/error.h"
 #include "support/test_support.h"
@@ -143,4 +144,30 @@ TEST_CASE("env_switch_off: an environment switch only turns a setting off, and a
     const std::string msg = test::error_of([] { env_switch_off("DZR_SHARE_LAYER0", true, "maybe"); });
     CHECK(test::contains(msg, "DZR_SHARE_LAYER0=maybe"));
     CHECK(test::contains(msg, "expected 0, 1"));
+}
+
+TEST_CASE("a CUDA build's architectures say which GPUs it runs on") {
+    // the release default: sm_90a (H100/H200), sm_80 with PTX (A100 and anything later), sm_89 (L40S)
+    for (int cc : {80, 86, 87, 89, 90, 100, 120}) {
+        CAPTURE(cc);
+        CHECK(cuda_archs_cover("90a;80;89", cc));
+    }
+    CHECK_FALSE(cuda_archs_cover("90a;80;89", 75));
+    // scripts/test.sh without a GPU: sm_90a alone runs on compute capability 9.0 only
+    CHECK(cuda_archs_cover("90a", 90));
+    for (int cc : {80, 86, 89, 100}) {
+        CAPTURE(cc);
+        CHECK_FALSE(cuda_archs_cover("90a", cc));
+    }
+    // SASS runs within its major, PTX from its version on; "-real" is SASS only, "-virtual" PTX only
+    CHECK(cuda_archs_cover("80-real", 86));
+    CHECK_FALSE(cuda_archs_cover("80-real", 90));
+    CHECK(cuda_archs_cover("80-virtual", 90));
+    CHECK_FALSE(cuda_archs_cover("86-virtual", 80));
+    CHECK(cuda_archs_cover("100f", 103));
+    CHECK_FALSE(cuda_archs_cover("100f", 120));
+    CHECK(cuda_archs_cover("89,90a", 90));  // the separator lib/CMakeLists.txt passes
+    CHECK(cuda_archs_cover("native", 75));
+    CHECK_FALSE(cuda_archs_cover("", 90));
+    CHECK_FALSE(cuda_archs_cover("sm_90", 90));
 }

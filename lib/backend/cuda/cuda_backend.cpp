@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda_archs.h"
 #include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_paged_sdpa.h"
@@ -123,6 +124,12 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     caps_.conv_channels_last = true;
     caps_.compute_capability = prop.major * 10 + prop.minor;
     caps_.fp8 = caps_.compute_capability >= 89;
+#ifdef DZR_CUDA_ARCHS
+    DZR_CHECK(cuda_archs_cover(DZR_CUDA_ARCHS, caps_.compute_capability),
+              "cuda:{} is {} (compute capability {}.{}), but this dzr's CUDA kernels were built for {} only: rebuild "
+              "with -DCMAKE_CUDA_ARCHITECTURES={}{} (scripts/test.sh on a machine without a GPU builds for 90a alone)",
+              index, prop.name, prop.major, prop.minor, DZR_CUDA_ARCHS, prop.major, prop.minor);
+#endif
 }
 
 CudaDevice::~CudaDevice() {
