@@ -38,8 +38,9 @@ void use_best_blas_kernels(char** argv) {
     if (core.empty() || argv == nullptr || argv[0] == nullptr) return;
     if (setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0 || setenv("DZR_BLAS_CORE_SET", "1", 1) != 0) return;
     execv("/proc/self/exe", argv);
-    // The exec failed (no /proc): go on as started, without leaving the variable to the children.
+    // The exec failed (no /proc): go on as started, leaving neither variable to the children (nor to `dzr info`).
     unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("DZR_BLAS_CORE_SET");
 }
 
 }  // namespace dzr

@@ -33,49 +33,36 @@ float* f32(const TensorView& t) { return static_cast<float*>(t.data); }
 typedef float V4 __attribute__((vector_size(16)));
 typedef int32_t I4 __attribute__((vector_size(16)));
 
-/// exp of 4 floats (Cephes-style: 2^n * e^r, |r| <= ln2 / 2, degree-6 polynomial): within 1.5 ulp for
-/// x in [-87.3, 88.3]; 0 below (no denormals), exp(88.3) above (finite), NaN kept.
-inline V4 exp_v4(V4 x) {
-    const V4 x_in = x;
-    x = x < -87.3f ? V4{} - 87.3f : x;
-    x = x > 88.3f ? V4{} + 88.3f : x;
-    const float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-    const V4 n = (x * 1.44269504088896341f + kRound) - kRound;
-    V4 r = x - n * 0.693359375f;  // ln2 in two parts, so r = x - n ln2 is exact enough
-    r = r - n * -2.12194440e-4f;
-    V4 p = V4{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const V4 y = p * (r * r) + r + 1.0f;
-    const I4 bits = (__builtin_convertvector(n, I4) + 127) << 23;  // 2^n, n in [-126, 127]
-    return x_in < -87.3f ? V4{} : y * (V4)bits;
-}
-
 typedef float V8 __attribute__((vector_size(32)));
 typedef int32_t I8 __attribute__((vector_size(32)));
 
-/// exp_v4 on 8 lanes with AVX2 (and without FMA, so no multiply-add is fused): each lane computes exactly what
-/// exp_v4 computes, so a row gets the same bits on either path.
-__attribute__((target("avx2"))) inline V8 exp_v8(V8 x) {
-    const V8 x_in = x;
-    x = x < -87.3f ? V8{} - 87.3f : x;
-    x = x > 88.3f ? V8{} + 88.3f : x;
-    const float kRound = 12582912.0f;
-    const V8 n = (x * 1.44269504088896341f + kRound) - kRound;
-    V8 r = x - n * 0.693359375f;
+/// exp of each lane, in place (Cephes-style: 2^n * e^r, |r| <= ln2 / 2, degree-6 polynomial): within 1.5 ulp for
+/// x in [-87.3, 88.3]; 0 below (no denormals), exp(88.3) above (finite), NaN kept. One body for the 4-lane code and
+/// the AVX2 8-lane code, so a lane computes the same arithmetic at either width; always inlined, so the 8-lane use is
+/// compiled inside its AVX2 caller (AVX2 without FMA: no multiply-add is fused).
+template <class V, class I>
+__attribute__((always_inline)) inline void exp_lanes(V& x) {
+    const V x_in = x;
+    x = x < -87.3f ? V{} - 87.3f : x;
+    x = x > 88.3f ? V{} + 88.3f : x;
+    const float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+    const V n = (x * 1.44269504088896341f + kRound) - kRound;
+    V r = x - n * 0.693359375f;  // ln2 in two parts, so r = x - n ln2 is exact enough
     r = r - n * -2.12194440e-4f;
-    V8 p = V8{} + 1.9875691500e-4f;
+    V p = V{} + 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    const V8 y = p * (r * r) + r + 1.0f;
-    const I8 bits = (__builtin_convertvector(n, I8) + 127) << 23;
-    return x_in < -87.3f ? V8{} : y * (V8)bits;
+    const V y = p * (r * r) + r + 1.0f;
+    const I bits = (__builtin_convertvector(n, I) + 127) << 23;  // 2^n, n in [-126, 127]
+    x = x_in < -87.3f ? V{} : y * (V)bits;
+}
+
+inline V4 exp_v4(V4 x) {
+    exp_lanes<V4, I4>(x);
+    return x;
 }
 
 bool avx2_available() {
@@ -89,7 +76,9 @@ __attribute__((target("avx2"))) int64_t silu_avx2(const float* x, float* out, in
     for (; i + 8 <= n; i += 8) {
         V8 v;
         std::memcpy(&v, x + i, sizeof(v));
-        const V8 r = v / (1.0f + exp_v8(-v));
+        V8 e = -v;
+        exp_lanes<V8, I8>(e);
+        const V8 r = v / (1.0f + e);
         std::memcpy(out + i, &r, sizeof(r));
     }
     return i;
@@ -122,9 +111,9 @@ __attribute__((target("avx2"))) int64_t softmax_exp_avx2(const float* x, float* 
     for (; i + 8 <= n; i += 8) {
         V8 a;
         for (int j = 0; j < 8; ++j) a[j] = float(double(x[i + j]) * scale - mx);
-        const V8 e = exp_v8(a);
-        for (int j = 0; j < 8; ++j) sum += e[j];
-        std::memcpy(o + i, &e, sizeof(e));
+        exp_lanes<V8, I8>(a);
+        for (int j = 0; j < 8; ++j) sum += a[j];
+        std::memcpy(o + i, &a, sizeof(a));
     }
     return i;
 }
