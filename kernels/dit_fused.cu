@@ -546,9 +546,10 @@ cudaError_t ada_layer_norm(const void* x, DType tx, void* out, DType to, int64_t
     if (!warp_norm_ok(x, tx, out, to, cols, weight, bias, scale, shift) || !strides_agree)
         return ada_layer_norm_rows(x, tx, out, to, rows, cols, eps, weight, bias, tparam, scale, shift, split, period,
                                    stream);
-    if (impl == RowImpl::Stream) {
+    if (streamed(impl)) {
         rows::NormArgs a = stream_norm_args(x, rows, cols, eps, weight, bias, tparam, scale, shift, split, period);
         a.out = static_cast<bf16*>(out);
+        a.narrow = impl == RowImpl::Stream8;
         const cudaError_t e = rows::ada_layer_norm(a, stream);
         if (e != cudaErrorNotSupported) return e;
     }
@@ -567,8 +568,9 @@ cudaError_t ada_layer_norm_fp8(const void* x, DType tx, uint8_t* q, float* q_sca
         (reinterpret_cast<uintptr_t>(q) & 7u) != 0)
         return cudaErrorNotSupported;
     // NOTE: ada_layer_norm with the same impl takes the same kernel for these shapes, so the codes are those of its rows
-    if (impl == RowImpl::Stream) {
+    if (streamed(impl)) {
         rows::NormArgs s = stream_norm_args(x, rows, cols, eps, weight, bias, tparam, scale, shift, split, period);
+        s.narrow = impl == RowImpl::Stream8;
         s.q = q;
         s.q_scales = q_scales;
         const cudaError_t e = rows::ada_layer_norm(s, stream);
@@ -647,7 +649,8 @@ cudaError_t rms_norm_rope(const void* x, DType tx, void* out, DType to, int64_t 
         a.entry = entry;
         a.split = split;
         a.period = period;
-        if (impl == RowImpl::Stream) {
+        if (streamed(impl)) {
+            a.narrow = impl == RowImpl::Stream8;
             const cudaError_t e = rows::rms_norm_rope(a, stream);
             if (e != cudaErrorNotSupported) return e;
         }

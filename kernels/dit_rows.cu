@@ -10,8 +10,15 @@
 // Here a block stays resident (one per SM when its shared memory says so) and loops over rows, each warp owning one
 // row at a time: chunk 32k + lane of the row is lane's (the reduction order of the warp kernels), the next row of the
 // warp is copied into its shared-memory buffer by cp.async as soon as the current one sits in registers, and the
-// per-column vectors are staged once per block as f32 ((1 + scale) precomputed, the same f32 value the warp kernels
-// form per element) in two planes (elements 0-3, 4-7) so a lane's 16-byte reads are conflict-free.
+// per-column vectors are staged once per block: bf16 vectors as they are (16 bytes a chunk; (1 + scale) formed in f32
+// per element when read, the f32 value the warp kernels form), others as f32 in two planes (elements 0-3, 4-7) so a
+// lane's 16-byte reads are conflict-free.
+//
+// A block runs 16 warps at most with 128 registers a thread (one block an SM): the bf16 staging leaves shared memory
+// for 16 row buffers where f32 vectors left 8 (the modulated norm's 4 vectors), and 8 warps of 138-153 registers kept
+// a second block off every SM. `dzr bench fused` at [3570, 5120] against that earlier shape (RowImpl::Stream8, the
+// same bits): modulated norm 36.4 against 39.1 us, affine 34.1 against 35.9, their E4M3 twins 40.4 against 47.5 and
+// 39.0 against 44.4; RMSNorm + RoPE unchanged (docs/PERF.md session 19).
 #include <algorithm>
 
 #include "kernels/dit_rows.cuh"
@@ -20,7 +27,7 @@
 namespace dzr::kernels::rows {
 namespace {
 
-constexpr int kMaxWarps = 8;  // rows in flight per block
+constexpr int kMaxWarps = 16;  // rows in flight per block
 constexpr int kSlots = 6;     // staged vectors at most: weight, bias, scale of 2 groups, shift of 2 groups
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -37,40 +44,60 @@ struct StageSrc {
     float add = 0.f;
 };
 
-/// Where the staged vectors sit: slot s at float4 offset 2 s · chunks (elements 0-3 of chunk ch at [ch], 4-7 at
-/// [chunks + ch]); -1: absent.
+/// Where the staged vectors sit, in 16-byte units: packed (every source bf16), slot s's chunk ch at s · chunks + ch;
+/// else f32 planes, slot s at 2 s · chunks (elements 0-3 of chunk ch at [ch], 4-7 at [chunks + ch]); -1: absent.
 struct Slots {
     StageSrc src[kSlots];
     int count = 0;
+    bool packed = true;
     int w = -1, b = -1, s[2] = {-1, -1}, h[2] = {-1, -1};
     int add(Vec8Ptr p, int64_t off, float a) {
         if (!p.defined()) return -1;
         src[count] = StageSrc{p, off, a};
+        packed = packed && p.is_bf16;
         return count++;
     }
+    /// 16-byte units the staged vectors take for rows of `chunks` chunks.
+    __host__ __device__ int64_t units(int chunks) const { return int64_t(count) * (packed ? 1 : 2) * chunks; }
 };
 
-/// Every thread of the block copies its share of the vectors into shared memory as f32.
-__device__ __forceinline__ void stage(const Slots& sl, float4* prm, int chunks) {
+/// Every thread of the block copies its share of the vectors into shared memory (bf16 chunks as they are, or as f32).
+template <bool kPacked>
+__device__ __forceinline__ void stage(const Slots& sl, uint4* prm, int chunks) {
 #pragma unroll
     for (int v = 0; v < kSlots; ++v) {
         if (v >= sl.count) break;
-        for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
-            float p[8];
-            sl.src[v].src.load(sl.src[v].off + int64_t(ch) * 8, p);
+        if constexpr (kPacked) {
+            // NOTE: off is a multiple of 8 elements (16-byte aligned vectors: the host's check)
+            const uint4* src = static_cast<const uint4*>(sl.src[v].src.data) + sl.src[v].off / 8;
+            for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) prm[int64_t(v) * chunks + ch] = src[ch];
+        } else {
+            for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
+                float p[8];
+                sl.src[v].src.load(sl.src[v].off + int64_t(ch) * 8, p);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) p[i] += sl.src[v].add;
-            float4* base = prm + int64_t(v) * 2 * chunks;
-            base[ch] = make_float4(p[0], p[1], p[2], p[3]);
-            base[chunks + ch] = make_float4(p[4], p[5], p[6], p[7]);
+                for (int i = 0; i < 8; ++i) p[i] += sl.src[v].add;
+                float4* base = reinterpret_cast<float4*>(prm) + int64_t(v) * 2 * chunks;
+                base[ch] = make_float4(p[0], p[1], p[2], p[3]);
+                base[chunks + ch] = make_float4(p[4], p[5], p[6], p[7]);
+            }
         }
     }
 }
 
-__device__ __forceinline__ void staged(const float4* prm, int slot, int chunks, int ch, float (&p)[8]) {
-    const float4* base = prm + int64_t(slot) * 2 * chunks;
-    const float4 lo = base[ch], hi = base[chunks + ch];
-    p[0] = lo.x, p[1] = lo.y, p[2] = lo.z, p[3] = lo.w, p[4] = hi.x, p[5] = hi.y, p[6] = hi.z, p[7] = hi.w;
+/// The 8 f32 values of slot `slot` at chunk ch: a packed slot adds its `add` here, as the f32 staging did when staging.
+template <bool kPacked>
+__device__ __forceinline__ void staged(const uint4* prm, const Slots& sl, int slot, int chunks, int ch, float (&p)[8]) {
+    if constexpr (kPacked) {
+        unpack8(prm[int64_t(slot) * chunks + ch], p);
+        const float a = sl.src[slot].add;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p[i] += a;
+    } else {
+        const float4* base = reinterpret_cast<const float4*>(prm) + int64_t(slot) * 2 * chunks;
+        const float4 lo = base[ch], hi = base[chunks + ch];
+        p[0] = lo.x, p[1] = lo.y, p[2] = lo.z, p[3] = lo.w, p[4] = hi.x, p[5] = hi.y, p[6] = hi.z, p[7] = hi.w;
+    }
 }
 
 /// Issues the copies of this lane's chunks of row `row` into the warp's buffer.
@@ -102,44 +129,45 @@ struct NormKernelArgs {
 
 /// The LayerNorm with its parameters applied to 8 normalized values (one function for the bf16 and the E4M3 kernels, so
 /// both round the same f32 values).
-__device__ __forceinline__ void ada_apply(const float4* prm, const Slots& sl, int g, int chunks, int ch,
+template <bool kPacked>
+__device__ __forceinline__ void ada_apply(const uint4* prm, const Slots& sl, int g, int chunks, int ch,
                                           float (&o)[8]) {
     float p[8];
     if (sl.w >= 0) {
-        staged(prm, sl.w, chunks, ch, p);
+        staged<kPacked>(prm, sl, sl.w, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] *= p[i];
     }
     if (sl.b >= 0) {
-        staged(prm, sl.b, chunks, ch, p);
+        staged<kPacked>(prm, sl, sl.b, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] += p[i];
     }
     if (sl.s[g] >= 0) {
-        staged(prm, sl.s[g], chunks, ch, p);  // 1 + scale
+        staged<kPacked>(prm, sl, sl.s[g], chunks, ch, p);  // 1 + scale
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] *= p[i];
     }
     if (sl.h[g] >= 0) {
-        staged(prm, sl.h[g], chunks, ch, p);
+        staged<kPacked>(prm, sl, sl.h[g], chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] += p[i];
     }
 }
 
 // kFp8: the output rows rounded to bf16 (as `out` would hold them) and quantized per row instead of written.
-template <int N, bool kFp8>
-__global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel(const NormKernelArgs k) {
+template <int N, bool kFp8, bool kPacked>
+__global__ void __launch_bounds__(kMaxWarps* kWarp, 1) ada_layer_norm_stream_kernel(const NormKernelArgs k) {
     extern __shared__ uint4 smem[];
     const NormArgs& a = k.a;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
     const int chunks = a.cols / 8;
-    float4* prm = reinterpret_cast<float4*>(smem);
-    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks;
+    uint4* prm = smem;
+    uint4* buf = smem + k.slots.units(chunks) + int64_t(warp) * chunks;
     const int64_t step = int64_t(gridDim.x) * warps;
     int64_t r = int64_t(blockIdx.x) * warps + warp;
     if (r < a.rows) issue_row<N>(a.x, r, a.cols, buf, lane);
-    stage(k.slots, prm, chunks);  // overlaps the first rows' copies
+    stage<kPacked>(k.slots, prm, chunks);  // overlaps the first rows' copies
     __syncthreads();
     for (; r < a.rows; r += step) {
         uint4 raw[N];
@@ -162,7 +190,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) ada_layer_norm_stream_kernel
                 unpack8(raw[kk], o);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) o[i] = (o[i] - mean) * rstd;
-                ada_apply(prm, k.slots, g, chunks, ch, o);
+                ada_apply<kPacked>(prm, k.slots, g, chunks, ch, o);
                 if constexpr (kFp8) {
                     fp8::round_for_codes(raw[kk], o, amax);  // the bf16 row, kept for the codes
                 } else {
@@ -184,14 +212,14 @@ struct RopeKernelArgs {
     bool lane_table;  // 256 % head_dim == 0: a lane's chunks all sit at one offset in their heads
 };
 
-template <int N, int kEntry>
-__global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(const RopeKernelArgs k) {
+template <int N, int kEntry, bool kPacked>
+__global__ void __launch_bounds__(kMaxWarps* kWarp, 1) rms_norm_rope_stream_kernel(const RopeKernelArgs k) {
     extern __shared__ uint4 smem[];
     const RopeArgs& a = k.a;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
     const int chunks = a.cols / 8;
-    float4* prm = reinterpret_cast<float4*>(smem);
-    uint4* buf = smem + int64_t(k.slots.count) * 2 * chunks + int64_t(warp) * chunks;
+    uint4* prm = smem;
+    uint4* buf = smem + k.slots.units(chunks) + int64_t(warp) * chunks;
     const int64_t step = int64_t(gridDim.x) * warps;
     int64_t r = int64_t(blockIdx.x) * warps + warp;
     // the lane's (cos, sin) of the next row, fetched with its copies (lane_table)
@@ -201,7 +229,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
         issue_row<N>(a.x, r, a.cols, buf, lane);
         if (k.lane_table) nrot = rope_fetch<kEntry>(a, r, lane * 8, ncs, nsn);
     }
-    stage(k.slots, prm, chunks);
+    stage<kPacked>(k.slots, prm, chunks);
     __syncthreads();
     for (; r < a.rows; r += step) {
         uint4 raw[N];
@@ -228,7 +256,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
                 for (int i = 0; i < 8; ++i) o[i] *= rstd;
                 if (k.slots.w >= 0) {
                     float p[8];
-                    staged(prm, k.slots.w, chunks, ch, p);
+                    staged<kPacked>(prm, k.slots, k.slots.w, chunks, ch, p);
 #pragma unroll
                     for (int i = 0; i < 8; ++i) o[i] *= p[i];
                 }
@@ -240,40 +268,42 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp) rms_norm_rope_stream_kernel(
     }
 }
 
-/// The launch shape of a streamed kernel: warps (rows in flight) per block, dynamic shared memory, blocks.
+/// The launch shape of a streamed kernel: warps (rows in flight) per block, dynamic shared memory, the blocks the rows
+/// need, SMs.
 struct Launch {
     int warps = 0;
     size_t smem = 0;
-    unsigned blocks = 0;
+    int64_t needed = 0;
+    int sms = 0;
 };
 
-/// Fits `slots` staged vectors and one row buffer per warp into the block's shared memory; warps = 0: does not fit.
-cudaError_t plan(int64_t rows, int cols, int slots, Launch& l) {
-    int dev = 0, sms = 0, optin = 0, per_sm = 0;
+/// Fits the staged vectors and one row buffer per warp into the block's shared memory; warps = 0: does not fit.
+cudaError_t plan(int64_t rows, int cols, const Slots& slots, bool narrow, Launch& l) {
+    int dev = 0, optin = 0;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&l.sms, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     if (e != cudaSuccess) return e;
-    const size_t param_bytes = size_t(slots) * size_t(cols) * 4, row_bytes = size_t(cols) * 2;
+    const size_t param_bytes = size_t(slots.units(cols / 8)) * 16, row_bytes = size_t(cols) * 2;
     if (param_bytes + row_bytes > size_t(optin)) return cudaSuccess;
-    l.warps = int(std::min<size_t>(kMaxWarps, (size_t(optin) - param_bytes) / row_bytes));
+    l.warps = int(std::min<size_t>(narrow ? 8 : kMaxWarps, (size_t(optin) - param_bytes) / row_bytes));
     l.warps = int(std::min<int64_t>(l.warps, rows));
     l.smem = param_bytes + size_t(l.warps) * row_bytes;
-    // NOTE: the runtime reserves 1 KiB of shared memory per block
-    const int64_t by_smem = int64_t(per_sm) / int64_t(l.smem + 1024);
-    const int64_t by_threads = 2048 / (int64_t(l.warps) * kWarp);
-    const int64_t per_sm_blocks = std::max<int64_t>(1, std::min(by_smem, by_threads));
-    const int64_t needed = (rows + l.warps - 1) / l.warps;
-    l.blocks = unsigned(std::min<int64_t>(needed, int64_t(sms) * per_sm_blocks));
+    l.needed = (rows + l.warps - 1) / l.warps;
     return cudaSuccess;
 }
 
+/// Launches as many blocks as stay resident at once (shared memory and registers both counted), or fewer when the
+/// rows need fewer.
 template <typename Kernel, typename Args>
 cudaError_t launch(Kernel kernel, const Launch& l, const Args& args, cudaStream_t stream) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem));
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem));
+    int per_sm = 0;
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, l.warps * kWarp, l.smem);
     if (e != cudaSuccess) return e;
-    kernel<<<l.blocks, l.warps * kWarp, l.smem, stream>>>(args);
+    const int64_t blocks = std::min<int64_t>(l.needed, int64_t(l.sms) * std::max(1, per_sm));
+    kernel<<<unsigned(blocks), l.warps * kWarp, l.smem, stream>>>(args);
     return cudaGetLastError();
 }
 
@@ -294,13 +324,17 @@ cudaError_t ada_layer_norm(const NormArgs& a, cudaStream_t stream) {
     k.slots.h[0] = k.slots.add(a.shift, 0, 0.f);
     k.slots.h[1] = two ? k.slots.add(a.shift, a.mod_stride, 0.f) : k.slots.h[0];
     Launch l;
-    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
+    if (a.narrow) k.slots.packed = false;
+    const cudaError_t e = plan(a.rows, a.cols, k.slots, a.narrow, l);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
     return dispatch_warp_chunks(a.cols, [&](auto n) {
         constexpr int N = decltype(n)::value;
-        return a.q ? launch(ada_layer_norm_stream_kernel<N, true>, l, k, stream)
-                   : launch(ada_layer_norm_stream_kernel<N, false>, l, k, stream);
+        if (k.slots.packed)
+            return a.q ? launch(ada_layer_norm_stream_kernel<N, true, true>, l, k, stream)
+                       : launch(ada_layer_norm_stream_kernel<N, false, true>, l, k, stream);
+        return a.q ? launch(ada_layer_norm_stream_kernel<N, true, false>, l, k, stream)
+                   : launch(ada_layer_norm_stream_kernel<N, false, false>, l, k, stream);
     });
 }
 
@@ -312,13 +346,17 @@ cudaError_t rms_norm_rope(const RopeArgs& a, cudaStream_t stream) {
     k.slots.w = k.slots.add(a.weight, 0, 0.f);
     k.lane_table = (kWarp * 8) % a.head_dim == 0;
     Launch l;
-    const cudaError_t e = plan(a.rows, a.cols, k.slots.count, l);
+    if (a.narrow) k.slots.packed = false;
+    const cudaError_t e = plan(a.rows, a.cols, k.slots, a.narrow, l);
     if (e != cudaSuccess) return e;
     if (l.warps == 0) return cudaErrorNotSupported;
     return dispatch_warp_chunks(a.cols, [&](auto n) {
         constexpr int N = decltype(n)::value;
-        return a.entry == 4 ? launch(rms_norm_rope_stream_kernel<N, 4>, l, k, stream)
-                            : launch(rms_norm_rope_stream_kernel<N, 2>, l, k, stream);
+        if (k.slots.packed)
+            return a.entry == 4 ? launch(rms_norm_rope_stream_kernel<N, 4, true>, l, k, stream)
+                                : launch(rms_norm_rope_stream_kernel<N, 2, true>, l, k, stream);
+        return a.entry == 4 ? launch(rms_norm_rope_stream_kernel<N, 4, false>, l, k, stream)
+                            : launch(rms_norm_rope_stream_kernel<N, 2, false>, l, k, stream);
     });
 }
 

@@ -27,6 +27,7 @@ struct NormArgs {
     int64_t mod_stride = 0;
     int64_t split = INT64_MAX;
     int64_t period = INT64_MAX;
+    bool narrow = false;  // 8 warps a block and f32 staging (RowImpl::Stream8); the same bits
 };
 
 /// The operands of the streamed RMSNorm + RoPE (as kernels::rms_norm_rope; head_dim % 8 == 0, pairs % 4 == 0).
@@ -44,6 +45,7 @@ struct RopeArgs {
     int entry = 2;
     int64_t split = INT64_MAX;
     int64_t period = INT64_MAX;
+    bool narrow = false;  // as NormArgs::narrow
 };
 
 /// cudaErrorNotSupported (nothing launched) when the shape (at most kWarpMaxCols columns) or the shared memory does

@@ -295,7 +295,7 @@ cudaError_t gelu_quantize_fp8_rows(const void* x, DType x_dtype, int64_t rows, i
         rows > int64_t(INT32_MAX) || !aligned16(x) || (reinterpret_cast<uintptr_t>(q) & 7u) != 0)
         return cudaErrorNotSupported;
     static_assert(int64_t(8) * kGeluChunks * kGeluThreads >= int64_t(8) * kQuantChunks * kQuantThreads);
-    if (impl == RowImpl::Stream && gelu_table_ready()) {
+    if (streamed(impl) && gelu_table_ready()) {
         int dev = 0, sms = 0;
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);

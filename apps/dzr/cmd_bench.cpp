@@ -351,7 +351,8 @@ int run_ops_bench(const BenchOptions& o) {
 /// `dzr bench fused`: fast numerics' fused row ops and GEMM epilogues at the DiT's shapes. Each timed run issues the
 /// op kFusedReps times back to back (between one event pair, so the launch gaps of a forward are included and the
 /// events' own cost is not), rotating over `sets` buffer sets so the 50 MB L2 does not hold the inputs. The row ops run
-/// on the streamed kernels and on the warp kernels they replaced (CudaBackendOptions::row_kernels), one line each.
+/// on the streamed kernels, on their earlier shape (stream8) and on the warp kernels they replaced
+/// (CudaBackendOptions::row_kernels), one line each.
 int run_fused_bench(const BenchOptions& o) {
     auto owned = make_gpu_backend(o.device, size_t(1) << 30, "fused");
     Backend* be = owned.get();
@@ -408,11 +409,14 @@ int run_fused_bench(const BenchOptions& o) {
         const auto bench = [&](const std::string& label, double tensors, const std::function<void(size_t)>& op) {
             bench_bytes(label, C, tensors * tensor_bytes, op);
         };
-        // each row op on the streamed kernels, then on the warp kernels they replace (CudaBackendOptions::row_kernels)
+        // each row op on the streamed kernels, on their earlier shape (8 warps, f32 staging) and on the warp kernels
+        // they replace (CudaBackendOptions::row_kernels)
         const auto both = [&](const std::string& label, int64_t cols, double bytes,
                               const std::function<void(size_t)>& op) {
             set_rows(RowKernels::Stream);
             bench_bytes(label + " (stream)", cols, bytes, op);
+            set_rows(RowKernels::Stream8);
+            bench_bytes(label + " (stream8)", cols, bytes, op);
             set_rows(RowKernels::Warp);
             bench_bytes(label + " (warp)", cols, bytes, op);
             set_rows(RowKernels::Stream);

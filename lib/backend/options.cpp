@@ -103,7 +103,8 @@ ConvTune parse_conv_tune(const std::string& text) {
 RowKernels parse_row_kernels(const std::string& text) {
     if (text == "stream") return RowKernels::Stream;
     if (text == "warp") return RowKernels::Warp;
-    DZR_THROW("unknown row kernels '{}' (stream or warp)", text);
+    if (text == "stream8") return RowKernels::Stream8;
+    DZR_THROW("unknown row kernels '{}' (stream, stream8 or warp)", text);
 }
 
 bool parse_switch(const std::string& text) {

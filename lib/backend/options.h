@@ -74,10 +74,11 @@ enum class ConvTune : uint8_t { Off, Auto, ChannelsLast };
 ConvTune parse_conv_tune(const std::string& text);
 /// The kernels fast numerics' fused row ops take on bf16 rows (kernels/dit_fused.cuh RowImpl): Stream (persistent
 /// blocks, the next rows' loads in flight, the parameters staged once per block; the GELU quantization by table) or
-/// Warp (the one-warp-per-row kernels and the evaluating GELU quantization, kept for `dzr bench fused`'s comparison).
-/// Both write values within fast numerics' bounds; each FP8 fused op writes the codes of its own bf16 op.
-enum class RowKernels : uint8_t { Stream, Warp };
-/// "stream", "warp"; throws dzr::Error otherwise.
+/// Warp (the one-warp-per-row kernels and the evaluating GELU quantization, kept for `dzr bench fused`'s comparison), or
+/// Stream8 (the streamed kernels' earlier shape: 8 warps a block, f32-staged vectors; Stream's bits, for comparisons).
+/// All write values within fast numerics' bounds; each FP8 fused op writes the codes of its own bf16 op.
+enum class RowKernels : uint8_t { Stream, Warp, Stream8 };
+/// "stream", "warp", "stream8"; throws dzr::Error otherwise.
 RowKernels parse_row_kernels(const std::string& text);
 /// A switch's value: 1, true or on; 0, false or off (the DZR_* on/off variables); anything else throws.
 bool parse_switch(const std::string& text);
@@ -133,7 +134,7 @@ struct BackendOptions {
 /// `o` with the documented environment overrides applied: DZR_ATTENTION (an AttentionImpl name),
 /// DZR_PLAIN_GEMM (lt | cublas), DZR_CONV_API (graph | legacy), DZR_LT_WORKSPACE (KiB, 0..32768, as PyTorch's
 /// CUBLASLT_WORKSPACE_SIZE), DZR_LT_ALIGN (dzr | torch), DZR_CONV_TUNE (auto | off | channels-last), DZR_ROW_KERNELS
-/// (stream | warp), DZR_BATCHED_ATTENTION and DZR_GEMM_TUNE (switches: parse_switch). An unreadable value throws,
+/// (stream | stream8 | warp), DZR_BATCHED_ATTENTION and DZR_GEMM_TUNE (switches: parse_switch). An unreadable value throws,
 /// naming the variable.
 BackendOptions apply_env_overrides(BackendOptions o);
 

@@ -78,7 +78,8 @@ PY
 # "-nobattn", one self-attention SDPA per branch: DZR_BATCHED_ATTENTION=off; "-notune", the cuBLASLt heuristic's
 # first algorithm for every GEMM: DZR_GEMM_TUNE=off; "-nolanes", the pool without kv.in_place lanes (the attention
 # gathers its rows): --set kv.in_place=false; "-pgraphs" (profile step: --profile-graphs, the forwards replayed and only
-# their kernels and launches counted); "-noshare", layer 0's self-attention run per branch: DZR_SHARE_LAYER0=off):
+# their kernels and launches counted); "-noshare", layer 0's self-attention run per branch: DZR_SHARE_LAYER0=off;
+# "-stream8", the streamed row kernels' earlier shape: DZR_ROW_KERNELS=stream8):
 # numerics first, then "-nobatch" (the CFG
 # branches one after the other: --no-batch-cfg), "-fp8" (FP8 weights and KV), "-fp8w" (FP8 weights, bf16 KV), e.g. fast,
 # reference, fast-nobatch, fast-fp8, fast-fp8w.
@@ -88,6 +89,7 @@ variant_args() {
     [[ "$1" == *-nobattn* ]] && VENV+=(DZR_BATCHED_ATTENTION=off)
     [[ "$1" == *-notune* ]] && VENV+=(DZR_GEMM_TUNE=off)
     [[ "$1" == *-noshare* ]] && VENV+=(DZR_SHARE_LAYER0=off)
+    [[ "$1" == *-stream8* ]] && VENV+=(DZR_ROW_KERNELS=stream8)
     [[ "$1" == *-nobatch* ]] && VARGS+=(--no-batch-cfg)
     [[ "$1" == *-nolanes* ]] && VARGS+=(--set kv.in_place=false)
     [[ "$1" == *-pgraphs* ]] && VARGS+=(--profile-graphs)  # profile step only: graphs replayed, kernels and launches

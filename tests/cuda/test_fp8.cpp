@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <thread>
@@ -249,6 +250,90 @@ TEST_CASE("the fused norm and GELU quantizations write the codes of the two ops 
         check_gelu(all_bf16);
     }
     set_row_kernels(RowKernels::Stream);
+}
+
+TEST_CASE("the streamed row kernels write the same bits at 16 warps with bf16-staged vectors as at 8 with f32 staging") {
+    // RowKernels::Stream (16 warps a block, bf16 vectors staged as they are) against Stream8 (sessions 11-18: 8 warps,
+    // f32 staging) and the warp kernels: every norm and RoPE output, and the E4M3 codes, bit for bit
+    struct Case {
+        int64_t L, C, split, period;
+        bool affine, mod, f32_mod;
+    };
+    const auto run_all = [&](const std::function<Tensor()>& op) {
+        std::vector<Tensor> outs;
+        for (RowKernels k : {RowKernels::Stream, RowKernels::Stream8, RowKernels::Warp}) {
+            set_row_kernels(k);
+            outs.push_back(op());
+        }
+        set_row_kernels(RowKernels::Stream);
+        for (size_t i = 1; i < outs.size(); ++i) {
+            CAPTURE(i);
+            REQUIRE(outs[i].nbytes() == outs[0].nbytes());
+            const auto* a = static_cast<const uint8_t*>(outs[0].data());
+            const auto* b = static_cast<const uint8_t*>(outs[i].data());
+            int64_t bad = 0;
+            for (size_t j = 0; j < outs[0].nbytes(); ++j) bad += a[j] != b[j];
+            CHECK_MESSAGE(bad == 0, bad << " of " << outs[0].nbytes() << " bytes differ");
+        }
+    };
+    for (const Case& n : {Case{3570, 5120, 1760, 1785, false, true, false}, Case{3570, 5120, INT64_MAX, 1785, true, false, false},
+                          Case{3570, 5120, 1760, 1785, true, true, true}, Case{1785, 5120, 1760, INT64_MAX, false, true, false},
+                          Case{1001, 5120, 480, 500, true, true, false}, Case{5, 6144, 1, 2, true, true, true},
+                          Case{37, 40, 30, INT64_MAX, true, true, false}}) {
+        CAPTURE(n.L);
+        CAPTURE(n.C);
+        CAPTURE(n.f32_mod);
+        const Tensor x = upload(bf16_values({n.L, n.C}, 51, -3.f, 3.f), DType::BF16);
+        const Tensor w = upload(bf16_values({n.C}, 52, 0.5f, 1.5f), DType::BF16);
+        const Tensor b = upload(bf16_values({n.C}, 53, -0.5f, 0.5f), DType::BF16);
+        const DType tm = n.f32_mod ? DType::F32 : DType::BF16;
+        const Tensor mod = upload(bf16_values({2, 6, n.C}, 54, -0.5f, 0.5f), tm);
+        const auto vecs = [&](int i) {
+            return TensorView(static_cast<char*>(mod.data()) + size_t(i) * size_t(n.C) * dtype_size(tm), tm,
+                              Shape{2, n.C}, Shape{6 * n.C, 1}, mod.device());
+        };
+        const FusedRowParams p{1e-6f, n.split, n.period};
+        const TensorView wv = n.affine ? w.view() : TensorView{}, bv = n.affine ? b.view() : TensorView{};
+        const TensorView sc = n.mod ? vecs(1) : TensorView{}, sh = n.mod ? vecs(0) : TensorView{};
+        run_all([&] {
+            Tensor h = gpu().alloc({n.L, n.C}, DType::BF16);
+            gpu().ada_layer_norm(p, x, wv, bv, sc, sh, h);
+            return download(h, DType::BF16);
+        });
+        if (fp8_gpu()) {
+            run_all([&] {
+                Tensor q = gpu().alloc({n.L, n.C}, DType::F8_E4M3), s = gpu().alloc({n.L}, DType::F32);
+                gpu().ada_layer_norm_fp8(p, x, wv, bv, sc, sh, q, s);
+                const Tensor qh = download(q, DType::F8_E4M3), sh2 = download(s, DType::F32);
+                Tensor both = Tensor::host({qh.numel() + 4 * sh2.numel()}, DType::F8_E4M3);
+                std::memcpy(both.data(), qh.data(), qh.nbytes());
+                std::memcpy(static_cast<char*>(both.data()) + qh.nbytes(), sh2.data(), sh2.nbytes());
+                return both;
+            });
+        }
+    }
+    // RMSNorm + RoPE: the DiT's q/k (two tables of 64 pairs a head), the cross q (no table), smaller shapes
+    struct RopeCase {
+        int64_t L, H, D, split, period, pairs;
+    };
+    for (const RopeCase& r : {RopeCase{3570, 40, 128, 1760, 1785, 64}, RopeCase{3570, 40, 128, INT64_MAX, INT64_MAX, 0},
+                              RopeCase{1785, 40, 128, 1760, INT64_MAX, 64}, RopeCase{301, 4, 64, 100, 150, 16}}) {
+        CAPTURE(r.L);
+        CAPTURE(r.pairs);
+        const Tensor x = upload(bf16_values({r.L, r.H * r.D}, 61, -2.f, 2.f), DType::BF16);
+        const Tensor w = upload(bf16_values({r.H * r.D}, 62, 0.5f, 1.5f), DType::BF16);
+        const int64_t P = std::min(r.L, r.period), s = std::min(r.split, P);
+        const Tensor ta = r.pairs ? upload(bf16_values({s, r.pairs, 2}, 63, -1.f, 1.f), DType::F32) : Tensor();
+        const Tensor tb =
+            r.pairs && s < P ? upload(bf16_values({P - s, r.pairs, 2}, 64, -1.f, 1.f), DType::F32) : Tensor();
+        const FusedRowParams p{1e-6f, r.split, r.period};
+        run_all([&] {
+            Tensor out = gpu().alloc({r.L, r.H, r.D}, DType::BF16);
+            gpu().rms_norm_rope(p, x, w, ta.defined() ? ta.view() : TensorView{}, tb.defined() ? tb.view() : TensorView{},
+                                out);
+            return download(out, DType::BF16);
+        });
+    }
 }
 
 TEST_CASE("the FP8 GEMM runs through cuBLASLt at DreamZero's shapes and matches the CPU's") {

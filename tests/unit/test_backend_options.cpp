@@ -106,6 +106,24 @@ TEST_CASE("fast numerics tune their convolutions unless DZR_CONV_TUNE says other
     CHECK(test::contains(msg, "auto, off or channels-last"));
 }
 
+TEST_CASE("DZR_ROW_KERNELS picks the row kernels: stream (the default), stream8 or warp") {
+    {
+        const ScopedEnv t("DZR_ROW_KERNELS", nullptr);
+        CHECK(apply_env_overrides({}).cuda.row_kernels == RowKernels::Stream);
+    }
+    for (const auto& [text, want] : {std::pair<const char*, RowKernels>{"stream", RowKernels::Stream},
+                                     {"stream8", RowKernels::Stream8}, {"warp", RowKernels::Warp}}) {
+        CAPTURE(text);
+        const ScopedEnv t("DZR_ROW_KERNELS", text);
+        CHECK(apply_env_overrides({}).cuda.row_kernels == want);
+        CHECK(parse_row_kernels(text) == want);
+    }
+    const ScopedEnv t("DZR_ROW_KERNELS", "stream16");
+    const std::string msg = test::error_of([] { apply_env_overrides({}); });
+    CHECK(test::contains(msg, "DZR_ROW_KERNELS"));
+    CHECK(test::contains(msg, "stream, stream8 or warp"));
+}
+
 TEST_CASE("DZR_GEMM_TUNE and DZR_BATCHED_ATTENTION turn fast numerics' GEMM timing and batched attention on or off") {
     for (const char* name : {"DZR_GEMM_TUNE", "DZR_BATCHED_ATTENTION"}) {
         CAPTURE(name);

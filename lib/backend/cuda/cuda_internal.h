@@ -39,7 +39,14 @@ inline bool is_float_act(DType t) { return t == DType::F32 || t == DType::BF16; 
 
 /// The row kernels the options choose (kernels/dit_fused.cuh).
 inline kernels::RowImpl row_impl(const CudaBackendOptions& o) {
-    return o.row_kernels == RowKernels::Warp ? kernels::RowImpl::Warp : kernels::RowImpl::Stream;
+    switch (o.row_kernels) {
+        case RowKernels::Warp:
+            return kernels::RowImpl::Warp;
+        case RowKernels::Stream8:
+            return kernels::RowImpl::Stream8;
+        default:
+            return kernels::RowImpl::Stream;
+    }
 }
 
 /// A [C, T, H, W] view of a contiguous [T, H, W, C] buffer (conv3d's channels-last input).
