@@ -17,8 +17,9 @@
 // A block runs 16 warps at most with 128 registers a thread (one block an SM): the bf16 staging leaves shared memory
 // for 16 row buffers where f32 vectors left 8 (the modulated norm's 4 vectors), and 8 warps of 138-153 registers kept
 // a second block off every SM. `dzr bench fused` at [3570, 5120] against that earlier shape (RowImpl::Stream8, the
-// same bits): modulated norm 36.4 against 39.1 us, affine 34.1 against 35.9, their E4M3 twins 40.4 against 47.5 and
-// 39.0 against 44.4; RMSNorm + RoPE unchanged (docs/PERF.md session 19).
+// same bits): modulated norm 35.9 against 38.4 us, affine 33.3 against 34.7, their E4M3 twins 38.5 against 46.9 and
+// 37.1 against 42.4, the cross q's RMSNorm 26.9 against 27.8; RMSNorm + RoPE with the double-float tables 34.4 against
+// 32.9 (the one op the earlier shape runs faster; docs/PERF.md session 19).
 #include <algorithm>
 
 #include "kernels/dit_rows.cuh"
@@ -85,14 +86,16 @@ __device__ __forceinline__ void stage(const Slots& sl, uint4* prm, int chunks) {
     }
 }
 
-/// The 8 f32 values of slot `slot` at chunk ch: a packed slot adds its `add` here, as the f32 staging did when staging.
+/// The 8 f32 values of slot `slot` at chunk ch: a packed slot adds its `add` (the slot's StageSrc::add, passed as a
+/// constant: no indexing of the kernel's parameters by a run-time slot) here, as the f32 staging did when staging.
 template <bool kPacked>
-__device__ __forceinline__ void staged(const uint4* prm, const Slots& sl, int slot, int chunks, int ch, float (&p)[8]) {
+__device__ __forceinline__ void staged(const uint4* prm, int slot, float add, int chunks, int ch, float (&p)[8]) {
     if constexpr (kPacked) {
-        unpack8(prm[int64_t(slot) * chunks + ch], p);
-        const float a = sl.src[slot].add;
+        // NOTE: one 16-byte shared load into a register (unpack8 on the shared element itself reads it 4 bytes at a time)
+        const uint4 v = prm[int64_t(slot) * chunks + ch];
+        unpack8(v, p);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) p[i] += a;
+        for (int i = 0; i < 8; ++i) p[i] += add;
     } else {
         const float4* base = reinterpret_cast<const float4*>(prm) + int64_t(slot) * 2 * chunks;
         const float4 lo = base[ch], hi = base[chunks + ch];
@@ -127,29 +130,36 @@ struct NormKernelArgs {
     Slots slots;
 };
 
+/// A row's staged slots (its group's scale and shift picked once per row; -1: absent).
+struct RowSlots {
+    int w, b, s, h;
+};
+__device__ __forceinline__ RowSlots row_slots(const Slots& sl, int g) {
+    return RowSlots{sl.w, sl.b, g ? sl.s[1] : sl.s[0], g ? sl.h[1] : sl.h[0]};
+}
+
 /// The LayerNorm with its parameters applied to 8 normalized values (one function for the bf16 and the E4M3 kernels, so
-/// both round the same f32 values).
+/// both round the same f32 values). The adds are those ada_layer_norm stages each kind of vector with.
 template <bool kPacked>
-__device__ __forceinline__ void ada_apply(const uint4* prm, const Slots& sl, int g, int chunks, int ch,
-                                          float (&o)[8]) {
+__device__ __forceinline__ void ada_apply(const uint4* prm, const RowSlots& rs, int chunks, int ch, float (&o)[8]) {
     float p[8];
-    if (sl.w >= 0) {
-        staged<kPacked>(prm, sl, sl.w, chunks, ch, p);
+    if (rs.w >= 0) {
+        staged<kPacked>(prm, rs.w, 0.f, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] *= p[i];
     }
-    if (sl.b >= 0) {
-        staged<kPacked>(prm, sl, sl.b, chunks, ch, p);
+    if (rs.b >= 0) {
+        staged<kPacked>(prm, rs.b, 0.f, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] += p[i];
     }
-    if (sl.s[g] >= 0) {
-        staged<kPacked>(prm, sl, sl.s[g], chunks, ch, p);  // 1 + scale
+    if (rs.s >= 0) {
+        staged<kPacked>(prm, rs.s, 1.f, chunks, ch, p);  // 1 + scale
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] *= p[i];
     }
-    if (sl.h[g] >= 0) {
-        staged<kPacked>(prm, sl, sl.h[g], chunks, ch, p);
+    if (rs.h >= 0) {
+        staged<kPacked>(prm, rs.h, 0.f, chunks, ch, p);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] += p[i];
     }
@@ -180,7 +190,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) ada_layer_norm_stream_ker
                               return d * d;
                           }) / float(a.cols);
         const float rstd = rsqrtf(var + a.eps);
-        const int g = r % a.period < a.split ? 0 : 1;
+        const RowSlots rs = row_slots(k.slots, r % a.period < a.split ? 0 : 1);
         float amax = 0.f;
 #pragma unroll
         for (int kk = 0; kk < N; ++kk) {
@@ -190,7 +200,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) ada_layer_norm_stream_ker
                 unpack8(raw[kk], o);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) o[i] = (o[i] - mean) * rstd;
-                ada_apply<kPacked>(prm, k.slots, g, chunks, ch, o);
+                ada_apply<kPacked>(prm, rs, chunks, ch, o);
                 if constexpr (kFp8) {
                     fp8::round_for_codes(raw[kk], o, amax);  // the bf16 row, kept for the codes
                 } else {
@@ -256,7 +266,7 @@ __global__ void __launch_bounds__(kMaxWarps* kWarp, 1) rms_norm_rope_stream_kern
                 for (int i = 0; i < 8; ++i) o[i] *= rstd;
                 if (k.slots.w >= 0) {
                     float p[8];
-                    staged<kPacked>(prm, k.slots, k.slots.w, chunks, ch, p);
+                    staged<kPacked>(prm, k.slots.w, 0.f, chunks, ch, p);
 #pragma unroll
                     for (int i = 0; i < 8; ++i) o[i] *= p[i];
                 }
@@ -317,6 +327,7 @@ cudaError_t ada_layer_norm(const NormArgs& a, cudaStream_t stream) {
     k.a = a;
     // NOTE: group 1 is staged only where some row takes it
     const bool two = a.split < std::min(a.period, a.rows);
+    // NOTE: the adds (0 for the weight, bias and shift, 1 for the scale) are the constants ada_apply passes
     k.slots.w = k.slots.add(a.weight, 0, 0.f);
     k.slots.b = k.slots.add(a.bias, 0, 0.f);
     k.slots.s[0] = k.slots.add(a.scale, 0, 1.f);

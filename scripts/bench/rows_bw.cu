@@ -432,15 +432,15 @@ int main() {
         CK(cudaMemcpy(wb, wh.data(), wh.size() * 2, cudaMemcpyHostToDevice));
         constexpr int kPairs = 64, kR = 25;
         float *ta = nullptr, *tb = nullptr;
-        CK(cudaMalloc(&ta, size_t(kSplit) * kPairs * 2 * 4));
-        CK(cudaMalloc(&tb, size_t(kR) * kPairs * 2 * 4));
-        std::vector<float> th(size_t(kSplit) * kPairs * 2);
+        CK(cudaMalloc(&ta, size_t(kSplit) * kPairs * 4 * 4));  // room for 4 floats an entry
+        CK(cudaMalloc(&tb, size_t(kR) * kPairs * 4 * 4));
+        std::vector<float> th(size_t(kSplit) * kPairs * 4);
         for (size_t i = 0; i < th.size(); i += 2) {
             const float t = rnd() * 3.f;
             th[i] = std::cos(t), th[i + 1] = std::sin(t);
         }
-        CK(cudaMemcpy(ta, th.data(), size_t(kSplit) * kPairs * 2 * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(tb, th.data(), size_t(kR) * kPairs * 2 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(ta, th.data(), size_t(kSplit) * kPairs * 4 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(tb, th.data(), size_t(kR) * kPairs * 4 * 4, cudaMemcpyHostToDevice));
         uint8_t* q = nullptr;
         float* qs = nullptr;
         CK(cudaMalloc(&q, size_t(n)));
@@ -469,7 +469,7 @@ int main() {
         norm_case("ada_layer_norm, affine (norm3)", false, true, false);
         norm_case("ada_layer_norm_fp8, modulated", true, false, true);
         norm_case("ada_layer_norm_fp8, affine", false, true, true);
-        const auto rope_case = [&](const std::string& name, bool tables) {
+        const auto rope_case = [&](const std::string& name, bool tables, int entry) {
             cases.push_back({name, [=, &B](int i, bool old_build) {
                                  rows::RopeArgs a;
                                  a.x = B.x[i];
@@ -480,14 +480,15 @@ int main() {
                                  a.eps = 1e-6f;
                                  a.weight = Vec8Ptr{wb, true};
                                  if (tables) {
-                                     a.table_a = ta, a.table_b = tb, a.pairs = kPairs, a.entry = 2;
+                                     a.table_a = ta, a.table_b = tb, a.pairs = kPairs, a.entry = entry;
                                      a.split = kSplit, a.period = kPeriod;
                                  }
                                  return old_build ? old_rms_norm_rope(&a, 0) : rows::rms_norm_rope(a, 0);
                              }, false});
         };
-        rope_case("rms_norm_rope, 2 tables", true);
-        rope_case("rms_norm_rope, no table (cross q)", false);
+        rope_case("rms_norm_rope, 2 tables of (cos, sin)", true, 2);
+        rope_case("rms_norm_rope, 2 double-float tables (fast numerics')", true, 4);
+        rope_case("rms_norm_rope, no table (cross q)", false, 2);
         for (const Case& c : cases) {
             for (const bool old_build : {true, false}) {
                 CK(cudaMemset(B.out[0], 0, size_t(n) * 2));
@@ -508,7 +509,7 @@ int main() {
             } else {
                 for (int64_t i = 0; i < n; ++i) diff += want[size_t(i)] != got[size_t(i)];
             }
-            std::printf("%s: this build against the other: %s\\n", c.name.c_str(),
+            std::printf("%s: this build against the other: %s\n", c.name.c_str(),
                         diff ? (std::to_string(diff) + " values differ").c_str() : "bit-identical");
             bad += diff != 0;
             const double bytes = c.fp8 ? T + double(n) + 4.0 * kRows : 2 * T;

@@ -313,19 +313,23 @@ TEST_CASE("the streamed row kernels write the same bits at 16 warps with bf16-st
         }
     }
     // RMSNorm + RoPE: the DiT's q/k (two tables of 64 pairs a head), the cross q (no table), smaller shapes
+    // (entry 4: the double-float tables fast numerics rotate with; entry 2: (cos, sin) pairs)
     struct RopeCase {
-        int64_t L, H, D, split, period, pairs;
+        int64_t L, H, D, split, period, pairs, entry;
     };
-    for (const RopeCase& r : {RopeCase{3570, 40, 128, 1760, 1785, 64}, RopeCase{3570, 40, 128, INT64_MAX, INT64_MAX, 0},
-                              RopeCase{1785, 40, 128, 1760, INT64_MAX, 64}, RopeCase{301, 4, 64, 100, 150, 16}}) {
+    for (const RopeCase& r :
+         {RopeCase{3570, 40, 128, 1760, 1785, 64, 4}, RopeCase{3570, 40, 128, 1760, 1785, 64, 2},
+          RopeCase{3570, 40, 128, INT64_MAX, INT64_MAX, 0, 2}, RopeCase{1785, 40, 128, 1760, INT64_MAX, 64, 4},
+          RopeCase{301, 4, 64, 100, 150, 16, 2}}) {
         CAPTURE(r.L);
         CAPTURE(r.pairs);
+        CAPTURE(r.entry);
         const Tensor x = upload(bf16_values({r.L, r.H * r.D}, 61, -2.f, 2.f), DType::BF16);
         const Tensor w = upload(bf16_values({r.H * r.D}, 62, 0.5f, 1.5f), DType::BF16);
         const int64_t P = std::min(r.L, r.period), s = std::min(r.split, P);
-        const Tensor ta = r.pairs ? upload(bf16_values({s, r.pairs, 2}, 63, -1.f, 1.f), DType::F32) : Tensor();
+        const Tensor ta = r.pairs ? upload(bf16_values({s, r.pairs, r.entry}, 63, -1.f, 1.f), DType::F32) : Tensor();
         const Tensor tb =
-            r.pairs && s < P ? upload(bf16_values({P - s, r.pairs, 2}, 64, -1.f, 1.f), DType::F32) : Tensor();
+            r.pairs && s < P ? upload(bf16_values({P - s, r.pairs, r.entry}, 64, -1.f, 1.f), DType::F32) : Tensor();
         const FusedRowParams p{1e-6f, r.split, r.period};
         run_all([&] {
             Tensor out = gpu().alloc({r.L, r.H, r.D}, DType::BF16);
