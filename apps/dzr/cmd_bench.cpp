@@ -411,7 +411,7 @@ int run_fused_bench(const BenchOptions& o) {
         };
         // each row op on the streamed kernels, on their earlier shape (8 warps, f32 staging) and on the warp kernels
         // they replace (CudaBackendOptions::row_kernels)
-        const auto both = [&](const std::string& label, int64_t cols, double bytes,
+        const auto each_impl = [&](const std::string& label, int64_t cols, double bytes,
                               const std::function<void(size_t)>& op) {
             set_rows(RowKernels::Stream);
             bench_bytes(label + " (stream)", cols, bytes, op);
@@ -423,22 +423,22 @@ int run_fused_bench(const BenchOptions& o) {
         };
         // NOTE: E4M3 bytes: the bf16 row read, a byte per code and a scale per row written
         const double fp8_norm_bytes = tensor_bytes * 1.5 + 4.0 * double(L);
-        both("ada_layer_norm modulated, 2 groups", C, 2 * tensor_bytes,
+        each_impl("ada_layer_norm modulated, 2 groups", C, 2 * tensor_bytes,
              [&](size_t j) { be->ada_layer_norm(rows, x[j], {}, {}, mvec(1), mvec(0), out[j]); });
-        both("ada_layer_norm affine (norm3)", C, 2 * tensor_bytes,
+        each_impl("ada_layer_norm affine (norm3)", C, 2 * tensor_bytes,
              [&](size_t j) { be->ada_layer_norm(rows, x[j], w, b, {}, {}, out[j]); });
-        both("ada_layer_norm_fp8 modulated, 2 groups", C, fp8_norm_bytes, [&](size_t j) {
+        each_impl("ada_layer_norm_fp8 modulated, 2 groups", C, fp8_norm_bytes, [&](size_t j) {
             be->ada_layer_norm_fp8(rows, x[j], {}, {}, mvec(1), mvec(0), codes(j, C), q_scales);
         });
-        both("ada_layer_norm_fp8 affine (norm3)", C, fp8_norm_bytes,
+        each_impl("ada_layer_norm_fp8 affine (norm3)", C, fp8_norm_bytes,
              [&](size_t j) { be->ada_layer_norm_fp8(rows, x[j], w, b, {}, {}, codes(j, C), q_scales); });
-        both("rms_norm_rope 40x128, 64 pairs (double-float), 2 tables", C, 2 * tensor_bytes, [&](size_t j) {
+        each_impl("rms_norm_rope 40x128, 64 pairs (double-float), 2 tables", C, 2 * tensor_bytes, [&](size_t j) {
             be->rms_norm_rope(rows, x[j], w, table_a, table_b, out[j].view().reshape({L, H, D}));
         });
-        both("rms_norm_rope 40x128, no table (cross q)", C, 2 * tensor_bytes, [&](size_t j) {
+        each_impl("rms_norm_rope 40x128, no table (cross q)", C, 2 * tensor_bytes, [&](size_t j) {
             be->rms_norm_rope({1e-6f}, x[j], w, {}, {}, out[j].view().reshape({L, H, D}));
         });
-        both("activation_quantize_fp8 gelu_tanh", F, 3.0 * double(L) * double(F) + 4.0 * double(L), [&](size_t j) {
+        each_impl("activation_quantize_fp8 gelu_tanh", F, 3.0 * double(L) * double(F) + 4.0 * double(L), [&](size_t j) {
             be->activation_quantize_fp8({Activation::GeluTanh}, ffn[j], codes(j, F), q_scales);
         });
         bench("gated_residual gate, 2 groups", 3, [&](size_t j) { be->gated_residual(rows, x[j], y[j], mvec(2)); });

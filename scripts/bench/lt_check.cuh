@@ -1,4 +1,4 @@
-// The status checks of the standalone cuBLASLt probes (lt_algos.cu, lt_search.cu): print where and exit.
+// The status checks of the standalone probes (lt_algos.cu, lt_search.cu, rows_bw.cu): print where and exit.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>

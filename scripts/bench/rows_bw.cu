@@ -1,20 +1,21 @@
 // Memory-bound row ops of a batched DiT step at [3570, 5120] bf16: how close the streamed LayerNorm
-// (kernels/dit_rows.cu) runs to what the H200's memory gives, and what its time and energy become with other launch
-// shapes. Each variant is timed back to back over rotating buffer sets (the 50 MB L2 does not hold the inputs) and
-// run sustained for about 300 ms with NVML's energy counter read around it, so the energy per op is measured too.
-// Every LayerNorm variant must give the streamed kernel's bits (checked; a mismatch is printed and the exit is 1).
+// (kernels/dit_rows.cu) runs to what the H200's memory gives, and what its time and energy become with other
+// launch shapes. Each variant is timed back to back over rotating buffer sets (the 50 MB L2 does not hold the
+// inputs) and run sustained for about 300 ms with NVML's energy counter read around it, so the energy per op
+// is measured too. Every LayerNorm variant must give the streamed kernel's bits (checked; a mismatch is
+// printed and the exit is 1).
 //
 //   OLD_REV=<commit> bash scripts/bench/rows_bw.sh   (builds and runs it; see there)
-// With -DROWS_BW_OLD and an object of another revision's kernels (out/old/old_rows.cu, which rows_bw.sh makes, compiled
-// with -Ddzr=dzr_old) it also compares the two revisions' row ops bit for bit and times both.
+// With -DROWS_BW_OLD and an object of another revision's kernels (out/old/old_rows.cu, which rows_bw.sh
+// makes, compiled with -Ddzr=dzr_old) it also compares the two revisions' row ops bit for bit and times both.
 // (NVML through the driver's libnvidia-ml.so.1, opened at run time as lib/backend/gpu_telemetry.cpp does)
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -22,24 +23,16 @@
 
 #include "kernels/dit_rows.cuh"
 #include "kernels/warp_rows.cuh"
+#include "lt_check.cuh"
 
 using namespace dzr::kernels;
 
 #ifdef ROWS_BW_OLD
-// Another build's streamed kernels (out/old/old_rows.cu: the committed kernels/dit_rows.cu renamed), for a bit
-// comparison of the working tree's against them.
+// Another build's streamed kernels (out/old/old_rows.cu: the committed kernels/dit_rows.cu renamed), for a
+// bit comparison of the working tree's against them.
 extern "C" cudaError_t old_ada_layer_norm(const void* args, cudaStream_t stream);
 extern "C" cudaError_t old_rms_norm_rope(const void* args, cudaStream_t stream);
 #endif
-
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(2);                                                                       \
-        }                                                                                       \
-    } while (0)
 
 namespace {
 
@@ -47,13 +40,15 @@ constexpr int64_t kRows = 3570, kCols = 5120, kPeriod = 1785, kSplit = 1760;
 constexpr int kSets = 4, kReps = 20;
 
 __global__ void copy_kernel(const uint4* __restrict__ x, uint4* __restrict__ out, int64_t n) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
         out[i] = x[i];
 }
 
 __global__ void add_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b, uint4* __restrict__ out,
                            int64_t n) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
         float x[8], y[8];
         unpack8(a[i], x);
         unpack8(b[i], y);
@@ -63,15 +58,26 @@ __global__ void add_kernel(const uint4* __restrict__ a, const uint4* __restrict_
     }
 }
 
-__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint4 ldg16(const void* p) {
+    return __ldg(reinterpret_cast<const uint4*>(p));
+}
 
-/// One row per warp, the row loaded straight into registers; scale and shift (bf16, rows `mstride` apart) read through
-/// the read-only path per chunk. The arithmetic of the streamed kernel (ada_apply): the same bits.
+/// A chunk's normalized and modulated values, o = (o - mean) · rstd · (1 + scale) + shift, rounded as dzr's
+/// streamed kernel rounds them: no contraction into an FMA (it multiplies and adds in separate conditional
+/// blocks).
+__device__ __forceinline__ void modulate8(float (&o)[8], float mean, float rstd, const float (&sc)[8],
+                                          const float (&sh)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = __fadd_rn(__fmul_rn((o[i] - mean) * rstd, sc[i] + 1.f), sh[i]);
+}
+
+/// One row per warp, the row loaded straight into registers; scale and shift (bf16, rows `mstride` apart)
+/// read through the read-only path per chunk. The arithmetic of the streamed kernel (ada_apply): the same
+/// bits.
 template <int N, int kWarps, int kMinBlocks>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) ln_direct_kernel(const bf16* __restrict__ x, bf16* __restrict__ out,
-                                                                const bf16* __restrict__ scale,
-                                                                const bf16* __restrict__ shift, int64_t mstride,
-                                                                int64_t rows, int cols, float eps) {
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+    ln_direct_kernel(const bf16* __restrict__ x, bf16* __restrict__ out, const bf16* __restrict__ scale,
+                     const bf16* __restrict__ shift, int64_t mstride, int64_t rows, int cols, float eps) {
     const int lane = threadIdx.x % 32;
     const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (r >= rows) return;
@@ -82,10 +88,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) ln_direct_kernel(cons
     for (int k = 0; k < N; ++k)
         if (k * 32 + lane < chunks) raw[k] = __ldcs(src + k * 32 + lane);
     const float mean = warp_row_sum(raw, chunks, lane, [](float v) { return v; }) / float(cols);
-    const float var = warp_row_sum(raw, chunks, lane, [mean](float v) {
-                          const float d = v - mean;
-                          return d * d;
-                      }) / float(cols);
+    const float var = warp_row_sum(raw, chunks, lane,
+                                   [mean](float v) {
+                                       const float d = v - mean;
+                                       return d * d;
+                                   }) /
+                      float(cols);
     const float rstd = rsqrtf(var + eps);
     const int64_t g = r % kPeriod < kSplit ? 0 : 1;
     const bf16* sc = scale + g * mstride;
@@ -99,34 +107,29 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) ln_direct_kernel(cons
             unpack8(raw[k], o);
             unpack8(ldg16(sc + ch * 8), s);
             unpack8(ldg16(sh + ch * 8), h);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) o[i] = (o[i] - mean) * rstd;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) o[i] = __fadd_rn(__fmul_rn(o[i], s[i] + 1.f), h[i]);
+            modulate8(o, mean, rstd, s, h);
             __stcs(orow + ch, pack8(o));
         }
     }
 }
-
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
 }
 
-/// The streamed kernel's scheme (persistent blocks, a warp's next row copied into its shared buffer by cp.async while
-/// the current one is normalized) with W warps a block and the 4 modulation vectors either staged once per block as
-/// bf16 (kStage; 40 KB instead of 80 KB of f32) or read per chunk through the read-only path. (1 + scale) is formed in
-/// f32 per element, the value the f32 staging holds: the same bits.
+/// The streamed kernel's scheme (persistent blocks, a warp's next row copied into its shared buffer by
+/// cp.async while the current one is normalized) with W warps a block and the 4 modulation vectors either
+/// staged once per block as bf16 (kStage; 40 KB instead of 80 KB of f32) or read per chunk through the
+/// read-only path. (1 + scale) is formed in f32 per element, the value the f32 staging holds: the same bits.
 template <int N, int W, bool kStage, bool kDeep>
-__global__ void __launch_bounds__(W * 32, 1) ln_stream_kernel(const bf16* __restrict__ x, bf16* __restrict__ out,
-                                                             const bf16* __restrict__ scale,
-                                                             const bf16* __restrict__ shift, int64_t mstride,
-                                                             int64_t rows, int cols, float eps) {
+__global__ void __launch_bounds__(W * 32, 1)
+    ln_stream_kernel(const bf16* __restrict__ x, bf16* __restrict__ out, const bf16* __restrict__ scale,
+                     const bf16* __restrict__ shift, int64_t mstride, int64_t rows, int cols, float eps) {
     extern __shared__ uint4 sm[];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int chunks = cols / 8;
-    uint4* vec = sm;                                            // [4][chunks]: scale g0, scale g1, shift g0, shift g1
+    uint4* vec = sm;  // [4][chunks]: scale g0, scale g1, shift g0, shift g1
     uint4* buf = sm + (kStage ? 4 * chunks : 0) + warp * chunks;  // this warp's row
     const int64_t step = int64_t(gridDim.x) * W;
     int64_t r = int64_t(blockIdx.x) * W + warp;
@@ -139,7 +142,8 @@ __global__ void __launch_bounds__(W * 32, 1) ln_stream_kernel(const bf16* __rest
     };
     uint4 raw[N];
     if constexpr (kDeep) {
-        // the first row straight into registers, the second into the buffer: two rows in flight from the start
+        // the first row straight into registers, the second into the buffer: two rows in flight from the
+        // start
         if (r < rows) {
             const uint4* src = reinterpret_cast<const uint4*>(x + r * cols);
 #pragma unroll
@@ -168,10 +172,12 @@ __global__ void __launch_bounds__(W * 32, 1) ln_stream_kernel(const bf16* __rest
         const float mean = warp_row_sum(raw, chunks, lane, [](float v) { return v; }) / float(cols);
         const int64_t next = kDeep ? (first ? -1 : r + step) : r + step;
         if (next >= 0 && next < rows) issue(next);
-        const float var = warp_row_sum(raw, chunks, lane, [mean](float v) {
-                              const float d = v - mean;
-                              return d * d;
-                          }) / float(cols);
+        const float var = warp_row_sum(raw, chunks, lane,
+                                       [mean](float v) {
+                                           const float d = v - mean;
+                                           return d * d;
+                                       }) /
+                          float(cols);
         const float rstd = rsqrtf(var + eps);
         const int g = r % kPeriod < kSplit ? 0 : 1;
         uint4* orow = reinterpret_cast<uint4*>(out + r * cols);
@@ -188,11 +194,7 @@ __global__ void __launch_bounds__(W * 32, 1) ln_stream_kernel(const bf16* __rest
                     unpack8(ldg16(scale + g * mstride + ch * 8), sc);
                     unpack8(ldg16(shift + g * mstride + ch * 8), sh);
                 }
-#pragma unroll
-                for (int i = 0; i < 8; ++i) o[i] = (o[i] - mean) * rstd;
-// NOTE: no contraction into an FMA: the streamed kernel multiplies and adds in separate conditional blocks
-#pragma unroll
-                for (int i = 0; i < 8; ++i) o[i] = __fadd_rn(__fmul_rn(o[i], sc[i] + 1.f), sh[i]);
+                modulate8(o, mean, rstd, sc, sh);
                 orow[ch] = pack8(o);
             }
         }
@@ -201,8 +203,8 @@ __global__ void __launch_bounds__(W * 32, 1) ln_stream_kernel(const bf16* __rest
 
 /// A warp reads its row into registers and writes it out again: the access pattern's own speed.
 template <int N, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) row_copy_kernel(const bf16* __restrict__ x, bf16* __restrict__ out,
-                                                               int64_t rows, int cols) {
+__global__ void __launch_bounds__(kWarps * 32)
+    row_copy_kernel(const bf16* __restrict__ x, bf16* __restrict__ out, int64_t rows, int cols) {
     const int lane = threadIdx.x % 32;
     const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (r >= rows) return;
@@ -236,7 +238,8 @@ void open_nvml() {
     void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     if (!lib) return;
     nvml_init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
-    nvml_handle = reinterpret_cast<int (*)(unsigned, NvmlDevice*)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    nvml_handle =
+        reinterpret_cast<int (*)(unsigned, NvmlDevice*)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
     nvml_energy = reinterpret_cast<int (*)(NvmlDevice, unsigned long long*)>(
         dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
     nvml_clock = reinterpret_cast<int (*)(NvmlDevice, int, unsigned*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
@@ -247,17 +250,17 @@ void open_nvml() {
 /// Median over 9 runs of kReps back-to-back calls (rotating sets), then ~300 ms sustained with NVML's energy.
 void bench(const char* name, double bytes, const std::function<void(int)>& op) {
     cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
+    CHECK_CUDA(cudaEventCreate(&a));
+    CHECK_CUDA(cudaEventCreate(&b));
     for (int i = 0; i < 3 * kReps; ++i) op(i % kSets);
     std::vector<float> ms;
     for (int it = 0; it < 9; ++it) {
-        CK(cudaEventRecord(a));
+        CHECK_CUDA(cudaEventRecord(a));
         for (int i = 0; i < kReps; ++i) op(i % kSets);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
+        CHECK_CUDA(cudaEventRecord(b));
+        CHECK_CUDA(cudaEventSynchronize(b));
         float t = 0;
-        CK(cudaEventElapsedTime(&t, a, b));
+        CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
         ms.push_back(t / kReps);
     }
     std::sort(ms.begin(), ms.end());
@@ -265,11 +268,11 @@ void bench(const char* name, double bytes, const std::function<void(int)>& op) {
     // sustained: enough calls for ~300 ms
     const int n = std::max(100, int(300e3 / us));
     unsigned long long e0 = 0, e1 = 0;
-    CK(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaDeviceSynchronize());
     if (g_have_nvml) nvml_energy(g_nvml, &e0);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) op(i % kSets);
-    CK(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaDeviceSynchronize());
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (g_have_nvml) nvml_energy(g_nvml, &e1);
     unsigned clk = 0;
@@ -300,24 +303,24 @@ int main() {
     };
     for (int i = 0; i < kSets; ++i) {
         bf16 *x, *y, *o;
-        CK(cudaMalloc(&x, size_t(n) * 2));
-        CK(cudaMalloc(&y, size_t(n) * 2));
-        CK(cudaMalloc(&o, size_t(n) * 2));
+        CHECK_CUDA(cudaMalloc(&x, size_t(n) * 2));
+        CHECK_CUDA(cudaMalloc(&y, size_t(n) * 2));
+        CHECK_CUDA(cudaMalloc(&o, size_t(n) * 2));
         for (auto& h : host) h = to_bf16(rnd());
-        CK(cudaMemcpy(x, host.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(y, host.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(x, host.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(y, host.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
         B.x.push_back(x), B.y.push_back(y), B.out.push_back(o);
     }
     std::vector<uint16_t> mh(size_t(2 * 6 * kCols));
     for (auto& h : mh) h = to_bf16(rnd() * 0.25f);
-    CK(cudaMalloc(&B.mod, mh.size() * 2));
-    CK(cudaMemcpy(B.mod, mh.data(), mh.size() * 2, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&B.mod, mh.size() * 2));
+    CHECK_CUDA(cudaMemcpy(B.mod, mh.data(), mh.size() * 2, cudaMemcpyHostToDevice));
     const int64_t mstride = 6 * kCols;
     const bf16* scale = B.mod + 1 * kCols;  // vector 1 of group 0 (group 1: + 6·C)
     const bf16* shift = B.mod + 0 * kCols;
 
     int sms = 0;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     std::printf("rows_bw: [%lld, %lld] bf16, %d SMs, %d sets x %d back-to-back calls\n", (long long)kRows,
                 (long long)kCols, sms, kSets, kReps);
 
@@ -331,10 +334,12 @@ int main() {
         copy_kernel<<<unsigned((v16 + 255) / 256), 256>>>((const uint4*)B.x[i], (uint4*)B.out[i], v16);
     });
     bench("add (the cross-attention's o_txt + o_img), 8 x 256 per SM", 3 * T, [&](int i) {
-        add_kernel<<<unsigned(sms * 8), 256>>>((const uint4*)B.x[i], (const uint4*)B.y[i], (uint4*)B.out[i], v16);
+        add_kernel<<<unsigned(sms * 8), 256>>>((const uint4*)B.x[i], (const uint4*)B.y[i], (uint4*)B.out[i],
+                                               v16);
     });
-    bench("cudaMemcpyAsync device to device", 2 * T,
-          [&](int i) { CK(cudaMemcpyAsync(B.out[i], B.x[i], size_t(n) * 2, cudaMemcpyDeviceToDevice)); });
+    bench("cudaMemcpyAsync device to device", 2 * T, [&](int i) {
+        CHECK_CUDA(cudaMemcpyAsync(B.out[i], B.x[i], size_t(n) * 2, cudaMemcpyDeviceToDevice));
+    });
 
     rows::NormArgs na;
     na.rows = kRows;
@@ -349,38 +354,39 @@ int main() {
         rows::NormArgs a = na;
         a.x = B.x[i];
         a.out = B.out[i];
-        CK(rows::ada_layer_norm(a, 0));
+        CHECK_CUDA(rows::ada_layer_norm(a, 0));
     };
     bench("ada_layer_norm modulated 2 groups: this build's streamed kernel", 2 * T, streamed);
     // NOTE: every variant below is checked against this kernel's bits
-    CK(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<uint16_t> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
     streamed(0);
-    CK(cudaMemcpy(want.data(), B.out[0], size_t(n) * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(want.data(), B.out[0], size_t(n) * 2, cudaMemcpyDeviceToHost));
 
     int bad = 0;
     const auto check = [&](const char* name) {
-        CK(cudaMemset(B.out[0], 0, size_t(n) * 2));
-        CK(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaMemset(B.out[0], 0, size_t(n) * 2));
+        CHECK_CUDA(cudaDeviceSynchronize());
         return name;
     };
     const auto verify = [&](const char* name) {
-        CK(cudaDeviceSynchronize());
-        CK(cudaMemcpy(got.data(), B.out[0], size_t(n) * 2, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaMemcpy(got.data(), B.out[0], size_t(n) * 2, cudaMemcpyDeviceToHost));
         int64_t diff = 0;
         for (int64_t i = 0; i < n; ++i) diff += got[size_t(i)] != want[size_t(i)];
         if (diff) {
-            std::printf("  MISMATCH %s: %lld elements differ from the streamed kernel\n", name, (long long)diff);
+            std::printf("  MISMATCH %s: %lld elements differ from the streamed kernel\n", name,
+                        (long long)diff);
             ++bad;
         }
     };
     const auto direct = [&](auto warps_c, auto min_c) {
         constexpr int W = decltype(warps_c)::value, M = decltype(min_c)::value;
-        const std::string name = "ada_layer_norm: direct, " + std::to_string(W) + " warps x " + std::to_string(M) +
-                                 " blocks an SM at least";
+        const std::string name = "ada_layer_norm: direct, " + std::to_string(W) + " warps x " +
+                                 std::to_string(M) + " blocks an SM at least";
         const auto op = [&](int i) {
-            ln_direct_kernel<20, W, M><<<unsigned((kRows + W - 1) / W), W * 32>>>(B.x[i], B.out[i], scale, shift,
-                                                                               mstride, kRows, int(kCols), 1e-6f);
+            ln_direct_kernel<20, W, M><<<unsigned((kRows + W - 1) / W), W * 32>>>(
+                B.x[i], B.out[i], scale, shift, mstride, kRows, int(kCols), 1e-6f);
         };
         check(name.c_str());
         op(0);
@@ -388,9 +394,8 @@ int main() {
         bench(name.c_str(), 2 * T, op);
     };
     using std::integral_constant;
-    direct(integral_constant<int, 4>{}, integral_constant<int, 1>{});   // ~177 registers: 11 warps an SM
-    direct(integral_constant<int, 4>{}, integral_constant<int, 4>{});   // <= 128 registers: 16 warps
-
+    direct(integral_constant<int, 4>{}, integral_constant<int, 1>{});  // ~177 registers: 11 warps an SM
+    direct(integral_constant<int, 4>{}, integral_constant<int, 4>{});  // <= 128 registers: 16 warps
 
     bench("row copy: a warp a row, 4 warps a block", 2 * T, [&](int i) {
         row_copy_kernel<20, 4><<<unsigned((kRows + 3) / 4), 128>>>(B.x[i], B.out[i], kRows, int(kCols));
@@ -399,14 +404,15 @@ int main() {
         constexpr int W = decltype(warps_c)::value, PerSm = decltype(sms_c)::value;
         constexpr bool S = decltype(stage_c)::value, Dp = decltype(deep_c)::value;
         const size_t smem = size_t(S ? 4 : 0) * size_t(kCols) * 2 + size_t(W) * size_t(kCols) * 2;
-        CK(cudaFuncSetAttribute(ln_stream_kernel<20, W, S, Dp>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        CHECK_CUDA(cudaFuncSetAttribute(ln_stream_kernel<20, W, S, Dp>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         const unsigned grid = unsigned(std::min<int64_t>(int64_t(sms) * PerSm, (kRows + W - 1) / W));
-        const std::string name = "ada_layer_norm: streamed, " + std::to_string(W) + " warps x " +
-                                 std::to_string(PerSm) + (S ? " an SM, bf16 vectors staged" : " an SM, vectors by ldg") +
-                                 (Dp ? ", 2 rows in flight" : "");
+        const std::string name =
+            "ada_layer_norm: streamed, " + std::to_string(W) + " warps x " + std::to_string(PerSm) +
+            (S ? " an SM, bf16 vectors staged" : " an SM, vectors by ldg") + (Dp ? ", 2 rows in flight" : "");
         const auto op = [&, grid, smem](int i) {
-            ln_stream_kernel<20, W, S, Dp><<<grid, W * 32, smem>>>(B.x[i], B.out[i], scale, shift, mstride, kRows,
-                                                               int(kCols), 1e-6f);
+            ln_stream_kernel<20, W, S, Dp>
+                <<<grid, W * 32, smem>>>(B.x[i], B.out[i], scale, shift, mstride, kRows, int(kCols), 1e-6f);
         };
         check(name.c_str());
         op(0);
@@ -426,25 +432,25 @@ int main() {
     {
         // the DiT's row ops of a batched step, this build's kernels against the other build's
         bf16* wb = nullptr;  // norm weight and bias, [2, C]
-        CK(cudaMalloc(&wb, size_t(2 * kCols) * 2));
+        CHECK_CUDA(cudaMalloc(&wb, size_t(2 * kCols) * 2));
         std::vector<uint16_t> wh(size_t(2 * kCols));
         for (auto& h : wh) h = to_bf16(1.f + rnd() * 0.1f);
-        CK(cudaMemcpy(wb, wh.data(), wh.size() * 2, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(wb, wh.data(), wh.size() * 2, cudaMemcpyHostToDevice));
         constexpr int kPairs = 64, kR = 25;
         float *ta = nullptr, *tb = nullptr;
-        CK(cudaMalloc(&ta, size_t(kSplit) * kPairs * 4 * 4));  // room for 4 floats an entry
-        CK(cudaMalloc(&tb, size_t(kR) * kPairs * 4 * 4));
+        CHECK_CUDA(cudaMalloc(&ta, size_t(kSplit) * kPairs * 4 * 4));  // room for 4 floats an entry
+        CHECK_CUDA(cudaMalloc(&tb, size_t(kR) * kPairs * 4 * 4));
         std::vector<float> th(size_t(kSplit) * kPairs * 4);
         for (size_t i = 0; i < th.size(); i += 2) {
             const float t = rnd() * 3.f;
             th[i] = std::cos(t), th[i + 1] = std::sin(t);
         }
-        CK(cudaMemcpy(ta, th.data(), size_t(kSplit) * kPairs * 4 * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(tb, th.data(), size_t(kR) * kPairs * 4 * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(ta, th.data(), size_t(kSplit) * kPairs * 4 * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(tb, th.data(), size_t(kR) * kPairs * 4 * 4, cudaMemcpyHostToDevice));
         uint8_t* q = nullptr;
         float* qs = nullptr;
-        CK(cudaMalloc(&q, size_t(n)));
-        CK(cudaMalloc(&qs, size_t(kRows) * 4));
+        CHECK_CUDA(cudaMalloc(&q, size_t(n)));
+        CHECK_CUDA(cudaMalloc(&qs, size_t(kRows) * 4));
         std::vector<uint8_t> qa(static_cast<size_t>(n)), qb(static_cast<size_t>(n));
         std::vector<float> sa(static_cast<size_t>(kRows)), sb(static_cast<size_t>(kRows));
 
@@ -455,22 +461,26 @@ int main() {
         };
         std::vector<Case> cases;
         const auto norm_case = [&](const std::string& name, bool modulated, bool affine, bool fp8) {
-            cases.push_back({name, [=, &B](int i, bool old_build) {
+            cases.push_back({name,
+                             [=, &B](int i, bool old_build) {
                                  rows::NormArgs a = na;
                                  a.x = B.x[i];
                                  a.out = B.out[i];
-                                 if (!modulated) a.scale = a.shift = Vec8Ptr{}, a.split = a.period = INT64_MAX;
+                                 if (!modulated)
+                                     a.scale = a.shift = Vec8Ptr{}, a.split = a.period = INT64_MAX;
                                  if (affine) a.weight = Vec8Ptr{wb, true}, a.bias = Vec8Ptr{wb + kCols, true};
                                  if (fp8) a.q = q, a.q_scales = qs;
                                  return old_build ? old_ada_layer_norm(&a, 0) : rows::ada_layer_norm(a, 0);
-                             }, fp8});
+                             },
+                             fp8});
         };
         norm_case("ada_layer_norm, modulated, 2 groups", true, false, false);
         norm_case("ada_layer_norm, affine (norm3)", false, true, false);
         norm_case("ada_layer_norm_fp8, modulated", true, false, true);
         norm_case("ada_layer_norm_fp8, affine", false, true, true);
         const auto rope_case = [&](const std::string& name, bool tables, int entry) {
-            cases.push_back({name, [=, &B](int i, bool old_build) {
+            cases.push_back({name,
+                             [=, &B](int i, bool old_build) {
                                  rows::RopeArgs a;
                                  a.x = B.x[i];
                                  a.out = B.out[i];
@@ -484,28 +494,33 @@ int main() {
                                      a.split = kSplit, a.period = kPeriod;
                                  }
                                  return old_build ? old_rms_norm_rope(&a, 0) : rows::rms_norm_rope(a, 0);
-                             }, false});
+                             },
+                             false});
         };
         rope_case("rms_norm_rope, 2 tables of (cos, sin)", true, 2);
         rope_case("rms_norm_rope, 2 double-float tables (fast numerics')", true, 4);
         rope_case("rms_norm_rope, no table (cross q)", false, 2);
         for (const Case& c : cases) {
             for (const bool old_build : {true, false}) {
-                CK(cudaMemset(B.out[0], 0, size_t(n) * 2));
-                CK(cudaMemset(q, 0, size_t(n)));
-                CK(c.run(0, old_build));
-                CK(cudaDeviceSynchronize());
+                CHECK_CUDA(cudaMemset(B.out[0], 0, size_t(n) * 2));
+                CHECK_CUDA(cudaMemset(q, 0, size_t(n)));
+                CHECK_CUDA(c.run(0, old_build));
+                CHECK_CUDA(cudaDeviceSynchronize());
                 if (c.fp8) {
-                    CK(cudaMemcpy((old_build ? qa : qb).data(), q, size_t(n), cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy((old_build ? sa : sb).data(), qs, size_t(kRows) * 4, cudaMemcpyDeviceToHost));
+                    CHECK_CUDA(
+                        cudaMemcpy((old_build ? qa : qb).data(), q, size_t(n), cudaMemcpyDeviceToHost));
+                    CHECK_CUDA(cudaMemcpy((old_build ? sa : sb).data(), qs, size_t(kRows) * 4,
+                                          cudaMemcpyDeviceToHost));
                 } else {
-                    CK(cudaMemcpy((old_build ? want : got).data(), B.out[0], size_t(n) * 2, cudaMemcpyDeviceToHost));
+                    CHECK_CUDA(cudaMemcpy((old_build ? want : got).data(), B.out[0], size_t(n) * 2,
+                                          cudaMemcpyDeviceToHost));
                 }
             }
             int64_t diff = 0;
             if (c.fp8) {
                 for (int64_t i = 0; i < n; ++i) diff += qa[size_t(i)] != qb[size_t(i)];
-                for (int64_t i = 0; i < kRows; ++i) diff += std::memcmp(&sa[size_t(i)], &sb[size_t(i)], 4) != 0;
+                for (int64_t i = 0; i < kRows; ++i)
+                    diff += std::memcmp(&sa[size_t(i)], &sb[size_t(i)], 4) != 0;
             } else {
                 for (int64_t i = 0; i < n; ++i) diff += want[size_t(i)] != got[size_t(i)];
             }
@@ -513,8 +528,8 @@ int main() {
                         diff ? (std::to_string(diff) + " values differ").c_str() : "bit-identical");
             bad += diff != 0;
             const double bytes = c.fp8 ? T + double(n) + 4.0 * kRows : 2 * T;
-            bench((c.name + " (other build)").c_str(), bytes, [&](int i) { CK(c.run(i, true)); });
-            bench((c.name + " (this build)").c_str(), bytes, [&](int i) { CK(c.run(i, false)); });
+            bench((c.name + " (other build)").c_str(), bytes, [&](int i) { CHECK_CUDA(c.run(i, true)); });
+            bench((c.name + " (this build)").c_str(), bytes, [&](int i) { CHECK_CUDA(c.run(i, false)); });
         }
     }
 #endif
