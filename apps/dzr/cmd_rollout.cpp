@@ -1,9 +1,11 @@
 // `dzr rollout`: replay recorded episodes through a warm-up and the chunked rollout; write actions,
 // timing reports, open-loop metrics and plots.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 
 #include "apps/dzr/command.h"
+#include "apps/dzr/compare_args.h"
 #include "backend/backend.h"
 #include "config/run_config.h"
 #include "core/error.h"
@@ -53,7 +55,28 @@ struct RolloutArgs {
     bool no_text_prepass = false;
     bool no_cuda_graphs = false;
     bool no_batch_cfg = false;
+    std::string baseline;  // compare the finished run with this output directory (`dzr compare`)
+    CompareArgs compare;
 };
+
+/// The baseline is read, never written: a run into it would compare the run with itself.
+void check_baseline(const RolloutArgs& a) {
+    if (a.baseline.empty()) return;
+    std::error_code ec;
+    DZR_CHECK(std::filesystem::is_directory(a.baseline, ec), "--baseline {}: no such directory", a.baseline);
+    const auto base = std::filesystem::weakly_canonical(a.baseline, ec), out = std::filesystem::weakly_canonical(a.out, ec);
+    const auto [end, _] = std::mismatch(base.begin(), base.end(), out.begin(), out.end());
+    DZR_CHECK(end != base.end(), "--out {} lies in --baseline {}: the baseline is read, never written", a.out,
+              a.baseline);
+}
+
+/// The rollout's exit code, or the comparison's when the run finished and the comparison did not pass.
+int with_baseline(const RolloutArgs& a, int code, bool merged) {
+    if (a.baseline.empty() || code == 130 || !merged) return code;
+    std::printf("== compare with --baseline %s ==\n", a.baseline.c_str());
+    const int cmp = run_compare(a.baseline, a.out, a.compare);
+    return cmp != 0 ? cmp : code;
+}
 
 extern "C" void on_stop_signal(int sig) {
     // The first Ctrl-C (or SIGTERM: Slurm's time limit, mpirun aborting the job) asks the runner to stop
@@ -129,6 +152,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
 
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
+    check_baseline(a);
     rollout::RolloutResult r = rollout::run_rollout(o);
 
     if (a.dry_run) {
@@ -189,7 +213,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     if (!o.shard.sharded()) {
         std::printf("summary: %s\n", (std::filesystem::path(a.out) / "summary.json").string().c_str());
         if (r.interrupted) return 130;
-        return r.failed > 0 ? 1 : 0;
+        return with_baseline(a, r.failed > 0 ? 1 : 0, true);
     }
     std::printf("%s: %s\n", o.shard.label().c_str(), r.shard.rank_file.string().c_str());
     if (r.shard.merged)
@@ -199,7 +223,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     if (r.interrupted) return 130;
     // NOTE: mpirun aborts every rank when one exits non-zero, so a rank whose episodes failed still exits
     // 0; the rank that merges the summary reports the run's failures.
-    return r.shard.merged && r.shard.failed > 0 ? 1 : 0;
+    return with_baseline(a, r.shard.merged && r.shard.failed > 0 ? 1 : 0, r.shard.merged);
 }
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
@@ -277,6 +301,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_flag("--no-batch-cfg", args->no_batch_cfg,
                   "Fast numerics: run the two CFG branches' DiT forwards one after the other instead of as one batched "
                   "forward (slower; also the config's batch_cfg: false)");
+    cmd->add_option("--baseline", args->baseline,
+                    "After the run, compare it with this rollout output (`dzr compare BASELINE OUT`; exit 1 on a "
+                    "difference, 2 when not comparable; docs/CI.md)");
+    add_compare_options(cmd, args->compare, " (with --baseline)");
     cmd->add_option("--noise-video", args->noise_video, "Initial video noise from .npy (parity runs)");
     cmd->add_option("--noise-action", args->noise_action, "Initial action noise from .npy (parity runs)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args, command_line()); }; });

@@ -112,25 +112,29 @@ Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string&
     return j;
 }
 
-std::vector<std::string> fingerprint_differences(const Json& recorded, const Json& now, size_t limit) {
+std::vector<FieldDifference> json_differences(const Json& base, const Json& now) {
     std::map<std::string, std::string> a, b;
-    flatten(recorded, "", a);
+    flatten(base, "", a);
     flatten(now, "", b);
-    std::vector<std::string> out;
-    size_t total = 0;
-    auto add = [&](const std::string& key, const std::string& was, const std::string& is) {
-        if (++total <= limit) out.push_back(fmt::format("{}: {} (recorded) vs {} (this run)", key, was, is));
-    };
+    std::vector<FieldDifference> out;
     for (const auto& [key, v] : a) {
         auto it = b.find(key);
         if (it == b.end())
-            add(key, v, "absent");
+            out.push_back({key, v, "absent"});
         else if (it->second != v)
-            add(key, v, it->second);
+            out.push_back({key, v, it->second});
     }
     for (const auto& [key, v] : b)
-        if (!a.count(key)) add(key, "absent", v);
-    if (total > limit) out.push_back(fmt::format("... and {} more", total - limit));
+        if (!a.count(key)) out.push_back({key, "absent", v});
+    return out;
+}
+
+std::vector<std::string> fingerprint_differences(const Json& recorded, const Json& now, size_t limit) {
+    const std::vector<FieldDifference> all = json_differences(recorded, now);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < all.size() && i < limit; ++i)
+        out.push_back(fmt::format("{}: {} (recorded) vs {} (this run)", all[i].key, all[i].base, all[i].now));
+    if (all.size() > limit) out.push_back(fmt::format("... and {} more", all.size() - limit));
     return out;
 }
 

@@ -36,6 +36,13 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt,
 /// `run` with the episode part added.
 Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string& prompt);
 
+/// A field whose values differ between two JSON documents ("absent" where one lacks it), by dotted key.
+struct FieldDifference {
+    std::string key, base, now;
+};
+/// Every field where `base` and `now` differ, flattened to dotted keys ("run.sampling.seed", "shards[0].bytes").
+std::vector<FieldDifference> json_differences(const Json& base, const Json& now);
+
 /// The fields where `recorded` and `now` differ, one line each ("seed: 1140 (recorded) vs 7 (this run)"),
 /// at most `limit` (then a last line says how many more).
 std::vector<std::string> fingerprint_differences(const Json& recorded, const Json& now, size_t limit = 6);
