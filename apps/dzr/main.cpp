@@ -19,6 +19,19 @@ std::vector<std::string>& command_line() {
     return args;
 }
 
+/// "dzr rollout" when the error came from a subcommand's options, else "dzr".
+std::string help_target(const CLI::App& app) {
+    std::string name = "dzr";
+    const CLI::App* at = &app;
+    while (true) {
+        const auto subs = at->get_subcommands();
+        if (subs.empty()) break;
+        at = subs.front();
+        name += " " + at->get_name();
+    }
+    return name;
+}
+
 }  // namespace dzr::app
 
 int main(int argc, char** argv) {
@@ -35,8 +48,12 @@ int main(int argc, char** argv) {
 
     try {
         app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
+    } catch (const CLI::Success& e) {  // --help, --help-all, --version
         return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        // NOTE: every usage error in the one format of the others (CLI11's own exit codes run to 100+)
+        std::fprintf(stderr, "dzr: error: %s (see %s --help)\n", e.what(), dzr::app::help_target(app).c_str());
+        return 2;
     }
     try {
         dzr::set_log_level(log_level);
