@@ -18,8 +18,8 @@ namespace dzr::kernels {
 /// The kernels bf16 rows take: the streamed kernels (kernels/dit_rows.cu: persistent blocks, the next row copied into
 /// shared memory while the current one is normalized, the parameters staged once per block) or the one-warp-per-row
 /// kernels they replace (kept for `dzr bench fused`'s comparison: CudaBackendOptions::row_kernels, DZR_ROW_KERNELS).
-/// Shapes the streamed kernels do not take run the warp kernels either way. Stream8: the streamed kernels as sessions
-/// 11-18 shipped them (8 warps a block, the vectors staged as f32; the same bits), for `dzr bench`'s comparison.
+/// Shapes the streamed kernels do not take run the warp kernels either way. Stream8: the streamed kernels as they
+/// first shipped (8 warps a block, the vectors staged as f32; the same bits), for `dzr bench`'s comparison.
 enum class RowImpl { Stream, Warp, Stream8 };
 
 /// The streamed kernels of `impl` (Warp: none).

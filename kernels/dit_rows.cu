@@ -1,25 +1,14 @@
 // The streamed row kernels (kernels/dit_rows.cuh): LayerNorm with modulation (and its E4M3 twin) and RMSNorm + RoPE over
 // bf16 rows at memory bandwidth.
 //
-// Why not the one-warp-per-row kernels of dit_fused.cu: there a warp loads its row (all loads in flight), reduces it,
-// then walks its 20 chunks reading the weight, bias, scale and shift of each chunk from L2 after storing the previous
-// chunk. The output pointer may alias those vectors, so no load is hoisted: every row pays ~20 dependent L2 round trips
-// with nothing of the next row in flight, at 16 rows per SM (126 registers a lane). The loads of x come in bursts
-// with idle gaps, and the vectors cost the row's bytes again in L2 traffic.
-//
-// Here a block stays resident (one per SM when its shared memory says so) and loops over rows, each warp owning one
-// row at a time: chunk 32k + lane of the row is lane's (the reduction order of the warp kernels), the next row of the
-// warp is copied into its shared-memory buffer by cp.async as soon as the current one sits in registers, and the
-// per-column vectors are staged once per block: bf16 vectors as they are (16 bytes a chunk; (1 + scale) formed in f32
-// per element when read, the f32 value the warp kernels form), others as f32 in two planes (elements 0-3, 4-7) so a
-// lane's 16-byte reads are conflict-free.
-//
-// A block runs 16 warps at most with 128 registers a thread (one block an SM): the bf16 staging leaves shared memory
-// for 16 row buffers where f32 vectors left 8 (the modulated norm's 4 vectors), and 8 warps of 138-153 registers kept
-// a second block off every SM. `dzr bench fused` at [3570, 5120] against that earlier shape (RowImpl::Stream8, the
-// same bits): modulated norm 35.9 against 38.4 us, affine 33.3 against 34.7, their E4M3 twins 38.5 against 46.9 and
-// 37.1 against 42.4, the cross q's RMSNorm 26.9 against 27.8; RMSNorm + RoPE with the double-float tables 34.4 against
-// 32.9 (the one op the earlier shape runs faster; docs/PERF.md session 19).
+// Why not the one-warp-per-row kernels of dit_fused.cu: the output may alias the per-column vectors, so no load is
+// hoisted and every row pays ~20 dependent L2 round trips with nothing of the next row in flight. Here a block stays
+// resident and loops over rows, each warp owning one row at a time: chunk 32k + lane of the row is lane's (the warp
+// kernels' reduction order: the same bits), the warp's next row is copied into its shared-memory buffer by cp.async
+// while the current one is normalized, and the per-column vectors are staged once per block (bf16 ones as they are,
+// others as f32 in two planes, elements 0-3 and 4-7, so a lane's 16-byte reads are conflict-free). A block runs at
+// most 16 warps at 128 registers, so 16 rows are in flight per SM; RowImpl::Stream8 keeps the earlier 8-warp shape
+// with f32 staging (the same bits). Timings against that shape and the memory's speed: docs/PERF.md, "Row ops".
 #include <algorithm>
 
 #include "kernels/dit_rows.cuh"

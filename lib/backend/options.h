@@ -112,8 +112,8 @@ struct CudaBackendOptions {
     bool batched_attention = true;
     /// Fast numerics: large bf16 cuBLASLt GEMMs (>= 20 GFLOP) time the heuristic's first candidates once, when their
     /// plan is made (the warm-up's eager forwards), and keep the fastest if it beats the first by 2% (the heuristic's
-    /// pick at the commit forward's 3520 rows ran 4.7% slower than its second, docs/PERF.md session 12). Reference
-    /// numerics never tune; FP8 GEMMs keep the heuristic's pick (timing them measured no gain).
+    /// pick at the commit forward's 3520 rows ran 4.7% slower than its second: docs/PERF.md, "GEMM (cuBLASLt)").
+    /// Reference numerics never tune; FP8 GEMMs keep the heuristic's pick (timing them measured no gain).
     bool gemm_tune = true;
 };
 

@@ -625,7 +625,7 @@ void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<cons
 
         const TensorView attn = be.scratch(Shape{n_rows, H, D});
         // NOTE: the batched branches' paged caches attend in one call (one cuDNN SDPA of batch B in fast numerics:
-        // 8-13% faster than one call per branch at the DiT's shapes, docs/PERF.md session 12)
+        // 8-13% faster than one call per branch at the DiT's shapes, docs/PERF.md, "Attention")
         std::vector<SelfAttentionCache*> caches;
         for (int b = 0; b < n_branches; ++b) caches.push_back(sa_branches[size_t(b)].cache);
         attend_branches(be, li, caches, q, k, v3, Lv, attn_scale, attn);

@@ -883,7 +883,7 @@ std::vector<OpCase> make_cases() {
             g.bias = true, g.bias_dtype = dt;
             // NOTE: f32: two summation orders of K = 5120 products of U(-1, 1) values differ by about
             // u * sqrt(K^2 / 2) * 1/3 ~ 1e-4 per element (sequential partial sums), and the largest of 9.1 M differences
-            // reaches 5 of those (1 element of 9139200 exceeded kRtolF32's 2.4e-4 at one seed on the H200, session 12);
+            // reaches 5 of those (1 element of 9139200 exceeded kRtolF32's 2.4e-4 at one seed on the H200);
             // 5e-5 of the rms (24) is 1.2e-3, still 1e-4 of an output and far below any wiring mistake
             if (dt == DType::F32) g.rtol = 5e-5;
             add_big("gemm", "DreamZero M1785 N5120 K5120 + bias", dt, [g](Harness& h) { return run_gemm(h, g); });

@@ -253,7 +253,7 @@ TEST_CASE("the fused norm and GELU quantizations write the codes of the two ops 
 }
 
 TEST_CASE("the streamed row kernels write the same bits at 16 warps, bf16 vectors staged, as at 8 with f32 staging") {
-    // RowKernels::Stream (16 warps a block, bf16 vectors staged as they are) against Stream8 (sessions 11-18: 8 warps,
+    // RowKernels::Stream (16 warps a block, bf16 vectors staged as they are) against Stream8 (the old shape: 8 warps,
     // f32 staging) and the warp kernels: every norm and RoPE output, and the E4M3 codes, bit for bit
     struct Case {
         int64_t L, C, split, period;

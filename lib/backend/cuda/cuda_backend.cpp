@@ -276,7 +276,7 @@ void CudaStream::upload(const TensorView& host_src, const TensorView& dst) {
         // Wait until the copy that last read this staging buffer is done before overwriting it.
         DZR_CUDA_CHECK(cudaEventSynchronize(staging_done_[s]));
         // NOTE: a large chunk (a call's 12 MB clip) is copied into the pinned buffer by several threads: one
-        // thread's copy took ~2 ms of the call, the device idle meanwhile (docs/PERF.md, session 15)
+        // thread's copy took ~2 ms of the call, the device idle meanwhile (docs/PERF.md, "Host side")
         constexpr int64_t kPieceBytes = int64_t(1) << 20;
         const int64_t piece = std::max<int64_t>(1, kPieceBytes / int64_t(std::max(es, ed)));
         const size_t pieces = size_t((len + piece - 1) / piece);

@@ -182,7 +182,7 @@ public:
     void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
                     const TensorView& v, int64_t num_slots) override;
     /// Fast numerics, every history of one length, cuDNN allowed: each branch's [history | current] rows gathered
-    /// into one [B, Lk, H, D] buffer and one cuDNN SDPA of batch B (docs/PERF.md, session 12); otherwise per branch.
+    /// into one [B, Lk, H, D] buffer and one cuDNN SDPA of batch B (docs/PERF.md, "Attention"); otherwise per branch.
     void paged_attention_batched(const AttentionParams& p, const TensorView& q, std::span<const PagedKvView> histories,
                                  int layer, const TensorView& k_cur, const TensorView& v_cur,
                                  const TensorView& out) override;

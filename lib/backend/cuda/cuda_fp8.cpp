@@ -221,8 +221,8 @@ GemmPlan& CudaBackend::fp8_gemm_plan(int64_t M, int64_t N, int64_t K, int64_t ld
     if (it != fp8_gemm_plans_.end()) return *it->second;
     std::string why;
     // NOTE: not timed as the bf16 plans are in fast numerics (CudaBackendOptions::gemm_tune): on the H200 the FP8
-    // rollout ran 1.1305 s/call with its candidates timed and 1.1335 without (docs/PERF.md, session 12), within noise,
-    // so the heuristic's first result stays, as the FP8 gates measured it
+    // rollout ran 1.1305 s/call with its candidates timed and 1.1335 without, within noise (docs/PERF.md, "Open
+    // headroom"), so the heuristic's first result stays, as the FP8 gates measured it
     auto plan = make_fp8_plan(cublas_, M, N, K, ldc, out_dtype, xq, wq, out, bias, w_scales, x_scales,
                               options_.fp8_fast_accum, kCublasWorkspaceBytes, why);
     if (!plan->has_algo && bias) {

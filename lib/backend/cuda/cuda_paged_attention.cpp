@@ -152,8 +152,8 @@ void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q,
     PagedAttentionImpl how = options_.paged_attention;
     // NOTE: fast numerics with no history attend to the current rows where they lie (nothing to gather). Auto never
     // picks CudnnPaged: on the H200 with cuDNN 9.14 it is refused at the DiT's 880-token blocks (paged cache loads
-    // need power-of-2 blocks) and ran 1.75x slower than the gathered call at 16-token blocks (docs/PERF.md, session
-    // 11); the unified node's page tables (cuDNN >= 9.15) have not been measured. It stays a forced choice.
+    // need power-of-2 blocks) and ran 1.75x slower than the gathered call at 16-token blocks (docs/PERF.md, "Open
+    // headroom"); the unified node's page tables (cuDNN >= 9.15) have not been measured. It stays a forced choice.
     if (how == PagedAttentionImpl::Auto && numerics() == Numerics::Fast && cudnn_allowed && hist == 0) {
         last_paged_impl_ = PagedAttentionImpl::Gather;
         return attention(p, q, k_cur, v_cur, TensorView{}, out);
