@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/blas_kernels.h"
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -722,4 +723,35 @@ TEST_CASE("cpu relu and max keep NaN and count_nonfinite counts NaN and infiniti
     CHECK(count.ptr<int32_t>()[0] == 4);
     be->count_nonfinite(y, count);
     CHECK(count.ptr<int32_t>()[0] == 3);  // NaN, inf, NaN
+}
+
+TEST_CASE("the CPU GEMM gives the same bits on any number of threads") {
+    // NOTE: OpenBLAS alone changes the last bits with its thread count at shapes like these (few rows: its small-
+    // matrix and gemv-like paths), which made `mpirun -np 2` differ from one process
+    struct Shape {
+        int64_t M, N, K;
+        bool ta, tb;
+    };
+    for (const Shape s : {Shape{3, 1000, 6000, false, true}, Shape{300, 600, 128, false, false},
+                          Shape{1500, 700, 64, true, false}, Shape{1, 5120, 5120, false, true}}) {
+        const auto a = test::random_floats(size_t(s.M * s.K), 1), b = test::random_floats(size_t(s.N * s.K), 2);
+        auto run = [&](int threads) {
+            cpu::set_gemm_threads(threads);
+            std::vector<float> c(size_t(s.M * s.N), 0.5f);
+            cpu::sgemm({s.ta, s.tb, s.M, s.N, s.K, 0.75f, a.data(), s.ta ? s.M : s.K, b.data(), s.tb ? s.K : s.N,
+                        0.25f, c.data(), s.N});
+            return c;
+        };
+        const int saved = cpu::gemm_threads();
+        const auto one = run(1), two = run(2), five = run(5);
+        cpu::set_gemm_threads(saved);
+        CHECK(std::memcmp(one.data(), two.data(), one.size() * 4) == 0);
+        CHECK(std::memcmp(one.data(), five.data(), one.size() * 4) == 0);
+        // and it is the product: one element against a double-precision sum
+        const int64_t m = s.M - 1, n = s.N / 2;
+        double ref = 0;
+        for (int64_t k = 0; k < s.K; ++k)
+            ref += double(a[size_t(s.ta ? k * s.M + m : m * s.K + k)]) * b[size_t(s.tb ? n * s.K + k : k * s.N + n)];
+        CHECK(std::fabs(one[size_t(m * s.N + n)] - (0.75 * ref + 0.125)) < 1e-2);
+    }
 }

@@ -1,6 +1,5 @@
 // The fp32 reference backend. Straightforward loops plus OpenBLAS sgemm; accumulations that decide
 // accuracy (norm statistics, softmax sums) run in double.
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,12 +8,13 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/host_context.h"
 #include "backend/cpu/cpu_fp8.h"
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_paged_attention.h"
+#include "backend/host_context.h"
 #include "core/convert.h"
 #include "core/error.h"
-#include "backend/cpu/cpu_paged_attention.h"
 
 namespace dzr {
 namespace {
@@ -174,9 +174,7 @@ public:
                     for (int64_t m = 0; m < M; ++m)
                         for (int64_t n = 0; n < N; ++n) pc[m * ldc + n] *= p.beta;
                 } else {
-                    cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans,
-                                p.trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), p.alpha, pa,
-                                int(lda), pb, int(ldb), p.beta, pc, int(ldc));
+                    cpu::sgemm({p.trans_a, p.trans_b, M, N, K, p.alpha, pa, lda, pb, ldb, p.beta, pc, ldc});
                 }
             }
             if (bias.defined()) {
@@ -399,15 +397,13 @@ public:
                 for (int64_t i = 0; i < Lq; ++i) std::fill(po + i * out.strides[0], po + i * out.strides[0] + Dv, 0.f);
                 continue;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(Lq), int(Lk), int(D), p.scale, pq,
-                        int(q.strides[0]), pk, int(k.strides[0]), 0.f, logits, int(Lk));
+            cpu::sgemm({false, true, Lq, Lk, D, p.scale, pq, q.strides[0], pk, k.strides[0], 0.f, logits, Lk});
             if (bias.defined()) {
                 const float* pb = f32(bias) + h * Lq * Lk;
                 for (int64_t i = 0; i < Lq * Lk; ++i) logits[i] += pb[i];
             }
             for (int64_t i = 0; i < Lq; ++i) softmax_row(&logits[i * Lk], &logits[i * Lk], Lk, 1.0f);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(Lq), int(Dv), int(Lk), 1.f, logits,
-                        int(Lk), pv, int(v.strides[0]), 0.f, po, int(out.strides[0]));
+            cpu::sgemm({false, false, Lq, Dv, Lk, 1.f, logits, Lk, pv, v.strides[0], 0.f, po, out.strides[0]});
         }
     }
 

@@ -11,11 +11,10 @@
 // Temporal taps that fall on the zero padding are skipped (adding +0 would not change a sum). The
 // direct kernels are compiled for AVX2+FMA (chosen at run time when the CPU has it) and for the
 // baseline ISA; results differ between the two by rounding only.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 
@@ -271,8 +270,7 @@ void conv_gemm(const Geometry& g, const float* x, const float* w, const float* b
                 for (int64_t co = 0; co < g.Co; ++co) std::fill(po + co * ldc, po + co * ldc + ncols, bias[co]);
                 beta = 1.f;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(g.Co), int(ncols), int(Kdim), 1.f, w,
-                        int(Kdim), col.data(), int(ncols), beta, po, int(ldc));
+            cpu::sgemm({false, false, g.Co, ncols, Kdim, 1.f, w, Kdim, col.data(), ncols, beta, po, ldc});
         }
     }
 }

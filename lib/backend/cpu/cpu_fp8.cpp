@@ -1,10 +1,9 @@
 #include "backend/cpu/cpu_fp8.h"
 
-#include <cblas.h>
-
 #include <array>
 #include <vector>
 
+#include "backend/cpu/cpu_gemm.h"
 #include "core/error.h"
 #include "core/fp8.h"
 #include "core/half.h"
@@ -91,8 +90,7 @@ void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView
             for (int64_t n = 0; n < N; ++n) c[m * ldc + n] = 0.0f;
     } else {
         const std::vector<float> a = decode(xq), b = decode(wq);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.0f, a.data(), int(K), b.data(),
-                    int(K), 0.0f, c, int(ldc));
+        cpu::sgemm({false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c, ldc});
     }
     const float* sx = x_scales.ptr<const float>();
     const float* sw = w_scales.ptr<const float>();
