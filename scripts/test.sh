@@ -44,7 +44,7 @@ echo "== parsers, a tiny rollout and the fuzz targets under ASan/UBSan (clang) =
 # NOTE: -O1 -g1 (line tables: the sanitizers' reports still name file and line): on the 2-core CI machine this
 # build and its tests took 511 + 66 s against 560 + 58 s at RelWithDebInfo's -O2 -g (2026-12-03).
 fuzzers=""
-for f in safetensors_header npy_header episode_yaml config_json metadata_json run_config; do fuzzers+=" fuzz_$f"; done
+for f in safetensors_header npy_header episode_yaml config_json metadata_json run_config run_files; do fuzzers+=" fuzz_$f"; done
 TARGETS="dzr_cli unit_test_safetensors unit_test_checkpoint unit_test_config unit_test_npy unit_test_episode \
          unit_test_embodiment unit_test_rollout_validation$fuzzers" \
     BUILD_DIR=build-sanitize scripts/build.sh -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \

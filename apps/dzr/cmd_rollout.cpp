@@ -1,6 +1,7 @@
 // `dzr rollout`: replay recorded episodes through a warm-up and the chunked rollout; write actions,
 // timing reports, open-loop metrics and plots.
 #include <algorithm>
+#include <array>
 #include <csignal>
 #include <cstdio>
 
@@ -64,7 +65,8 @@ void check_baseline(const RolloutArgs& a) {
     if (a.baseline.empty()) return;
     std::error_code ec;
     DZR_CHECK(std::filesystem::is_directory(a.baseline, ec), "--baseline {}: no such directory", a.baseline);
-    const auto base = std::filesystem::weakly_canonical(a.baseline, ec), out = std::filesystem::weakly_canonical(a.out, ec);
+    const auto base = std::filesystem::weakly_canonical(a.baseline, ec);
+    const auto out = std::filesystem::weakly_canonical(a.out, ec);
     const auto [end, _] = std::mismatch(base.begin(), base.end(), out.begin(), out.end());
     DZR_CHECK(end != base.end(), "--out {} lies in --baseline {}: the baseline is read, never written", a.out,
               a.baseline);
@@ -83,6 +85,41 @@ extern "C" void on_stop_signal(int sig) {
     // after the current call; a second one kills as usual.
     rollout::interrupt_flag().store(true);
     std::signal(sig, SIG_DFL);
+}
+
+/// The run's phases over its timed calls. A phase's statistics cover the calls that ran it, and the call totals
+/// come in two groups: a window's first call (a reset: the KV window restarts, CLIP encodes the new reference frame,
+/// nothing is committed) and the steady calls (the VAE encodes the newest frames and the DiT commits them).
+void print_phase_table(const std::vector<rollout::EpisodeSummary>& episodes) {
+    std::array<std::vector<double>, rollout::kNumPhases> phases;
+    std::vector<double> prepare, resets, steady;
+    size_t calls = 0;
+    const size_t clip = size_t(rollout::Phase::ImageEncoder);
+    for (const auto& ep : episodes) {
+        calls += ep.call_ms.size();
+        for (size_t p = 0; p < phases.size(); ++p)
+            for (double ms : ep.phase_ms[p])
+                if (ms > 0) phases[p].push_back(ms);
+        prepare.insert(prepare.end(), ep.host_prepare_ms.begin(), ep.host_prepare_ms.end());
+        for (size_t k = 0; k < ep.call_ms.size(); ++k)
+            (k < ep.phase_ms[clip].size() && ep.phase_ms[clip][k] > 0 ? resets : steady).push_back(ep.call_ms[k]);
+    }
+    if (calls == 0) return;
+    std::vector<std::vector<std::string>> rows;
+    const auto add = [&](std::string name, const std::vector<double>& v) {
+        if (v.empty()) return;
+        const auto s = rollout::compute_stats(v);
+        rows.push_back({std::move(name), fmt::format("{}/{}", v.size(), calls), fmt::format("{:.2f}", s.median),
+                        fmt::format("{:.2f}", s.p90), fmt::format("{:.2f}", s.max)});
+    };
+    for (size_t p = 0; p < phases.size(); ++p) add(std::string(rollout::kPhaseNames[p]), phases[p]);
+    add("call total: window resets", resets);
+    add("call total: steady calls", steady);
+    add("host prepare (overlapped)", prepare);
+    std::printf("%s", rollout::format_table({"phase", "calls", "median ms", "p90 ms", "max ms"}, rows).c_str());
+    std::printf("(each row over the timed calls that ran it: a window reset encodes its reference frame with CLIP and "
+                "commits nothing; a steady call VAE-encodes and commits the newest frames; the prompts were encoded "
+                "before the first call unless --no-text-prepass)\n");
 }
 
 int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
@@ -180,28 +217,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     }
     std::printf("%s", rollout::format_table({"episode", "status", "calls", "median ms", "p90 ms", "mse", "output"}, rows).c_str());
 
-    // Per-phase timing over every timed call of the run (host prepare runs beside the previous call).
-    std::array<std::vector<double>, rollout::kNumPhases> phases;
-    std::vector<double> prepare, totals;
-    for (const auto& ep : r.episodes) {
-        for (int p = 0; p < rollout::kNumPhases; ++p)
-            phases[size_t(p)].insert(phases[size_t(p)].end(), ep.phase_ms[size_t(p)].begin(), ep.phase_ms[size_t(p)].end());
-        prepare.insert(prepare.end(), ep.host_prepare_ms.begin(), ep.host_prepare_ms.end());
-        totals.insert(totals.end(), ep.call_ms.begin(), ep.call_ms.end());
-    }
-    if (!totals.empty()) {
-        std::vector<std::vector<std::string>> prow;
-        const auto add = [&](std::string name, const std::vector<double>& v) {
-            if (v.empty()) return;
-            const auto s = rollout::compute_stats(v);
-            prow.push_back({std::move(name), fmt::format("{:.2f}", s.median), fmt::format("{:.2f}", s.p90),
-                            fmt::format("{:.2f}", s.max)});
-        };
-        for (int p = 0; p < rollout::kNumPhases; ++p) add(std::string(rollout::kPhaseNames[size_t(p)]), phases[size_t(p)]);
-        add("call total", totals);
-        add("host prepare (overlapped)", prepare);
-        std::printf("%s", rollout::format_table({"phase", "median ms", "p90 ms", "max ms"}, prow).c_str());
-    }
+    print_phase_table(r.episodes);
     if (o.report && r.shard.merged)
         std::printf("report: %s\n", (std::filesystem::path(a.out) / "report.html").string().c_str());
     for (const auto& ep : r.episodes) {

@@ -5,6 +5,8 @@
 #include "apps/dzr/command.h"
 #include "backend/backend.h"
 #include "backend/blas_kernels.h"
+#include "backend/env_settings.h"
+#include "core/version.h"
 #include "io/video_reader.h"
 
 namespace dzr::app {
@@ -12,15 +14,21 @@ namespace {
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* cmd = app.add_subcommand("info", "Show the build configuration and the visible devices");
-    cmd->callback([&run] {
-        run = [] {
-            std::printf("dzr %s (%s)\n", DZR_VERSION, DZR_GIT_HASH);
+    auto env_table = std::make_shared<bool>(false);
+    cmd->add_flag("--env", *env_table, "Print the table of the DZR_* environment variables dzr reads, and exit");
+    cmd->callback([&run, env_table] {
+        run = [env_table] {
+            if (*env_table) {
+                std::printf("%s", env_settings_table().c_str());
+                return 0;
+            }
+            std::printf("dzr %s (%s)\n", dzr::version(), dzr::git_hash());
             if (cuda_backend_built())
                 std::printf("cuda backend: built; device present: %s\n", cuda_device_available() ? "yes" : "no");
             else
                 std::printf("cuda backend: not built\n");
             std::printf("cpu backend: OpenBLAS kernels %s%s\n", blas_core_name().c_str(),
-                        std::getenv("DZR_BLAS_CORE_SET") != nullptr ? " (chosen by dzr: OPENBLAS_CORETYPE)" : "");
+                        env_value("DZR_BLAS_CORE_SET") ? " (chosen by dzr: OPENBLAS_CORETYPE)" : "");
 #ifdef DZR_HAVE_OPENCV
             std::printf("video decoding: OpenCV\n");
 #else

@@ -6,6 +6,7 @@
 #include "backend/blas_kernels.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/version.h"
 
 namespace dzr::app {
 
@@ -39,7 +40,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < argc; ++i) dzr::app::command_line().emplace_back(argv[i]);
     CLI::App app{"dzr: offline DreamZero world-action-model rollouts (C++/CUDA)", "dzr"};
     app.require_subcommand(1);
-    app.set_version_flag("--version", std::string("dzr ") + DZR_VERSION + " (" + DZR_GIT_HASH + ")");
+    app.set_version_flag("--version", std::string("dzr ") + dzr::version() + " (" + dzr::git_hash() + ")");
     std::string log_level = "info";
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
 

@@ -1,8 +1,9 @@
 #include "backend/options.h"
 
-#include <cstdlib>
 #include <exception>
+#include <optional>
 
+#include "backend/env_settings.h"
 #include "core/error.h"
 
 namespace dzr {
@@ -76,16 +77,13 @@ ConvApi parse_conv_api(const std::string& text) {
     DZR_THROW("unknown convolution API '{}' (graph or legacy)", text);
 }
 
-/// A set, non-empty environment variable, or null.
-const char* env(const char* name) {
-    const char* v = std::getenv(name);
-    return v && *v ? v : nullptr;
-}
-
-template <typename F>
-auto parse_env(const char* name, const char* value, F parse) {
+/// Parses a registered variable when it is set: `parse(value)` into `out`, errors naming the variable.
+template <typename T, typename F>
+void from_env(const char* name, T& out, F parse) {
+    const std::optional<std::string> value = env_value(name);
+    if (!value) return;
     try {
-        return parse(std::string(value));
+        out = parse(*value);
     } catch (const Error& e) {
         DZR_THROW("environment variable {}: {}", name, e.what());
     }
@@ -123,17 +121,16 @@ bool env_switch_off(const char* name, bool configured, const char* value) {
 }
 
 BackendOptions apply_env_overrides(BackendOptions o) {
-    if (const char* v = env("DZR_ATTENTION")) o.cuda.attention = parse_env("DZR_ATTENTION", v, parse_attention_impl);
-    if (const char* v = env("DZR_PLAIN_GEMM")) o.cuda.plain_gemm = parse_env("DZR_PLAIN_GEMM", v, parse_plain_gemm_impl);
-    if (const char* v = env("DZR_CONV_API")) o.cuda.conv_api = parse_env("DZR_CONV_API", v, parse_conv_api);
-    if (const char* v = env("DZR_LT_WORKSPACE"))
-        o.cuda.lt_workspace_bytes = parse_env("DZR_LT_WORKSPACE", v, parse_lt_workspace_kib);
-    if (const char* v = env("DZR_LT_ALIGN")) o.cuda.lt_alignment = parse_env("DZR_LT_ALIGN", v, parse_lt_alignment);
-    if (const char* v = env("DZR_CONV_TUNE")) o.cuda.conv_tune = parse_env("DZR_CONV_TUNE", v, parse_conv_tune);
-    if (const char* v = env("DZR_ROW_KERNELS")) o.cuda.row_kernels = parse_env("DZR_ROW_KERNELS", v, parse_row_kernels);
-    if (const char* v = env("DZR_GEMM_TUNE")) o.cuda.gemm_tune = parse_env("DZR_GEMM_TUNE", v, parse_switch);
-    if (const char* v = env("DZR_BATCHED_ATTENTION"))
-        o.cuda.batched_attention = parse_env("DZR_BATCHED_ATTENTION", v, parse_switch);
+    from_env("DZR_ATTENTION", o.cuda.attention, parse_attention_impl);
+    from_env("DZR_PLAIN_GEMM", o.cuda.plain_gemm, parse_plain_gemm_impl);
+    from_env("DZR_CONV_API", o.cuda.conv_api, parse_conv_api);
+    from_env("DZR_LT_WORKSPACE", o.cuda.lt_workspace_bytes, parse_lt_workspace_kib);
+    from_env("DZR_LT_ALIGN", o.cuda.lt_alignment, parse_lt_alignment);
+    from_env("DZR_CONV_TUNE", o.cuda.conv_tune, parse_conv_tune);
+    from_env("DZR_ROW_KERNELS", o.cuda.row_kernels, parse_row_kernels);
+    from_env("DZR_GEMM_TUNE", o.cuda.gemm_tune, parse_switch);
+    from_env("DZR_BATCHED_ATTENTION", o.cuda.batched_attention, parse_switch);
+    from_env("DZR_PACK_WEIGHTS", o.cuda.pack_weights, [](const std::string& v) { return v != "0"; });
     return o;
 }
 

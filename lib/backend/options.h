@@ -115,6 +115,9 @@ struct CudaBackendOptions {
     /// pick at the commit forward's 3520 rows ran 4.7% slower than its second: docs/PERF.md, "GEMM (cuBLASLt)").
     /// Reference numerics never tune; FP8 GEMMs keep the heuristic's pick (timing them measured no gain).
     bool gemm_tune = true;
+    /// The weights of a device in one slab (one cudaMalloc); false gives every tensor its own allocation (a
+    /// comparison, or a driver that misbehaves). The same bits either way.
+    bool pack_weights = true;
 };
 
 struct BackendOptions {

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/yaml_text.h"
 #include "io/atomic_file.h"
 
 namespace dzr {
@@ -500,6 +501,7 @@ std::map<std::string, Embodiment> parse_experiment_config(const std::string& yam
     } catch (const YAML::Exception& e) {
         DZR_THROW("{}: invalid YAML at line {}: {}", source, e.mark.line + 1, e.msg);
     }
+    check_yaml_unique_keys(root, source);
     Conf c{source, "(top level)"};
     if (!root.IsMap()) c.fail("expected a mapping (the resolved training config)");
     YAML::Node transforms = child(root, "transforms");

@@ -130,9 +130,16 @@ KvBudget parse_kv_budget(const std::string& text) {
     return b;
 }
 
+namespace {
+// A real window is 9 latent frames; this bound only refuses sizes no device could hold
+constexpr int kMaxWindowFrames = 1024;
+}  // namespace
+
 void KvConfig::validate(const KvGeometry& g) const {
     g.validate();
-    DZR_CHECK(window_frames >= 1, "kv.window_frames: must be >= 1, got {}", window_frames);
+    // NOTE: bounded so that an absurd window is refused here, not by a pool allocation after the weights load
+    DZR_CHECK(window_frames >= 1 && window_frames <= kMaxWindowFrames, "kv.window_frames: must lie in [1, {}], got {}",
+              kMaxWindowFrames, window_frames);
     DZR_CHECK(frames_per_block >= 1, "kv.frames_per_block: must be >= 1, got {}", frames_per_block);
     DZR_CHECK(sink_frames >= 0 && sink_frames < window_frames,
               "kv.sink_frames: must lie in [0, window_frames = {}), got {}", window_frames, sink_frames);

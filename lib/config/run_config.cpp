@@ -343,12 +343,15 @@ RunConfig read_run_config(YAML::Node root, const std::string& source, std::strin
 }
 
 YAML::Node load_yaml_text(const std::string& text, const std::string& source) {
+    YAML::Node root;
     try {
-        return YAML::Load(text);
+        root = YAML::Load(text);
     } catch (const YAML::Exception& e) {
         DZR_THROW("{}: YAML syntax error at line {}, column {}: {}", source, e.mark.line + 1,
                   e.mark.column + 1, e.msg);
     }
+    check_yaml_unique_keys(root, source);
+    return root;
 }
 
 }  // namespace

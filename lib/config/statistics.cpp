@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_text.h"
 
 namespace dzr {
 
@@ -65,7 +66,7 @@ std::map<std::string, EmbodimentStatistics> parse_metadata_json(const std::strin
                                                                 const std::string& source) {
     json j;
     try {
-        j = json::parse(text);
+        j = parse_json_strict<json>(text, source);
     } catch (const json::exception& e) {
         DZR_THROW("{}: not valid JSON: {}", source, e.what());
     }

@@ -1,7 +1,12 @@
 #include "core/yaml_text.h"
 
-#include <cstdint>
+#include <yaml-cpp/yaml.h>
+
 #include <cctype>
+#include <cstdint>
+#include <map>
+
+#include "core/error.h"
 
 namespace dzr {
 
@@ -66,6 +71,24 @@ std::vector<std::string> yaml_swallowed_keys(std::string_view text, int line, in
         if (auto k = key_of(text.substr(line_start)); !k.empty()) keys.push_back(k);
     }
     return keys;
+}
+
+void check_yaml_unique_keys(const YAML::Node& root, const std::string& source) {
+    if (root.IsSequence()) {
+        for (const auto& item : root) check_yaml_unique_keys(item, source);
+        return;
+    }
+    if (!root.IsMap()) return;
+    std::map<std::string, int> seen;  // key -> 1-based line
+    for (const auto& kv : root) {
+        if (kv.first.IsScalar()) {
+            const int line = kv.first.Mark().line + 1;
+            const auto [it, inserted] = seen.emplace(kv.first.Scalar(), line);
+            DZR_CHECK(inserted, "{}: line {}: key '{}' given twice (first on line {})", source, line, kv.first.Scalar(),
+                      it->second);
+        }
+        check_yaml_unique_keys(kv.second, source);
+    }
 }
 
 }  // namespace dzr

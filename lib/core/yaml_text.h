@@ -8,7 +8,15 @@
 #include <string_view>
 #include <vector>
 
+namespace YAML {
+class Node;
+}
+
 namespace dzr {
+
+/// Throws dzr::Error when a mapping anywhere in `root` gives a key twice (yaml-cpp keeps both and a lookup
+/// silently takes the first): "SOURCE: line 7: key 'seed' given twice (first on line 3)".
+void check_yaml_unique_keys(const YAML::Node& root, const std::string& source);
 
 /// The key-like lines ("name:" at the start of a line) that a quoted scalar runs over before its closing
 /// quote. (line, column) is the scalar's 0-based start as yaml-cpp's Mark gives it. Empty when the text there

@@ -75,9 +75,38 @@ void write_file_atomic(const fs::path& path, std::string_view bytes) {
     f.commit();
 }
 
-std::string read_file(const fs::path& path) {
+std::string describe_non_file(const fs::path& path) {
     std::error_code ec;
-    DZR_CHECK(std::filesystem::is_regular_file(path, ec), "{}: no such file", path.string());
+    const fs::file_status link = fs::symlink_status(path, ec);
+    if (!fs::exists(link)) return "nothing";
+    const fs::file_status st = fs::status(path, ec);
+    if (fs::is_regular_file(st)) return "";
+    if (fs::is_symlink(link) && !fs::exists(st))
+        return fmt::format("a dangling symlink to {}", fs::read_symlink(path, ec).string());
+    const char* kind = fs::is_directory(st)        ? "a directory"
+                       : fs::is_fifo(st)           ? "a FIFO"
+                       : fs::is_character_file(st) ? "a character device"
+                       : fs::is_block_file(st)     ? "a block device"
+                       : fs::is_socket(st)         ? "a socket"
+                                                   : "not a regular file";
+    return fs::is_symlink(link) ? fmt::format("a symlink to {} ({})", fs::read_symlink(path, ec).string(), kind)
+                                : std::string(kind);
+}
+
+bool input_file_present(const fs::path& path) {
+    const std::string what = describe_non_file(path);
+    if (what.empty()) return true;
+    if (what == "nothing") return false;
+    DZR_THROW("{}: expected a regular file, found {}", path.string(), what);
+}
+
+std::string read_file(const fs::path& path, uint64_t max_bytes) {
+    std::error_code ec;
+    if (const std::string what = describe_non_file(path); !what.empty())
+        DZR_THROW("{}: {}", path.string(), what == "nothing" ? "no such file" : "expected a regular file, found " + what);
+    const uint64_t size = fs::file_size(path, ec);
+    DZR_CHECK(ec || size <= max_bytes, "{}: {} bytes, more than the {} a file of this kind may hold", path.string(),
+              size, max_bytes);
     std::ifstream in(path, std::ios::binary);
     DZR_CHECK(in.good(), "cannot open {}: {}", path.string(), std::strerror(errno));
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -71,6 +71,7 @@ EpisodeYaml read_episode_yaml(const fs::path& file, const EpisodeLayout& layout)
     } catch (const YAML::Exception& e) {
         DZR_THROW("{}: invalid YAML at line {}: {}", name, e.mark.line + 1, e.msg);
     }
+    check_yaml_unique_keys(root, name);
     if (root.IsNull()) return y;
     DZR_CHECK(root.IsMap(), "{}: expected a mapping with keys prompt, fps, cameras", name);
     try {
@@ -125,8 +126,7 @@ void validate_prompt(const std::string& prompt, const std::string& source) {
 fs::path find_camera_file(const fs::path& dir, std::string_view cam, const EpisodeYaml& y, const EpisodeLayout& layout) {
     if (auto it = y.camera_files.find(std::string(cam)); it != y.camera_files.end()) {
         const fs::path p = dir / it->second;
-        std::error_code ec;
-        DZR_CHECK(fs::is_regular_file(p, ec), "{}: missing camera file for {} (named in {})", p.string(), cam,
+        DZR_CHECK(input_file_present(p), "{}: missing camera file for {} (named in {})", p.string(), cam,
                   (dir / kEpisodeYaml).string());
         DZR_CHECK(p.extension() == ".mp4" || p.extension() == ".npy",
                   "{}: camera file for {} must be .mp4 or .npy", p.string(), cam);
@@ -136,11 +136,22 @@ fs::path find_camera_file(const fs::path& dir, std::string_view cam, const Episo
     // `dzr episode convert` writes it next to the .mp4 it came from.
     for (const char* ext : {".npy", ".mp4"}) {
         const fs::path p = dir / (std::string(cam) + ext);
-        std::error_code ec;
-        if (fs::is_regular_file(p, ec)) return p;
+        if (input_file_present(p)) return p;
     }
     DZR_THROW("{}: missing camera file {} of embodiment {} (expected {}.mp4 or {}.npy)", dir.string(), cam,
               layout.embodiment, cam, cam);
+}
+
+/// Image sizes a camera may have: the preprocessing scales each view into its canvas slot keeping the aspect, so
+/// a sliver (1 x 20000) would scale to no pixel at all, and a huge frame only costs memory and time.
+constexpr int64_t kMaxFrameSide = 16384, kMaxAspect = 32;
+
+void check_frame_size(const fs::path& file, int64_t height, int64_t width) {
+    DZR_CHECK(height >= 1 && width >= 1 && height <= kMaxFrameSide && width <= kMaxFrameSide &&
+                  std::max(height, width) <= kMaxAspect * std::min(height, width),
+              "{}: camera frames are {}x{} (width x height); dzr takes sides of 1 to {} pixels and an aspect ratio of "
+              "at most {}:1",
+              file.string(), width, height, kMaxFrameSide, kMaxAspect);
 }
 
 CameraStream load_camera(const fs::path& file, std::string_view cam, const EpisodeOptions& opt) {
@@ -153,11 +164,13 @@ CameraStream load_camera(const fs::path& file, std::string_view cam, const Episo
                   "{}: camera frames must be uint8 [T, H, W, 3], found {}", file.string(), a.describe());
         DZR_CHECK(a.dim(1) > 0 && a.dim(2) > 0, "{}: camera frames have an empty image size {}", file.string(),
                   a.shape_str());
+        check_frame_size(file, a.dim(1), a.dim(2));
         s.frames = a.to_tensor();
     } else {
         DZR_CHECK(bool(opt.open_video), "{}: decoding .mp4 needs a video decoder, and none was given; provide "
                   "the frames as {}.npy", file.string(), cam);
         auto reader = opt.open_video(file);
+        check_frame_size(file, reader->info().height, reader->info().width);
         s.frames = reader->read_all();
         s.fps = reader->info().fps;
     }
@@ -280,7 +293,7 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
     EpisodeYaml y;
     const EpisodeLayout& layout = opt.layout;
     ep.embodiment = layout.embodiment;
-    if (fs::is_regular_file(yaml_file, ec)) y = read_episode_yaml(yaml_file, layout);
+    if (input_file_present(yaml_file)) y = read_episode_yaml(yaml_file, layout);
 
     // Prompt: the option wins over episode.yaml.
     if (opt.prompt) {
@@ -327,7 +340,7 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
         a.name = key;
         a.dim = dim;
         const fs::path file = dir / (key + ".npy");
-        if (fs::is_regular_file(file, ec)) {
+        if (input_file_present(file)) {
             a.values = load_per_frame(file, dim, rows);
             a.present = true;
             per_frame.push_back({file, rows});
@@ -338,7 +351,7 @@ Episode read_episode(const fs::path& dir, const EpisodeOptions& opt) {
         ep.state.push_back(std::move(a));
     }
     ep.action_dim = layout.action_dim;
-    if (fs::is_regular_file(dir / kActionsFile, ec)) {
+    if (input_file_present(dir / kActionsFile)) {
         ep.actions = load_per_frame(dir / kActionsFile, layout.action_dim, rows);
         per_frame.push_back({dir / kActionsFile, rows});
     }
@@ -400,7 +413,7 @@ std::optional<int64_t> count_episode_frames(const fs::path& dir, const EpisodeOp
     std::error_code ec;
     DZR_CHECK(fs::is_directory(dir, ec), "{}: not an episode directory (no such directory)", dir.string());
     EpisodeYaml y;
-    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) y = read_episode_yaml(dir / kEpisodeYaml, layout);
+    if (input_file_present(dir / kEpisodeYaml)) y = read_episode_yaml(dir / kEpisodeYaml, layout);
     std::optional<int64_t> frames;
     const auto take = [&](int64_t n) { frames = frames ? std::min(*frames, n) : n; };
     for (const auto& cam : layout.cameras) {
@@ -421,7 +434,7 @@ std::optional<int64_t> count_episode_frames(const fs::path& dir, const EpisodeOp
     for (const auto& [key, dim] : layout.state) arrays.push_back(key + ".npy");
     arrays.emplace_back(kActionsFile);
     for (const auto& name : arrays) {
-        if (!fs::is_regular_file(dir / name, ec)) continue;
+        if (!input_file_present(dir / name)) continue;
         const NpyHeader h = read_npy_header(dir / name);
         DZR_CHECK(!h.shape.empty(), "{}: expected one row per frame, found a scalar", (dir / name).string());
         take(h.shape[0]);
@@ -432,10 +445,12 @@ std::optional<int64_t> count_episode_frames(const fs::path& dir, const EpisodeOp
 bool is_episode_dir(const fs::path& dir, const EpisodeLayout& layout) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return false;
-    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) return true;
+    // NOTE: any entry counts (a dangling camera symlink too): the episode is then found and its reader names it
+    const auto there = [&](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };
+    if (there(dir / kEpisodeYaml)) return true;
     for (const auto& cam : layout.cameras)
         for (const char* ext : {".mp4", ".npy"})
-            if (fs::is_regular_file(dir / (cam + ext), ec)) return true;
+            if (there(dir / (cam + ext))) return true;
     return false;
 }
 
@@ -451,7 +466,9 @@ std::vector<std::string> check_episode_layout(const fs::path& dir, const Episode
         }
     };
     EpisodeYaml y;
-    if (fs::is_regular_file(dir / kEpisodeYaml, ec)) guard([&] { y = read_episode_yaml(dir / kEpisodeYaml, layout); });
+    guard([&] {
+        if (input_file_present(dir / kEpisodeYaml)) y = read_episode_yaml(dir / kEpisodeYaml, layout);
+    });
     for (const auto& cam : layout.cameras)
         guard([&] {
             const fs::path file = find_camera_file(dir, cam, y, layout);
@@ -460,6 +477,7 @@ std::vector<std::string> check_episode_layout(const fs::path& dir, const Episode
             DZR_CHECK(h.dtype == NpyDType::U1 && h.shape.size() == 4 && h.shape[3] == 3,
                       "{}: camera {} frames must be uint8 [T, H, W, 3], found {} [{}]", file.string(), cam,
                       npy_dtype_name(h.dtype), fmt::join(h.shape, ", "));
+            check_frame_size(file, h.shape[1], h.shape[2]);
         });
     const auto check_width = [&](const fs::path& file, int64_t dim, const std::string& what) {
         const NpyHeader h = read_npy_header(file);
@@ -473,15 +491,16 @@ std::vector<std::string> check_episode_layout(const fs::path& dir, const Episode
             // NOTE: clang before 16 cannot capture a structured binding
             const auto& [key, dim] = entry;
             const fs::path file = dir / (key + ".npy");
-            if (!fs::is_regular_file(file, ec)) {
+            if (!input_file_present(file)) {
                 DZR_CHECK(layout.zero_fill_missing_state, "{}: missing state file {}.npy of embodiment {} (state.{}: "
                           "[T, {}])", dir.string(), key, layout.embodiment, key, dim);
                 return;
             }
             check_width(file, dim, "state." + key);
         });
-    if (fs::is_regular_file(dir / kActionsFile, ec))
-        guard([&] { check_width(dir / kActionsFile, layout.action_dim, "the action"); });
+    guard([&] {
+        if (input_file_present(dir / kActionsFile)) check_width(dir / kActionsFile, layout.action_dim, "the action");
+    });
     return problems;
 }
 

@@ -93,4 +93,9 @@ void probe_writable_dir(const fs::path& dir) {
               std::strerror(write_errno));
 }
 
+bool is_plain_name(std::string_view name) {
+    return !name.empty() && name != "." && name != ".." && name.find_first_of(std::string_view("/\\\0", 3)) ==
+                                                                  std::string_view::npos;
+}
+
 }  // namespace dzr::io

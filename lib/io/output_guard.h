@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dzr::io {
@@ -33,6 +34,10 @@ class InputSet {
     };
     std::vector<Entry> dirs_, files_;
 };
+
+/// A name read from a file (an episode in plan.json, a shard in an index) that may be used as one path
+/// component: not empty, not "." or "..", no '/', '\\' or NUL.
+bool is_plain_name(std::string_view name);
 
 /// Creates `dir` (and its parents), writes a probe file into it and removes it again. Throws dzr::Error
 /// naming the directory and the system's reason (not writable, read-only file system, a file of that name,

@@ -23,7 +23,7 @@ std::string_view cross_kind_name(CrossKind kind);
 struct LayerKv {
     TensorView k;
     TensorView v;
-    TensorView k_scale, v_scale;  // an FP8 cache's views (begin_write, k_scale()): f32 [tokens, heads]
+    TensorView k_scale{}, v_scale{};  // an FP8 cache's views (begin_write, k_scale()): f32 [tokens, heads]
 };
 
 class CrossAttentionCache {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "backend/env_settings.h"
 #include "backend/profiler.h"
 #include "backend/measuring_backend.h"
 #include "backend/packing.h"
@@ -17,6 +18,7 @@
 #include "model/umt5.h"
 #include "model/wan_vae.h"
 #include "policy/branch_runner.h"
+#include "policy/finite_check.h"
 #include "policy/step_plan.h"
 #include "policy/text_prepass.h"
 #include "sampling/step_schedule.h"
@@ -189,7 +191,8 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
                   "engine: the backends compute in different dtypes ({} and {})", be.name(), b->name());
     measuring_ = be.capabilities().measuring;
     options_.share_first_self_attention =
-        env_switch_off("DZR_SHARE_LAYER0", options_.share_first_self_attention, std::getenv("DZR_SHARE_LAYER0"));
+        env_switch_off("DZR_SHARE_LAYER0", options_.share_first_self_attention,
+                       env_value("DZR_SHARE_LAYER0").value_or("").c_str());
     // NOTE: the VAE decoder serves decode_video() only: without video_decode its weights (0.14 GiB at DROID size)
     // stay in the checkpoint
     if (!options_.video_decode) model_.vae.has_decoder = false;
@@ -503,6 +506,11 @@ Tensor Engine::decode_video(const TensorView& latents) {
                   latents.is_contiguous(),
               "decode_video: latents must be host f32 [{}, K, {}, {}], got {}", model_.vae.z_dim,
               model_.canvas_height / 8, model_.canvas_width / 8, latents.str());
+    // NOTE: a NaN would become a black frame in the uint8 video (the cast below clips it to 0), so both ends are
+    // checked (docs/RELIABILITY.md)
+    if (!measuring_)
+        check_finite_host("the predicted video", "the denoised latents", latents.ptr<const float>(),
+                          size_t(latents.numel()));
     const DType dt = be.compute_dtype();
     const Tensor latent = be.alloc(latents.shape, dt);
     const Tensor video = be.alloc(vae_->video_shape(latents.shape), dt);  // [3, T, H, W]
@@ -513,6 +521,8 @@ Tensor Engine::decode_video(const TensorView& latents) {
     }
     Tensor host = Tensor::host(video.shape(), DType::F32);
     be.download(video, host);
+    if (!measuring_)
+        check_finite_host("the VAE decoder", "the decoded video", host.ptr<const float>(), size_t(host.numel()));
     const Shape vs = video.shape();
     const int64_t T = vs[1], H = vs[2], W = vs[3], plane = H * W;
     Tensor frames = Tensor::host(Shape{T, H, W, 3}, DType::U8);

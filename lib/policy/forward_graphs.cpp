@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "backend/env_settings.h"
 #include "backend/options.h"
 #include "backend/profiler.h"
 #include "core/error.h"
@@ -92,6 +93,8 @@ bool graphs_env_override(bool configured, const char* value) {
     return env_switch_off("DZR_CUDA_GRAPHS", configured, value);
 }
 
-bool graphs_env_override(bool configured) { return graphs_env_override(configured, std::getenv("DZR_CUDA_GRAPHS")); }
+bool graphs_env_override(bool configured) {
+    return graphs_env_override(configured, env_value("DZR_CUDA_GRAPHS").value_or("").c_str());
+}
 
 }  // namespace dzr

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "backend/env_settings.h"
 #include "config/run_config.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -124,10 +125,7 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     r.backend = engine.backend().name();
     r.numerics = numerics_name(engine.backend().numerics());
     r.engine = engine.describe();
-    for (const char* name : {"DZR_ATTENTION", "DZR_PLAIN_GEMM", "DZR_CONV_API", "DZR_LT_WORKSPACE", "DZR_LT_ALIGN",
-                             "DZR_CONV_TUNE", "DZR_ROW_KERNELS", "DZR_BATCHED_ATTENTION", "DZR_GEMM_TUNE", "DZR_SHARE_LAYER0",
-                             "DZR_CUDA_GRAPHS"})
-        if (const char* v = std::getenv(name)) r.environment.emplace_back(name, v);
+    r.environment = env_values_set(/*numbers_only=*/false);
     return r;
 }
 

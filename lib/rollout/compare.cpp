@@ -9,8 +9,10 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
+#include "io/output_guard.h"
 #include "io/result_writer.h"
 #include "rollout/progress.h"
 #include "rollout/reports.h"
@@ -34,12 +36,6 @@ bool is_environment(const std::string& key) {
            key == "numerics.blas_core";
 }
 
-/// Episode names come from plan.json or directory listings: only a plain directory name is used as a path.
-bool is_plain_name(const std::string& name) {
-    return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-           name.find('\\') == std::string::npos && name.find('\0') == std::string::npos;
-}
-
 std::string num(double v) {
     if (std::isnan(v)) return "nan";
     if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -54,7 +50,8 @@ std::string exact(double v) { return std::isfinite(v) ? fmt::format("{:.9g}", v)
 Json json_num(double v) { return std::isfinite(v) ? Json(v) : Json(num(v)); }
 
 Json read_done_fingerprint(const fs::path& dir) {
-    const Json done = Json::parse(io::read_file(dir / std::string(io::kDoneMarker)));
+    const fs::path file = dir / std::string(io::kDoneMarker);
+    const Json done = parse_json_strict<Json>(io::read_file(file), file.string());
     return done.contains("fingerprint") ? done["fingerprint"] : Json(nullptr);
 }
 
@@ -230,7 +227,7 @@ std::vector<std::string> episode_names(const fs::path& dir, const char* side, st
     try {
         std::vector<std::string> names = run_episode_names(dir);
         for (const auto& n : names)
-            if (!is_plain_name(n)) {
+            if (!io::is_plain_name(n)) {
                 errors.push_back(fmt::format("{} ({}): episode name '{}' is not a directory name", dir.string(),
                                              side, n));
                 return {};

@@ -4,9 +4,11 @@
 #include <map>
 
 #include "backend/blas_kernels.h"
-#include "core/error.h"
+#include "backend/env_settings.h"
 #include "config/run_fields.h"
+#include "core/error.h"
 #include "core/sha256.h"
+#include "core/version.h"
 
 namespace dzr::rollout {
 
@@ -16,9 +18,6 @@ namespace {
 
 // NOTE: the environment variables that switch the CUDA backend between implementations (and so change the
 // numbers); extend this list with any new one.
-constexpr const char* kNumericsEnv[] = {"DZR_ATTENTION", "DZR_CONV_API", "DZR_PLAIN_GEMM", "DZR_LT_WORKSPACE",
-                                         "DZR_LT_ALIGN"};
-
 std::string file_hash_or_null(const fs::path& p) {
     std::error_code ec;
     return fs::is_regular_file(p, ec) ? sha256_file(p) : std::string();
@@ -87,8 +86,7 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
     run["save_video"] = opt.save_video;
     run["noise"] = noise;
     Json env = Json::object();
-    for (const char* name : kNumericsEnv)
-        if (const char* v = std::getenv(name)) env[name] = v;
+    for (const auto& [name, value] : env_values_set(/*numbers_only=*/true)) env[name] = value;
     // NOTE: one device or two give the same numbers (the CFG branches split bit for bit), so only the kind counts
     const bool cuda = !opt.devices.empty() && opt.devices[0].is_cuda();
     Json numerics = {{"backend", cuda ? "cuda" : "cpu"},
@@ -98,7 +96,7 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
                      {"env", env}};
     // NOTE: the CPU backend's GEMMs round as OpenBLAS's kernel table for this CPU does (backend/blas_kernels.h)
     if (!cuda) numerics["blas_core"] = blas_core_name();
-    return Json{{"dzr_version", fmt::format("{} ({})", DZR_VERSION, DZR_GIT_HASH)},
+    return Json{{"dzr_version", fmt::format("{} ({})", version(), git_hash())},
                 {"checkpoint", checkpoint_identity(ckpt)},
                 {"tokenizer_sha256", file_hash_or_null(tokenizer)},
                 {"run", run},

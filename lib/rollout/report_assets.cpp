@@ -27,6 +27,7 @@ table.summary td:nth-child(2), table.summary th:nth-child(2), table.summary td.n
 td.note { color: #8a5300; font-size: 12px; }
 .status { padding: 0 6px; border-radius: 3px; font-size: 12px; }
 .status.ok { background: #dff3df; } .status.failed { background: #f8d4d4; } .status.incomplete { background: #fbe7c2; }
+.random-weights { background: #fbe7c2; border: 1px solid #d9a441; padding: 6px 10px; border-radius: 4px; }
 .table-tools { margin: 0.5em 0; display: flex; gap: 1em; align-items: center; }
 .pager button { margin: 0 4px; }
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 10px; }

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
 #include "io/png.h"
@@ -61,7 +62,7 @@ std::optional<Json> load_json(const fs::path& p, std::string& problem) {
     std::error_code ec;
     if (!fs::is_regular_file(p, ec)) return std::nullopt;
     try {
-        return Json::parse(io::read_file(p));
+        return parse_json_strict<Json>(io::read_file(p), p.string());
     } catch (const Json::exception& e) {
         problem = fmt::format("{}: invalid JSON ({})", p.filename().string(), e.what());
     } catch (const Error& e) {
@@ -297,6 +298,14 @@ void info_row(std::string& out, std::string_view key, const std::string& value) 
 
 std::string json_text(const Json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); }
 
+/// A checkpoint of random weights (manifest.json's `random_weights`) is said first, on every page.
+std::string random_weights_banner(const Json* manifest) {
+    if (!manifest || !manifest->contains("random_weights") || !manifest->at("random_weights").is_string()) return "";
+    return fmt::format("<p class=\"random-weights\"><strong>{}:</strong> the checkpoint was made by <code>dzr ckpt "
+                       "make</code>; its actions are noise and its MSE means nothing.</p>\n",
+                       esc(manifest->at("random_weights").get<std::string>()));
+}
+
 /// The run: from the first episode manifest that has one (a --resume run may mix several; each
 /// episode page shows its own).
 std::string run_table(const Json* manifest, const std::string& out_dir, const std::string& generated_at) {
@@ -522,6 +531,7 @@ std::string episode_page(const Episode& e, const std::string& prev, const std::s
     if (!next.empty()) out += fmt::format(" · <a href=\"{}.html\">next: {}</a>", url_segment(next), esc(next));
     out += "</nav>\n";
     out += fmt::format("<h1>{} <span class=\"status {}\">{}</span></h1>\n", esc(e.name), e.status, e.status);
+    out += random_weights_banner(e.manifest ? &*e.manifest : nullptr);
     out += "<table class=\"kv\">\n";
     info_row(out, "frames", std::to_string(e.num_frames));
     info_row(out, "calls", std::to_string(e.num_calls));
@@ -587,7 +597,9 @@ ReportInfo write_report(const fs::path& out_dir, const ReportOptions& options) {
     const std::string generated = options.generated_at.empty() ? iso8601_utc(std::chrono::system_clock::now())
                                                                : options.generated_at;
     std::string out = page_head("dzr report: " + out_dir.filename().string(), "index");
-    out += "<h1>dzr rollout report</h1>\n<section><h2>Run</h2>\n";
+    out += "<h1>dzr rollout report</h1>\n";
+    out += random_weights_banner(run_manifest ? &*run_manifest : nullptr);
+    out += "<section><h2>Run</h2>\n";
     out += run_table(run_manifest ? &*run_manifest : nullptr, out_dir.string(), generated);
     out += "</section>\n<section><h2>Episodes</h2>\n<p class=\"totals\">";
     out += fmt::format("{} episodes: {} ok, {} failed, {} incomplete", info.episodes,

@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/log.h"
+#include "core/version.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
 #include "io/plots.h"
@@ -146,8 +148,8 @@ std::string iso8601_utc(std::chrono::system_clock::time_point t) {
 
 Json RunManifest::to_json() const {
     Json j;
-    j["dzr_version"] = DZR_VERSION;
-    j["git_hash"] = DZR_GIT_HASH;
+    j["dzr_version"] = version();
+    j["git_hash"] = git_hash();
     j["episode"] = episode;
     j["checkpoint"] = checkpoint;
     j["config"] = config;
@@ -347,7 +349,7 @@ EpisodeSummary summary_from_outputs(const fs::path& dir, const std::string& name
         std::error_code ec;
         if (!fs::is_regular_file(p, ec)) return std::nullopt;
         try {
-            return Json::parse(io::read_file(p));
+            return parse_json_strict<Json>(io::read_file(p), p.string());
         } catch (const Json::exception& ex) {
             DZR_THROW("{}: invalid JSON: {}", p.string(), ex.what());
         }
@@ -386,7 +388,7 @@ void read_call_timings(const fs::path& dir, EpisodeSummary& e) {
     if (!fs::is_regular_file(path, ec)) return;
     Json t;
     try {
-        t = Json::parse(io::read_file(path));
+        t = parse_json_strict<Json>(io::read_file(path), path.string());
     } catch (const Json::exception& ex) {
         DZR_THROW("{}: invalid JSON: {}", path.string(), ex.what());
     }

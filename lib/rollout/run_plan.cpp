@@ -1,7 +1,9 @@
 #include "rollout/run_plan.h"
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "io/atomic_file.h"
+#include "io/output_guard.h"
 
 namespace dzr::rollout {
 
@@ -62,9 +64,13 @@ RunPlan RunPlan::from_json(const Json& j, const std::string& source) {
         p.launcher = j.at("launcher").get<std::string>();
         p.created = j.at("created").get<std::string>();
         p.resume = j.at("resume").get<bool>();
-        for (const auto& e : j.at("episodes"))
+        for (const auto& e : j.at("episodes")) {
             p.episodes.push_back({e.at("name").get<std::string>(), e.at("dir").get<std::string>(),
                                   optional_number_from(e, "frames"), optional_number_from(e, "calls")});
+            // NOTE: the name becomes OUT/<name>: one that climbs out of OUT would read or write elsewhere
+            DZR_CHECK(io::is_plain_name(p.episodes.back().name), "{}: episode name '{}' is not a plain directory name",
+                      source, p.episodes.back().name);
+        }
         for (const auto& r : j.at("ranks")) {
             p.assignment.push_back(r.at("episodes").get<std::vector<size_t>>());
             for (size_t e : p.assignment.back())
@@ -85,7 +91,7 @@ std::optional<RunPlan> read_run_plan(const fs::path& out_dir) {
     if (!fs::is_regular_file(path, ec)) return std::nullopt;
     Json j;
     try {
-        j = Json::parse(io::read_file(path));
+        j = parse_json_strict<Json>(io::read_file(path), path.string());
     } catch (const Json::exception& ex) {
         DZR_THROW("{}: invalid JSON: {}", path.string(), ex.what());
     }

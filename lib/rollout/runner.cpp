@@ -14,16 +14,17 @@
 #include "io/atomic_file.h"
 #include "io/episode.h"
 #include "io/result_writer.h"
-#include "rollout/episode_layout.h"
 #include "policy/step_plan.h"
+#include "rollout/episode_layout.h"
 #include "rollout/frame_schedule.h"
-#include "rollout/predicted_video.h"
 #include "rollout/noise_files.h"
+#include "rollout/predicted_video.h"
 #include "rollout/progress.h"
 #include "rollout/report_html.h"
 #include "rollout/run_memory.h"
 #include "rollout/validate.h"
 #include "weights/checkpoint.h"
+#include "weights/random_checkpoint.h"
 
 namespace dzr::rollout {
 
@@ -244,6 +245,12 @@ LoadedRun load_run(const RolloutOptions& opt, const std::vector<std::string>& pr
     return run;
 }
 
+/// The start banner's warning for a checkpoint of random weights (empty for a real one).
+std::string random_note(const Engine& engine) {
+    const auto note = random_weights_note(engine.checkpoint()->config_json());
+    return note ? fmt::format("\n  weights     {}: the actions are noise and the MSE means nothing", *note) : "";
+}
+
 /// The manifest.json of one episode: what ran, with which settings.
 RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const FrameSchedule& schedule,
                           const std::filesystem::path& episode_dir, const io::Episode& ep,
@@ -275,6 +282,8 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
                           {"tokenizer", run.engine->tokenizer_path().string()},
                           {"warnings", ep.warnings}};
     manifest.extra["memory_plan"] = memory_plan ? memory_plan->to_json() : Json(nullptr);
+    const auto random = random_weights_note(run.engine->checkpoint()->config_json());
+    manifest.extra["random_weights"] = random ? Json(*random) : Json(nullptr);
     return manifest;
 }
 
@@ -414,7 +423,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     if (!opt.quiet) {
         std::fprintf(stderr,
                      "dzr rollout\n"
-                     "  checkpoint  %s (%zu shards, %s)\n"
+                     "  checkpoint  %s (%zu shards, %s)%s\n"
                      "  model       %s\n"
                      "  embodiment  %s (%s)\n"
                      "  device      %s (%s)\n"
@@ -422,7 +431,8 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
                      "  episodes    %zu -> %s\n"
                      "  load        %.1f s\n",
                      opt.checkpoint.string().c_str(), engine.checkpoint()->shards().size(),
-                     config::format_bytes(engine.checkpoint()->tensor_bytes()).c_str(), engine.describe().c_str(),
+                     config::format_bytes(engine.checkpoint()->tensor_bytes()).c_str(),
+                     random_note(engine).c_str(), engine.describe().c_str(),
                      engine.embodiment().tag.c_str(), engine.embodiment().source.c_str(), engine.devices().c_str(), engine.backend().name().c_str(), schedule.describe().c_str(),
                      plan.dirs.size(), opt.out_dir.string().c_str(), run.load_ms / 1e3);
     }
@@ -504,11 +514,12 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             }
             io::ResultWriter writer(out);
             writer.clear_done();
-            writer.write_actions(er.chunks);
+            // NOTE: the video first: a decoder that fails (a non-finite frame) then leaves no actions behind
             if (!partial && opt.save_video && !er.video.empty()) {
                 er.timing.video = write_predicted_video(engine, er.video, ep, opt, writer);
                 run.sample_memory();
             }
+            writer.write_actions(er.chunks);
             er.timing.peak_gpu_memory_bytes = run.peak_memory;
             if (checked.memory_plan) er.timing.memory_plan = memory_plan_summary(*checked.memory_plan);
             writer.write_json("timing.json", er.timing.to_json());

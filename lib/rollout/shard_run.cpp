@@ -13,6 +13,7 @@
 #include <spdlog/sinks/basic_file_sink.h>
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/result_writer.h"
@@ -332,7 +333,7 @@ ShardOutcome ShardRun::merge_if_complete(const PlotPng& plot_png) {
     const fs::path merged_file = out_dir_ / kRanksDir / kMergedFile;
     if (lock.held() && has_file(merged_file)) {
         try {
-            const auto j = Json::parse(io::read_file(merged_file));
+            const auto j = parse_json_strict<Json>(io::read_file(merged_file), merged_file.string());
             if (j.value("stamp", std::string()) == state.stamp) {
                 log()->info("done; the summary of this state was merged by {}", j.value("by", std::string("another rank")));
                 return out;

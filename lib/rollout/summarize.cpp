@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "io/atomic_file.h"
 #include "io/png.h"
 #include "io/result_writer.h"
@@ -25,7 +26,7 @@ bool is_reserved_dir(const std::string& name) { return name == "ranks" || name =
 
 Json read_json_file(const fs::path& path) {
     try {
-        return Json::parse(io::read_file(path));
+        return parse_json_strict<Json>(io::read_file(path), path.string());
     } catch (const Json::exception& ex) {
         DZR_THROW("{}: invalid JSON: {}", path.string(), ex.what());
     }

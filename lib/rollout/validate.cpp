@@ -4,8 +4,10 @@
 
 #include <algorithm>
 
+#include "backend/backend.h"
 #include "config/model_fields.h"
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/episode.h"
@@ -37,23 +39,38 @@ constexpr const char* kRunOutputs[] = {"summary.json", "summary.csv", "report.ht
 
 /// Problems in the order they are reported.
 struct Problems {
-    std::vector<std::string> options, episodes, output, checkpoint, statistics, memory, resume;
+    std::vector<std::string> options, device, episodes, output, checkpoint, statistics, memory, resume;
 
     size_t count() const {
-        return options.size() + episodes.size() + output.size() + checkpoint.size() + statistics.size() +
-               memory.size() + resume.size();
+        return options.size() + device.size() + episodes.size() + output.size() + checkpoint.size() +
+               statistics.size() + memory.size() + resume.size();
     }
     [[noreturn]] void raise(bool hint_skip_invalid) const {
         std::string msg = fmt::format(
             "{} problem{} found before loading the checkpoint's weights; nothing was run:", count(),
             count() == 1 ? "" : "s");
-        for (const auto* group : {&options, &episodes, &output, &checkpoint, &statistics, &memory, &resume})
+        for (const auto* group : {&options, &device, &episodes, &output, &checkpoint, &statistics, &memory, &resume})
             for (const auto& p : *group) msg += "\n  " + p;
         if (hint_skip_invalid)
             msg += "\n(--skip-invalid runs the valid episodes and records the others in the summary)";
         throw Error(msg);
     }
 };
+
+/// The run's GPUs: built for and present. A missing one is one problem line, listed with the others, and no
+/// memory plan is then attempted (it would fail for the same cause).
+std::vector<std::string> check_devices(const RolloutOptions& opt) {
+    std::vector<std::string> p;
+    for (const Device& d : opt.devices) {
+        if (!d.is_cuda()) continue;
+        if (!cuda_backend_built())
+            p.push_back(fmt::format("--device {}: this dzr was built without CUDA (-DDZR_CUDA=OFF); use --device cpu",
+                                    d.str()));
+        else if (d.index >= cuda_device_count())
+            p.push_back(fmt::format("--device {}: no such GPU ({} visible)", d.str(), cuda_device_count()));
+    }
+    return p;
+}
 
 /// Runs `check`, turning its dzr::Error into a problem line.
 template <class F>
@@ -179,7 +196,7 @@ void check_resume(const RolloutOptions& opt, const std::vector<std::string>& nam
         Json recorded;
         if (!collect(problems.resume, [&] {
                 try {
-                    recorded = Json::parse(io::read_file(done));
+                    recorded = parse_json_strict<Json>(io::read_file(done), done.string());
                 } catch (const Json::exception& ex) {
                     DZR_THROW("{}: invalid JSON: {}", done.string(), ex.what());
                 }
@@ -260,6 +277,9 @@ std::vector<std::string> check_rollout_options(const RolloutOptions& opt) {
     std::vector<std::string> p;
     if (opt.episodes.empty()) p.push_back("no episodes given");
     if (opt.out_dir.empty()) p.push_back("no output directory given (--out)");
+    std::error_code ec;
+    if (!opt.out_dir.empty() && fs::weakly_canonical(opt.out_dir, ec) == fs::path("/"))
+        p.push_back(fmt::format("--out {}: the file system's root is never an output directory", opt.out_dir.string()));
     if (opt.checkpoint.empty()) p.push_back("no checkpoint given (--ckpt)");
     const int64_t horizon = opt.run.model.dit.num_action_per_block;
     if (!(opt.metrics.steps == -1 || (opt.metrics.steps >= 1 && opt.metrics.steps <= horizon)))
@@ -280,7 +300,13 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
     if (!problems.options.empty()) problems.raise(false);
 
     ValidatedRun run;
+    problems.device = check_devices(opt);
     CheckpointFacts facts = check_checkpoint(opt, embodiment, problems);
+    // NOTE: the KV settings against the checkpoint's geometry here, not first by the engine after the weights load
+    if (facts.ckpt)
+        collect(problems.options, [&] {
+            opt.run.kv.validate(KvGeometry::from_model(facts.ckpt->model_config(), DType::BF16, 2));
+        });
 
     // Inputs: what this run reads. Outputs must neither land inside an input directory nor replace an input
     // file.
@@ -316,7 +342,8 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
         if (c.valid && std::find(run.prompts.begin(), run.prompts.end(), c.prompt) == run.prompts.end())
             run.prompts.push_back(c.prompt);
     // NOTE: the plan runs the engine's calls on measuring backends, which needs a sound checkpoint and statistics
-    if (facts.ckpt && problems.checkpoint.empty() && problems.statistics.empty() && invalid < dirs.size())
+    if (facts.ckpt && problems.device.empty() && problems.checkpoint.empty() && problems.statistics.empty() &&
+        invalid < dirs.size())
         check_memory(opt, *facts.ckpt, embodiment, schedule, run, problems);
 
     collect(problems.output, [&] {

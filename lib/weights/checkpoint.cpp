@@ -9,8 +9,9 @@
 
 #include "config/model_json.h"
 #include "core/error.h"
-#include "io/atomic_file.h"
+#include "core/json_text.h"
 #include "core/log.h"
+#include "io/atomic_file.h"
 #include "weights/keys.h"
 
 namespace dzr {
@@ -26,7 +27,7 @@ constexpr const char* kSingleName = "model.safetensors";
 
 json parse_json(const std::string& text, const std::string& source) {
     try {
-        return json::parse(text);
+        return parse_json_strict<json>(text, source);
     } catch (const json::exception& e) {
         DZR_THROW("{}: not valid JSON: {}", source, e.what());
     }
@@ -102,8 +103,7 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
 
 void Checkpoint::load_config() {
     const fs::path p = dir_ / "config.json";
-    std::error_code ec;
-    DZR_CHECK(fs::is_regular_file(p, ec), "{}: config.json is missing (the checkpoint's model geometry)",
+    DZR_CHECK(io::input_file_present(p), "{}: config.json is missing (the checkpoint's model geometry)",
               dir_.string());
     config_json_ = parse_json(io::read_file(p), p.string());
     auto r = config::model_config_from_json(config_json_, p.string());
@@ -113,8 +113,8 @@ void Checkpoint::load_config() {
 
 void Checkpoint::open_shards() {
     const fs::path index_path = dir_ / kIndexName;
-    std::error_code ec;
-    if (fs::exists(index_path, ec)) {
+    // NOTE: an entry of that name that is not a file (a directory, a FIFO) is named as such, not "missing"
+    if (io::input_file_present(index_path)) {
         has_index_ = true;
         const std::string src = index_path.string();
         const json index = parse_json(io::read_file(index_path), src);
@@ -142,7 +142,7 @@ void Checkpoint::open_shards() {
         DZR_CHECK(!by_shard.empty(), "{}: weight_map is empty", src);
         for (const auto& [name, listed] : by_shard) {
             const fs::path sp = dir_ / name;
-            DZR_CHECK(fs::is_regular_file(sp, ec),
+            DZR_CHECK(io::input_file_present(sp),
                       "{}: shard {} is missing (the index puts {} tensors there, e.g. {})", dir_.string(),
                       name, listed.size(), listed.front());
             shards_.push_back({name, SafetensorsFile::open(sp)});
@@ -157,7 +157,7 @@ void Checkpoint::open_shards() {
         }
     } else {
         const fs::path single = dir_ / kSingleName;
-        DZR_CHECK(fs::is_regular_file(single, ec), "{}: no {} and no {} (no weights)", dir_.string(),
+        DZR_CHECK(io::input_file_present(single), "{}: no {} and no {} (no weights)", dir_.string(),
                   kIndexName, kSingleName);
         shards_.push_back({kSingleName, SafetensorsFile::open(single)});
     }

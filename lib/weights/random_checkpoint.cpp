@@ -267,4 +267,15 @@ std::string droid_metadata_json() {
     return root.dump(2) + "\n";
 }
 
+std::optional<std::string> random_weights_note(const json& config_json) {
+    const auto dzr = config_json.find("dzr");
+    if (dzr == config_json.end() || !dzr->is_object()) return std::nullopt;
+    const auto gen = dzr->find("generator");
+    if (gen == dzr->end() || !gen->is_string() || gen->get<std::string>() != "dzr ckpt make") return std::nullopt;
+    const auto seed = dzr->find("seed");
+    return seed != dzr->end() && seed->is_number_integer()
+               ? fmt::format("random weights (dzr ckpt make, seed {})", seed->get<int64_t>())
+               : std::string("random weights (dzr ckpt make)");
+}
+
 }  // namespace dzr

@@ -8,6 +8,7 @@
 /// come from Box-Muller pairs. Same seed, config and dtype => identical bytes.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "weights/inventory.h"
 #include "weights/outlier_columns.h"
 #include "config/model_config.h"
+
+#include <nlohmann/json.hpp>
 
 namespace dzr {
 
@@ -82,5 +85,9 @@ void fill_random_weight(const ExpectedWeight& weight, uint64_t seed, DType dtype
 /// A plausible experiment_cfg/metadata.json for oxe_droid (state joint/gripper/cartesian quantiles over
 /// the Franka joint ranges; relative joint actions within +-0.5 rad; gripper in [0, 1]).
 std::string droid_metadata_json();
+
+/// "random weights (dzr ckpt make, seed 0)" when a checkpoint's config.json says `dzr ckpt make` wrote it (its
+/// "dzr" section): its actions are noise, which every report must say. nullopt for any other checkpoint.
+std::optional<std::string> random_weights_note(const nlohmann::json& config_json);
 
 }  // namespace dzr

@@ -114,6 +114,22 @@ TEST_CASE(
     CHECK(test::snapshot(f.eps) == episodes);
 }
 
+TEST_CASE("NaN weights in the VAE decoder fail the episode naming the decoder, with no video and no done marker") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    // NOTE: before, the uint8 conversion turned NaN into 0: an all-black predicted video and exit 0
+    const fs::path ck = f.dir / "ckpt-nan", out = f.dir / "out-nan";
+    copy_with_nan(f.ckpt, ck, "vae.model.decoder.conv1.weight", 1);
+    const auto r = f.rollout(ck, out, "--save-video");
+    CHECK(r.code == 1);
+    CHECK(r.has("the VAE decoder: the decoded video has"));
+    CHECK(r.has("non-finite value"));
+    CHECK_FALSE(fs::exists(out / "ep_a/done.json"));
+    CHECK_FALSE(fs::exists(out / "ep_a/actions.npy"));
+    for (const char* video : {"predicted_video.webm", "predicted_video.mp4", "predicted_video.npy"})
+        CHECK_FALSE(fs::exists(out / "ep_a" / video));
+}
+
 TEST_CASE("joint positions in degrees run with one warning naming the joint and the likely cause") {
     SKIP_WITHOUT_DZR_BIN();
     Fixture f;

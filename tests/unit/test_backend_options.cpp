@@ -4,9 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
 #include <string>
 
 #include "backend/cuda_archs.h"
+#include "backend/env_settings.h"
 #include "backend/options.h"
 #include "core/error.h"
 #include "support/test_support.h"
@@ -188,4 +192,49 @@ TEST_CASE("a CUDA build's architectures say which GPUs it runs on") {
     CHECK(cuda_archs_cover("native", 75));
     CHECK_FALSE(cuda_archs_cover("", 90));
     CHECK_FALSE(cuda_archs_cover("sm_90", 90));
+}
+
+TEST_CASE("every DZR_ environment variable is read through the one registry") {
+    // NOTE: the registry feeds the run fingerprint and the bench record; a variable read past it would change the
+    // numbers without either knowing
+    std::set<std::string> registered;
+    for (const EnvSetting& e : env_settings()) registered.insert(e.name);
+    const std::string needle = "getenv(\"DZR_";
+    int files = 0;
+    for (const char* root : {"lib", "apps", "kernels"})
+        for (const auto& entry : std::filesystem::recursive_directory_iterator(test::source_dir() / root)) {
+            const std::string ext = entry.path().extension().string();
+            if (!entry.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".cu" && ext != ".cuh")) continue;
+            ++files;
+            std::ifstream f(entry.path());
+            const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+            CAPTURE(entry.path().string());
+            CHECK(text.find(needle) == std::string::npos);
+            // and every DZR_ name quoted in the code is a registered one
+            for (size_t at = text.find("\"DZR_"); at != std::string::npos; at = text.find("\"DZR_", at + 1)) {
+                const size_t end = text.find('"', at + 1);
+                const std::string name = text.substr(at + 1, end - at - 1);
+                if (name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != std::string::npos) continue;
+                CAPTURE(name);
+                CHECK(registered.count(name) == 1);
+            }
+        }
+    CHECK(files > 100);
+    CHECK_THROWS_AS(env_value("DZR_NOT_A_SETTING"), Error);
+}
+
+TEST_CASE("the registry lists the set variables, those that change the numbers for the fingerprint") {
+    ScopedEnv tune("DZR_CONV_TUNE", "off"), rows("DZR_ROW_KERNELS", "warp"), empty("DZR_ATTENTION", "");
+    const auto numbers = env_values_set(true), all = env_values_set(false);
+    const auto has = [](const auto& v, const std::string& name) {
+        for (const auto& [k, value] : v)
+            if (k == name) return true;
+        return false;
+    };
+    CHECK(has(numbers, "DZR_CONV_TUNE"));  // changes bits: in the fingerprint now
+    CHECK_FALSE(has(numbers, "DZR_ROW_KERNELS"));
+    CHECK(has(all, "DZR_ROW_KERNELS"));
+    CHECK(has(numbers, "DZR_ATTENTION"));  // set, though empty (as the fingerprint always recorded it)
+    CHECK_FALSE(env_value("DZR_ATTENTION").has_value());
+    CHECK(test::contains(env_settings_table(), "| `DZR_CONV_TUNE` | auto, off, channels-last | auto | yes"));
 }

@@ -152,6 +152,11 @@ TEST_CASE("config files are read strictly, naming the file and the key") {
 
     msg = error_of([] { load_run_config(test::source_dir() / "configs" / "absent.yaml"); });
     CHECK(contains(msg, "absent.yaml"));
+
+    // A repeated key: yaml-cpp keeps both and a lookup takes the first, so the second would vanish silently.
+    msg = error_of([] { parse_run_config(tiny_with("sampling:", "sampling:\n  seed: 1\n  seed: 2"), "t.yaml"); });
+    CHECK(contains(msg, "t.yaml: line "));
+    CHECK(contains(msg, "key 'seed' given twice (first on line "));
 }
 
 TEST_CASE("inconsistent geometries and run settings are rejected with every problem listed") {

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/json_text.h"
 #include "core/sha256.h"
 #include "core/tensor.h"
 
@@ -132,4 +133,23 @@ TEST_CASE("sha256 gives the standard's digests, the portable implementation too,
         CHECK(dzr::sha256_portable_hex(s.data(), s.size()) == dzr::sha256_hex(s));
         s.push_back(char(n * 7 + 1));
     }
+}
+
+TEST_CASE("a JSON key given twice in one object is found with both lines") {
+    CHECK_FALSE(find_duplicate_json_key(R"({"a": 1, "b": {"a": 2}, "c": [{"a": 1}, {"a": 2}]})").has_value());
+    const auto d = find_duplicate_json_key("{\n  \"x\": {\"k\": 1,\n  \"k\": 2}\n}");
+    REQUIRE(d.has_value());
+    CHECK(d->key == "k");
+    CHECK(d->first_line == 2);
+    CHECK(d->second_line == 3);
+    // strings holding braces, commas and escaped quotes are not structure; escapes are decoded before comparing
+    CHECK_FALSE(find_duplicate_json_key(R"({"a": "{\"a\": 1, ", "b": "]"})").has_value());
+    CHECK(find_duplicate_json_key(R"({"ab": 1, "a\u0062": 2})").value().key == "ab");
+    try {
+        parse_json_strict<nlohmann::ordered_json>("{\"seed\": 1,\n\"seed\": 2}", "c.json");
+        FAIL("a repeated key was accepted");
+    } catch (const Error& e) {
+        CHECK(std::string(e.what()) == "c.json: line 2: key \"seed\" given twice in one object (first on line 1)");
+    }
+    CHECK(parse_json_strict<nlohmann::json>("{\"seed\": 1}", "c.json")["seed"] == 1);
 }

@@ -331,7 +331,7 @@ TEST_CASE("a batched forward of two CFG branches gives each branch its own forwa
     fx.dit->compute_cross_kv(*fx.be, clip, TensorView(fx.text.data(), DType::F32, Shape{c.text_len, c.text_dim}), kv_a);
     DitCrossKv kv_b = fx.dit->make_cross_kv(*fx.be, kTinyImageTokens);
     fx.dit->compute_cross_kv(*fx.be, clip, TensorView(text_b.data(), DType::F32, Shape{c.text_len, c.text_dim}), kv_b);
-    for (const auto [shared_image, share_layer0] : {std::pair{true, false}, {false, false}, {true, true}}) {
+    for (const auto& [shared_image, share_layer0] : {std::pair{true, false}, {false, false}, {true, true}}) {
         CAPTURE(shared_image);
         CAPTURE(share_layer0);
         DitForwardOptions opt;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,42 @@ TEST_CASE("episode reader names the missing camera file") {
     const std::string msg2 = read_error(dir / "ep2");
     CHECK(contains(msg2, "wrist_cam.mp4"));
     CHECK(contains(msg2, "missing camera file for wrist_image_left"));
+}
+
+TEST_CASE("an input that is a dangling symlink, a device or a directory is refused, never read as absent") {
+    // NOTE: before, a state file like these was warned about and replaced by zeros, with exit 0
+    test::TempDir dir;
+    struct Case {
+        const char* file;
+        std::function<void(const fs::path&)> make;
+        const char* found;
+    };
+    const Case cases[] = {
+        {"gripper_position.npy", [](const fs::path& p) { fs::create_symlink("nowhere.npy", p); },
+         "found a dangling symlink to nowhere.npy"},
+        {"joint_position.npy", [](const fs::path& p) { fs::create_symlink("/dev/zero", p); },
+         "found a symlink to /dev/zero (a character device)"},
+        {"actions.npy", [](const fs::path& p) { fs::create_directory(p); }, "found a directory"},
+        {"wrist_image_left.npy", [](const fs::path& p) { fs::create_directory(p); }, "found a directory"},
+        {"episode.yaml", [](const fs::path& p) { fs::create_directory(p); }, "found a directory"},
+    };
+    for (const auto& c : cases) {
+        CAPTURE(c.file);
+        const fs::path ep = dir / (std::string("ep_") + c.file);
+        write_episode(ep, {});
+        fs::remove(ep / c.file);
+        c.make(ep / c.file);
+        const std::string msg = read_error(ep);
+        CHECK(contains(msg, (ep / c.file).string() + ": expected a regular file, " + c.found));
+    }
+}
+
+TEST_CASE("episode.yaml with a key given twice is refused, naming the key and both lines") {
+    test::TempDir dir;
+    write_episode(dir / "ep", {});
+    write_text(dir / "ep" / "episode.yaml", "prompt: go left\nfps: 15\nprompt: go right\n");
+    const std::string msg = read_error(dir / "ep");
+    CHECK(contains(msg, "episode.yaml: line 3: key 'prompt' given twice (first on line 1)"));
 }
 
 TEST_CASE("episode reader follows camera-file overrides in episode.yaml") {

@@ -145,7 +145,7 @@ TEST_CASE("the real-width parity config has the DROID shape of every tensor but 
     }();
     for (const auto& [key, row] : tsv) {
         const bool later_block = [&] {
-            for (const std::string prefix : {keys::dit_block(0), keys::t5_block(0), keys::clip_block(0)}) {
+            for (const std::string& prefix : {keys::dit_block(0), keys::t5_block(0), keys::clip_block(0)}) {
                 const std::string stem = prefix.substr(0, prefix.size() - 2);  // "...blocks."
                 if (key.rfind(stem, 0) == 0) return std::stoi(key.substr(stem.size())) >= 2;
             }

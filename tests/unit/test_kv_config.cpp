@@ -115,7 +115,7 @@ TEST_CASE("kv config validation names the key and the rule it breaks") {
         return c;
     };
     CHECK_THROWS_WITH_AS(with([](KvConfig& c) { c.window_frames = 0; }).validate(g),
-                         doctest::Contains("kv.window_frames: must be >= 1"), Error);
+                         doctest::Contains("kv.window_frames: must lie in [1, 1024], got 0"), Error);
     CHECK_THROWS_WITH_AS(with([](KvConfig& c) { c.frames_per_block = 0; }).validate(g),
                          doctest::Contains("kv.frames_per_block"), Error);
     CHECK_THROWS_WITH_AS(with([](KvConfig& c) {

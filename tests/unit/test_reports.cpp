@@ -9,11 +9,12 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/version.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
 #include "io/plots.h"
-#include "io/video_reader.h"
 #include "io/result_writer.h"
+#include "io/video_reader.h"
 #include "rollout/progress.h"
 #include "rollout/reports.h"
 #include "support/test_support.h"
@@ -373,8 +374,8 @@ TEST_CASE("manifest carries the version, git hash and run settings") {
     m.start_time = iso8601_utc(std::chrono::system_clock::time_point{});
     m.extra = {{"frame_schedule", "frame [0]; ..."}};
     const json j = m.to_json();
-    CHECK(j["dzr_version"] == DZR_VERSION);
-    CHECK(j["git_hash"] == DZR_GIT_HASH);
+    CHECK(j["dzr_version"] == dzr::version());
+    CHECK(j["git_hash"] == dzr::git_hash());
     CHECK(j["start_time"] == "1970-01-01T00:00:00Z");
     CHECK(j["seed"] == 1140);
     CHECK(j["config"]["sampler"]["steps"] == 16);

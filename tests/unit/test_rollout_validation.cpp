@@ -143,13 +143,15 @@ TEST_CASE("every invalid episode is reported at once before the weights are load
     const bool gpu = cuda_device_available();
     const auto r = f.rollout(f.eps, f.dir / "out", "", gpu ? "cpu" : "cuda");
     CHECK(r.code == 1);
-    CHECK(r.has("4 problems found before loading the checkpoint's weights; nothing was run"));
+    // every problem at once: the four episodes' and, without a GPU, the device's (listed, never tried)
+    CHECK(r.has(fmt::format("{} problems found before loading the checkpoint's weights; nothing was run", gpu ? 4 : 5)));
     CHECK(r.has("ep_a/joint_position.npy: row 1, column 2 is nan"));
     CHECK(r.has("ep_b/joint_position.npy: row 0, column 2 is 1e+300, beyond the float32 range"));
     CHECK(r.has("ep_c/joint_position.npy: expected shape [T, 7], found float64 [30, 6]"));
     CHECK(r.has("missing camera file wrist_image_left"));
     CHECK(r.has("--skip-invalid"));
-    CHECK_FALSE(r.has("CUDA"));
+    if (!gpu) CHECK(r.has("--device cuda"));
+    CHECK_FALSE(r.has("memory plan"));
     CHECK_FALSE(loaded_weights(r));
     CHECK_FALSE(fs::exists(f.dir / "out"));
     CHECK(f.inputs() == before);
@@ -191,6 +193,41 @@ TEST_CASE("an unwritable --out and out-of-range options fail at once, before any
     r = f.rollout(f.eps, f.dir / "out", "--set sampling.num_inference_steps=20");
     CHECK(r.code == 1);
     CHECK(r.has("num_dit_steps = 8 has a preset only for num_inference_steps = 16"));
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+    // absurd sizes are refused here, before the weights load (a window that once tried a 45 TB pool)
+    r = f.rollout(f.eps, f.dir / "out", "--set kv.window_frames=100000000");
+    CHECK(r.code == 1);
+    CHECK(r.has("kv.window_frames: must lie in [1, 1024], got 100000000"));
+    CHECK_FALSE(loaded_weights(r));
+    {
+        const fs::path sliver = f.dir / "sliver";
+        fs::create_directories(sliver / "ep_s");
+        fs::copy(f.eps / "ep_a", sliver / "ep_s", fs::copy_options::recursive);
+        io::write_npy(sliver / "ep_s/wrist_image_left.npy", io::NpyDType::U1, {30, 1, 2000, 3},
+                      std::vector<uint8_t>(30 * 2000 * 3, 7).data());
+        r = f.rollout(sliver, f.dir / "out");
+        CHECK(r.code == 1);
+        CHECK(r.has("wrist_image_left.npy: camera frames are 2000x1 (width x height)"));
+        CHECK_FALSE(loaded_weights(r));
+    }
+    CHECK_FALSE(fs::exists(f.dir / "out"));
+    // the root of the file system is never an output directory
+    r = f.rollout(f.eps, "/");
+    CHECK(r.code == 1);
+    CHECK(r.has("--out /: the file system's root is never an output directory"));
+}
+
+TEST_CASE("a GPU this machine lacks is one problem line, and no memory plan is tried for it") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    const int gpus = cuda_device_count();
+    const auto r = f.rollout(f.eps, f.dir / "out", "", fmt::format("cuda:{}", gpus));
+    CHECK(r.code == 1);
+    CHECK(r.has(cuda_backend_built() ? fmt::format("--device cuda:{}: no such GPU ({} visible)", gpus, gpus)
+                                     : fmt::format("--device cuda:{}: this dzr was built without CUDA", gpus)));
+    // one cause, one message: no warning about the memory plan it could not make
+    CHECK(r.has("1 problem found"));
+    CHECK_FALSE(r.has("memory plan"));
     CHECK_FALSE(fs::exists(f.dir / "out"));
 }
 

@@ -150,6 +150,15 @@ TEST_CASE("without plan.json the episodes are the output's episode directories, 
     CHECK_THROWS_AS(summarize_outputs(other / "missing"), Error);
 }
 
+TEST_CASE("an episode name in plan.json that is not a plain directory name is refused, not used as a path") {
+    test::TempDir out;
+    for (const char* bad : {"../elsewhere", "a/b", "..", ""}) {
+        write_run_plan(out.path(), plan_of({"ep_a", bad}));
+        CHECK_THROWS_WITH_AS(run_episode_names(out.path()), doctest::Contains("is not a plain directory name"),
+                             Error);
+    }
+}
+
 TEST_CASE("an episode's frame count comes from the file headers: the shortest camera or per-frame array") {
     test::TempDir dir;
     io::SynthOptions so;

@@ -36,15 +36,6 @@ bool all_finite(const Tensor& t) {
     return true;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
-
 }  // namespace
 
 TEST_CASE("vae loads exactly the VAE tensors of the real DROID layout") {

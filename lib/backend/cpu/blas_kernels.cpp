@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/env_settings.h"
+
 namespace dzr {
 
 std::string blas_core_name() {
@@ -22,9 +24,8 @@ std::string better_blas_core(const std::string& core_name, bool avx512, bool avx
 }
 
 void use_best_blas_kernels(char** argv) {
-    if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("DZR_BLAS_CORE_SET") != nullptr) return;
-    const char* mode = std::getenv("DZR_BLAS_CORE");
-    if (mode != nullptr && std::strcmp(mode, "keep") == 0) return;
+    if (std::getenv("OPENBLAS_CORETYPE") != nullptr || env_value("DZR_BLAS_CORE_SET")) return;
+    if (env_value("DZR_BLAS_CORE") == "keep") return;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&

@@ -111,7 +111,7 @@ bool broadcastable(const TensorView& a, const TensorView& b) {
 
 // ---- device ------------------------------------------------------------------------------------
 
-CudaDevice::CudaDevice(int index) : index_(index) {
+CudaDevice::CudaDevice(int index, bool pack_weights) : index_(index), pack_weights_(pack_weights) {
     int count = 0;
     DZR_CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "no CUDA device is visible");
     DZR_CHECK(index >= 0 && index < count, "cuda:{} does not exist ({} device(s) visible)", index, count);
@@ -366,7 +366,7 @@ bool CudaStream::capturing() const { return cuda_detail::is_capturing(stream_); 
 CudaBackend::CudaBackend(int index, const BackendOptions& options)
     : Backend(options.numerics),
       index_(index),
-      device_(index),
+      device_(index, options.cuda.pack_weights),
       arena_(device_.workspace()),
       queue_(device_, [this](const TensorView& src, const TensorView& dst) { copy(src, dst); }),
       stream_(queue_.handle()),

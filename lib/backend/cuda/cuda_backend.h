@@ -53,7 +53,8 @@ class CudaSlab;
 
 class CudaDevice final : public DeviceContext, public PackingAllocator {
 public:
-    explicit CudaDevice(int index);
+    /// `pack_weights`: begin_packing() carves from one slab (CudaBackendOptions::pack_weights).
+    explicit CudaDevice(int index, bool pack_weights = true);
     ~CudaDevice() override;
     CudaDevice(const CudaDevice&) = delete;
     CudaDevice& operator=(const CudaDevice&) = delete;
@@ -88,6 +89,7 @@ private:
     Arena arena_;
     Capabilities caps_;
     int packing_depth_ = 0;
+    bool pack_weights_ = true;
     std::shared_ptr<CudaSlab> slab_;
 };
 

@@ -173,11 +173,7 @@ private:
 void CudaDevice::begin_packing() {
     if (packing_depth_++ > 0) return;
     // NOTE: DZR_PACK_WEIGHTS=0 gives every tensor its own cudaMalloc again (a comparison, or a driver that misbehaves)
-    static const bool off = [] {
-        const char* v = std::getenv("DZR_PACK_WEIGHTS");
-        return v && std::string_view(v) == "0";
-    }();
-    if (!off) slab_ = CudaSlab::create(index_);
+    if (pack_weights_) slab_ = CudaSlab::create(index_);
 }
 
 void CudaDevice::end_packing() {
