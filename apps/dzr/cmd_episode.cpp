@@ -45,6 +45,7 @@ struct EmbodimentArgs {
 
 struct SynthArgs {
     std::string out;
+    bool force = false;
     int64_t frames = 100;
     uint64_t seed = 0;
     int width = 0;     // 0: the embodiment's recorded size (DROID 320x180; 640x480 when it has none)
@@ -69,6 +70,11 @@ struct ConvertArgs {
 };
 
 int run_synth(const SynthArgs& a) {
+    std::error_code ec;
+    // NOTE: a recorded episode is never overwritten by a synthetic one by accident
+    DZR_CHECK(a.force || !fs::exists(a.out, ec) || (fs::is_directory(a.out, ec) && fs::is_empty(a.out, ec)),
+              "--out {}: exists and is not an empty directory (an episode?); --force writes the synthetic episode's "
+              "files into it", a.out);
     const Embodiment e = a.embodiment.resolve();
     io::SynthOptions opt;
     opt.layout = rollout::episode_layout(e);
@@ -174,6 +180,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto synth = std::make_shared<SynthArgs>();
     auto* s = cmd->add_subcommand("synth", "Write a synthetic episode of an embodiment (moving shapes, state, actions)");
     s->add_option("--out", synth->out, "Episode directory to write")->required();
+    s->add_flag("--force", synth->force, "Write into an existing, non-empty directory");
     s->add_option("--frames", synth->frames, "Number of frames")->capture_default_str()->check(CLI::Range(1, 100000));
     s->add_option("--seed", synth->seed, "Seed of the trajectories and the prompt")->capture_default_str();
     s->add_option("--width", synth->width, "Frame width (default: the embodiment's recorded size)")

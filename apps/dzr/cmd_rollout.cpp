@@ -38,6 +38,7 @@ struct RolloutArgs {
     std::string tokenizer;
     bool no_warmup = false;
     bool resume = false;
+    bool force = false;
     bool skip_invalid = false;
     bool dry_run = false;
     bool allow_truncate = false;
@@ -170,6 +171,7 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     o.tokenizer = a.tokenizer;
     o.warmup = !a.no_warmup;
     o.resume = a.resume;
+    o.force = a.force;
     o.skip_invalid = a.skip_invalid;
     o.dry_run = a.dry_run;
     o.allow_truncate = a.allow_truncate;
@@ -279,6 +281,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_flag("--resume", args->resume,
                   "Skip episodes whose outputs are complete and were produced by the same run (checkpoint, config, "
                   "seed, numerics, dzr version); refuse when a finished episode came from another run");
+    cmd->add_flag("--force", args->force,
+                  "Run into an --out that holds an earlier run's episodes, replacing those this run has (without it, "
+                  "such a run is refused; --resume finishes a run)");
     cmd->add_flag("--skip-invalid", args->skip_invalid,
                   "Run the valid episodes and record the invalid ones in the summary, instead of refusing the run");
     cmd->add_flag("--dry-run", args->dry_run,

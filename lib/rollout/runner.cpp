@@ -411,6 +411,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     // NOTE: before the shortcut below, so that --resume refuses the finished episodes of another run
     const ValidatedRun checked = validate_run(opt, embodiment, plan.dirs, plan.names, schedule);
     if (opt.dry_run) return dry_run_result(plan.names, checked);
+    shard->write_plan_first();
     if (auto done = shard->nothing_to_run(opt.resume)) {
         result.episodes = std::move(*done);
         result.shard = shard->finish(result.episodes, false, opt.plot_png);

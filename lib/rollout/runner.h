@@ -41,6 +41,9 @@ struct RolloutOptions {
     /// the other networks load; off, it stays resident. The actions are the same either way.
     bool text_prepass = true;
     bool resume = false;
+    /// Run into an output directory that holds another run's finished episodes, replacing those it reruns (without
+    /// it such a run is refused: --resume finishes a run, a new run wants a new directory).
+    bool force = false;
     /// Run the valid episodes and record the invalid ones in the summary (status "invalid") instead of refusing
     /// the whole run.
     bool skip_invalid = false;

@@ -253,6 +253,10 @@ void ShardRun::plan_sharded(const std::vector<fs::path>& dirs, const FrameSchedu
     write_run_plan(out_dir_, plan_);
 }
 
+void ShardRun::write_plan_first() const {
+    if (!shard_.sharded()) write_run_plan(out_dir_, plan_);
+}
+
 std::string ShardRun::progress_prefix() const { return shard_.sharded() ? shard_.label() + "  " : std::string(); }
 
 std::optional<std::vector<EpisodeSummary>> ShardRun::nothing_to_run(bool resume) const {

@@ -56,6 +56,9 @@ public:
     const std::vector<size_t>& episodes() const { return mine_; }
     /// "rank 1/3  " to start progress lines with; empty when unsharded.
     std::string progress_prefix() const;
+    /// An unsharded run's plan.json, written before its first episode (a sharded run writes it when it plans), so
+    /// that `dzr summarize` lists the planned episodes a killed run never reached.
+    void write_plan_first() const;
 
     /// With --resume, when every episode of this process is already done (or it has none): their
     /// summaries (status "skipped"), so that the caller need not load the checkpoint. Else nullopt.

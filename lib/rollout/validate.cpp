@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "backend/backend.h"
 #include "config/model_fields.h"
@@ -70,6 +71,28 @@ std::vector<std::string> check_devices(const RolloutOptions& opt) {
             p.push_back(fmt::format("--device {}: no such GPU ({} visible)", d.str(), cuda_device_count()));
     }
     return p;
+}
+
+/// The episodes an earlier run finished or failed in `out_dir`, as one problem line; nullopt when there are none.
+/// NOTE: rerunning into them would silently replace results, or mix two checkpoints' episodes in one report
+std::optional<std::string> earlier_results(const fs::path& out_dir) {
+    std::error_code ec;
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
+        std::error_code e2;
+        if (!entry.is_directory(e2)) continue;
+        if (fs::is_regular_file(entry.path() / std::string(io::kDoneMarker), e2) ||
+            fs::is_regular_file(entry.path() / std::string(io::kFailedMarker), e2))
+            names.push_back(entry.path().filename().string());
+    }
+    if (names.empty()) return std::nullopt;
+    std::sort(names.begin(), names.end());
+    std::string list;
+    for (size_t i = 0; i < names.size() && i < 5; ++i) list += (i ? ", " : "") + names[i];
+    if (names.size() > 5) list += fmt::format(", ... ({} in all)", names.size());
+    return fmt::format("{} holds the results of an earlier run ({}): --resume finishes that run, --force reruns into "
+                       "it (replacing the episodes this run has), or give a new --out",
+                       out_dir.string(), list);
 }
 
 /// Runs `check`, turning its dzr::Error into a problem line.
@@ -357,6 +380,8 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
                 inputs.check_output_file(out / fmt::format("action_dim_{}.png", d));
         }
     });
+    if (!opt.resume && !opt.force && !opt.shard.sharded())
+        if (auto line = earlier_results(opt.out_dir)) problems.output.push_back(*line);
     if (problems.count() > 0) problems.raise(!opt.skip_invalid && invalid > 0);
 
     // The output directory: writable, and ours alone for the run. A dry run creates nothing.

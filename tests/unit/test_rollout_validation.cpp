@@ -217,6 +217,35 @@ TEST_CASE("an unwritable --out and out-of-range options fail at once, before any
     CHECK(r.has("--out /: the file system's root is never an output directory"));
 }
 
+TEST_CASE("an output directory with an earlier run's results is refused unless --resume or --force") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    const fs::path out = f.dir / "out";
+    auto r = f.rollout(f.eps / "ep_a", out, "--set rollout.max_chunks=1 --no-plots");
+    REQUIRE(r.code == 0);
+    // the plan is written before the first episode, so a killed run's summary still knows what was planned
+    CHECK(fs::exists(out / "plan.json"));
+    const std::string actions = test::slurp(out / "ep_a/actions.npy");
+    // before, this silently replaced the results (and with other episodes mixed two runs in one report)
+    r = f.rollout(f.eps, out, "--set rollout.max_chunks=1 --no-plots");
+    CHECK(r.code == 1);
+    CHECK(r.has("holds the results of an earlier run (ep_a): --resume finishes that run, --force reruns"));
+    CHECK_FALSE(loaded_weights(r));
+    CHECK_FALSE(fs::exists(out / "ep_b"));
+    CHECK(test::slurp(out / "ep_a/actions.npy") == actions);
+    r = f.rollout(f.eps, out, "--set rollout.max_chunks=1 --no-plots --force");
+    CHECK(r.code == 0);
+    CHECK(fs::exists(out / "ep_b/done.json"));
+
+    // a synthetic episode never lands on an existing one by accident
+    const auto before = test::snapshot(f.eps / "ep_a");
+    r = test::run_dzr(fmt::format("episode synth --out {} --frames 10 --frames-format npy", q(f.eps / "ep_a")),
+                      f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("exists and is not an empty directory"));
+    CHECK(test::snapshot(f.eps / "ep_a") == before);
+}
+
 TEST_CASE("a GPU this machine lacks is one problem line, and no memory plan is tried for it") {
     SKIP_WITHOUT_DZR_BIN();
     Fixture f;
