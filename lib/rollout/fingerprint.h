@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "rollout/reports.h"
-#include "rollout/runner.h"
+#include "rollout/rollout_options.h"
 #include "weights/checkpoint.h"
 
 namespace dzr::rollout {

@@ -11,7 +11,7 @@
 #include "policy/engine.h"
 #include "policy/memory_plan.h"
 #include "rollout/reports.h"
-#include "rollout/runner.h"
+#include "rollout/rollout_options.h"
 
 namespace dzr::rollout {
 

@@ -378,175 +378,194 @@ void write_profile(const std::filesystem::path& path, const Engine& engine, bool
     dzr::log()->info("profile: {}", path.string());
 }
 
-}  // namespace
 
-RolloutResult run_rollout(const RolloutOptions& opt) {
-    RolloutResult result;
-    auto& log = *dzr::log();
-    DZR_CHECK(!opt.episodes.empty(), "no episodes given");
-    DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
+/// The episodes this process runs, validated: everything checkable without the weights (validate.h).
+struct PreparedRun {
+    Embodiment embodiment;
+    io::EpisodeLayout layout;
+    EpisodePlan plan;  ///< this rank's episodes (all of them when unsharded)
+    FrameSchedule schedule;
+    std::optional<ShardRun> shard;
+    std::optional<ValidatedRun> checked;
+};
 
-    // ---- the embodiment, then everything that can be checked without the weights (validate.h) ----------------
-    const Embodiment embodiment = rollout_embodiment(opt);
-    const io::EpisodeLayout layout = episode_layout(embodiment);
-    EpisodePlan plan = plan_episodes(opt, layout);
-    const FrameSchedule schedule = make_frame_schedule(opt.run.rollout);
-    // This rank's episodes (all of them when the run is not sharded).
+/// Step 1: the embodiment, this rank's share of the episodes, and the validation of everything before any weight.
+void prepare_run(const RolloutOptions& opt, PreparedRun& p) {
+    p.layout = episode_layout(p.embodiment);
+    p.plan = plan_episodes(opt, p.layout);
     io::EpisodeOptions count_options;
-    count_options.layout = layout;
+    count_options.layout = p.layout;
     count_options.allow_truncate = opt.allow_truncate;
     count_options.open_video = opt.open_video;
     std::string devices;
-    for (const Device& d : opt.devices) devices += (devices.empty() ? "" : ",") + d.str();
-    std::optional<ShardRun> shard;
+    for (const Device& d : opt.devices) {
+        if (!devices.empty()) devices += ',';
+        devices += d.str();
+    }
     if (!opt.dry_run) {
-        shard.emplace(opt.shard, opt.out_dir, plan.dirs, plan.names, schedule, count_options, opt.resume, devices);
+        p.shard.emplace(opt.shard, opt.out_dir, p.plan.dirs, p.plan.names, p.schedule, count_options, opt.resume,
+                        devices);
         EpisodePlan mine;
-        for (size_t e : shard->episodes()) {
-            mine.dirs.push_back(plan.dirs[e]);
-            mine.names.push_back(plan.names[e]);
+        for (size_t e : p.shard->episodes()) {
+            mine.dirs.push_back(p.plan.dirs[e]);
+            mine.names.push_back(p.plan.names[e]);
         }
-        plan = std::move(mine);
+        p.plan = std::move(mine);
     }
-    // NOTE: before the shortcut below, so that --resume refuses the finished episodes of another run
-    const ValidatedRun checked = validate_run(opt, embodiment, plan.dirs, plan.names, schedule);
-    if (opt.dry_run) return dry_run_result(plan.names, checked);
-    shard->write_plan_first();
-    if (auto done = shard->nothing_to_run(opt.resume)) {
-        result.episodes = std::move(*done);
-        result.shard = shard->finish(result.episodes, false, opt.plot_png);
-        return result;
-    }
+    // NOTE: before the --resume shortcut, so that it refuses the finished episodes of another run
+    p.checked.emplace(validate_run(opt, p.embodiment, p.plan.dirs, p.plan.names, p.schedule));
+}
 
-    // ---- checkpoint and engine ------------------------------------------------------------------------
-    LoadedRun run = load_run(opt, checked.prompts);
-    Engine& engine = *run.engine;
-    if (!opt.quiet) {
-        std::fprintf(stderr,
-                     "dzr rollout\n"
-                     "  checkpoint  %s (%zu shards, %s)%s\n"
-                     "  model       %s\n"
-                     "  embodiment  %s (%s)\n"
-                     "  device      %s (%s)\n"
-                     "  schedule    %s\n"
-                     "  episodes    %zu -> %s\n"
-                     "  load        %.1f s\n",
-                     opt.checkpoint.string().c_str(), engine.checkpoint()->shards().size(),
-                     config::format_bytes(engine.checkpoint()->tensor_bytes()).c_str(),
-                     random_note(engine).c_str(), engine.describe().c_str(),
-                     engine.embodiment().tag.c_str(), engine.embodiment().source.c_str(), engine.devices().c_str(), engine.backend().name().c_str(), schedule.describe().c_str(),
-                     plan.dirs.size(), opt.out_dir.string().c_str(), run.load_ms / 1e3);
-    }
+/// The one-screen summary of what was loaded (stderr).
+void print_banner(const RolloutOptions& opt, const LoadedRun& run, const PreparedRun& p) {
+    if (opt.quiet) return;
+    const Engine& engine = *run.engine;
+    std::fprintf(stderr,
+                 "dzr rollout\n"
+                 "  checkpoint  %s (%zu shards, %s)%s\n"
+                 "  model       %s\n"
+                 "  embodiment  %s (%s)\n"
+                 "  device      %s (%s)\n"
+                 "  schedule    %s\n"
+                 "  episodes    %zu -> %s\n"
+                 "  load        %.1f s\n",
+                 opt.checkpoint.string().c_str(), engine.checkpoint()->shards().size(),
+                 config::format_bytes(engine.checkpoint()->tensor_bytes()).c_str(), random_note(engine).c_str(),
+                 engine.describe().c_str(), engine.embodiment().tag.c_str(), engine.embodiment().source.c_str(),
+                 engine.devices().c_str(), engine.backend().name().c_str(), p.schedule.describe().c_str(),
+                 p.plan.dirs.size(), opt.out_dir.string().c_str(), run.load_ms / 1e3);
+}
 
-    // ---- warm-up ------------------------------------------------------------------------------------------
-    if (opt.warmup) {
-        run.warmup_ms = run_warmup(engine, *run.session, run.warmup_calls);
-        run.sample_memory();
-        engine.reset_profiles();  // NOTE: --profile covers the episodes' calls only
-        if (!opt.quiet) {
-            const ForwardGraphStats g = run.session->graph_stats();
-            const std::string graphs =
-                g.enabled ? fmt::format(", {} CUDA graphs captured in {:.1f} s{}", g.captured, g.capture_ms / 1e3,
-                                        g.failed ? fmt::format(" ({} shapes run op by op)", g.failed) : "")
-                          : "";
-            std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole%s\n", run.warmup_calls,
-                         run.warmup_ms / 1e3, graphs.c_str());
-        }
-    }
+/// Step 3: the warm-up (every forward shape, CUDA graphs captured), when asked.
+void warm_up(const RolloutOptions& opt, LoadedRun& run) {
+    if (!opt.warmup) return;
+    run.warmup_ms = run_warmup(*run.engine, *run.session, run.warmup_calls);
+    run.sample_memory();
+    run.engine->reset_profiles();  // NOTE: --profile covers the episodes' calls only
+    if (opt.quiet) return;
+    const ForwardGraphStats g = run.session->graph_stats();
+    const std::string graphs =
+        g.enabled ? fmt::format(", {} CUDA graphs captured in {:.1f} s{}", g.captured, g.capture_ms / 1e3,
+                                g.failed ? fmt::format(" ({} shapes run op by op)", g.failed) : "")
+                  : "";
+    std::fprintf(stderr, "  warm-up     %d calls, %.1f s, KV pool whole%s\n", run.warmup_calls, run.warmup_ms / 1e3,
+                 graphs.c_str());
+}
 
-    // ---- episodes ---------------------------------------------------------------------------------------
+/// What the episode loop shares between episodes.
+struct EpisodeLoop {
+    const RolloutOptions& opt;
+    const PreparedRun& prepared;
+    LoadedRun& run;
+    ProgressLine& progress;
+    std::chrono::system_clock::time_point run_start;
+};
+
+/// Step 4b: an episode's files, whole files only, the done marker last. An interrupted episode keeps the actions,
+/// timing and manifest of the calls it finished and gets no done marker (--resume redoes it).
+void write_episode_outputs(const EpisodeLoop& loop, size_t e, const io::Episode& ep, EpisodeRun& er,
+                           EpisodeSummary& summary) {
+    const RolloutOptions& opt = loop.opt;
+    const ValidatedRun& checked = *loop.prepared.checked;
+    const bool partial = er.interrupted;
+    io::ResultWriter writer(opt.out_dir / loop.prepared.plan.names[e]);
+    writer.clear_done();
+    // NOTE: the video first: a decoder that fails (a non-finite frame) then leaves no actions behind
+    if (!partial && opt.save_video && !er.video.empty()) {
+        er.timing.video = write_predicted_video(*loop.run.engine, er.video, ep, opt, writer);
+        loop.run.sample_memory();
+    }
+    writer.write_actions(er.chunks);
+    er.timing.peak_gpu_memory_bytes = loop.run.peak_memory;
+    if (checked.memory_plan) er.timing.memory_plan = memory_plan_summary(*checked.memory_plan);
+    writer.write_json("timing.json", er.timing.to_json());
+    RunManifest manifest = make_manifest(opt, loop.run, loop.prepared.schedule, loop.prepared.plan.dirs[e], ep,
+                                         loop.run_start, checked.memory_plan);
+    if (opt.shard.sharded()) manifest.extra["shard"] = opt.shard.to_json();
+    if (partial)
+        manifest.extra["interrupted"] = {{"calls_done", er.chunks.num_calls()}, {"calls_scheduled", er.calls.size()}};
+    writer.write_json("manifest.json", manifest.to_json());
+    if (partial) return;
+    if (ep.has_actions())
+        summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plot_png,
+                                        action_keys(loop.run.engine->embodiment()));
+    writer.mark_done(Json{{"num_frames", ep.num_frames},
+                          {"num_calls", er.chunks.num_calls()},
+                          {"fingerprint", checked.episode_fingerprint(e)}});
+    summary.status = "ok";
+}
+
+/// Step 4a: one episode read, its calls run and its files written, filling `summary` as it goes (a failure keeps
+/// what was known). Sets `interrupted` when Ctrl-C stopped it.
+void run_one_episode(const EpisodeLoop& loop, size_t e, EpisodeSummary& summary, bool& interrupted) {
+    const RolloutOptions& opt = loop.opt;
+    const PreparedRun& p = loop.prepared;
+    const std::string& name = p.plan.names[e];
+    io::EpisodeOptions eo;
+    eo.layout = p.layout;
+    eo.allow_truncate = opt.allow_truncate;
+    eo.min_frames = p.schedule.min_frames();
+    eo.prompt = opt.prompt;
+    eo.open_video = opt.open_video;
+    eo.log_warnings = false;  // logged when validated
+    io::Episode ep = io::read_episode(p.plan.dirs[e], eo);
+    const auto& warnings = p.checked->episodes[e].warnings;
+    ep.warnings.insert(ep.warnings.end(), warnings.begin(), warnings.end());
+    summary.num_frames = ep.num_frames;
+    summary.num_calls = int64_t(p.schedule.calls(ep.num_frames).size());
+
+    // NOTE: sampled on a thread of its own while the calls run (NVML; nothing on the CPU)
+    GpuTelemetry telemetry(loop.run.engine->pci_bus_ids());
+    telemetry.start();
+    EpisodeRun er = run_episode_calls(opt, loop.run, p.schedule, ep, summary, loop.progress,
+                                      p.shard->progress_prefix(), int64_t(e) + 1, int64_t(p.plan.dirs.size()));
+    const int64_t calls_run = int64_t(er.timing.calls.size());
+    for (const GpuTelemetrySummary& g : telemetry.stop()) er.timing.gpu_telemetry.push_back(g.to_json(calls_run));
+    set_gpu_energy(er.timing.gpu_telemetry, calls_run, summary);
+    interrupted = er.interrupted;
+    if (er.interrupted) {
+        loop.progress.finish();
+        summary.status = "interrupted";
+        summary.num_calls = er.chunks.num_calls();
+        log()->warn("interrupted: episode {} stopped after {} of {} calls; {}", name, er.chunks.num_calls(),
+                    er.calls.size(),
+                    er.chunks.num_calls() > 0 ? "actions, timing and manifest cover those calls; no done marker"
+                                              : "nothing written for it");
+        if (er.chunks.num_calls() == 0) return;
+    }
+    write_episode_outputs(loop, e, ep, er, summary);
+    if (er.interrupted) return;
+    loop.progress.finish();
+    if (!opt.quiet)
+        std::fprintf(stderr, "episode %s: %lld calls, median %.1f ms/call -> %s\n", name.c_str(),
+                     (long long)er.chunks.num_calls(), er.timing.total_stats().median,
+                     (opt.out_dir / name).string().c_str());
+}
+
+/// Step 4: every episode of this process; a failed one is recorded and the run goes on, Ctrl-C stops it.
+void run_episodes(const RolloutOptions& opt, PreparedRun& p, LoadedRun& run, RolloutResult& result) {
     std::filesystem::create_directories(opt.out_dir);
     ProgressLine progress(stderr, opt.quiet ? ProgressLine::Mode::Plain : ProgressLine::Mode::Auto);
-    const auto run_start = std::chrono::system_clock::now();
-    const int64_t num_episodes = int64_t(plan.dirs.size());
-    for (size_t e = 0; e < plan.dirs.size() && !result.interrupted; ++e) {
-        const std::string& name = plan.names[e];
+    const EpisodeLoop loop{opt, p, run, progress, std::chrono::system_clock::now()};
+    const ValidatedRun& checked = *p.checked;
+    for (size_t e = 0; e < p.plan.dirs.size() && !result.interrupted; ++e) {
+        const std::string& name = p.plan.names[e];
         const std::filesystem::path out = opt.out_dir / name;
         if (!checked.episodes[e].valid) {
             result.episodes.push_back(checked.invalid_summary(e, name));
-            shard->note(result.episodes.back());
+            p.shard->note(result.episodes.back());
             continue;
         }
         if (checked.finished[e]) {
             result.episodes.push_back(summary_from_outputs(out, name));
-            log.info("episode {}: finished by an earlier run, skipped (--resume)", name);
+            log()->info("episode {}: finished by an earlier run, skipped (--resume)", name);
             continue;
         }
         EpisodeSummary summary;
         summary.name = name;
         try {
             io::ResultWriter::clear_failed(out);
-            io::EpisodeOptions eo;
-            eo.layout = layout;
-            eo.allow_truncate = opt.allow_truncate;
-            eo.min_frames = schedule.min_frames();
-            eo.prompt = opt.prompt;
-            eo.open_video = opt.open_video;
-            eo.log_warnings = false;  // logged when validated
-            io::Episode ep = io::read_episode(plan.dirs[e], eo);
-            ep.warnings.insert(ep.warnings.end(), checked.episodes[e].warnings.begin(), checked.episodes[e].warnings.end());
-            summary.num_frames = ep.num_frames;
-            summary.num_calls = int64_t(schedule.calls(ep.num_frames).size());
-
-            // NOTE: sampled on a thread of its own while the calls run (NVML; nothing on the CPU)
-            GpuTelemetry telemetry(engine.pci_bus_ids());
-            telemetry.start();
-            EpisodeRun er = run_episode_calls(opt, run, schedule, ep, summary, progress, shard->progress_prefix(),
-                                              int64_t(e) + 1, num_episodes);
-            const int64_t calls_run = int64_t(er.timing.calls.size());
-            for (const GpuTelemetrySummary& g : telemetry.stop()) er.timing.gpu_telemetry.push_back(g.to_json(calls_run));
-            set_gpu_energy(er.timing.gpu_telemetry, calls_run, summary);
-            result.interrupted = er.interrupted;
-            // Outputs: whole files only, the done marker last. An interrupted episode keeps the actions,
-            // timing and manifest of the calls it finished and gets no done marker (--resume redoes it).
-            const bool partial = er.interrupted;
-            if (partial) {
-                progress.finish();
-                summary.status = "interrupted";
-                summary.num_calls = er.chunks.num_calls();
-                log.warn("interrupted: episode {} stopped after {} of {} calls; {}", name, er.chunks.num_calls(),
-                         er.calls.size(),
-                         er.chunks.num_calls() > 0 ? "actions, timing and manifest cover those calls; no done marker"
-                                                   : "nothing written for it");
-                if (er.chunks.num_calls() == 0) {
-                    result.episodes.push_back(std::move(summary));
-                    break;
-                }
-            }
-            io::ResultWriter writer(out);
-            writer.clear_done();
-            // NOTE: the video first: a decoder that fails (a non-finite frame) then leaves no actions behind
-            if (!partial && opt.save_video && !er.video.empty()) {
-                er.timing.video = write_predicted_video(engine, er.video, ep, opt, writer);
-                run.sample_memory();
-            }
-            writer.write_actions(er.chunks);
-            er.timing.peak_gpu_memory_bytes = run.peak_memory;
-            if (checked.memory_plan) er.timing.memory_plan = memory_plan_summary(*checked.memory_plan);
-            writer.write_json("timing.json", er.timing.to_json());
-            RunManifest manifest = make_manifest(opt, run, schedule, plan.dirs[e], ep, run_start, checked.memory_plan);
-            if (opt.shard.sharded()) manifest.extra["shard"] = opt.shard.to_json();
-            if (partial)
-                manifest.extra["interrupted"] = {{"calls_done", er.chunks.num_calls()}, {"calls_scheduled", er.calls.size()}};
-            writer.write_json("manifest.json", manifest.to_json());
-            if (partial) {
-                result.episodes.push_back(std::move(summary));
-                break;
-            }
-            if (ep.has_actions()) {
-                summary.metrics = write_metrics(writer, er.chunks, ep.actions, ep.num_frames, opt.metrics, opt.plot_png,
-                                                action_keys(engine.embodiment()));
-            }
-            writer.mark_done(Json{{"num_frames", ep.num_frames},
-                                  {"num_calls", er.chunks.num_calls()},
-                                  {"fingerprint", checked.episode_fingerprint(e)}});
-            summary.status = "ok";
-            progress.finish();
-            if (!opt.quiet) {
-                const TimingStats s = er.timing.total_stats();
-                std::fprintf(stderr, "episode %s: %lld calls, median %.1f ms/call -> %s\n", name.c_str(),
-                             (long long)er.chunks.num_calls(), s.median, out.string().c_str());
-            }
+            run_one_episode(loop, e, summary, result.interrupted);
         } catch (const Interrupted&) {
             throw;
         } catch (const Error& err) {
@@ -554,25 +573,50 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
             summary.status = "failed";
             summary.error = err.what();
             ++result.failed;
-            log.error("episode {}: {}", name, err.what());
+            log()->error("episode {}: {}", name, err.what());
             record_failure(out, summary, opt.shard);
         }
-        shard->note(summary);
+        if (!result.interrupted) p.shard->note(summary);
         result.episodes.push_back(std::move(summary));
     }
-    if (!opt.profile.empty()) write_profile(opt.profile, engine, opt.quiet);
-    result.shard = shard->finish(result.episodes, result.interrupted, opt.plot_png);
+}
+
+/// Step 5: the profile, this rank's record and the merged summary, and (by the process that merged) the report.
+void finish_run(const RolloutOptions& opt, PreparedRun& p, const LoadedRun& run, RolloutResult& result) {
+    if (!opt.profile.empty()) write_profile(opt.profile, *run.engine, opt.quiet);
+    result.shard = p.shard->finish(result.episodes, result.interrupted, opt.plot_png);
     // NOTE: the report covers the whole run, so the process that merged the summary writes it (the only process of
     // an unsharded run, the last rank of a sharded one)
-    if (opt.report && result.shard.merged) {
-        // NOTE: every episode's files are complete by now; a report that cannot be written must not
-        // turn a finished run into a failed one (`dzr report OUT` writes it again).
-        try {
-            write_report(opt.out_dir);
-        } catch (const Error& err) {
-            log.warn("report: not written: {}", err.what());
-        }
+    if (!opt.report || !result.shard.merged) return;
+    // NOTE: every episode's files are complete by now; a report that cannot be written must not turn a finished
+    // run into a failed one (`dzr report OUT` writes it again).
+    try {
+        write_report(opt.out_dir);
+    } catch (const Error& err) {
+        log()->warn("report: not written: {}", err.what());
     }
+}
+
+}  // namespace
+
+RolloutResult run_rollout(const RolloutOptions& opt) {
+    DZR_CHECK(!opt.episodes.empty(), "no episodes given");
+    DZR_CHECK(!opt.out_dir.empty(), "no output directory given (--out)");
+    RolloutResult result;
+    PreparedRun p{rollout_embodiment(opt), {}, {}, make_frame_schedule(opt.run.rollout), {}, {}};
+    prepare_run(opt, p);
+    if (opt.dry_run) return dry_run_result(p.plan.names, *p.checked);
+    p.shard->write_plan_first();
+    if (auto done = p.shard->nothing_to_run(opt.resume)) {
+        result.episodes = std::move(*done);
+        result.shard = p.shard->finish(result.episodes, false, opt.plot_png);
+        return result;
+    }
+    LoadedRun run = load_run(opt, p.checked->prompts);
+    print_banner(opt, run, p);
+    warm_up(opt, run);
+    run_episodes(opt, p, run, result);
+    finish_run(opt, p, run, result);
     return result;
 }
 

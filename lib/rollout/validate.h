@@ -23,7 +23,7 @@
 #include "policy/memory_plan.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/reports.h"
-#include "rollout/runner.h"
+#include "rollout/rollout_options.h"
 
 namespace dzr::rollout {
 
