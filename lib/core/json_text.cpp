@@ -12,7 +12,10 @@ namespace {
 /// A key as the object holds it: escapes decoded (so "a\u0062" and "ab" are the same key).
 std::string decoded_key(std::string_view raw) {
     if (raw.find('\\') == std::string_view::npos) return std::string(raw);
-    return nlohmann::json::parse("\"" + std::string(raw) + "\"").get<std::string>();
+    std::string quoted;
+    quoted.reserve(raw.size() + 2);
+    quoted.append(1, '"').append(raw).append(1, '"');
+    return nlohmann::json::parse(quoted).get<std::string>();
 }
 
 }  // namespace
