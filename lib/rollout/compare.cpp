@@ -14,6 +14,7 @@
 #include "io/npy.h"
 #include "io/output_guard.h"
 #include "io/result_writer.h"
+#include "io/svg.h"
 #include "rollout/progress.h"
 #include "rollout/reports.h"
 #include "rollout/summarize.h"
@@ -249,24 +250,12 @@ EpisodeComparison one_sided(const std::string& name, bool in_base) {
     return e;
 }
 
+/// io::xml_escape, after the control characters XML 1.0 forbids (all but tab, newline, return) become spaces.
 std::string xml_escape(const std::string& s) {
-    std::string out;
-    for (const char ch : s) {
-        switch (ch) {
-            case '&': out += "&amp;"; break;
-            case '<': out += "&lt;"; break;
-            case '>': out += "&gt;"; break;
-            case '"': out += "&quot;"; break;
-            case '\'': out += "&apos;"; break;
-            default:
-                // NOTE: XML 1.0 allows no control characters but tab, newline and carriage return
-                if (static_cast<unsigned char>(ch) < 0x20 && ch != '\t' && ch != '\n' && ch != '\r')
-                    out += ' ';
-                else
-                    out += ch;
-        }
-    }
-    return out;
+    std::string clean = s;
+    for (char& ch : clean)
+        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\t' && ch != '\n' && ch != '\r') ch = ' ';
+    return io::xml_escape(clean);
 }
 
 std::string settings_line(const FieldDifference& d) { return fmt::format("{}: base {} new {}", d.key, d.base, d.now); }

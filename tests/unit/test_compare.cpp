@@ -92,6 +92,18 @@ struct Runs {
     }
 };
 
+/// The runs pass with a tolerance `set` to `ok` and fail with it at `bad`; the failing comparison's text.
+template <class Set>
+std::string tolerance_edge(Runs& r, Set set, double ok, double bad) {
+    CompareOptions o;
+    set(o, ok);
+    CHECK(r.compare(o).exit_code() == 0);
+    set(o, bad);
+    const RunComparison c = r.compare(o);
+    CHECK(c.exit_code() == 1);
+    return compare_text(c);
+}
+
 const EpisodeComparison& episode(const RunComparison& c, const std::string& name) {
     for (const auto& e : c.episodes)
         if (e.name == name) return e;
@@ -139,11 +151,7 @@ TEST_CASE("the absolute tolerance holds at its edge and fails just past it") {
     r.a.actions.assign(r.a.actions.size(), 1.0f);
     r.b = r.a;
     at(r.b, 0, 0, 0) = 1.5f;  // |diff| = 0.5 exactly
-    CompareOptions o;
-    o.atol = 0.5;
-    CHECK(r.compare(o).exit_code() == 0);
-    o.atol = std::nextafter(0.5, 0.0);
-    CHECK(r.compare(o).exit_code() == 1);
+    tolerance_edge(r, [](CompareOptions& o, double t) { o.atol = t; }, 0.5, std::nextafter(0.5, 0.0));
 }
 
 TEST_CASE("the relative tolerance scales with the base value at its edge") {
@@ -225,27 +233,19 @@ TEST_CASE("a settings change is shown and fails unless allowed; a checkpoint cha
 TEST_CASE("metrics are compared with their own tolerance") {
     Runs r;
     r.b.mse = 0.75;
-    CompareOptions o;
-    o.metric_tol = 0.25;
-    CHECK(r.compare(o).exit_code() == 0);
-    o.metric_tol = 0.2;
-    const RunComparison c = r.compare(o);
-    CHECK(c.exit_code() == 1);
-    CHECK(contains(compare_text(c), "ep_1: metrics: 10 of 10 beyond |new - base| <= 0.2; overall_mse: base 0.5 new 0.75"));
+    const std::string text = tolerance_edge(r, [](CompareOptions& o, double t) { o.metric_tol = t; }, 0.25, 0.2);
+    CHECK(contains(text, "ep_1: metrics: 10 of 10 beyond |new - base| <= 0.2; overall_mse: base 0.5 new 0.75"));
 }
 
 TEST_CASE("timing fails only when asked and only when slower than the tolerance") {
     Runs r;
     r.b.call_ms = {1100.0, 1100.0, 1100.0};
     CHECK(r.compare().exit_code() == 0);
-    CompareOptions o;
-    o.time_tol = 0.1;
-    CHECK(r.compare(o).exit_code() == 0);
-    o.time_tol = 0.05;
-    const RunComparison c = r.compare(o);
-    CHECK(c.exit_code() == 1);
-    CHECK(contains(compare_text(c), "timing: median call 1100 ms against 1000 ms (+10.0%"));
+    const auto set = [](CompareOptions& o, double t) { o.time_tol = t; };
+    CHECK(contains(tolerance_edge(r, set, 0.1, 0.05), "timing: median call 1100 ms against 1000 ms (+10.0%"));
     r.b.call_ms = {500.0, 500.0, 500.0};  // faster is never a failure
+    CompareOptions o;
+    o.time_tol = 0.05;
     CHECK(r.compare(o).exit_code() == 0);
 }
 
