@@ -10,6 +10,7 @@
 #include "io/atomic_file.h"
 #include "io/episode.h"
 #include "io/npy.h"
+#include "io/output_guard.h"
 #include "io/synth_episode.h"
 #include "io/video_reader.h"
 #include "rollout/episode_layout.h"
@@ -153,6 +154,11 @@ int run_convert(const ConvertArgs& a) {
     const auto dirs = io::list_episodes(a.path, opt.layout);
     const auto names = io::unique_episode_names(dirs);
     const bool single = dirs.size() == 1 && io::is_episode_dir(a.path, opt.layout);
+    // NOTE: every output checked before anything is written: none may land inside a source episode
+    io::InputSet inputs;
+    for (size_t i = 0; i < dirs.size(); ++i) inputs.add_dir(dirs[i], "episode " + names[i]);
+    for (size_t i = 0; i < dirs.size(); ++i)
+        inputs.check_output_dir(single ? fs::path(a.out) : fs::path(a.out) / names[i]);
     for (size_t i = 0; i < dirs.size(); ++i) {
         const io::Episode ep = io::read_episode(dirs[i], opt);
         const fs::path out = single ? fs::path(a.out) : fs::path(a.out) / names[i];

@@ -17,6 +17,13 @@ struct DuplicateKey {
 };
 std::optional<DuplicateKey> find_duplicate_json_key(std::string_view text);
 
+/// `j` as text for a file we write: invalid UTF-8 in a string (an error message quoting a damaged file's bytes, a
+/// path) becomes U+FFFD instead of nlohmann's exception, which would lose the whole file.
+template <typename JsonT>
+std::string dump_json(const JsonT& j, int indent = 2) {
+    return j.dump(indent, ' ', false, JsonT::error_handler_t::replace);
+}
+
 /// Parses `text`; throws nlohmann's parse_error for bad syntax (callers add the file) and dzr::Error naming
 /// `source`, the key and both lines for a repeated key.
 template <typename JsonT = nlohmann::json>

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
 #include "io/png.h"
@@ -61,7 +62,7 @@ void ResultWriter::write_actions(const ActionChunks& chunks) {
 }
 
 void ResultWriter::write_json(std::string_view name, const nlohmann::ordered_json& value) {
-    write_file_atomic(file(name), value.dump(2) + "\n");
+    write_file_atomic(file(name), dump_json(value) + "\n");
     written_.emplace_back(name);
 }
 
@@ -94,7 +95,7 @@ void ResultWriter::clear_done() {
 void ResultWriter::mark_done(const nlohmann::ordered_json& info) {
     nlohmann::ordered_json j = info;
     j["files"] = written_;
-    write_file_atomic(dir_ / std::string(kDoneMarker), j.dump(2) + "\n");
+    write_file_atomic(dir_ / std::string(kDoneMarker), dump_json(j) + "\n");
 }
 
 bool ResultWriter::is_done(const fs::path& dir) {

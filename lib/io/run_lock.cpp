@@ -12,6 +12,7 @@
 #include <ctime>
 
 #include "core/error.h"
+#include "core/json_text.h"
 
 namespace dzr::io {
 
@@ -60,10 +61,11 @@ RunLock::RunLock(const std::filesystem::path& dir, const std::string& name, cons
     gmtime_r(&now, &tm);
     char started[32];
     std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    // NOTE: a command line may hold bytes that are not UTF-8 (a path): they are replaced, never an exception
     const std::string text =
-        nlohmann::json{
-            {"pid", int64_t(::getpid())}, {"host", host}, {"started", started}, {"command", command}}
-            .dump() +
+        dump_json(nlohmann::json{
+                      {"pid", int64_t(::getpid())}, {"host", host}, {"started", started}, {"command", command}},
+                  -1) +
         "\n";
     // NOTE: written in place (the lock belongs to this inode; a rename would put a new, unlocked file there).
     if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != ssize_t(text.size())) {

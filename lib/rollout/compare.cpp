@@ -429,7 +429,7 @@ std::string compare_junit(const RunComparison& c) {
 }
 
 void write_compare_reports(const RunComparison& c, const fs::path& json_file, const fs::path& junit_file) {
-    if (!json_file.empty()) io::write_file_atomic(json_file, compare_json(c).dump(2) + "\n");
+    if (!json_file.empty()) io::write_file_atomic(json_file, dump_json(compare_json(c)) + "\n");
     if (!junit_file.empty()) io::write_file_atomic(junit_file, compare_junit(c));
 }
 

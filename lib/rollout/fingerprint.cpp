@@ -7,6 +7,7 @@
 #include "backend/env_settings.h"
 #include "config/run_fields.h"
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/sha256.h"
 #include "core/version.h"
 
@@ -46,7 +47,7 @@ void flatten(const Json& j, const std::string& path, std::map<std::string, std::
         for (size_t i = 0; i < j.size(); ++i) flatten(j[i], fmt::format("{}[{}]", path, i), out);
         if (j.empty()) out[path] = "[]";
     } else {
-        out[path] = j.dump();
+        out[path] = dump_json(j, -1);
     }
 }
 

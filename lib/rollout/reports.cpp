@@ -503,7 +503,7 @@ std::string summary_csv(std::span<const EpisodeSummary> episodes) {
 }
 
 void write_summary(const fs::path& out_dir, std::span<const EpisodeSummary> episodes) {
-    io::write_file_atomic(out_dir / "summary.json", summary_json(episodes).dump(2) + "\n");
+    io::write_file_atomic(out_dir / "summary.json", dump_json(summary_json(episodes)) + "\n");
     io::write_file_atomic(out_dir / "summary.csv", summary_csv(episodes));
 }
 

@@ -99,7 +99,7 @@ std::optional<RunPlan> read_run_plan(const fs::path& out_dir) {
 }
 
 void write_run_plan(const fs::path& out_dir, const RunPlan& plan) {
-    io::write_file_atomic(out_dir / std::string(kPlanFile), plan.to_json().dump(2) + "\n");
+    io::write_file_atomic(out_dir / std::string(kPlanFile), dump_json(plan.to_json()) + "\n");
 }
 
 }  // namespace dzr::rollout

@@ -291,7 +291,7 @@ void ShardRun::write_rank_file(const nlohmann::ordered_json& extra) const {
     j["started"] = started_;
     j["assigned"] = assigned_;
     for (const auto& [k, v] : extra.items()) j[k] = v;
-    io::write_file_atomic(out_dir_ / kRanksDir / fmt::format("rank-{}.json", shard_.rank), j.dump(2) + "\n");
+    io::write_file_atomic(out_dir_ / kRanksDir / fmt::format("rank-{}.json", shard_.rank), dump_json(j) + "\n");
 }
 
 ShardOutcome ShardRun::finish(std::span<const EpisodeSummary> episodes, bool interrupted, const PlotPng& plot_png) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "io/output_guard.h"
 #include "core/convert.h"
 #include "core/error.h"
 #include "core/fp8.h"
@@ -151,6 +152,10 @@ QuantizeResult quantize_checkpoint(const Checkpoint& in, const std::vector<Expec
     const fs::path abs = fs::absolute(out).lexically_normal();
     DZR_CHECK(!fs::exists(abs, ec) || !fs::equivalent(abs, in.dir(), ec),
               "ckpt quantize: the output {} is the input checkpoint", out.string());
+    // NOTE: nor inside it (IN/sub would add files to the input checkpoint)
+    io::InputSet inputs;
+    inputs.add_dir(in.dir(), "input checkpoint");
+    inputs.check_output_dir(abs);
     if (fs::exists(abs, ec))
         DZR_CHECK(fs::is_directory(abs, ec) && fs::is_empty(abs, ec),
                   "ckpt quantize: output {} already exists and is not an empty directory", out.string());

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "fuzz_support.h"
 #include "rollout/compare.h"
 #include "rollout/run_plan.h"
@@ -38,6 +39,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const auto c = dzr::rollout::compare_runs(run, run, {});
     (void)dzr::rollout::compare_junit(c);
-    (void)dzr::rollout::compare_json(c).dump();
+    (void)dzr::dump_json(dzr::rollout::compare_json(c));
     return 0;
 }

@@ -339,3 +339,15 @@ TEST_CASE("dzr compare exits 0, 1 and 2 and writes its reports") {
     CHECK(res.code == 2);
     CHECK(res.has("dzr: error: new is required"));
 }
+
+TEST_CASE("reports are written even when a damaged file's bytes are not UTF-8") {
+    // NOTE: found by fuzz_run_files: an error quoting such bytes made nlohmann's dump() throw, losing the report
+    Runs r;
+    r.write();
+    io::write_file_atomic(r.now / "ep_1" / "done.json", std::string("{\"num_frames\": \xff\xfe}"));
+    const RunComparison c = compare_runs(r.base, r.now, {});
+    CHECK(c.exit_code() != 0);
+    TempDir out;
+    write_compare_reports(c, out / "c.json", out / "j.xml");
+    CHECK(fs::file_size(out / "c.json") > 0);
+}

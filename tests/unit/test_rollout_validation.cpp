@@ -237,6 +237,19 @@ TEST_CASE("an output directory with an earlier run's results is refused unless -
     CHECK(r.code == 0);
     CHECK(fs::exists(out / "ep_b/done.json"));
 
+    // nor do converted episodes or quantized checkpoints land inside their sources
+    const auto ckpt_before = test::snapshot(f.ckpt);
+    r = test::run_dzr(fmt::format("ckpt quantize --precision fp8 {} {}", q(f.ckpt), q(f.ckpt / "sub")), f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("lies inside the input checkpoint"));
+    CHECK(test::snapshot(f.ckpt) == ckpt_before);
+    const auto ep_before = test::snapshot(f.eps / "ep_b");
+    r = test::run_dzr(fmt::format("episode convert {} --out {}", q(f.eps / "ep_b"), q(f.eps / "ep_b" / "conv")),
+                      f.dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("lies inside the episode ep_b"));
+    CHECK(test::snapshot(f.eps / "ep_b") == ep_before);
+
     // a synthetic episode never lands on an existing one by accident
     const auto before = test::snapshot(f.eps / "ep_a");
     r = test::run_dzr(fmt::format("episode synth --out {} --frames 10 --frames-format npy", q(f.eps / "ep_a")),
