@@ -19,7 +19,8 @@ done
 
 pkgs=(build-essential cmake ninja-build pkg-config python3
       libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev
-      libsentencepiece-dev libopenblas-dev libpng-dev libssl-dev)
+      libsentencepiece-dev libopenblas-dev libpng-dev libssl-dev
+      libavformat-dev libavcodec-dev libswscale-dev libavutil-dev python3-venv)
 if ((fuzz)); then
     pkgs+=(clang libclang-rt-dev)
 fi
@@ -41,6 +42,16 @@ if ((${#missing[@]})); then
     [[ $(id -u) -ne 0 ]] && SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# LeRobot datasets: Debian 12 packages no Apache Arrow C++, so dzr builds against the pyarrow wheel's libraries and
+# headers; PyAV and numpy write the dataset test fixtures. Into a virtual environment of dzr's own unless python3
+# has them already (scripts/lib/python.sh picks the one to use).
+source "$(dirname "$0")/lib/python.sh"
+if ! "$DZR_PYTHON" -c 'import pyarrow, av, numpy' >/dev/null 2>&1; then
+    echo "setup: installing pyarrow, av and numpy into $DZR_PYDEPS"
+    python3 -m venv "$DZR_PYDEPS"
+    "$DZR_PYDEPS/bin/pip" install -q --disable-pip-version-check 'pyarrow>=19' 'av>=14' numpy
 fi
 
 # NOTE: Debian's chromium-headless-shell (no GTK, ~64 MB) is enough for the test; where the package

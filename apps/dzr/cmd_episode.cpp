@@ -4,11 +4,13 @@
 #include <memory>
 
 #include "apps/dzr/command.h"
+#include "apps/dzr/datasets.h"
 #include "config/embodiment.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/episode.h"
+#include "io/episode_source.h"
 #include "io/npy.h"
 #include "io/output_guard.h"
 #include "io/synth_episode.h"
@@ -58,6 +60,7 @@ struct SynthArgs {
 
 struct InspectArgs {
     std::string path;
+    io::DatasetSelection select;
     bool allow_truncate = false;
     std::string prompt;
     EmbodimentArgs embodiment;
@@ -65,6 +68,7 @@ struct InspectArgs {
 
 struct ConvertArgs {
     std::string path;
+    io::DatasetSelection select;
     std::string out;
     bool allow_truncate = false;
     EmbodimentArgs embodiment;
@@ -119,51 +123,52 @@ int run_inspect(const InspectArgs& a) {
     const rollout::FrameSchedule schedule;
     io::EpisodeOptions opt = episode_options(a.allow_truncate, a.prompt, e);
     opt.min_frames = schedule.min_frames();
-    const auto dirs = io::list_episodes(a.path, opt.layout);
+    const auto refs = io::list_episode_refs(a.path, opt.layout, dataset_opener(), a.select);
     int failed = 0;
     std::vector<std::vector<std::string>> rows;
-    for (const auto& dir : dirs) {
+    for (const auto& ref : refs) {
         // What the embodiment needs and the episode lacks, all of it, before decoding anything.
-        const std::vector<std::string> problems = io::check_episode_layout(dir, opt.layout);
+        const std::vector<std::string> problems = ref.source->check(ref, opt.layout);
         if (!problems.empty()) {
             ++failed;
             for (const auto& p : problems) std::fprintf(stderr, "dzr: error: %s\n", p.c_str());
-            rows.push_back({dir.filename().string(), "", "", "", "", "error"});
+            rows.push_back({ref.id, "", "", "", "", "error", ""});
             continue;
         }
         try {
-            const io::Episode ep = io::read_episode(dir, opt);
+            const io::Episode ep = ref.source->read(ref, opt);
             std::printf("%s", ep.summary().c_str());
             std::printf("  calls: %lld (%s)\n", static_cast<long long>(schedule.num_calls(ep.num_frames)),
                         schedule.describe().c_str());
             rows.push_back({ep.name, std::to_string(ep.num_frames), fmt::format("{}", ep.fps),
-                            std::to_string(schedule.num_calls(ep.num_frames)), ep.has_actions() ? "yes" : "no", "ok"});
+                            std::to_string(schedule.num_calls(ep.num_frames)), ep.has_actions() ? "yes" : "no", "ok",
+                            ep.prompt.size() > 48 ? ep.prompt.substr(0, 45) + "..." : ep.prompt});
         } catch (const Error& e) {
             ++failed;
             std::fprintf(stderr, "dzr: error: %s\n", e.what());
-            rows.push_back({dir.filename().string(), "", "", "", "", "error"});
+            rows.push_back({ref.id, "", "", "", "", "error", ""});
         }
     }
-    if (dirs.size() > 1)
-        std::printf("\n%s", rollout::format_table({"episode", "frames", "fps", "calls", "actions", "status"}, rows).c_str());
+    if (refs.size() > 1)
+        std::printf("\n%s", rollout::format_table({"episode", "frames", "fps", "calls", "actions", "status", "prompt"}, rows)
+                                .c_str());
     return failed == 0 ? 0 : 1;
 }
 
 int run_convert(const ConvertArgs& a) {
     const io::EpisodeOptions opt = episode_options(a.allow_truncate, "", a.embodiment.resolve());
-    const auto dirs = io::list_episodes(a.path, opt.layout);
-    const auto names = io::unique_episode_names(dirs);
-    const bool single = dirs.size() == 1 && io::is_episode_dir(a.path, opt.layout);
-    // NOTE: every output checked before anything is written: none may land inside a source episode
+    const auto refs = io::list_episode_refs(a.path, opt.layout, dataset_opener(), a.select);
+    const auto names = io::unique_episode_names(refs);
+    const bool single = refs.size() == 1 && refs[0].index < 0 && io::is_episode_dir(a.path, opt.layout);
+    // NOTE: every output checked before anything is written: none may land inside a source episode or dataset
     io::InputSet inputs;
-    for (size_t i = 0; i < dirs.size(); ++i) inputs.add_dir(dirs[i], "episode " + names[i]);
-    for (size_t i = 0; i < dirs.size(); ++i)
+    for (size_t i = 0; i < refs.size(); ++i)
+        for (const fs::path& in : refs[i].source->inputs(refs[i])) inputs.add_dir(in, "episode " + names[i]);
+    for (size_t i = 0; i < refs.size(); ++i)
         inputs.check_output_dir(single ? fs::path(a.out) : fs::path(a.out) / names[i]);
-    for (size_t i = 0; i < dirs.size(); ++i) {
-        const io::Episode ep = io::read_episode(dirs[i], opt);
+    for (size_t i = 0; i < refs.size(); ++i) {
+        const io::Episode ep = refs[i].source->read(refs[i], opt);
         const fs::path out = single ? fs::path(a.out) : fs::path(a.out) / names[i];
-        DZR_CHECK(fs::absolute(out).lexically_normal() != fs::absolute(dirs[i]).lexically_normal(),
-                  "{}: convert writes a new episode directory; choose an --out other than the source", out.string());
         fs::create_directories(out);
         for (const auto& cam : ep.cameras) io::write_npy(out / (cam.name + ".npy"), cam.frames.view());
         const int64_t T = ep.num_frames;
@@ -172,15 +177,15 @@ int run_convert(const ConvertArgs& a) {
         if (ep.has_actions()) io::write_npy_f64(out / io::kActionsFile, {T, ep.action_dim}, ep.actions);
         io::write_file_atomic(out / io::kEpisodeYaml,
                               io::episode_yaml_text(ep.prompt, ep.fps, "converted by dzr episode convert from " +
-                                                                           fs::absolute(dirs[i]).string()));
-        std::printf("%s -> %s (%lld frames, .npy cameras)\n", dirs[i].string().c_str(), out.string().c_str(),
+                                                                           refs[i].location()));
+        std::printf("%s -> %s (%lld frames, .npy cameras)\n", refs[i].location().c_str(), out.string().c_str(),
                     static_cast<long long>(T));
     }
     return 0;
 }
 
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
-    auto* cmd = app.add_subcommand("episode", "Make, check and convert episode directories");
+    auto* cmd = app.add_subcommand("episode", "Make, check and convert episodes (directories and LeRobot datasets)");
     cmd->require_subcommand(1);
 
     auto synth = std::make_shared<SynthArgs>();
@@ -203,15 +208,21 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
 
     auto inspect = std::make_shared<InspectArgs>();
     auto* i = cmd->add_subcommand("inspect", "Read and validate episodes; print frames, sizes, state and calls");
-    i->add_option("path", inspect->path, "Episode directory, parent directory of episodes, or list file")->required();
+    i->add_option("path", inspect->path,
+                  "LeRobot dataset root, episode directory, parent directory of episodes, or list file")->required();
+    i->add_option("--episodes", inspect->select.episodes, "Of a LeRobot dataset, only these episode indices: 0-99,120");
+    i->add_option("--split", inspect->select.split, "Of a LeRobot dataset, only this split of meta/info.json");
     i->add_flag("--allow-truncate", inspect->allow_truncate, "Cut cameras and arrays of different lengths to the shortest");
     i->add_option("--prompt", inspect->prompt, "Prompt replacing episode.yaml's");
     inspect->embodiment.add_to(i);
     i->callback([&run, inspect] { run = [inspect] { return run_inspect(*inspect); }; });
 
     auto convert = std::make_shared<ConvertArgs>();
-    auto* c = cmd->add_subcommand("convert", "Write episodes with .npy camera frames (decodes .mp4)");
-    c->add_option("path", convert->path, "Episode directory, parent directory of episodes, or list file")->required();
+    auto* c = cmd->add_subcommand("convert", "Write episodes as directories with .npy camera frames (decodes .mp4 and datasets)");
+    c->add_option("path", convert->path,
+                  "LeRobot dataset root, episode directory, parent directory of episodes, or list file")->required();
+    c->add_option("--episodes", convert->select.episodes, "Of a LeRobot dataset, only these episode indices: 0-99,120");
+    c->add_option("--split", convert->select.split, "Of a LeRobot dataset, only this split of meta/info.json");
     c->add_option("--out", convert->out, "Output episode directory (or parent directory for many)")->required();
     c->add_flag("--allow-truncate", convert->allow_truncate, "Cut cameras and arrays of different lengths to the shortest");
     convert->embodiment.add_to(c);

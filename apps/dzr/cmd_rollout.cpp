@@ -7,6 +7,7 @@
 
 #include "apps/dzr/command.h"
 #include "apps/dzr/compare_args.h"
+#include "apps/dzr/datasets.h"
 #include "backend/backend.h"
 #include "config/run_config.h"
 #include "core/error.h"
@@ -21,6 +22,8 @@ namespace {
 
 struct RolloutArgs {
     std::vector<std::string> episodes;
+    std::string select;  // --episodes: a dataset's episode_index ranges
+    std::string split;
     std::string ckpt;
     std::string out;
     std::string config;
@@ -127,6 +130,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     rollout::RolloutOptions o;
     o.checkpoint = a.ckpt;
     for (const auto& e : a.episodes) o.episodes.emplace_back(e);
+    o.dataset_selection = {a.select, a.split};
+    o.open_dataset = dataset_opener();
     o.out_dir = a.out;
     std::vector<config::Override> overrides;
     for (const auto& s : a.sets) overrides.push_back(config::parse_override(s));
@@ -247,7 +252,11 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     auto args = std::make_shared<RolloutArgs>();
     auto* cmd = app.add_subcommand("rollout", "Replay recorded episodes through the DreamZero policy");
-    cmd->add_option("episodes", args->episodes, "Episode directories, parent directories or list files")->required();
+    cmd->add_option("inputs", args->episodes,
+                    "LeRobot dataset roots (v2.0, v2.1, v3.0), episode directories, parent directories or list files")
+        ->required();
+    cmd->add_option("--episodes", args->select, "Of a LeRobot dataset, only these episode indices: 0-99,120");
+    cmd->add_option("--split", args->split, "Of a LeRobot dataset, only the episodes of this split of meta/info.json");
     cmd->add_option("--ckpt", args->ckpt, "Checkpoint directory")->required();
     cmd->add_option("--out", args->out, "Output directory (one subdirectory per episode)")->required();
     cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");

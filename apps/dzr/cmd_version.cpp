@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "apps/dzr/command.h"
+#include "apps/dzr/datasets.h"
 #include "backend/backend.h"
 #include "backend/blas_kernels.h"
 #include "backend/env_settings.h"
@@ -34,6 +35,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
 #else
             std::printf("video decoding: not built (episodes must supply .npy frames)\n");
 #endif
+            std::printf("LeRobot datasets: %s\n", dataset_support().c_str());
             if (const auto enc = io::browser_video_encoder())
                 std::printf("report videos: %s (%s)\n", enc->codec.c_str(), enc->extension.c_str());
             else

@@ -113,14 +113,6 @@ EpisodeYaml read_episode_yaml(const fs::path& file, const EpisodeLayout& layout)
     return y;
 }
 
-void validate_prompt(const std::string& prompt, const std::string& source) {
-    if (auto bad = find_invalid_utf8(prompt))
-        DZR_THROW("{}: the prompt is not valid UTF-8 ({})", source, describe_utf8_error(prompt, *bad));
-    const bool blank = std::all_of(prompt.begin(), prompt.end(), [](char c) {
-        return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-    });
-    DZR_CHECK(!blank, "{}: the prompt is empty", source);
-}
 
 /// Finds the file of one camera: the episode.yaml override, else <name>.npy, else <name>.mp4.
 fs::path find_camera_file(const fs::path& dir, std::string_view cam, const EpisodeYaml& y, const EpisodeLayout& layout) {
@@ -202,6 +194,15 @@ std::vector<double> load_per_frame(const fs::path& file, int64_t cols, int64_t& 
 }
 
 }  // namespace
+
+void validate_prompt(const std::string& prompt, const std::string& source) {
+    if (auto bad = find_invalid_utf8(prompt))
+        DZR_THROW("{}: the prompt is not valid UTF-8 ({})", source, describe_utf8_error(prompt, *bad));
+    const bool blank = std::all_of(prompt.begin(), prompt.end(), [](char c) {
+        return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+    });
+    DZR_CHECK(!blank, "{}: the prompt is empty", source);
+}
 
 std::optional<size_t> find_invalid_utf8(std::string_view s) {
     size_t i = 0;
@@ -538,21 +539,6 @@ std::vector<fs::path> list_episodes(const fs::path& path, const EpisodeLayout& l
     DZR_CHECK(!out.empty(), "{}: no episodes found (an episode directory of embodiment {} holds {} as .mp4 or .npy, "
               "and {})", path.string(), layout.embodiment, camera_list(layout), kEpisodeYaml);
     return out;
-}
-
-std::vector<std::string> unique_episode_names(const std::vector<fs::path>& dirs) {
-    std::vector<std::string> names;
-    std::map<std::string, int> seen;
-    std::set<std::string> taken;
-    for (const auto& d : dirs) {
-        std::string base = fs::absolute(d).lexically_normal().filename().string();
-        if (base.empty()) base = fs::absolute(d).lexically_normal().parent_path().filename().string();
-        std::string name = base;
-        for (int k = ++seen[base]; taken.count(name); ++k) name = fmt::format("{}_{}", base, k);
-        taken.insert(name);
-        names.push_back(name);
-    }
-    return names;
 }
 
 }  // namespace dzr::io

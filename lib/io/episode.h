@@ -49,6 +49,9 @@ struct EpisodeLayout {
     std::vector<std::pair<std::string, int>> state = {{"joint_position", kJointDims},
                                                       {"gripper_position", kGripperDims}};
     int action_dim = kActionDims;  ///< actions.npy [T, action_dim]
+    /// The action keys in actions.npy's column order (a dataset's action columns are picked by them).
+    std::vector<std::pair<std::string, int>> actions = {{"joint_position", kJointDims},
+                                                        {"gripper_position", kGripperDims}};
     /// The recorded frame size the model expects (other sizes are allowed, with a warning); 0: any.
     int frame_height = kDroidHeight, frame_width = kDroidWidth;
     double fps = kDroidFps;  ///< when neither episode.yaml nor the video files say
@@ -143,9 +146,8 @@ bool is_episode_dir(const std::filesystem::path& dir, const EpisodeLayout& layou
 /// list file; blank lines and lines starting with '#' are skipped).
 std::vector<std::filesystem::path> list_episodes(const std::filesystem::path& path, const EpisodeLayout& layout = {});
 
-/// Output names for a list of episode directories: the directory name, with "_2", "_3", ...
-/// appended when names repeat.
-std::vector<std::string> unique_episode_names(const std::vector<std::filesystem::path>& dirs);
+/// Checks a prompt is well-formed UTF-8 and not blank; throws dzr::Error naming `source`.
+void validate_prompt(const std::string& prompt, const std::string& source);
 
 /// Checks `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 /// Returns the byte offset of the first bad sequence, or nullopt.

@@ -13,6 +13,8 @@ io::EpisodeLayout episode_layout(const Embodiment& e) {
     l.state.clear();
     for (const auto& k : e.state) l.state.emplace_back(k.key, k.dim);
     l.action_dim = e.action_dim();
+    l.actions.clear();
+    for (const auto& k : e.action) l.actions.emplace_back(k.key, k.dim);
     l.frame_height = e.cameras.empty() ? 0 : e.cameras[0].height;
     l.frame_width = e.cameras.empty() ? 0 : e.cameras[0].width;
     l.fps = e.fps > 0 ? e.fps : io::kDroidFps;

@@ -8,6 +8,7 @@
 
 #include "config/run_config.h"
 #include "core/tensor.h"
+#include "io/episode_source.h"
 #include "io/plots.h"
 #include "io/video_reader.h"
 #include "policy/engine.h"
@@ -18,7 +19,10 @@ namespace dzr::rollout {
 
 struct RolloutOptions {
     std::filesystem::path checkpoint;
-    std::vector<std::filesystem::path> episodes;  ///< as given: episode dirs, parent dirs or list files
+    /// As given: LeRobot dataset roots, episode dirs, parent dirs or list files (io::list_episode_refs).
+    std::vector<std::filesystem::path> episodes;
+    /// --episodes / --split: which episodes of the datasets among `episodes` run.
+    io::DatasetSelection dataset_selection;
     std::filesystem::path out_dir;
     config::RunConfig run;                        ///< run settings (sampling, kv, rollout)
     /// --embodiment: the checkpoint's embodiment to run (wins over run.embodiment; both empty: the
@@ -58,6 +62,8 @@ struct RolloutOptions {
     /// This process's part of a sharded run (detect_shard()); unsharded by default.
     ShardInfo shard;
     io::VideoOpener open_video;                   ///< decodes .mp4 (apps pass io::open_video)
+    /// Opens LeRobot datasets (apps pass dataset::open_lerobot in builds with Arrow and FFmpeg); empty: none.
+    io::DatasetOpener open_dataset;
     /// --save-video: decode each episode's predicted video and write it with the observed canvases.
     bool save_video = false;
     /// Encodes the videos in a format browsers play (apps pass io::browser_video_encoder() when the

@@ -175,21 +175,21 @@ VideoTiming write_predicted_video(Engine& engine, const VideoAccumulator& acc, c
     return vt;
 }
 
-/// The episodes of a run, resolved from the given paths (as directories of the embodiment's layout), with their
-/// output names.
+/// The episodes of a run, resolved from the given paths (datasets, or directories of the embodiment's layout),
+/// with their output names.
 struct EpisodePlan {
-    std::vector<std::filesystem::path> dirs;
+    std::vector<io::EpisodeRef> refs;
     std::vector<std::string> names;
 };
 
 EpisodePlan plan_episodes(const RolloutOptions& opt, const io::EpisodeLayout& layout) {
     EpisodePlan plan;
     for (const auto& e : opt.episodes) {
-        auto found = io::list_episodes(e, layout);
-        plan.dirs.insert(plan.dirs.end(), found.begin(), found.end());
+        auto found = io::list_episode_refs(e, layout, opt.open_dataset, opt.dataset_selection);
+        plan.refs.insert(plan.refs.end(), found.begin(), found.end());
     }
-    DZR_CHECK(!plan.dirs.empty(), "no episode directories found in the given paths");
-    plan.names = io::unique_episode_names(plan.dirs);
+    DZR_CHECK(!plan.refs.empty(), "no episodes found in the given paths");
+    plan.names = io::unique_episode_names(plan.refs);
     return plan;
 }
 
@@ -253,10 +253,10 @@ std::string random_note(const Engine& engine) {
 
 /// The manifest.json of one episode: what ran, with which settings.
 RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const FrameSchedule& schedule,
-                          const std::filesystem::path& episode_dir, const io::Episode& ep,
+                          const std::string& episode_location, const io::Episode& ep,
                           std::chrono::system_clock::time_point run_start, const std::optional<MemoryPlan>& memory_plan) {
     RunManifest manifest;
-    manifest.episode = episode_dir.string();
+    manifest.episode = episode_location;
     manifest.checkpoint = opt.checkpoint.string();
     manifest.overrides = opt.overrides;
     manifest.seed = opt.run.sampling.seed;
@@ -403,17 +403,17 @@ void prepare_run(const RolloutOptions& opt, PreparedRun& p) {
         devices += d.str();
     }
     if (!opt.dry_run) {
-        p.shard.emplace(opt.shard, opt.out_dir, p.plan.dirs, p.plan.names, p.schedule, count_options, opt.resume,
+        p.shard.emplace(opt.shard, opt.out_dir, p.plan.refs, p.plan.names, p.schedule, count_options, opt.resume,
                         devices);
         EpisodePlan mine;
         for (size_t e : p.shard->episodes()) {
-            mine.dirs.push_back(p.plan.dirs[e]);
+            mine.refs.push_back(p.plan.refs[e]);
             mine.names.push_back(p.plan.names[e]);
         }
         p.plan = std::move(mine);
     }
     // NOTE: before the --resume shortcut, so that it refuses the finished episodes of another run
-    p.checked.emplace(validate_run(opt, p.embodiment, p.plan.dirs, p.plan.names, p.schedule));
+    p.checked.emplace(validate_run(opt, p.embodiment, p.plan.refs, p.plan.names, p.schedule));
 }
 
 /// The one-screen summary of what was loaded (stderr).
@@ -433,7 +433,7 @@ void print_banner(const RolloutOptions& opt, const LoadedRun& run, const Prepare
                  config::format_bytes(engine.checkpoint()->tensor_bytes()).c_str(), random_note(engine).c_str(),
                  engine.describe().c_str(), engine.embodiment().tag.c_str(), engine.embodiment().source.c_str(),
                  engine.devices().c_str(), engine.backend().name().c_str(), p.schedule.describe().c_str(),
-                 p.plan.dirs.size(), opt.out_dir.string().c_str(), run.load_ms / 1e3);
+                 p.plan.refs.size(), opt.out_dir.string().c_str(), run.load_ms / 1e3);
 }
 
 /// Step 3: the warm-up (every forward shape, CUDA graphs captured), when asked.
@@ -479,7 +479,7 @@ void write_episode_outputs(const EpisodeLoop& loop, size_t e, const io::Episode&
     er.timing.peak_gpu_memory_bytes = loop.run.peak_memory;
     if (checked.memory_plan) er.timing.memory_plan = memory_plan_summary(*checked.memory_plan);
     writer.write_json("timing.json", er.timing.to_json());
-    RunManifest manifest = make_manifest(opt, loop.run, loop.prepared.schedule, loop.prepared.plan.dirs[e], ep,
+    RunManifest manifest = make_manifest(opt, loop.run, loop.prepared.schedule, loop.prepared.plan.refs[e].location(), ep,
                                          loop.run_start, checked.memory_plan);
     if (opt.shard.sharded()) manifest.extra["shard"] = opt.shard.to_json();
     if (partial)
@@ -508,7 +508,7 @@ void run_one_episode(const EpisodeLoop& loop, size_t e, EpisodeSummary& summary,
     eo.prompt = opt.prompt;
     eo.open_video = opt.open_video;
     eo.log_warnings = false;  // logged when validated
-    io::Episode ep = io::read_episode(p.plan.dirs[e], eo);
+    io::Episode ep = p.plan.refs[e].source->read(p.plan.refs[e], eo);
     const auto& warnings = p.checked->episodes[e].warnings;
     ep.warnings.insert(ep.warnings.end(), warnings.begin(), warnings.end());
     summary.num_frames = ep.num_frames;
@@ -518,7 +518,7 @@ void run_one_episode(const EpisodeLoop& loop, size_t e, EpisodeSummary& summary,
     GpuTelemetry telemetry(loop.run.engine->pci_bus_ids());
     telemetry.start();
     EpisodeRun er = run_episode_calls(opt, loop.run, p.schedule, ep, summary, loop.progress,
-                                      p.shard->progress_prefix(), int64_t(e) + 1, int64_t(p.plan.dirs.size()));
+                                      p.shard->progress_prefix(), int64_t(e) + 1, int64_t(p.plan.refs.size()));
     const int64_t calls_run = int64_t(er.timing.calls.size());
     for (const GpuTelemetrySummary& g : telemetry.stop()) er.timing.gpu_telemetry.push_back(g.to_json(calls_run));
     set_gpu_energy(er.timing.gpu_telemetry, calls_run, summary);
@@ -548,7 +548,7 @@ void run_episodes(const RolloutOptions& opt, PreparedRun& p, LoadedRun& run, Rol
     ProgressLine progress(stderr, opt.quiet ? ProgressLine::Mode::Plain : ProgressLine::Mode::Auto);
     const EpisodeLoop loop{opt, p, run, progress, std::chrono::system_clock::now()};
     const ValidatedRun& checked = *p.checked;
-    for (size_t e = 0; e < p.plan.dirs.size() && !result.interrupted; ++e) {
+    for (size_t e = 0; e < p.plan.refs.size() && !result.interrupted; ++e) {
         const std::string& name = p.plan.names[e];
         const std::filesystem::path out = opt.out_dir / name;
         if (!checked.episodes[e].valid) {

@@ -141,19 +141,19 @@ struct ShardRun::RankLog {
     }
 };
 
-ShardRun::ShardRun(const ShardInfo& shard, const fs::path& out_dir, const std::vector<fs::path>& dirs,
+ShardRun::ShardRun(const ShardInfo& shard, const fs::path& out_dir, const std::vector<io::EpisodeRef>& refs,
                    const std::vector<std::string>& names, const FrameSchedule& schedule,
                    const io::EpisodeOptions& episode_options, bool resume, const std::string& device)
     : shard_(shard), out_dir_(out_dir), device_(device), started_(now_utc()) {
-    DZR_ASSERT(dirs.size() == names.size());
+    DZR_ASSERT(refs.size() == names.size());
     plan_.world_size = shard_.world_size;
     plan_.launcher = std::string(shard_source_name(shard_.source));
     plan_.run_id = shard_.run_id;
     plan_.resume = resume;
     plan_.created = started_;
-    for (size_t i = 0; i < dirs.size(); ++i) plan_.episodes.push_back({names[i], dirs[i].string(), {}, {}});
+    for (size_t i = 0; i < refs.size(); ++i) plan_.episodes.push_back({names[i], refs[i].location(), {}, {}});
     if (!shard_.sharded()) {
-        plan_.assignment = {std::vector<size_t>(dirs.size())};
+        plan_.assignment = {std::vector<size_t>(refs.size())};
         std::iota(plan_.assignment[0].begin(), plan_.assignment[0].end(), size_t(0));
         mine_ = plan_.assignment[0];
         return;
@@ -164,7 +164,7 @@ ShardRun::ShardRun(const ShardInfo& shard, const fs::path& out_dir, const std::v
     DZR_CHECK(!ec, "cannot create {}: {}", (out_dir_ / kRanksDir).string(), ec.message());
     log_ = std::make_unique<RankLog>(out_dir_ / kLogsDir / fmt::format("rank-{}.log", shard_.rank), shard_.label());
     log()->info("{} on host {} (pid {}), device {}", shard_.describe(), host_name(), ::getpid(), device_);
-    plan_sharded(dirs, schedule, episode_options, resume);
+    plan_sharded(refs, schedule, episode_options, resume);
     mine_ = plan_.assignment[size_t(shard_.rank)];
 
     const auto loads = [&] {
@@ -201,7 +201,7 @@ ShardRun::ShardRun(const ShardInfo& shard, const fs::path& out_dir, const std::v
 
 ShardRun::~ShardRun() = default;
 
-void ShardRun::plan_sharded(const std::vector<fs::path>& dirs, const FrameSchedule& schedule,
+void ShardRun::plan_sharded(const std::vector<io::EpisodeRef>& refs, const FrameSchedule& schedule,
                             const io::EpisodeOptions& episode_options, bool resume) {
     // NOTE: the ranks of one launch must agree on the plan; the lock makes the first one write it and the
     // others read it. Without a launcher id (or without locks) each rank computes it from the inputs
@@ -223,10 +223,10 @@ void ShardRun::plan_sharded(const std::vector<fs::path>& dirs, const FrameSchedu
         }
     }
     std::vector<EpisodeWork> work;
-    for (size_t i = 0; i < dirs.size(); ++i) {
+    for (size_t i = 0; i < refs.size(); ++i) {
         auto& e = plan_.episodes[i];
         try {
-            e.frames = io::count_episode_frames(dirs[i], episode_options);
+            e.frames = refs[i].source->count_frames(refs[i], episode_options);
         } catch (const Error& err) {
             // NOTE: the episode fails when its rank reads it, with this message; here it only weighs nothing.
             log()->warn("episode {}: frame count unknown: {}", e.name, err.what());
@@ -237,7 +237,7 @@ void ShardRun::plan_sharded(const std::vector<fs::path>& dirs, const FrameSchedu
     // With --resume, a shared plan splits only the episodes still to do; without one, the rank cannot
     // know what the others saw, so every episode is split (the finished ones are skipped where they land).
     std::vector<size_t> todo;
-    for (size_t i = 0; i < dirs.size(); ++i)
+    for (size_t i = 0; i < refs.size(); ++i)
         if (!(shared && resume && io::ResultWriter::is_done(out_dir_ / plan_.episodes[i].name))) todo.push_back(i);
     std::vector<EpisodeWork> todo_work;
     for (size_t i : todo) todo_work.push_back(work[i]);
@@ -247,9 +247,9 @@ void ShardRun::plan_sharded(const std::vector<fs::path>& dirs, const FrameSchedu
         for (size_t k : ranks) global.push_back(todo[k]);
         plan_.assignment.push_back(std::move(global));
     }
-    if (todo.size() < dirs.size())
-        log()->info("--resume: {} of {} episodes finished before this run; the {} others are split", dirs.size() - todo.size(),
-                    dirs.size(), todo.size());
+    if (todo.size() < refs.size())
+        log()->info("--resume: {} of {} episodes finished before this run; the {} others are split", refs.size() - todo.size(),
+                    refs.size(), todo.size());
     write_run_plan(out_dir_, plan_);
 }
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "io/episode.h"
+#include "io/episode_source.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/launcher.h"
 #include "rollout/reports.h"
@@ -42,8 +42,8 @@ void record_failure(const std::filesystem::path& dir, const EpisodeSummary& epis
 class ShardRun {
 public:
     /// Plans the run (or reads the plan of this launch), writes the rank's record and opens its log.
-    /// `dirs` and `names` are the whole run's episodes; `episode_options` serve to count their frames.
-    ShardRun(const ShardInfo& shard, const std::filesystem::path& out_dir, const std::vector<std::filesystem::path>& dirs,
+    /// `refs` and `names` are the whole run's episodes; `episode_options` serve to count their frames.
+    ShardRun(const ShardInfo& shard, const std::filesystem::path& out_dir, const std::vector<io::EpisodeRef>& refs,
              const std::vector<std::string>& names, const FrameSchedule& schedule,
              const io::EpisodeOptions& episode_options, bool resume, const std::string& device);
     ~ShardRun();
@@ -72,7 +72,7 @@ public:
     ShardOutcome finish(std::span<const EpisodeSummary> episodes, bool interrupted, const PlotPng& plot_png);
 
 private:
-    void plan_sharded(const std::vector<std::filesystem::path>& dirs, const FrameSchedule& schedule,
+    void plan_sharded(const std::vector<io::EpisodeRef>& refs, const FrameSchedule& schedule,
                       const io::EpisodeOptions& episode_options, bool resume);
     void write_rank_file(const nlohmann::ordered_json& extra) const;
     ShardOutcome merge_if_complete(const PlotPng& plot_png);

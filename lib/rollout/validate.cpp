@@ -164,7 +164,7 @@ CheckpointFacts check_checkpoint(const RolloutOptions& opt, const Embodiment& em
 }
 
 /// Reads one episode as the run will, and checks its prompt tokenizes and its state against the statistics.
-EpisodeCheck check_episode(const RolloutOptions& opt, const fs::path& dir, const FrameSchedule& schedule,
+EpisodeCheck check_episode(const RolloutOptions& opt, const io::EpisodeRef& ref, const FrameSchedule& schedule,
                            const CheckpointFacts& facts, io::InputSet& inputs) {
     EpisodeCheck c;
     io::EpisodeOptions eo;
@@ -175,13 +175,13 @@ EpisodeCheck check_episode(const RolloutOptions& opt, const fs::path& dir, const
     eo.open_video = opt.open_video;
     try {
         // NOTE: the layout first (file headers only): its messages name the key and the embodiment
-        const std::vector<std::string> layout_problems = io::check_episode_layout(dir, eo.layout);
+        const std::vector<std::string> layout_problems = ref.source->check(ref, eo.layout);
         if (!layout_problems.empty()) {
             std::string all;
             for (const auto& p : layout_problems) all += (all.empty() ? "" : "; ") + p;
             throw Error(all);
         }
-        const io::Episode ep = io::read_episode(dir, eo);
+        const io::Episode ep = ref.source->read(ref, eo);
         c.num_frames = ep.num_frames;
         c.prompt = ep.prompt;
         for (const auto& cam : ep.cameras) inputs.add_file(cam.file, "camera file of episode " + ep.name);
@@ -316,7 +316,7 @@ std::vector<std::string> check_rollout_options(const RolloutOptions& opt) {
     return p;
 }
 
-ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodiment, const std::vector<fs::path>& dirs,
+ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodiment, const std::vector<io::EpisodeRef>& refs,
                           const std::vector<std::string>& names, const FrameSchedule& schedule) {
     Problems problems;
     problems.options = check_rollout_options(opt);
@@ -334,7 +334,9 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
     // Inputs: what this run reads. Outputs must neither land inside an input directory nor replace an input
     // file.
     io::InputSet inputs;
-    for (size_t e = 0; e < dirs.size(); ++e) inputs.add_dir(dirs[e], "episode " + names[e]);
+    for (size_t e = 0; e < refs.size(); ++e)
+        for (const fs::path& in : refs[e].source->inputs(refs[e]))
+            inputs.add_dir(in, "episode " + names[e]);
     for (const auto& given : opt.episodes) {
         std::error_code ec;
         if (fs::is_regular_file(given, ec)) inputs.add_file(given, "episode list");
@@ -345,10 +347,10 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
     if (!opt.noise_video.empty()) inputs.add_file(opt.noise_video, "noise file");
     if (!opt.noise_action.empty()) inputs.add_file(opt.noise_action, "noise file");
 
-    run.episodes.reserve(dirs.size());
+    run.episodes.reserve(refs.size());
     size_t invalid = 0;
-    for (size_t e = 0; e < dirs.size(); ++e) {
-        run.episodes.push_back(check_episode(opt, dirs[e], schedule, facts, inputs));
+    for (size_t e = 0; e < refs.size(); ++e) {
+        run.episodes.push_back(check_episode(opt, refs[e], schedule, facts, inputs));
         if (!run.episodes.back().valid) {
             ++invalid;
             const std::string line = fmt::format("episode {}: {}", names[e], run.episodes.back().error);
@@ -358,15 +360,15 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
                 problems.episodes.push_back(line);
         }
     }
-    if (opt.skip_invalid && invalid == dirs.size())
+    if (opt.skip_invalid && invalid == refs.size())
         problems.episodes.push_back(
-            fmt::format("none of the {} episodes is valid (see the warnings above)", dirs.size()));
+            fmt::format("none of the {} episodes is valid (see the warnings above)", refs.size()));
     for (const EpisodeCheck& c : run.episodes)
         if (c.valid && std::find(run.prompts.begin(), run.prompts.end(), c.prompt) == run.prompts.end())
             run.prompts.push_back(c.prompt);
     // NOTE: the plan runs the engine's calls on measuring backends, which needs a sound checkpoint and statistics
     if (facts.ckpt && problems.device.empty() && problems.checkpoint.empty() && problems.statistics.empty() &&
-        invalid < dirs.size())
+        invalid < refs.size())
         check_memory(opt, *facts.ckpt, embodiment, schedule, run, problems);
 
     collect(problems.output, [&] {
@@ -410,7 +412,7 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
 
     run.tokenizer = facts.tokenizer;
     run.fingerprint = run_fingerprint(opt, *facts.ckpt, facts.tokenizer);
-    run.finished.assign(dirs.size(), false);
+    run.finished.assign(refs.size(), false);
     if (opt.resume) check_resume(opt, names, run, problems);
     if (problems.count() > 0) problems.raise(false);
     return run;

@@ -61,10 +61,9 @@ struct ValidatedRun {
 /// The option problems (ranges and combinations) of `opt`, one line each; empty when fine.
 std::vector<std::string> check_rollout_options(const RolloutOptions& opt);
 
-/// Runs the checks above for the planned episodes (`dirs`, output names `names`). Throws dzr::Error listing
+/// Runs the checks above for the planned episodes (`refs`, output names `names`). Throws dzr::Error listing
 /// every problem; logs the warnings.
-ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodiment,
-                          const std::vector<std::filesystem::path>& dirs, const std::vector<std::string>& names,
-                          const FrameSchedule& schedule);
+ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodiment, const std::vector<io::EpisodeRef>& refs,
+                          const std::vector<std::string>& names, const FrameSchedule& schedule);
 
 }  // namespace dzr::rollout

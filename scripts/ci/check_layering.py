@@ -5,7 +5,8 @@ lib/ modules sit on levels; a file may include its own module and modules of low
 
     0 core
     1 backend, io           (io: files, images, video; only core below it)
-    2 config                (plain configuration structs and their parsers)
+    2 config, dataset       (config: plain configuration structs and their parsers; dataset: LeRobot datasets
+                            through Arrow and FFmpeg, reached by apps only)
     3 weights, kv, sampling
     4 model
     5 policy
@@ -22,7 +23,7 @@ import os
 import re
 import sys
 
-LEVELS = {"core": 0, "backend": 1, "io": 1, "config": 2, "weights": 3, "kv": 3, "sampling": 3,
+LEVELS = {"core": 0, "backend": 1, "io": 1, "config": 2, "dataset": 2, "weights": 3, "kv": 3, "sampling": 3,
           "model": 4, "policy": 5, "rollout": 6}
 APPS_LEVEL = 7
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/episode.h"
+#include "io/episode_source.h"
 #include "io/npy.h"
 #include "io/synth_episode.h"
 #include "io/video_reader.h"
@@ -556,7 +557,8 @@ TEST_CASE("episode list resolves a parent directory and a list file") {
     REQUIRE(eps.size() == 3);
     CHECK(eps[0] == dir / "all" / "b_ep");
     CHECK(eps[1] == dir / "all" / "a_ep");
-    CHECK(unique_episode_names(eps) == std::vector<std::string>{"b_ep", "a_ep", "b_ep_2"});
+    CHECK(unique_episode_names(list_episode_refs(dir / "list.txt", {}, {}, {})) ==
+          std::vector<std::string>{"b_ep", "a_ep", "b_ep_2"});
 
     write_text(dir / "bad_list.txt", "all/a_ep\nall/zzz\n");
     CHECK_THROWS_WITH_AS(list_episodes(dir / "bad_list.txt"), doctest::Contains("bad_list.txt: line 2"), Error);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/episode_source.h"
 #include "io/result_writer.h"
 #include "io/synth_episode.h"
 #include "rollout/run_plan.h"
@@ -28,6 +29,7 @@ constexpr int64_t kFrames[] = {24, 48, 72, 24, 48};
 struct Run {
     test::TempDir dir;
     std::vector<fs::path> dirs;
+    std::vector<io::EpisodeRef> refs;
     std::vector<std::string> names;
     FrameSchedule schedule;
 
@@ -41,6 +43,7 @@ struct Run {
             dirs.push_back(dir / ("eps/" + names.back()));
             io::write_synth_episode(dirs.back(), so);
         }
+        refs = io::list_episode_refs(dir / "eps", {}, {}, {});
     }
     fs::path out() const { return dir / "out"; }
 
@@ -50,7 +53,7 @@ struct Run {
         s.rank = k;
         s.world_size = n;
         s.run_id = run_id;
-        return std::make_unique<ShardRun>(s, out(), dirs, names, schedule, io::EpisodeOptions{}, resume, "cpu");
+        return std::make_unique<ShardRun>(s, out(), refs, names, schedule, io::EpisodeOptions{}, resume, "cpu");
     }
     /// Makes episode `i` look finished (done marker) or failed (failure record).
     void finish(size_t i, bool ok = true) const {
@@ -158,7 +161,7 @@ TEST_CASE("the rank that finds every episode finished or failed merges the summa
 
 TEST_CASE("an unsharded run runs every episode and writes its plan and summary at the end only") {
     Run run;
-    const ShardRun single(ShardInfo{}, run.out(), run.dirs, run.names, run.schedule, io::EpisodeOptions{}, false, "cpu");
+    const ShardRun single(ShardInfo{}, run.out(), run.refs, run.names, run.schedule, io::EpisodeOptions{}, false, "cpu");
     CHECK(single.episodes().size() == 5);
     CHECK(single.progress_prefix().empty());
     CHECK_FALSE(fs::exists(run.out()));
