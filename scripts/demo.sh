@@ -2,7 +2,7 @@
 # The main job on the built-in sample: installs what is missing, builds the dzr binary (the `dzr_cli` target only,
 # into build-demo/; the tests build into build/), makes the tiny random checkpoint (the real DreamZero key names at a
 # few-MB geometry, with the sample umT5 tokenizer), and replays samples/episode_000 through the warm-up and the
-# chunked rollout on the CPU, with the predicted video. Prints the summary table, the output paths and, last, the
+# chunked rollout on the CPU, with the predicted video, then the LeRobot sample dataset samples/lerobot_droid. Prints the summary table, the output paths and, last, the
 # HTML report to open.
 # Usage: scripts/demo.sh [extra cmake arguments, e.g. -DDZR_CUDA=OFF]
 # Settings: DEMO_BUILD_DIR=build-demo  OUT_DIR=out/demo  JOBS=$(nproc)
@@ -47,6 +47,14 @@ mkdir -p "$OUT"
 "$DZR" rollout samples/episode_000 --ckpt "$OUT/ckpt-tiny" --config configs/tiny.yaml --device cpu \
     --out "$OUT/rollout" --save-video
 echo "demo: actions, timing, metrics, plots and videos in $OUT/rollout/episode_000/"
+# The LeRobot sample (DreamZero-DROID-Data's v2.0 layout), read where it lies, in builds with Arrow and FFmpeg.
+if [[ $("$DZR" info) == *"LeRobot datasets: Arrow"* ]]; then
+    "$DZR" rollout samples/lerobot_droid --ckpt "$OUT/ckpt-tiny" --config configs/tiny.yaml --device cpu \
+        --out "$OUT/rollout_lerobot" --no-report
+    echo "demo: the LeRobot sample's episodes in $OUT/rollout_lerobot/ (episode_000000, episode_000001)"
+else
+    echo "demo: this build reads no LeRobot datasets (no Arrow or FFmpeg found); samples/lerobot_droid skipped"
+fi
 echo "demo: NOTE the demo checkpoint has random weights: its actions are noise and the MSE means nothing;" \
      "it shows the pipeline, the files and the timings (use a real DreamZero checkpoint for real actions)"
 echo "demo: report: $OUT/rollout/report.html"

@@ -49,6 +49,13 @@ make samples/agibot/episode_000 --embodiment agibot --frames 48 --seed 0
 inspect_args=(--embodiment yam)
 make samples/yam/episode_000 --embodiment yam --frames 48 --seed 1 --width 640 --height 480
 
+# A LeRobot v2.0 dataset in DreamZero-DROID-Data's layout (parquet + H.264), written by pyarrow and PyAV, not by dzr.
+source scripts/lib/python.sh
+rm -rf samples/lerobot_droid
+"$DZR_PYTHON" tests/dataset/make_lerobot_fixture.py droid_v20 samples/lerobot_droid --episodes 2 --frames 72,57 --seed 0 \
+    --quiet
+"$DZR" episode inspect samples/lerobot_droid >/dev/null
+
 bytes=$(du -sb samples | cut -f1)
 du -ab samples | sort -k2
 if (( bytes > MAX_BYTES )); then

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/dzr/bench_dataset.h"
 #include "apps/dzr/bench_load.h"
 #include "apps/dzr/bench_vae.h"
 #include "apps/dzr/command.h"
@@ -686,7 +687,18 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     kv->add_option("--config", opts->config, "run config with the model geometry and kv section")
         ->capture_default_str();
     auto* prepare = cmd->add_subcommand(
-        "prepare", "Host-side prepare() of one call on synthetic frames at a config's geometry (CPU; any build)");
+        "prepare", "Host-side prepare() of one call on synthetic frames at a config's geometry (CPU; any build); with "
+                   "--dataset, how fast a dataset's episodes are read and decoded");
+    auto dataset = std::make_shared<DatasetBenchOptions>();
+    prepare->add_option("--dataset", dataset->path, "time reading this LeRobot dataset's (or these episode "
+                                                     "directories') episodes instead: frames decoded per second");
+    prepare->add_option("--episodes", dataset->selection.episodes, "with --dataset: only these episode indices");
+    prepare->add_option("--split", dataset->selection.split, "with --dataset: only this split");
+    prepare->add_option("--embodiment", dataset->embodiment, "with --dataset: the built-in embodiment to read as")
+        ->capture_default_str();
+    prepare->add_option("--repeats", dataset->repeats, "with --dataset: reads of each episode (median)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 100));
     prepare->add_option("--config", opts->config, "run config with the model geometry")->capture_default_str();
     prepare->add_option("--tokenizer", opts->tokenizer, "umT5 spiece.model (or a directory holding it)")
         ->capture_default_str();
@@ -701,7 +713,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     prepare->add_flag("--reference", opts->reference,
                       "time the reference pipeline instead (per-channel float resize, one thread: the code before the "
                       "fast path)");
-    prepare->callback([&run, opts] { run = [opts] { return run_prepare_bench(*opts); }; });
+    prepare->callback([&run, opts, dataset] {
+        run = [opts, dataset] { return dataset->path.empty() ? run_prepare_bench(*opts) : run_dataset_bench(*dataset); };
+    });
 
     auto* roll = cmd->add_subcommand(
         "rollout", "A full-size rollout with random weights made on the host (no checkpoint file): load, warm-up, then "
