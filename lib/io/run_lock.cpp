@@ -38,14 +38,23 @@ std::string holder_of(const std::string& text) {
 
 }  // namespace
 
-RunLock::RunLock(const std::filesystem::path& dir, const std::string& name, const std::string& command)
+RunLock::RunLock(const std::filesystem::path& dir, const std::string& name, const std::string& command, bool shared)
     : path_(dir / name) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     DZR_CHECK(fd_ >= 0, "cannot open the lock file {}: {}", path_.string(), std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (::flock(fd_, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
         const int err = errno;
-        const std::string holder =
-            err == EWOULDBLOCK ? holder_of(read_fd(fd_)) : std::string(std::strerror(err));
+        // NOTE: an exclusive holder wrote its name into the file; shared holders (a sharded run's ranks) do not, and
+        // a shared lock that can be had tells them apart
+        std::string holder;
+        if (err != EWOULDBLOCK) {
+            holder = std::strerror(err);
+        } else if (!shared && ::flock(fd_, LOCK_SH | LOCK_NB) == 0) {
+            ::flock(fd_, LOCK_UN);
+            holder = "the ranks of a sharded run (--shard, srun or mpirun)";
+        } else {
+            holder = holder_of(read_fd(fd_));
+        }
         ::close(fd_);
         fd_ = -1;
         DZR_THROW(
@@ -54,6 +63,7 @@ RunLock::RunLock(const std::filesystem::path& dir, const std::string& name, cons
             "--out",
             dir.string(), holder, path_.string());
     }
+    if (shared) return;
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());

@@ -13,7 +13,9 @@ class RunLock {
     /// Opens (creates) `dir`/`name` and takes the lock without waiting; writes this process's pid, host,
     /// start time and `command` into it. Throws dzr::Error naming the holder (pid, host, command, start time)
     /// when another process has it.
-    RunLock(const std::filesystem::path& dir, const std::string& name, const std::string& command);
+    /// `shared`: a shared lock, taken by each rank of a sharded run (which write one --out together), so that an
+    /// unsharded run and a sharded one exclude each other; a shared holder does not write the file.
+    RunLock(const std::filesystem::path& dir, const std::string& name, const std::string& command, bool shared = false);
     ~RunLock();
     RunLock(const RunLock&) = delete;
     RunLock& operator=(const RunLock&) = delete;

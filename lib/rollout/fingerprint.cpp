@@ -105,10 +105,31 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
                 {"numerics", numerics}};
 }
 
-Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string& prompt) {
+Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string& prompt,
+                         const std::string& inputs_sha256) {
     Json j = run;
-    j["episode"] = {{"num_frames", num_frames}, {"prompt", prompt}};
+    j["episode"] = {{"num_frames", num_frames}, {"prompt", prompt}, {"inputs_sha256", inputs_sha256}};
     return j;
+}
+
+std::string episode_inputs_sha256(const io::Episode& ep) {
+    Sha256 h;
+    const auto field = [&](std::string_view name, const void* data, size_t bytes) {
+        const uint64_t n = bytes;
+        h.update(name);
+        h.update(&n, sizeof n);
+        h.update(data, bytes);
+    };
+    for (const auto& c : ep.cameras) {
+        const TensorView v = c.frames.view();
+        DZR_CHECK(v.is_contiguous(), "episode {}: camera {} frames are not contiguous", ep.name, c.name);
+        const std::string shape = c.name + v.shape.str();
+        field(shape, v.data, size_t(v.numel()) * dtype_size(v.dtype));
+    }
+    for (const auto& s : ep.state) field(s.name, s.values.data(), s.values.size() * sizeof(double));
+    field("actions", ep.actions.data(), ep.actions.size() * sizeof(double));
+    field("fps", &ep.fps, sizeof ep.fps);
+    return h.hex_digest();
 }
 
 std::vector<FieldDifference> json_differences(const Json& base, const Json& now) {

@@ -13,7 +13,8 @@
 ///                 --allow-truncate, the metric options, plots, --save-video, injected noise files' SHA-256
 ///   seed          sampling.seed
 ///   numerics      backend, compute dtype, KV mode and the DZR_* variables that pick kernels
-///   episode       its frame count and prompt
+///   episode       its frame count, prompt, and the SHA-256 of what was read (frames, state, actions, fps), so a
+///                 changed input of the same length is another episode
 ///
 /// Not in it: paths (a moved checkpoint or episode is the same input), the device index, the command line.
 #include <filesystem>
@@ -34,7 +35,12 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt,
                      const std::filesystem::path& tokenizer);
 
 /// `run` with the episode part added.
-Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string& prompt);
+Json episode_fingerprint(const Json& run, int64_t num_frames, const std::string& prompt,
+                         const std::string& inputs_sha256);
+
+/// The SHA-256 of an episode's inputs as read: each camera's name, shape and frames, each state key's name and
+/// values, the ground-truth actions and the frame rate (the prompt is in the fingerprint as text).
+std::string episode_inputs_sha256(const io::Episode& ep);
 
 /// A field whose values differ between two JSON documents ("absent" where one lacks it), by dotted key.
 struct FieldDifference {

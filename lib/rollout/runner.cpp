@@ -1,5 +1,6 @@
 #include "rollout/runner.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <future>
@@ -495,20 +496,26 @@ void write_episode_outputs(const EpisodeLoop& loop, size_t e, const io::Episode&
     summary.status = "ok";
 }
 
-/// Step 4a: one episode read, its calls run and its files written, filling `summary` as it goes (a failure keeps
-/// what was known). Sets `interrupted` when Ctrl-C stopped it.
-void run_one_episode(const EpisodeLoop& loop, size_t e, EpisodeSummary& summary, bool& interrupted) {
-    const RolloutOptions& opt = loop.opt;
-    const PreparedRun& p = loop.prepared;
-    const std::string& name = p.plan.names[e];
+/// Reads planned episode `e` as validated (its warnings were logged then).
+io::Episode read_planned_episode(const RolloutOptions& opt, const PreparedRun& p, size_t e) {
     io::EpisodeOptions eo;
     eo.layout = p.layout;
     eo.allow_truncate = opt.allow_truncate;
     eo.min_frames = p.schedule.min_frames();
     eo.prompt = opt.prompt;
     eo.open_video = opt.open_video;
-    eo.log_warnings = false;  // logged when validated
-    io::Episode ep = p.plan.refs[e].source->read(p.plan.refs[e], eo);
+    eo.log_warnings = false;
+    return p.plan.refs[e].source->read(p.plan.refs[e], eo);
+}
+
+/// Step 4a: one episode read (`episode`: maybe decoding on another thread already), its calls run and its files
+/// written, filling `summary` as it goes (a failure keeps what was known). Sets `interrupted` when Ctrl-C stopped it.
+void run_one_episode(const EpisodeLoop& loop, size_t e, std::future<io::Episode> episode, EpisodeSummary& summary,
+                     bool& interrupted) {
+    const RolloutOptions& opt = loop.opt;
+    const PreparedRun& p = loop.prepared;
+    const std::string& name = p.plan.names[e];
+    io::Episode ep = episode.get();
     const auto& warnings = p.checked->episodes[e].warnings;
     ep.warnings.insert(ep.warnings.end(), warnings.begin(), warnings.end());
     summary.num_frames = ep.num_frames;
@@ -548,7 +555,21 @@ void run_episodes(const RolloutOptions& opt, PreparedRun& p, LoadedRun& run, Rol
     ProgressLine progress(stderr, opt.quiet ? ProgressLine::Mode::Plain : ProgressLine::Mode::Auto);
     const EpisodeLoop loop{opt, p, run, progress, std::chrono::system_clock::now()};
     const ValidatedRun& checked = *p.checked;
-    for (size_t e = 0; e < p.plan.refs.size() && !result.interrupted; ++e) {
+    // NOTE: the next episode to run is read (its videos decoded) on a host thread while this one's calls run, so a
+    // dataset's decoding does not sit between episodes; two episodes' frames are in host memory at a time
+    const size_t n = p.plan.refs.size();
+    std::future<io::Episode> next;
+    size_t next_e = n;
+    const auto prefetch_after = [&](size_t e) {
+        next_e = n;
+        for (size_t k = e + 1; k < n; ++k)
+            if (checked.episodes[k].valid && !checked.finished[k]) {
+                next_e = k;
+                next = std::async(std::launch::async, [&opt, &p, k] { return read_planned_episode(opt, p, k); });
+                return;
+            }
+    };
+    for (size_t e = 0; e < n && !result.interrupted; ++e) {
         const std::string& name = p.plan.names[e];
         const std::filesystem::path out = opt.out_dir / name;
         if (!checked.episodes[e].valid) {
@@ -565,7 +586,13 @@ void run_episodes(const RolloutOptions& opt, PreparedRun& p, LoadedRun& run, Rol
         summary.name = name;
         try {
             io::ResultWriter::clear_failed(out);
-            run_one_episode(loop, e, summary, result.interrupted);
+            // NOTE: a stale marker (--resume found an output gone) must not outlive an interrupted rerun
+            if (e < checked.stale.size() && checked.stale[e]) std::filesystem::remove(out / std::string(io::kDoneMarker));
+            std::future<io::Episode> episode =
+                next_e == e ? std::move(next)
+                            : std::async(std::launch::deferred, [&opt, &p, e] { return read_planned_episode(opt, p, e); });
+            prefetch_after(e);
+            run_one_episode(loop, e, std::move(episode), summary, result.interrupted);
         } catch (const Interrupted&) {
             throw;
         } catch (const Error& err) {
@@ -607,7 +634,10 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
     prepare_run(opt, p);
     if (opt.dry_run) return dry_run_result(p.plan.names, *p.checked);
     p.shard->write_plan_first();
-    if (auto done = p.shard->nothing_to_run(opt.resume)) {
+    // NOTE: finished as validated (a done marker whose outputs are gone is not), not merely marked done
+    const auto& finished = p.checked->finished;
+    const bool all_finished = std::all_of(finished.begin(), finished.end(), [](bool f) { return f; });
+    if (auto done = p.shard->nothing_to_run(opt.resume && all_finished)) {
         result.episodes = std::move(*done);
         result.shard = p.shard->finish(result.episodes, false, opt.plot_png);
         return result;

@@ -184,6 +184,7 @@ EpisodeCheck check_episode(const RolloutOptions& opt, const io::EpisodeRef& ref,
         const io::Episode ep = ref.source->read(ref, eo);
         c.num_frames = ep.num_frames;
         c.prompt = ep.prompt;
+        c.inputs_sha256 = episode_inputs_sha256(ep);
         for (const auto& cam : ep.cameras) inputs.add_file(cam.file, "camera file of episode " + ep.name);
         const Embodiment& e = *facts.embodiment;
         if (facts.tok && e.prompt)
@@ -235,7 +236,20 @@ void check_resume(const RolloutOptions& opt, const std::vector<std::string>& nam
         }
         const auto diffs = fingerprint_differences(recorded["fingerprint"], run.episode_fingerprint(e));
         if (diffs.empty()) {
-            run.finished[e] = true;
+            // NOTE: the marker lists what was written; a file deleted since makes the episode unfinished
+            std::string gone;
+            if (recorded.contains("files") && recorded["files"].is_array())
+                for (const auto& f : recorded["files"])
+                    if (!f.is_string() || !io::is_plain_name(f.get<std::string>()) ||
+                        !io::input_file_present(out / f.get<std::string>()))
+                        gone += (gone.empty() ? "" : ", ") + (f.is_string() ? f.get<std::string>() : f.dump());
+            if (gone.empty()) {
+                run.finished[e] = true;
+            } else {
+                run.stale[e] = true;
+                log()->warn("episode {}: finished by an earlier run, but {} of its outputs {} missing: it runs again",
+                            names[e], gone, gone.find(',') == std::string::npos ? "is" : "are");
+            }
             continue;
         }
         std::string msg = fmt::format(
@@ -285,7 +299,8 @@ std::string joined(const std::vector<std::string>& words) {
 }  // namespace
 
 Json ValidatedRun::episode_fingerprint(size_t e) const {
-    return rollout::episode_fingerprint(fingerprint, episodes[e].num_frames, episodes[e].prompt);
+    return rollout::episode_fingerprint(fingerprint, episodes[e].num_frames, episodes[e].prompt,
+                                        episodes[e].inputs_sha256);
 }
 
 EpisodeSummary ValidatedRun::invalid_summary(size_t e, const std::string& name) const {
@@ -401,11 +416,15 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
     } else {
         collect(problems.output, [&] {
             io::probe_writable_dir(opt.out_dir);
-            // NOTE: the ranks of a sharded run share --out, each with its own lock (its episodes are its alone)
-            const std::string lock = opt.shard.sharded() ? fmt::format("ranks/.rank-{}.lock", opt.shard.rank)
-                                                         : std::string(kRunLockFile);
-            if (opt.shard.sharded()) fs::create_directories(opt.out_dir / "ranks");
-            run.lock = std::make_unique<io::RunLock>(opt.out_dir, lock, joined(opt.command_line));
+            // NOTE: one lock file for every kind of run: an unsharded run holds it alone, the ranks of a sharded run
+            // share it (so neither runs beside the other) and each also holds its own rank lock
+            run.lock = std::make_unique<io::RunLock>(opt.out_dir, std::string(kRunLockFile), joined(opt.command_line),
+                                                     opt.shard.sharded());
+            if (opt.shard.sharded()) {
+                fs::create_directories(opt.out_dir / "ranks");
+                run.rank_lock = std::make_unique<io::RunLock>(opt.out_dir, fmt::format("ranks/.rank-{}.lock", opt.shard.rank),
+                                                              joined(opt.command_line));
+            }
         });
     }
     if (problems.count() > 0) problems.raise(false);
@@ -413,6 +432,7 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
     run.tokenizer = facts.tokenizer;
     run.fingerprint = run_fingerprint(opt, *facts.ckpt, facts.tokenizer);
     run.finished.assign(refs.size(), false);
+    run.stale.assign(refs.size(), false);
     if (opt.resume) check_resume(opt, names, run, problems);
     if (problems.count() > 0) problems.raise(false);
     return run;

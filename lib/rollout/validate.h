@@ -37,15 +37,20 @@ struct EpisodeCheck {
     std::vector<std::string> warnings;  ///< from the checks against the checkpoint (the state range)
     int64_t num_frames = 0;
     std::string prompt;
+    std::string inputs_sha256;          ///< episode_inputs_sha256 of what was read
 };
 
 /// A run that passed validation.
 struct ValidatedRun {
     std::vector<EpisodeCheck> episodes;  ///< one per planned episode
     std::vector<bool> finished;          ///< --resume: done by a run with the same fingerprint (skip it)
+    /// --resume: done by a run with the same fingerprint, but a file its done marker lists is gone: the marker is
+    /// removed and the episode runs again.
+    std::vector<bool> stale;
     Json fingerprint;                    ///< the run's fingerprint, without the episode part
     std::filesystem::path tokenizer;
-    std::unique_ptr<io::RunLock> lock;  ///< held until the run ends (none for --dry-run)
+    std::unique_ptr<io::RunLock> lock;  ///< held until the run ends (none for --dry-run); shared by a sharded run's ranks
+    std::unique_ptr<io::RunLock> rank_lock;  ///< a sharded run: this rank's own (its episodes are its alone)
     std::vector<std::string> prompts;   ///< the valid episodes' distinct prompts (the text pre-pass's list)
     /// The run's memory plan (none for two devices without a budget, or when it could not be made).
     std::optional<MemoryPlan> memory_plan;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <map>
 #include <set>
 
 #include "weights/fp8_weights.h"
@@ -142,6 +143,28 @@ WeightCheckReport check_weights(const WeightSource& source, const std::vector<Ex
                                         std::string(dtype_name(v->dtype))});
         } else {
             ++r.checked;
+        }
+    }
+    // NOTE: the safetensors reader checks each tensor's bytes against its dtype and shape, but a label changed between
+    // the two 16-bit dtypes passes that and reads as garbage. A network is stored in one 16-bit dtype (f32 beside it
+    // is legitimate: norms, scales), so within each network the fewer of bf16 and f16 are refused
+    std::map<std::pair<Component, DType>, std::vector<std::string>> half;
+    for (const auto& e : expected)
+        if (const auto v = source.find(e.key); v && v->shape == e.shape && (v->dtype == DType::BF16 || v->dtype == DType::F16))
+            half[{component_of(e.key), v->dtype}].push_back(e.key);
+    for (int c = 0; c < kNumComponents; ++c) {
+        const auto& bf = half[{Component(c), DType::BF16}];
+        const auto& f16 = half[{Component(c), DType::F16}];
+        if (bf.empty() || f16.empty()) continue;
+        const bool bf16_common = bf.size() >= f16.size();
+        const auto& common = bf16_common ? bf : f16;
+        for (const auto& key : bf16_common ? f16 : bf) {
+            r.dtype_mismatch.push_back({key, source.location(key),
+                                        fmt::format("{} like the {}'s {} other 16-bit weights (a relabelled tensor?)",
+                                                    bf16_common ? "bf16" : "f16", component_name(Component(c)),
+                                                    common.size()),
+                                        bf16_common ? "f16" : "bf16"});
+            --r.checked;
         }
     }
     for (const auto& k : source.keys()) {

@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "backend/blas_kernels.h"
 #include "config/run_config.h"
+#include "io/atomic_file.h"
 #include "io/npy.h"
 #include "io/synth_episode.h"
 #include "model/inventory.h"
@@ -208,6 +210,28 @@ TEST_CASE(
     r = f.rollout(f.ckpt, out, "--resume");
     CHECK(r.code == 1);
     CHECK(r.has("has no run fingerprint"));
+}
+
+TEST_CASE("--resume reruns an episode whose outputs were deleted and refuses one whose inputs changed") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    const fs::path out = f.dir / "out";
+    REQUIRE(f.rollout(f.ckpt, out).code == 0);
+    const std::string actions = io::read_file(out / "ep_a/actions.npy");
+    fs::remove(out / "ep_a/actions.npy");
+    auto r = f.rollout(f.ckpt, out, "--resume");
+    CHECK(r.code == 0);
+    CHECK(r.has("episode ep_a: finished by an earlier run, but actions.npy of its outputs is missing: it runs again"));
+    CHECK(io::read_file(out / "ep_a/actions.npy") == actions);
+
+    // The same frame count, one pixel changed: another episode for the fingerprint.
+    const fs::path cam = f.eps / "ep_a/exterior_image_1_left.npy";
+    std::string bytes = io::read_file(cam);
+    bytes.back() = char(bytes.back() ^ 0x40);
+    std::ofstream(cam, std::ios::binary) << bytes;
+    r = f.rollout(f.ckpt, out, "--resume");
+    CHECK(r.code == 1);
+    CHECK(r.has("episode.inputs_sha256"));
 }
 
 TEST_CASE("--skip-invalid runs the valid episodes and records the invalid ones in the summary") {

@@ -363,6 +363,23 @@ TEST_CASE("shape and dtype mismatches against the config geometry are reported w
     CHECK(contains(msg, "action_head.model.head.head.bias: expected bf16, f16 or f32, found i32"));
 }
 
+TEST_CASE("a weight relabelled between bf16 and f16 is refused without --hash") {
+    test::TempDir tmp;
+    const fs::path dir = tmp / "ckpt";
+    make_tiny(dir, 3);
+    Checkpoint clean(dir);
+    CHECK(check_weights(clean, expected_weights(clean.model_config())).dtype_mismatch.empty());
+    // NOTE: the same bytes per element, so the reader's size and offset checks pass
+    replace_tensor(dir, keys::dit_block(1) + "ffn.2.weight", DType::F16, Shape{128, 256});
+    Checkpoint ck(dir);
+    const auto r = check_weights(ck, expected_weights(ck.model_config()));
+    REQUIRE(r.dtype_mismatch.size() == 1);
+    CHECK(r.dtype_mismatch[0].key == keys::dit_block(1) + "ffn.2.weight");
+    CHECK(r.dtype_mismatch[0].found == "f16");
+    CHECK(contains(r.message("checkpoint " + dir.string()), "expected bf16 like the DiT's"));
+    CHECK_FALSE(r.ok());
+}
+
 TEST_CASE("the tokenizer is found beside the checkpoint or through conf.yaml") {
     MicroCheckpoint m;
     m.shard("model.safetensors", {"a"});

@@ -211,11 +211,20 @@ TEST_CASE("the expected-weights check reports every kind of mismatch in one grou
     CHECK(check_weights(src, inv).ok());
     CHECK(check_weights(src, inv).checked == inv.size());
 
-    // f16 and f32 storage are fine too; backbone keys are ignored
+    // f16 and f32 storage are fine too (a network in f16, f32 beside bf16); backbone keys are ignored
     src.put(keys::dit("head.head.bias"), Shape{64}, DType::F32);
-    src.put(keys::dit("head.modulation"), Shape{1, 2, 128}, DType::F16);
+    for (const auto& w : inv)
+        if (component_of(w.key) == Component::Vae) src.put(w.key, w.shape, DType::F16);
     src.put("backbone.anything", Shape{3});
     CHECK(check_weights(src, inv).ok());
+
+    // one weight relabelled bf16 -> f16 in a bf16 network (same bytes): refused
+    src.put(keys::dit("head.modulation"), Shape{1, 2, 128}, DType::F16);
+    const auto relabelled = check_weights(src, inv);
+    REQUIRE(relabelled.dtype_mismatch.size() == 1);
+    CHECK(relabelled.dtype_mismatch[0].key == keys::dit("head.modulation"));
+    CHECK(contains(relabelled.dtype_mismatch[0].expected, "bf16 like the DiT's"));
+    src.put(keys::dit("head.modulation"), Shape{1, 2, 128}, DType::BF16);
 
     src.erase(keys::dit_block(0) + "ffn.0.weight");
     src.put(keys::dit_block(1) + "ffn.2.weight", Shape{128, 255});

@@ -286,6 +286,26 @@ TEST_CASE("a second rollout into an output directory in use fails at once naming
     CHECK_FALSE(fs::exists(f.dir / "out/ep_a"));
 }
 
+TEST_CASE("a sharded and an unsharded run exclude each other from one output directory") {
+    SKIP_WITHOUT_DZR_BIN();
+    Fixture f;
+    fs::create_directories(f.dir / "out");
+    {
+        // a rank of a sharded run holds the run lock shared
+        const io::RunLock rank(f.dir / "out", ".dzr-rollout.lock", "dzr rollout --shard 0/2", true);
+        const auto r = f.rollout(f.eps, f.dir / "out");
+        CHECK(r.code == 1);
+        CHECK(r.has("is in use by another dzr run: the ranks of a sharded run"));
+        CHECK_FALSE(fs::exists(f.dir / "out/ep_a"));
+    }
+    // an unsharded run holds it alone: a rank is refused
+    const io::RunLock whole(f.dir / "out", ".dzr-rollout.lock", "dzr rollout (unsharded)");
+    const auto r = f.rollout(f.eps, f.dir / "out", "--shard 1/2");
+    CHECK(r.code == 1);
+    CHECK(r.has("(dzr rollout (unsharded))"));
+    CHECK_FALSE(fs::exists(f.dir / "out/ep_a"));
+}
+
 TEST_CASE("an episode.yaml whose open quote swallows the next keys is refused naming them") {
     SKIP_WITHOUT_DZR_BIN();
     Fixture f;
