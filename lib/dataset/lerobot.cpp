@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -166,15 +167,20 @@ public:
         Mapping map = map_columns(meta_, layout);
         std::vector<std::string> problems = map.problems;
         const EpisodeMeta& e = episode(ref);
-        const fs::path data = meta_.data_file(e);
-        if (!io::input_file_present(data))
-            problems.push_back(fmt::format("{}: {}: {}", ref.id, data.string(), io::describe_non_file(data)));
+        // NOTE: a missing file is one line here; a directory or a device where a file belongs throws its own message
+        const auto need_file = [&](const std::function<fs::path()>& path) {
+            try {
+                const fs::path p = path();
+                if (!io::input_file_present(p)) problems.push_back(fmt::format("{}: no such file", p.string()));
+            } catch (const Error& err) {
+                problems.push_back(err.what());
+            }
+        };
+        need_file([&] { return meta_.data_file(e); });
         for (const std::string& key : map.video_keys) {
             if (!meta_.features.contains(key) || meta_.video_path.empty()) continue;
             if (meta_.major >= 3 && !e.videos.count(key)) continue;
-            const fs::path video = meta_.video_file(e, key);
-            if (!io::input_file_present(video))
-                problems.push_back(fmt::format("{}: {}: {}", ref.id, video.string(), io::describe_non_file(video)));
+            need_file([&] { return meta_.video_file(e, key); });
         }
         return problems;
     }

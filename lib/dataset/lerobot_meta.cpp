@@ -26,7 +26,7 @@ Json parse_json_file_text(const std::string& text, const std::string& source) {
 }
 
 Json read_json(const fs::path& file) {
-    DZR_CHECK(io::input_file_present(file), "{}: {}", file.string(), io::describe_non_file(file));
+    DZR_CHECK(io::input_file_present(file), "{}: no such file", file.string());
     return parse_json_file_text(io::read_file(file), file.string());
 }
 
@@ -44,7 +44,7 @@ T field(const Json& j, const char* key, const std::string& source) {
 
 /// Every line of a .jsonl file as an object; blank lines skipped.
 std::vector<Json> read_jsonl(const fs::path& file) {
-    DZR_CHECK(io::input_file_present(file), "{}: {}", file.string(), io::describe_non_file(file));
+    DZR_CHECK(io::input_file_present(file), "{}: no such file", file.string());
     const std::string text = io::read_file(file);
     std::vector<Json> out;
     size_t pos = 0;
@@ -184,20 +184,20 @@ std::string fill_template(const std::string& pattern, const std::map<std::string
 fs::path DatasetMeta::data_file(const EpisodeMeta& e) const {
     if (major >= 3)
         return root / fill_template(data_path, {}, {{"chunk_index", e.data_chunk}, {"file_index", e.data_file}},
-                                    "meta/info.json data_path");
+                                    (root / "meta" / "info.json").string() + " data_path");
     return root / fill_template(data_path, {}, {{"episode_chunk", e.index / chunks_size}, {"episode_index", e.index}},
-                                "meta/info.json data_path");
+                                (root / "meta" / "info.json").string() + " data_path");
 }
 
 fs::path DatasetMeta::video_file(const EpisodeMeta& e, const std::string& key) const {
     if (major >= 3) {
         const VideoSpan& v = e.videos.at(key);
         return root / fill_template(video_path, {{"video_key", key}}, {{"chunk_index", v.chunk}, {"file_index", v.file}},
-                                    "meta/info.json video_path");
+                                    (root / "meta" / "info.json").string() + " video_path");
     }
     return root / fill_template(video_path, {{"video_key", key}},
                                 {{"episode_chunk", e.index / chunks_size}, {"episode_index", e.index}},
-                                "meta/info.json video_path");
+                                (root / "meta" / "info.json").string() + " video_path");
 }
 
 std::string DatasetMeta::video_codec(const std::string& key) const {

@@ -94,7 +94,7 @@ void for_rows(const arrow::ChunkedArray& c, const fs::path& file, const std::str
 }  // namespace
 
 ParquetTable::ParquetTable(const fs::path& file, const std::vector<std::string>& columns) : file_(file) {
-    DZR_CHECK(io::input_file_present(file), "{}: {}", file.string(), io::describe_non_file(file));
+    DZR_CHECK(io::input_file_present(file), "{}: no such file", file.string());
     try {
         auto in = checked(arrow::io::ReadableFile::Open(file.string()), file, "open it");
         auto reader = checked(parquet::arrow::OpenFile(in, arrow::default_memory_pool()), file, "read it as parquet");

@@ -144,6 +144,29 @@ json.dump(m, open(sys.argv[1], "w"), indent=2)
 PY
 expect_error missing_key "state.joint_position"
 broken no_episode; expect_error no_episode "has no episode 7" --episodes 0,7
+broken split; expect_error split 'no split "val" (it has: train)' --split val
+broken no_prompt; "$py" - "$tmp/bad_no_prompt" <<'PY'
+import json, pathlib, sys, pyarrow as pa, pyarrow.parquet as pq
+root = pathlib.Path(sys.argv[1])
+f = root / "data/chunk-000/episode_000001.parquet"
+t = pq.read_table(f)
+for name in t.column_names:
+    if name.startswith("annotation.language"):
+        t = t.set_column(t.schema.get_field_index(name), name, pa.array([0] * t.num_rows, type=t.schema.field(name).type))
+pq.write_table(t, f)
+eps = [json.loads(l) for l in (root / "meta/episodes.jsonl").read_text().splitlines() if l.strip()]
+for e in eps:
+    if e["episode_index"] == 1:
+        e["tasks"] = []
+(root / "meta/episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+PY
+expect_error no_prompt "episode_000001 has no language instruction"
+"$dzr" "${run[@]}" "$tmp/bad_no_prompt" --out "$tmp/out_skip" --skip-invalid --dry-run >"$tmp/skip.txt" 2>&1 ||
+    { cat "$tmp/skip.txt"; fail "--skip-invalid did not run the dataset's other episodes"; }
+echo "no_prompt with --skip-invalid: the other episodes run"
+# --split takes info.json's range (the converter writes "train": "0:100")
+"$dzr" "${run[@]}" "$tmp/v20" --split train --episodes 1 --out "$tmp/out_split" --dry-run >"$tmp/split.txt" 2>&1 ||
+    { cat "$tmp/split.txt"; fail "--split train --episodes 1"; }
 # The dataset is never written to.
 [[ -z $(find "$tmp/v20" "$tmp/v30" -newer "$tmp/inspect_v20.txt" -print -quit) ]] || fail "something was written into a dataset"
 echo "lerobot: ok"
