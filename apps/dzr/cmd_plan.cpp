@@ -90,7 +90,19 @@ int run(const PlanArgs& a) {
             po.kv_dtype = po.compute_dtype;
         }
     }
-    const MemoryPlan plan = plan_memory(model, embodiment, options, po, planner.get());
+    MemoryPlan plan = plan_memory(model, embodiment, options, po, planner.get());
+    // NOTE: as a rollout does: kv.in_place auto gives up the in-place lanes when only they keep the run over budget
+    std::string lanes_note;
+    if (budget > 0 && plan.peak_bytes() > budget && options.kv.in_place == KvInPlace::Auto) {
+        PolicyOptions without = options;
+        without.kv.in_place = KvInPlace::Off;
+        MemoryPlan smaller = plan_memory(model, embodiment, without, po, planner.get());
+        if (smaller.peak_bytes() < plan.peak_bytes() && smaller.peak_bytes() <= budget) {
+            lanes_note = fmt::format("kv.in_place auto: {} with the in-place lanes, {} without; a run under this budget "
+                                     "gives them up", gib(plan.peak_bytes()), gib(smaller.peak_bytes()));
+            plan = std::move(smaller);
+        }
+    }
     const bool fits = budget == 0 || plan.peak_bytes() <= budget;
     if (a.json) {
         nlohmann::ordered_json j;
@@ -99,6 +111,7 @@ int run(const PlanArgs& a) {
         j["embodiment"] = embodiment.tag;
         const nlohmann::ordered_json pj = plan.to_json();
         for (auto it = pj.begin(); it != pj.end(); ++it) j[it.key()] = it.value();
+        j["kv_in_place_given_up"] = !lanes_note.empty();
         if (budget > 0)
             j["budget"] = {{"bytes", budget},
                            {"fits", fits},
@@ -115,6 +128,7 @@ int run(const PlanArgs& a) {
                     po.kv_dtype == DType::F8_E4M3 ? "fp8" : std::string(dtype_name(po.kv_dtype)).c_str(),
                     plan.text_prepass ? "on" : "off");
         std::printf("%s", plan.table(budget).c_str());
+        if (!lanes_note.empty()) std::printf("%s\n", lanes_note.c_str());
     }
     if (!fits) {
         std::fprintf(stderr, "dzr: error: the plan's peak (%s) exceeds the budget %s by %s\n",

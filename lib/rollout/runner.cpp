@@ -229,11 +229,12 @@ struct LoadedRun {
 };
 
 /// Loads the engine (the checkpoint checked against the run's geometry) on the run's devices and opens its session;
-/// with the text pre-pass, umT5 encodes `prompts` (the valid episodes') first.
-LoadedRun load_run(const RolloutOptions& opt, const std::vector<std::string>& prompts) {
+/// with the text pre-pass, umT5 encodes the valid episodes' prompts first. Validation's memory decisions apply.
+LoadedRun load_run(const RolloutOptions& opt, const ValidatedRun& checked) {
     LoadedRun run;
     Timer load_timer;
-    EngineOptions eo = rollout_engine_options(opt, prompts);
+    EngineOptions eo = rollout_engine_options(opt, checked.prompts);
+    if (checked.kv_in_place_off) eo.run.kv.in_place = KvInPlace::Off;
     if (!opt.noise_video.empty() || !opt.noise_action.empty()) {
         DZR_CHECK(!opt.noise_video.empty() && !opt.noise_action.empty(),
                   "--noise-video and --noise-action go together");
@@ -642,7 +643,7 @@ RolloutResult run_rollout(const RolloutOptions& opt) {
         result.shard = p.shard->finish(result.episodes, false, opt.plot_png);
         return result;
     }
-    LoadedRun run = load_run(opt, p.checked->prompts);
+    LoadedRun run = load_run(opt, *p.checked);
     print_banner(opt, run, p);
     warm_up(opt, run);
     run_episodes(opt, p, run, result);

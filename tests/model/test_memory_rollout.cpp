@@ -222,4 +222,19 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     r = test::run_dzr("plan", dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("--config"));
+
+    // DROID in bf16 on a 48 GiB card: with the in-place lanes the plan is over, without them it fits, and
+    // kv.in_place auto gives them up; forced on, it does not fit
+    const std::string droid = test::q(test::source_dir() / "configs/dreamzero_droid.yaml");
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 48GiB --json", dir.path());
+    REQUIRE(r.code == 0);
+    const auto fitted = nlohmann::json::parse(r.out);
+    CHECK(fitted["kv_in_place_given_up"] == true);
+    CHECK(fitted["budget"]["fits"] == true);
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 48GiB --set kv.in_place=true", dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("does NOT fit"));
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 80GiB --json", dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out)["kv_in_place_given_up"] == false);
 }
