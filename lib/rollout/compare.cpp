@@ -189,7 +189,8 @@ EpisodeComparison compare_episode(const std::string& name, RunComparison& run, s
     EpisodeComparison e;
     e.name = name;
     const fs::path da = run.base / name, db = run.now / name;
-    const EpisodeSummary a = episode_from_outputs(da, name), b = episode_from_outputs(db, name);
+    // NOTE: a baseline keeps only actions.npy, metrics.json and done.json (docs/CI.md)
+    const EpisodeSummary a = episode_from_outputs(da, name, false), b = episode_from_outputs(db, name, false);
     e.base_status = a.status;
     e.new_status = b.status;
     for (const auto& [side, s] : {std::pair{"base", &a}, std::pair{"new", &b}})

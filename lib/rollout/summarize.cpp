@@ -5,6 +5,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "core/json_text.h"
@@ -122,13 +123,23 @@ std::optional<io::PlotSpec> call_seconds_plot(std::span<const EpisodeSummary> ep
 
 }  // namespace
 
-EpisodeSummary episode_from_outputs(const fs::path& dir, const std::string& name) {
+EpisodeSummary episode_from_outputs(const fs::path& dir, const std::string& name, bool check_files) {
     EpisodeSummary e;
     e.name = name;
     try {
         if (io::ResultWriter::is_done(dir)) {
             e = summary_from_outputs(dir, name);
             e.status = "ok";
+            // NOTE: as the report judges it: a file the done marker lists and that is gone leaves it incomplete
+            std::vector<std::string> missing;
+            const Json done = read_json_file(dir / std::string(io::kDoneMarker));
+            if (check_files && done.contains("files") && done["files"].is_array())
+                for (const auto& f : done["files"])
+                    if (f.is_string() && !has_file(dir / f.get<std::string>())) missing.push_back(f.get<std::string>());
+            if (!missing.empty()) {
+                e.status = "incomplete";
+                e.error = fmt::format("missing: {}", fmt::join(missing, ", "));
+            }
             return e;
         }
         if (has_file(dir / std::string(io::kFailedMarker))) {

@@ -37,8 +37,10 @@ struct OutputSummary {
 /// An episode's entry from its output directory: "ok" (done.json; metrics and timings from its files),
 /// "failed" (failed.json: the error), "interrupted" (an interrupted run's manifest: the calls done), or
 /// "incomplete" (no outputs, or outputs without a done marker: a run that was killed; `error` says
-/// which). Damaged files make the entry incomplete with the reason; nothing here throws on them.
-EpisodeSummary episode_from_outputs(const std::filesystem::path& dir, const std::string& name);
+/// which). Damaged files make the entry incomplete with the reason; nothing here throws on them. With `check_files`,
+/// a done episode one of whose listed files is gone is incomplete ("missing: actions.npy"), as the report judges it;
+/// `dzr compare` reads trimmed baselines (actions, metrics and the marker) without it.
+EpisodeSummary episode_from_outputs(const std::filesystem::path& dir, const std::string& name, bool check_files = true);
 
 /// The episodes of the run in `out_dir`: OUT/plan.json's list, else every subdirectory holding a done
 /// marker, a failure record or a manifest, by name. Throws dzr::Error when there are none.

@@ -129,6 +129,16 @@ TEST_CASE("an episode with damaged files is incomplete with the reason, and the 
     CHECK_FALSE(fs::exists(out / "summary_mse_per_dim.png"));  // no renderer given
 }
 
+TEST_CASE("a done episode whose listed files are gone is incomplete, as the report says; compare reads trimmed dirs") {
+    test::TempDir out;
+    write_done_episode(out / "ep_a", 1.0, 4);
+    fs::remove(out / "ep_a/timing.json");
+    CHECK(episode_from_outputs(out / "ep_a", "ep_a").status == "incomplete");
+    CHECK(episode_from_outputs(out / "ep_a", "ep_a").error == "missing: timing.json");
+    // a baseline kept for dzr compare holds fewer files than its marker lists
+    CHECK(episode_from_outputs(out / "ep_a", "ep_a", false).status == "ok");
+}
+
 TEST_CASE("without plan.json the episodes are the output's episode directories, and elsewhere there are none") {
     test::TempDir out;
     write_done_episode(out / "z_last", 1.0, 4);
