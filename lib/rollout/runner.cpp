@@ -416,6 +416,7 @@ void prepare_run(const RolloutOptions& opt, PreparedRun& p) {
     }
     // NOTE: before the --resume shortcut, so that it refuses the finished episodes of another run
     p.checked.emplace(validate_run(opt, p.embodiment, p.plan.refs, p.plan.names, p.schedule));
+    if (p.shard) p.shard->check_run_fingerprint(p.checked->fingerprint, opt.force);
 }
 
 /// The one-screen summary of what was loaded (stderr).

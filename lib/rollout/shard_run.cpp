@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/result_writer.h"
+#include "rollout/fingerprint.h"
 #include "rollout/partition.h"
 
 namespace dzr::rollout {
@@ -200,6 +201,33 @@ ShardRun::ShardRun(const ShardInfo& shard, const fs::path& out_dir, const std::v
 }
 
 ShardRun::~ShardRun() = default;
+
+void ShardRun::check_run_fingerprint(const Json& fingerprint, bool force) const {
+    if (!shard_.sharded()) return;
+    const fs::path file = out_dir_ / kRanksDir / "fingerprint.json";
+    FileLock lock(out_dir_ / kRanksDir / ".plan.lock");
+    if (io::input_file_present(file)) {
+        Json recorded;
+        try {
+            recorded = parse_json_strict<Json>(io::read_file(file), file.string());
+        } catch (const Json::exception& ex) {
+            DZR_THROW("{}: invalid JSON: {}", file.string(), ex.what());
+        }
+        DZR_CHECK(recorded.is_object() && recorded.contains("fingerprint"), "{}: no \"fingerprint\"", file.string());
+        const bool same_launch = recorded.value("run_id", std::string()) == shard_.run_id && !shard_.run_id.empty();
+        const auto diffs = fingerprint_differences(recorded["fingerprint"], fingerprint);
+        if (!diffs.empty() && (same_launch || !force)) {
+            std::string msg = fmt::format("{} runs other settings than the {} recorded in {} (ranks of one --out must "
+                                          "agree{}):", shard_.label(),
+                                          same_launch ? "ranks of this launch" : "run", file.string(),
+                                          same_launch ? "" : "; --force replaces that run");
+            for (const auto& d : diffs) msg += "\n    " + d;
+            throw Error(msg);
+        }
+        if (diffs.empty() && same_launch) return;
+    }
+    io::write_file_atomic(file, dump_json(Json{{"run_id", shard_.run_id}, {"fingerprint", fingerprint}}) + "\n");
+}
 
 void ShardRun::plan_sharded(const std::vector<io::EpisodeRef>& refs, const FrameSchedule& schedule,
                             const io::EpisodeOptions& episode_options, bool resume) {

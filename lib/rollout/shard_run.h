@@ -56,6 +56,12 @@ public:
     const std::vector<size_t>& episodes() const { return mine_; }
     /// "rank 1/3  " to start progress lines with; empty when unsharded.
     std::string progress_prefix() const;
+    /// A sharded run: every rank runs the same settings. The first rank of a launch records the run fingerprint (the
+    /// settings, checkpoint and numerics: fingerprint.h) in ranks/fingerprint.json; a rank of the same launch with
+    /// another one, or of another launch without --force, is refused naming the differences, before any episode
+    /// is written. Nothing for an unsharded run (its lock keeps it alone).
+    void check_run_fingerprint(const Json& fingerprint, bool force) const;
+
     /// An unsharded run's plan.json, written before its first episode (a sharded run writes it when it plans), so
     /// that `dzr summarize` lists the planned episodes a killed run never reached.
     void write_plan_first() const;

@@ -97,6 +97,28 @@ TEST_CASE("the ranks of one launch run the plan the first one wrote, each its ow
     CHECK(read_run_plan(run.out())->run_id == "slurm-8.0");
 }
 
+TEST_CASE("the ranks of one --out must run the same settings: another fingerprint is refused naming it") {
+    const Run run;
+    const Json fp = {{"seed", 1140}, {"numerics", {{"backend", "cpu"}}}};
+    Json other = fp;
+    other["seed"] = 7;
+    const auto r0 = run.rank(0, 2, "job-1");
+    const auto r1 = run.rank(1, 2, "job-1");
+    r0->check_run_fingerprint(fp, false);
+    r1->check_run_fingerprint(fp, false);  // the same settings: fine
+    CHECK(test::contains(test::error_of([&] { r1->check_run_fingerprint(other, false); }), "seed: 1140 (recorded) vs 7 (this run)"));
+    // --force does not let a rank of the same launch differ
+    CHECK(test::contains(test::error_of([&] { r1->check_run_fingerprint(other, true); }), "ranks of this launch"));
+    // another launch into the same --out: refused, unless --force replaces that run
+    const auto later = run.rank(0, 2, "job-2");
+    CHECK(test::contains(test::error_of([&] { later->check_run_fingerprint(other, false); }), "--force replaces that run"));
+    later->check_run_fingerprint(other, true);
+    later->check_run_fingerprint(other, false);
+    // an unsharded run checks nothing (its lock keeps it alone)
+    const ShardRun single(ShardInfo{}, run.out(), run.refs, run.names, run.schedule, io::EpisodeOptions{}, false, "cpu");
+    single.check_run_fingerprint(fp, false);
+}
+
 TEST_CASE("with --resume a launch splits only the unfinished episodes; --shard by hand splits every one") {
     Run run;
     run.finish(1);
