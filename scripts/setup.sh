@@ -20,7 +20,7 @@ done
 pkgs=(build-essential cmake ninja-build pkg-config python3
       libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev doctest-dev nlohmann-json3-dev
       libsentencepiece-dev libopenblas-dev libpng-dev libssl-dev
-      libavformat-dev libavcodec-dev libswscale-dev libavutil-dev python3-venv)
+      libavformat-dev libavcodec-dev libswscale-dev libavutil-dev python3-venv libboost-dev libmsgpack-cxx-dev)
 if ((fuzz)); then
     pkgs+=(clang libclang-rt-dev)
 fi
@@ -52,6 +52,15 @@ if ! "$DZR_PYTHON" -c 'import pyarrow, av, numpy' >/dev/null 2>&1; then
     echo "setup: installing pyarrow, av and numpy into $DZR_PYDEPS"
     python3 -m venv "$DZR_PYDEPS"
     "$DZR_PYDEPS/bin/pip" install -q --disable-pip-version-check 'pyarrow>=19' 'av>=14' numpy
+fi
+
+# dzr serve's test talks to the server through the official client stack (openpi-client pins numpy < 2, so it gets
+# a virtual environment of its own, apart from the pyarrow that dzr builds against).
+DZR_SERVEDEPS=${DZR_SERVEDEPS:-$HOME/.cache/dzr/servedeps}
+if ! "$DZR_SERVEDEPS/bin/python" -c 'import openpi_client, websockets, msgpack, numpy' >/dev/null 2>&1; then
+    echo "setup: installing openpi-client, websockets and msgpack into $DZR_SERVEDEPS (dzr serve's test)"
+    python3 -m venv "$DZR_SERVEDEPS"
+    "$DZR_SERVEDEPS/bin/pip" install -q --disable-pip-version-check openpi-client websockets msgpack numpy
 fi
 
 # NOTE: Debian's chromium-headless-shell (no GTK, ~64 MB) is enough for the test; where the package

@@ -46,7 +46,7 @@ echo "== parsers, a tiny rollout and the fuzz targets under ASan/UBSan (clang) =
 fuzzers=""
 for f in safetensors_header npy_header episode_yaml config_json metadata_json run_config run_files; do fuzzers+=" fuzz_$f"; done
 TARGETS="dzr_cli unit_test_safetensors unit_test_checkpoint unit_test_config unit_test_npy unit_test_episode \
-         unit_test_embodiment unit_test_rollout_validation dataset_test_ffmpeg_video$fuzzers" \
+         unit_test_embodiment unit_test_rollout_validation dataset_test_ffmpeg_video serve_test_units$fuzzers" \
     BUILD_DIR=build-sanitize scripts/build.sh -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DDZR_SANITIZE=ON -DDZR_FUZZ=ON -DDZR_CUDA=OFF -DDZR_OPENCV=OFF -DDZR_DIAGNOSTICS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"

@@ -11,7 +11,8 @@ lib/ modules sit on levels; a file may include its own module and modules of low
     4 model
     5 policy
     6 rollout
-    7 apps/                 (not in lib/: the CLI and its subcommand modules)
+    7 serve                 (dzr serve: the policy server on the rollout's engine and frame schedule)
+    8 apps/                 (not in lib/: the CLI and its subcommand modules)
 
 kernels/ (the CUDA kernels) may be included only by lib/backend/cuda/ and kernels/ itself, and the backend's
 implementation folders (lib/backend/cpu/, lib/backend/cuda/) only from within lib/backend/ (and the tests).
@@ -24,8 +25,8 @@ import re
 import sys
 
 LEVELS = {"core": 0, "backend": 1, "io": 1, "config": 2, "dataset": 2, "weights": 3, "kv": 3, "sampling": 3,
-          "model": 4, "policy": 5, "rollout": 6}
-APPS_LEVEL = 7
+          "model": 4, "policy": 5, "rollout": 6, "serve": 7}
+APPS_LEVEL = 8
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
 

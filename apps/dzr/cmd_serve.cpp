@@ -1,0 +1,193 @@
+// `dzr serve`: the policy behind a websocket, speaking the official DreamZero server's protocol (RoboArena,
+// DROID), so that an existing client drives dzr instead of the official PyTorch server.
+#include <cstdio>
+#include <map>
+
+#include "apps/dzr/command.h"
+#include "backend/options.h"
+#include "config/embodiment.h"
+#include "config/run_config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "policy/engine.h"
+#include "rollout/progress.h"
+#include "rollout/reports.h"
+#include "rollout/runner.h"
+#include "serve/policy_handler.h"
+#include "serve/server.h"
+#include "weights/checkpoint.h"
+
+namespace dzr::app {
+namespace {
+
+struct ServeArgs {
+    std::string ckpt;
+    std::string config;
+    std::vector<std::string> sets;
+    std::string embodiment;
+    std::string device = "cpu";
+    std::string numerics = "fast";  // as `dzr rollout`: a replay of a recorded session uses the same default
+    std::string tokenizer;
+    std::string host = "127.0.0.1";
+    int port = 8000;
+    std::string record;
+    double max_message_mb = 64;
+    bool no_warmup = false;
+};
+
+bool is_loopback(const std::string& host) {
+    return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+/// The timing summary on exit: per request group, from the request's last byte to the reply's last byte.
+void print_summary(const serve::ServeReport& r) {
+    std::map<std::string, std::vector<double>> groups;
+    for (const auto& t : r.requests) groups[t.category].push_back(t.ms);
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& [name, ms] : groups) {
+        const auto s = rollout::compute_stats(ms);
+        rows.push_back({name, std::to_string(ms.size()), fmt::format("{:.1f}", s.median),
+                        fmt::format("{:.1f}", s.p90), fmt::format("{:.1f}", s.max)});
+    }
+    std::printf("served %llu clients (%llu refused), %zu requests, %llu replies dropped (client gone)\n",
+                (unsigned long long)r.clients, (unsigned long long)r.refused, r.requests.size(),
+                (unsigned long long)r.dropped_replies);
+    if (!rows.empty())
+        std::printf(
+            "%s(request received -> reply sent)\n",
+            rollout::format_table({"request", "count", "median ms", "p90 ms", "max ms"}, rows).c_str());
+}
+
+int run(const ServeArgs& a) {
+    DZR_CHECK(a.port >= 0 && a.port <= 65535, "--port must be in 0..65535, got {}", a.port);
+    DZR_CHECK(a.max_message_mb > 0 && a.max_message_mb <= 4096,
+              "--max-message-mb must be in (0, 4096], got {}", a.max_message_mb);
+    EngineOptions eo;
+    eo.checkpoint = a.ckpt;
+    std::vector<config::Override> overrides;
+    for (const auto& s : a.sets) overrides.push_back(config::parse_override(s));
+    if (!a.config.empty()) {
+        eo.run = config::load_run_config(a.config, overrides);
+        eo.check_config_model = true;
+    } else {
+        DZR_CHECK(overrides.empty(),
+                  "--set needs --config (the settings it overrides come from a config file)");
+    }
+    eo.embodiment = a.embodiment;
+    eo.devices = parse_device_list(a.device);
+    eo.backend = apply_env_overrides({});
+    eo.backend.numerics = parse_numerics(a.numerics);
+    eo.tokenizer = a.tokenizer;
+    // NOTE: a server does not know its prompts in advance: umT5 stays resident and encodes each new prompt
+    eo.text_prepass = false;
+
+    // The protocol's embodiment first, before any weight is read.
+    {
+        const Checkpoint ckpt(eo.checkpoint);
+        const std::string tag = !eo.embodiment.empty() ? eo.embodiment : eo.run.embodiment;
+        serve::bind_droid_protocol(
+            select_embodiment(load_checkpoint_embodiments(eo.checkpoint), tag, ckpt.model_config()));
+    }
+    Timer timer;
+    const std::unique_ptr<Engine> engine = Engine::load(eo);
+    const std::unique_ptr<Session> session = engine->open_session();
+    const double load_s = timer.seconds();
+    int warmup_calls = 0;
+    double warmup_ms = 0;
+    if (!a.no_warmup) warmup_ms = rollout::run_warmup(*engine, *session, warmup_calls);
+
+    serve::PolicyHandlerOptions ho;
+    ho.record_dir = a.record;
+    const config::RolloutConfig& rc = eo.run.rollout;
+    ho.schedule.start_frame = rc.start_frame;
+    ho.schedule.stride = rc.stride;
+    ho.schedule.offsets.assign(rc.offsets.begin(), rc.offsets.end());
+    ho.schedule.max_chunks = rc.max_chunks > 0 ? rc.max_chunks : -1;
+    serve::PolicyHandler handler(*engine, *session, ho);
+
+    serve::ServerOptions so;
+    so.host = a.host;
+    so.port = uint16_t(a.port);
+    so.max_message_bytes = size_t(a.max_message_mb * double(1 << 20));
+    const serve::ServerConfig& sc = handler.server_config();
+    std::fprintf(
+        stderr,
+        "dzr serve\n"
+        "  checkpoint  %s\n"
+        "  model       %s\n"
+        "  embodiment  %s\n"
+        "  device      %s (%s, %s numerics)\n"
+        "  load        %.1f s; warm-up %d calls, %.1f s\n"
+        "  protocol    the official DreamZero server's (RoboArena, DROID): %dx%d frames, 1 frame on a "
+        "session's first call then 4; float32 [%d, %d] actions; messages up to %.0f MiB\n"
+        "  record      %s\n",
+        a.ckpt.c_str(), engine->describe().c_str(), engine->embodiment().tag.c_str(),
+        engine->devices().c_str(), engine->backend().name().c_str(), a.numerics.c_str(), load_s, warmup_calls,
+        warmup_ms / 1e3, sc.image_width, sc.image_height, engine->model().dit.num_action_per_block,
+        engine->embodiment().action_dim(), a.max_message_mb,
+        a.record.empty()
+            ? "off"
+            : fmt::format("{} (replay: dzr rollout {}/<session> with this --config; schedule {})", a.record,
+                          a.record, rollout::FrameSchedule(ho.schedule).describe())
+                  .c_str());
+    if (!is_loopback(a.host))
+        log()->warn(
+            "serve: listening on {}, not loopback: anyone who reaches it drives the policy (no "
+            "authentication, no encryption)",
+            a.host);
+    so.on_listening = [](const std::string& host, uint16_t port) {
+        std::printf("dzr serve: listening on ws://%s:%u (Ctrl-C stops)\n",
+                    host.find(':') != std::string::npos ? ("[" + host + "]").c_str() : host.c_str(),
+                    unsigned(port));
+        std::fflush(stdout);
+    };
+    serve::Server server(handler, so);
+    const serve::ServeReport report = server.run();
+    print_summary(report);
+    return 0;
+}
+
+CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
+    auto args = std::make_shared<ServeArgs>();
+    auto* cmd =
+        app.add_subcommand("serve",
+                           "Serve the policy over a websocket with the official DreamZero server's protocol "
+                           "(RoboArena clients, DROID)");
+    cmd->add_option("--ckpt", args->ckpt, "Checkpoint directory")->required();
+    cmd->add_option(
+        "--config", args->config,
+        "Run config (configs/*.yaml): sampling and kv settings, and the frame schedule recorded sessions "
+        "follow (--record)");
+    cmd->add_option("--set", args->sets, "Override a key of the --config file (needs --config)");
+    cmd->add_option(
+        "--embodiment", args->embodiment,
+        "The checkpoint's embodiment to serve (it must be DROID's; default: the config's, else the "
+        "checkpoint's only one)");
+    cmd->add_option(
+           "--device", args->device,
+           "cpu, cuda or cuda:N; two devices (cuda:0,cuda:1) run the unconditional CFG branch on the second")
+        ->capture_default_str();
+    cmd->add_option("--numerics", args->numerics, "fast or reference (as dzr rollout)")
+        ->capture_default_str();
+    cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
+    cmd->add_option("--host", args->host,
+                    "Address to listen on (loopback by default; the server has no authentication)")
+        ->capture_default_str();
+    cmd->add_option("--port", args->port, "Port to listen on (0: a free one, printed)")
+        ->capture_default_str();
+    cmd->add_option(
+        "--record", args->record,
+        "Write every served session as an episode directory DIR/<session> that `dzr rollout` replays "
+        "into the same actions (plus served_actions.npy and serve.json)");
+    cmd->add_option(
+           "--max-message-mb", args->max_message_mb,
+           "Largest request accepted, in MiB (larger ones get a text error and the connection closes)")
+        ->capture_default_str();
+    cmd->add_flag("--no-warmup", args->no_warmup,
+                  "Skip the warm-up (the first calls then pay first-call costs)");
+    cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args); }; });
+});
+
+}  // namespace
+}  // namespace dzr::app
