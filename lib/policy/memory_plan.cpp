@@ -137,38 +137,31 @@ const MemoryPhase& MemoryPlan::peak() const {
     return *best;
 }
 
-MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, const PolicyOptions& options,
-                       const MemoryPlanOptions& po, Backend* planner) {
-    DZR_CHECK(po.kv_dtype == DType::BF16 || po.kv_dtype == DType::F8_E4M3 || po.kv_dtype == DType::F32,
-              "memory plan: the KV cache is bf16 or fp8, got {}", dtype_name(po.kv_dtype));
-    MemoryPlan plan;
-    plan.options = po;
-    plan.text_prepass = options.text_prepass;
-    plan.planner = planner ? planner->device().str() : "offline (a CUDA GPU assumed)";
-    plan.numerics = planner ? planner->numerics() : po.numerics;
-    const DType dt = po.compute_dtype;
-    const std::optional<Capabilities> assumed =
-        planner ? std::nullopt : std::optional<Capabilities>(assumed_cuda_capabilities());
+namespace {
 
-    // ---- the engine's calls on a measuring backend: workspace, allocations, a session's buffers ---------------
-    MeasuringBackend measuring(dt, planner, assumed, po.numerics);
-    RecordingWeights shapes(make_shape_only_weights(model));
-    // NOTE: measured at the compute dtype (bf16 Linears, a compute-dtype KV pool); the plan below sizes the FP8
-    // weights and KV itself, and the FP8 Linears' quantized activations as a part of their own
-    PolicyOptions measured = options;
-    measured.precision = Precision::Bf16;
-    measured.kv.dtype = Precision::Bf16;
-    const EngineFootprint footprint = Engine::measure(model, embodiment, {}, measured, {&measuring}, &shapes);
-    // umT5 alone (what the pre-pass loads, and frees)
+/// The engine's calls run on a measuring backend: its workspace, allocations and a session's buffers, and umT5's
+/// allocations alone (what the text pre-pass loads, and frees).
+struct MeasuredEngine {
+    EngineFootprint footprint;
     uint64_t t5_allocated = 0;
-    {
-        MeasuringBackend alone(dt, planner, assumed, po.numerics);
-        WeightLoader loader(shapes, alone);
-        const Umt5Encoder encoder(loader, model.t5);
-        t5_allocated = alone.allocated_bytes();
-    }
+};
 
-    // ---- weights: the inventory's weights the networks load, at the plan's precision --------------------------
+MeasuredEngine measure_engine(const ModelConfig& model, const Embodiment& embodiment, const PolicyOptions& measured,
+                              MeasuringBackend& measuring, RecordingWeights& shapes, const MemoryPlanOptions& po,
+                              Backend* planner, const std::optional<Capabilities>& assumed) {
+    MeasuredEngine m;
+    m.footprint = Engine::measure(model, embodiment, {}, measured, {&measuring}, &shapes);
+    MeasuringBackend alone(po.compute_dtype, planner, assumed, po.numerics);
+    WeightLoader loader(shapes, alone);
+    const Umt5Encoder encoder(loader, model.t5);
+    m.t5_allocated = alone.allocated_bytes();
+    return m;
+}
+
+/// The inventory's weights the networks load, per component, at the plan's precision.
+std::array<ComponentWeights, kNumComponents> plan_weights(const ModelConfig& model, const RecordingWeights& shapes,
+                                                          const MemoryPlanOptions& po) {
+    const DType dt = po.compute_dtype;
     std::array<ComponentWeights, kNumComponents> weights{};
     for (const ExpectedWeight& w : expected_weights(model)) {
         ComponentWeights& c = weights[size_t(w.component)];
@@ -183,94 +176,122 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
             c.fp8_scales += uint64_t(w.shape[0]);
         }
     }
+    return weights;
+}
+
+/// The KV cache: paged, the engine's pool at the plan's KV dtype (and the measuring engine's, in its compute dtype);
+/// dense, the session's own caches (in its measured buffers).
+struct PlannedKv {
+    bool paged = false, fp8 = false, lanes = false;
+    KvMemoryPlan kv;
+    uint64_t scales = 0, measured = 0;
+};
+
+PlannedKv plan_kv(const ModelConfig& model, const PolicyOptions& options, const PolicyOptions& measured,
+                  const MemoryPlanOptions& po, const Backend& measuring) {
+    const DType dt = po.compute_dtype;
+    PlannedKv p;
+    p.paged = options.kv_mode == KvMode::Paged;
+    p.fp8 = po.kv_dtype == DType::F8_E4M3;
+    if (!p.paged) {
+        DZR_CHECK(po.kv_dtype == dt, "memory plan: an fp8 KV cache needs the paged cache (--kv paged)");
+        return p;
+    }
+    // NOTE: the engine's geometry: the compute dtype, and with an fp8 KV cache E4M3 pool and cross-cache rows with
+    // an f32 scale per token and head (the scratch keeps the compute dtype)
+    // NOTE: kv.in_place lanes as the engine decides them on this device and numerics (Engine: a GPU in fast
+    // numerics; auto's free-memory check happens at the load, so the plan counts the lanes it would keep)
+    const bool lanes_pay = kv_lanes_pay(measuring);
+    KvGeometry g = KvGeometry::from_model(model, dt, 2);
+    g.fp8_pool = g.fp8_cross = p.fp8;
+    options.kv.validate(g);
+    g.lanes = resolve_kv_lanes(options.kv, g, lanes_pay);
+    p.lanes = g.lanes;
+    p.kv = plan_kv_memory(g, options.kv, resolve_kv_budget(g, options.kv, 0));
+    p.scales = kv_scale_bytes(g, p.kv.total_block_ids(), p.kv.limits.block_tokens);
+    // NOTE: the measuring engine's pool is in its compute dtype
+    KvGeometry gm = KvGeometry::from_model(model, dt, 2);
+    gm.lanes = resolve_kv_lanes(measured.kv, gm, lanes_pay);
+    p.measured = plan_kv_memory(gm, measured.kv, resolve_kv_budget(gm, measured.kv, 0)).total_bytes;
+    return p;
+}
+
+void add_part(MemoryPlan& plan, std::string key, std::string name, uint64_t bytes, std::string detail) {
+    plan.parts.push_back({std::move(key), std::move(name), bytes, std::move(detail)});
+}
+
+/// The networks' weights and the tables beside them (what the measuring engine allocated besides weights and KV).
+void add_weight_parts(MemoryPlan& plan, const std::array<ComponentWeights, kNumComponents>& weights,
+                      const MeasuredEngine& m, const PlannedKv& kv, DType dt) {
     const ComponentWeights& t5 = weights[size_t(Component::TextEncoder)];
     const ComponentWeights& clip = weights[size_t(Component::ImageEncoder)];
     const ComponentWeights& vae = weights[size_t(Component::Vae)];
     const ComponentWeights& dit = weights[size_t(Component::Dit)];
-
-    // ---- the KV cache (paged: the engine's pool; dense: the session's own caches, in its buffers) -------------
-    KvMemoryPlan kv;
-    uint64_t kv_scales = 0, kv_measured = 0;
-    bool lanes = false;
-    const bool paged = options.kv_mode == KvMode::Paged;
-    const bool fp8_kv = po.kv_dtype == DType::F8_E4M3;
-    if (paged) {
-        // NOTE: the engine's geometry: the compute dtype, and with an fp8 KV cache E4M3 pool and cross-cache rows with
-        // an f32 scale per token and head (the scratch keeps the compute dtype)
-        // NOTE: kv.in_place lanes as the engine decides them on this device and numerics (Engine: a GPU in fast
-        // numerics; auto's free-memory check happens at the load, so the plan counts the lanes it would keep)
-        const bool lanes_pay = kv_lanes_pay(measuring);
-        KvGeometry g = KvGeometry::from_model(model, dt, 2);
-        g.fp8_pool = g.fp8_cross = fp8_kv;
-        options.kv.validate(g);
-        g.lanes = resolve_kv_lanes(options.kv, g, lanes_pay);
-        lanes = g.lanes;
-        kv = plan_kv_memory(g, options.kv, resolve_kv_budget(g, options.kv, 0));
-        kv_scales = kv_scale_bytes(g, kv.total_block_ids(), kv.limits.block_tokens);
-        // NOTE: the measuring engine's pool is in its compute dtype
-        KvGeometry gm = KvGeometry::from_model(model, dt, 2);
-        gm.lanes = resolve_kv_lanes(measured.kv, gm, lanes_pay);
-        kv_measured = plan_kv_memory(gm, measured.kv, resolve_kv_budget(gm, measured.kv, 0)).total_bytes;
-    } else {
-        DZR_CHECK(po.kv_dtype == dt, "memory plan: an fp8 KV cache needs the paged cache (--kv paged)");
-    }
-
-    const uint64_t engine_bytes = footprint.engine_bytes.at(0);
-    const uint64_t t5_tables = remainder(t5_allocated, t5.at_compute, "umT5");
-    const uint64_t tables = remainder(engine_bytes, t5_allocated + clip.at_compute + vae.at_compute + dit.at_compute +
-                                                        kv_measured,
+    const uint64_t engine_bytes = m.footprint.engine_bytes.at(0);
+    const uint64_t t5_tables = remainder(m.t5_allocated, t5.at_compute, "umT5");
+    const uint64_t tables = remainder(engine_bytes, m.t5_allocated + clip.at_compute + vae.at_compute + dit.at_compute +
+                                                        kv.measured,
                                       "the engine");
+    add_part(plan, "weights.umt5", "umT5 weights", t5.bytes, weights_detail(t5, dt));
+    add_part(plan, "weights.clip", "CLIP weights", clip.bytes, weights_detail(clip, dt));
+    add_part(plan, "weights.vae", "VAE weights", vae.bytes, weights_detail(vae, dt));
+    add_part(plan, "weights.dit", "DiT weights", dit.bytes, weights_detail(dit, dt));
+    add_part(plan, "tables.umt5", "umT5 tables", t5_tables, "umT5's relative-position bucket one-hot");
+    add_part(plan, "tables.networks", "network tables", tables,
+             "CLIP, VAE and DiT tables besides their weights (RoPE, timestep embeddings, resize matrices; in fast "
+             "numerics the VAE encoder's channels-last convolution weights)");
+}
 
-    // ---- the parts ------------------------------------------------------------------------------------------
-    const auto add = [&](std::string key, std::string name, uint64_t bytes, std::string detail) {
-        plan.parts.push_back({std::move(key), std::move(name), bytes, std::move(detail)});
-    };
-    add("weights.umt5", "umT5 weights", t5.bytes, weights_detail(t5, dt));
-    add("weights.clip", "CLIP weights", clip.bytes, weights_detail(clip, dt));
-    add("weights.vae", "VAE weights", vae.bytes, weights_detail(vae, dt));
-    add("weights.dit", "DiT weights", dit.bytes, weights_detail(dit, dt));
-    add("tables.umt5", "umT5 tables", t5_tables, "umT5's relative-position bucket one-hot");
-    add("tables.networks", "network tables", tables,
-        "CLIP, VAE and DiT tables besides their weights (RoPE, timestep embeddings, resize matrices; in fast "
-        "numerics the VAE encoder's channels-last convolution weights)");
-    if (paged) {
-        add("kv.pool", "KV pool", kv.pool_bytes - kv_scales,
-            fmt::format("{} blocks of {} tokens + the null block, {} each, {}{}", kv.num_blocks, kv.limits.block_tokens,
-                        format_bytes(kv.block_bytes), kv_dtype_name(po.kv_dtype),
-                        !lanes ? std::string()
-                        : kv.limits.mirrored()
-                            ? fmt::format("; kv.in_place lanes: {} blocks per branch and {} reserved for the current rows "
-                                          "(--set kv.in_place=false: {} fewer)",
-                                          kv.limits.lane_blocks, kv.limits.lane_ids - 2 * kv.limits.lane_blocks,
-                                          kv.limits.lane_ids - 2 * kv.limits.max_blocks_per_branch)
-                            : fmt::format("; a kv.in_place lane of {} blocks ({} without it)", kv.limits.lane_blocks,
-                                          kv.limits.max_blocks_per_branch)));
-        add("kv.scratch", "KV scratch", kv.scratch_bytes, "the current rows of one layer, K and V, per branch");
-        add("kv.cross", "cross-attention caches", kv.cross_bytes,
-            fmt::format("K and V of every layer: the text per branch, the image shared, {}",
-                        fp8_kv ? "fp8 with a float32 scale per token and head" : kv_dtype_name(dt)));
-        if (kv_scales > 0)
-            add("kv.scales", "KV scales", kv_scales, "the fp8 pool's float32 per token and head, K and V, per layer");
-    }
-    add("session", "session buffers", footprint.session_bytes.at(0),
-        paged ? "inputs, samples, velocities, sampler history (measured)"
-              : "inputs, samples, sampler history, the dense KV caches and cross K/V (measured)");
+/// The paged KV cache's pool, scratch, cross-attention caches and fp8 scales.
+void add_kv_parts(MemoryPlan& plan, const PlannedKv& p, const MemoryPlanOptions& po, DType dt) {
+    if (!p.paged) return;
+    const KvMemoryPlan& kv = p.kv;
+    add_part(plan, "kv.pool", "KV pool", kv.pool_bytes - p.scales,
+             fmt::format("{} blocks of {} tokens + the null block, {} each, {}{}", kv.num_blocks, kv.limits.block_tokens,
+                         format_bytes(kv.block_bytes), kv_dtype_name(po.kv_dtype),
+                         !p.lanes ? std::string()
+                         : kv.limits.mirrored()
+                             ? fmt::format("; kv.in_place lanes: {} blocks per branch and {} reserved for the current "
+                                           "rows (--set kv.in_place=false: {} fewer)",
+                                           kv.limits.lane_blocks, kv.limits.lane_ids - 2 * kv.limits.lane_blocks,
+                                           kv.limits.lane_ids - 2 * kv.limits.max_blocks_per_branch)
+                             : fmt::format("; a kv.in_place lane of {} blocks ({} without it)", kv.limits.lane_blocks,
+                                           kv.limits.max_blocks_per_branch)));
+    add_part(plan, "kv.scratch", "KV scratch", kv.scratch_bytes, "the current rows of one layer, K and V, per branch");
+    add_part(plan, "kv.cross", "cross-attention caches", kv.cross_bytes,
+             fmt::format("K and V of every layer: the text per branch, the image shared, {}",
+                         p.fp8 ? "fp8 with a float32 scale per token and head" : kv_dtype_name(dt)));
+    if (p.scales > 0)
+        add_part(plan, "kv.scales", "KV scales", p.scales,
+                 "the fp8 pool's float32 per token and head, K and V, per layer");
+}
+
+/// What a running engine holds besides networks and KV: the session's buffers, the pre-pass output, the workspace
+/// (with FP8 activations), the decoded video, the CUDA context.
+void add_runtime_parts(MemoryPlan& plan, const ModelConfig& model, const PolicyOptions& options,
+                       const MemoryPlanOptions& po, const MeasuredEngine& m, const PlannedKv& kv, Backend* planner,
+                       Numerics measured_numerics) {
+    const DType dt = po.compute_dtype;
+    add_part(plan, "session", "session buffers", m.footprint.session_bytes.at(0),
+             kv.paged ? "inputs, samples, velocities, sampler history (measured)"
+                      : "inputs, samples, sampler history, the dense KV caches and cross K/V (measured)");
     if (options.text_prepass)
-        add("text.prepass_output", "pre-pass output", uint64_t(model.t5.text_len) * uint64_t(model.t5.dim) * dtype_size(dt),
-            "umT5's output buffer during the pre-pass");
-    add("workspace", "workspace", footprint.workspace_bytes.at(0),
-        planner ? fmt::format("activations and the ops' scratch, planned on {}", planner->device().str())
-                : "activations and the ops' scratch (without a convolution library's own scratch: no GPU here)");
+        add_part(plan, "text.prepass_output", "pre-pass output",
+                 uint64_t(model.t5.text_len) * uint64_t(model.t5.dim) * dtype_size(dt),
+                 "umT5's output buffer during the pre-pass");
+    add_part(plan, "workspace", "workspace", m.footprint.workspace_bytes.at(0),
+             planner ? fmt::format("activations and the ops' scratch, planned on {}", planner->device().str())
+                     : "activations and the ops' scratch (without a convolution library's own scratch: no GPU here)");
     if (po.precision == WeightPrecision::Fp8) {
         // an FP8 Linear quantizes its input per token into the workspace while it runs: [tokens, in] codes and a
         // float32 scale per token, at most the denoising forward's tokens times the widest input (the FFN's); a
         // batched forward of both CFG branches (fast numerics, BranchRunner::forward_pair) holds both branches' rows
-        const int64_t branches = options.batch_cfg && measuring.numerics() == Numerics::Fast ? 2 : 1;
+        const int64_t branches = options.batch_cfg && measured_numerics == Numerics::Fast ? 2 : 1;
         const int64_t tokens = branches * (int64_t(model.dit.num_frame_per_block) * model.dit.frame_seqlen +
                                            model.dit.num_action_per_block + model.dit.num_state_per_block);
         const int64_t in = std::max<int64_t>(model.dit.dim, model.dit.ffn_dim);
-        add("workspace.fp8", "FP8 activations", uint64_t(tokens) * uint64_t(in) + uint64_t(tokens) * 4,
-            fmt::format("{} tokens x {} E4M3 codes and a float32 scale per token", tokens, in));
+        add_part(plan, "workspace.fp8", "FP8 activations", uint64_t(tokens) * uint64_t(in) + uint64_t(tokens) * 4,
+                 fmt::format("{} tokens x {} E4M3 codes and a float32 scale per token", tokens, in));
     }
     if (po.video_latent_frames > 0) {
         const int64_t k = po.video_latent_frames, lh = model.canvas_height / 8, lw = model.canvas_width / 8;
@@ -278,12 +299,16 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
         const uint64_t latent = uint64_t(model.vae.z_dim) * uint64_t(k * lh * lw);
         const uint64_t video = uint64_t(3) * uint64_t(1 + 4 * (k - 1)) * uint64_t(model.canvas_height) *
                                uint64_t(model.canvas_width);
-        add("video.decode", "video decode buffers", (latent + video) * dtype_size(dt),
-            fmt::format("{} latent frames and {} decoded frames", k, 1 + 4 * (k - 1)));
+        add_part(plan, "video.decode", "video decode buffers", (latent + video) * dtype_size(dt),
+                 fmt::format("{} latent frames and {} decoded frames", k, 1 + 4 * (k - 1)));
     }
-    if (po.cuda) add("cuda.context", "CUDA context allowance", kCudaContextBytes, "context, library modules, rounding");
+    if (po.cuda)
+        add_part(plan, "cuda.context", "CUDA context allowance", kCudaContextBytes, "context, library modules, rounding");
+}
 
-    // ---- the phases ------------------------------------------------------------------------------------------
+/// The phases and the parts resident in each: the text pre-pass (umT5 alone), the load, the rollout calls, the
+/// video decode.
+void add_phases(MemoryPlan& plan, const PolicyOptions& options, const MemoryPlanOptions& po) {
     const auto phase = [&](std::string key, std::string name, std::vector<std::string> keys) {
         MemoryPhase ph{std::move(key), std::move(name), {}, 0};
         for (auto& k : keys) {
@@ -315,6 +340,37 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
         rollout.push_back("video.decode");
         phase("video_decode", "video decode (--save-video)", rollout);
     }
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, const PolicyOptions& options,
+                       const MemoryPlanOptions& po, Backend* planner) {
+    DZR_CHECK(po.kv_dtype == DType::BF16 || po.kv_dtype == DType::F8_E4M3 || po.kv_dtype == DType::F32,
+              "memory plan: the KV cache is bf16 or fp8, got {}", dtype_name(po.kv_dtype));
+    MemoryPlan plan;
+    plan.options = po;
+    plan.text_prepass = options.text_prepass;
+    plan.planner = planner ? planner->device().str() : "offline (a CUDA GPU assumed)";
+    plan.numerics = planner ? planner->numerics() : po.numerics;
+    const std::optional<Capabilities> assumed =
+        planner ? std::nullopt : std::optional<Capabilities>(assumed_cuda_capabilities());
+
+    MeasuringBackend measuring(po.compute_dtype, planner, assumed, po.numerics);
+    RecordingWeights shapes(make_shape_only_weights(model));
+    // NOTE: measured at the compute dtype (bf16 Linears, a compute-dtype KV pool); the plan sizes the FP8 weights and
+    // KV itself, and the FP8 Linears' quantized activations as a part of their own
+    PolicyOptions measured = options;
+    measured.precision = Precision::Bf16;
+    measured.kv.dtype = Precision::Bf16;
+    const MeasuredEngine m = measure_engine(model, embodiment, measured, measuring, shapes, po, planner, assumed);
+    const auto weights = plan_weights(model, shapes, po);
+    const PlannedKv kv = plan_kv(model, options, measured, po, measuring);
+
+    add_weight_parts(plan, weights, m, kv, po.compute_dtype);
+    add_kv_parts(plan, kv, po, po.compute_dtype);
+    add_runtime_parts(plan, model, options, po, m, kv, planner, measuring.numerics());
+    add_phases(plan, options, po);
     return plan;
 }
 
