@@ -475,260 +475,295 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
     }
 }
 
-void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
-                              const DitForwardOptions& opt, bool kv_only) const {
-    const Layer& w = layers_[size_t(li)];
+/// One layer's pass: its inputs and the modulation, the two scratch rows h and y, and the ops both numerics share in
+/// two forms (fast numerics run the memory-bound chains fused: Backend's FusedRowParams ops, f32 inside, one rounding
+/// per output; reference numerics run PyTorch's eager ops with their rounding points).
+struct CausalDit::LayerPass {
+    Backend& be;
+    const Step& s;
+    const int li;
+    const Layer& w;
+    const DitForwardOptions& opt;
+    const LayerNorm& norm;
+    const bool fast;
     // NOTE: BL: the rows of every branch (the linear layers and row ops); L: one branch's (attention, groups)
-    const int64_t BL = s.x.dim(0), L = s.tokens, C = cfg_.dim, H = cfg_.num_heads, D = head_dim_;
-    const int B = s.batch;
-    const int64_t Lv = s.video_tokens;
-    const float attn_scale = float(1.0 / std::sqrt(double(D)));
-    // NOTE: fast numerics run the memory-bound chains fused (Backend's FusedRowParams ops: f32 inside, one rounding
-    // per output); reference numerics run PyTorch's eager ops with their rounding points
-    const bool fast = be.numerics() == Numerics::Fast;
-    const FusedRowParams rows{cfg_.eps, s.groups > 1 ? Lv : L, L};
-    ArenaScope scope(be.workspace());
+    const int64_t BL, L, C, H, D, Lv;
+    const int B;
+    const float attn_scale;
+    const FusedRowParams rows;
+    TensorView mod, mod1;  // mod[g] = modulation [6, C] + e0[g]; mod1 = mod + 1 (reference numerics only)
+    TensorView h, y;       // [BL, C] each
 
-    // mod[g] = modulation [6, C] + e0[g]; mod1 = mod + 1 serves the (1 + scale) factors (fast: added in f32)
-    const TensorView mod = be.scratch(Shape{s.groups, 6, C});
-    be.add(s.e0, w.modulation, mod);
-    TensorView mod1;
-    if (!fast) {
-        mod1 = be.scratch(Shape{s.groups, 6, C});
-        be.scale({1.0f, 1.0f}, mod, mod1);
-    }
+    LayerPass(Backend& be_, const Step& s_, int li_, const Layer& w_, const DitForwardOptions& opt_,
+              const LayerNorm& norm_, const DitConfig& cfg, int64_t head_dim)
+        : be(be_), s(s_), li(li_), w(w_), opt(opt_), norm(norm_), fast(be_.numerics() == Numerics::Fast),
+          BL(s_.x.dim(0)), L(s_.tokens), C(cfg.dim), H(cfg.num_heads), D(head_dim), Lv(s_.video_tokens), B(s_.batch),
+          attn_scale(float(1.0 / std::sqrt(double(head_dim)))),
+          rows{cfg.eps, s_.groups > 1 ? s_.video_tokens : s_.tokens, s_.tokens} {}
 
-    // h = LN(x) · (1 + scale) + shift, per token group
-    const auto modulated_norm = [&](const Step& st, int shift_i, int scale_i, const TensorView& h) {
+    /// h = LN(x) · (1 + scale) + shift, per token group.
+    void modulated_norm(const Step& st, int shift_i, int scale_i, const TensorView& out) const {
         if (fast) {
-            be.ada_layer_norm(rows, st.x, {}, {}, mod_vecs(mod, scale_i), mod_vecs(mod, shift_i), h);
+            be.ada_layer_norm(rows, st.x, {}, {}, mod_vecs(mod, scale_i), mod_vecs(mod, shift_i), out);
             return;
         }
-        norm_.forward(be, st.x, h);
+        norm.forward(be, st.x, out);
         for (int g = 0; g < st.groups; ++g) {
-            const TensorView hg = st.rows(h, g);
+            const TensorView hg = st.rows(out, g);
             be.mul(hg, mod_vec(mod1, g, scale_i), hg);
             be.add(hg, mod_vec(mod, g, shift_i), hg);
         }
-    };
-    // x += gate · y, per token group (y is scaled in place)
-    const auto gated_residual = [&](const Step& st, const TensorView& y, int gate_i) {
+    }
+    /// x += gate · y, per token group (y is scaled in place).
+    void gated_residual(const Step& st, const TensorView& yv, int gate_i) const {
         if (fast) {
-            be.gated_residual(rows, st.x, y, mod_vecs(mod, gate_i));
+            be.gated_residual(rows, st.x, yv, mod_vecs(mod, gate_i));
             return;
         }
         for (int g = 0; g < st.groups; ++g) {
-            const TensorView yg = st.rows(y, g), xg = st.rows(st.x, g);
+            const TensorView yg = st.rows(yv, g), xg = st.rows(st.x, g);
             be.mul(yg, mod_vec(mod, g, gate_i), yg);
             be.add(xg, yg, xg);
         }
-    };
-    const auto trace = [&](std::string_view name, const TensorView& t) {
+    }
+    void trace(std::string_view name, const TensorView& t) const {
         if (opt.trace) opt.trace(name, li, t);
-    };
-    // FP8 Linears reading a fast-numerics norm: the norm quantizes its rows for them in its own pass
-    // (Backend::ada_layer_norm_fp8: the codes quantize_fp8 makes of the rounded rows, which are not written). A trace
-    // wants the rows: the two ops then.
-    const auto fused_fp8 = [&](bool fp8) { return fast && fp8 && !opt.trace; };
-    const auto norm_fp8 = [&](const Step& st, const TensorView& weight, const TensorView& bias,
-                              const TensorView& scale, const TensorView& shift) {
+    }
+    /// FP8 Linears reading a fast-numerics norm: the norm quantizes its rows for them in its own pass
+    /// (Backend::ada_layer_norm_fp8: the codes quantize_fp8 makes of the rounded rows, which are not written). A trace
+    /// wants the rows: the two ops then.
+    bool fused_fp8(bool fp8) const { return fast && fp8 && !opt.trace; }
+    Fp8Input norm_fp8(const Step& st, const TensorView& weight, const TensorView& bias, const TensorView& scale,
+                      const TensorView& shift) const {
         Fp8Input r;
         r.q = be.scratch(Shape{st.x.dim(0), C}, DType::F8_E4M3);
         r.scales = be.scratch(Shape{st.x.dim(0)}, DType::F32);
         be.ada_layer_norm_fp8(rows, st.x, weight, bias, scale, shift, r.q, r.scales);
         return r;
-    };
+    }
+};
 
-    const TensorView h = be.scratch(Shape{BL, C});
-    const TensorView y = be.scratch(Shape{BL, C});
+void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
+                              const DitForwardOptions& opt, bool kv_only) const {
+    ArenaScope scope(be.workspace());
+    LayerPass p(be, s, li, layers_[size_t(li)], opt, norm_, cfg_, head_dim_);
+    p.mod = be.scratch(Shape{s.groups, 6, p.C});
+    be.add(s.e0, p.w.modulation, p.mod);
+    if (!p.fast) {
+        p.mod1 = be.scratch(Shape{s.groups, 6, p.C});
+        be.scale({1.0f, 1.0f}, p.mod, p.mod1);
+    }
+    p.h = be.scratch(Shape{p.BL, p.C});
+    p.y = be.scratch(Shape{p.BL, p.C});
 
+    if (!self_attention(p, branches, kv_only)) return;
+    p.trace("x_self", s.x);
+    if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
+    cross_attention(p, branches);
+    p.trace("x_cross", s.x);
+    if (opt.check_finite) check_finite(be, s.x, "cross-attention", li);
+    feed_forward(p);
+    if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
+}
+
+bool CausalDit::self_attention(LayerPass& p, std::span<const DitBranch> branches, bool kv_only) const {
+    Backend& be = p.be;
+    const Step& s = p.s;
+    const Layer& w = p.w;
+    const int li = p.li;
+    const int64_t L = p.L, Lv = p.Lv, C = p.C, H = p.H, D = p.D;
     // NOTE: layer 0 of a batched forward sees the same rows in every branch (the same inputs: the text enters at the
     // cross-attention) and the same history (committed the same way): branch 0's self-attention serves both
-    const bool share = opt.share_first_self_attention && li == 0 && B == 2 && fast && !kv_only && !opt.trace;
-    {  // self-attention over [history | video | registers]
-        ArenaScope tmp(be.workspace());
-        Step sa = s;  // the rows it runs on: every branch's, or branch 0's when shared
-        if (share) {
-            sa.x = s.branch(s.x, 0);
-            sa.batch = 1;
-        }
-        const std::span<const DitBranch> sa_branches = share ? branches.subspan(0, 1) : branches;
-        const int64_t n_rows = sa.x.dim(0);
-        const int n_branches = sa.batch;
-        const TensorView hs = h.slice(0, 0, n_rows), ys = y.slice(0, 0, n_rows);
-        // FP8 weights: hs quantized once for q, k and v (the codes each would make itself)
-        Fp8Input hq;
-        if (fused_fp8(w.q.fp8() && w.k.fp8() && w.v.fp8())) {
-            hq = norm_fp8(sa, {}, {}, mod_vecs(mod, kScaleSa), mod_vecs(mod, kShiftSa));
-        } else {
-            modulated_norm(sa, kShiftSa, kScaleSa, hs);
-            hq = Fp8Input::quantize(be, hs, w.q.fp8() || w.k.fp8() || w.v.fp8());
-        }
-        trace("self_attn_in", hs);
-        const TensorView raw = be.scratch(Shape{n_rows, C});
-        TensorView q, k, v3;  // [L, H, D]
-        if (fast) {
-            // q/k RMSNorm and RoPE (3-D on video rows, 1-D on register rows) in one op each
-            q = be.scratch(Shape{n_rows, H, D});
-            k = be.scratch(Shape{n_rows, H, D});
-            v3 = be.scratch(Shape{n_rows, H, D});
-            const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
-            // NOTE: the mirrored lanes' middle, where the batched attention reads both branches' current rows in place
-            if (!kv_only && n_branches == 2) {
-                SelfAttentionCache* const both[2] = {sa_branches[0].cache, sa_branches[1].cache};
-                TensorView kt, vt;
-                if (current_rows_in_place(be, li, both, L, kt, vt)) {
-                    k = kt;
-                    v3 = vt;
-                }
-            }
-            if (!kv_only) {
-                w.q.forward(be, hs, hq, raw);
-                be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_q.w, s.rope_video, regs_table, q);
-            }
-            w.k.forward(be, hs, hq, raw);
-            be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_k.w, s.rope_video, regs_table, k);
-            w.v.forward(be, hs, hq, v3.reshape(Shape{n_rows, C}));
-            if (kv_only) {
-                // the committed rows are all this forward is for: store them, skip the rest of the layer
-                for (int b = 0; b < n_branches; ++b)
-                    sa_branches[size_t(b)].cache->store(be, li, s.branch(k, b), s.branch(v3, b), Lv);
-                return;
-            }
-        } else {
-            const TensorView qn = be.scratch(Shape{L, C});
-            const TensorView kn = be.scratch(Shape{L, C});
-            const TensorView v = be.scratch(Shape{L, C});
-            w.q.forward(be, hs, hq, raw);  // [L, C] -> [L, C]
-            w.norm_q.forward(be, raw, qn);
-            w.k.forward(be, hs, hq, raw);  // [L, C] -> [L, C]
-            w.norm_k.forward(be, raw, kn);
-            w.v.forward(be, hs, hq, v);  // [L, C] -> [L, C]
-
-            // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
-            q = be.scratch(Shape{L, H, D});
-            k = be.scratch(Shape{L, H, D});
-            const TensorView qn3 = qn.reshape(Shape{L, H, D}), kn3 = kn.reshape(Shape{L, H, D});
-            be.rope({}, qn3.slice(0, 0, Lv), s.rope_video, q.slice(0, 0, Lv));
-            be.rope({}, kn3.slice(0, 0, Lv), s.rope_video, k.slice(0, 0, Lv));
-            if (L > Lv) {
-                be.rope({}, qn3.slice(0, Lv, L - Lv), s.rope_registers, q.slice(0, Lv, L - Lv));
-                be.rope({}, kn3.slice(0, Lv, L - Lv), s.rope_registers, k.slice(0, Lv, L - Lv));
-            }
-            v3 = v.reshape(Shape{L, H, D});
-        }
-        // a shared layer 0 of a committing forward: branch 1's cache stores the same rows
-        if (share && branches[1].cache->committing()) branches[1].cache->store(be, li, k, v3, Lv);
-        trace("q", q);
-        trace("k", k);
-        trace("v", v3);
-
-        const TensorView attn = be.scratch(Shape{n_rows, H, D});
-        // NOTE: the batched branches' paged caches attend in one call (one cuDNN SDPA of batch B in fast numerics:
-        // 8-13% faster than one call per branch at the DiT's shapes, docs/PERF.md, "Attention")
-        std::vector<SelfAttentionCache*> caches;
-        for (int b = 0; b < n_branches; ++b) caches.push_back(sa_branches[size_t(b)].cache);
-        attend_branches(be, li, caches, q, k, v3, Lv, attn_scale, attn);
-        w.o.forward(be, attn.reshape(Shape{n_rows, C}), ys);  // [L, H, D] -> [L, C] -> [L, C]
-        trace("self_attn", ys);
-        // NOTE: not Backend::gated_residual_norm (the add and norm3 in one pass): on the H200 it measured slower
-        // than the two ops (`dzr bench fused`: 53.9 us against 45.7 us at [1785, 5120], docs/PERF.md)
-        gated_residual(sa, ys, kGateSa);
-        if (share) be.copy(s.branch(s.x, 0), s.branch(s.x, 1));
+    const bool share = p.opt.share_first_self_attention && li == 0 && p.B == 2 && p.fast && !kv_only && !p.opt.trace;
+    // self-attention over [history | video | registers]
+    ArenaScope tmp(be.workspace());
+    Step sa = s;  // the rows it runs on: every branch's, or branch 0's when shared
+    if (share) {
+        sa.x = s.branch(s.x, 0);
+        sa.batch = 1;
     }
-    trace("x_self", s.x);
-    if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
-
-    {  // cross-attention: separate softmaxes over text and image keys, summed, then o
-        ArenaScope tmp(be.workspace());
-        Fp8Input hq;
-        if (fused_fp8(w.cross_q.fp8()))
-            hq = norm_fp8(s, w.norm3.w, w.norm3.b, {}, {});
-        else if (fast)
-            be.ada_layer_norm(rows, s.x, w.norm3.w, w.norm3.b, {}, {}, h);
-        else
-            w.norm3.forward(be, s.x, h);
-        const TensorView raw = be.scratch(Shape{BL, C});
-        const TensorView q = be.scratch(Shape{BL, C});
-        w.cross_q.forward(be, h, hq, raw);  // [L, C] -> [L, C]
-        if (fast)
-            be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q.reshape(Shape{BL, H, D}));
-        else
-            w.cross_norm_q.forward(be, raw, q);
-        const TensorView q3 = q.reshape(Shape{BL, H, D});  // [L, C] -> [L, H, D]
-        const TensorView o_txt = be.scratch(Shape{BL, H, D});
-        const TensorView o_img = be.scratch(Shape{BL, H, D});
-        // an FP8 cross cache: each K and V dequantized into the workspace (per token and head scales) first
-        const auto dequantized = [&](const TensorView& t, const TensorView& scales) {
-            if (t.dtype != DType::F8_E4M3) return t;
-            const TensorView out = be.scratch(t.shape);
-            const int64_t rows = t.dim(0) * t.dim(1);
-            be.dequantize_fp8(t.reshape(Shape{rows, t.dim(2)}), scales.reshape(Shape{rows}),
-                              out.reshape(Shape{rows, t.dim(2)}));
-            return out;
-        };
-        const auto layer_kv = [&](int b) -> const DitCrossKv::Layer& {
-            return branches[size_t(b)].cross->layers[size_t(li)];
-        };
-        for (int b = 0; b < B; ++b) {
-            const DitCrossKv::Layer& ckv = layer_kv(b);
-            be.attention({attn_scale}, s.branch(q3, b), dequantized(ckv.k_txt, ckv.k_txt_scale),
-                         dequantized(ckv.v_txt, ckv.v_txt_scale), {}, s.branch(o_txt, b));
-        }
-        // NOTE: the branches of one device share one image cache (one CLIP context): one attention over all rows
-        bool shared_image = true;
-        for (int b = 1; b < B; ++b)
-            shared_image = shared_image && layer_kv(b).k_img.data == layer_kv(0).k_img.data &&
-                           layer_kv(b).v_img.data == layer_kv(0).v_img.data;
-        for (int b = 0; b < (shared_image ? 1 : B); ++b) {
-            const DitCrossKv::Layer& ckv = layer_kv(b);
-            be.attention({attn_scale}, shared_image ? q3 : s.branch(q3, b), dequantized(ckv.k_img, ckv.k_img_scale),
-                         dequantized(ckv.v_img, ckv.v_img_scale), {}, shared_image ? o_img : s.branch(o_img, b));
-        }
-        be.add(o_txt, o_img, o_txt);
-        if (fast) {
-            // x += cross_o(o): the GEMM accumulates into the residual (no "cross_attn" intermediate to trace)
-            w.cross_o.forward_accumulate(be, o_txt.reshape(Shape{BL, C}), s.x);  // [L, H, D] -> [L, C] -> += [L, C]
-        } else {
-            w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), y);  // [L, H, D] -> [L, C] -> [L, C]
-            trace("cross_attn", y);
-            be.add(s.x, y, s.x);
-        }
+    const std::span<const DitBranch> sa_branches = share ? branches.subspan(0, 1) : branches;
+    const int64_t n_rows = sa.x.dim(0);
+    const int n_branches = sa.batch;
+    const TensorView hs = p.h.slice(0, 0, n_rows), ys = p.y.slice(0, 0, n_rows);
+    // FP8 weights: hs quantized once for q, k and v (the codes each would make itself)
+    Fp8Input hq;
+    if (p.fused_fp8(w.q.fp8() && w.k.fp8() && w.v.fp8())) {
+        hq = p.norm_fp8(sa, {}, {}, mod_vecs(p.mod, kScaleSa), mod_vecs(p.mod, kShiftSa));
+    } else {
+        p.modulated_norm(sa, kShiftSa, kScaleSa, hs);
+        hq = Fp8Input::quantize(be, hs, w.q.fp8() || w.k.fp8() || w.v.fp8());
     }
-    trace("x_cross", s.x);
-    if (opt.check_finite) check_finite(be, s.x, "cross-attention", li);
-
-    {  // feed-forward: C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
-        ArenaScope tmp(be.workspace());
-        const TensorView hidden = be.scratch(Shape{BL, cfg_.ffn_dim});
-        if (fused_fp8(w.ffn1.fp8())) {
-            // FP8: the norm quantizes for ffn1, whose GEMM adds the bias; the GELU then runs in ffn2's quantization
-            const Fp8Input hq = norm_fp8(s, {}, {}, mod_vecs(mod, kScaleFf), mod_vecs(mod, kShiftFf));
-            w.ffn1.forward(be, h, hq, hidden);  // [L, C] -> [L, ffn]
-            if (w.ffn2.fp8()) {
-                Fp8Input gq;
-                gq.q = be.scratch(Shape{BL, cfg_.ffn_dim}, DType::F8_E4M3);
-                gq.scales = be.scratch(Shape{BL}, DType::F32);
-                be.activation_quantize_fp8({Activation::GeluTanh}, hidden, gq.q, gq.scales);
-                w.ffn2.forward(be, hidden, gq, y);  // [L, ffn] -> [L, C]
-            } else {
-                be.activation({Activation::GeluTanh}, hidden, hidden);
-                w.ffn2.forward(be, hidden, y);
+    p.trace("self_attn_in", hs);
+    const TensorView raw = be.scratch(Shape{n_rows, C});
+    TensorView q, k, v3;  // [L, H, D]
+    if (p.fast) {
+        // q/k RMSNorm and RoPE (3-D on video rows, 1-D on register rows) in one op each
+        q = be.scratch(Shape{n_rows, H, D});
+        k = be.scratch(Shape{n_rows, H, D});
+        v3 = be.scratch(Shape{n_rows, H, D});
+        const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
+        // NOTE: the mirrored lanes' middle, where the batched attention reads both branches' current rows in place
+        if (!kv_only && n_branches == 2) {
+            SelfAttentionCache* const both[2] = {sa_branches[0].cache, sa_branches[1].cache};
+            TensorView kt, vt;
+            if (current_rows_in_place(be, li, both, L, kt, vt)) {
+                k = kt;
+                v3 = vt;
             }
-        } else {
-            modulated_norm(s, kShiftFf, kScaleFf, h);
-            if (fast) {
-                w.ffn1.forward_gelu(be, h, hidden);  // [L, C] -> [L, ffn], the bias and GELU in the GEMM's epilogue
-            } else {
-                w.ffn1.forward(be, h, hidden);  // [L, C] -> [L, ffn]
-                be.activation({Activation::GeluTanh}, hidden, hidden);
-            }
-            w.ffn2.forward(be, hidden, y);  // [L, ffn] -> [L, C]
         }
-        trace("ffn", y);
-        gated_residual(s, y, kGateFf);
+        if (!kv_only) {
+            w.q.forward(be, hs, hq, raw);
+            be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_q.w, s.rope_video, regs_table, q);
+        }
+        w.k.forward(be, hs, hq, raw);
+        be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_k.w, s.rope_video, regs_table, k);
+        w.v.forward(be, hs, hq, v3.reshape(Shape{n_rows, C}));
+        if (kv_only) {
+            // the committed rows are all this forward is for: store them, skip the rest of the layer
+            for (int b = 0; b < n_branches; ++b)
+                sa_branches[size_t(b)].cache->store(be, li, s.branch(k, b), s.branch(v3, b), Lv);
+            return false;
+        }
+    } else {
+        const TensorView qn = be.scratch(Shape{L, C});
+        const TensorView kn = be.scratch(Shape{L, C});
+        const TensorView v = be.scratch(Shape{L, C});
+        w.q.forward(be, hs, hq, raw);  // [L, C] -> [L, C]
+        w.norm_q.forward(be, raw, qn);
+        w.k.forward(be, hs, hq, raw);  // [L, C] -> [L, C]
+        w.norm_k.forward(be, raw, kn);
+        w.v.forward(be, hs, hq, v);  // [L, C] -> [L, C]
+
+        // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
+        q = be.scratch(Shape{L, H, D});
+        k = be.scratch(Shape{L, H, D});
+        const TensorView qn3 = qn.reshape(Shape{L, H, D}), kn3 = kn.reshape(Shape{L, H, D});
+        be.rope({}, qn3.slice(0, 0, Lv), s.rope_video, q.slice(0, 0, Lv));
+        be.rope({}, kn3.slice(0, 0, Lv), s.rope_video, k.slice(0, 0, Lv));
+        if (L > Lv) {
+            be.rope({}, qn3.slice(0, Lv, L - Lv), s.rope_registers, q.slice(0, Lv, L - Lv));
+            be.rope({}, kn3.slice(0, Lv, L - Lv), s.rope_registers, k.slice(0, Lv, L - Lv));
+        }
+        v3 = v.reshape(Shape{L, H, D});
     }
-    if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
+    // a shared layer 0 of a committing forward: branch 1's cache stores the same rows
+    if (share && branches[1].cache->committing()) branches[1].cache->store(be, li, k, v3, Lv);
+    p.trace("q", q);
+    p.trace("k", k);
+    p.trace("v", v3);
+
+    const TensorView attn = be.scratch(Shape{n_rows, H, D});
+    // NOTE: the batched branches' paged caches attend in one call (one cuDNN SDPA of batch B in fast numerics:
+    // 8-13% faster than one call per branch at the DiT's shapes, docs/PERF.md, "Attention")
+    std::vector<SelfAttentionCache*> caches;
+    for (int b = 0; b < n_branches; ++b) caches.push_back(sa_branches[size_t(b)].cache);
+    attend_branches(be, li, caches, q, k, v3, Lv, p.attn_scale, attn);
+    w.o.forward(be, attn.reshape(Shape{n_rows, C}), ys);  // [L, H, D] -> [L, C] -> [L, C]
+    p.trace("self_attn", ys);
+    // NOTE: not Backend::gated_residual_norm (the add and norm3 in one pass): on the H200 it measured slower
+    // than the two ops (`dzr bench fused`: 53.9 us against 45.7 us at [1785, 5120], docs/PERF.md)
+    p.gated_residual(sa, ys, kGateSa);
+    if (share) be.copy(s.branch(s.x, 0), s.branch(s.x, 1));
+    return true;
+}
+
+void CausalDit::cross_attention(LayerPass& p, std::span<const DitBranch> branches) const {
+    // separate softmaxes over text and image keys, summed, then o
+    Backend& be = p.be;
+    const Step& s = p.s;
+    const Layer& w = p.w;
+    const int64_t BL = p.BL, L = p.L, C = p.C, H = p.H, D = p.D;
+    const int B = p.B;
+    ArenaScope tmp(be.workspace());
+    Fp8Input hq;
+    if (p.fused_fp8(w.cross_q.fp8()))
+        hq = p.norm_fp8(s, w.norm3.w, w.norm3.b, {}, {});
+    else if (p.fast)
+        be.ada_layer_norm(p.rows, s.x, w.norm3.w, w.norm3.b, {}, {}, p.h);
+    else
+        w.norm3.forward(be, s.x, p.h);
+    const TensorView raw = be.scratch(Shape{BL, C});
+    const TensorView q = be.scratch(Shape{BL, C});
+    w.cross_q.forward(be, p.h, hq, raw);  // [L, C] -> [L, C]
+    if (p.fast)
+        be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q.reshape(Shape{BL, H, D}));
+    else
+        w.cross_norm_q.forward(be, raw, q);
+    const TensorView q3 = q.reshape(Shape{BL, H, D});  // [L, C] -> [L, H, D]
+    const TensorView o_txt = be.scratch(Shape{BL, H, D});
+    const TensorView o_img = be.scratch(Shape{BL, H, D});
+    // an FP8 cross cache: each K and V dequantized into the workspace (per token and head scales) first
+    const auto dequantized = [&](const TensorView& t, const TensorView& scales) {
+        if (t.dtype != DType::F8_E4M3) return t;
+        const TensorView out = be.scratch(t.shape);
+        const int64_t rows = t.dim(0) * t.dim(1);
+        be.dequantize_fp8(t.reshape(Shape{rows, t.dim(2)}), scales.reshape(Shape{rows}),
+                          out.reshape(Shape{rows, t.dim(2)}));
+        return out;
+    };
+    const auto layer_kv = [&](int b) -> const DitCrossKv::Layer& {
+        return branches[size_t(b)].cross->layers[size_t(p.li)];
+    };
+    for (int b = 0; b < B; ++b) {
+        const DitCrossKv::Layer& ckv = layer_kv(b);
+        be.attention({p.attn_scale}, s.branch(q3, b), dequantized(ckv.k_txt, ckv.k_txt_scale),
+                     dequantized(ckv.v_txt, ckv.v_txt_scale), {}, s.branch(o_txt, b));
+    }
+    // NOTE: the branches of one device share one image cache (one CLIP context): one attention over all rows
+    bool shared_image = true;
+    for (int b = 1; b < B; ++b)
+        shared_image = shared_image && layer_kv(b).k_img.data == layer_kv(0).k_img.data &&
+                       layer_kv(b).v_img.data == layer_kv(0).v_img.data;
+    for (int b = 0; b < (shared_image ? 1 : B); ++b) {
+        const DitCrossKv::Layer& ckv = layer_kv(b);
+        be.attention({p.attn_scale}, shared_image ? q3 : s.branch(q3, b), dequantized(ckv.k_img, ckv.k_img_scale),
+                     dequantized(ckv.v_img, ckv.v_img_scale), {}, shared_image ? o_img : s.branch(o_img, b));
+    }
+    be.add(o_txt, o_img, o_txt);
+    if (p.fast) {
+        // x += cross_o(o): the GEMM accumulates into the residual (no "cross_attn" intermediate to trace)
+        w.cross_o.forward_accumulate(be, o_txt.reshape(Shape{BL, C}), s.x);  // [L, H, D] -> [L, C] -> += [L, C]
+    } else {
+        w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), p.y);  // [L, H, D] -> [L, C] -> [L, C]
+        p.trace("cross_attn", p.y);
+        be.add(s.x, p.y, s.x);
+    }
+}
+
+void CausalDit::feed_forward(LayerPass& p) const {
+    // C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
+    Backend& be = p.be;
+    const Step& s = p.s;
+    const Layer& w = p.w;
+    ArenaScope tmp(be.workspace());
+    const TensorView hidden = be.scratch(Shape{p.BL, cfg_.ffn_dim});
+    if (p.fused_fp8(w.ffn1.fp8())) {
+        // FP8: the norm quantizes for ffn1, whose GEMM adds the bias; the GELU then runs in ffn2's quantization
+        const Fp8Input hq = p.norm_fp8(s, {}, {}, mod_vecs(p.mod, kScaleFf), mod_vecs(p.mod, kShiftFf));
+        w.ffn1.forward(be, p.h, hq, hidden);  // [L, C] -> [L, ffn]
+        if (w.ffn2.fp8()) {
+            Fp8Input gq;
+            gq.q = be.scratch(Shape{p.BL, cfg_.ffn_dim}, DType::F8_E4M3);
+            gq.scales = be.scratch(Shape{p.BL}, DType::F32);
+            be.activation_quantize_fp8({Activation::GeluTanh}, hidden, gq.q, gq.scales);
+            w.ffn2.forward(be, hidden, gq, p.y);  // [L, ffn] -> [L, C]
+        } else {
+            be.activation({Activation::GeluTanh}, hidden, hidden);
+            w.ffn2.forward(be, hidden, p.y);
+        }
+    } else {
+        p.modulated_norm(s, kShiftFf, kScaleFf, p.h);
+        if (p.fast) {
+            w.ffn1.forward_gelu(be, p.h, hidden);  // [L, C] -> [L, ffn], the bias and GELU in the GEMM's epilogue
+        } else {
+            w.ffn1.forward(be, p.h, hidden);  // [L, C] -> [L, ffn]
+            be.activation({Activation::GeluTanh}, hidden, hidden);
+        }
+        w.ffn2.forward(be, hidden, p.y);  // [L, ffn] -> [L, C]
+    }
+    p.trace("ffn", p.y);
+    p.gated_residual(s, p.y, kGateFf);
 }
 
 void CausalDit::head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitTraceFn& trace,

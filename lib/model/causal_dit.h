@@ -180,9 +180,15 @@ class CausalDit {
     /// into kv's text or image views: k = norm_k(k(ctx)), v = v(ctx).
     void project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv,
                           const std::function<void(size_t)>& layer_done) const;
+    struct LayerPass;  // one layer's inputs, modulation and scratch rows (causal_dit.cpp)
     /// kv_only (fast numerics): the layer's K/V rows stored into every branch's cache, and nothing after them.
     void layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
                        const DitForwardOptions& opt, bool kv_only = false) const;
+    /// The layer's three blocks, each adding into the residual s.x; self_attention returns false when kv_only
+    /// stopped the layer after storing its K/V rows.
+    bool self_attention(LayerPass& p, std::span<const DitBranch> branches, bool kv_only) const;
+    void cross_attention(LayerPass& p, std::span<const DitBranch> branches) const;
+    void feed_forward(LayerPass& p) const;
     /// The head on branch b's video rows into `out`.
     void head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitTraceFn& trace,
                       const DitForwardOptions& opt) const;
