@@ -1,5 +1,7 @@
 #include "rollout/run_memory.h"
 
+#include <fmt/format.h>
+
 #include "backend/options.h"
 #include "config/run_config.h"
 #include "core/error.h"
@@ -49,6 +51,37 @@ MemoryPlan plan_rollout_memory(const ModelConfig& model, const Embodiment& embod
     DZR_CHECK(eo.devices.size() == 1,
               "the memory plan covers one device; this run places the CFG branches on {} devices", eo.devices.size());
     return plan_device_memory(model, embodiment, eo.policy_options(), eo.devices[0], eo.backend, video_latent_frames);
+}
+
+std::string budget_alternatives(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
+                                int64_t video_latent_frames, uint64_t budget) {
+    struct Option {
+        const char* flags;
+        bool fp8_kv, fp8_weights;
+    };
+    std::string singles, both;
+    if (eo.devices.size() != 1 || !eo.devices[0].is_cuda()) return {};  // fp8 runs on GPUs only
+    for (const Option& o : {Option{"--kv-dtype fp8", true, false}, Option{"--precision fp8", false, true},
+                            Option{"--precision fp8 --kv-dtype fp8", true, true}}) {
+        EngineOptions alt = eo;
+        if (o.fp8_kv) alt.run.kv.dtype = Precision::Fp8;
+        if (o.fp8_weights) alt.run.precision = Precision::Fp8;
+        if (alt.run.kv.dtype == eo.run.kv.dtype && alt.run.precision == eo.run.precision) continue;
+        if (alt.run.kv.in_place == KvInPlace::Auto) alt.run.kv.in_place = KvInPlace::Off;
+        uint64_t peak = 0;
+        try {
+            peak = plan_rollout_memory(model, embodiment, alt, video_latent_frames).peak_bytes();
+        } catch (const Error&) {
+            continue;  // not plannable here (the CPU backend has no fp8)
+        }
+        if (peak > budget) continue;
+        std::string& list = o.fp8_kv && o.fp8_weights ? both : singles;
+        list += fmt::format("{}{} ({})", list.empty() ? "" : ", ", o.flags, gib(peak));
+    }
+    // NOTE: both together only when neither alone fits
+    const std::string& fits = singles.empty() ? both : singles;
+    return fits.empty() ? std::string()
+                        : fmt::format("\nThese fit, changing the numbers (docs/PARITY.md, FP8): {}", fits);
 }
 
 PlannedMemory memory_plan_summary(const MemoryPlan& plan) {

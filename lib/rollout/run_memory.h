@@ -34,6 +34,11 @@ MemoryPlan plan_rollout_memory(const ModelConfig& model, const Embodiment& embod
                                int64_t video_latent_frames);
 
 /// The figures of `plan` a timing report carries.
+/// For a run over `budget`: the settings that change the numbers and would fit it (fp8 KV cache, fp8 DiT weights,
+/// both), each with its planned peak, as one sentence for the refusal; empty when none would.
+std::string budget_alternatives(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
+                                int64_t video_latent_frames, uint64_t budget);
+
 PlannedMemory memory_plan_summary(const MemoryPlan& plan);
 
 /// The budget of a run (--gpu-memory-budget or the config's gpu_memory_budget) in bytes; nullopt without one.

@@ -299,7 +299,13 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
                 run.kv_in_place_off = true;
             }
         }
-        check_memory_budget(*run.memory_plan, *budget, what);
+        if (run.memory_plan->peak_bytes() <= *budget) return;
+        const std::string hint = budget_alternatives(ckpt.model_config(), embodiment, eo, video_frames, *budget);
+        try {
+            check_memory_budget(*run.memory_plan, *budget, what);
+        } catch (const Error& e) {
+            throw Error(e.what() + hint);
+        }
     });
 }
 

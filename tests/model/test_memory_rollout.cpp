@@ -234,6 +234,15 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 48GiB --set kv.in_place=true", dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("does NOT fit"));
+    // 44 GiB fits neither way: the refusal names the settings that would, with their peaks
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 44GiB", dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("these fit, changing the numbers"));
+    CHECK(r.has("--kv-dtype fp8 ("));
+    CHECK(r.has("--precision fp8 ("));
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 30GiB", dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("--precision fp8 --kv-dtype fp8 ("));
     r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 80GiB --json", dir.path());
     REQUIRE(r.code == 0);
     CHECK(nlohmann::json::parse(r.out)["kv_in_place_given_up"] == false);
