@@ -297,14 +297,20 @@ void CausalDit::forward(Backend& be, const DitInputs& in, const DitCrossKv& cros
     forward_batch(be, in, std::span<const DitBranch>(&branch, 1), opt);
 }
 
-void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const DitBranch> branches,
-                              const DitForwardOptions& opt) const {
+/// The sizes of one forward, from its inputs.
+struct CausalDit::ForwardShape {
+    int64_t f = 0, Lv = 0, A = 0, S = 0, L = 0;
+    bool has_regs = false;
+};
+
+CausalDit::ForwardShape CausalDit::check_forward(const Backend& be, const DitInputs& in,
+                                                 std::span<const DitBranch> branches,
+                                                 const DitForwardOptions& opt) const {
     const DitConfig& c = cfg_;
     const int B = int(branches.size());
     DZR_CHECK(B >= 1, "causal dit: a forward needs at least one branch");
     DZR_CHECK(B == 1 || (be.numerics() == Numerics::Fast && !opt.trace),
               "causal dit: a batched forward of {} branches needs fast numerics and no trace", B);
-    const int64_t C = c.dim;
     const int ph = c.patch_size[1], pw = c.patch_size[2];
     const int64_t lat_h = int64_t(grid_h_) * ph, lat_w = int64_t(grid_w_) * pw;
 
@@ -364,6 +370,16 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
                   in.start_frame);
     }
 
+    return {f, Lv, A, S, L, has_regs};
+}
+
+void CausalDit::embed_tokens(Backend& be, const DitInputs& in, std::span<const DitBranch> branches,
+                             const DitForwardOptions& opt, const ForwardShape& fs, const Step& s) const {
+    const DitConfig& c = cfg_;
+    const int64_t C = c.dim, f = fs.f, Lv = fs.Lv, A = fs.A, S = fs.S;
+    const bool has_regs = fs.has_regs;
+    const int ph = c.patch_size[1], pw = c.patch_size[2];
+    const int64_t lat_h = int64_t(grid_h_) * ph, lat_w = int64_t(grid_w_) * pw;
     // Table rows first: a timestep outside [0, 1000) fails before any work is queued.
     // NOTE: staged rows (in.time_rows) sit at fixed addresses, so a captured forward replays at any timestep
     const TimestepRows* staged = in.time_rows;
@@ -373,19 +389,6 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
                                           : timesteps_.dit(in.registers->timestep);
     const TensorView tau = !has_regs ? TensorView{} : staged ? staged->action.view()
                                                              : timesteps_.action(in.registers->timestep);
-
-    ArenaScope scope(be.workspace());
-    Step s;
-    s.tokens = L;
-    s.batch = B;
-    s.video_tokens = Lv;
-    s.frames = f;
-    s.groups = has_regs ? 2 : 1;
-    s.x = be.scratch(Shape{B * L, C});
-    s.e = be.scratch(Shape{s.groups, C});
-    s.e0 = be.scratch(Shape{s.groups, 6, C});
-    s.rope_video = rope_.video(in.start_frame, int(f));
-    if (has_regs) s.rope_registers = rope_.registers((in.start_frame - 1) / c.num_frame_per_block);
 
     {  // patch embedding: the Conv3d(in_dim -> C, kernel = stride = (1, ph, pw)) itself, then [C, Lv] -> rows
         // NOTE: a convolution, not patchify + GEMM: in bf16 the two sum the products in different orders,
@@ -443,6 +446,30 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
         opt.trace("time_e", -1, s.e);
         opt.trace("time_e0", -1, s.e0);
     }
+
+}
+
+void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const DitBranch> branches,
+                              const DitForwardOptions& opt) const {
+    const DitConfig& c = cfg_;
+    const int B = int(branches.size());
+    const ForwardShape fs = check_forward(be, in, branches, opt);
+    const int64_t C = c.dim, Lv = fs.Lv, A = fs.A, L = fs.L;
+    const bool has_regs = fs.has_regs;
+
+    ArenaScope scope(be.workspace());
+    Step s;
+    s.tokens = L;
+    s.batch = B;
+    s.video_tokens = Lv;
+    s.frames = fs.f;
+    s.groups = has_regs ? 2 : 1;
+    s.x = be.scratch(Shape{B * L, C});
+    s.e = be.scratch(Shape{s.groups, C});
+    s.e0 = be.scratch(Shape{s.groups, 6, C});
+    s.rope_video = rope_.video(in.start_frame, int(fs.f));
+    if (has_regs) s.rope_registers = rope_.registers((in.start_frame - 1) / c.num_frame_per_block);
+    embed_tokens(be, in, branches, opt, fs, s);
 
     // every branch starts from the same embedded rows
     for (int b = 1; b < B; ++b) be.copy(s.branch(s.x, 0), s.branch(s.x, b));

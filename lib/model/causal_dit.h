@@ -180,6 +180,13 @@ class CausalDit {
     /// into kv's text or image views: k = norm_k(k(ctx)), v = v(ctx).
     void project_cross_kv(Backend& be, const TensorView& ctx, CrossContext which, DitCrossKv& kv,
                           const std::function<void(size_t)>& layer_done) const;
+    struct ForwardShape;  // one forward's sizes (causal_dit.cpp)
+    /// Checks a forward's inputs against the model and every branch's outputs and cache; its sizes.
+    ForwardShape check_forward(const Backend& be, const DitInputs& in, std::span<const DitBranch> branches,
+                               const DitForwardOptions& opt) const;
+    /// s.x's first branch rows (patch embedding, then the register tokens) and s.e, s.e0 (the time embedding).
+    void embed_tokens(Backend& be, const DitInputs& in, std::span<const DitBranch> branches,
+                      const DitForwardOptions& opt, const ForwardShape& fs, const Step& s) const;
     struct LayerPass;  // one layer's inputs, modulation and scratch rows (causal_dit.cpp)
     /// kv_only (fast numerics): the layer's K/V rows stored into every branch's cache, and nothing after them.
     void layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
