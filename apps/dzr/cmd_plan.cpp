@@ -2,7 +2,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "apps/dzr/command.h"
@@ -134,24 +133,18 @@ int run(const PlanArgs& a) {
     if (!fits) {
         std::fprintf(stderr, "dzr: error: the plan's peak (%s) exceeds the budget %s by %s\n",
                      gib(plan.peak_bytes()).c_str(), budget_text.c_str(), gib(plan.peak_bytes() - budget).c_str());
-        // NOTE: what would fit, changing the numbers: fp8 KV or fp8 weights alone, else both
-        std::string singles, both;
-        for (const auto& [flags, fp8_kv, fp8_weights] : {std::tuple{"--kv-dtype fp8", true, false},
-                                                         std::tuple{"--precision fp8", false, true},
-                                                         std::tuple{"--precision fp8 --kv-dtype fp8", true, true}}) {
-            if (!po.cuda && planner) break;  // the CPU backend has no fp8
-            MemoryPlanOptions alt_po = po;
-            PolicyOptions alt = options;
-            if (fp8_kv) alt_po.kv_dtype = DType::F8_E4M3, alt.kv.dtype = Precision::Fp8;
-            if (fp8_weights) alt_po.precision = WeightPrecision::Fp8, alt.precision = Precision::Fp8;
-            if (alt_po.kv_dtype == po.kv_dtype && alt_po.precision == po.precision) continue;
-            if (alt.kv.in_place == KvInPlace::Auto) alt.kv.in_place = KvInPlace::Off;
-            const uint64_t peak = plan_memory(model, embodiment, alt, alt_po, planner.get()).peak_bytes();
-            if (peak > budget) continue;
-            std::string& list = fp8_kv && fp8_weights ? both : singles;
-            list += fmt::format("{}{} ({})", list.empty() ? "" : ", ", flags, gib(peak));
-        }
-        const std::string& fitting = singles.empty() ? both : singles;
+        const std::string fitting = fp8_settings_that_fit(
+            [&](bool fp8_kv, bool fp8_weights) -> std::optional<uint64_t> {
+                if (!po.cuda && planner) return std::nullopt;  // the CPU backend has no fp8
+                MemoryPlanOptions alt_po = po;
+                PolicyOptions alt = options;
+                if (fp8_kv) alt_po.kv_dtype = DType::F8_E4M3, alt.kv.dtype = Precision::Fp8;
+                if (fp8_weights) alt_po.precision = WeightPrecision::Fp8, alt.precision = Precision::Fp8;
+                if (alt_po.kv_dtype == po.kv_dtype && alt_po.precision == po.precision) return std::nullopt;
+                if (alt.kv.in_place == KvInPlace::Auto) alt.kv.in_place = KvInPlace::Off;
+                return plan_memory(model, embodiment, alt, alt_po, planner.get()).peak_bytes();
+            },
+            budget);
         if (!fitting.empty())
             std::fprintf(stderr, "dzr: these fit, changing the numbers (docs/PARITY.md, FP8): %s\n", fitting.c_str());
         return 1;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -253,8 +254,12 @@ io::Episode LeRobotSource::read(const io::EpisodeRef& ref, const io::EpisodeOpti
     }
 
     // Per-frame arrays: the modality slices of the packed columns.
+    // NOTE: several keys slice one packed column: each is read once
+    std::map<std::string, std::vector<double>> columns_read;
     const auto slice_rows = [&](const Slice& s) {
-        const std::vector<double> packed = t.vectors(s.column, s.width);
+        auto it = columns_read.find(s.column);
+        if (it == columns_read.end()) it = columns_read.emplace(s.column, t.vectors(s.column, s.width)).first;
+        const std::vector<double>& packed = it->second;
         std::vector<double> out;
         out.reserve(size_t(T * (s.end - s.start)));
         for (size_t r : rows)

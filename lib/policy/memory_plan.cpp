@@ -6,6 +6,7 @@
 #include <array>
 #include <memory>
 #include <set>
+#include <tuple>
 
 #include "backend/measuring_backend.h"
 #include "config/run_config.h"
@@ -418,6 +419,20 @@ Json MemoryPlan::to_json() const {
     j["phases"] = phs;
     j["peak"] = {{"phase", peak().key}, {"bytes", peak().bytes}};
     return j;
+}
+
+std::string fp8_settings_that_fit(const std::function<std::optional<uint64_t>(bool fp8_kv, bool fp8_weights)>& peak,
+                                  uint64_t budget) {
+    std::string singles, both;
+    for (const auto& [flags, fp8_kv, fp8_weights] : {std::tuple{"--kv-dtype fp8", true, false},
+                                                     std::tuple{"--precision fp8", false, true},
+                                                     std::tuple{"--precision fp8 --kv-dtype fp8", true, true}}) {
+        const std::optional<uint64_t> p = peak(fp8_kv, fp8_weights);
+        if (!p || *p > budget) continue;
+        std::string& list = fp8_kv && fp8_weights ? both : singles;
+        list += fmt::format("{}{} ({})", list.empty() ? "" : ", ", flags, gib(*p));
+    }
+    return singles.empty() ? both : singles;
 }
 
 void check_memory_budget(const MemoryPlan& plan, uint64_t budget_bytes, std::string_view what) {

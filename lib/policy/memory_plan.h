@@ -8,6 +8,8 @@
 /// `dzr plan` prints it; `dzr rollout --gpu-memory-budget` refuses a run whose plan does not fit before anything
 /// is loaded, and writes the planned peak next to the measured one (timing.json). docs/MEMORY.md.
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -124,6 +126,12 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
 /// Throws dzr::Error when the plan's peak exceeds `budget_bytes`, naming the budget (`what`: "--gpu-memory-budget
 /// 44GiB"), the peak phase, its parts from the largest and the shortfall.
 void check_memory_budget(const MemoryPlan& plan, uint64_t budget_bytes, std::string_view what);
+
+/// For a run over `budget`: the FP8 settings whose plans fit it, each with its peak ("--kv-dtype fp8 (40.71 GiB),
+/// --precision fp8 (31.08 GiB)"): fp8 KV or fp8 weights alone, both only when neither alone fits; empty when none
+/// does. `peak(fp8_kv, fp8_weights)` plans that variant (nullopt: it is the current setting, or cannot be planned).
+std::string fp8_settings_that_fit(const std::function<std::optional<uint64_t>(bool fp8_kv, bool fp8_weights)>& peak,
+                                  uint64_t budget);
 
 /// "1.25 GiB" (two decimals; bytes below 1 MiB as "0.00 GiB").
 std::string gib(uint64_t bytes);

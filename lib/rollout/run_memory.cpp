@@ -55,31 +55,21 @@ MemoryPlan plan_rollout_memory(const ModelConfig& model, const Embodiment& embod
 
 std::string budget_alternatives(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
                                 int64_t video_latent_frames, uint64_t budget) {
-    struct Option {
-        const char* flags;
-        bool fp8_kv, fp8_weights;
-    };
-    std::string singles, both;
     if (eo.devices.size() != 1 || !eo.devices[0].is_cuda()) return {};  // fp8 runs on GPUs only
-    for (const Option& o : {Option{"--kv-dtype fp8", true, false}, Option{"--precision fp8", false, true},
-                            Option{"--precision fp8 --kv-dtype fp8", true, true}}) {
-        EngineOptions alt = eo;
-        if (o.fp8_kv) alt.run.kv.dtype = Precision::Fp8;
-        if (o.fp8_weights) alt.run.precision = Precision::Fp8;
-        if (alt.run.kv.dtype == eo.run.kv.dtype && alt.run.precision == eo.run.precision) continue;
-        if (alt.run.kv.in_place == KvInPlace::Auto) alt.run.kv.in_place = KvInPlace::Off;
-        uint64_t peak = 0;
-        try {
-            peak = plan_rollout_memory(model, embodiment, alt, video_latent_frames).peak_bytes();
-        } catch (const Error&) {
-            continue;  // not plannable here (the CPU backend has no fp8)
-        }
-        if (peak > budget) continue;
-        std::string& list = o.fp8_kv && o.fp8_weights ? both : singles;
-        list += fmt::format("{}{} ({})", list.empty() ? "" : ", ", o.flags, gib(peak));
-    }
-    // NOTE: both together only when neither alone fits
-    const std::string& fits = singles.empty() ? both : singles;
+    const std::string fits = fp8_settings_that_fit(
+        [&](bool fp8_kv, bool fp8_weights) -> std::optional<uint64_t> {
+            EngineOptions alt = eo;
+            if (fp8_kv) alt.run.kv.dtype = Precision::Fp8;
+            if (fp8_weights) alt.run.precision = Precision::Fp8;
+            if (alt.run.kv.dtype == eo.run.kv.dtype && alt.run.precision == eo.run.precision) return std::nullopt;
+            if (alt.run.kv.in_place == KvInPlace::Auto) alt.run.kv.in_place = KvInPlace::Off;
+            try {
+                return plan_rollout_memory(model, embodiment, alt, video_latent_frames).peak_bytes();
+            } catch (const Error&) {
+                return std::nullopt;  // not plannable here
+            }
+        },
+        budget);
     return fits.empty() ? std::string()
                         : fmt::format("\nThese fit, changing the numbers (docs/PARITY.md, FP8): {}", fits);
 }
