@@ -123,6 +123,7 @@ int run_inspect(const InspectArgs& a) {
     const rollout::FrameSchedule schedule;
     io::EpisodeOptions opt = episode_options(a.allow_truncate, a.prompt, e);
     opt.min_frames = schedule.min_frames();
+    opt.decode_frames = false;  // NOTE: the listing needs sizes and timestamps, not pixels
     const auto refs = io::list_episode_refs(a.path, opt.layout, dataset_opener(), a.select);
     int failed = 0;
     std::vector<std::vector<std::string>> rows;

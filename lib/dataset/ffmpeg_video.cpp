@@ -9,6 +9,7 @@ extern "C" {
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -360,6 +361,50 @@ Tensor FfmpegVideo::frames_at(const std::vector<double>& timestamps_s, double to
         emit(i, prev.get(), prev_pts);
     }
     return out;
+}
+
+void FfmpegVideo::check_timestamps(const std::vector<double>& timestamps_s, double tolerance_s) {
+    Impl& m = *impl_;
+    if (timestamps_s.empty()) return;
+    for (size_t i = 0; i < timestamps_s.size(); ++i)
+        DZR_CHECK(std::isfinite(timestamps_s[i]) && (i == 0 || timestamps_s[i] >= timestamps_s[i - 1]),
+                  "{}: timestamp {} ({}) is not finite or not ascending", m.name, i, timestamps_s[i]);
+    const double first = timestamps_s.front(), last = timestamps_s.back();
+    // NOTE: a packet's pts is its frame's; pts >= dts, so once the dts passes the last timestamp's window no
+    // later packet can fall inside it. A second of lead covers B-frames ahead of the key frame sought.
+    m.seek(first - 1.0);
+    std::vector<double> pts;
+    for (;;) {
+        const int rc = av_read_frame(m.fmt.get(), m.packet.get());
+        if (rc == AVERROR_EOF) break;
+        if (rc < 0) DZR_THROW("{}: reading the video failed ({})", m.name, av_error_text(rc));
+        const AVPacket& p = *m.packet;
+        const bool ours = p.stream_index == m.stream->index;
+        const bool corrupt = (p.flags & AV_PKT_FLAG_CORRUPT) != 0;
+        const int64_t ts = p.pts != AV_NOPTS_VALUE ? p.pts : p.dts;
+        const int64_t order = p.dts != AV_NOPTS_VALUE ? p.dts : p.pts;
+        av_packet_unref(m.packet.get());
+        if (!ours) continue;
+        DZR_CHECK(ts != AV_NOPTS_VALUE, "{}: a video packet has no timestamp", m.name);
+        DZR_CHECK(!corrupt, "{}: a corrupt or truncated packet at {:.6f} s", m.name, to_seconds(ts, m.stream->time_base));
+        pts.push_back(to_seconds(ts, m.stream->time_base));
+        if (to_seconds(order, m.stream->time_base) > last + tolerance_s) break;
+    }
+    std::sort(pts.begin(), pts.end());
+    for (double t : timestamps_s) {
+        DZR_CHECK(!pts.empty() && pts.front() <= t + tolerance_s,
+                  "{}: no frame within {} s of timestamp {:.6f} s{}", m.name, tolerance_s, t,
+                  pts.empty() ? " (the stream holds no frame there; is the file cut short?)" : "");
+        auto it = std::lower_bound(pts.begin(), pts.end(), t);
+        double nearest = it == pts.end() ? pts.back() : *it;
+        if (it != pts.begin() && t - *std::prev(it) <= nearest - t) nearest = *std::prev(it);
+        if (it == pts.end())
+            DZR_CHECK(t - nearest <= tolerance_s, "{}: the stream ends before timestamp {:.6f} s (the last frame is "
+                      "at {:.6f} s)", m.name, t, nearest);
+        DZR_CHECK(std::abs(nearest - t) <= tolerance_s,
+                  "{}: no frame within {} s of timestamp {:.6f} s (the nearest frame is at {:.6f} s)", m.name,
+                  tolerance_s, t, nearest);
+    }
 }
 
 std::string ffmpeg_version() {

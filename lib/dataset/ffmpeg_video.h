@@ -45,6 +45,12 @@ public:
     Tensor frames_at(const std::vector<double>& timestamps_s, double tolerance_s,
                      std::vector<double>* chosen_pts = nullptr);
 
+    /// The checks of frames_at() that need no decoding: the packets' timestamps (demuxed from the key frame
+    /// before the first timestamp) put a frame within `tolerance_s` of each of `timestamps_s`, no packet is
+    /// flagged corrupt, and the stream does not end early. A bitstream that fails to decode is found only by
+    /// frames_at(). Throws dzr::Error as frames_at() does.
+    void check_timestamps(const std::vector<double>& timestamps_s, double tolerance_s);
+
 private:
     struct Impl;
     std::unique_ptr<Impl> impl_;

@@ -297,14 +297,17 @@ io::Episode LeRobotSource::read(const io::EpisodeRef& ref, const io::EpisodeOpti
         cam.name = layout.cameras[c];
         cam.file = file;
         try {
-            cam.frames = video.frames_at(ts, kTimestampToleranceS);
+            if (opt.decode_frames)
+                cam.frames = video.frames_at(ts, kTimestampToleranceS);
+            else
+                video.check_timestamps(ts, kTimestampToleranceS);
         } catch (const Error& err) {
             DZR_THROW("{} camera {}: {}", ref.id, cam.name, err.what());
         }
         cam.file_frames = T;
         cam.fps = meta_.fps;
-        cam.height = int(cam.frames.shape()[1]);
-        cam.width = int(cam.frames.shape()[2]);
+        cam.height = opt.decode_frames ? int(cam.frames.shape()[1]) : video.info().height;
+        cam.width = opt.decode_frames ? int(cam.frames.shape()[2]) : video.info().width;
         if (layout.frame_height > 0 && (cam.width != layout.frame_width || cam.height != layout.frame_height))
             ep.warnings.push_back(fmt::format("camera {} ({}): frames are {}x{}, not {}'s {}x{}; the model's "
                                               "preprocessing resizes them with padding", cam.name, key, cam.width,

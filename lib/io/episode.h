@@ -76,6 +76,10 @@ struct EpisodeOptions {
     VideoOpener open_video;
     /// What the episode holds (DROID's by default).
     EpisodeLayout layout;
+    /// false: video cameras are checked without decoding a frame (sources that can: a LeRobot dataset's
+    /// packets must put a frame near every timestamp) and CameraStream::frames stays empty. A rollout
+    /// validates every episode so, and decodes each when it runs it.
+    bool decode_frames = true;
     /// Log the warnings as well as keeping them in Episode::warnings (a rollout logs them once, when it
     /// validates every episode before the run, and reads quietly later).
     bool log_warnings = true;

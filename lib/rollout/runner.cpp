@@ -17,6 +17,7 @@
 #include "io/result_writer.h"
 #include "policy/step_plan.h"
 #include "rollout/episode_layout.h"
+#include "rollout/fingerprint.h"
 #include "rollout/frame_schedule.h"
 #include "rollout/noise_files.h"
 #include "rollout/predicted_video.h"
@@ -466,8 +467,8 @@ struct EpisodeLoop {
 
 /// Step 4b: an episode's files, whole files only, the done marker last. An interrupted episode keeps the actions,
 /// timing and manifest of the calls it finished and gets no done marker (--resume redoes it).
-void write_episode_outputs(const EpisodeLoop& loop, size_t e, const io::Episode& ep, EpisodeRun& er,
-                           EpisodeSummary& summary) {
+void write_episode_outputs(const EpisodeLoop& loop, size_t e, const io::Episode& ep, const std::string& inputs_sha256,
+                           EpisodeRun& er, EpisodeSummary& summary) {
     const RolloutOptions& opt = loop.opt;
     const ValidatedRun& checked = *loop.prepared.checked;
     const bool partial = er.interrupted;
@@ -494,12 +495,18 @@ void write_episode_outputs(const EpisodeLoop& loop, size_t e, const io::Episode&
                                         action_keys(loop.run.engine->embodiment()));
     writer.mark_done(Json{{"num_frames", ep.num_frames},
                           {"num_calls", er.chunks.num_calls()},
-                          {"fingerprint", checked.episode_fingerprint(e)}});
+                          {"fingerprint", checked.episode_fingerprint(e, inputs_sha256)}});
     summary.status = "ok";
 }
 
-/// Reads planned episode `e` as validated (its warnings were logged then).
-io::Episode read_planned_episode(const RolloutOptions& opt, const PreparedRun& p, size_t e) {
+/// An episode read for its calls, and the content hash its done marker records.
+struct ReadEpisode {
+    io::Episode ep;
+    std::string inputs_sha256;
+};
+
+/// Reads planned episode `e` as validated (its warnings were logged then), and hashes it on the same thread.
+ReadEpisode read_planned_episode(const RolloutOptions& opt, const PreparedRun& p, size_t e) {
     io::EpisodeOptions eo;
     eo.layout = p.layout;
     eo.allow_truncate = opt.allow_truncate;
@@ -507,17 +514,20 @@ io::Episode read_planned_episode(const RolloutOptions& opt, const PreparedRun& p
     eo.prompt = opt.prompt;
     eo.open_video = opt.open_video;
     eo.log_warnings = false;
-    return p.plan.refs[e].source->read(p.plan.refs[e], eo);
+    ReadEpisode r{p.plan.refs[e].source->read(p.plan.refs[e], eo), {}};
+    r.inputs_sha256 = episode_inputs_sha256(r.ep);
+    return r;
 }
 
 /// Step 4a: one episode read (`episode`: maybe decoding on another thread already), its calls run and its files
 /// written, filling `summary` as it goes (a failure keeps what was known). Sets `interrupted` when Ctrl-C stopped it.
-void run_one_episode(const EpisodeLoop& loop, size_t e, std::future<io::Episode> episode, EpisodeSummary& summary,
+void run_one_episode(const EpisodeLoop& loop, size_t e, std::future<ReadEpisode> episode, EpisodeSummary& summary,
                      bool& interrupted) {
     const RolloutOptions& opt = loop.opt;
     const PreparedRun& p = loop.prepared;
     const std::string& name = p.plan.names[e];
-    io::Episode ep = episode.get();
+    ReadEpisode read = episode.get();
+    io::Episode& ep = read.ep;
     const auto& warnings = p.checked->episodes[e].warnings;
     ep.warnings.insert(ep.warnings.end(), warnings.begin(), warnings.end());
     summary.num_frames = ep.num_frames;
@@ -542,7 +552,7 @@ void run_one_episode(const EpisodeLoop& loop, size_t e, std::future<io::Episode>
                                               : "nothing written for it");
         if (er.chunks.num_calls() == 0) return;
     }
-    write_episode_outputs(loop, e, ep, er, summary);
+    write_episode_outputs(loop, e, ep, read.inputs_sha256, er, summary);
     if (er.interrupted) return;
     loop.progress.finish();
     if (!opt.quiet)
@@ -560,7 +570,7 @@ void run_episodes(const RolloutOptions& opt, PreparedRun& p, LoadedRun& run, Rol
     // NOTE: the next episode to run is read (its videos decoded) on a host thread while this one's calls run, so a
     // dataset's decoding does not sit between episodes; two episodes' frames are in host memory at a time
     const size_t n = p.plan.refs.size();
-    std::future<io::Episode> next;
+    std::future<ReadEpisode> next;
     size_t next_e = n;
     const auto prefetch_after = [&](size_t e) {
         next_e = n;
@@ -590,7 +600,7 @@ void run_episodes(const RolloutOptions& opt, PreparedRun& p, LoadedRun& run, Rol
             io::ResultWriter::clear_failed(out);
             // NOTE: a stale marker (--resume found an output gone) must not outlive an interrupted rerun
             if (e < checked.stale.size() && checked.stale[e]) std::filesystem::remove(out / std::string(io::kDoneMarker));
-            std::future<io::Episode> episode =
+            std::future<ReadEpisode> episode =
                 next_e == e ? std::move(next)
                             : std::async(std::launch::deferred, [&opt, &p, e] { return read_planned_episode(opt, p, e); });
             prefetch_after(e);

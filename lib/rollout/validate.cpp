@@ -164,8 +164,10 @@ CheckpointFacts check_checkpoint(const RolloutOptions& opt, const Embodiment& em
 }
 
 /// Reads one episode as the run will, and checks its prompt tokenizes and its state against the statistics.
+/// A dataset's videos are checked without decoding (the run decodes each episode when it runs it) unless
+/// `need_inputs_hash` (--resume verifies a finished episode's inputs by their content).
 EpisodeCheck check_episode(const RolloutOptions& opt, const io::EpisodeRef& ref, const FrameSchedule& schedule,
-                           const CheckpointFacts& facts, io::InputSet& inputs) {
+                           const CheckpointFacts& facts, io::InputSet& inputs, bool need_inputs_hash) {
     EpisodeCheck c;
     io::EpisodeOptions eo;
     eo.layout = episode_layout(*facts.embodiment);
@@ -173,6 +175,7 @@ EpisodeCheck check_episode(const RolloutOptions& opt, const io::EpisodeRef& ref,
     eo.min_frames = schedule.min_frames();
     eo.prompt = opt.prompt;
     eo.open_video = opt.open_video;
+    eo.decode_frames = need_inputs_hash;
     try {
         // NOTE: the layout first (file headers only): its messages name the key and the embodiment
         const std::vector<std::string> layout_problems = ref.source->check(ref, eo.layout);
@@ -184,7 +187,8 @@ EpisodeCheck check_episode(const RolloutOptions& opt, const io::EpisodeRef& ref,
         const io::Episode ep = ref.source->read(ref, eo);
         c.num_frames = ep.num_frames;
         c.prompt = ep.prompt;
-        c.inputs_sha256 = episode_inputs_sha256(ep);
+        if (std::all_of(ep.cameras.begin(), ep.cameras.end(), [](const auto& cam) { return cam.frames.defined(); }))
+            c.inputs_sha256 = episode_inputs_sha256(ep);
         for (const auto& cam : ep.cameras) inputs.add_file(cam.file, "camera file of episode " + ep.name);
         const Embodiment& e = *facts.embodiment;
         if (facts.tok && e.prompt)
@@ -322,6 +326,14 @@ Json ValidatedRun::episode_fingerprint(size_t e) const {
                                         episodes[e].inputs_sha256);
 }
 
+Json ValidatedRun::episode_fingerprint(size_t e, const std::string& inputs_sha256) const {
+    const std::string& checked = episodes[e].inputs_sha256;
+    DZR_CHECK(checked.empty() || checked == inputs_sha256,
+              "its inputs changed between the run's validation and its read (content hash {}... then, {}... now)",
+              checked.substr(0, 12), inputs_sha256.substr(0, 12));
+    return rollout::episode_fingerprint(fingerprint, episodes[e].num_frames, episodes[e].prompt, inputs_sha256);
+}
+
 EpisodeSummary ValidatedRun::invalid_summary(size_t e, const std::string& name) const {
     EpisodeSummary s;
     s.name = name;
@@ -384,7 +396,8 @@ ValidatedRun validate_run(const RolloutOptions& opt, const Embodiment& embodimen
     run.episodes.reserve(refs.size());
     size_t invalid = 0;
     for (size_t e = 0; e < refs.size(); ++e) {
-        run.episodes.push_back(check_episode(opt, refs[e], schedule, facts, inputs));
+        const bool finished_before = opt.resume && io::ResultWriter::is_done(opt.out_dir / names[e]);
+        run.episodes.push_back(check_episode(opt, refs[e], schedule, facts, inputs, finished_before));
         if (!run.episodes.back().valid) {
             ++invalid;
             const std::string line = fmt::format("episode {}: {}", names[e], run.episodes.back().error);

@@ -37,7 +37,8 @@ struct EpisodeCheck {
     std::vector<std::string> warnings;  ///< from the checks against the checkpoint (the state range)
     int64_t num_frames = 0;
     std::string prompt;
-    std::string inputs_sha256;          ///< episode_inputs_sha256 of what was read
+    std::string inputs_sha256;          ///< episode_inputs_sha256 of what was read; empty when the videos were
+                                        ///< not decoded (the run hashes the episode when it reads it)
 };
 
 /// A run that passed validation.
@@ -61,6 +62,8 @@ struct ValidatedRun {
     bool runnable(size_t e) const { return episodes[e].valid && !finished[e]; }
     /// The fingerprint recorded in episode e's done marker.
     Json episode_fingerprint(size_t e) const;
+    /// The same with the hash of the episode as the run read it (refused when validation hashed another).
+    Json episode_fingerprint(size_t e, const std::string& inputs_sha256) const;
     /// The summary entry of an invalid episode (status "invalid", its error).
     EpisodeSummary invalid_summary(size_t e, const std::string& name) const;
 };

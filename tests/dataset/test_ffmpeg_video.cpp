@@ -250,6 +250,35 @@ TEST_CASE("a timestamp past the end is an error naming the file and the last fra
     }
 }
 
+TEST_CASE("check_timestamps accepts what frames_at accepts and refuses what it refuses, decoding nothing") {
+    for (const std::string& name : kVideos) {
+        CAPTURE(name);
+        const Reference ref = load(name);
+        FfmpegVideo video(ref.mp4);
+        const double dt = ref.frame_interval();
+        // Every frame time, then a sparse subset off the frame times (B-frames reorder the packets' pts).
+        CHECK_NOTHROW(video.check_timestamps(ref.pts, 1e-4));
+        CHECK_NOTHROW(video.check_timestamps({ref.pts[13] - 0.4 * dt, ref.pts[17] + 0.2 * dt, ref.pts[22]}, 0.45 * dt));
+        CHECK_NOTHROW(video.check_timestamps({}, 1e-4));
+        // Off by more than the tolerance: the nearest frame named, as frames_at does.
+        const double off = ref.pts[5] + 0.4 * dt;
+        std::string msg = error_of([&] { video.check_timestamps({ref.pts[2], off}, 0.1 * dt); });
+        CHECK(contains(msg, fmt::format("{:.6f}", off)));
+        CHECK(contains(msg, fmt::format("{:.6f}", ref.pts[5])));
+        CHECK(!error_of([&] { video.frames_at({ref.pts[2], off}, 0.1 * dt); }).empty());
+        // Past the end.
+        const double last = ref.pts.back();
+        msg = error_of([&] { video.check_timestamps({ref.pts[30], last + 1.0}, 1e-4); });
+        CHECK(contains(msg, "ends before"));
+        CHECK(contains(msg, fmt::format("{:.6f}", last)));
+        CHECK_NOTHROW(video.check_timestamps({last + 0.5e-4}, 1e-4));
+        // Not ascending.
+        CHECK(!error_of([&] { video.check_timestamps({ref.pts[3], ref.pts[2]}, 1e-4); }).empty());
+        // The object still decodes exactly after the checks.
+        check_rows(ref, video.frames_at({ref.pts[4]}, 1e-4), {4});
+    }
+}
+
 TEST_CASE("a file cut short is an error, not a crash, and what is left before the cut still decodes") {
     test::TempDir tmp;
     // moov at the end (PyAV's default): without it the file does not open.
