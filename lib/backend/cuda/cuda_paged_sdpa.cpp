@@ -212,6 +212,72 @@ cudnnStatus_t run_paged_sdpa_plan(cudnnHandle_t handle, const PagedSdpaPlan& pla
     return execute_sdpa_plan(handle, plan.sdpa, n, uids, ptrs, workspace);
 }
 
+namespace {
+
+/// The paged call of `layer`'s history; empty, or why cuDNN cannot take it.
+std::string paged_sdpa_call(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
+                            const TensorView& k_cur, const TensorView& v_cur, const TensorView& out,
+                            PagedSdpaCall& c) {
+    // NOTE: the container's block count: the view's layers lie one after another, layer_stride apart
+    if (history.layer_stride <= 0 || history.block_stride <= 0 || history.layer_stride % history.block_stride != 0)
+        return fmt::format("the pool view's layer stride {} is not a whole number of blocks of {} elements",
+                           history.layer_stride, history.block_stride);
+    const int64_t hist = history.seq_len, lq = q.dim(0);
+    const int64_t layer_off = int64_t(layer) * history.layer_stride * int64_t(dtype_size(history.dtype));
+    c.dtype = history.dtype;
+    c.lq = lq, c.hist = hist, c.heads = history.num_heads, c.d = history.head_dim;
+    c.q = q.data, c.out = out.data;
+    c.q_tok = q.strides[0], c.q_head = q.strides[1], c.o_tok = out.strides[0], c.o_head = out.strides[1];
+    c.k_pool = static_cast<const char*>(history.k_base) + layer_off;
+    c.v_pool = static_cast<const char*>(history.v_base) + layer_off;
+    c.num_blocks = history.layer_stride / history.block_stride;
+    c.block_size = history.block_size, c.block_stride = history.block_stride;
+    c.token_stride = history.token_stride, c.head_stride = history.head_stride;
+    c.table = history.block_table;
+    c.pages = (hist + history.block_size - 1) / history.block_size;
+    c.scale = p.scale;
+    for (const void* ptr :
+         std::initializer_list<const void*>{c.q, c.out, c.k_pool, c.v_pool, k_cur.data, v_cur.data, c.table})
+        if (pointer_alignment(ptr) < 16) return "an operand is not 16-byte aligned";
+    if (lq > INT32_MAX || hist > INT32_MAX) return "a length exceeds int32";
+    return {};
+}
+
+/// The history's plan: the first graph kind of `graphs` cuDNN takes (built on first use, never inside a capture);
+/// null with `why` when none.
+const PagedSdpaPlan* paged_sdpa_plan_for(PagedSdpaState& state, cudnnHandle_t handle, const PagedSdpaCall& c,
+                                         const std::vector<SdpaGraph>& graphs, bool capturing, std::string& why) {
+    std::string refusals;
+    for (SdpaGraph g : graphs) {
+        const PagedSdpaKey key = paged_sdpa_key(c, g);
+        auto it = state.plans.find(key);
+        if (it == state.plans.end()) {
+            // NOTE: building allocates and writes the sequence lengths synchronously, so not inside a capture
+            // (the graph runner runs every shape eagerly before capturing it)
+            if (capturing) {
+                why = "a capture began before this shape's paged plan was built";
+                return nullptr;
+            }
+            auto plan = build_paged_sdpa_plan(handle, c, g);
+            if (plan->sdpa.ok)
+                log()->debug("cuDNN paged SDPA {} plan for Lq {} history {} H {} D {} block {} ({}): {}, workspace {} B",
+                             sdpa_graph_name(g), c.lq, c.hist, c.heads, c.d, c.block_size, dtype_name(c.dtype),
+                             plan->sdpa.engine, plan->sdpa.workspace);
+            else
+                log()->debug("cuDNN paged SDPA {} graph refused for Lq {} history {} H {} D {} block {} ({}): {}",
+                             sdpa_graph_name(g), c.lq, c.hist, c.heads, c.d, c.block_size, dtype_name(c.dtype),
+                             plan->sdpa.error);
+            it = state.plans.emplace(key, std::move(plan)).first;
+        }
+        if (it->second->sdpa.ok) return it->second.get();
+        refusals += fmt::format(" {}: {};", sdpa_graph_name(g), it->second->sdpa.error);
+    }
+    why = "cuDNN refused every paged graph:" + refusals;
+    return nullptr;
+}
+
+}  // namespace
+
 }  // namespace cuda_detail
 
 using cuda_detail::AttentionCall;
@@ -242,64 +308,14 @@ bool CudaBackend::try_paged_sdpa(const AttentionParams& p, const TensorView& q, 
     if (graphs.empty())
         return refuse(
             fmt::format("the attention implementation is {}", attention_impl_name(options_.attention)));
-    // NOTE: the container's block count: the view's layers lie one after another, layer_stride apart
-    if (history.layer_stride <= 0 || history.block_stride <= 0 ||
-        history.layer_stride % history.block_stride != 0)
-        return refuse(
-            fmt::format("the pool view's layer stride {} is not a whole number of blocks of {} elements",
-                        history.layer_stride, history.block_stride));
-    const size_t es = dtype_size(history.dtype);
-    const int64_t layer_off = int64_t(layer) * history.layer_stride * int64_t(es);
     PagedSdpaCall c;
-    c.dtype = history.dtype;
-    c.lq = lq, c.hist = hist, c.heads = H, c.d = D;
-    c.q = q.data, c.out = out.data;
-    c.q_tok = q.strides[0], c.q_head = q.strides[1], c.o_tok = out.strides[0], c.o_head = out.strides[1];
-    c.k_pool = static_cast<const char*>(history.k_base) + layer_off;
-    c.v_pool = static_cast<const char*>(history.v_base) + layer_off;
-    c.num_blocks = history.layer_stride / history.block_stride;
-    c.block_size = history.block_size, c.block_stride = history.block_stride;
-    c.token_stride = history.token_stride, c.head_stride = history.head_stride;
-    c.table = history.block_table;
-    c.pages = (hist + history.block_size - 1) / history.block_size;
-    c.scale = p.scale;
-    for (const void* ptr :
-         std::initializer_list<const void*>{c.q, c.out, c.k_pool, c.v_pool, k_cur.data, v_cur.data, c.table})
-        if (cuda_detail::pointer_alignment(ptr) < 16) return refuse("an operand is not 16-byte aligned");
-    if (lq > INT32_MAX || hist > INT32_MAX) return refuse("a length exceeds int32");
-
+    if (std::string reason = cuda_detail::paged_sdpa_call(p, q, history, layer, k_cur, v_cur, out, c); !reason.empty())
+        return refuse(reason);
     const bool capturing = cuda_detail::is_capturing(stream_);
-    // the history's plan: the first graph kind cuDNN takes
-    const PagedSdpaPlan* paged = nullptr;
-    std::string refusals;
-    for (SdpaGraph g : graphs) {
-        const cuda_detail::PagedSdpaKey key = cuda_detail::paged_sdpa_key(c, g);
-        auto it = state.plans.find(key);
-        if (it == state.plans.end()) {
-            // NOTE: building allocates and writes the sequence lengths synchronously, so not inside a capture
-            // (the graph runner runs every shape eagerly before capturing it)
-            if (capturing) return refuse("a capture began before this shape's paged plan was built");
-            auto plan = cuda_detail::build_paged_sdpa_plan(cudnn(), c, g);
-            if (plan->sdpa.ok)
-                log()->debug(
-                    "cuDNN paged SDPA {} plan for Lq {} history {} H {} D {} block {} ({}): {}, workspace {} "
-                    "B",
-                    cuda_detail::sdpa_graph_name(g), lq, hist, H, D, c.block_size, dtype_name(c.dtype),
-                    plan->sdpa.engine, plan->sdpa.workspace);
-            else
-                log()->debug(
-                    "cuDNN paged SDPA {} graph refused for Lq {} history {} H {} D {} block {} ({}): {}",
-                    cuda_detail::sdpa_graph_name(g), lq, hist, H, D, c.block_size, dtype_name(c.dtype),
-                    plan->sdpa.error);
-            it = state.plans.emplace(key, std::move(plan)).first;
-        }
-        if (it->second->sdpa.ok) {
-            paged = it->second.get();
-            break;
-        }
-        refusals += fmt::format(" {}: {};", cuda_detail::sdpa_graph_name(g), it->second->sdpa.error);
-    }
-    if (!paged) return refuse("cuDNN refused every paged graph:" + refusals);
+    std::string reason;
+    const PagedSdpaPlan* paged = cuda_detail::paged_sdpa_plan_for(state, cudnn(), c, graphs, capturing, reason);
+    if (!paged) return refuse(reason);
+    const size_t es = dtype_size(history.dtype);
 
     // scratch: both parts' stats and the current rows' output
     ArenaScope scope(arena_);
