@@ -15,6 +15,7 @@
 #include "model/inventory.h"
 #include "rollout/runner.h"
 #include "support/json_file.h"
+#include "support/micro_geometry.h"
 #include "support/test_support.h"
 #include "weights/random_checkpoint.h"
 
@@ -33,12 +34,14 @@ fs::path sample_episode(const test::TempDir& dir) {
     return ep;
 }
 
-rollout::RolloutOptions tiny_options(const fs::path& episode, const fs::path& ckpt, const fs::path& out) {
+/// `geometry`: overrides of the tiny config's model (support/micro_geometry.h), as the checkpoint was made with.
+rollout::RolloutOptions tiny_options(const fs::path& episode, const fs::path& ckpt, const fs::path& out,
+                                     const std::vector<config::Override>& geometry = {}) {
     rollout::RolloutOptions o;
     o.checkpoint = ckpt;
     o.episodes = {episode};
     o.out_dir = out;
-    o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
+    o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml", geometry);
     o.run.rollout.max_chunks = 2;  // 3 calls keep the test short; the 7-call cycle is test_policy's
     o.have_config_model = true;
     o.devices = {Device::cpu()};
@@ -134,17 +137,21 @@ TEST_CASE("a rollout of an episode with a missing camera is refused before the l
 }
 
 TEST_CASE("a profiled rollout writes the op profile of its episode calls and the same actions as an unprofiled one") {
+    // NOTE: three rollouts, two with a warm-up: on the micro geometry (what is checked does not depend on it; 38 s
+    // of the tiny one on the 2-core CI machine); DZR_LONG_TESTS=1 runs the tiny geometry
+    const std::vector<config::Override> geometry = test::ci_geometry();
     test::TempDir dir;
-    const auto cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
+    const auto cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml", geometry);
     MakeOptions mo;
     mo.dtype = DType::F32;
     mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
     write_random_checkpoint(cfg.model, mo, dir / "ckpt");
 
-    auto plain = tiny_options(sample_episode(dir), dir / "ckpt", dir / "plain");
+    auto plain = tiny_options(sample_episode(dir), dir / "ckpt", dir / "plain", geometry);
     plain.report = false;
+    plain.warmup = false;  // the reference actions (a warm-up changes none); the profiled runs keep theirs to drop
     REQUIRE(rollout::run_rollout(plain).failed == 0);
-    auto profiled = tiny_options(sample_episode(dir), dir / "ckpt", dir / "profiled");
+    auto profiled = tiny_options(sample_episode(dir), dir / "ckpt", dir / "profiled", geometry);
     profiled.report = false;
     profiled.profile = dir / "profile.json";
     REQUIRE(rollout::run_rollout(profiled).failed == 0);
@@ -173,7 +180,7 @@ TEST_CASE("a profiled rollout writes the op profile of its episode calls and the
     CHECK(gemm);
 
     // --profile-graphs: the regions without op times (on a GPU the forwards then replay their graphs)
-    auto graphs = tiny_options(sample_episode(dir), dir / "ckpt", dir / "graphs");
+    auto graphs = tiny_options(sample_episode(dir), dir / "ckpt", dir / "graphs", geometry);
     graphs.report = false;
     graphs.profile = dir / "profile-graphs.json";
     graphs.profile_graphs = true;

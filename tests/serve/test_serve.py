@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`dzr serve` end to end, driven by the official client stack (openpi_client's msgpack_numpy, websockets).
 
-Starts `dzr serve` on the tiny random checkpoint on the CPU and checks, against the protocol of the official
+Starts `dzr serve` on a random checkpoint on the CPU and checks, against the protocol of the official
 DreamZero server (eval_utils/policy_server.py, socket_test_optimized_AR.py, test_client_AR.py):
   - the config map sent on connect;
   - infer replies (float32 [24, 8]) and the reset reply;
@@ -14,6 +14,10 @@ DreamZero server (eval_utils/policy_server.py, socket_test_optimized_AR.py, test
     each get a text error and a close code, and the server answers a good request after them;
   - the server's RSS stays flat over a soak of short sessions;
   - SIGINT lets the request in flight finish, closes the connection (1001) and prints the timing summary.
+Every check but the last runs on one server of the tiny config shrunk further (MICRO_GEOMETRY: a call takes
+~0.1 s instead of ~1.2 s; what they check does not depend on the geometry; DZR_LONG_TESTS=1 runs them on the tiny
+geometry, docs/CI.md); SIGINT needs a request that is surely still running when the signal comes, so it gets a
+server of the tiny geometry itself.
 
 Usage: test_serve.py DZR [--tools DZR_TOOLS] [--source-dir DIR] [--keep]
   DZR        the binary whose `serve` is tested
@@ -41,6 +45,11 @@ CAMERAS = {  # RoboArena key -> the episode's camera file (DreamZero's video key
     "observation/exterior_image_1_left": "exterior_image_2_left",
     "observation/wrist_image_left": "wrist_image_left",
 }
+# configs/tiny.yaml with a 64x128 canvas (32 tokens per latent frame) and 9-frame clips, for `ckpt make`, `rollout`
+# and `serve` alike (tests/support/micro_geometry.h); none with DZR_LONG_TESTS=1
+MICRO_GEOMETRY = [] if os.environ.get("DZR_LONG_TESTS", "0") not in ("", "0") else [
+    "--set", "model.canvas_height=64", "--set", "model.canvas_width=128",
+    "--set", "model.dit.frame_seqlen=32", "--set", "model.num_frames=9"]
 EXPECTED_CONFIG = {
     "image_resolution": [180, 320],
     "needs_wrist_camera": True,
@@ -379,6 +388,11 @@ def check_sigint(server, port, ep):
     check(rc == 0, f"dzr serve exited {rc} after SIGINT")
     out = "".join(server.stdout)
     check("served " in out and "infer, 4 frames" in out, f"no timing summary on exit:\n{out}")
+    # the request was in flight when the signal came: the server logged the stop before the call's engine line
+    log = server.log_text()
+    stop_at, call_at = log.find(": SIGINT: stopping"), log.find("session 'sigint' call 1:")
+    check(0 <= stop_at < call_at, f"SIGINT did not come while the request ran (log at {stop_at}, call at {call_at}):"
+          f"\n{log[-3000:]}")
 
 
 def main():
@@ -396,24 +410,25 @@ def main():
     try:
         cfg = src / "configs" / "tiny.yaml"
         ckpt, ep_dir = tmp / "ckpt", tmp / "episode_000"
-        run([tools, "ckpt", "make", "--config", cfg, "--seed", "0", "--dtype", "f32", "--tokenizer",
-             src / "tests/data/tokenizer/spiece.model", "--out", ckpt], env, "dzr ckpt make")
+        make = [tools, "ckpt", "make", "--config", cfg, "--seed", "0", "--dtype", "f32", "--tokenizer",
+                src / "tests/data/tokenizer/spiece.model"]
+        run([*make, *MICRO_GEOMETRY, "--out", ckpt], env, "dzr ckpt make")
         conv = subprocess.run([tools, "episode", "convert", src / "samples/episode_000", "--out", ep_dir], env=env,
                               capture_output=True, text=True)
         if conv.returncode != 0:
             print(f"test_serve: skipped: {tools} cannot decode the sample's .mp4 cameras:\n{conv.stderr}")
             return SKIP
         ep = Episode(ep_dir)
-        rollout = ["rollout", "--ckpt", ckpt, "--config", cfg, "--device", "cpu", "--quiet", "--no-plots",
-                   "--no-report"]
+        rollout = ["rollout", "--ckpt", ckpt, "--config", cfg, *MICRO_GEOMETRY, "--device", "cpu", "--quiet",
+                   "--no-plots", "--no-report"]
         run([tools, *rollout[:1], ep_dir, *rollout[1:], "--out", tmp / "offline"], env, "offline rollout")
         offline = np.load(tmp / "offline" / "episode_000" / "actions.npy")
         check(offline.shape == (len(ep.calls), 24, 8), f"offline actions {offline.shape}")
 
         # --max-message-mb 3: a 4-frame request is 2.0 MiB (3 cameras x 4 x 180x320x3); 3.5 MiB is over
         record = tmp / "record"
-        server = Server(dzr, ["--ckpt", str(ckpt), "--config", str(cfg), "--device", "cpu", "--port", "0",
-                              "--record", str(record), "--max-message-mb", "3"], env, tmp / "serve.log")
+        server = Server(dzr, ["--ckpt", str(ckpt), "--config", str(cfg), *MICRO_GEOMETRY, "--device", "cpu",
+                              "--port", "0", "--record", str(record), "--max-message-mb", "3"], env, tmp / "serve.log")
         port = server.port
         print(f"dzr serve on port {port} (log {server.log_path})", flush=True)
 
@@ -441,7 +456,16 @@ def main():
         print("ok: serve.json names what keeps a recording from replaying exactly", flush=True)
         check_soak(server, port, ep)
         print("ok: RSS flat over the soak", flush=True)
-        check_sigint(server, port, ep)
+        rc = server.stop()
+        check(rc == 0, f"dzr serve exited {rc} after SIGINT while idle")
+
+        # SIGINT on a server of the tiny geometry, whose 4-frame call (~1 s) is surely running 0.1 s after it came
+        # (--no-warmup: the first server ran the warm-up)
+        ckpt_tiny, record = tmp / "ckpt_tiny", tmp / "record_tiny"
+        run([*make, "--out", ckpt_tiny], env, "dzr ckpt make (tiny)")
+        server = Server(dzr, ["--ckpt", str(ckpt_tiny), "--config", str(cfg), "--device", "cpu", "--port", "0",
+                              "--record", str(record), "--no-warmup"], env, tmp / "serve_tiny.log")
+        check_sigint(server, server.port, ep)
         check((record / "sigint" / "served_actions.npy").exists(), "the session open at SIGINT was not recorded")
         print("ok: SIGINT finishes the request in flight, closes with 1001, prints the summary", flush=True)
         print("test_serve: 1 passed, 0 failed")

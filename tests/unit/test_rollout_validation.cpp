@@ -19,6 +19,7 @@
 #include "model/inventory.h"
 #include "support/cli.h"
 #include "support/json_file.h"
+#include "support/micro_geometry.h"
 #include "support/test_support.h"
 #include "weights/random_checkpoint.h"
 
@@ -31,15 +32,23 @@ namespace {
 const fs::path kConfig = test::source_dir() / "configs/tiny.yaml";
 
 /// A tiny checkpoint with the test tokenizer, a parent of two short episodes and a scratch directory.
+/// `micro`: the checkpoint and the rollouts take test::micro_geometry() (support/micro_geometry.h), for the cases
+/// that roll out: what they check (an output directory's refusals, --force) does not depend on the geometry, and
+/// under ASan a rollout of the tiny geometry takes ~40 s (mostly the VAE's 33-frame conditioning encode), of the
+/// micro one ~5 s. (sanitize/tiny_rollout rolls out the tiny geometry itself under the sanitizers.)
 struct Fixture {
     test::TempDir dir;
     fs::path ckpt = dir / "ckpt", eps = dir / "eps";
+    std::string geometry;  // the --set options of the micro geometry, or none
 
-    Fixture() {
+    explicit Fixture(bool micro = false) {
+        const std::vector<config::Override> overrides =
+            micro ? test::micro_geometry() : std::vector<config::Override>{};
+        geometry = test::set_options(overrides);
         MakeOptions mo;
         mo.dtype = DType::F32;
         mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
-        write_random_checkpoint(config::load_run_config(kConfig).model, mo, ckpt);
+        write_random_checkpoint(config::load_run_config(kConfig, overrides).model, mo, ckpt);
         io::SynthOptions so;
         so.frames = 30;
         so.width = 64;
@@ -50,8 +59,8 @@ struct Fixture {
     test::CliResult rollout(const fs::path& episodes, const fs::path& out, const std::string& extra = "",
                             const std::string& device = "cpu") const {
         return test::run_dzr(
-            fmt::format("rollout {} --ckpt {} --out {} --config {} --device {} --no-warmup --quiet {}",
-                        q(episodes), q(ckpt), q(out), q(kConfig), device, extra),
+            fmt::format("rollout {} --ckpt {} --out {} --config {} --device {} --no-warmup --quiet{} {}",
+                        q(episodes), q(ckpt), q(out), q(kConfig), device, geometry, extra),
             dir.path());
     }
     std::map<std::string, std::string> inputs() const {
@@ -219,7 +228,7 @@ TEST_CASE("an unwritable --out and out-of-range options fail at once, before any
 
 TEST_CASE("an output directory with an earlier run's results is refused unless --resume or --force") {
     SKIP_WITHOUT_DZR_BIN();
-    Fixture f;
+    Fixture f(/*micro=*/true);  // three real rollouts
     const fs::path out = f.dir / "out";
     auto r = f.rollout(f.eps / "ep_a", out, "--set rollout.max_chunks=1 --no-plots");
     REQUIRE(r.code == 0);
