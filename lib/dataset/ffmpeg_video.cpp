@@ -89,6 +89,18 @@ const AVCodec* find_decoder(const fs::path& file, AVCodecID id) {
     return c;
 }
 
+/// What frames_at() and check_timestamps() take: finite, ascending timestamps and a tolerance >= 0.
+void check_request(const std::string& name, const std::vector<double>& timestamps_s, double tolerance_s) {
+    for (size_t i = 0; i < timestamps_s.size(); ++i) {
+        DZR_CHECK(std::isfinite(timestamps_s[i]), "{}: timestamp {} is not a finite number", name, i);
+        DZR_CHECK(i == 0 || timestamps_s[i] >= timestamps_s[i - 1],
+                  "{}: timestamps must be ascending, found {:.6f} s after {:.6f} s", name, timestamps_s[i],
+                  timestamps_s[i - 1]);
+    }
+    DZR_CHECK(std::isfinite(tolerance_s) && tolerance_s >= 0, "{}: the tolerance must be >= 0, found {}", name,
+              tolerance_s);
+}
+
 }  // namespace
 
 struct FfmpegVideo::Impl {
@@ -272,15 +284,7 @@ Tensor FfmpegVideo::frames_at(const std::vector<double>& timestamps_s, double to
     const int64_t n = int64_t(timestamps_s.size());
     const int64_t h = m.info.height, w = m.info.width;
     const size_t frame_bytes = size_t(h * w * 3);
-    for (int64_t i = 0; i < n; ++i) {
-        DZR_CHECK(std::isfinite(timestamps_s[size_t(i)]), "{}: timestamp {} is not a finite number", m.name,
-                  i);
-        DZR_CHECK(i == 0 || timestamps_s[size_t(i)] >= timestamps_s[size_t(i - 1)],
-                  "{}: timestamps must be ascending, found {:.6f} s after {:.6f} s", m.name,
-                  timestamps_s[size_t(i)], timestamps_s[size_t(i - 1)]);
-    }
-    DZR_CHECK(std::isfinite(tolerance_s) && tolerance_s >= 0, "{}: the tolerance must be >= 0, found {}",
-              m.name, tolerance_s);
+    check_request(m.name, timestamps_s, tolerance_s);
     Tensor out = Tensor::host(Shape{n, h, w, 3}, DType::U8);
     if (chosen_pts) chosen_pts->assign(size_t(n), 0.0);
     if (n == 0) return out;
@@ -365,10 +369,8 @@ Tensor FfmpegVideo::frames_at(const std::vector<double>& timestamps_s, double to
 
 void FfmpegVideo::check_timestamps(const std::vector<double>& timestamps_s, double tolerance_s) {
     Impl& m = *impl_;
+    check_request(m.name, timestamps_s, tolerance_s);
     if (timestamps_s.empty()) return;
-    for (size_t i = 0; i < timestamps_s.size(); ++i)
-        DZR_CHECK(std::isfinite(timestamps_s[i]) && (i == 0 || timestamps_s[i] >= timestamps_s[i - 1]),
-                  "{}: timestamp {} ({}) is not finite or not ascending", m.name, i, timestamps_s[i]);
     const double first = timestamps_s.front(), last = timestamps_s.back();
     // NOTE: a packet's pts is its frame's; pts >= dts, so once the dts passes the last timestamp's window no
     // later packet can fall inside it. A second of lead covers B-frames ahead of the key frame sought.
@@ -390,11 +392,9 @@ void FfmpegVideo::check_timestamps(const std::vector<double>& timestamps_s, doub
         pts.push_back(to_seconds(ts, m.stream->time_base));
         if (to_seconds(order, m.stream->time_base) > last + tolerance_s) break;
     }
+    DZR_CHECK(!pts.empty(), "{}: the stream holds no frame from {:.6f} s on (is the file cut short?)", m.name, first);
     std::sort(pts.begin(), pts.end());
     for (double t : timestamps_s) {
-        DZR_CHECK(!pts.empty() && pts.front() <= t + tolerance_s,
-                  "{}: no frame within {} s of timestamp {:.6f} s{}", m.name, tolerance_s, t,
-                  pts.empty() ? " (the stream holds no frame there; is the file cut short?)" : "");
         auto it = std::lower_bound(pts.begin(), pts.end(), t);
         double nearest = it == pts.end() ? pts.back() : *it;
         if (it != pts.begin() && t - *std::prev(it) <= nearest - t) nearest = *std::prev(it);

@@ -306,8 +306,8 @@ io::Episode LeRobotSource::read(const io::EpisodeRef& ref, const io::EpisodeOpti
         }
         cam.file_frames = T;
         cam.fps = meta_.fps;
-        cam.height = opt.decode_frames ? int(cam.frames.shape()[1]) : video.info().height;
-        cam.width = opt.decode_frames ? int(cam.frames.shape()[2]) : video.info().width;
+        cam.height = video.info().height;  // frames_at's frames are the stream's size
+        cam.width = video.info().width;
         if (layout.frame_height > 0 && (cam.width != layout.frame_width || cam.height != layout.frame_height))
             ep.warnings.push_back(fmt::format("camera {} ({}): frames are {}x{}, not {}'s {}x{}; the model's "
                                               "preprocessing resizes them with padding", cam.name, key, cam.width,

@@ -505,7 +505,8 @@ struct ReadEpisode {
     std::string inputs_sha256;
 };
 
-/// Reads planned episode `e` as validated (its warnings were logged then), and hashes it on the same thread.
+/// Reads planned episode `e` as validated (its warnings were logged then); hashes it on the same thread unless the
+/// validation read its frames and did.
 ReadEpisode read_planned_episode(const RolloutOptions& opt, const PreparedRun& p, size_t e) {
     io::EpisodeOptions eo;
     eo.layout = p.layout;
@@ -514,8 +515,8 @@ ReadEpisode read_planned_episode(const RolloutOptions& opt, const PreparedRun& p
     eo.prompt = opt.prompt;
     eo.open_video = opt.open_video;
     eo.log_warnings = false;
-    ReadEpisode r{p.plan.refs[e].source->read(p.plan.refs[e], eo), {}};
-    r.inputs_sha256 = episode_inputs_sha256(r.ep);
+    ReadEpisode r{p.plan.refs[e].source->read(p.plan.refs[e], eo), p.checked->episodes[e].inputs_sha256};
+    if (r.inputs_sha256.empty()) r.inputs_sha256 = episode_inputs_sha256(r.ep);
     return r;
 }
 

@@ -62,7 +62,7 @@ struct ValidatedRun {
     bool runnable(size_t e) const { return episodes[e].valid && !finished[e]; }
     /// The fingerprint recorded in episode e's done marker.
     Json episode_fingerprint(size_t e) const;
-    /// The same with the hash of the episode as the run read it (refused when validation hashed another).
+    /// The same with the hash of the episode as the run read it (validation hashes only what it decoded).
     Json episode_fingerprint(size_t e, const std::string& inputs_sha256) const;
     /// The summary entry of an invalid episode (status "invalid", its error).
     EpisodeSummary invalid_summary(size_t e, const std::string& name) const;
