@@ -66,12 +66,10 @@ int run(const PlanArgs& a) {
                                                                                                 ? "--gpu-memory-budget"
                                                                                                 : "gpu_memory_budget");
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
-    PolicyOptions options;
-    options.sampling = run.sampling;
-    options.kv = run.kv;
+    PolicyOptions options = run_policy_options(run);
     options.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     options.text_prepass = !a.no_text_prepass;
-    options.batch_cfg = run.batch_cfg;
+    const std::optional<int> offload = config::parse_offload_layers(run.offload_layers, "offload_layers");
     po.numerics = parse_numerics(a.numerics);
 
     // Offline by default; --device plans with that device's backend (a GPU's convolution scratch included).
@@ -90,19 +88,15 @@ int run(const PlanArgs& a) {
             po.kv_dtype = po.compute_dtype;
         }
     }
-    MemoryPlan plan = plan_memory(model, embodiment, options, po, planner.get());
-    // NOTE: as a rollout does: kv.in_place auto gives up the in-place lanes when only they keep the run over budget
-    std::string lanes_note;
-    if (budget > 0 && plan.peak_bytes() > budget && options.kv.in_place == KvInPlace::Auto) {
-        PolicyOptions without = options;
-        without.kv.in_place = KvInPlace::Off;
-        MemoryPlan smaller = plan_memory(model, embodiment, without, po, planner.get());
-        if (smaller.peak_bytes() < plan.peak_bytes() && smaller.peak_bytes() <= budget) {
-            lanes_note = fmt::format("kv.in_place auto: {} with the in-place lanes, {} without; a run under this budget "
-                                     "gives them up", gib(plan.peak_bytes()), gib(smaller.peak_bytes()));
-            plan = std::move(smaller);
-        }
-    }
+    // NOTE: as a rollout does: under a budget, kv.in_place auto and offload_layers auto choose what fits
+    BudgetFit fit = fit_memory_budget(budget, options.kv.in_place == KvInPlace::Auto, !offload.has_value(),
+                                      model.dit.num_layers, [&](bool lanes_off, int offload_layers) {
+                                          PolicyOptions o = options;
+                                          if (lanes_off) o.kv.in_place = KvInPlace::Off;
+                                          if (!offload) o.offload_layers = offload_layers;
+                                          return plan_memory(model, embodiment, o, po, planner.get());
+                                      });
+    const MemoryPlan& plan = fit.plan;
     const bool fits = budget == 0 || plan.peak_bytes() <= budget;
     if (a.json) {
         nlohmann::ordered_json j;
@@ -111,7 +105,8 @@ int run(const PlanArgs& a) {
         j["embodiment"] = embodiment.tag;
         const nlohmann::ordered_json pj = plan.to_json();
         for (auto it = pj.begin(); it != pj.end(); ++it) j[it.key()] = it.value();
-        j["kv_in_place_given_up"] = !lanes_note.empty();
+        j["kv_in_place_given_up"] = fit.kv_lanes_off;
+        j["offload_layers_chosen"] = fit.offload_layers;
         if (budget > 0)
             j["budget"] = {{"bytes", budget},
                            {"fits", fits},
@@ -128,7 +123,7 @@ int run(const PlanArgs& a) {
                     po.kv_dtype == DType::F8_E4M3 ? "fp8" : std::string(dtype_name(po.kv_dtype)).c_str(),
                     plan.text_prepass ? "on" : "off");
         std::printf("%s", plan.table(budget).c_str());
-        if (!lanes_note.empty()) std::printf("%s\n", lanes_note.c_str());
+        for (const std::string& note : fit.notes) std::printf("%s\n", note.c_str());
     }
     if (!fits) {
         std::fprintf(stderr, "dzr: error: the plan's peak (%s) exceeds the budget %s by %s\n",

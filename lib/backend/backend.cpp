@@ -13,6 +13,10 @@ void Stream::begin_capture() { DZR_THROW("this stream cannot capture graphs"); }
 
 std::unique_ptr<Graph> Stream::end_capture() { DZR_THROW("this stream cannot capture graphs"); }
 
+void Stream::copy_pinned(const void*, const TensorView&) { DZR_THROW("this stream cannot copy from pinned memory"); }
+
+std::unique_ptr<Stream> Backend::make_copy_stream() { DZR_THROW("backend {} has no copy stream", name()); }
+
 void Backend::paged_attention(const AttentionParams&, const TensorView&, const PagedKvView&, int, const TensorView&,
                               const TensorView&, const TensorView&) {
     DZR_THROW("backend {} has no paged attention", name());

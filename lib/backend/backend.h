@@ -176,6 +176,9 @@ public:
     virtual Device device() const = 0;
     /// Persistent allocation (weights, KV pool), zero-filled. May allocate device memory.
     virtual Tensor alloc(Shape shape, DType dtype) = 0;
+    /// Host memory the device copies from while it computes (Stream::copy_pinned): page-locked on a GPU, the heap
+    /// on the CPU. Zero-filled; contiguous.
+    virtual Tensor alloc_pinned(Shape shape, DType dtype) { return Tensor::host(shape, dtype); }
     /// The workspace arena forwards take activations from (see Arena).
     virtual Arena& workspace() = 0;
     /// (Re)create the workspace with the given capacity in bytes. Not for use inside a forward.
@@ -232,6 +235,9 @@ public:
     virtual void abort_capture() {}
     /// True between begin_capture and end_capture/abort_capture.
     virtual bool capturing() const { return false; }
+    /// dst = the dst.nbytes() bytes at `pinned_src` (DeviceContext::alloc_pinned memory), no conversion; queued, so
+    /// the source must stay unchanged until the copy is done. Capture-safe. Throws where unsupported.
+    virtual void copy_pinned(const void* pinned_src, const TensorView& dst);
 };
 
 class Backend {
@@ -244,6 +250,10 @@ public:
     virtual DeviceContext& context() = 0;
     virtual const DeviceContext& context() const = 0;
     virtual Stream& stream() = 0;
+    /// A second stream of the device for host -> device copies (Stream::copy_pinned) that overlap the work of
+    /// stream(), ordered against it with events; in a graph capture of stream() it joins the capture through them
+    /// (model/layer_stream.h). Throws where unsupported.
+    virtual std::unique_ptr<Stream> make_copy_stream();
     Numerics numerics() const { return numerics_; }
     /// The op profiler of a profiled backend (BackendOptions::profile: profiling_backend.h), else null.
     virtual class Profiler* profiler() { return nullptr; }

@@ -1,6 +1,7 @@
 #include "backend/host_context.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "core/convert.h"
@@ -44,6 +45,11 @@ void HostStream::upload(const TensorView& src, const TensorView& dst) { host_cop
 void HostStream::download(const TensorView& src, const TensorView& dst) { host_copy(src, dst); }
 
 std::unique_ptr<Event> HostStream::make_event() { return std::make_unique<HostEvent>(); }
+
+void HostStream::copy_pinned(const void* pinned_src, const TensorView& dst) {
+    DZR_CHECK(dst.is_contiguous(), "copy_pinned: the destination must be contiguous, got {}", dst.str());
+    std::memcpy(dst.data, pinned_src, dst.nbytes());
+}
 
 void HostStream::record(Event& e) {
     const_cast<HostEvent&>(host_event(e)).at = std::chrono::steady_clock::now();

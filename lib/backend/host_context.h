@@ -38,6 +38,7 @@ public:
     void record(Event& e) override;
     void wait(const Event&) override {}
     double elapsed_ms(const Event& from, const Event& to) override;
+    void copy_pinned(const void* pinned_src, const TensorView& dst) override;
 };
 
 /// Host copy converting dtype; same-dtype copies of any layout take a fast strided path.

@@ -36,6 +36,7 @@ public:
     DeviceContext& context() override { return device_; }
     const DeviceContext& context() const override { return device_; }
     Stream& stream() override { return stream_; }
+    std::unique_ptr<Stream> make_copy_stream() override { return std::make_unique<Queue>(); }
 
     void copy(const TensorView& src, const TensorView& dst) override;
     void fill(const TensorView&, float) override {}
@@ -81,6 +82,8 @@ private:
         Device(Backend* planner, std::optional<Capabilities> assumed);
         dzr::Device device() const override { return dzr::Device::cpu(); }
         Tensor alloc(Shape shape, DType dtype) override;
+        /// Host memory: data-less, and not counted (the plan is of device memory).
+        Tensor alloc_pinned(Shape shape, DType dtype) override { return shape_only(shape, dtype); }
         Arena& workspace() override { return arena_; }
         void reserve_workspace(size_t) override {}
         Capabilities capabilities() const override;
@@ -103,6 +106,7 @@ private:
         void record(Event&) override {}
         void wait(const Event&) override {}
         double elapsed_ms(const Event&, const Event&) override { return 0.0; }
+        void copy_pinned(const void*, const TensorView&) override {}
     };
 
     /// Takes `bytes` of the arena and gives them back (an op's transient workspace).

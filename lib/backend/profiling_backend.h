@@ -22,6 +22,7 @@ public:
     DeviceContext& context() override { return inner_->context(); }
     const DeviceContext& context() const override { return inner_->context(); }
     Stream& stream() override { return inner_->stream(); }
+    std::unique_ptr<Stream> make_copy_stream() override { return inner_->make_copy_stream(); }
     void set_cuda_options(const CudaBackendOptions& options) override { inner_->set_cuda_options(options); }
     CudaBackendOptions cuda_options() const override { return inner_->cuda_options(); }
     std::string last_attention_impl() const override { return inner_->last_attention_impl(); }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -337,6 +338,9 @@ RunConfig read_run_config(YAML::Node root, const std::string& source, std::strin
                                                               ctx.origin("gpu_memory_budget")));
     top.get("cuda_graphs", rc.cuda_graphs, false);
     top.get("batch_cfg", rc.batch_cfg, false);
+    top.get("offload_layers", rc.offload_layers, false);
+    parse_offload_layers(rc.offload_layers,
+                         fmt::format("{}: offload_layers{}", source, ctx.origin("offload_layers")));
     top.get("description", rc.description, false);
     top.finish();
     return rc;
@@ -470,6 +474,16 @@ std::string format_bytes(uint64_t bytes) {
     }
     if (u == 0) return fmt::format("{} B", bytes);
     return fmt::format("{:.2f} {} ({} bytes)", v, units[u], format_count(bytes));
+}
+
+std::optional<int> parse_offload_layers(const std::string& text, const std::string& what) {
+    if (text == "auto") return std::nullopt;
+    int n = -1;
+    const char* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(text.data(), end, n);
+    DZR_CHECK(!text.empty() && ec == std::errc() && ptr == end && n >= 0,
+              "{}: expected auto or a count of DiT layers (0, 1, ...), got '{}'", what, text);
+    return n;
 }
 
 }  // namespace dzr::config

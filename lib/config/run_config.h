@@ -69,6 +69,10 @@ struct RunConfig {
     /// (CausalDit::forward_batch). Top-level `batch_cfg:`; `--no-batch-cfg` turns it off. Reference numerics always
     /// run the branches one after the other (as the official code does).
     bool batch_cfg = true;
+    /// DiT layers whose weights stay in host memory and are streamed to the GPU as they run (model/layer_stream.h;
+    /// the numbers do not change, the speed may): "auto" (as many as a --gpu-memory-budget needs, else none) or a
+    /// count. Top-level `offload_layers:`.
+    std::string offload_layers = "auto";
     std::string description;
     std::filesystem::path source;  // the YAML file it came from (empty for a string)
 };
@@ -104,6 +108,9 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what);
 /// A device memory budget ("44GiB", "48GB", "32000MiB", a byte count): parse_byte_size, and positive. Throws
 /// dzr::Error naming `what` ("--gpu-memory-budget", "run.yaml: gpu_memory_budget") otherwise.
 uint64_t parse_memory_budget(const std::string& text, const std::string& what);
+
+/// An `offload_layers` value: nullopt for "auto", else a count >= 0. Throws dzr::Error naming `what` otherwise.
+std::optional<int> parse_offload_layers(const std::string& text, const std::string& what);
 
 /// "45.85 GB (45,848,344,232 bytes)"-style text for reports.
 std::string format_bytes(uint64_t bytes);

@@ -49,7 +49,7 @@ void for_each_rollout_field(R& r, F&& f) {
 }
 
 /// Every run setting of a RunConfig (const or not): the three sections, then the top-level `embodiment` and
-/// `precision`, `gpu_memory_budget`, `cuda_graphs`, `batch_cfg`. Field types: int, float, bool, uint64_t, std::string, std::vector<int>,
+/// `precision`, `gpu_memory_budget`, `cuda_graphs`, `batch_cfg`, `offload_layers`. Field types: int, float, bool, uint64_t, std::string, std::vector<int>,
 /// std::vector<bool>, KvBudget, Precision.
 template <class C, class F>
 void for_each_run_field(C& c, F&& f) {
@@ -61,6 +61,7 @@ void for_each_run_field(C& c, F&& f) {
     f(RunField{"", "gpu_memory_budget"}, c.gpu_memory_budget);
     f(RunField{"", "cuda_graphs"}, c.cuda_graphs);
     f(RunField{"", "batch_cfg"}, c.batch_cfg);
+    f(RunField{"", "offload_layers"}, c.offload_layers);
 }
 
 /// The whole configuration as nested JSON ({"model": {"dit": {...}, ...}, "sampling": {...}, "kv": {...},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "backend/measuring_backend.h"
@@ -70,7 +71,20 @@ struct CausalDit::Step {
     TensorView branch(const TensorView& t, int b) const { return t.slice(0, b * tokens, tokens); }
 };
 
-CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader)
+std::vector<Tensor*> CausalDit::layer_tensors(Layer& l) {
+    std::vector<Tensor*> t;
+    for (Linear* lin : {&l.cross_k, &l.cross_v, &l.cross_k_img, &l.cross_v_img}) t.insert(t.end(), {&lin->w, &lin->b, &lin->scale});
+    t.insert(t.end(), {&l.cross_norm_k.w, &l.cross_norm_k_img.w});
+    DZR_CHECK(t.size() == kCrossKvTensors, "causal dit: {} cross K/V tensors, kCrossKvTensors says {}", t.size(),
+              kCrossKvTensors);
+    t.insert(t.end(), {&l.modulation, &l.norm_q.w, &l.norm_k.w, &l.norm3.w, &l.norm3.b, &l.cross_norm_q.w});
+    for (Linear* lin : {&l.q, &l.k, &l.v, &l.o, &l.cross_q, &l.cross_o, &l.ffn1, &l.ffn2})
+        t.insert(t.end(), {&lin->w, &lin->b, &lin->scale});
+    return t;
+}
+
+CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader,
+                     int offload_layers)
     : cfg_(cfg) {
     const int C = cfg.dim;
     DZR_CHECK(C > 0 && cfg.num_heads > 0 && C % cfg.num_heads == 0 && (C / cfg.num_heads) % 2 == 0,
@@ -111,7 +125,11 @@ CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, 
     // NOTE: the modulation tables are scaled like a [dim]-wide weight, not by their fan-in (6·dim, 2·dim).
     const WeightInit modulation_init = WeightInit::normal(1.0f / std::sqrt(float(C)));
     layers_.resize(size_t(cfg.num_layers));
+    stream_ = LayerStream(loader.backend(), streamed_layers(cfg.num_layers, offload_layers));
     for (int i = 0; i < cfg.num_layers; ++i) {
+        std::optional<WeightLoader::OnHost> on_host;
+        if (stream_.streams(i))
+            on_host.emplace(loader, [](const Shape& shape, DType dtype) { return Tensor::host(shape, dtype); });
         const std::string block = keys::dit_block(i);  // "action_head.model.blocks.{i}."
         const auto key = [&block](std::string_view suffix) { return block + std::string(suffix); };
         // an attention's q, k, v, o projections and q/k RMSNorms (`<block><name>.*`), in the checkpoint's order
@@ -135,6 +153,10 @@ CausalDit::CausalDit(const DitConfig& cfg, int latent_height, int latent_width, 
         l.cross_norm_k_img.load(loader, key("cross_attn.norm_k_img"), C, cfg.eps);
         l.ffn1.load(loader, key("ffn.0"), C, cfg.ffn_dim);
         l.ffn2.load(loader, key("ffn.2"), cfg.ffn_dim, C);
+        if (on_host) {
+            on_host.reset();
+            stream_.adopt(i, layer_tensors(l), kCrossKvTensors);
+        }
     }
     head_modulation_ =
         reshaped(loader.require(dit("head.modulation"), Shape{1, 2, C}, modulation_init), Shape{2, C});
@@ -236,7 +258,9 @@ void CausalDit::project_cross_kv(Backend& be, const TensorView& ctx, CrossContex
     const bool image = which == CrossContext::Image;
     const int64_t L = ctx.dim(0), C = cfg_.dim, H = cfg_.num_heads;
     const TensorView k_raw = be.scratch(Shape{L, C});
+    stream_.begin(be, LayerStream::Part::Prefix);
     for (size_t i = 0; i < layers_.size(); ++i) {
+        stream_.before(be, int(i));
         const Layer& l = layers_[i];
         const DitCrossKv::Layer& dst = kv.layers[i];
         // [L, C] -> [L, C] = [L, H, D]; RMSNorm over all C channels before the head split
@@ -245,6 +269,7 @@ void CausalDit::project_cross_kv(Backend& be, const TensorView& ctx, CrossContex
             .forward(be, k_raw, cross_dst(be, image ? dst.k_img : dst.k_txt, L, C, H, image ? "k_img" : "k_txt", i));
         (image ? l.cross_v_img : l.cross_v)
             .forward(be, ctx, cross_dst(be, image ? dst.v_img : dst.v_txt, L, C, H, image ? "v_img" : "v_txt", i));
+        stream_.after(be, int(i));
         if (layer_done) layer_done(i);
     }
 }
@@ -476,8 +501,11 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
 
     // NOTE: a forward of committed rows only needs every layer's K/V: the last layer stops after storing them
     const bool kv_only = opt.kv_only && !opt.trace && be.numerics() == Numerics::Fast && !layers_.empty();
+    stream_.begin(be, LayerStream::Part::Whole);
     for (size_t i = 0; i < layers_.size(); ++i) {
+        stream_.before(be, int(i));
         layer_forward(be, s, int(i), branches, opt, kv_only && i + 1 == layers_.size());
+        stream_.after(be, int(i));
         if (opt.trace) opt.trace("layer_out", int(i), s.x);
     }
     if (kv_only) return;

@@ -22,6 +22,7 @@
 #include "kv/self_attention_cache.h"
 #include "model/action_heads.h"
 #include "model/embeddings.h"
+#include "model/layer_stream.h"
 #include "model/layers.h"
 #include "model/rope.h"
 #include "config/model_config.h"
@@ -107,8 +108,14 @@ class CausalDit {
   public:
     /// Loads every DiT weight (prefix action_head.model.) through `loader` onto loader.backend()
     /// and precomputes the RoPE and timestep tables. latent_height/width are the VAE latent sides
-    /// (canvas / 8); their patch grid must hold cfg.frame_seqlen tokens.
-    CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader);
+    /// (canvas / 8); their patch grid must hold cfg.frame_seqlen tokens. `offload_layers`: that many layers keep
+    /// their weights in host memory and are streamed in as they run (model/layer_stream.h; same numbers).
+    CausalDit(const DitConfig& cfg, int latent_height, int latent_width, WeightLoader& loader,
+              int offload_layers = 0);
+    CausalDit(const CausalDit&) = delete;
+    CausalDit& operator=(const CausalDit&) = delete;
+    /// The layers streamed from host memory (none on a measuring backend).
+    const LayerStream& layer_stream() const { return stream_; }
 
     const DitConfig& config() const { return cfg_; }
     int grid_height() const { return grid_h_; }
@@ -173,6 +180,10 @@ class CausalDit {
         RmsNorm cross_norm_q, cross_norm_k, cross_norm_k_img;
         Linear ffn1, ffn2;
     };
+    /// Every tensor of a layer, those of its cross K/V projections first (LayerStream::Part::Prefix:
+    /// kCrossKvTensors of them). A new Layer member goes here too, or a streamed layer would leave it in host memory.
+    static std::vector<Tensor*> layer_tensors(Layer& l);
+    static constexpr size_t kCrossKvTensors = 14;
     struct Step;  // per-forward state shared by the layer passes (causal_dit.cpp)
 
     enum class CrossContext : uint8_t { Text, Image };
@@ -215,6 +226,7 @@ class CausalDit {
     LayerNorm img_norm_out_;    // LayerNorm(dim), eps 1e-5
     LayerNorm norm_;            // the blocks' norm1/norm2 and the head's norm: no affine, eps cfg.eps
     std::vector<Layer> layers_;
+    LayerStream stream_;  // the layers kept in host memory (offload_layers)
     Tensor head_modulation_;  // [2, dim]: shift, scale
     Linear head_;             // [ph·pw·out_dim, dim]
 

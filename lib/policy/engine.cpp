@@ -108,20 +108,27 @@ void check_fp8_support(const Placement& placement, Precision weights, Precision 
 
 // ---- Engine ------------------------------------------------------------------------------------
 
-PolicyOptions EngineOptions::policy_options() const {
+PolicyOptions run_policy_options(const config::RunConfig& run) {
     PolicyOptions po;
     po.sampling = run.sampling;
     po.kv = run.kv;
+    po.precision = run.precision;
+    po.cuda_graphs = run.cuda_graphs;
+    po.batch_cfg = run.batch_cfg;
+    // NOTE: auto streams nothing unless a budget's memory plan chose a count (rollout validation writes it here)
+    po.offload_layers = config::parse_offload_layers(run.offload_layers, "offload_layers").value_or(0);
+    return po;
+}
+
+PolicyOptions EngineOptions::policy_options() const {
+    PolicyOptions po = run_policy_options(run);
     po.kv_mode = kv_mode;
     po.check_finite = check_finite;
     po.video_decode = video_decode;
     po.noise = noise;
     po.text_prepass = text_prepass;
     po.prepass_prompts = prepass_prompts;
-    po.precision = run.precision;
     po.bulk_load = bulk_load;
-    po.cuda_graphs = run.cuda_graphs;
-    po.batch_cfg = run.batch_cfg;
     return po;
 }
 
@@ -239,9 +246,12 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
         if (!options_.text_prepass) text_encoder_ = std::make_unique<Umt5Encoder>(loader, model_.t5);
         image_encoder_ = std::make_unique<ClipVision>(loader, model_.clip, model_.canvas_height, model_.canvas_width);
         vae_ = std::make_unique<WanVae>(loader, model_.vae);
-        dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, loader));
+        dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, loader, options_.offload_layers));
     }
     log_bulk_load(loader.finish(), be);
+    if (const LayerStream& ls = dits_[0]->layer_stream(); ls.count() > 0)
+        log()->info("dit: {} of {} layers streamed from host memory ({} pinned; {} of device slots)", ls.count(),
+                    d.num_layers, format_bytes(ls.host_bytes()), format_bytes(ls.slot_bytes()));
     for (size_t i = 1; i < placement_.backends.size(); ++i) {
         // NOTE: a second device holds only the DiT (its branch's forwards); the encoders run once, on the primary
         WeightLoader remote(weights, *placement_.backends[i]);
@@ -249,7 +259,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
         if (options_.bulk_load) remote.defer(*options_.bulk_load);
         {
             PackedAllocations packed(*placement_.backends[i]);
-            dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, remote));
+            dits_.push_back(std::make_unique<CausalDit>(d, lh, lw, remote, options_.offload_layers));
         }
         log_bulk_load(remote.finish(), *placement_.backends[i]);
     }

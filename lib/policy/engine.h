@@ -81,7 +81,13 @@ struct PolicyOptions {
     /// every layer's, the head's). Off: only the head's input and output and the action velocity of each branch,
     /// which a batched forward gives per branch (a parity run that compares those, docs/PARITY.md).
     bool trace_dit_layers = true;
+    /// DiT layers kept in host memory and streamed in as they run (RunConfig::offload_layers, resolved: a count).
+    int offload_layers = 0;
 };
+
+/// The PolicyOptions a run config sets (sampling, kv, precision, cuda_graphs, batch_cfg, offload_layers: auto as
+/// none); the rest keep their defaults.
+PolicyOptions run_policy_options(const config::RunConfig& run);
 
 /// What an engine takes on each device of its placement besides what it was given, found by running its calls on
 /// measuring backends (Engine::measure): nothing is loaded or computed.
@@ -208,6 +214,8 @@ public:
     const KvCacheManager* kv_manager(int device = 0) const {
         return size_t(device) < kv_managers_.size() ? kv_managers_[size_t(device)].get() : nullptr;
     }
+    /// The DiT on the placement's `device`-th backend.
+    const CausalDit& dit(int device = 0) const { return *dits_.at(size_t(device)); }
     /// The text pre-pass's embeddings (null when umT5 is resident).
     const TextEmbeddings* text_embeddings() const { return text_embeddings_.get(); }
     /// The checkpoint Engine::load opened (null for an engine built on a given WeightSource).

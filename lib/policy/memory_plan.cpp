@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "kv/kv_sizing.h"
 #include "model/inventory.h"
+#include "model/layer_stream.h"
 #include "model/umt5.h"
 #include "weights/fp8_weights.h"
 #include "weights/keys.h"
@@ -180,6 +181,34 @@ std::array<ComponentWeights, kNumComponents> plan_weights(const ModelConfig& mod
     return weights;
 }
 
+/// The DiT layers streamed from host memory (offload_layers): one layer's bytes at the plan's precision, and the
+/// device slots they take turns in, laid out as LayerStream lays them (each tensor at a 256-byte boundary; an FP8
+/// weight's scale a tensor of its own).
+struct PlannedOffload {
+    int layers = 0;
+    uint64_t layer_bytes = 0, slot_bytes = 0;
+};
+
+PlannedOffload plan_offload(const ModelConfig& model, const PolicyOptions& options, const MemoryPlanOptions& po) {
+    PlannedOffload p;
+    p.layers = int(streamed_layers(model.dit.num_layers, options.offload_layers).size());
+    if (p.layers == 0) return p;
+    const auto aligned = [](uint64_t n) { return (n + 255) / 256 * 256; };
+    const std::string block = keys::dit_block(0);
+    uint64_t slot = 0;
+    for (const ExpectedWeight& w : expected_weights(model)) {
+        if (w.key.compare(0, block.size(), block) != 0) continue;
+        const uint64_t n = uint64_t(w.shape.numel());
+        p.layer_bytes += weight_bytes(w, po.precision, po.compute_dtype);
+        if (po.precision == WeightPrecision::Fp8 && fp8_weight(w))
+            slot += aligned(n * dtype_size(DType::F8_E4M3)) + aligned(uint64_t(w.shape[0]) * kFp8ScaleBytes);
+        else
+            slot += aligned(n * dtype_size(po.compute_dtype));
+    }
+    p.slot_bytes = uint64_t(std::min(LayerStream::kSlots, p.layers)) * slot;
+    return p;
+}
+
 /// The KV cache: paged, the engine's pool at the plan's KV dtype (and the measuring engine's, in its compute dtype);
 /// dense, the session's own caches (in its measured buffers).
 struct PlannedKv {
@@ -223,7 +252,7 @@ void add_part(MemoryPlan& plan, std::string key, std::string name, uint64_t byte
 
 /// The networks' weights and the tables beside them (what the measuring engine allocated besides weights and KV).
 void add_weight_parts(MemoryPlan& plan, const std::array<ComponentWeights, kNumComponents>& weights,
-                      const MeasuredEngine& m, const PlannedKv& kv, DType dt) {
+                      const MeasuredEngine& m, const PlannedKv& kv, const PlannedOffload& offload, DType dt) {
     const ComponentWeights& t5 = weights[size_t(Component::TextEncoder)];
     const ComponentWeights& clip = weights[size_t(Component::ImageEncoder)];
     const ComponentWeights& vae = weights[size_t(Component::Vae)];
@@ -236,7 +265,17 @@ void add_weight_parts(MemoryPlan& plan, const std::array<ComponentWeights, kNumC
     add_part(plan, "weights.umt5", "umT5 weights", t5.bytes, weights_detail(t5, dt));
     add_part(plan, "weights.clip", "CLIP weights", clip.bytes, weights_detail(clip, dt));
     add_part(plan, "weights.vae", "VAE weights", vae.bytes, weights_detail(vae, dt));
-    add_part(plan, "weights.dit", "DiT weights", dit.bytes, weights_detail(dit, dt));
+    if (offload.layers == 0) {
+        add_part(plan, "weights.dit", "DiT weights", dit.bytes, weights_detail(dit, dt));
+    } else {
+        const uint64_t host = uint64_t(offload.layers) * offload.layer_bytes;
+        add_part(plan, "weights.dit", "DiT weights", dit.bytes - host,
+                 fmt::format("{}; less {} layers ({}) kept in host memory (offload_layers)", weights_detail(dit, dt),
+                             offload.layers, gib(host)));
+        add_part(plan, "weights.dit_slots", "DiT layer slots", offload.slot_bytes,
+                 fmt::format("the {} streamed layers take turns in {} device buffers of a layer each",
+                             offload.layers, std::min(LayerStream::kSlots, offload.layers)));
+    }
     add_part(plan, "tables.umt5", "umT5 tables", t5_tables, "umT5's relative-position bucket one-hot");
     add_part(plan, "tables.networks", "network tables", tables,
              "CLIP, VAE and DiT tables besides their weights (RoPE, timestep embeddings, resize matrices; in fast "
@@ -326,7 +365,7 @@ void add_phases(MemoryPlan& plan, const PolicyOptions& options, const MemoryPlan
     const std::vector<std::string> base = {"cuda.context", "workspace", "workspace.fp8"};
     std::vector<std::string> loaded = base;
     if (!options.text_prepass) loaded.insert(loaded.end(), {"weights.umt5", "tables.umt5"});
-    loaded.insert(loaded.end(), {"weights.clip", "weights.vae", "weights.dit", "tables.networks", "kv.pool",
+    loaded.insert(loaded.end(), {"weights.clip", "weights.vae", "weights.dit", "weights.dit_slots", "tables.networks", "kv.pool",
                                  "kv.scratch", "kv.cross", "kv.scales"});
     if (options.text_prepass) {
         std::vector<std::string> t = base;
@@ -367,8 +406,11 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     const MeasuredEngine m = measure_engine(model, embodiment, measured, measuring, shapes, po, planner, assumed);
     const auto weights = plan_weights(model, shapes, po);
     const PlannedKv kv = plan_kv(model, options, measured, po, measuring);
+    const PlannedOffload offload = plan_offload(model, options, po);
+    plan.offload_layers = offload.layers;
+    plan.host_pinned_bytes = uint64_t(offload.layers) * offload.layer_bytes;
 
-    add_weight_parts(plan, weights, m, kv, po.compute_dtype);
+    add_weight_parts(plan, weights, m, kv, offload, po.compute_dtype);
     add_kv_parts(plan, kv, po, po.compute_dtype);
     add_runtime_parts(plan, model, options, po, m, kv, planner, measuring.numerics());
     add_phases(plan, options, po);
@@ -411,6 +453,7 @@ Json MemoryPlan::to_json() const {
     j["compute_dtype"] = std::string(dtype_name(options.compute_dtype));
     j["text_prepass"] = text_prepass;
     j["numerics"] = numerics_name(numerics);
+    if (offload_layers > 0) j["offload"] = {{"layers", offload_layers}, {"host_pinned_bytes", host_pinned_bytes}};
     Json ps = Json::array();
     for (const auto& p : parts) ps.push_back({{"key", p.key}, {"name", p.name}, {"bytes", p.bytes}, {"detail", p.detail}});
     j["parts"] = ps;
@@ -419,6 +462,43 @@ Json MemoryPlan::to_json() const {
     j["phases"] = phs;
     j["peak"] = {{"phase", peak().key}, {"bytes", peak().bytes}};
     return j;
+}
+
+BudgetFit fit_memory_budget(uint64_t budget, bool lanes_auto, bool offload_auto, int num_layers,
+                            const std::function<MemoryPlan(bool lanes_off, int offload_layers)>& plan_with) {
+    BudgetFit fit{plan_with(false, 0), false, 0, {}};
+    if (budget == 0 || fit.plan.peak_bytes() <= budget) return fit;
+    if (lanes_auto) {
+        MemoryPlan without = plan_with(true, 0);
+        // NOTE: the lanes are a speed-up, not a need: given up first, before any layer is streamed
+        if (without.peak_bytes() < fit.plan.peak_bytes() && (without.peak_bytes() <= budget || offload_auto)) {
+            fit.notes.push_back(fmt::format("kv.in_place auto: {} with the in-place lanes, {} without; a run under this "
+                                            "budget gives them up",
+                                            gib(fit.plan.peak_bytes()), gib(without.peak_bytes())));
+            fit.plan = std::move(without);
+            fit.kv_lanes_off = true;
+        }
+    }
+    if (fit.plan.peak_bytes() <= budget || !offload_auto || num_layers <= LayerStream::kSlots) return fit;
+    // NOTE: past the slots every streamed layer saves one layer's bytes: two plans give the count, a third checks it
+    const int first = LayerStream::kSlots + 1;
+    const MemoryPlan a = plan_with(fit.kv_lanes_off, first - 1), b = plan_with(fit.kv_lanes_off, first);
+    const uint64_t per_layer = a.peak_bytes() > b.peak_bytes() ? a.peak_bytes() - b.peak_bytes() : 0;
+    if (per_layer == 0) return fit;
+    int n = first;
+    if (b.peak_bytes() > budget) n += int((b.peak_bytes() - budget + per_layer - 1) / per_layer);
+    for (; n <= num_layers; ++n) {
+        MemoryPlan streamed = plan_with(fit.kv_lanes_off, n);
+        if (streamed.peak_bytes() > budget) continue;
+        fit.notes.push_back(fmt::format("offload_layers auto: {} of the DiT's {} layers kept in host memory ({} "
+                                        "pinned) and streamed in as they run: {} instead of {}",
+                                        n, num_layers, gib(streamed.host_pinned_bytes), gib(streamed.peak_bytes()),
+                                        gib(fit.plan.peak_bytes())));
+        fit.plan = std::move(streamed);
+        fit.offload_layers = n;
+        break;
+    }
+    return fit;
 }
 
 std::string fp8_settings_that_fit(const std::function<std::optional<uint64_t>(bool fp8_kv, bool fp8_weights)>& peak,

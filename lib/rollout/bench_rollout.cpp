@@ -66,14 +66,9 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
     DZR_CHECK(o.devices.size() == 1 || o.devices.size() == 2, "bench rollout: one or two devices, got {}",
               o.devices.size());
     BenchRolloutResult r;
-    PolicyOptions po;
-    po.sampling = o.run.sampling;
-    po.kv = o.run.kv;
+    PolicyOptions po = run_policy_options(o.run);
     po.kv_mode = o.kv_mode;
-    po.precision = o.run.precision;
     po.text_prepass = o.text_prepass;
-    po.cuda_graphs = o.run.cuda_graphs;
-    po.batch_cfg = o.run.batch_cfg;
     if (o.text_prepass) po.prepass_prompts = {kBenchPrompt, kWarmupPrompt};
     const Embodiment embodiment = bench_embodiment();
     // The plan first: a budget it exceeds refuses the bench before the weights are made.

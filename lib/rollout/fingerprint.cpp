@@ -79,6 +79,8 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
     run.erase("gpu_memory_budget");
     // NOTE: graph replay is bit-identical to op-by-op execution (tests/cuda/test_graphs.cpp)
     run.erase("cuda_graphs");
+    // NOTE: streamed layers run the same bytes through the same kernels (tests/model/test_layer_stream.cpp)
+    run.erase("offload_layers");
     run["embodiment"] = opt.embodiment.empty() ? opt.run.embodiment : opt.embodiment;
     run["prompt_override"] = opt.prompt ? Json(*opt.prompt) : Json(nullptr);
     run["allow_truncate"] = opt.allow_truncate;

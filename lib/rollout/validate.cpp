@@ -275,6 +275,13 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
             // NOTE: a call adds 2 latent frames, 3 on a window's first call: 3 per call bounds the joined video
             if (c.valid) video_frames = std::max(video_frames, 3 * schedule.num_calls(c.num_frames));
     const EngineOptions eo = rollout_engine_options(opt, run.prompts);
+    if (const std::optional<int> n = config::parse_offload_layers(opt.run.offload_layers, "offload_layers");
+        n && *n > ckpt.model_config().dit.num_layers)
+    {
+        problems.memory.push_back(fmt::format("offload_layers {}: the checkpoint's DiT has {} layers", *n,
+                                              ckpt.model_config().dit.num_layers));
+        return;  // no plan of it can be made
+    }
     const std::optional<uint64_t> budget = rollout_memory_budget(opt);
     if (!budget) {
         if (eo.devices.size() != 1) return;  // a plan covers one device
@@ -289,20 +296,21 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
     }
     collect(problems.memory, [&] {
         const std::string what = fmt::format("GPU memory budget {} ({})", opt.run.gpu_memory_budget, gib(*budget));
-        run.memory_plan = plan_rollout_memory(ckpt.model_config(), embodiment, eo, video_frames);
-        // NOTE: kv.in_place auto gives up the in-place lanes (a speed-up, not a need) when only they keep the run
-        // from fitting, so the user need not know which setting to flip
-        if (run.memory_plan->peak_bytes() > *budget && opt.run.kv.in_place == KvInPlace::Auto) {
-            EngineOptions without = eo;
-            without.run.kv.in_place = KvInPlace::Off;
-            MemoryPlan smaller = plan_rollout_memory(ckpt.model_config(), embodiment, without, video_frames);
-            if (smaller.peak_bytes() < run.memory_plan->peak_bytes() && smaller.peak_bytes() <= *budget) {
-                log()->info("memory plan: {} with kv.in_place lanes, {} without them: the run fits the {} without "
-                            "(kv.in_place auto)", gib(run.memory_plan->peak_bytes()), gib(smaller.peak_bytes()), what);
-                run.memory_plan = std::move(smaller);
-                run.kv_in_place_off = true;
-            }
-        }
+        // NOTE: the settings that keep the numbers fit the run to its budget (kv.in_place auto, offload_layers
+        // auto), so the user need not know which to flip
+        const bool offload_auto = !config::parse_offload_layers(opt.run.offload_layers, "offload_layers");
+        BudgetFit fit = fit_memory_budget(
+            *budget, opt.run.kv.in_place == KvInPlace::Auto, offload_auto, ckpt.model_config().dit.num_layers,
+            [&](bool lanes_off, int offload_layers) {
+                EngineOptions o = eo;
+                if (lanes_off) o.run.kv.in_place = KvInPlace::Off;
+                if (offload_auto) o.run.offload_layers = std::to_string(offload_layers);
+                return plan_rollout_memory(ckpt.model_config(), embodiment, o, video_frames);
+            });
+        for (const std::string& note : fit.notes) log()->info("memory plan ({}): {}", what, note);
+        run.memory_plan = std::move(fit.plan);
+        run.kv_in_place_off = fit.kv_lanes_off;
+        run.offload_layers = fit.offload_layers;
         if (run.memory_plan->peak_bytes() <= *budget) return;
         const std::string hint = budget_alternatives(ckpt.model_config(), embodiment, eo, video_frames, *budget);
         try {

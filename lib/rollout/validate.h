@@ -50,6 +50,8 @@ struct ValidatedRun {
     std::vector<bool> stale;
     /// kv.in_place auto: the lanes were given up so that the run fits its --gpu-memory-budget (check_memory).
     bool kv_in_place_off = false;
+    /// offload_layers auto: the DiT layers the memory plan streams to fit the budget (0: none).
+    int offload_layers = 0;
     Json fingerprint;                    ///< the run's fingerprint, without the episode part
     std::filesystem::path tokenizer;
     std::unique_ptr<io::RunLock> lock;  ///< held until the run ends (none for --dry-run); shared by a sharded run's ranks

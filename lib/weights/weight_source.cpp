@@ -2,6 +2,7 @@
 
 #include <exception>
 
+#include "core/convert.h"
 #include "core/error.h"
 #include "core/fp8.h"
 #include "weights/fp8_weights.h"
@@ -16,12 +17,12 @@ Tensor WeightLoader::require(const std::string& key, const Shape& shape, WeightI
 Tensor WeightLoader::require(const std::string& key, const Shape& shape, DType dtype, WeightInit init) {
     record(key, shape, init, !declare_only_);
     if (declare_only_) return Tensor{};
-    if (recording()) return backend_.alloc(shape, dtype);
+    if (recording()) return alloc(shape, dtype);
     const TensorView view = stored(key, shape);
     DZR_CHECK(view.dtype != DType::F8_E4M3,
               "{}: tensor {} is stored as f8_e4m3, but only Linear weights (with a .weight_scale) may be FP8",
               source_->location(key), key);
-    Tensor t = backend_.alloc(shape, dtype);
+    Tensor t = alloc(shape, dtype);
     upload_or_defer(key, view, t);
     used_.insert(key);
     return t;
@@ -33,11 +34,11 @@ LinearWeight WeightLoader::require_linear(const std::string& key, const Shape& s
     DZR_CHECK(shape.rank() == 2, "{}: a Linear weight is [out, in], got {}", key, shape.str());
     const int64_t out = shape[0];
     const auto fp8_tensors = [&] {
-        return LinearWeight{backend_.alloc(shape, DType::F8_E4M3), backend_.alloc(Shape{out}, DType::F32)};
+        return LinearWeight{alloc(shape, DType::F8_E4M3), alloc(Shape{out}, DType::F32)};
     };
     if (recording()) {
         if (precision_ == Precision::Fp8 && fp8_by_default(key)) return fp8_tensors();
-        return {backend_.alloc(shape, backend_.compute_dtype()), {}};
+        return {alloc(shape, backend_.compute_dtype()), {}};
     }
     const TensorView view = stored(key, shape);
     const bool stored_fp8 = view.dtype == DType::F8_E4M3;
@@ -55,36 +56,47 @@ LinearWeight WeightLoader::require_linear(const std::string& key, const Shape& s
         LinearWeight lw = fp8_tensors();
         if (measuring) return lw;
         if (stored_fp8) {
-            backend_.upload(view, lw.w);
-            backend_.upload(*source_->find(scale_key), lw.scale);
+            put(view, lw.w);
+            put(*source_->find(scale_key), lw.scale);
         } else {
             const Fp8Weight q = quantize_weight_fp8(view, key);
-            backend_.upload(q.q, lw.w);
-            backend_.upload(q.scale, lw.scale);
+            put(q.q, lw.w);
+            put(q.scale, lw.scale);
         }
         return lw;
     }
-    Tensor w = backend_.alloc(shape, backend_.compute_dtype());
+    Tensor w = alloc(shape, backend_.compute_dtype());
     if (measuring) return {w, {}};
     if (stored_fp8) {
         // precision bf16 over an FP8 checkpoint: the stored values times their scales, in the compute dtype
         const Tensor deq = Tensor::host(shape, DType::F32);
         dequantize_rows_fp8_host(view, *source_->find(scale_key), deq);
-        backend_.upload(deq, w);
+        put(deq, w);
     } else {
         upload_or_defer(key, view, w);
     }
     return {w, {}};
 }
 
+Tensor WeightLoader::alloc(const Shape& shape, DType dtype) {
+    return host_alloc_ ? host_alloc_(shape, dtype) : backend_.alloc(shape, dtype);
+}
+
+void WeightLoader::put(const TensorView& view, const Tensor& t) {
+    if (host_alloc_)
+        convert_copy_host(view, t.view());
+    else
+        backend_.upload(view, t);
+}
+
 void WeightLoader::upload_or_defer(const std::string& key, const TensorView& view, const Tensor& t) {
     std::optional<StoredRange> range;
-    if (defer_) range = source_->stored_range(key);
+    if (defer_ && !host_alloc_) range = source_->stored_range(key);
     if (range) {
         pending_.push_back({key, range->file, range->offset, view.dtype, t.view()});
         pending_tensors_.push_back(t);
     } else {
-        backend_.upload(view, t);
+        put(view, t);
     }
 }
 

@@ -5,6 +5,7 @@
 /// string inside a forward.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -114,6 +115,21 @@ public:
         bool was_;
     };
 
+    /// While one lives, the weights required are host tensors made by `allocate`, filled at once (never deferred):
+    /// a network keeps them in host memory and copies them to the device when it runs them (model/layer_stream.h).
+    class OnHost {
+    public:
+        OnHost(WeightLoader& loader, std::function<Tensor(const Shape&, DType)> allocate) : loader_(loader) {
+            loader.host_alloc_ = std::move(allocate);
+        }
+        ~OnHost() { loader_.host_alloc_ = nullptr; }
+        OnHost(const OnHost&) = delete;
+        OnHost& operator=(const OnHost&) = delete;
+
+    private:
+        WeightLoader& loader_;
+    };
+
     /// Keys of the source under `prefix` that no require() asked for (none when recording).
     std::vector<std::string> unused(const std::string& prefix) const;
     const std::set<std::string>& used() const { return used_; }
@@ -133,6 +149,10 @@ public:
 
 private:
     void record(const std::string& key, const Shape& shape, WeightInit init, bool loaded, bool linear = false);
+    /// A destination tensor: on the backend, or in host memory inside an OnHost scope.
+    Tensor alloc(const Shape& shape, DType dtype);
+    /// Copies `view` into t now (converting its dtype): an upload, or a host copy inside an OnHost scope.
+    void put(const TensorView& view, const Tensor& t);
     /// Uploads `view` into t now, or queues it for finish() when deferred and the source knows its file range.
     void upload_or_defer(const std::string& key, const TensorView& view, const Tensor& t);
     /// The stored view of `key` with exactly `shape` (any float dtype, F8_E4M3 included); throws otherwise.
@@ -147,6 +167,7 @@ private:
     std::optional<BulkLoadOptions> defer_;
     std::vector<BulkLoadItem> pending_;
     std::vector<Tensor> pending_tensors_;  // keep the destinations alive until finish()
+    std::function<Tensor(const Shape&, DType)> host_alloc_;  // set inside an OnHost scope
 };
 
 }  // namespace dzr

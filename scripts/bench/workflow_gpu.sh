@@ -10,6 +10,11 @@
 #   oldnew  OLD (the source in .gpu-deps/old-src.tar.xz) against this tree: dzr bench rollout in fast numerics,
 #           alternated, and a reference-numerics rollout of one episode by both, actions compared
 #   tests   the CUDA tests (ctest -L cuda) of BUILD_DIR
+#   offload DiT layers streamed from host memory (offload_layers): the CUDA tests of the streaming, then
+#           dzr bench rollout in fast numerics with the defaults, without the in-place lanes, and without them with
+#           the 5 streamed layers a 44 GiB budget chooses (alternated, twice)
+#   offref  reference-numerics rollouts of one episode with the defaults and with --gpu-memory-budget 44GiB (its
+#           choices printed, the measured peak), actions compared
 # Everything goes to $OUT/workflow.tar.gz; a summary is printed last.
 #
 # Usage (GPU machine, repository root, .gpu-deps carried): STEPS="deps build ckpt lerobot" OUT=$OUT scripts/bench/workflow_gpu.sh
@@ -176,6 +181,36 @@ if want oldnew; then
         check $? "reference rollout $which"
     done
     same_actions ref-new ref-old
+fi
+
+if want offload; then
+    say "offload: streamed DiT layers (offload_layers)"
+    cmake --build "$BUILD_DIR" -j "$JOBS" --target cuda_test_layer_stream cuda_test_graphs >"$W/logs/build-offload.log" 2>&1
+    check $? "build the streaming tests"
+    (cd "$BUILD_DIR" && ctest -R "cuda/test_layer_stream|cuda/test_graphs" --output-on-failure) >"$W/logs/ctest-offload.log" 2>&1
+    check $? "ctest streaming"
+    tail -n 4 "$W/logs/ctest-offload.log" | tee -a "$summary"
+    for round in $(seq "${ROUNDS:-2}"); do
+        for variant in lanes nolanes stream5; do
+            args=()
+            [[ $variant != lanes ]] && args+=(--set kv.in_place=false)
+            [[ $variant == stream5 ]] && args+=(--set offload_layers=5)
+            "$DZR" bench rollout --numerics fast --calls "$CALLS" --threads 14 "${args[@]}" \
+                --json "$W/logs/bench-$variant-$round.json" >"$W/logs/bench-$variant-$round.log" 2>&1
+            check $? "bench $variant $round"
+            note "$variant round $round: $(grep -hE "^total|peak device memory|J/call|energy" "$W/logs/bench-$variant-$round.log" | head -n 4 | tr -s ' ' | tr '\n' ' ')"
+        done
+    done
+fi
+
+if want offref; then
+    say "offref: reference numerics, resident against a 44 GiB budget"
+    rm -rf "$W/ref-eps" && "$DZR" episode synth --out "$W/ref-eps/ep_0" --frames 72 --seed 3 --frames-format npy >/dev/null
+    rollout ref-resident "$W/ref-eps" --numerics reference
+    rollout ref-44 "$W/ref-eps" --numerics reference --gpu-memory-budget 44GiB
+    grep -hE "memory plan|streamed from host|peak" "$W/logs/ref-44.log" | head -n 6 | tee -a "$summary"
+    grep -hE "peak" "$W/logs/ref-resident.log" | head -n 2 | tee -a "$summary"
+    same_actions ref-44 ref-resident
 fi
 
 if want tests; then

@@ -240,18 +240,48 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     const auto fitted = nlohmann::json::parse(r.out);
     CHECK(fitted["kv_in_place_given_up"] == true);
     CHECK(fitted["budget"]["fits"] == true);
-    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 48GiB --set kv.in_place=true", dir.path());
+    CHECK(fitted["offload_layers_chosen"] == 0);
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 48GiB --set kv.in_place=true --set offload_layers=0",
+                      dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("does NOT fit"));
-    // 44 GiB fits neither way: the refusal names the settings that would, with their peaks
+    // lanes forced on: offload_layers auto streams layers instead
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 48GiB --set kv.in_place=true --json", dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out)["offload_layers_chosen"].get<int>() > 0);
+    // 44 GiB (a 48 GB card): without the lanes it is still over; offload_layers auto streams the fewest DiT layers
+    // from host memory that fit, and says so
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 44GiB --json", dir.path());
+    REQUIRE(r.code == 0);
+    const auto streamed = nlohmann::json::parse(r.out);
+    CHECK(streamed["kv_in_place_given_up"] == true);
+    CHECK(streamed["offload_layers_chosen"] == 5);
+    CHECK(streamed["offload"]["layers"] == 5);
+    CHECK(streamed["budget"]["fits"] == true);
+    CHECK(streamed["peak"]["bytes"].get<uint64_t>() <= uint64_t(44) << 30);
     r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 44GiB", dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(r.has("offload_layers auto: 5 of the DiT's 40 layers kept in host memory"));
+    CHECK(r.has("DiT layer slots"));
+    // one layer fewer does not fit: the count is the smallest
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 44GiB --set kv.in_place=false --set offload_layers=4",
+                      dir.path());
+    CHECK(r.code == 1);
+    // without streaming, the refusal names the settings that would fit, changing the numbers, with their peaks
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 44GiB --set offload_layers=0", dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("these fit, changing the numbers"));
     CHECK(r.has("--kv-dtype fp8 ("));
     CHECK(r.has("--precision fp8 ("));
-    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 30GiB", dir.path());
+    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 30GiB --set offload_layers=0", dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("--precision fp8 --kv-dtype fp8 ("));
+    r = test::run_dzr("plan --config " + droid + " --set offload_layers=41", dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("offload_layers 41 is outside [0, 40]"));
+    r = test::run_dzr("plan --config " + droid + " --set offload_layers=some", dir.path());
+    CHECK(r.code == 1);
+    CHECK(r.has("offload_layers"));
     r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 80GiB --json", dir.path());
     REQUIRE(r.code == 0);
     CHECK(nlohmann::json::parse(r.out)["kv_in_place_given_up"] == false);

@@ -132,6 +132,7 @@ public:
     DeviceContext& context() override { return device_; }
     const DeviceContext& context() const override { return device_; }
     Stream& stream() override { return stream_; }
+    std::unique_ptr<Stream> make_copy_stream() override { return std::make_unique<HostStream>(); }
 
     void copy(const TensorView& src, const TensorView& dst) override { host_copy(src, dst); }
     void fill(const TensorView& dst, float value) override {

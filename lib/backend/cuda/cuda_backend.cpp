@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_attention.h"
@@ -77,6 +78,33 @@ private:
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
     int index_ = 0;
+};
+
+/// Page-locked host memory (cudaHostAlloc), zero-filled: the device copies from it asynchronously.
+class PinnedStorage final : public Storage {
+public:
+    explicit PinnedStorage(size_t bytes) : bytes_(bytes) {
+        if (bytes == 0) return;
+        const cudaError_t st = cudaHostAlloc(&ptr_, bytes, cudaHostAllocDefault);
+        if (st != cudaSuccess) {
+            cudaGetLastError();
+            ptr_ = nullptr;
+            DZR_THROW("cannot allocate {} bytes of page-locked host memory ({})", bytes, cudaGetErrorString(st));
+        }
+        std::memset(ptr_, 0, bytes);
+    }
+    ~PinnedStorage() override {
+        if (ptr_) cudaFreeHost(ptr_);
+    }
+    PinnedStorage(const PinnedStorage&) = delete;
+    PinnedStorage& operator=(const PinnedStorage&) = delete;
+    void* data() const override { return ptr_; }
+    size_t bytes() const override { return bytes_; }
+    Device device() const override { return Device::cpu(); }
+
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
 };
 
 void require_float(const TensorView& t, const char* op, const char* what) {
@@ -153,6 +181,11 @@ Tensor CudaDevice::alloc(Shape shape, DType dtype) {
         DZR_CUDA_CHECK(cudaMemsetAsync(storage->data(), 0, bytes, stream_));
     }
     return Tensor(storage, TensorView(storage->data(), dtype, shape, device()));
+}
+
+Tensor CudaDevice::alloc_pinned(Shape shape, DType dtype) {
+    auto storage = std::make_shared<PinnedStorage>(size_t(shape.numel()) * dtype_size(dtype));
+    return Tensor(storage, TensorView(storage->data(), dtype, shape, Device::cpu()));
 }
 
 void CudaDevice::reserve_workspace(size_t bytes) {
@@ -352,6 +385,72 @@ double CudaStream::elapsed_ms(const Event& from, const Event& to) {
     DZR_CUDA_CHECK(cudaEventElapsedTime(&ms, cuda_event(from).ev, cuda_event(to).ev));
     return double(ms);
 }
+
+void CudaStream::copy_pinned(const void* pinned_src, const TensorView& dst) {
+    DZR_CHECK(dst.is_contiguous() && dst.device.is_cuda(), "copy_pinned: the destination must be contiguous on the "
+              "device, got {}", dst.str());
+    DeviceGuard guard(device_.index());
+    DZR_CUDA_CHECK(cudaMemcpyAsync(dst.data, pinned_src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+}
+
+namespace {
+
+/// The copy stream (Backend::make_copy_stream): copies from pinned memory and events, nothing else.
+class CudaCopyStream final : public Stream {
+public:
+    explicit CudaCopyStream(int index) : index_(index) {
+        DeviceGuard guard(index_);
+        DZR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    }
+    ~CudaCopyStream() override {
+        int prev = 0;
+        cudaGetDevice(&prev);
+        cudaSetDevice(index_);
+        cudaStreamSynchronize(stream_);
+        cudaStreamDestroy(stream_);
+        cudaSetDevice(prev);
+    }
+    CudaCopyStream(const CudaCopyStream&) = delete;
+    CudaCopyStream& operator=(const CudaCopyStream&) = delete;
+
+    void upload(const TensorView&, const TensorView&) override { DZR_THROW("the copy stream only copies pinned memory"); }
+    void download(const TensorView&, const TensorView&) override {
+        DZR_THROW("the copy stream only copies pinned memory");
+    }
+    void synchronize() override {
+        DeviceGuard guard(index_);
+        DZR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    std::unique_ptr<Event> make_event() override {
+        DeviceGuard guard(index_);
+        auto e = std::make_unique<CudaEvent>();
+        DZR_CUDA_CHECK(cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming));
+        return e;
+    }
+    void record(Event& e) override {
+        DeviceGuard guard(index_);
+        DZR_CUDA_CHECK(cudaEventRecord(cuda_event(e).ev, stream_));
+    }
+    void wait(const Event& e) override {
+        DeviceGuard guard(index_);
+        DZR_CUDA_CHECK(cudaStreamWaitEvent(stream_, cuda_event(e).ev, 0));
+    }
+    double elapsed_ms(const Event&, const Event&) override { DZR_THROW("the copy stream's events are not timed"); }
+    void copy_pinned(const void* pinned_src, const TensorView& dst) override {
+        DZR_CHECK(dst.is_contiguous() && dst.device.is_cuda(),
+                  "copy_pinned: the destination must be contiguous on the device, got {}", dst.str());
+        DeviceGuard guard(index_);
+        DZR_CUDA_CHECK(cudaMemcpyAsync(dst.data, pinned_src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+    }
+
+private:
+    int index_ = 0;
+    cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Stream> CudaBackend::make_copy_stream() { return std::make_unique<CudaCopyStream>(index_); }
 
 void CudaStream::begin_capture() { cuda_detail::begin_capture(stream_, device_.index()); }
 

@@ -61,6 +61,7 @@ public:
 
     Device device() const override { return Device::cuda(index_); }
     Tensor alloc(Shape shape, DType dtype) override;
+    Tensor alloc_pinned(Shape shape, DType dtype) override;
     Arena& workspace() override { return arena_; }
     /// Synchronizes the device before replacing the old workspace.
     void reserve_workspace(size_t bytes) override;
@@ -116,6 +117,7 @@ public:
     std::unique_ptr<Graph> end_capture() override;
     void abort_capture() override;
     bool capturing() const override;
+    void copy_pinned(const void* pinned_src, const TensorView& dst) override;
     cudaStream_t handle() const { return stream_; }
 
 private:
@@ -145,6 +147,7 @@ public:
     DeviceContext& context() override { return device_; }
     const DeviceContext& context() const override { return device_; }
     Stream& stream() override { return queue_; }
+    std::unique_ptr<Stream> make_copy_stream() override;
 
     void copy(const TensorView& src, const TensorView& dst) override;
     void fill(const TensorView& dst, float value) override;
