@@ -8,7 +8,11 @@
 /// its buffers and the branch runners. `dzr rollout` is an Engine plus an episode loop; the parity commands and
 /// the benches build the same Engine; a request loop (serving) would be one more thin caller.
 ///
-/// One session at a time (the KV pool and the cross caches are sized for one).
+/// Up to PolicyOptions::max_sessions sessions are open at once (one by default; the KV pool and the cross caches are
+/// sized for them). Each keeps its buffers, branch runners (CUDA graphs), samplers and KV session; they share the
+/// networks, the workspace arena and the KV scratch, so Session::step calls on one engine must not overlap (a call
+/// that would is refused).
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -81,6 +85,9 @@ struct PolicyOptions {
     /// every layer's, the head's). Off: only the head's input and output and the action velocity of each branch,
     /// which a batched forward gives per branch (a parity run that compares those, docs/PARITY.md).
     bool trace_dit_layers = true;
+    /// Sessions open at once (`dzr serve --max-sessions`): the KV pool and the cross caches hold this many, each
+    /// session allocates its own buffers; their calls run one at a time.
+    int max_sessions = 1;
 };
 
 /// What an engine takes on each device of its placement besides what it was given, found by running its calls on
@@ -138,6 +145,7 @@ struct EngineOptions {
     /// The text encoder pre-pass over these prompts (PolicyOptions::text_prepass).
     bool text_prepass = false;
     std::vector<std::string> prepass_prompts;
+    int max_sessions = 1;  ///< PolicyOptions::max_sessions
 
     /// The policy options Engine::load builds from these (the memory plan of a run uses the same).
     PolicyOptions policy_options() const;
@@ -178,7 +186,8 @@ public:
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
-    /// A new session. Only one may be open at a time; it must not outlive the engine.
+    /// A new session. At most options().max_sessions may be open at once (an error naming it); it must not outlive
+    /// the engine.
     std::unique_ptr<Session> open_session();
 
     /// Host-side preprocessing of an observation (validation, views -> canvases -> model input,
@@ -257,7 +266,8 @@ private:
     std::unique_ptr<Communicator> communicator_;   // two backends: moves the unconditional branch's tensors
     std::vector<std::unique_ptr<KvCacheManager>> kv_managers_;  // paged: one per backend
     std::vector<size_t> workspace_bytes_;
-    bool session_open_ = false;
+    int open_sessions_ = 0;
+    std::atomic<bool> stepping_{false};  // a Session::step runs (they share the workspace: one at a time)
 };
 
 /// Wall time of one call's phases in milliseconds. The phases are measured with events on the primary backend's
@@ -294,6 +304,7 @@ public:
     Session& operator=(const Session&) = delete;
 
     /// One policy call. On failure the session fails closed on every device: the next call starts a new window.
+    /// The calls of the sessions of one engine run one at a time (a call while another runs throws).
     PolicyCallResult step(const PreparedObservation& obs);
     /// Forget the session's state (the next call is a first call). The KV pools are returned whole.
     void reset();
