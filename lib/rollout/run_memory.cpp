@@ -5,6 +5,7 @@
 #include "backend/options.h"
 #include "config/run_config.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace dzr::rollout {
 
@@ -81,6 +82,33 @@ PlannedMemory memory_plan_summary(const MemoryPlan& plan) {
     m.peak_phase = plan.peak().key;
     for (const MemoryPhase& ph : plan.phases) m.phases[ph.key] = ph.bytes;
     return m;
+}
+
+MemoryPlan plan_within_budget(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
+                              int64_t video_latent_frames, uint64_t budget, const std::string& what,
+                              bool& lanes_given_up) {
+    lanes_given_up = false;
+    MemoryPlan plan = plan_rollout_memory(model, embodiment, eo, video_latent_frames);
+    // NOTE: so the user need not know which setting to flip
+    if (plan.peak_bytes() > budget && eo.run.kv.in_place == KvInPlace::Auto) {
+        EngineOptions without = eo;
+        without.run.kv.in_place = KvInPlace::Off;
+        MemoryPlan smaller = plan_rollout_memory(model, embodiment, without, video_latent_frames);
+        if (smaller.peak_bytes() < plan.peak_bytes() && smaller.peak_bytes() <= budget) {
+            log()->info("memory plan: {} with kv.in_place lanes, {} without them: the run fits the {} without "
+                        "(kv.in_place auto)", gib(plan.peak_bytes()), gib(smaller.peak_bytes()), what);
+            lanes_given_up = true;
+            return smaller;
+        }
+    }
+    if (plan.peak_bytes() <= budget) return plan;
+    const std::string hint = budget_alternatives(model, embodiment, eo, video_latent_frames, budget);
+    try {
+        check_memory_budget(plan, budget, what);
+    } catch (const Error& e) {
+        throw Error(e.what() + hint);
+    }
+    return plan;
 }
 
 std::optional<uint64_t> rollout_memory_budget(const RolloutOptions& opt) {

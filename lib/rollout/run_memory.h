@@ -41,6 +41,13 @@ std::string budget_alternatives(const ModelConfig& model, const Embodiment& embo
 
 PlannedMemory memory_plan_summary(const MemoryPlan& plan);
 
+/// The plan of `eo` (plan_rollout_memory) checked against `budget` (`what` names it: "GPU memory budget 44GiB
+/// (44.00 GiB)"): kv.in_place auto gives up the in-place lanes (a speed-up, not a need) when only they keep the run
+/// from fitting, and says so in `lanes_given_up`. Throws, naming the settings that would fit, when it does not fit.
+MemoryPlan plan_within_budget(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
+                              int64_t video_latent_frames, uint64_t budget, const std::string& what,
+                              bool& lanes_given_up);
+
 /// The budget of a run (--gpu-memory-budget or the config's gpu_memory_budget) in bytes; nullopt without one.
 std::optional<uint64_t> rollout_memory_budget(const RolloutOptions& opt);
 

@@ -289,27 +289,8 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
     }
     collect(problems.memory, [&] {
         const std::string what = fmt::format("GPU memory budget {} ({})", opt.run.gpu_memory_budget, gib(*budget));
-        run.memory_plan = plan_rollout_memory(ckpt.model_config(), embodiment, eo, video_frames);
-        // NOTE: kv.in_place auto gives up the in-place lanes (a speed-up, not a need) when only they keep the run
-        // from fitting, so the user need not know which setting to flip
-        if (run.memory_plan->peak_bytes() > *budget && opt.run.kv.in_place == KvInPlace::Auto) {
-            EngineOptions without = eo;
-            without.run.kv.in_place = KvInPlace::Off;
-            MemoryPlan smaller = plan_rollout_memory(ckpt.model_config(), embodiment, without, video_frames);
-            if (smaller.peak_bytes() < run.memory_plan->peak_bytes() && smaller.peak_bytes() <= *budget) {
-                log()->info("memory plan: {} with kv.in_place lanes, {} without them: the run fits the {} without "
-                            "(kv.in_place auto)", gib(run.memory_plan->peak_bytes()), gib(smaller.peak_bytes()), what);
-                run.memory_plan = std::move(smaller);
-                run.kv_in_place_off = true;
-            }
-        }
-        if (run.memory_plan->peak_bytes() <= *budget) return;
-        const std::string hint = budget_alternatives(ckpt.model_config(), embodiment, eo, video_frames, *budget);
-        try {
-            check_memory_budget(*run.memory_plan, *budget, what);
-        } catch (const Error& e) {
-            throw Error(e.what() + hint);
-        }
+        run.memory_plan =
+            plan_within_budget(ckpt.model_config(), embodiment, eo, video_frames, *budget, what, run.kv_in_place_off);
     });
 }
 
