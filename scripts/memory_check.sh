@@ -8,7 +8,7 @@
 #
 # Usage: scripts/memory_check.sh            (after scripts/device-test.sh, or any CUDA build)
 #   DZR=build-device/bin/dzr  CONFIG=configs/dreamzero_droid.yaml  CALLS=9  DEVICE=cuda:0
-#   OUT=dir (the JSON and logs; default build-device/logs/memory)  VARIANTS="resident prepass kvfp8 fp8all budget44 refuse44 identical"
+#   OUT=dir (the JSON and logs; default build-device/logs/memory)  VARIANTS="resident prepass kvfp8 fp8all budget44 stream44 refuse44 identical"
 #   ROLLOUT_OUT=dir: also check every episode's timing.json of a finished `dzr rollout --out dir` (VARIANTS= to
 #   check only that)
 set -uo pipefail
@@ -112,13 +112,14 @@ for v in $VARIANTS; do
     # rows is 4 GiB at DROID; prepass-lanes: with them, as kv.in_place auto gives on a GPU that holds them)
     prepass) bench prepass --text-prepass --set kv.in_place=false ;;
     prepass-lanes) bench prepass-lanes --text-prepass ;;
-    # issue #14's targets: bf16 weights + FP8 KV <= 42 GiB (a 48 GB card); FP8 weights + FP8 KV <= 26 GiB (a 32 GB
-    # card); with the FP8 KV cache a 44 GiB budget fits and completes; bf16 weights and a bf16 KV cache do not fit
-    # 44 GiB: refused
+    # bf16 weights + FP8 KV <= 42 GiB (a 48 GB card); FP8 weights + FP8 KV <= 26 GiB (a 32 GB card); with the FP8 KV
+    # cache a 44 GiB budget fits and completes; bf16 weights and KV fit 44 GiB only with streamed DiT layers
+    # (stream44: offload_layers auto), without them (refuse44) the run is refused
     kvfp8) bench kvfp8 --text-prepass --kv-dtype fp8 ;;
     fp8all) bench fp8all --text-prepass --precision fp8 --kv-dtype fp8 --numerics fast ;;
     budget44) bench budget44 --text-prepass --kv-dtype fp8 --gpu-memory-budget 44GiB ;;
-    refuse44) refuse refuse44 --text-prepass --gpu-memory-budget 44GiB ;;
+    stream44) bench stream44 --text-prepass --gpu-memory-budget 44GiB ;;
+    refuse44) refuse refuse44 --text-prepass --gpu-memory-budget 44GiB --set offload_layers=0 ;;
     identical) identical ;;
     *) failed+=("unknown variant $v") ;;
     esac

@@ -27,6 +27,7 @@ struct PlanArgs {
     std::string numerics = "fast";
     std::string kv = "paged";
     bool no_text_prepass = false;
+    int max_sessions = 1;
     bool json = false;
 };
 
@@ -66,9 +67,11 @@ int run(const PlanArgs& a) {
                                                                                                 ? "--gpu-memory-budget"
                                                                                                 : "gpu_memory_budget");
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
+    DZR_CHECK(a.max_sessions >= 1, "--max-sessions must be at least 1, got {}", a.max_sessions);
     PolicyOptions options = run_policy_options(run);
     options.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     options.text_prepass = !a.no_text_prepass;
+    options.max_sessions = a.max_sessions;
     const std::optional<int> offload = config::parse_offload_layers(run.offload_layers, "offload_layers");
     po.numerics = parse_numerics(a.numerics);
 
@@ -117,11 +120,12 @@ int run(const PlanArgs& a) {
         std::printf("%s\n", j.dump(2).c_str());
     } else {
         std::printf("dzr plan: %s, embodiment %s; planned %s; %s numerics; %s weights (DiT), %s KV cache, text "
-                    "pre-pass %s\n",
+                    "pre-pass %s%s\n",
                     !a.checkpoint.empty() ? a.checkpoint.c_str() : a.config.c_str(), embodiment.tag.c_str(),
                     plan.planner.c_str(), numerics_name(plan.numerics), std::string(precision_name(po.precision)).c_str(),
                     po.kv_dtype == DType::F8_E4M3 ? "fp8" : std::string(dtype_name(po.kv_dtype)).c_str(),
-                    plan.text_prepass ? "on" : "off");
+                    plan.text_prepass ? "on" : "off",
+                    plan.sessions > 1 ? fmt::format("; {} sessions at once", plan.sessions).c_str() : "");
         std::printf("%s", plan.table(budget).c_str());
         for (const std::string& note : fit.notes) std::printf("%s\n", note.c_str());
     }
@@ -168,6 +172,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "CPU engine); default: offline, for a CUDA GPU");
     cmd->add_option("--kv", args->kv, "KV cache: paged or dense")->capture_default_str();
     cmd->add_flag("--no-text-prepass", args->no_text_prepass, "Plan with umT5 resident (no text encoder pre-pass)");
+    cmd->add_option("--max-sessions", args->max_sessions,
+                    "Sessions open at once (`dzr serve --max-sessions`, which plans with --no-text-prepass): each "
+                    "with its KV blocks, cross-attention caches and buffers")
+        ->capture_default_str();
     cmd->add_option("--numerics", args->numerics,
                     "The run's numerics: fast (the rollout's default: the CFG branches batched, channels-last VAE "
                     "weights) or reference")

@@ -2,6 +2,9 @@
 // DROID), so that an existing client drives dzr instead of the official PyTorch server.
 #include <cstdio>
 #include <map>
+#include <memory>
+#include <optional>
+#include <vector>
 
 #include "apps/dzr/command.h"
 #include "backend/options.h"
@@ -11,8 +14,10 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "policy/engine.h"
+#include "policy/memory_plan.h"
 #include "rollout/progress.h"
 #include "rollout/reports.h"
+#include "rollout/run_memory.h"
 #include "rollout/runner.h"
 #include "serve/policy_handler.h"
 #include "serve/server.h"
@@ -34,6 +39,8 @@ struct ServeArgs {
     std::string record;
     double max_message_mb = 64;
     bool no_warmup = false;
+    int max_sessions = 1;
+    std::string gpu_memory_budget;
 };
 
 bool is_loopback(const std::string& host) {
@@ -59,8 +66,46 @@ void print_summary(const serve::ServeReport& r) {
             rollout::format_table({"request", "count", "median ms", "p90 ms", "max ms"}, rows).c_str());
 }
 
+/// The served engine's memory plan (its sessions, umT5 resident) against --gpu-memory-budget or the config's
+/// gpu_memory_budget, else a GPU's free memory, before any weight is read (as a rollout checks its budget).
+void check_serve_memory(EngineOptions& eo, const ModelConfig& model, const Embodiment& embodiment) {
+    if (eo.devices.size() != 1) return;  // a plan covers one device
+    std::optional<uint64_t> budget;
+    std::string what;
+    if (!eo.run.gpu_memory_budget.empty()) {
+        budget = config::parse_memory_budget(eo.run.gpu_memory_budget, "gpu_memory_budget");
+        what = fmt::format("GPU memory budget {} ({})", eo.run.gpu_memory_budget, gib(*budget));
+    } else if (eo.devices[0].is_cuda()) {
+        BackendOptions bo = eo.backend;
+        bo.workspace_bytes = size_t(1) << 20;
+        if (const auto free = make_backend(eo.devices[0], bo)->context().memory_free()) {
+            budget = uint64_t(*free);
+            what = fmt::format("the free memory of {} ({})", eo.devices[0].str(), gib(*budget));
+        }
+    }
+    if (!budget) return;
+    const BudgetFit fit = rollout::plan_within_budget(model, embodiment, eo, 0, *budget, what);
+    rollout::apply_budget_fit(fit, eo.run);
+    log()->info("serve: memory plan {} ({} session{}) fits the {}", gib(fit.plan.peak_bytes()), eo.max_sessions,
+                eo.max_sessions == 1 ? "" : "s", what);
+}
+
+/// The engine's sessions, each warmed up (its CUDA graphs captured) before the server listens.
+/// NOTE: warm before listening: a cold session's first calls capture graphs (seconds on a GPU) while every other
+/// client's calls wait behind them on the one worker
+std::vector<std::unique_ptr<Session>> open_sessions(Engine& engine, int count, bool warm, int& calls, double& ms) {
+    std::vector<std::unique_ptr<Session>> sessions;
+    for (int i = 0; i < count; ++i) {
+        sessions.push_back(engine.open_session());
+        if (warm) ms += rollout::run_warmup(engine, *sessions.back(), calls);
+    }
+    return sessions;
+}
+
 int run(const ServeArgs& a) {
     DZR_CHECK(a.port >= 0 && a.port <= 65535, "--port must be in 0..65535, got {}", a.port);
+    DZR_CHECK(a.max_sessions >= 1 && a.max_sessions <= 64, "--max-sessions must be in 1..64, got {}",
+              a.max_sessions);
     DZR_CHECK(a.max_message_mb > 0 && a.max_message_mb <= 4096,
               "--max-message-mb must be in (0, 4096], got {}", a.max_message_mb);
     EngineOptions eo;
@@ -81,21 +126,29 @@ int run(const ServeArgs& a) {
     eo.tokenizer = a.tokenizer;
     // NOTE: a server does not know its prompts in advance: umT5 stays resident and encodes each new prompt
     eo.text_prepass = false;
+    eo.max_sessions = a.max_sessions;
+    if (!a.gpu_memory_budget.empty()) {
+        config::parse_memory_budget(a.gpu_memory_budget, "--gpu-memory-budget");
+        eo.run.gpu_memory_budget = a.gpu_memory_budget;
+    }
 
-    // The protocol's embodiment first, before any weight is read.
+    // The protocol's embodiment and the memory plan first, before any weight is read.
     {
         const Checkpoint ckpt(eo.checkpoint);
         const std::string tag = !eo.embodiment.empty() ? eo.embodiment : eo.run.embodiment;
-        serve::bind_droid_protocol(
-            select_embodiment(load_checkpoint_embodiments(eo.checkpoint), tag, ckpt.model_config()));
+        const Embodiment embodiment =
+            select_embodiment(load_checkpoint_embodiments(eo.checkpoint), tag, ckpt.model_config());
+        serve::bind_droid_protocol(embodiment);
+        check_serve_memory(eo, ckpt.model_config(), embodiment);
     }
     Timer timer;
     const std::unique_ptr<Engine> engine = Engine::load(eo);
-    const std::unique_ptr<Session> session = engine->open_session();
     const double load_s = timer.seconds();
+    const std::string sessions_note =
+        a.max_sessions > 1 ? fmt::format(" ({} sessions, one per client served at once)", a.max_sessions) : "";
     int warmup_calls = 0;
     double warmup_ms = 0;
-    if (!a.no_warmup) warmup_ms = rollout::run_warmup(*engine, *session, warmup_calls);
+    const auto sessions = open_sessions(*engine, a.max_sessions, !a.no_warmup, warmup_calls, warmup_ms);
 
     serve::PolicyHandlerOptions ho;
     ho.record_dir = a.record;
@@ -104,9 +157,12 @@ int run(const ServeArgs& a) {
     ho.schedule.stride = rc.stride;
     ho.schedule.offsets.assign(rc.offsets.begin(), rc.offsets.end());
     ho.schedule.max_chunks = rc.max_chunks > 0 ? rc.max_chunks : -1;
-    serve::PolicyHandler handler(*engine, *session, ho);
+    std::vector<Session*> handler_sessions;
+    for (const auto& s : sessions) handler_sessions.push_back(s.get());
+    serve::PolicyHandler handler(*engine, handler_sessions, ho);
 
     serve::ServerOptions so;
+    so.max_sessions = size_t(a.max_sessions);
     so.host = a.host;
     so.port = uint16_t(a.port);
     so.max_message_bytes = size_t(a.max_message_mb * double(1 << 20));
@@ -118,13 +174,13 @@ int run(const ServeArgs& a) {
         "  model       %s\n"
         "  embodiment  %s\n"
         "  device      %s (%s, %s numerics)\n"
-        "  load        %.1f s; warm-up %d calls, %.1f s\n"
+        "  load        %.1f s; warm-up %d calls, %.1f s%s\n"
         "  protocol    the official DreamZero server's (RoboArena, DROID): %dx%d frames, 1 frame on a "
         "session's first call then 4; float32 [%d, %d] actions; messages up to %.0f MiB\n"
         "  record      %s\n",
         a.ckpt.c_str(), engine->describe().c_str(), engine->embodiment().tag.c_str(),
         engine->devices().c_str(), engine->backend().name().c_str(), a.numerics.c_str(), load_s, warmup_calls,
-        warmup_ms / 1e3, sc.image_width, sc.image_height, engine->model().dit.num_action_per_block,
+        warmup_ms / 1e3, sessions_note.c_str(), sc.image_width, sc.image_height, engine->model().dit.num_action_per_block,
         engine->embodiment().action_dim(), a.max_message_mb,
         a.record.empty()
             ? "off"
@@ -186,6 +242,14 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
         ->capture_default_str();
     cmd->add_flag("--no-warmup", args->no_warmup,
                   "Skip the warm-up (the first calls then pay first-call costs)");
+    cmd->add_option("--max-sessions", args->max_sessions,
+                    "Clients served at once, each with its own engine session (their calls interleave, one at a "
+                    "time); more clients wait in a queue. The KV cache and the memory plan hold this many sessions")
+        ->capture_default_str();
+    cmd->add_option("--gpu-memory-budget", args->gpu_memory_budget,
+                    "Refuse to start, before anything is loaded, when the memory plan of the served sessions (`dzr "
+                    "plan --max-sessions N --no-text-prepass`) needs more device memory than this (44GiB; default: "
+                    "the config's gpu_memory_budget, else a GPU's free memory)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args); }; });
 });
 

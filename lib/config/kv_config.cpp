@@ -60,7 +60,7 @@ void KvGeometry::validate() const {
         {"num_layers", num_layers},         {"num_kv_heads", num_kv_heads},
         {"head_dim", head_dim},             {"tokens_per_frame", tokens_per_frame},
         {"chunk_frames", chunk_frames},     {"prefill_frames", prefill_frames},
-        {"num_branches", num_branches},
+        {"num_branches", num_branches},     {"sessions", sessions},
     };
     for (const auto& [name, value] : positive)
         DZR_CHECK(value >= 1, "kv geometry: {} must be >= 1, got {}", name, value);
@@ -282,6 +282,9 @@ std::string kv_lanes_refusal(const KvConfig& config, const KvGeometry& geometry)
     if (geometry.fp8_pool) return "a bf16 pool, not kv.dtype fp8 (the attention dequantizes an fp8 pool's rows by a gather)";
     if (geometry.num_branches > 2)
         return fmt::format("one or two CFG branches on the device, not {}", geometry.num_branches);
+    if (geometry.sessions > 1)
+        return fmt::format("one session in the cache, not {} (max_sessions; the lanes lay out one session's blocks)",
+                           geometry.sessions);
     return {};
 }
 

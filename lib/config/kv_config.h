@@ -28,6 +28,9 @@ struct KvGeometry {
     int text_tokens = 512;       // cross-attention context lengths
     int image_tokens = 257;
     int num_branches = 2;        // CFG branches held on this device (positive, negative)
+    /// Sessions open at once (PolicyOptions::max_sessions): each has its blocks and cross caches; the scratch and the
+    /// null block serve whichever forward runs (one at a time).
+    int sessions = 1;
     DType dtype = DType::BF16;   // element type of the pool, scratch and cross caches
     /// The pool (not the scratch or the cross caches) holds E4M3 values with one f32 scale per token and head
     /// (kv.dtype: fp8; core/fp8.h's row quantization over each head's head_dim values).

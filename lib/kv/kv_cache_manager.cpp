@@ -1,5 +1,7 @@
 #include "kv/kv_cache_manager.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -10,6 +12,15 @@ namespace {
 std::string branch_label(int branch, int num_branches) {
     if (num_branches == 2) return branch == KvSession::kPositive ? "positive" : "negative";
     return fmt::format("#{}", branch);
+}
+
+/// "session 'a'", "sessions 'a', 'b'" (the open sessions, for a refusal).
+std::string open_names(const std::vector<KvSession*>& slots) {
+    std::string names;
+    int n = 0;
+    for (const KvSession* s : slots)
+        if (s) names += fmt::format("{}'{}'", n++ ? ", " : "", s->name());
+    return fmt::format("session{} {}", n == 1 ? "" : "s", names);
 }
 
 }  // namespace
@@ -24,13 +35,21 @@ KvCacheManager::KvCacheManager(const KvGeometry& geometry, const KvConfig& confi
                                Backend* storage)
     : geometry_(geometry), config_(config), plan_(plan), storage_(storage), pool_(plan.num_blocks, plan.block_bytes) {
     config_.validate(geometry_);
+    DZR_CHECK(plan_.sessions == geometry_.sessions, "kv cache: a plan for {} sessions, a geometry of {}",
+              plan_.sessions, geometry_.sessions);
+    slots_.assign(size_t(geometry_.sessions), nullptr);
     init();
 }
 
 KvCacheManager::~KvCacheManager() {
     // NOTE: a session that outlives its manager must not free into a destroyed pool: close it now, so its
     // own destructor finds nothing left to release.
-    if (open_) open_->close();
+    for (KvSession* s : slots_)
+        if (s) s->close();
+}
+
+bool KvCacheManager::session_open() const {
+    return std::any_of(slots_.begin(), slots_.end(), [](const KvSession* s) { return s != nullptr; });
 }
 
 void KvCacheManager::init() {
@@ -57,32 +76,40 @@ void KvCacheManager::init() {
         if (l.middle_blocks > 0) pool_.reserve(BlockId(1 + l.lane_blocks), l.middle_blocks);
         if (l.shift_rows > 0) pool_.reserve(BlockId(1 + 2 * l.lane_blocks + l.middle_blocks), 1);
     }
+    for (int slot = 0; slot < geometry_.sessions; ++slot) add_cross_caches(slot);
+    log()->debug("{}", plan_.summary());
+}
+
+void KvCacheManager::add_cross_caches(int slot) {
+    const int64_t heads = geometry_.num_kv_heads, hd = geometry_.head_dim;
+    const std::string session = geometry_.sessions > 1 ? fmt::format("session {} ", slot) : std::string();
     CrossAttentionCache* image = nullptr;
     for (int b = 0; b < geometry_.num_branches; ++b) {
         cross_.push_back(std::make_unique<CrossAttentionCache>(
-            fmt::format("{} {}", branch_label(b, geometry_.num_branches), cross_kind_name(CrossKind::Text)),
+            fmt::format("{}{} {}", session, branch_label(b, geometry_.num_branches), cross_kind_name(CrossKind::Text)),
             geometry_.num_layers, geometry_.text_tokens, int(heads), int(hd), geometry_.dtype, storage_,
             geometry_.fp8_cross));
         cross_of_.push_back(cross_.back().get());
         if (!image) {
             const std::string owner = geometry_.num_branches > 1 ? "shared" : branch_label(b, geometry_.num_branches);
             cross_.push_back(std::make_unique<CrossAttentionCache>(
-                fmt::format("{} {}", owner, cross_kind_name(CrossKind::Image)), geometry_.num_layers,
+                fmt::format("{}{} {}", session, owner, cross_kind_name(CrossKind::Image)), geometry_.num_layers,
                 geometry_.image_tokens, int(heads), int(hd), geometry_.dtype, storage_, geometry_.fp8_cross));
             image = cross_.back().get();
         }
         cross_of_.push_back(image);
     }
-    log()->debug("{}", plan_.summary());
 }
 
 std::unique_ptr<KvSession> KvCacheManager::open_session(const std::string& name) {
-    DZR_CHECK(open_ == nullptr,
-              "kv cache: cannot open session '{}' while session '{}' is open (the cache holds one session; close "
-              "it first)",
-              name, open_ ? open_->name() : std::string());
-    std::unique_ptr<KvSession> s(new KvSession(*this, name));
-    open_ = s.get();
+    const auto free = std::find(slots_.begin(), slots_.end(), nullptr);
+    const bool one = slots_.size() == 1;
+    DZR_CHECK(free != slots_.end(),
+              "kv cache: cannot open session '{}' while {} {} open (the cache holds {}; close {} first)", name,
+              open_names(slots_), one ? "is" : "are",
+              one ? std::string("one session") : fmt::format("{} sessions", slots_.size()), one ? "it" : "one");
+    std::unique_ptr<KvSession> s(new KvSession(*this, name, int(free - slots_.begin())));
+    *free = s.get();
     return s;
 }
 
@@ -146,14 +173,15 @@ TensorView KvCacheManager::pool_v_scale(int layer) const { return layer_scales(p
 TensorView KvCacheManager::scratch_k(int branch) const { return branch_rows(scratch_k_, branch); }
 TensorView KvCacheManager::scratch_v(int branch) const { return branch_rows(scratch_v_, branch); }
 
-CrossAttentionCache& KvCacheManager::cross(int branch, CrossKind kind) {
-    DZR_ASSERT(branch >= 0 && branch < geometry_.num_branches);
-    return *cross_of_[size_t(branch * 2 + (kind == CrossKind::Text ? 0 : 1))];
+CrossAttentionCache& KvCacheManager::cross(int slot, int branch, CrossKind kind) {
+    DZR_ASSERT(slot >= 0 && slot < geometry_.sessions && branch >= 0 && branch < geometry_.num_branches);
+    return *cross_of_[size_t((slot * geometry_.num_branches + branch) * 2 + (kind == CrossKind::Text ? 0 : 1))];
 }
 
 // ---- KvSession ----------------------------------------------------------------------------------
 
-KvSession::KvSession(KvCacheManager& manager, std::string name) : manager_(manager), name_(std::move(name)) {
+KvSession::KvSession(KvCacheManager& manager, std::string name, int slot)
+    : manager_(manager), name_(std::move(name)), slot_(slot) {
     for (int b = 0; b < manager_.geometry().num_branches; ++b)
         tables_.push_back(std::make_unique<BlockTable>(manager_.pool(), manager_.geometry(), manager_.config(),
                                                        fmt::format("session '{}' branch {}", name_, branch_name(b)),
@@ -193,8 +221,8 @@ void KvSession::abort() noexcept {
     if (closed_) return;
     for (auto& t : tables_) t->release();
     for (int b = 0; b < num_branches(); ++b) {
-        manager_.cross(b, CrossKind::Text).drop();
-        manager_.cross(b, CrossKind::Image).drop();
+        manager_.cross(slot_, b, CrossKind::Text).drop();
+        manager_.cross(slot_, b, CrossKind::Image).drop();
     }
     failed_ = true;
 }
@@ -203,8 +231,8 @@ void KvSession::reset(const KvResetOptions& options) {
     DZR_CHECK(!closed_, "kv session '{}' is closed (reset)", name_);
     for (auto& t : tables_) t->release();
     for (int b = 0; b < num_branches(); ++b) {
-        if (!options.keep_text) manager_.cross(b, CrossKind::Text).drop();
-        if (!options.keep_image) manager_.cross(b, CrossKind::Image).drop();
+        if (!options.keep_text) manager_.cross(slot_, b, CrossKind::Text).drop();
+        if (!options.keep_image) manager_.cross(slot_, b, CrossKind::Image).drop();
     }
     failed_ = false;
 }
@@ -213,23 +241,23 @@ void KvSession::close() noexcept {
     if (closed_) return;
     for (auto& t : tables_) t->release();
     for (int b = 0; b < num_branches(); ++b) {
-        manager_.cross(b, CrossKind::Text).drop();
-        manager_.cross(b, CrossKind::Image).drop();
+        manager_.cross(slot_, b, CrossKind::Text).drop();
+        manager_.cross(slot_, b, CrossKind::Image).drop();
     }
     closed_ = true;
-    if (manager_.open_ == this) manager_.open_ = nullptr;
+    if (manager_.slots_[size_t(slot_)] == this) manager_.slots_[size_t(slot_)] = nullptr;
 }
 
 void KvSession::populate_cross(int branch, CrossKind kind, std::span<const LayerKv> layers) {
     check_usable("populate_cross");
     check_branch(branch);
-    manager_.cross(branch, kind).populate(manager_.storage_backend(), layers);
+    manager_.cross(slot_, branch, kind).populate(manager_.storage_backend(), layers);
 }
 
 std::vector<LayerKv> KvSession::begin_cross_write(int branch, CrossKind kind) {
     check_usable("begin_cross_write");
     check_branch(branch);
-    return manager_.cross(branch, kind).begin_write();
+    return manager_.cross(slot_, branch, kind).begin_write();
 }
 
 void KvSession::store_cross_layer(int branch, CrossKind kind, int layer, const TensorView& k, const TensorView& v) {
@@ -237,19 +265,19 @@ void KvSession::store_cross_layer(int branch, CrossKind kind, int layer, const T
     check_branch(branch);
     Backend* be = manager_.storage_backend();
     DZR_CHECK(be != nullptr, "kv session '{}': storing a cross layer needs the cache's storage", name_);
-    manager_.cross(branch, kind).store_layer(*be, layer, k, v);
+    manager_.cross(slot_, branch, kind).store_layer(*be, layer, k, v);
 }
 
 void KvSession::commit_cross(int branch, CrossKind kind) {
     check_usable("commit_cross");
     check_branch(branch);
-    manager_.cross(branch, kind).commit_write();
+    manager_.cross(slot_, branch, kind).commit_write();
 }
 
 const CrossAttentionCache& KvSession::cross(int branch, CrossKind kind) const {
     DZR_CHECK(!closed_, "kv session '{}' is closed (cross {})", name_, cross_kind_name(kind));
     check_branch(branch);
-    return manager_.cross(branch, kind);
+    return manager_.cross(slot_, branch, kind);
 }
 
 const BlockTable& KvSession::table(int branch) const {

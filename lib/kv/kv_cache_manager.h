@@ -2,8 +2,10 @@
 /// The paged KV cache: one block pool, the pool storage (K and V per layer), a scratch per CFG branch and
 /// the cross-attention caches, all allocated once at load; and the sessions that use them.
 ///
-/// A session (one rollout; one at a time, the warm-up included) has a BlockTable per CFG branch and the
-/// branch's cross caches. Per forward of one branch:
+/// A session (one rollout, the warm-up included) has a BlockTable per CFG branch and the branch's cross caches.
+/// The cache holds KvGeometry::sessions sessions at once (one by default): each takes its blocks from the one
+/// pool and has cross caches of its own; they share the scratch, so their forwards run one at a time. Per forward
+/// of one branch:
 ///
 ///     begin_forward(branch, spec)   allocate (committing forwards) + slot mapping + padded block table
 ///     attend per layer               write current K/V to the scratch (and to the slots), attend
@@ -58,10 +60,11 @@ public:
     bool has_storage() const { return storage_ != nullptr; }
     Backend* storage_backend() const { return storage_; }
 
-    /// Opens a session. Only one may be open at a time (the cross caches are sized for one); the returned
-    /// object closes itself when destroyed and must not outlive the manager.
+    /// Opens a session. At most geometry().sessions may be open at once (the cross caches are sized for them); the
+    /// returned object closes itself when destroyed and must not outlive the manager.
     std::unique_ptr<KvSession> open_session(const std::string& name);
-    bool session_open() const { return open_ != nullptr; }
+    /// Whether any session is open.
+    bool session_open() const;
 
     /// Pool rows of one layer, [block ids * block_tokens, H, D]: row = slot. Null data without storage. F8_E4M3
     /// with geometry().fp8_pool, else the geometry's dtype.
@@ -90,11 +93,13 @@ public:
 private:
     friend class KvSession;
     void init();
+    /// The cross caches of the session in `slot`: the text per branch, the image once.
+    void add_cross_caches(int slot);
     TensorView layer_rows(const Tensor& t, int layer) const;
     TensorView layer_scales(const Tensor& t, int layer) const;
     TensorView branch_rows(const Tensor& t, int branch) const;
     TensorView shifted(const TensorView& rows, int branch) const;
-    CrossAttentionCache& cross(int branch, CrossKind kind);
+    CrossAttentionCache& cross(int slot, int branch, CrossKind kind);
 
     KvGeometry geometry_;
     KvConfig config_;
@@ -105,10 +110,10 @@ private:
     Tensor pool_k_scale_, pool_v_scale_;  // fp8_pool: f32 [layers, block ids, block_tokens, H]
     Tensor scratch_k_, scratch_v_;  // [branches, scratch_tokens, H, D]
     // NOTE: the image context is the same for both CFG branches (only the text differs), so the branches held on one
-    // device share one image cache; cross_ holds every cache once, cross_of_ maps [branch][text, image] to them.
+    // device share one image cache; cross_ holds every cache once, cross_of_ maps [slot][branch][text, image] to them.
     std::vector<std::unique_ptr<CrossAttentionCache>> cross_;
     std::vector<CrossAttentionCache*> cross_of_;
-    KvSession* open_ = nullptr;
+    std::vector<KvSession*> slots_;  // the open session in each place (null: free); geometry_.sessions places
     bool lanes_ = false;
 };
 
@@ -169,12 +174,13 @@ public:
 
 private:
     friend class KvCacheManager;
-    KvSession(KvCacheManager& manager, std::string name);
+    KvSession(KvCacheManager& manager, std::string name, int slot);
     void check_usable(const char* what) const;
     void check_branch(int branch) const;
 
     KvCacheManager& manager_;
     std::string name_;
+    int slot_ = 0;  // its place in the manager: which cross caches are its own
     std::vector<std::unique_ptr<BlockTable>> tables_;
     bool closed_ = false;
     bool failed_ = false;

@@ -34,33 +34,53 @@ SessionParts session_parts(const KvGeometry& g, const KvConfig& c) {
     return p;
 }
 
+/// Bytes `sessions` sessions open at once need: each its blocks and cross caches.
+/// NOTE: the scratch and the null block once: the scratch holds the running forward's rows only, forwards run one at a
+/// time, and the null block is read, never written
+size_t sessions_bytes(const SessionParts& p, int sessions) {
+    return p.session_bytes + size_t(sessions - 1) * (p.cross_bytes + size_t(p.session_blocks) * p.block_bytes);
+}
+
+/// "one session needs", "2 sessions need" (the sizing errors' subject).
+std::string sessions_need(int sessions) {
+    return sessions == 1 ? std::string("one session needs") : fmt::format("{} sessions need", sessions);
+}
+
 }  // namespace
 
 std::string KvMemoryPlan::summary() const {
     return fmt::format(
         "kv cache: {} blocks of {} tokens ({} each) + null block = {}; cross caches {}; scratch {}; "
-        "total {} of budget {} (one session: {} blocks, {})",
+        "total {} of budget {} (one session: {} blocks, {}{})",
         num_blocks, limits.block_tokens, format_bytes(block_bytes), format_bytes(pool_bytes),
         format_bytes(cross_bytes), format_bytes(scratch_bytes), format_bytes(total_bytes), format_bytes(budget_bytes),
-        session_blocks, format_bytes(session_bytes));
+        session_blocks, format_bytes(session_bytes),
+        sessions > 1 ? fmt::format("; {} sessions at once", sessions) : std::string());
 }
 
 size_t kv_session_bytes(const KvGeometry& geometry, const KvConfig& config) {
     return session_parts(geometry, config).session_bytes;
 }
 
+size_t kv_sessions_bytes(const KvGeometry& geometry, const KvConfig& config) {
+    return sessions_bytes(session_parts(geometry, config), geometry.sessions);
+}
+
 KvMemoryPlan plan_kv_memory(const KvGeometry& geometry, const KvConfig& config, size_t budget_bytes) {
     const SessionParts p = session_parts(geometry, config);
-    DZR_CHECK(budget_bytes >= p.session_bytes,
-              "kv cache: one session needs {} bytes ({}: {} blocks of {} for {} branch(es) + null block, cross "
-              "caches {}, scratch {}), but the budget is {} bytes ({}); raise kv.memory_budget or use \"auto\"",
-              p.session_bytes, format_bytes(p.session_bytes), p.session_blocks, format_bytes(p.block_bytes),
-              geometry.num_branches, format_bytes(p.cross_bytes), format_bytes(p.scratch_bytes), budget_bytes,
-              format_bytes(budget_bytes));
+    const int n = geometry.sessions;
+    const size_t need = sessions_bytes(p, n);
+    DZR_CHECK(budget_bytes >= need,
+              "kv cache: {} {} bytes ({}: {} blocks of {} for {} branch(es) + null block, cross caches {}, "
+              "scratch {}), but the budget is {} bytes ({}); raise kv.memory_budget or use \"auto\"",
+              sessions_need(n), need, format_bytes(need), n * p.session_blocks, format_bytes(p.block_bytes),
+              geometry.num_branches, format_bytes(size_t(n) * p.cross_bytes), format_bytes(p.scratch_bytes),
+              budget_bytes, format_bytes(budget_bytes));
     KvMemoryPlan plan;
     plan.limits = p.limits;
+    plan.sessions = n;
     plan.block_bytes = p.block_bytes;
-    plan.cross_bytes = p.cross_bytes;
+    plan.cross_bytes = size_t(n) * p.cross_bytes;
     plan.scratch_bytes = p.scratch_bytes;
     plan.blocks_per_branch = geometry.lanes ? p.limits.lane_blocks : p.limits.max_blocks_per_branch;
     // NOTE: the lanes' middle and tail ids hold rows but are never handed out (KvCacheManager reserves them)
@@ -68,18 +88,18 @@ KvMemoryPlan plan_kv_memory(const KvGeometry& geometry, const KvConfig& config, 
     plan.session_bytes = p.session_bytes;
     plan.budget_bytes = budget_bytes;
     // cross caches first, then the scratch, then the null block, then whole blocks
-    const size_t for_blocks = budget_bytes - p.cross_bytes - p.scratch_bytes - p.block_bytes;
+    const size_t for_blocks = budget_bytes - plan.cross_bytes - p.scratch_bytes - p.block_bytes;
     const size_t blocks = for_blocks / p.block_bytes;
     DZR_CHECK(blocks <= size_t(INT32_MAX - 1), "kv cache: a budget of {} gives {} blocks, more than block ids allow",
               format_bytes(budget_bytes), blocks);
     plan.num_blocks = int(blocks);
     plan.pool_bytes = size_t(plan.num_blocks + 1) * p.block_bytes;
-    plan.total_bytes = p.cross_bytes + p.scratch_bytes + plan.pool_bytes;
+    plan.total_bytes = plan.cross_bytes + p.scratch_bytes + plan.pool_bytes;
     return plan;
 }
 
 size_t resolve_kv_budget(const KvGeometry& geometry, const KvConfig& config, size_t free_device_bytes) {
-    const size_t session = kv_session_bytes(geometry, config);
+    const size_t session = kv_sessions_bytes(geometry, config);
     size_t budget = 0;
     switch (config.memory_budget.kind) {
         case KvBudgetKind::Auto:
@@ -97,9 +117,9 @@ size_t resolve_kv_budget(const KvGeometry& geometry, const KvConfig& config, siz
     }
     if (free_device_bytes > 0)
         DZR_CHECK(budget <= free_device_bytes,
-                  "kv cache: the budget {} ({} bytes; one session needs {} bytes) exceeds the device's free memory "
-                  "{} ({} bytes)",
-                  config.memory_budget.str(), budget, session, format_bytes(free_device_bytes), free_device_bytes);
+                  "kv cache: the budget {} ({} bytes; {} {} bytes) exceeds the device's free memory {} ({} bytes)",
+                  config.memory_budget.str(), budget, sessions_need(geometry.sessions), session,
+                  format_bytes(free_device_bytes), free_device_bytes);
     return budget;
 }
 

@@ -129,6 +129,7 @@ PolicyOptions EngineOptions::policy_options() const {
     po.text_prepass = text_prepass;
     po.prepass_prompts = prepass_prompts;
     po.bulk_load = bulk_load;
+    po.max_sessions = max_sessions;
     return po;
 }
 
@@ -212,6 +213,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
               d.num_frame_per_block);
     DZR_CHECK(model_.clip.num_tokens() > 0, "model: CLIP produces no tokens");
     check_embodiment(embodiment_, model_);
+    DZR_CHECK(options_.max_sessions >= 1, "engine: max_sessions must be at least 1, got {}", options_.max_sessions);
 
     // Plan the workspace first (on measuring backends running the same calls), so that the real loading below
     // can already use it.
@@ -276,6 +278,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
             Backend& dev = *placement_.backends[i];
             KvGeometry geometry = KvGeometry::from_model(model_, dev.compute_dtype(), branches);
             geometry.fp8_pool = geometry.fp8_cross = options_.kv.dtype == Precision::Fp8;
+            geometry.sessions = options_.max_sessions;
             options_.kv.validate(geometry);
             geometry.lanes = resolve_kv_lanes(options_.kv, geometry, kv_lanes_pay(dev));
             if (geometry.lanes && options_.kv.in_place == KvInPlace::Auto) {
@@ -471,13 +474,15 @@ std::string Engine::describe() const {
     const char* batching = !batched                     ? "one at a time "
                            : options_.trace_dit_layers ? "batched (one at a time in a call tracing DiT layers) "
                                                        : "batched ";
+    const std::string sessions =
+        options_.max_sessions > 1 ? fmt::format(" ({} sessions)", options_.max_sessions) : std::string();
     return fmt::format("DiT {}x{} ({} heads, {} weights), umT5 {}x{}{}, CLIP {}x{}, VAE base {}, canvas {}x{}, {} {} KV "
-                       "{:.2f} GiB, workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches {}on {}, noise: {}",
+                       "{:.2f} GiB{}, workspace {:.2f} GiB, steps {} ({}), cfg {}, {} numerics, branches {}on {}, noise: {}",
                        model_.dit.num_layers, model_.dit.dim, model_.dit.num_heads, precision_name(options_.precision),
                        model_.t5.num_layers, model_.t5.dim, text, model_.clip.use_layers, model_.clip.width,
                        model_.vae.base_dim, model_.canvas_height, model_.canvas_width,
                        options_.kv_mode == KvMode::Paged ? "paged" : "dense", precision_name(options_.kv.dtype),
-                       double(kv_bytes()) / double(1ull << 30), double(workspace) / double(1ull << 30),
+                       double(kv_bytes()) / double(1ull << 30), sessions, double(workspace) / double(1ull << 30),
                        options_.sampling.num_inference_steps, schedule_->describe(), options_.sampling.cfg_scale,
                        numerics_name(backend().numerics()), batching, devices(), noise_->describe());
 }

@@ -8,7 +8,11 @@
 /// its buffers and the branch runners. `dzr rollout` is an Engine plus an episode loop; the parity commands and
 /// the benches build the same Engine; a request loop (serving) would be one more thin caller.
 ///
-/// One session at a time (the KV pool and the cross caches are sized for one).
+/// Up to PolicyOptions::max_sessions sessions are open at once (one by default; the KV pool and the cross caches are
+/// sized for them). Each keeps its buffers, branch runners (CUDA graphs), samplers and KV session; they share the
+/// networks, the workspace arena and the KV scratch, so Session::step calls on one engine must not overlap (a call
+/// that would is refused).
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -83,6 +87,9 @@ struct PolicyOptions {
     bool trace_dit_layers = true;
     /// DiT layers kept in host memory and streamed in as they run (RunConfig::offload_layers, resolved: a count).
     int offload_layers = 0;
+    /// Sessions open at once (`dzr serve --max-sessions`): the KV pool and the cross caches hold this many, each
+    /// session allocates its own buffers; their calls run one at a time.
+    int max_sessions = 1;
 };
 
 /// The PolicyOptions a run config sets (sampling, kv, precision, cuda_graphs, batch_cfg, offload_layers: auto as
@@ -144,6 +151,7 @@ struct EngineOptions {
     /// The text encoder pre-pass over these prompts (PolicyOptions::text_prepass).
     bool text_prepass = false;
     std::vector<std::string> prepass_prompts;
+    int max_sessions = 1;  ///< PolicyOptions::max_sessions
 
     /// The policy options Engine::load builds from these (the memory plan of a run uses the same).
     PolicyOptions policy_options() const;
@@ -184,7 +192,8 @@ public:
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
-    /// A new session. Only one may be open at a time; it must not outlive the engine.
+    /// A new session. At most options().max_sessions may be open at once (an error naming it); it must not outlive
+    /// the engine.
     std::unique_ptr<Session> open_session();
 
     /// Host-side preprocessing of an observation (validation, views -> canvases -> model input,
@@ -265,7 +274,8 @@ private:
     std::unique_ptr<Communicator> communicator_;   // two backends: moves the unconditional branch's tensors
     std::vector<std::unique_ptr<KvCacheManager>> kv_managers_;  // paged: one per backend
     std::vector<size_t> workspace_bytes_;
-    bool session_open_ = false;
+    int open_sessions_ = 0;
+    std::atomic<bool> stepping_{false};  // a Session::step runs (they share the workspace: one at a time)
 };
 
 /// Wall time of one call's phases in milliseconds. The phases are measured with events on the primary backend's
@@ -302,6 +312,7 @@ public:
     Session& operator=(const Session&) = delete;
 
     /// One policy call. On failure the session fails closed on every device: the next call starts a new window.
+    /// The calls of the sessions of one engine run one at a time (a call while another runs throws).
     PolicyCallResult step(const PreparedObservation& obs);
     /// Forget the session's state (the next call is a first call). The KV pools are returned whole.
     void reset();

@@ -234,6 +234,7 @@ PlannedKv plan_kv(const ModelConfig& model, const PolicyOptions& options, const 
     const bool lanes_pay = kv_lanes_pay(measuring);
     KvGeometry g = KvGeometry::from_model(model, dt, 2);
     g.fp8_pool = g.fp8_cross = p.fp8;
+    g.sessions = options.max_sessions;
     options.kv.validate(g);
     g.lanes = resolve_kv_lanes(options.kv, g, lanes_pay);
     p.lanes = g.lanes;
@@ -241,6 +242,7 @@ PlannedKv plan_kv(const ModelConfig& model, const PolicyOptions& options, const 
     p.scales = kv_scale_bytes(g, p.kv.total_block_ids(), p.kv.limits.block_tokens);
     // NOTE: the measuring engine's pool is in its compute dtype
     KvGeometry gm = KvGeometry::from_model(model, dt, 2);
+    gm.sessions = measured.max_sessions;
     gm.lanes = resolve_kv_lanes(measured.kv, gm, lanes_pay);
     p.measured = plan_kv_memory(gm, measured.kv, resolve_kv_budget(gm, measured.kv, 0)).total_bytes;
     return p;
@@ -299,8 +301,9 @@ void add_kv_parts(MemoryPlan& plan, const PlannedKv& p, const MemoryPlanOptions&
                                            kv.limits.max_blocks_per_branch)));
     add_part(plan, "kv.scratch", "KV scratch", kv.scratch_bytes, "the current rows of one layer, K and V, per branch");
     add_part(plan, "kv.cross", "cross-attention caches", kv.cross_bytes,
-             fmt::format("K and V of every layer: the text per branch, the image shared, {}",
-                         p.fp8 ? "fp8 with a float32 scale per token and head" : kv_dtype_name(dt)));
+             fmt::format("K and V of every layer: the text per branch, the image shared, {}{}",
+                         p.fp8 ? "fp8 with a float32 scale per token and head" : kv_dtype_name(dt),
+                         kv.sessions > 1 ? fmt::format("; for each of {} sessions", kv.sessions) : std::string()));
     if (p.scales > 0)
         add_part(plan, "kv.scales", "KV scales", p.scales,
                  "the fp8 pool's float32 per token and head, K and V, per layer");
@@ -312,9 +315,14 @@ void add_runtime_parts(MemoryPlan& plan, const ModelConfig& model, const PolicyO
                        const MemoryPlanOptions& po, const MeasuredEngine& m, const PlannedKv& kv, Backend* planner,
                        Numerics measured_numerics) {
     const DType dt = po.compute_dtype;
-    add_part(plan, "session", "session buffers", m.footprint.session_bytes.at(0),
-             kv.paged ? "inputs, samples, velocities, sampler history (measured)"
-                      : "inputs, samples, sampler history, the dense KV caches and cross K/V (measured)");
+    // NOTE: every open session has buffers of its own; the workspace is shared (their calls run one at a time)
+    const uint64_t one_session = m.footprint.session_bytes.at(0);
+    const int sessions = options.max_sessions;
+    const std::string what = kv.paged ? "inputs, samples, velocities, sampler history (measured)"
+                                      : "inputs, samples, sampler history, the dense KV caches and cross K/V (measured)";
+    add_part(plan, "session", sessions > 1 ? "sessions' buffers" : "session buffers", uint64_t(sessions) * one_session,
+             sessions > 1 ? fmt::format("{} sessions x {}: {}", sessions, config::format_count(one_session), what)
+                          : what);
     if (options.text_prepass)
         add_part(plan, "text.prepass_output", "pre-pass output",
                  uint64_t(model.t5.text_len) * uint64_t(model.t5.dim) * dtype_size(dt),
@@ -375,7 +383,10 @@ void add_phases(MemoryPlan& plan, const PolicyOptions& options, const MemoryPlan
     phase("load", "load (networks and KV cache)", loaded);
     std::vector<std::string> rollout = loaded;
     rollout.push_back("session");
-    phase("rollout", "warm-up and rollout calls", rollout);
+    phase("rollout",
+          options.max_sessions > 1 ? fmt::format("warm-up and calls of {} sessions", options.max_sessions)
+                                   : std::string("warm-up and rollout calls"),
+          rollout);
     if (po.video_latent_frames > 0) {
         rollout.push_back("video.decode");
         phase("video_decode", "video decode (--save-video)", rollout);
@@ -391,6 +402,7 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     MemoryPlan plan;
     plan.options = po;
     plan.text_prepass = options.text_prepass;
+    plan.sessions = options.max_sessions;
     plan.planner = planner ? planner->device().str() : "offline (a CUDA GPU assumed)";
     plan.numerics = planner ? planner->numerics() : po.numerics;
     const std::optional<Capabilities> assumed =
@@ -453,6 +465,7 @@ Json MemoryPlan::to_json() const {
     j["compute_dtype"] = std::string(dtype_name(options.compute_dtype));
     j["text_prepass"] = text_prepass;
     j["numerics"] = numerics_name(numerics);
+    if (sessions > 1) j["sessions"] = sessions;  // NOTE: absent for one session: the plan of a run as it always was
     if (offload_layers > 0) j["offload"] = {{"layers", offload_layers}, {"host_pinned_bytes", host_pinned_bytes}};
     Json ps = Json::array();
     for (const auto& p : parts) ps.push_back({{"key", p.key}, {"name", p.name}, {"bytes", p.bytes}, {"detail", p.detail}});

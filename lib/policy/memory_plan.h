@@ -1,12 +1,13 @@
 #pragma once
 /// The device-memory plan of a run: the bytes of every part an engine puts on its device (each network's weights,
-/// the networks' tables, the KV pool and the cross-attention caches, a session's buffers, the workspace, a CUDA
-/// context allowance) and the peak of each phase (the text pre-pass, the load, the rollout, the video decode).
-/// It is made without loading anything and without a GPU: the weights from the geometry's inventory
-/// (expected_weights), the KV cache from kv_sizing, and the workspace, the tables and the buffers by running the
-/// engine's calls on measuring backends (Engine::measure, with which every engine plans its own workspace).
-/// `dzr plan` prints it; `dzr rollout --gpu-memory-budget` refuses a run whose plan does not fit before anything
-/// is loaded, and writes the planned peak next to the measured one (timing.json). docs/MEMORY.md.
+/// the networks' tables, the KV pool and the cross-attention caches, the buffers of each session open at once
+/// (PolicyOptions::max_sessions), the workspace, a CUDA context allowance) and the peak of each phase (the text
+/// pre-pass, the load, the rollout, the video decode). It is made without loading anything and without a GPU: the
+/// weights from the geometry's inventory (expected_weights), the KV cache from kv_sizing, and the workspace, the tables
+/// and the buffers by running the engine's calls on measuring backends (Engine::measure, with which every engine plans
+/// its own workspace). `dzr plan` prints it; `dzr rollout` and `dzr serve` with `--gpu-memory-budget` refuse a run
+/// whose plan does not fit before anything is loaded; a rollout writes the planned peak next to the measured one
+/// (timing.json). docs/MEMORY.md.
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -99,6 +100,7 @@ struct MemoryPlan {
     std::string planner;  ///< what sized the op workspaces: "cuda:0", "cpu", or "offline (a CUDA GPU assumed)"
     MemoryPlanOptions options;
     bool text_prepass = false;
+    int sessions = 1;  ///< sessions open at once (PolicyOptions::max_sessions): their KV blocks, cross caches, buffers
     Numerics numerics = Numerics::Fast;  ///< the numerics the calls were measured in (the planner's, else the options')
     int offload_layers = 0;              ///< DiT layers kept in host memory (PolicyOptions::offload_layers)
     uint64_t host_pinned_bytes = 0;      ///< their page-locked host memory (not in any phase: it is not the device's)
@@ -112,8 +114,8 @@ struct MemoryPlan {
     uint64_t peak_bytes() const { return peak().bytes; }
     /// The parts and the phases as text tables (bytes and GiB); with a budget (> 0), whether the plan fits.
     std::string table(uint64_t budget_bytes = 0) const;
-    /// {"planner", "precision", "kv_dtype", "text_prepass", "numerics", "parts": [...], "phases": [...],
-    /// "peak": {...}}.
+    /// {"planner", "precision", "kv_dtype", "text_prepass", "numerics", "sessions" (only above 1), "parts": [...],
+    /// "phases": [...], "peak": {...}}.
     nlohmann::ordered_json to_json() const;
 };
 

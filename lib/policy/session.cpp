@@ -1,6 +1,7 @@
 // Session: one rollout on an Engine (engine.h). step() runs its stages in order: the reset rules, the inputs, the
 // context (text and image cross K/V), the prefill or the commit, the denoising loop and the post-processing.
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <functional>
 
@@ -108,7 +109,9 @@ DitForwardOptions dit_options(bool check_finite, ForwardKind kind, bool traced) 
 }  // namespace
 
 Session::Session(Engine& engine) : engine_(engine) {
-    DZR_CHECK(!engine_.session_open_, "engine: a session is already open (one at a time)");
+    DZR_CHECK(engine_.open_sessions_ < engine_.options_.max_sessions,
+              "engine: {} session{} already open, the most this engine holds (max_sessions {}); close one first",
+              engine_.open_sessions_, engine_.open_sessions_ == 1 ? " is" : "s are", engine_.options_.max_sessions);
     const ModelConfig& m = engine_.model_;
     const DitConfig& d = m.dit;
     Backend& be = engine_.backend();
@@ -191,12 +194,12 @@ Session::Session(Engine& engine) : engine_(engine) {
                     &events_->commit, &events_->denoise, &events_->post})
         *e = s.make_event();
     for (auto& e : events_->dit) e = s.make_event();
-    engine_.session_open_ = true;
+    ++engine_.open_sessions_;
 }
 
 Session::~Session() {
     runners_.reset();  // closes the KV sessions: every block back to its pool
-    engine_.session_open_ = false;
+    --engine_.open_sessions_;
 }
 
 TensorView Session::last_video_latent() const { return buf_->x.view(); }
@@ -617,6 +620,13 @@ void Session::postprocess(const PreparedObservation& obs, PolicyCallResult& resu
 }
 
 PolicyCallResult Session::step(const PreparedObservation& obs) {
+    // NOTE: the sessions of an engine share its workspace arena and KV scratch: their calls must not overlap
+    DZR_CHECK(!engine_.stepping_.exchange(true),
+              "engine: a call of another session is running; Session::step calls on one engine run one at a time");
+    struct Stepping {
+        std::atomic<bool>& flag;
+        ~Stepping() { flag = false; }
+    } stepping{engine_.stepping_};
     Backend& be = engine_.backend();
     Stream& stream = be.stream();
     PolicyCallResult result;

@@ -5,6 +5,7 @@
 #include "backend/options.h"
 #include "config/run_config.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace dzr::rollout {
 
@@ -81,6 +82,33 @@ PlannedMemory memory_plan_summary(const MemoryPlan& plan) {
     m.peak_phase = plan.peak().key;
     for (const MemoryPhase& ph : plan.phases) m.phases[ph.key] = ph.bytes;
     return m;
+}
+
+BudgetFit plan_within_budget(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
+                             int64_t video_latent_frames, uint64_t budget, const std::string& what) {
+    // NOTE: the settings that keep the numbers fit the run to its budget, so the user need not know which to flip
+    const bool offload_auto = !config::parse_offload_layers(eo.run.offload_layers, "offload_layers");
+    BudgetFit fit = fit_memory_budget(budget, eo.run.kv.in_place == KvInPlace::Auto, offload_auto,
+                                      model.dit.num_layers, [&](bool lanes_off, int offload_layers) {
+                                          EngineOptions o = eo;
+                                          if (lanes_off) o.run.kv.in_place = KvInPlace::Off;
+                                          if (offload_auto) o.run.offload_layers = std::to_string(offload_layers);
+                                          return plan_rollout_memory(model, embodiment, o, video_latent_frames);
+                                      });
+    for (const std::string& note : fit.notes) log()->info("memory plan ({}): {}", what, note);
+    if (fit.plan.peak_bytes() <= budget) return fit;
+    const std::string hint = budget_alternatives(model, embodiment, eo, video_latent_frames, budget);
+    try {
+        check_memory_budget(fit.plan, budget, what);
+    } catch (const Error& e) {
+        throw Error(e.what() + hint);
+    }
+    return fit;
+}
+
+void apply_budget_fit(const BudgetFit& fit, config::RunConfig& run) {
+    if (fit.kv_lanes_off) run.kv.in_place = KvInPlace::Off;
+    if (fit.offload_layers > 0) run.offload_layers = std::to_string(fit.offload_layers);
 }
 
 std::optional<uint64_t> rollout_memory_budget(const RolloutOptions& opt) {

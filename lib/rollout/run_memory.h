@@ -41,6 +41,15 @@ std::string budget_alternatives(const ModelConfig& model, const Embodiment& embo
 
 PlannedMemory memory_plan_summary(const MemoryPlan& plan);
 
+/// The plan of `eo` (plan_rollout_memory) fitted to `budget` (`what` names it: "GPU memory budget 44GiB
+/// (44.00 GiB)") by the settings that keep the numbers (fit_memory_budget: kv.in_place auto gives up the lanes,
+/// offload_layers auto streams DiT layers), each choice logged. Throws, naming the FP8 settings that would fit,
+/// when nothing does.
+BudgetFit plan_within_budget(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
+                             int64_t video_latent_frames, uint64_t budget, const std::string& what);
+/// Writes a fit's choices into the run settings an engine then loads with.
+void apply_budget_fit(const BudgetFit& fit, config::RunConfig& run);
+
 /// The budget of a run (--gpu-memory-budget or the config's gpu_memory_budget) in bytes; nullopt without one.
 std::optional<uint64_t> rollout_memory_budget(const RolloutOptions& opt);
 

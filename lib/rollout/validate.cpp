@@ -296,28 +296,10 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
     }
     collect(problems.memory, [&] {
         const std::string what = fmt::format("GPU memory budget {} ({})", opt.run.gpu_memory_budget, gib(*budget));
-        // NOTE: the settings that keep the numbers fit the run to its budget (kv.in_place auto, offload_layers
-        // auto), so the user need not know which to flip
-        const bool offload_auto = !config::parse_offload_layers(opt.run.offload_layers, "offload_layers");
-        BudgetFit fit = fit_memory_budget(
-            *budget, opt.run.kv.in_place == KvInPlace::Auto, offload_auto, ckpt.model_config().dit.num_layers,
-            [&](bool lanes_off, int offload_layers) {
-                EngineOptions o = eo;
-                if (lanes_off) o.run.kv.in_place = KvInPlace::Off;
-                if (offload_auto) o.run.offload_layers = std::to_string(offload_layers);
-                return plan_rollout_memory(ckpt.model_config(), embodiment, o, video_frames);
-            });
-        for (const std::string& note : fit.notes) log()->info("memory plan ({}): {}", what, note);
-        run.memory_plan = std::move(fit.plan);
+        BudgetFit fit = plan_within_budget(ckpt.model_config(), embodiment, eo, video_frames, *budget, what);
         run.kv_in_place_off = fit.kv_lanes_off;
         run.offload_layers = fit.offload_layers;
-        if (run.memory_plan->peak_bytes() <= *budget) return;
-        const std::string hint = budget_alternatives(ckpt.model_config(), embodiment, eo, video_frames, *budget);
-        try {
-            check_memory_budget(*run.memory_plan, *budget, what);
-        } catch (const Error& e) {
-            throw Error(e.what() + hint);
-        }
+        run.memory_plan = std::move(fit.plan);
     });
 }
 

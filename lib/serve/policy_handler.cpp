@@ -80,21 +80,33 @@ DroidBinding bind_droid_protocol(const Embodiment& e) {
     return b;
 }
 
-PolicyHandler::PolicyHandler(Engine& engine, Session& session, PolicyHandlerOptions options)
-    : engine_(engine),
-      session_(session),
-      options_(std::move(options)),
-      binding_(bind_droid_protocol(engine.embodiment())) {
+/// One client being served: its engine session, the served session's state, the recorder.
+struct PolicyHandler::Slot {
+    Session* session = nullptr;
+    std::unique_ptr<SessionRecorder> recorder;  // --record
+    uint64_t client = 0;                        // the client it serves (0: free)
+
+    // the served session in progress
+    bool open = false;
+    std::optional<std::string> session_id;  // kept after a reset, as the official server keeps it
+    std::string label;                      // for logs: the session id or "client N"
+    int64_t calls = 0;
+    std::vector<int64_t> first_prompt_ids;
+    FrameAccumulator frames;
+    std::vector<std::vector<uint8_t>> call_frames;  // per wire camera, the call's [T, H, W, 3]
+};
+
+PolicyHandler::PolicyHandler(Engine& engine, std::vector<Session*> sessions, PolicyHandlerOptions options)
+    : engine_(engine), options_(std::move(options)), binding_(bind_droid_protocol(engine.embodiment())) {
+    DZR_CHECK(!sessions.empty(), "serve: the policy handler needs a session");
     const Embodiment& e = engine.embodiment();
     limits_.image_height = binding_.config.image_height;
     limits_.image_width = binding_.config.image_width;
-    const int height = limits_.image_height, width = limits_.image_width;
-
+    RecordLayout layout;
     if (!options_.record_dir.empty()) {
-        RecordLayout layout;
         for (const CameraSpec& s : e.cameras) layout.cameras.push_back(s.key);
-        layout.height = height;
-        layout.width = width;
+        layout.height = limits_.image_height;
+        layout.width = limits_.image_width;
         for (const ArraySpec& s : e.state) layout.state.emplace_back(s.key, s.dim);
         layout.action_horizon = engine.model().dit.num_action_per_block;
         layout.action_dim = e.action_dim();
@@ -104,8 +116,15 @@ PolicyHandler::PolicyHandler(Engine& engine, Session& session, PolicyHandlerOpti
         DZR_CHECK(!ec && std::filesystem::is_directory(options_.record_dir),
                   "--record {}: cannot create it: {}", options_.record_dir.string(),
                   ec ? ec.message() : "a file of that name exists");
-        recorder_ = std::make_unique<SessionRecorder>(options_.record_dir, std::move(layout),
-                                                      rollout::FrameSchedule(options_.schedule));
+    }
+    for (Session* session : sessions) {
+        auto slot = std::make_unique<Slot>();
+        slot->session = session;
+        // NOTE: a recorder per slot: the sessions of clients served at once are recorded side by side
+        if (!options_.record_dir.empty())
+            slot->recorder = std::make_unique<SessionRecorder>(options_.record_dir, layout,
+                                                               rollout::FrameSchedule(options_.schedule));
+        slots_.push_back(std::move(slot));
     }
 }
 
@@ -120,6 +139,21 @@ Reply PolicyHandler::error_reply(const std::string& message, uint16_t close_code
     return make_reply(true, "dzr serve: error: " + message, close_code, label, "error");
 }
 
+PolicyHandler::Slot* PolicyHandler::find_slot(uint64_t client) {
+    for (auto& s : slots_)
+        if (s->client == client) return s.get();
+    return nullptr;
+}
+
+PolicyHandler::Slot& PolicyHandler::slot_of(const ClientInfo& client) {
+    if (Slot* s = find_slot(client.id)) return *s;
+    Slot* free = find_slot(0);
+    DZR_CHECK(free != nullptr, "serve: client {}: all {} sessions are taken (the server serves more clients at once "
+              "than the handler has sessions)", client.id, slots_.size());
+    free->client = client.id;
+    return *free;
+}
+
 Reply PolicyHandler::handle(const ClientInfo& client, std::string_view message, bool binary) {
     if (!binary)
         return error_reply("expected a binary frame holding a msgpack map, got a text frame",
@@ -131,70 +165,71 @@ Reply PolicyHandler::handle(const ClientInfo& client, std::string_view message, 
         log()->warn("serve: client {}: invalid request: {}", client.id, e.what());
         return error_reply(e.what(), kClosePolicyViolation, "an invalid request");
     }
+    Slot& slot = slot_of(client);
     if (req.endpoint == Endpoint::Reset) {
-        end_session("reset");
+        end_session(slot, "reset");
         return make_reply(true, std::string(kResetReply), 0, "reset", "reset");
     }
-    return infer(client, req.infer);
+    return infer(slot, client, req.infer);
 }
 
-void PolicyHandler::start_session(const ClientInfo& client) {
-    open_ = true;
-    calls_ = 0;
-    frames_.clear();
-    label_ = session_id_ ? printable(*session_id_) : fmt::format("client-{}", client.id);
-    log()->info("serve: session '{}' started (client {})", label_, client.id);
-    if (!recorder_) return;
+void PolicyHandler::start_session(Slot& slot, const ClientInfo& client) {
+    slot.open = true;
+    slot.calls = 0;
+    slot.frames.clear();
+    slot.label = slot.session_id ? printable(*slot.session_id) : fmt::format("client-{}", client.id);
+    log()->info("serve: session '{}' started (client {})", slot.label, client.id);
+    if (!slot.recorder) return;
     try {
-        recorder_->begin(session_id_ ? *session_id_ : label_, session_id_.value_or(""));
+        slot.recorder->begin(slot.session_id ? *slot.session_id : slot.label, slot.session_id.value_or(""));
     } catch (const Error& e) {
-        log()->error("serve: session '{}' is not recorded: {}", label_, e.what());
+        log()->error("serve: session '{}' is not recorded: {}", slot.label, e.what());
     }
 }
 
-void PolicyHandler::end_session(const char* why) {
-    if (!open_) return;
-    open_ = false;
-    if (recorder_ && recorder_->recording()) {
+void PolicyHandler::end_session(Slot& slot, const char* why) {
+    if (!slot.open) return;
+    slot.open = false;
+    if (slot.recorder && slot.recorder->recording()) {
         try {
-            if (const auto rec = recorder_->finish()) {
+            if (const auto rec = slot.recorder->finish()) {
                 const std::string calls = fmt::format("{} call{}", rec->calls, rec->calls == 1 ? "" : "s");
                 if (rec->replay_exact)
-                    log()->info("serve: session '{}' recorded: {}, {} frames -> {}", label_, calls,
+                    log()->info("serve: session '{}' recorded: {}, {} frames -> {}", slot.label, calls,
                                 rec->frames, rec->dir.string());
                 else
                     log()->warn("serve: session '{}' recorded: {} -> {}; a replay will not be exact: {}",
-                                label_, calls, rec->dir.string(), fmt::join(rec->problems, "; "));
+                                slot.label, calls, rec->dir.string(), fmt::join(rec->problems, "; "));
             }
         } catch (const Error& e) {
-            log()->error("serve: session '{}': the record was not written: {}", label_, e.what());
+            log()->error("serve: session '{}': the record was not written: {}", slot.label, e.what());
         }
     }
-    frames_.clear();
-    session_.reset();
-    log()->info("serve: session '{}' ended ({}) after {} call{}", label_, why, calls_,
-                calls_ == 1 ? "" : "s");
-    calls_ = 0;
+    slot.frames.clear();
+    slot.session->reset();
+    log()->info("serve: session '{}' ended ({}) after {} call{}", slot.label, why, slot.calls,
+                slot.calls == 1 ? "" : "s");
+    slot.calls = 0;
 }
 
-Reply PolicyHandler::infer(const ClientInfo& client, const InferRequest& req) {
+Reply PolicyHandler::infer(Slot& slot, const ClientInfo& client, const InferRequest& req) {
     // A new session_id ends the session (socket_test_optimized_AR.py:255-263); none continues it.
-    if (open_ && req.session_id && session_id_ && *req.session_id != *session_id_) {
-        log()->info("serve: session '{}' -> '{}'", label_, printable(*req.session_id));
-        end_session("a new session_id");
+    if (slot.open && req.session_id && slot.session_id && *req.session_id != *slot.session_id) {
+        log()->info("serve: session '{}' -> '{}'", slot.label, printable(*req.session_id));
+        end_session(slot, "a new session_id");
     }
-    if (req.session_id) session_id_ = req.session_id;
-    if (!open_) start_session(client);
+    if (req.session_id) slot.session_id = req.session_id;
+    if (!slot.open) start_session(slot, client);
 
-    frames_.append(req.cameras);
-    const bool first = calls_ == 0;
-    const int T = int(frames_.select(first, call_frames_).size());
+    slot.frames.append(req.cameras);
+    const bool first = slot.calls == 0;
+    const int T = int(slot.frames.select(first, slot.call_frames).size());
     const WireFrames& w = req.cameras[0];
     Observation obs;
     obs.views.resize(kNumCameras);
     for (size_t c = 0; c < kNumCameras; ++c)
         obs.views[binding_.view_of_camera[c]] =
-            TensorView(call_frames_[c].data(), DType::U8, Shape{T, w.height, w.width, 3});
+            TensorView(slot.call_frames[c].data(), DType::U8, Shape{T, w.height, w.width, 3});
     std::array<double, kJointDims + 1> raw{};
     std::copy(req.joint_position.begin(), req.joint_position.end(), raw.begin());
     raw[kGripperOffset] = req.gripper_position;
@@ -202,48 +237,51 @@ Reply PolicyHandler::infer(const ClientInfo& client, const InferRequest& req) {
         obs.state.insert(obs.state.end(), &raw[offset], &raw[offset] + width);
     obs.prompt = req.prompt;
 
-    const int64_t call = calls_;
+    const int64_t call = slot.calls;
     PolicyCallResult result;
     try {
         PreparedObservation prepared = engine_.prepare(obs);
-        if (first) first_prompt_ids_ = prepared.tokens.positive.ids;
-        const bool same_prompt = prepared.tokens.positive.ids == first_prompt_ids_;
-        result = session_.step(prepared);
+        if (first) slot.first_prompt_ids = prepared.tokens.positive.ids;
+        const bool same_prompt = prepared.tokens.positive.ids == slot.first_prompt_ids;
+        result = slot.session->step(prepared);
         engine_.recycle(std::move(prepared));
-        ++calls_;
-        if (recorder_ && recorder_->recording()) {
+        ++slot.calls;
+        if (slot.recorder && slot.recorder->recording()) {
             try {
                 std::vector<std::span<const uint8_t>> views(kNumCameras);
-                for (size_t c = 0; c < kNumCameras; ++c) views[binding_.view_of_camera[c]] = call_frames_[c];
-                recorder_->add_call(views, T, obs.state, obs.prompt, same_prompt, result.actions);
+                for (size_t c = 0; c < kNumCameras; ++c) views[binding_.view_of_camera[c]] = slot.call_frames[c];
+                slot.recorder->add_call(views, T, obs.state, obs.prompt, same_prompt, result.actions);
             } catch (const Error& e) {
-                log()->error("serve: session '{}' is no longer recorded: {}", label_, e.what());
-                recorder_->abandon();
+                log()->error("serve: session '{}' is no longer recorded: {}", slot.label, e.what());
+                slot.recorder->abandon();
             }
         }
     } catch (const Error& e) {
-        log()->error("serve: session '{}' call {}: {}", label_, call, e.what());
-        end_session("a failed call");
+        log()->error("serve: session '{}' call {}: {}", slot.label, call, e.what());
+        end_session(slot, "a failed call");
         return error_reply(fmt::format("the policy call failed: {}", e.what()), kCloseInternalError,
-                           fmt::format("session '{}' call {}: failed", label_, call));
+                           fmt::format("session '{}' call {}: failed", slot.label, call));
     }
     const int horizon = engine_.model().dit.num_action_per_block;
     const int dims = engine_.embodiment().action_dim();
     std::string label = fmt::format(
-        "session '{}' call {}: {} frame{}{}, engine {:.1f} ms", label_, call, T, T == 1 ? "" : "s",
+        "session '{}' call {}: {} frame{}{}, engine {:.1f} ms", slot.label, call, T, T == 1 ? "" : "s",
         result.reset ? fmt::format(", window reset ({})", result.reset_reason) : "", result.times.total);
     return make_reply(false, encode_float32_array(result.actions, {horizon, dims}), 0, std::move(label),
                       T == 1 ? "infer, 1 frame" : fmt::format("infer, {} frames", T));
 }
 
 void PolicyHandler::client_done(const ClientInfo& client) {
-    if (open_) log()->debug("serve: client {} gone", client.id);
-    end_session("the client disconnected");
-    session_id_.reset();
+    Slot* slot = find_slot(client.id);
+    if (!slot) return;  // it sent nothing
+    if (slot->open) log()->debug("serve: client {} gone", client.id);
+    end_session(*slot, "the client disconnected");
+    slot->session_id.reset();
+    slot->client = 0;  // free for the next client
 }
 
 void PolicyHandler::shutdown() {
-    end_session("the server stopped");
+    for (auto& slot : slots_) end_session(*slot, "the server stopped");
 }
 
 }  // namespace dzr::serve

@@ -1,7 +1,9 @@
 #pragma once
 /// The server's Handler on a DreamZero engine: the official server's session semantics
-/// (ARDroidRoboarenaPolicy, socket_test_optimized_AR.py:44-357; dreamzero-reference.md §1.3) on one engine
-/// Session, through the same Engine::prepare() and Session::step() the rollout calls.
+/// (ARDroidRoboarenaPolicy, socket_test_optimized_AR.py:44-357; dreamzero-reference.md §1.3) on engine Sessions,
+/// through the same Engine::prepare() and Session::step() the rollout calls. Each client being served has a slot of
+/// its own (an engine Session, the frame buffers, the recorder) for as long as it is connected; with several
+/// sessions the clients' calls interleave on the one engine.
 ///
 /// A served session is a run of infer calls of one client: a new `session_id`, the reset endpoint or the
 /// client's disconnect ends it (the frame buffers are cleared and Session::reset() runs; the official server
@@ -47,8 +49,9 @@ struct PolicyHandlerOptions {
 
 class PolicyHandler final : public Handler {
   public:
-    /// Throws dzr::Error when the engine's embodiment is not DROID's (bind_droid_protocol).
-    PolicyHandler(Engine& engine, Session& session, PolicyHandlerOptions options);
+    /// `sessions`: open sessions of `engine`, one per client served at once (ServerOptions::max_sessions). Throws
+    /// dzr::Error when the engine's embodiment is not DROID's (bind_droid_protocol).
+    PolicyHandler(Engine& engine, std::vector<Session*> sessions, PolicyHandlerOptions options);
     ~PolicyHandler() override;
 
     /// The config the protocol sends on connect.
@@ -60,27 +63,22 @@ class PolicyHandler final : public Handler {
     void shutdown() override;
 
   private:
-    Reply infer(const ClientInfo& client, const InferRequest& req);
-    void start_session(const ClientInfo& client);
-    /// Ends the session in progress (if any): its record written, the buffers cleared, Session::reset().
-    void end_session(const char* why);
+    struct Slot;
+
+    /// The client's slot, a free one taken on its first message; throws when none is free.
+    Slot& slot_of(const ClientInfo& client);
+    Slot* find_slot(uint64_t client);
+    Reply infer(Slot& slot, const ClientInfo& client, const InferRequest& req);
+    void start_session(Slot& slot, const ClientInfo& client);
+    /// Ends the slot's session in progress (if any): its record written, the buffers cleared, Session::reset().
+    void end_session(Slot& slot, const char* why);
     Reply error_reply(const std::string& message, uint16_t close_code, const std::string& label) const;
 
     Engine& engine_;
-    Session& session_;
     PolicyHandlerOptions options_;
     DroidBinding binding_;
     ProtocolLimits limits_;
-    std::unique_ptr<SessionRecorder> recorder_;
-
-    // the session in progress
-    bool open_ = false;
-    std::optional<std::string> session_id_;  // kept after a reset, as the official server keeps it
-    std::string label_;                      // for logs: the session id or "client N"
-    int64_t calls_ = 0;
-    std::vector<int64_t> first_prompt_ids_;
-    FrameAccumulator frames_;
-    std::vector<std::vector<uint8_t>> call_frames_;  // per wire camera, the call's [T, H, W, 3]
+    std::vector<std::unique_ptr<Slot>> slots_;
 };
 
 }  // namespace dzr::serve

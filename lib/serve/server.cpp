@@ -102,9 +102,9 @@ struct Server::Impl {
     std::string greeting;  // the handler's, asked once
 
     std::set<ConnPtr> connections;  // every connection past accept
-    ConnPtr active;                 // the client being served
+    std::vector<ConnPtr> active;    // the clients being served (at most options.max_sessions), in order of service
     std::deque<ConnPtr> queue;      // clients waiting, oldest first
-    bool busy = false;              // a request of `active` is on the worker
+    ConnPtr running;                // the client whose request is on the worker (null: none)
     bool stopping = false;
     bool shut_down = false;
     uint64_t next_id = 1;
@@ -158,21 +158,29 @@ struct Server::Impl {
         send(c, frame(false, greeting));
         if (stopping) {
             refuse(c, "the server is shutting down", kCloseGoingAway);
-        } else if (!active) {
+        } else if (active.size() < options.max_sessions) {
             activate(c);
         } else if (queue.size() >= options.max_queued) {
             refuse(c,
-                   fmt::format("the server is busy: client {} is being served and {} more are waiting",
-                               active->info.id, queue.size()),
+                   fmt::format("the server is busy: {} being served and {} more are waiting", served(),
+                               queue.size()),
                    kCloseTryAgainLater);
         } else {
             c->state = ConnState::Queued;
             queue.push_back(c);
-            log()->info(
-                "serve: client {} queued (position {}): client {} is being served; one session at a time",
-                c->info.id, queue.size(), active->info.id);
+            log()->info("serve: client {} queued (position {}): {} being served; {} at a time", c->info.id,
+                        queue.size(), served(),
+                        options.max_sessions == 1 ? std::string("one session")
+                                                  : fmt::format("{} sessions", options.max_sessions));
         }
         read(c);
+    }
+
+    /// "client 3 is", "clients 3, 5 are" (the clients being served, for a log line).
+    std::string served() const {
+        std::string ids;
+        for (const ConnPtr& a : active) ids += fmt::format("{}{}", ids.empty() ? "" : ", ", a->info.id);
+        return fmt::format("client{} {} {}", active.size() == 1 ? "" : "s", ids, active.size() == 1 ? "is" : "are");
     }
 
     void refuse(const ConnPtr& c, const std::string& why, uint16_t code) {
@@ -182,7 +190,7 @@ struct Server::Impl {
     }
 
     void activate(const ConnPtr& c) {
-        active = c;
+        active.push_back(c);
         c->state = ConnState::Active;
         pump();
     }
@@ -237,12 +245,24 @@ struct Server::Impl {
     }
 
     // ---- the worker ---------------------------------------------------------------------------------------
+    /// The served client whose waiting request came first (null: none waits), so that the requests of several
+    /// clients run in the order they arrived.
+    ConnPtr next_request() const {
+        ConnPtr next;
+        for (const ConnPtr& a : active) {
+            if (a->inbox.empty() || a->closing || a->close_when_sent) continue;
+            if (!next || a->inbox.front().received < next->inbox.front().received) next = a;
+        }
+        return next;
+    }
+
     void pump() {
-        if (busy || !active || active->inbox.empty() || active->closing || active->close_when_sent) return;
-        ConnPtr c = active;
+        if (running) return;
+        ConnPtr c = next_request();
+        if (!c) return;
         Message m = std::move(c->inbox.front());
         c->inbox.pop_front();
-        busy = true;
+        running = c;
         ++c->requests;
         net::post(worker_io, [this, c, m = std::move(m)]() mutable {
             Reply r;
@@ -264,7 +284,7 @@ struct Server::Impl {
     }
 
     void on_reply(const ConnPtr& c, Reply r, Clock::time_point received) {
-        busy = false;
+        running.reset();
         if (c->state == ConnState::Closed || c->closing) {
             ++report.dropped_replies;
             report.requests.push_back({r.category, ms_since(received)});
@@ -347,8 +367,8 @@ struct Server::Impl {
             log()->info("serve: client {} disconnected after {} requests, {:.1f} s{}", c->info.id,
                         c->requests, ms_since(c->connected) / 1e3, why.empty() ? "" : " (" + why + ")");
         if (was == ConnState::Queued) queue.erase(std::remove(queue.begin(), queue.end(), c), queue.end());
-        if (c == active) {
-            active.reset();
+        if (const auto it = std::find(active.begin(), active.end(), c); it != active.end()) {
+            active.erase(it);
             // NOTE: posted behind the client's request if one runs: the handler sees its calls, then this
             net::post(worker_io, [this, info = c->info] {
                 try {
@@ -364,7 +384,7 @@ struct Server::Impl {
 
     void next_client() {
         if (stopping) return;
-        while (!queue.empty() && !active) {
+        while (!queue.empty() && active.size() < options.max_sessions) {
             ConnPtr c = queue.front();
             queue.pop_front();
             if (c->state == ConnState::Closed) continue;
@@ -392,7 +412,7 @@ struct Server::Impl {
         for (const ConnPtr& c : all) {
             if (c->state == ConnState::Handshake) {
                 gone(c, "shutting down");
-            } else if (c == active && busy) {
+            } else if (c == running) {
                 // closed once its reply is sent (on_reply)
             } else {
                 if (!c->close_when_sent) c->close_when_sent = kCloseGoingAway;
@@ -429,6 +449,7 @@ ServeReport Server::run() {
     Impl& s = *impl_;
     const ServerOptions& o = s.options;
     DZR_CHECK(o.max_message_bytes > 0, "serve: the message size limit must be positive");
+    DZR_CHECK(o.max_sessions >= 1, "serve: at least one client must be served at a time, got {}", o.max_sessions);
     s.greeting = s.handler.greeting();
     tcp::endpoint endpoint;
     try {

@@ -1,13 +1,14 @@
 #pragma once
 /// The websocket loop of `dzr serve` (Boost.Beast), over an abstract Handler so that it runs without a model.
 ///
-/// Clients are served one at a time, as the one engine session allows: a connection completes its handshake
-/// and gets the greeting at once, then waits in a queue (logged) until the client before it disconnects; its
-/// messages wait unread meanwhile. Every connection is read all the time (one message is buffered at most),
-/// so pings are answered and a disconnect is seen even while a request runs. The handler runs on a worker
-/// thread of its own, one call at a time, in the order of the calls: a client's messages, then its
-/// client_done(), then the next client's. A client that vanishes mid-request costs nothing: the request
-/// finishes, its reply is dropped, client_done() runs.
+/// Up to ServerOptions::max_sessions clients are served at once, one per engine session (one by default): a
+/// connection completes its handshake and gets the greeting at once; while every session is taken it waits in a
+/// queue (logged) until a served client disconnects; its messages wait unread meanwhile. Every connection is read
+/// all the time (one message is buffered at most), so pings are answered and a disconnect is seen even while a
+/// request runs. The handler runs on a worker thread of its own, one call at a time: the served clients' requests
+/// in the order they arrived (so several clients' calls interleave), a client's client_done() after its last
+/// request. A client that vanishes mid-request costs nothing: the request finishes, its reply is dropped,
+/// client_done() runs.
 ///
 /// A message above ServerOptions::max_message_bytes is read to its end without being kept and answered with a
 /// text error (close code 1009); one past four times the limit is cut off by Beast (1009, no text). SIGINT or
@@ -49,15 +50,16 @@ struct Reply {
 };
 
 /// The policy behind the server. handle(), client_done() and shutdown() run on the server's worker thread,
-/// one call at a time; greeting() once, when the server starts.
+/// one call at a time; greeting() once, when the server starts. With max_sessions above 1 the calls of up to that
+/// many clients interleave: the handler keeps each client's state by ClientInfo::id.
 class Handler {
   public:
     virtual ~Handler() = default;
     /// The first message of every connection (the protocol's config map), sent on connect.
     virtual std::string greeting() = 0;
-    /// One message of the client being served; `binary`: a binary frame, else a text frame.
+    /// One message of a client being served; `binary`: a binary frame, else a text frame.
     virtual Reply handle(const ClientInfo& client, std::string_view message, bool binary) = 0;
-    /// The client being served is gone (it disconnected, or the server closed it); after its last handle().
+    /// A client being served is gone (it disconnected, or the server closed it); after its last handle().
     virtual void client_done(const ClientInfo& client) = 0;
     /// Once, after the last client_done(), when the server stops.
     virtual void shutdown() {}
@@ -67,7 +69,8 @@ struct ServerOptions {
     std::string host = "127.0.0.1";
     uint16_t port = 8000;  ///< 0: a free port, reported to on_listening
     size_t max_message_bytes = size_t(64) << 20;
-    size_t max_queued = 8;  ///< clients waiting beyond this are refused (a text error, close 1013)
+    size_t max_sessions = 1;  ///< clients served at once (each its engine session); more wait in the queue
+    size_t max_queued = 8;    ///< clients waiting beyond this are refused (a text error, close 1013)
     /// Opening and closing handshakes give up after this (a client that never answers a close).
     std::chrono::seconds handshake_timeout{10};
     bool handle_signals = true;  ///< SIGINT and SIGTERM stop the server

@@ -13,11 +13,14 @@ DreamZero server (eval_utils/policy_server.py, socket_test_optimized_AR.py, test
   - bad messages (missing key, wrong dtype, wrong shape, garbage, unknown endpoint, oversized, a text frame, NaN state)
     each get a text error and a close code, and the server answers a good request after them;
   - the server's RSS stays flat over a soak of short sessions;
+  - with --max-sessions 2, two clients served at once whose calls alternate (A1, B1, A2, B2, ...) each get the
+    actions of an offline rollout of their own frames (their recordings replayed), and a third client waits until
+    one of them disconnects;
   - SIGINT lets the request in flight finish, closes the connection (1001) and prints the timing summary.
-Every check but the last runs on one server of the tiny config shrunk further (MICRO_GEOMETRY: a call takes
-~0.1 s instead of ~1.2 s; what they check does not depend on the geometry; DZR_LONG_TESTS=1 runs them on the tiny
-geometry, docs/CI.md); SIGINT needs a request that is surely still running when the signal comes, so it gets a
-server of the tiny geometry itself.
+Every check but the last runs on the tiny config shrunk further (MICRO_GEOMETRY: a call takes ~0.1 s instead of
+~1.2 s; what they check does not depend on the geometry; DZR_LONG_TESTS=1 runs them on the tiny geometry,
+docs/CI.md), all on one server but the sessions', which has its own (--max-sessions 2); SIGINT needs a request
+that is surely still running when the signal comes, so it gets a server of the tiny geometry itself.
 
 Usage: test_serve.py DZR [--tools DZR_TOOLS] [--source-dir DIR] [--keep]
   DZR        the binary whose `serve` is tested
@@ -372,6 +375,56 @@ def check_soak(server, port, ep, sessions=6):
     check(growth <= 3 * 1024, f"RSS grew by {growth} KiB over {sessions - 1} sessions: {rss}")
 
 
+def flipped_obs(ep, call, session_id):
+    """Another client's call: the episode's frames mirrored left to right, another prompt."""
+    o = ep.obs(call, session_id)
+    for key in CAMERAS:
+        o[key] = np.ascontiguousarray(o[key][..., ::-1, :])
+    o["prompt"] = "Pick up the red cup"
+    return o
+
+
+def check_sessions(server, port, ep, offline, replay):
+    """--max-sessions 2: two clients' calls interleave, each as its own offline rollout; a third waits for a place."""
+    a, b = Client(port), Client(port)
+    served = {"A": [], "B": []}
+    for k in range(len(ep.calls)):
+        served["A"].append(a.infer(ep.obs(k, "A")))
+        served["B"].append(b.infer(flipped_obs(ep, k, "B")))
+    check(not re.search(r"client \d+ queued", server.log_text()), "a second client queued with --max-sessions 2")
+    c = Client(port)
+    server.wait_log(r"client \d+ queued")
+    got = {}
+
+    def third():
+        try:
+            got["actions"] = [c.infer(ep.obs(k, "C")) for k in range(2)]
+        except Exception as e:  # noqa: BLE001 - reported below
+            got["error"] = e
+
+    t = threading.Thread(target=third)
+    t.start()
+    time.sleep(1.0)
+    check(t.is_alive() and not got, "the third client was answered while two were served")
+    a.close()
+    t.join(120)
+    check("error" not in got and "actions" in got, f"third client: {got.get('error')}")
+    c.close()
+    b.close()
+    server.wait_log(r"session '[ABC]' recorded", 3)
+    third_actions = np.stack(got["actions"])
+    check(third_actions.tobytes() == offline[:2].tobytes(),
+          "the third client's actions differ from the offline rollout's")
+    replayed = replay(["A", "B"])
+    for sid, actions in served.items():
+        actions = np.stack(actions)
+        check(actions.tobytes() == replayed[sid].tobytes(),
+              f"session {sid}: the served actions differ from its offline replay (max "
+              f"{np.abs(actions - replayed[sid]).max()})")
+    check(np.stack(served["A"]).tobytes() == offline.tobytes(), "session A differs from the offline rollout")
+    check(np.stack(served["A"]).tobytes() != np.stack(served["B"]).tobytes(), "sessions A and B got the same actions")
+
+
 def check_sigint(server, port, ep):
     """SIGINT while a request runs: the reply still comes, then the close (1001), then the summary and exit 0."""
     c = Client(port)
@@ -458,6 +511,23 @@ def main():
         print("ok: RSS flat over the soak", flush=True)
         rc = server.stop()
         check(rc == 0, f"dzr serve exited {rc} after SIGINT while idle")
+
+        # two sessions on one engine, their calls interleaved (--max-sessions 2)
+        record2 = tmp / "record_sessions"
+        server = Server(dzr, ["--ckpt", str(ckpt), "--config", str(cfg), *MICRO_GEOMETRY, "--device", "cpu",
+                              "--port", "0", "--record", str(record2), "--max-sessions", "2"], env,
+                        tmp / "serve_sessions.log")
+
+        def replay(sessions):
+            run([tools, *rollout[:1], *[record2 / sid for sid in sessions], *rollout[1:], "--out",
+                 tmp / "replay_sessions"], env, "replay of the sessions")
+            return {sid: np.load(tmp / "replay_sessions" / sid / "actions.npy") for sid in sessions}
+
+        check_sessions(server, server.port, ep, offline, replay)
+        rc = server.stop()
+        check(rc == 0, f"dzr serve --max-sessions 2 exited {rc} after SIGINT")
+        print("ok: --max-sessions 2: two interleaved clients each get their offline replay's actions, a third waits",
+              flush=True)
 
         # SIGINT on a server of the tiny geometry, whose 4-frame call (~1 s) is surely running 0.1 s after it came
         # (--no-warmup: the first server ran the warm-up)

@@ -723,3 +723,52 @@ TEST_CASE("a forward scope left by an exception fails the session closed; a comm
     CHECK_FALSE(s->failed());
     CHECK(s->table(kNeg).in_forward());
 }
+
+TEST_CASE("a cache for two sessions holds both at once in disjoint blocks and cross caches, and refuses a third") {
+    KvGeometry g = tiny();
+    g.sessions = 2;
+    const KvConfig c;
+    auto be = make_cpu_backend(size_t(1) << 20);
+    // NOTE: each session its blocks and cross caches; the scratch and the null block serve the forward that runs
+    const size_t one = kv_session_bytes(tiny(), c);
+    const KvMemoryPlan single = plan_kv_memory(tiny(), c, one);
+    CHECK(kv_sessions_bytes(g, c) == 2 * one - single.scratch_bytes - single.block_bytes);
+    KvCacheManager m(g, c, kv_sessions_bytes(g, c), be.get());
+    CHECK(m.pool().num_blocks() == 28);  // 7 per branch and session
+    CHECK(m.plan().cross_bytes == 2 * single.cross_bytes);
+    CHECK(m.plan().scratch_bytes == single.scratch_bytes);
+    const int total = m.pool().num_blocks();
+    auto a = m.open_session("a");
+    auto b = m.open_session("b");
+    CHECK_THROWS_WITH_AS(m.open_session("c"), doctest::Contains("the cache holds 2 sessions"), Error);
+    for (int call = 0; call < 4; ++call) {  // interleaved: a's call, b's call
+        run_call(*a, call == 0);
+        run_call(*b, call == 0);
+    }
+    CHECK(m.pool().num_free() == 0);  // both windows full: every block is held
+    std::vector<BlockId> held;
+    for (KvSession* s : {a.get(), b.get()})
+        for (int br = 0; br < s->num_branches(); ++br)
+            held.insert(held.end(), s->table(br).resident().begin(), s->table(br).resident().end());
+    std::sort(held.begin(), held.end());
+    CHECK(held.size() == 28);
+    CHECK(std::adjacent_find(held.begin(), held.end()) == held.end());
+    for (int br = 0; br < 2; ++br)
+        for (CrossKind kind : {CrossKind::Text, CrossKind::Image}) {
+            CHECK(&a->cross(br, kind) != &b->cross(br, kind));
+            CHECK(a->begin_cross_write(br, kind).at(0).k.data != b->begin_cross_write(br, kind).at(0).k.data);
+        }
+    // a filled cross cache of one session is not the other's
+    a->commit_cross(kPos, CrossKind::Text);
+    CHECK(a->cross(kPos, CrossKind::Text).populated());
+    CHECK_FALSE(b->cross(kPos, CrossKind::Text).populated());
+    b->close();
+    CHECK(m.pool().num_free() == 14);
+    CHECK(m.session_open());
+    auto c2 = m.open_session("c");  // b's place
+    run_call(*c2, true);
+    c2.reset();
+    a.reset();
+    CHECK(m.pool().num_free() == total);
+    CHECK_FALSE(m.session_open());
+}

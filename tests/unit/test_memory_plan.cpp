@@ -205,6 +205,28 @@ TEST_CASE("the DROID plan's KV cache matches the geometry by hand; an fp8 pool h
     CHECK(fp8.part_bytes("kv.scales") == uint64_t(15) * 880 * 40 * 2 * 40 * 4);
 }
 
+TEST_CASE("a DROID plan for two sessions counts two sessions' blocks, cross caches and buffers, the rest once") {
+    config::RunConfig plain = droid();
+    plain.kv.in_place = KvInPlace::Off;
+    const MemoryPlan one = offline_plan(plain, WeightPrecision::Bf16, DType::BF16);
+    MemoryPlanOptions po;
+    PolicyOptions o = policy(droid(), true);
+    o.max_sessions = 2;  // kv.in_place auto: no lanes for two sessions
+    const MemoryPlan two = plan_memory(droid().model, droid_embodiment(), o, po, nullptr);
+    const uint64_t block = uint64_t(880) * 40 * 2 * 40 * 128 * 2;
+    CHECK(one.part_bytes("kv.pool") == (14 + 1) * block);
+    CHECK(two.part_bytes("kv.pool") == (2 * 14 + 1) * block);
+    CHECK(two.part_bytes("kv.cross") == 2 * one.part_bytes("kv.cross"));
+    CHECK(two.part_bytes("session") == 2 * one.part_bytes("session"));
+    for (const char* once : {"kv.scratch", "workspace", "weights.dit", "tables.networks", "cuda.context"})
+        CHECK(two.part_bytes(once) == one.part_bytes(once));
+    CHECK(two.sessions == 2);
+    CHECK(two.to_json()["sessions"] == 2);
+    CHECK_FALSE(one.to_json().contains("sessions"));
+    CHECK(two.peak_bytes() - one.peak_bytes() ==
+          14 * block + one.part_bytes("kv.cross") + one.part_bytes("session"));
+}
+
 TEST_CASE("the phases hold their parts: umT5 only in the pre-pass, or in every phase without it") {
     const MemoryPlan with = offline_plan(droid(), WeightPrecision::Bf16, DType::BF16, true);
     const MemoryPlan without = offline_plan(droid(), WeightPrecision::Bf16, DType::BF16, false);

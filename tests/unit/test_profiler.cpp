@@ -38,7 +38,7 @@ std::set<std::string> virtual_names(const std::string& header, bool overrides) {
 TEST_CASE("the profiling backend forwards every op the Backend interface declares") {
     std::set<std::string> declared = virtual_names("backend.h", false);
     // DeviceContext, Stream, Event and Graph members (other classes of backend.h), and the profiler accessor itself
-    for (const char* not_backend : {"device", "alloc", "workspace", "reserve_workspace", "memory_in_use", "memory_free", "pci_bus_id",
+    for (const char* not_backend : {"device", "alloc", "alloc_pinned", "copy_pinned", "workspace", "reserve_workspace", "memory_in_use", "memory_free", "pci_bus_id",
                                     "capabilities", "launch", "upload", "download", "synchronize", "make_event",
                                     "record", "wait", "elapsed_ms", "begin_capture", "end_capture", "abort_capture",
                                     "capturing", "profiler"})
