@@ -165,8 +165,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--kv-dtype", args->kv_dtype, "KV cache elements: bf16, or fp8 (E4M3, per-head scales)")
         ->capture_default_str();
     cmd->add_option("--gpu-memory-budget", args->budget,
-                    "Say whether the plan fits (44GiB, 48GB, 32000MiB; exit 1 when it does not); default: the "
-                    "config's gpu_memory_budget");
+                    "Fit the plan to this budget as a run does (the in-place KV lanes given up, then DiT layers "
+                    "streamed) and say whether it fits (44GiB, 48GB, 32000MiB; exit 1 when it does not); default: "
+                    "the config's gpu_memory_budget");
     cmd->add_option("--device", args->device,
                     "Plan with this device's backend (cuda:N: the GPU sizes its convolutions' scratch; cpu: the f32 "
                     "CPU engine); default: offline, for a CUDA GPU");

@@ -320,8 +320,10 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_flag("--allow-shared-gpu", args->allow_shared_gpu,
                   "Let several ranks of a sharded run use one GPU (each loads its own copy of the model)");
     cmd->add_option("--gpu-memory-budget", args->gpu_memory_budget,
-                    "Refuse the run, before anything is loaded, when its memory plan (`dzr plan`) needs more device "
-                    "memory than this (44GiB, 48GB, 32000MiB; default: the config's gpu_memory_budget, else none)");
+                    "Fit the run's memory plan (`dzr plan`) to this much device memory, giving up the in-place KV "
+                    "lanes, then streaming DiT layers from host memory (offload_layers auto), and refuse it, before "
+                    "anything is loaded, when nothing fits (44GiB, 48GB, 32000MiB; default: the config's "
+                    "gpu_memory_budget, else none)");
     cmd->add_flag("--no-text-prepass", args->no_text_prepass,
                   "Keep umT5 resident and encode each prompt in its call, instead of encoding the run's prompts "
                   "before the other networks load (same actions; more device memory)");

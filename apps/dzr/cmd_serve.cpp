@@ -247,9 +247,9 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "time); more clients wait in a queue. The KV cache and the memory plan hold this many sessions")
         ->capture_default_str();
     cmd->add_option("--gpu-memory-budget", args->gpu_memory_budget,
-                    "Refuse to start, before anything is loaded, when the memory plan of the served sessions (`dzr "
-                    "plan --max-sessions N --no-text-prepass`) needs more device memory than this (44GiB; default: "
-                    "the config's gpu_memory_budget, else a GPU's free memory)");
+                    "Fit the memory plan of the served sessions (`dzr plan --max-sessions N --no-text-prepass`) to "
+                    "this much device memory as a rollout does, and refuse to start, before anything is loaded, when "
+                    "nothing fits (44GiB; default: the config's gpu_memory_budget, else a GPU's free memory)");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args); }; });
 });
 

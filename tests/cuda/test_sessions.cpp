@@ -3,6 +3,7 @@
 // closed one after another leave the device memory where the first left it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -39,6 +40,9 @@ std::unique_ptr<Engine> make_engine(Numerics numerics, int max_sessions) {
     po.sampling = tiny().sampling;
     po.kv = tiny().kv;
     po.max_sessions = max_sessions;
+    // NOTE: an engine of several sessions has no in-place KV lanes; in fast numerics the lanes' attention reads its
+    // rows in place, another kernel path than the gathered one, so the one-session engines go without them too
+    po.kv.in_place = KvInPlace::Off;
     BackendOptions bo;
     bo.numerics = numerics;
     bo.cuda.conv_tune = ConvTune::Off;  // two engines must take the same convolution paths (tests/cuda/test_graphs.cpp)
@@ -95,7 +99,7 @@ TEST_CASE("two interleaved sessions on one GPU engine give each one's actions al
 TEST_CASE("sessions opened and closed one after another leave the device memory flat") {
     const auto engine = make_engine(Numerics::Fast, 1);
     std::vector<int64_t> in_use;
-    for (int round = 0; round < 12; ++round) {
+    for (int round = 0; round < 24; ++round) {
         auto session = engine->open_session();
         for (int c = 0; c < 3; ++c) step(*engine, *session, round % 2, c);
         session.reset();  // the session closes: its buffers, graphs and KV blocks go back
@@ -104,10 +108,12 @@ TEST_CASE("sessions opened and closed one after another leave the device memory 
         REQUIRE(used.has_value());
         in_use.push_back(*used);
     }
-    // NOTE: the first session's graphs and library workspaces settle by its end; every later one reuses them
-    for (size_t r = 2; r < in_use.size(); ++r) {
+    // NOTE: the libraries' pools may step up once while the first sessions settle; a leak grows with every session, so
+    // the second half of the rounds must stay within the first half's highest
+    const int64_t first_half = *std::max_element(in_use.begin(), in_use.begin() + 12);
+    for (size_t r = 12; r < in_use.size(); ++r) {
         CAPTURE(r);
-        CHECK(in_use[r] <= in_use[1]);
+        CHECK(in_use[r] <= first_half);
     }
     MESSAGE("device memory in use after each session: first " << in_use[0] << ", last " << in_use.back());
 }
