@@ -105,6 +105,25 @@ __device__ __forceinline__ void load_tile(T* tile, const T* valid, RowPtr&& row_
     }
 }
 
+/// S = Q K^T for a warp's 16 query rows (their fragments `qf`) and a tile's kBc keys (the swizzled K tile `ks`).
+template <typename T, int D>
+__device__ __forceinline__ void qk_tile(float (&s)[kBc / 8][4], const uint32_t (&qf)[D / 16][4], const T* ks,
+                                        int lane) {
+#pragma unroll
+    for (int i = 0; i < kBc / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < kBc / 16; ++np) {
+            uint32_t b[4];
+            const int row = np * 16 + (lane % 8) + (lane / 16) * 8, cb = 2 * kk + ((lane / 8) & 1);
+            ldmatrix_x4(b, ks + swz<D>(row, cb));
+            MmaType<T>::mma(s[2 * np], qf[kk], b[0], b[1]);
+            MmaType<T>::mma(s[2 * np + 1], qf[kk], b[2], b[3]);
+        }
+    }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_kernel(FlashAttentionArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -162,19 +181,7 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(FlashAttentionArgs a) {
 
         // S = Q K^T for this warp's 16 rows and the tile's 64 keys
         float s[kBc / 8][4];
-#pragma unroll
-        for (int i = 0; i < kBc / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-            for (int np = 0; np < kBc / 16; ++np) {
-                uint32_t b[4];
-                const int row = np * 16 + (lane % 8) + (lane / 16) * 8, cb = 2 * kk + ((lane / 8) & 1);
-                ldmatrix_x4(b, ks + swz<D>(row, cb));
-                MmaType<T>::mma(s[2 * np], qf[kk], b[0], b[1]);
-                MmaType<T>::mma(s[2 * np + 1], qf[kk], b[2], b[3]);
-            }
-        }
+        qk_tile<T, D>(s, qf, ks, lane);
 
         // online softmax on rows g (s[.][0..1]) and g + 8 (s[.][2..3]), in the log2 domain
         float mx[2] = {-INFINITY, -INFINITY};

@@ -81,6 +81,94 @@ __device__ __forceinline__ void load_rows(T* tile, int sld, const T* src, int64_
     }
 }
 
+/// S = Q K^T of one key block: Q from its shared tile, K through `ks` in kDimStep-dim chunks; warp w's keys
+/// [32w, 32w + 32) as 2 x 4 m16n8k16 tiles.
+template <typename T>
+__device__ __forceinline__ void qk_block(float (&s)[2][4][4], const T* qs, int q_ld, T* ks, int k_ld, const T* kblock,
+                                         int64_t k_tok, int dp, int nkeys, int d, int warp, int g, int t) {
+    for (int dc = 0; dc < dp; dc += kDimStep) {
+        __syncthreads();  // the previous chunk (or block's P V) is done with the shared tiles
+        load_rows(ks, k_ld, kblock, k_tok, kKeys, kDimStep, dc, nkeys, d);
+        __syncthreads();
+#pragma unroll
+        for (int k16 = 0; k16 < kDimStep; k16 += 16) {
+            uint32_t af[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                const T* r0 = qs + (mt * 16 + g) * q_ld + dc + k16 + 2 * t;
+                const T* r1 = r0 + 8 * q_ld;
+                af[mt][0] = ld32(r0), af[mt][1] = ld32(r1), af[mt][2] = ld32(r0 + 8), af[mt][3] = ld32(r1 + 8);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const T* kr = ks + (warp * 32 + nt * 8 + g) * k_ld + k16 + 2 * t;
+                const uint32_t b0 = ld32(kr), b1 = ld32(kr + 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) Mma<T>::run(s[mt][nt], af[mt], b0, b1);
+            }
+        }
+    }
+}
+
+/// O = P V for value columns [c0, c0 + kCols) of one key block (V in `vs`), combined with the f32 accumulator:
+/// kept in `oacc` for a middle block, scaled by 1 / sum and written to `og` for the last.
+template <typename T>
+__device__ __forceinline__ void pv_chunk(const T* ps, int p_ld, const T* vs, int v_ld, float* oacc, int dvp,
+                                         const float* s_prime, const float* out_rescale, T* og,
+                                         const MemEffAttentionArgs& a, int c0, int ksteps, bool first, bool last,
+                                         int64_t rows_valid, int warp, int g, int t) {
+    float o[2][4][4] = {};
+    for (int ks16 = 0; ks16 < ksteps; ++ks16) {
+        const int kk = ks16 * 16;
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const T* r0 = ps + (mt * 16 + g) * p_ld + kk + 2 * t;
+            const T* r1 = r0 + 8 * p_ld;
+            af[mt][0] = ld32(r0), af[mt][1] = ld32(r1), af[mt][2] = ld32(r0 + 8), af[mt][3] = ld32(r1 + 8);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+            const T* vc = vs + (kk + 2 * t) * v_ld + warp * 32 + nt * 8 + g;
+            const uint32_t b0 = pack2(vc[0], vc[v_ld]), b1 = pack2(vc[8 * v_ld], vc[9 * v_ld]);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) Mma<T>::run(o[mt][nt], af[mt], b0, b1);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = mt * 16 + h * 8 + g;
+            const float sum = s_prime[row] == 0.f ? 1.f : s_prime[row];
+            const float alpha = __fdiv_rn(1.f, sum);
+            const float r = out_rescale[row];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int col = c0 + warp * 32 + nt * 8 + 2 * t + c;
+                    if (col >= a.dv) continue;
+                    const float acc = o[mt][nt][2 * h + c];
+                    float& prev = oacc[row * dvp + col];
+                    float res;
+                    if (first) {
+                        res = last ? __fmul_rn(alpha, acc) : acc;
+                    } else if (!last) {
+                        res = __fmaf_rn(r, prev, acc);
+                    } else {
+                        const float beta = __fmul_rn(alpha, r);
+                        res = __fmaf_rn(alpha, acc, __fmul_rn(beta, prev));
+                    }
+                    if (last) {
+                        if (row < rows_valid) og[row * a.o_tok + col] = from_f32<T>(res);
+                    } else {
+                        prev = res;
+                    }
+                }
+        }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -121,28 +209,7 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
 
         // S = Q K^T: 32 x 128, warp w holds keys [32w, 32w + 32)
         float s[2][4][4] = {};
-        for (int dc = 0; dc < dp; dc += kDimStep) {
-            __syncthreads();  // the previous chunk (or block's P V) is done with the shared tiles
-            load_rows(ks, k_ld, kg + key0 * a.k_tok, a.k_tok, kKeys, kDimStep, dc, nkeys, a.d);
-            __syncthreads();
-#pragma unroll
-            for (int k16 = 0; k16 < kDimStep; k16 += 16) {
-                uint32_t af[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    const T* r0 = qs + (mt * 16 + g) * q_ld + dc + k16 + 2 * t;
-                    const T* r1 = r0 + 8 * q_ld;
-                    af[mt][0] = ld32(r0), af[mt][1] = ld32(r1), af[mt][2] = ld32(r0 + 8), af[mt][3] = ld32(r1 + 8);
-                }
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
-                    const T* kr = ks + (warp * 32 + nt * 8 + g) * k_ld + k16 + 2 * t;
-                    const uint32_t b0 = ld32(kr), b1 = ld32(kr + 8);
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) Mma<T>::run(s[mt][nt], af[mt], b0, b1);
-                }
-            }
-        }
+        qk_block(s, qs, q_ld, ks, k_ld, kg + key0 * a.k_tok, a.k_tok, dp, nkeys, a.d, warp, g, t);
 
         // scale, then log2(e) (PyTorch's kernels with bias support scale first), and the row maxima
         float sl[2][4][4];
@@ -222,56 +289,8 @@ __global__ void __launch_bounds__(kThreads) mem_eff_kernel(MemEffAttentionArgs a
             __syncthreads();  // s_prime is final; the previous chunk is done with vs
             load_rows(vs, v_ld, vg + key0 * a.v_tok, a.v_tok, kKeys, kCols, c0, nkeys, a.dv);
             __syncthreads();
-            float o[2][4][4] = {};
-            for (int ks16 = 0; ks16 < ksteps; ++ks16) {
-                const int kk = ks16 * 16;
-                uint32_t af[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    const T* r0 = ps + (mt * 16 + g) * p_ld + kk + 2 * t;
-                    const T* r1 = r0 + 8 * p_ld;
-                    af[mt][0] = ld32(r0), af[mt][1] = ld32(r1), af[mt][2] = ld32(r0 + 8), af[mt][3] = ld32(r1 + 8);
-                }
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
-                    const T* vc = vs + (kk + 2 * t) * v_ld + warp * 32 + nt * 8 + g;
-                    const uint32_t b0 = pack2(vc[0], vc[v_ld]), b1 = pack2(vc[8 * v_ld], vc[9 * v_ld]);
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) Mma<T>::run(o[mt][nt], af[mt], b0, b1);
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = mt * 16 + h * 8 + g;
-                    const float sum = s_prime[row] == 0.f ? 1.f : s_prime[row];
-                    const float alpha = __fdiv_rn(1.f, sum);
-                    const float r = out_rescale[row];
-#pragma unroll
-                    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const int col = c0 + warp * 32 + nt * 8 + 2 * t + c;
-                            if (col >= a.dv) continue;
-                            const float acc = o[mt][nt][2 * h + c];
-                            float& prev = oacc[row * dvp + col];
-                            float res;
-                            if (first) {
-                                res = last ? __fmul_rn(alpha, acc) : acc;
-                            } else if (!last) {
-                                res = __fmaf_rn(r, prev, acc);
-                            } else {
-                                const float beta = __fmul_rn(alpha, r);
-                                res = __fmaf_rn(alpha, acc, __fmul_rn(beta, prev));
-                            }
-                            if (last) {
-                                if (row < rows_valid) og[row * a.o_tok + col] = from_f32<T>(res);
-                            } else {
-                                prev = res;
-                            }
-                        }
-                }
+            pv_chunk(ps, p_ld, vs, v_ld, oacc, dvp, s_prime, out_rescale, og, a, c0, ksteps, first, last,
+                     rows_valid, warp, g, t);
         }
     }
 }
