@@ -75,13 +75,8 @@ void check_serve_memory(EngineOptions& eo, const ModelConfig& model, const Embod
     if (!eo.run.gpu_memory_budget.empty()) {
         budget = config::parse_memory_budget(eo.run.gpu_memory_budget, "gpu_memory_budget");
         what = fmt::format("GPU memory budget {} ({})", eo.run.gpu_memory_budget, gib(*budget));
-    } else if (eo.devices[0].is_cuda()) {
-        BackendOptions bo = eo.backend;
-        bo.workspace_bytes = size_t(1) << 20;
-        if (const auto free = make_backend(eo.devices[0], bo)->context().memory_free()) {
-            budget = uint64_t(*free);
-            what = fmt::format("the free memory of {} ({})", eo.devices[0].str(), gib(*budget));
-        }
+    } else if ((budget = rollout::device_free_bytes(eo))) {
+        what = fmt::format("the free memory of {} ({})", eo.devices[0].str(), gib(*budget));
     }
     if (!budget) return;
     const BudgetFit fit = rollout::plan_within_budget(model, embodiment, eo, 0, *budget, what);

@@ -106,6 +106,15 @@ BudgetFit plan_within_budget(const ModelConfig& model, const Embodiment& embodim
     return fit;
 }
 
+std::optional<uint64_t> device_free_bytes(const EngineOptions& eo) {
+    if (eo.devices.size() != 1 || !eo.devices[0].is_cuda()) return std::nullopt;
+    BackendOptions bo = eo.backend;
+    bo.workspace_bytes = size_t(1) << 20;
+    bo.profile = false;
+    const std::optional<int64_t> free = make_backend(eo.devices[0], bo)->context().memory_free();
+    return free ? std::optional<uint64_t>(uint64_t(*free)) : std::nullopt;
+}
+
 void apply_budget_fit(const BudgetFit& fit, config::RunConfig& run) {
     if (fit.kv_lanes_off) run.kv.in_place = KvInPlace::Off;
     if (fit.offload_layers > 0) run.offload_layers = std::to_string(fit.offload_layers);

@@ -291,6 +291,22 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
             throw;
         } catch (const Error& e) {
             log()->warn("memory plan: not made ({})", e.what());
+            return;
+        }
+        // NOTE: without a budget a GPU's free memory is one: the same settings fit the run to it, so a 48 GB card
+        // needs no flag; a run that fits nothing is only warned about (the plan's context allowance is cautious)
+        const std::optional<uint64_t> free = device_free_bytes(eo);
+        if (!free || run.memory_plan->peak_bytes() <= *free) return;
+        try {
+            BudgetFit fit = plan_within_budget(ckpt.model_config(), embodiment, eo, video_frames, *free,
+                                               fmt::format("the free memory of {} ({})", eo.devices[0].str(), gib(*free)));
+            run.kv_in_place_off = fit.kv_lanes_off;
+            run.offload_layers = fit.offload_layers;
+            run.memory_plan = std::move(fit.plan);
+        } catch (const Interrupted&) {
+            throw;
+        } catch (const Error& e) {
+            log()->warn("memory plan: {} (the run goes on, and may run out of device memory)", e.what());
         }
         return;
     }
