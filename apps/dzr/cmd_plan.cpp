@@ -93,10 +93,9 @@ int run(const PlanArgs& a) {
     }
     // NOTE: as a rollout does: under a budget, kv.in_place auto and offload_layers auto choose what fits
     BudgetFit fit = fit_memory_budget(budget, options.kv.in_place == KvInPlace::Auto, !offload.has_value(),
-                                      model.dit.num_layers, [&](bool lanes_off, int offload_layers) {
+                                      model.dit.num_layers, [&](const MemoryChoices& c) {
                                           PolicyOptions o = options;
-                                          if (lanes_off) o.kv.in_place = KvInPlace::Off;
-                                          if (!offload) o.offload_layers = offload_layers;
+                                          c.apply(o);
                                           return plan_memory(model, embodiment, o, po, planner.get());
                                       });
     const MemoryPlan& plan = fit.plan;
@@ -108,8 +107,8 @@ int run(const PlanArgs& a) {
         j["embodiment"] = embodiment.tag;
         const nlohmann::ordered_json pj = plan.to_json();
         for (auto it = pj.begin(); it != pj.end(); ++it) j[it.key()] = it.value();
-        j["kv_in_place_given_up"] = fit.kv_lanes_off;
-        j["offload_layers_chosen"] = fit.offload_layers;
+        j["kv_in_place_given_up"] = fit.choices.kv_lanes_off;
+        j["offload_layers_chosen"] = fit.choices.offload_layers;
         if (budget > 0)
             j["budget"] = {{"bytes", budget},
                            {"fits", fits},

@@ -75,12 +75,13 @@ void check_serve_memory(EngineOptions& eo, const ModelConfig& model, const Embod
     if (!eo.run.gpu_memory_budget.empty()) {
         budget = config::parse_memory_budget(eo.run.gpu_memory_budget, "gpu_memory_budget");
         what = fmt::format("GPU memory budget {} ({})", eo.run.gpu_memory_budget, gib(*budget));
-    } else if ((budget = rollout::device_free_bytes(eo))) {
+    } else if (eo.devices[0].is_cuda() &&
+               (budget = rollout::plan_rollout_memory(model, embodiment, eo, 0).device_free_bytes)) {
         what = fmt::format("the free memory of {} ({})", eo.devices[0].str(), gib(*budget));
     }
     if (!budget) return;
     const BudgetFit fit = rollout::plan_within_budget(model, embodiment, eo, 0, *budget, what);
-    rollout::apply_budget_fit(fit, eo.run);
+    fit.choices.apply(eo.run);
     log()->info("serve: memory plan {} ({} session{}) fits the {}", gib(fit.plan.peak_bytes()), eo.max_sessions,
                 eo.max_sessions == 1 ? "" : "s", what);
 }

@@ -404,6 +404,8 @@ MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, c
     plan.text_prepass = options.text_prepass;
     plan.sessions = options.max_sessions;
     plan.planner = planner ? planner->device().str() : "offline (a CUDA GPU assumed)";
+    if (planner)
+        if (const std::optional<int64_t> free = planner->context().memory_free()) plan.device_free_bytes = uint64_t(*free);
     plan.numerics = planner ? planner->numerics() : po.numerics;
     const std::optional<Capabilities> assumed =
         planner ? std::nullopt : std::optional<Capabilities>(assumed_cuda_capabilities());
@@ -477,38 +479,49 @@ Json MemoryPlan::to_json() const {
     return j;
 }
 
+void MemoryChoices::apply(PolicyOptions& options) const {
+    if (kv_lanes_off) options.kv.in_place = KvInPlace::Off;
+    if (offload_layers > 0) options.offload_layers = offload_layers;
+}
+
+void MemoryChoices::apply(config::RunConfig& run) const {
+    if (kv_lanes_off) run.kv.in_place = KvInPlace::Off;
+    if (offload_layers > 0) run.offload_layers = std::to_string(offload_layers);
+}
+
 BudgetFit fit_memory_budget(uint64_t budget, bool lanes_auto, bool offload_auto, int num_layers,
-                            const std::function<MemoryPlan(bool lanes_off, int offload_layers)>& plan_with) {
-    BudgetFit fit{plan_with(false, 0), false, 0, {}};
+                            const std::function<MemoryPlan(const MemoryChoices&)>& plan_with) {
+    BudgetFit fit{plan_with({}), {}, {}};
     if (budget == 0 || fit.plan.peak_bytes() <= budget) return fit;
     if (lanes_auto) {
-        MemoryPlan without = plan_with(true, 0);
+        MemoryPlan without = plan_with({true, 0});
         // NOTE: the lanes are a speed-up, not a need: given up first, before any layer is streamed
         if (without.peak_bytes() < fit.plan.peak_bytes() && (without.peak_bytes() <= budget || offload_auto)) {
             fit.notes.push_back(fmt::format("kv.in_place auto: {} with the in-place lanes, {} without; a run under this "
                                             "budget gives them up",
                                             gib(fit.plan.peak_bytes()), gib(without.peak_bytes())));
             fit.plan = std::move(without);
-            fit.kv_lanes_off = true;
+            fit.choices.kv_lanes_off = true;
         }
     }
     if (fit.plan.peak_bytes() <= budget || !offload_auto || num_layers <= LayerStream::kSlots) return fit;
     // NOTE: past the slots every streamed layer saves one layer's bytes: two plans give the count, a third checks it
+    const bool lanes_off = fit.choices.kv_lanes_off;
     const int first = LayerStream::kSlots + 1;
-    const MemoryPlan a = plan_with(fit.kv_lanes_off, first - 1), b = plan_with(fit.kv_lanes_off, first);
+    const MemoryPlan a = plan_with({lanes_off, first - 1}), b = plan_with({lanes_off, first});
     const uint64_t per_layer = a.peak_bytes() > b.peak_bytes() ? a.peak_bytes() - b.peak_bytes() : 0;
     if (per_layer == 0) return fit;
     int n = first;
     if (b.peak_bytes() > budget) n += int((b.peak_bytes() - budget + per_layer - 1) / per_layer);
     for (; n <= num_layers; ++n) {
-        MemoryPlan streamed = plan_with(fit.kv_lanes_off, n);
+        MemoryPlan streamed = plan_with({lanes_off, n});
         if (streamed.peak_bytes() > budget) continue;
         fit.notes.push_back(fmt::format("offload_layers auto: {} of the DiT's {} layers kept in host memory ({} "
                                         "pinned) and streamed in as they run: {} instead of {}",
                                         n, num_layers, gib(streamed.host_pinned_bytes), gib(streamed.peak_bytes()),
                                         gib(fit.plan.peak_bytes())));
         fit.plan = std::move(streamed);
-        fit.offload_layers = n;
+        fit.choices.offload_layers = n;
         break;
     }
     return fit;

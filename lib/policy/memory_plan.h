@@ -104,6 +104,8 @@ struct MemoryPlan {
     Numerics numerics = Numerics::Fast;  ///< the numerics the calls were measured in (the planner's, else the options')
     int offload_layers = 0;              ///< DiT layers kept in host memory (PolicyOptions::offload_layers)
     uint64_t host_pinned_bytes = 0;      ///< their page-locked host memory (not in any phase: it is not the device's)
+    /// The planner's device memory free when the plan was made (a GPU planner); nullopt otherwise.
+    std::optional<uint64_t> device_free_bytes;
     std::vector<MemoryPart> parts;
     std::vector<MemoryPhase> phases;
 
@@ -127,21 +129,29 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const ModelConfig& model, const Embodiment& embodiment, const PolicyOptions& options,
                        const MemoryPlanOptions& plan_options, Backend* planner);
 
-/// A plan fitted to a budget by the settings that keep the numbers (fit_memory_budget).
+/// What fitting a plan to a budget chose among the settings that leave reference numerics' bits alone.
+struct MemoryChoices {
+    bool kv_lanes_off = false;  ///< kv.in_place auto gave up the in-place lanes
+    int offload_layers = 0;     ///< offload_layers auto streams this many DiT layers (0: the run's own setting)
+
+    /// Writes the choices into an engine's options, or into the run config an engine is loaded from.
+    void apply(PolicyOptions& options) const;
+    void apply(config::RunConfig& run) const;
+};
+
+/// A plan fitted to a budget (fit_memory_budget).
 struct BudgetFit {
     MemoryPlan plan;
-    bool kv_lanes_off = false;       ///< kv.in_place auto gave up the in-place lanes
-    int offload_layers = 0;          ///< offload_layers auto streams this many DiT layers
+    MemoryChoices choices;
     std::vector<std::string> notes;  ///< one line per choice made, with the peaks before and after
 };
 
-/// `plan_with(lanes_off, offload_layers)` plans the run with those two settings. Returns the run's own plan
-/// (plan_with(false, 0)) when it fits `budget` (0: no budget); else, in this order, what fits with: the in-place KV
-/// lanes given up (`lanes_auto`: kv.in_place auto), then the fewest DiT layers streamed from host memory that fit
-/// (`offload_auto`: offload_layers auto, at most `num_layers`). When nothing fits, the smallest plan without
-/// streamed layers (the caller refuses it).
+/// `plan_with(choices)` plans the run with `choices` applied. Returns the run's own plan (no choices) when it fits
+/// `budget` (0: no budget); else, in this order, what fits with: the in-place KV lanes given up (`lanes_auto`:
+/// kv.in_place auto), then the fewest DiT layers streamed from host memory that fit (`offload_auto`: offload_layers
+/// auto, at most `num_layers`). When nothing fits, the smallest plan without streamed layers (the caller refuses it).
 BudgetFit fit_memory_budget(uint64_t budget, bool lanes_auto, bool offload_auto, int num_layers,
-                            const std::function<MemoryPlan(bool lanes_off, int offload_layers)>& plan_with);
+                            const std::function<MemoryPlan(const MemoryChoices&)>& plan_with);
 
 /// Throws dzr::Error when the plan's peak exceeds `budget_bytes`, naming the budget (`what`: "--gpu-memory-budget
 /// 44GiB"), the peak phase, its parts from the largest and the shortfall.

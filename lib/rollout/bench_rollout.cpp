@@ -78,17 +78,16 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
         const uint64_t budget =
             o.gpu_memory_budget.empty() ? 0 : config::parse_memory_budget(o.gpu_memory_budget, "--gpu-memory-budget");
         const bool offload_auto = !config::parse_offload_layers(o.run.offload_layers, "offload_layers");
-        const BudgetFit fit = fit_memory_budget(
-            budget, po.kv.in_place == KvInPlace::Auto, offload_auto, o.run.model.dit.num_layers,
-            [&](bool lanes_off, int offload_layers) {
-                PolicyOptions p = po;
-                if (lanes_off) p.kv.in_place = KvInPlace::Off;
-                if (offload_auto) p.offload_layers = offload_layers;
-                return plan_device_memory(o.run.model, embodiment, p, o.devices[0], o.backend, 0);
-            });
-        for (const std::string& note : fit.notes) log()->info("memory plan (--gpu-memory-budget {}): {}", o.gpu_memory_budget, note);
-        if (fit.kv_lanes_off) po.kv.in_place = KvInPlace::Off;
-        if (offload_auto) po.offload_layers = fit.offload_layers;
+        const BudgetFit fit = fit_memory_budget(budget, po.kv.in_place == KvInPlace::Auto, offload_auto,
+                                                o.run.model.dit.num_layers, [&](const MemoryChoices& c) {
+                                                    PolicyOptions p = po;
+                                                    c.apply(p);
+                                                    return plan_device_memory(o.run.model, embodiment, p,
+                                                                              o.devices[0], o.backend, 0);
+                                                });
+        for (const std::string& note : fit.notes)
+            log()->info("memory plan (--gpu-memory-budget {}): {}", o.gpu_memory_budget, note);
+        fit.choices.apply(po);
         const MemoryPlan& plan = fit.plan;
         if (budget > 0) check_memory_budget(plan, budget, "--gpu-memory-budget " + o.gpu_memory_budget);
         if (plan.options.cuda) r.planned_peak_bytes = int64_t(plan.peak_bytes());

@@ -89,10 +89,9 @@ BudgetFit plan_within_budget(const ModelConfig& model, const Embodiment& embodim
     // NOTE: the settings that keep the numbers fit the run to its budget, so the user need not know which to flip
     const bool offload_auto = !config::parse_offload_layers(eo.run.offload_layers, "offload_layers");
     BudgetFit fit = fit_memory_budget(budget, eo.run.kv.in_place == KvInPlace::Auto, offload_auto,
-                                      model.dit.num_layers, [&](bool lanes_off, int offload_layers) {
+                                      model.dit.num_layers, [&](const MemoryChoices& c) {
                                           EngineOptions o = eo;
-                                          if (lanes_off) o.run.kv.in_place = KvInPlace::Off;
-                                          if (offload_auto) o.run.offload_layers = std::to_string(offload_layers);
+                                          c.apply(o.run);
                                           return plan_rollout_memory(model, embodiment, o, video_latent_frames);
                                       });
     for (const std::string& note : fit.notes) log()->info("memory plan ({}): {}", what, note);
@@ -104,20 +103,6 @@ BudgetFit plan_within_budget(const ModelConfig& model, const Embodiment& embodim
         throw Error(e.what() + hint);
     }
     return fit;
-}
-
-std::optional<uint64_t> device_free_bytes(const EngineOptions& eo) {
-    if (eo.devices.size() != 1 || !eo.devices[0].is_cuda()) return std::nullopt;
-    BackendOptions bo = eo.backend;
-    bo.workspace_bytes = size_t(1) << 20;
-    bo.profile = false;
-    const std::optional<int64_t> free = make_backend(eo.devices[0], bo)->context().memory_free();
-    return free ? std::optional<uint64_t>(uint64_t(*free)) : std::nullopt;
-}
-
-void apply_budget_fit(const BudgetFit& fit, config::RunConfig& run) {
-    if (fit.kv_lanes_off) run.kv.in_place = KvInPlace::Off;
-    if (fit.offload_layers > 0) run.offload_layers = std::to_string(fit.offload_layers);
 }
 
 std::optional<uint64_t> rollout_memory_budget(const RolloutOptions& opt) {

@@ -47,10 +47,6 @@ PlannedMemory memory_plan_summary(const MemoryPlan& plan);
 /// when nothing does.
 BudgetFit plan_within_budget(const ModelConfig& model, const Embodiment& embodiment, const EngineOptions& eo,
                              int64_t video_latent_frames, uint64_t budget, const std::string& what);
-/// The free memory of a one-GPU run's device, as the driver reports it now; nullopt for the CPU or two devices.
-std::optional<uint64_t> device_free_bytes(const EngineOptions& eo);
-/// Writes a fit's choices into the run settings an engine then loads with.
-void apply_budget_fit(const BudgetFit& fit, config::RunConfig& run);
 
 /// The budget of a run (--gpu-memory-budget or the config's gpu_memory_budget) in bytes; nullopt without one.
 std::optional<uint64_t> rollout_memory_budget(const RolloutOptions& opt);

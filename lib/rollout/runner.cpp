@@ -235,8 +235,7 @@ LoadedRun load_run(const RolloutOptions& opt, const ValidatedRun& checked) {
     LoadedRun run;
     Timer load_timer;
     EngineOptions eo = rollout_engine_options(opt, checked.prompts);
-    if (checked.kv_in_place_off) eo.run.kv.in_place = KvInPlace::Off;
-    if (checked.offload_layers > 0) eo.run.offload_layers = std::to_string(checked.offload_layers);
+    checked.memory_choices.apply(eo.run);
     if (!opt.noise_video.empty() || !opt.noise_action.empty()) {
         DZR_CHECK(!opt.noise_video.empty() && !opt.noise_action.empty(),
                   "--noise-video and --noise-action go together");

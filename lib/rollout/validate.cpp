@@ -295,13 +295,12 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
         }
         // NOTE: without a budget a GPU's free memory is one: the same settings fit the run to it, so a 48 GB card
         // needs no flag; a run that fits nothing is only warned about (the plan's context allowance is cautious)
-        const std::optional<uint64_t> free = device_free_bytes(eo);
+        const std::optional<uint64_t> free = run.memory_plan->device_free_bytes;
         if (!free || run.memory_plan->peak_bytes() <= *free) return;
         try {
             BudgetFit fit = plan_within_budget(ckpt.model_config(), embodiment, eo, video_frames, *free,
                                                fmt::format("the free memory of {} ({})", eo.devices[0].str(), gib(*free)));
-            run.kv_in_place_off = fit.kv_lanes_off;
-            run.offload_layers = fit.offload_layers;
+            run.memory_choices = fit.choices;
             run.memory_plan = std::move(fit.plan);
         } catch (const Interrupted&) {
             throw;
@@ -313,8 +312,7 @@ void check_memory(const RolloutOptions& opt, const Checkpoint& ckpt, const Embod
     collect(problems.memory, [&] {
         const std::string what = fmt::format("GPU memory budget {} ({})", opt.run.gpu_memory_budget, gib(*budget));
         BudgetFit fit = plan_within_budget(ckpt.model_config(), embodiment, eo, video_frames, *budget, what);
-        run.kv_in_place_off = fit.kv_lanes_off;
-        run.offload_layers = fit.offload_layers;
+        run.memory_choices = fit.choices;
         run.memory_plan = std::move(fit.plan);
     });
 }

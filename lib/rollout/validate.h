@@ -48,10 +48,8 @@ struct ValidatedRun {
     /// --resume: done by a run with the same fingerprint, but a file its done marker lists is gone: the marker is
     /// removed and the episode runs again.
     std::vector<bool> stale;
-    /// kv.in_place auto: the lanes were given up so that the run fits its --gpu-memory-budget (check_memory).
-    bool kv_in_place_off = false;
-    /// offload_layers auto: the DiT layers the memory plan streams to fit the budget (0: none).
-    int offload_layers = 0;
+    /// What fitting the memory plan to the budget (or the GPU's free memory) chose (check_memory).
+    MemoryChoices memory_choices;
     Json fingerprint;                    ///< the run's fingerprint, without the episode part
     std::filesystem::path tokenizer;
     std::unique_ptr<io::RunLock> lock;  ///< held until the run ends (none for --dry-run); shared by a sharded run's ranks
