@@ -16,6 +16,7 @@
 #include "policy/forward_graphs.h"
 #include "rollout/bench_rollout.h"
 #include "rollout/runner.h"
+#include "support/gpu_engine.h"
 #include "support/test_support.h"
 #include "weights/random_weights.h"
 
@@ -25,15 +26,9 @@ using namespace dzr;
 
 namespace {
 
-const config::RunConfig& four_layers() {
-    static const config::RunConfig rc =
-        config::load_run_config(test::source_dir() / "configs/tiny.yaml", {{"model.dit.num_layers", "4"}});
-    return rc;
-}
-
-const RandomWeightSource& weights() {
-    static const RandomWeightSource w(expected_weights(four_layers().model), 13, 2);
-    return w;
+const test::RandomModel& four_layers() {
+    static const test::RandomModel m({{"model.dit.num_layers", "4"}}, 13);
+    return m;
 }
 
 struct Run {
@@ -43,15 +38,8 @@ struct Run {
 };
 
 Run run_session(Numerics numerics, int offload_layers) {
-    PolicyOptions po;
-    po.sampling = four_layers().sampling;
-    po.kv = four_layers().kv;
-    po.offload_layers = offload_layers;
-    BackendOptions bo;
-    bo.numerics = numerics;
-    bo.cuda.conv_tune = ConvTune::Off;  // two engines must take the same convolution paths (tests/cuda/test_graphs.cpp)
-    const auto engine = Engine::create(four_layers().model, weights(), rollout::bench_embodiment(),
-                                       test::data_dir() / "tokenizer/spiece.model", po, {Device::cuda(0)}, bo);
+    const auto engine = test::gpu_engine(four_layers(), numerics,
+                                         [&](PolicyOptions& po) { po.offload_layers = offload_layers; });
     Run r;
     r.streamed = engine->dit().layer_stream().count();
     auto session = engine->open_session();
@@ -81,17 +69,16 @@ void check_numerics(Numerics numerics) {
             CAPTURE(c);
             const auto& a = resident.actions[c];
             const auto& b = streamed.actions[c];
-            CHECK((a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0));
+            CHECK(test::same_bits(a, b));
         }
     }
 }
 
 }  // namespace
 
-TEST_CASE("streamed DiT layers give the resident layers' actions bit for bit in reference numerics (CUDA graphs)") {
-    check_numerics(Numerics::Reference);
-}
-
-TEST_CASE("streamed DiT layers give the resident layers' actions bit for bit in fast numerics (CUDA graphs)") {
-    check_numerics(Numerics::Fast);
+TEST_CASE("streamed DiT layers give the resident layers' actions bit for bit in both numerics (CUDA graphs)") {
+    for (Numerics numerics : {Numerics::Reference, Numerics::Fast}) {
+        CAPTURE(numerics_name(numerics));
+        check_numerics(numerics);
+    }
 }

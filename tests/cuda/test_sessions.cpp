@@ -14,6 +14,7 @@
 #include "policy/engine.h"
 #include "rollout/bench_rollout.h"
 #include "rollout/runner.h"
+#include "support/gpu_engine.h"
 #include "support/test_support.h"
 #include "weights/random_weights.h"
 
@@ -25,39 +26,24 @@ namespace {
 
 constexpr int kCalls = 9;  // a first call, commits to a full window, a window reset, commits after it
 
-const config::RunConfig& tiny() {
-    static const config::RunConfig rc = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
-    return rc;
-}
-
-const RandomWeightSource& weights() {
-    static const RandomWeightSource w(expected_weights(tiny().model), 17, 2);
-    return w;
+const test::RandomModel& tiny() {
+    static const test::RandomModel m({}, 17);
+    return m;
 }
 
 std::unique_ptr<Engine> make_engine(Numerics numerics, int max_sessions) {
-    PolicyOptions po;
-    po.sampling = tiny().sampling;
-    po.kv = tiny().kv;
-    po.max_sessions = max_sessions;
-    // NOTE: an engine of several sessions has no in-place KV lanes; in fast numerics the lanes' attention reads its
-    // rows in place, another kernel path than the gathered one, so the one-session engines go without them too
-    po.kv.in_place = KvInPlace::Off;
-    BackendOptions bo;
-    bo.numerics = numerics;
-    bo.cuda.conv_tune = ConvTune::Off;  // two engines must take the same convolution paths (tests/cuda/test_graphs.cpp)
-    return Engine::create(tiny().model, weights(), rollout::bench_embodiment(),
-                          test::data_dir() / "tokenizer/spiece.model", po, {Device::cuda(0)}, bo);
+    return test::gpu_engine(tiny(), numerics, [&](PolicyOptions& po) {
+        po.max_sessions = max_sessions;
+        // NOTE: an engine of several sessions has no in-place KV lanes; in fast numerics the lanes' attention reads
+        // its rows in place, another kernel path than the gathered one, so the one-session engines go without too
+        po.kv.in_place = KvInPlace::Off;
+    });
 }
 
 /// Session `client`'s call `call`: the bench's frames, another sequence per client.
 std::vector<float> step(Engine& engine, Session& session, int client, int call) {
     rollout::BenchFrames f(call == 0 ? 1 : 4, call + 100 * client);
     return session.step(engine.prepare(f.obs)).actions_normalized;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 void check_interleaved(Numerics numerics) {
@@ -78,8 +64,8 @@ void check_interleaved(Numerics numerics) {
     CHECK_THROWS(engine->open_session());
     for (int c = 0; c < kCalls; ++c) {
         CAPTURE(c);
-        CHECK(same_bits(step(*engine, *a, 0, c), alone[0][size_t(c)]));
-        CHECK(same_bits(step(*engine, *b, 1, c), alone[1][size_t(c)]));
+        CHECK(test::same_bits(step(*engine, *a, 0, c), alone[0][size_t(c)]));
+        CHECK(test::same_bits(step(*engine, *b, 1, c), alone[1][size_t(c)]));
     }
     CHECK(a->graph_stats().enabled);
     CHECK(a->graph_stats().failed == 0);
@@ -88,12 +74,11 @@ void check_interleaved(Numerics numerics) {
 
 }  // namespace
 
-TEST_CASE("two interleaved sessions on one GPU engine give each one's actions alone, reference numerics") {
-    check_interleaved(Numerics::Reference);
-}
-
-TEST_CASE("two interleaved sessions on one GPU engine give each one's actions alone, fast numerics") {
-    check_interleaved(Numerics::Fast);
+TEST_CASE("two interleaved sessions on one GPU engine give each one's actions alone, in both numerics") {
+    for (Numerics numerics : {Numerics::Reference, Numerics::Fast}) {
+        CAPTURE(numerics_name(numerics));
+        check_interleaved(numerics);
+    }
 }
 
 TEST_CASE("sessions opened and closed one after another leave the device memory flat") {

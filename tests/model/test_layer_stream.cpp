@@ -14,6 +14,7 @@
 #include "policy/dreamzero_policy.h"
 #include "policy/normalization.h"
 #include "support/micro_geometry.h"
+#include "support/random_world.h"
 #include "support/test_support.h"
 #include "weights/checkpoint.h"
 #include "weights/keys.h"
@@ -23,31 +24,19 @@ using namespace dzr;
 
 namespace {
 
-struct World {
-    test::TempDir dir;
-    config::RunConfig cfg;
-    std::unique_ptr<Checkpoint> ckpt;
-
-    World() {
+/// The micro geometry with 4 DiT layers.
+struct World : test::RandomWorld {
+    World() : RandomWorld(geometry(), 5) {}
+    static std::vector<config::Override> geometry() {
         std::vector<config::Override> o = test::micro_geometry();
         o.push_back({"model.dit.num_layers", "4"});
-        cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml", o);
-        MakeOptions mo;
-        mo.seed = 5;
-        mo.dtype = DType::F32;
-        mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
-        write_random_checkpoint(cfg.model, mo, dir / "ckpt");
-        ckpt = std::make_unique<Checkpoint>(dir / "ckpt");
+        return o;
     }
-
     std::unique_ptr<DreamZeroPolicy> policy(Backend& be, int offload_layers) const {
-        PolicyOptions o;
-        o.sampling = cfg.sampling;
-        o.kv = cfg.kv;
+        PolicyOptions o = options();
         o.offload_layers = offload_layers;
-        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt,
-                                                 droid_embodiment(ckpt->statistics("oxe_droid")),
-                                                 test::data_dir() / "tokenizer/spiece.model", o, Placement{{&be}});
+        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, droid(), tokenizer(), o,
+                                                 Placement{{&be}});
     }
 };
 
@@ -55,19 +44,11 @@ struct World {
 std::vector<std::vector<float>> run_calls(DreamZeroPolicy& policy) {
     std::vector<std::vector<float>> out;
     for (int call = 0; call < 7; ++call) {
-        const int T = call == 0 ? 1 : 4;
-        const Shape s{T, 180, 320, 3};
-        std::vector<uint8_t> data[3];
-        TensorView views[3];
-        for (int c = 0; c < 3; ++c) {
-            data[c].resize(size_t(s.numel()));
-            for (size_t i = 0; i < data[c].size(); ++i) data[c][i] = uint8_t((i * 13 + size_t(call) * 29 + c * 7) % 253);
-            views[c] = TensorView(data[c].data(), DType::U8, s);
-        }
-        double joints[7];
-        for (int j = 0; j < 7; ++j) joints[j] = 0.04 * j - 0.1 + 0.03 * call;
-        out.push_back(
-            policy.step(droid_observation(views[0], views[1], views[2], joints, 0.3, "Stack the blocks")).actions);
+        const test::DroidCall in(
+            call == 0 ? 1 : 4,
+            [&](size_t i, int c) { return uint8_t((i * 13 + size_t(call) * 29 + size_t(c) * 7) % 253); },
+            [&](int j) { return 0.04 * j - 0.1 + 0.03 * call; }, 0.3, "Stack the blocks");
+        out.push_back(policy.step(in.obs).actions);
     }
     return out;
 }

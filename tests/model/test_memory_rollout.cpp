@@ -194,6 +194,13 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     const std::string run = fmt::format("rollout {} --ckpt {} --config {} --quiet --no-warmup --set rollout.max_chunks=1",
                                         test::q(ep), test::q(ckpt), cfg);
 
+    // a refused plan exits 1 and says each of `says`
+    const auto refused = [&](const std::string& args, const std::vector<std::string>& says) {
+        CAPTURE(args);
+        const auto out = test::run_dzr("plan " + args, dir.path());
+        CHECK(out.code == 1);
+        for (const std::string& s : says) CHECK(out.has(s));
+    };
     auto r = test::run_dzr(run + " --out " + test::q(dir / "a") + " --gpu-memory-budget 12parsecs", dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("--gpu-memory-budget: '12parsecs' is not a memory size"));
@@ -216,21 +223,13 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     for (const auto& p : j["parts"]) parts += p["bytes"].get<uint64_t>();
     CHECK(parts > j["peak"]["bytes"].get<uint64_t>());  // umT5 and the pre-pass output are not resident at the peak
 
-    r = test::run_dzr("plan --config " + cfg + " --gpu-memory-budget 1GiB", dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("does NOT fit"));
-    r = test::run_dzr("plan --config " + cfg + " --precision fp16", dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("--precision: expected bf16 or fp8, got 'fp16'"));
-    r = test::run_dzr("plan --config " + cfg + " --numerics turbo", dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("turbo"));
+    refused("--config " + cfg + " --gpu-memory-budget 1GiB", {"does NOT fit"});
+    refused("--config " + cfg + " --precision fp16", {"--precision: expected bf16 or fp8, got 'fp16'"});
+    refused("--config " + cfg + " --numerics turbo", {"turbo"});
     r = test::run_dzr("plan --config " + cfg + " --numerics reference --json", dir.path());
     REQUIRE(r.code == 0);
     CHECK(nlohmann::json::parse(r.out)["numerics"] == "reference");
-    r = test::run_dzr("plan", dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("--config"));
+    refused("", {"--config"});
 
     // DROID in bf16 on a 48 GiB card: with the in-place lanes the plan is over, without them it fits, and
     // kv.in_place auto gives them up; forced on, it does not fit
@@ -241,10 +240,8 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     CHECK(fitted["kv_in_place_given_up"] == true);
     CHECK(fitted["budget"]["fits"] == true);
     CHECK(fitted["offload_layers_chosen"] == 0);
-    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 48GiB --set kv.in_place=true --set offload_layers=0",
-                      dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("does NOT fit"));
+    refused("--config " + droid + " --gpu-memory-budget 48GiB --set kv.in_place=true --set offload_layers=0",
+            {"does NOT fit"});
     // lanes forced on: offload_layers auto streams layers instead
     r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 48GiB --set kv.in_place=true --json", dir.path());
     REQUIRE(r.code == 0);
@@ -264,24 +261,14 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     CHECK(r.has("offload_layers auto: 5 of the DiT's 40 layers kept in host memory"));
     CHECK(r.has("DiT layer slots"));
     // one layer fewer does not fit: the count is the smallest
-    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 44GiB --set kv.in_place=false --set offload_layers=4",
-                      dir.path());
-    CHECK(r.code == 1);
+    refused("--config " + droid + " --gpu-memory-budget 44GiB --set kv.in_place=false --set offload_layers=4", {});
     // without streaming, the refusal names the settings that would fit, changing the numbers, with their peaks
-    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 44GiB --set offload_layers=0", dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("these fit, changing the numbers"));
-    CHECK(r.has("--kv-dtype fp8 ("));
-    CHECK(r.has("--precision fp8 ("));
-    r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 30GiB --set offload_layers=0", dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("--precision fp8 --kv-dtype fp8 ("));
-    r = test::run_dzr("plan --config " + droid + " --set offload_layers=41", dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("offload_layers 41 is outside [0, 40]"));
-    r = test::run_dzr("plan --config " + droid + " --set offload_layers=some", dir.path());
-    CHECK(r.code == 1);
-    CHECK(r.has("offload_layers"));
+    refused("--config " + droid + " --gpu-memory-budget 44GiB --set offload_layers=0",
+            {"these fit, changing the numbers", "--kv-dtype fp8 (", "--precision fp8 ("});
+    refused("--config " + droid + " --gpu-memory-budget 30GiB --set offload_layers=0",
+            {"--precision fp8 --kv-dtype fp8 ("});
+    refused("--config " + droid + " --set offload_layers=41", {"offload_layers 41 is outside [0, 40]"});
+    refused("--config " + droid + " --set offload_layers=some", {"offload_layers"});
     r = test::run_dzr("plan --config " + droid + " --gpu-memory-budget 80GiB --json", dir.path());
     REQUIRE(r.code == 0);
     CHECK(nlohmann::json::parse(r.out)["kv_in_place_given_up"] == false);

@@ -20,6 +20,7 @@
 #include "policy/normalization.h"
 #include "rollout/runner.h"
 #include "support/micro_geometry.h"
+#include "support/random_world.h"
 #include "support/test_support.h"
 #include "weights/checkpoint.h"
 #include "weights/random_checkpoint.h"
@@ -91,54 +92,27 @@ private:
     int gemms_ = 0;
 };
 
-struct TinyWorld {
-    test::TempDir dir;
-    config::RunConfig cfg;
-    std::unique_ptr<Checkpoint> ckpt;
-
-    TinyWorld() {
-        cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml", test::ci_geometry());
-        MakeOptions mo;
-        mo.seed = 11;
-        mo.dtype = DType::F32;
-        mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
-        write_random_checkpoint(cfg.model, mo, dir / "ckpt");
-        ckpt = std::make_unique<Checkpoint>(dir / "ckpt");
-    }
-
+struct TinyWorld : test::RandomWorld {
+    TinyWorld() : RandomWorld(test::ci_geometry(), 11) {}
     std::unique_ptr<DreamZeroPolicy> policy(const Placement& placement, KvMode mode) const {
-        PolicyOptions o;
-        o.sampling = cfg.sampling;
-        o.kv = cfg.kv;
+        PolicyOptions o = options();
         o.kv_mode = mode;
-        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, droid_embodiment(ckpt->statistics("oxe_droid")),
-                                                 test::data_dir() / "tokenizer/spiece.model", o, placement);
+        return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, droid(), tokenizer(), o, placement);
     }
 };
 
 /// Frames [T, 180, 320, 3] that differ per call, frame and camera.
-struct CallInput {
-    std::vector<uint8_t> data[3];
-    Observation obs;
-    CallInput(int T, int call) {
-        const Shape s{T, 180, 320, 3};
-        TensorView views[3];
-        for (int c = 0; c < 3; ++c) {
-            data[c].resize(size_t(s.numel()));
-            for (size_t i = 0; i < data[c].size(); ++i) data[c][i] = uint8_t((i * 31 + size_t(call) * 17 + c * 5) % 251);
-            views[c] = TensorView(data[c].data(), DType::U8, s);
-        }
-        double joints[7];
-        for (int j = 0; j < 7; ++j) joints[j] = 0.05 * j - 0.1 + 0.02 * call;
-        obs = droid_observation(views[0], views[1], views[2], joints, 0.4, "Put the marker in the cup");
-    }
-};
+test::DroidCall call_input(int T, int call) {
+    return test::DroidCall(
+        T, [&](size_t i, int c) { return uint8_t((i * 31 + size_t(call) * 17 + size_t(c) * 5) % 251); },
+        [&](int j) { return 0.05 * j - 0.1 + 0.02 * call; }, 0.4, "Put the marker in the cup");
+}
 
 /// Actions of `calls` calls (the window cycle with a reset at call 4 when calls > 4).
 std::vector<std::vector<float>> run_calls(DreamZeroPolicy& policy, int calls) {
     std::vector<std::vector<float>> out;
     for (int call = 0; call < calls; ++call) {
-        CallInput in(call == 0 ? 1 : 4, call);
+        const test::DroidCall in = call_input(call == 0 ? 1 : 4, call);
         out.push_back(policy.step(in.obs).actions);
     }
     return out;
@@ -234,17 +208,17 @@ TEST_CASE("a failure on the unconditional branch's backend closes the session on
     auto policy = world.policy(Placement{{cond.get(), &uncond}}, KvMode::Paged);
     (void)run_calls(*policy, 2);  // a prefill and a commit hold blocks on both devices
     uncond.fail_at = 3;           // the next call's forward on the second backend fails
-    CallInput in(4, 2);
+    const test::DroidCall in = call_input(4, 2);
     CHECK_THROWS_WITH_AS(policy->step(in.obs), doctest::Contains("injected failure"), Error);
     CHECK(policy->engine().kv_pools_whole());
     // The next call starts a new session and computes what a fresh policy computes.
     uncond.fail_at = 0;
     auto fresh_backend = make_cpu_backend();
     auto fresh = world.policy(Placement{{fresh_backend.get()}}, KvMode::Paged);
-    CallInput first(1, 0);
+    const test::DroidCall first = call_input(1, 0);
     const PolicyCallResult r = policy->step(first.obs);
     CHECK(r.reset_reason == "first call");
-    CallInput again(1, 0);
+    const test::DroidCall again = call_input(1, 0);
     CHECK(r.actions == fresh->step(again.obs).actions);
 }
 

@@ -14,6 +14,7 @@
 #include "policy/engine.h"
 #include "policy/normalization.h"
 #include "support/micro_geometry.h"
+#include "support/random_world.h"
 #include "support/test_support.h"
 #include "weights/checkpoint.h"
 #include "weights/random_checkpoint.h"
@@ -22,54 +23,27 @@ using namespace dzr;
 
 namespace {
 
-struct MicroWorld {
-    test::TempDir dir;
-    config::RunConfig cfg;
-    std::unique_ptr<Checkpoint> ckpt;
-
-    MicroWorld() {
-        cfg = config::load_run_config(test::source_dir() / "configs/tiny.yaml", test::ci_geometry());
-        MakeOptions mo;
-        mo.seed = 5;
-        mo.dtype = DType::F32;
-        mo.tokenizer = test::data_dir() / "tokenizer/spiece.model";
-        write_random_checkpoint(cfg.model, mo, dir / "ckpt");
-        ckpt = std::make_unique<Checkpoint>(dir / "ckpt");
-    }
-
+/// The micro geometry's random checkpoint and an engine of `max_sessions` sessions over it.
+struct MicroWorld : test::RandomWorld {
+    MicroWorld() : RandomWorld(test::ci_geometry(), 5) {}
     std::unique_ptr<Engine> engine(int max_sessions) const {
-        PolicyOptions o;
-        o.sampling = cfg.sampling;
-        o.kv = cfg.kv;
+        PolicyOptions o = options();
         o.max_sessions = max_sessions;
-        return Engine::create(ckpt->model_config(), *ckpt, droid_embodiment(ckpt->statistics("oxe_droid")),
-                              test::data_dir() / "tokenizer/spiece.model", o, {Device::cpu()}, BackendOptions{});
+        return RandomWorld::engine(o);
     }
 };
 
 /// One client's call `call`: frames [T, 180, 320, 3] that differ per client, call and camera, its state and prompt.
-struct CallInput {
-    std::vector<uint8_t> data[3];
-    Observation obs;
-    CallInput(int client, int call) {
-        const int T = call == 0 ? 1 : 4;
-        const Shape s{T, 180, 320, 3};
-        TensorView views[3];
-        for (int c = 0; c < 3; ++c) {
-            data[c].resize(size_t(s.numel()));
-            for (size_t i = 0; i < data[c].size(); ++i)
-                data[c][i] = uint8_t((i * (31 + 6 * size_t(client)) + size_t(call) * 17 + size_t(c) * 5) % 251);
-            views[c] = TensorView(data[c].data(), DType::U8, s);
-        }
-        double joints[7];
-        for (int j = 0; j < 7; ++j) joints[j] = 0.05 * j - 0.1 + 0.02 * call - 0.1 * client;
-        obs = droid_observation(views[0], views[1], views[2], joints, 0.4,
-                                client == 0 ? "Put the marker in the cup" : "Pick up the red cube");
-    }
-};
+test::DroidCall call_input(int client, int call) {
+    return test::DroidCall(
+        call == 0 ? 1 : 4,
+        [&](size_t i, int c) { return uint8_t((i * (31 + 6 * size_t(client)) + size_t(call) * 17 + size_t(c) * 5) % 251); },
+        [&](int j) { return 0.05 * j - 0.1 + 0.02 * call - 0.1 * client; }, 0.4,
+        client == 0 ? "Put the marker in the cup" : "Pick up the red cube");
+}
 
 std::vector<float> step(Engine& engine, Session& session, int client, int call) {
-    const CallInput in(client, call);
+    const test::DroidCall in = call_input(client, call);
     return session.step(engine.prepare(in.obs)).actions;
 }
 

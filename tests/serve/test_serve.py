@@ -285,6 +285,21 @@ def check_bad_messages(port, ep, big_bytes):
         print(f"  bad message '{name}': text error + close {code}; the next request served", flush=True)
 
 
+def infer_in_thread(client, observations):
+    """A queued client's requests on a thread: returns it (started) and a dict that gets "actions" or "error"."""
+    got = {}
+
+    def infer_all():
+        try:
+            got["actions"] = [client.infer(obs) for obs in observations]
+        except Exception as e:  # noqa: BLE001 - the caller reports it
+            got["error"] = e
+
+    t = threading.Thread(target=infer_all)
+    t.start()
+    return t, got
+
+
 def check_queue(server, port, ep, offline):
     """A second client waits while the first is served, then gets the actions of a fresh offline rollout."""
     a = Client(port)
@@ -292,16 +307,7 @@ def check_queue(server, port, ep, offline):
     b = Client(port)  # the handshake and the config come at once
     check(b.config == EXPECTED_CONFIG, "the waiting client's config")
     server.wait_log(r"client \d+ queued")
-    got = {}
-
-    def second():
-        try:
-            got["actions"] = [b.infer(ep.obs(k, "second")) for k in range(len(ep.calls))]
-        except Exception as e:  # noqa: BLE001 - reported below
-            got["error"] = e
-
-    t = threading.Thread(target=second)
-    t.start()
+    t, got = infer_in_thread(b, [ep.obs(k, "second") for k in range(len(ep.calls))])
     time.sleep(2.0)
     check(t.is_alive() and not got, "the second client was answered while the first was still connected")
     first += [a.infer(ep.obs(k, "first")) for k in range(2, len(ep.calls))]
@@ -394,16 +400,7 @@ def check_sessions(server, port, ep, offline, replay):
     check(not re.search(r"client \d+ queued", server.log_text()), "a second client queued with --max-sessions 2")
     c = Client(port)
     server.wait_log(r"client \d+ queued")
-    got = {}
-
-    def third():
-        try:
-            got["actions"] = [c.infer(ep.obs(k, "C")) for k in range(2)]
-        except Exception as e:  # noqa: BLE001 - reported below
-            got["error"] = e
-
-    t = threading.Thread(target=third)
-    t.start()
+    t, got = infer_in_thread(c, [ep.obs(k, "C") for k in range(2)])
     time.sleep(1.0)
     check(t.is_alive() and not got, "the third client was answered while two were served")
     a.close()
