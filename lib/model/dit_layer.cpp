@@ -75,7 +75,9 @@ TensorView CausalDit::LayerPass::attend_cross(std::span<const DitBranch> branche
                           out.reshape(Shape{rows, t.dim(2)}));
         return out;
     };
-    const auto layer_kv = [&](int b) -> const DitCrossKv::Layer& { return branches[size_t(b)].cross->layers[size_t(li)]; };
+    const auto layer_kv = [&](int b) -> const DitCrossKv::Layer& {
+        return branches[size_t(b)].cross->layers[size_t(li)];
+    };
     for (int b = 0; b < B; ++b) {
         const DitCrossKv::Layer& ckv = layer_kv(b);
         be.attention({attn_scale}, s.branch(q3, b), dequantized(ckv.k_txt, ckv.k_txt_scale),
