@@ -7,69 +7,17 @@
 
 #include "backend/measuring_backend.h"
 #include "core/error.h"
+#include "model/dit_layer.h"
 #include "model/dit_ops.h"
 #include "weights/keys.h"
 
 namespace dzr {
 namespace {
 
-// Order of the six modulation vectors of a layer (dreamzero-reference.md §2.5.3).
-enum ModIndex : int { kShiftSa = 0, kScaleSa = 1, kGateSa = 2, kShiftFf = 3, kScaleFf = 4, kGateFf = 5 };
-
 // NOTE: nn.LayerNorm's default eps; the img_emb MLP's LayerNorms do not take the DiT's eps.
 constexpr float kImgEmbLayerNormEps = 1e-5f;
 
-/// Row g of a [G, 6, C] modulation tensor, vector i: [C].
-TensorView mod_vec(const TensorView& mod, int g, int i) {
-    return mod.slice(0, g, 1).slice(1, i, 1).reshape(Shape{mod.dim(2)});
-}
-
-/// Vector i of every group of a [G, 6, C] modulation tensor: a [G, C] view with a row stride of 6·C (fast numerics'
-/// fused ops read the groups' rows through it).
-TensorView mod_vecs(const TensorView& mod, int i) {
-    const int64_t G = mod.dim(0), C = mod.dim(2);
-    char* base = static_cast<char*>(mod.data) + size_t(i) * size_t(C) * dtype_size(mod.dtype);
-    return TensorView(base, mod.dtype, Shape{G, C}, Shape{mod.strides[0], 1}, mod.device);
-}
-
-/// Debug mode: download `t` and throw naming the stage and layer at the first NaN/Inf.
-void check_finite(Backend& be, const TensorView& t, std::string_view stage, int layer) {
-    std::vector<float> host(size_t(t.numel()));
-    be.download(t, TensorView(host.data(), DType::F32, t.shape));
-    const int64_t cols = t.cols();
-    for (size_t i = 0; i < host.size(); ++i) {
-        if (std::isfinite(host[i])) continue;
-        const std::string where =
-            layer >= 0 ? fmt::format("{} of layer {}", stage, layer) : std::string(stage);
-        DZR_THROW("causal dit: non-finite value {} in the {} output (tensor {}, row {}, column {})", host[i],
-                  where, t.shape.str(), int64_t(i) / cols, int64_t(i) % cols);
-    }
-}
-
 }  // namespace
-
-/// Per-forward state shared by the layer passes: the residual stream and its two token groups
-/// (video rows, register rows), each with its own time-embedding row. A batched forward stacks its branches' rows:
-/// branch b holds rows [b·L, (b + 1)·L), each block grouped alike.
-struct CausalDit::Step {
-    TensorView x;              // [B·L, dim] residual stream, per branch video rows then register rows
-    int64_t tokens = 0;        // L: one branch's rows
-    int batch = 1;             // B: branches
-    int64_t video_tokens = 0;  // Lv = frames · frame_seqlen
-    int64_t frames = 0;
-    int groups = 1;             // 1: video only; 2: video + registers
-    TensorView e;               // [G, dim] time_embedding output per group
-    TensorView e0;              // [G, 6, dim] time_projection output per group
-    TensorView rope_video;      // f32 [Lv, D/2, 2]
-    TensorView rope_registers;  // f32 [R, D/2, 2] (registers only)
-
-    /// Rows of `t` ([L, ...], one branch) belonging to group g.
-    TensorView rows(const TensorView& t, int g) const {
-        return g == 0 ? t.slice(0, 0, video_tokens) : t.slice(0, video_tokens, t.dim(0) - video_tokens);
-    }
-    /// Branch b's rows of `t` ([B·L, ...]).
-    TensorView branch(const TensorView& t, int b) const { return t.slice(0, b * tokens, tokens); }
-};
 
 std::vector<Tensor*> CausalDit::layer_tensors(Layer& l) {
     std::vector<Tensor*> t;
@@ -499,12 +447,17 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
     // every branch starts from the same embedded rows
     for (int b = 1; b < B; ++b) be.copy(s.branch(s.x, 0), s.branch(s.x, b));
 
+    // the numerics, chosen once: each has its own layer function (check_forward: reference runs one branch)
+    const bool fast = be.numerics() == Numerics::Fast;
     // NOTE: a forward of committed rows only needs every layer's K/V: the last layer stops after storing them
-    const bool kv_only = opt.kv_only && !opt.trace && be.numerics() == Numerics::Fast && !layers_.empty();
+    const bool kv_only = opt.kv_only && !opt.trace && fast && !layers_.empty();
     stream_.begin(be, LayerStream::Part::Whole);
     for (size_t i = 0; i < layers_.size(); ++i) {
         stream_.before(be, int(i));
-        layer_forward(be, s, int(i), branches, opt, kv_only && i + 1 == layers_.size());
+        if (fast)
+            fast_layer(be, s, int(i), branches, opt, kv_only && i + 1 == layers_.size());
+        else
+            reference_layer(be, s, int(i), branches[0], opt);
         stream_.after(be, int(i));
         if (opt.trace) opt.trace("layer_out", int(i), s.x);
     }
@@ -528,297 +481,6 @@ void CausalDit::forward_batch(Backend& be, const DitInputs& in, std::span<const 
         if (opt.check_finite) check_finite(be, velocity, "action decoder", -1);
         be.copy(velocity, action_out);
     }
-}
-
-/// One layer's pass: its inputs and the modulation, the two scratch rows h and y, and the ops both numerics share in
-/// two forms (fast numerics run the memory-bound chains fused: Backend's FusedRowParams ops, f32 inside, one rounding
-/// per output; reference numerics run PyTorch's eager ops with their rounding points).
-struct CausalDit::LayerPass {
-    Backend& be;
-    const Step& s;
-    const int li;
-    const Layer& w;
-    const DitForwardOptions& opt;
-    const LayerNorm& norm;
-    const bool fast;
-    // NOTE: BL: the rows of every branch (the linear layers and row ops); L: one branch's (attention, groups)
-    const int64_t BL, L, C, H, D, Lv;
-    const int B;
-    const float attn_scale;
-    const FusedRowParams rows;
-    TensorView mod, mod1;  // mod[g] = modulation [6, C] + e0[g]; mod1 = mod + 1 (reference numerics only)
-    TensorView h, y;       // [BL, C] each
-
-    LayerPass(Backend& be_, const Step& s_, int li_, const Layer& w_, const DitForwardOptions& opt_,
-              const LayerNorm& norm_, const DitConfig& cfg, int64_t head_dim)
-        : be(be_), s(s_), li(li_), w(w_), opt(opt_), norm(norm_), fast(be_.numerics() == Numerics::Fast),
-          BL(s_.x.dim(0)), L(s_.tokens), C(cfg.dim), H(cfg.num_heads), D(head_dim), Lv(s_.video_tokens), B(s_.batch),
-          attn_scale(float(1.0 / std::sqrt(double(head_dim)))),
-          rows{cfg.eps, s_.groups > 1 ? s_.video_tokens : s_.tokens, s_.tokens} {}
-
-    /// h = LN(x) · (1 + scale) + shift, per token group.
-    void modulated_norm(const Step& st, int shift_i, int scale_i, const TensorView& out) const {
-        if (fast) {
-            be.ada_layer_norm(rows, st.x, {}, {}, mod_vecs(mod, scale_i), mod_vecs(mod, shift_i), out);
-            return;
-        }
-        norm.forward(be, st.x, out);
-        for (int g = 0; g < st.groups; ++g) {
-            const TensorView hg = st.rows(out, g);
-            be.mul(hg, mod_vec(mod1, g, scale_i), hg);
-            be.add(hg, mod_vec(mod, g, shift_i), hg);
-        }
-    }
-    /// x += gate · y, per token group (y is scaled in place).
-    void gated_residual(const Step& st, const TensorView& yv, int gate_i) const {
-        if (fast) {
-            be.gated_residual(rows, st.x, yv, mod_vecs(mod, gate_i));
-            return;
-        }
-        for (int g = 0; g < st.groups; ++g) {
-            const TensorView yg = st.rows(yv, g), xg = st.rows(st.x, g);
-            be.mul(yg, mod_vec(mod, g, gate_i), yg);
-            be.add(xg, yg, xg);
-        }
-    }
-    void trace(std::string_view name, const TensorView& t) const {
-        if (opt.trace) opt.trace(name, li, t);
-    }
-    /// FP8 Linears reading a fast-numerics norm: the norm quantizes its rows for them in its own pass
-    /// (Backend::ada_layer_norm_fp8: the codes quantize_fp8 makes of the rounded rows, which are not written). A trace
-    /// wants the rows: the two ops then.
-    bool fused_fp8(bool fp8) const { return fast && fp8 && !opt.trace; }
-    Fp8Input norm_fp8(const Step& st, const TensorView& weight, const TensorView& bias, const TensorView& scale,
-                      const TensorView& shift) const {
-        Fp8Input r;
-        r.q = be.scratch(Shape{st.x.dim(0), C}, DType::F8_E4M3);
-        r.scales = be.scratch(Shape{st.x.dim(0)}, DType::F32);
-        be.ada_layer_norm_fp8(rows, st.x, weight, bias, scale, shift, r.q, r.scales);
-        return r;
-    }
-};
-
-void CausalDit::layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
-                              const DitForwardOptions& opt, bool kv_only) const {
-    ArenaScope scope(be.workspace());
-    LayerPass p(be, s, li, layers_[size_t(li)], opt, norm_, cfg_, head_dim_);
-    p.mod = be.scratch(Shape{s.groups, 6, p.C});
-    be.add(s.e0, p.w.modulation, p.mod);
-    if (!p.fast) {
-        p.mod1 = be.scratch(Shape{s.groups, 6, p.C});
-        be.scale({1.0f, 1.0f}, p.mod, p.mod1);
-    }
-    p.h = be.scratch(Shape{p.BL, p.C});
-    p.y = be.scratch(Shape{p.BL, p.C});
-
-    if (!self_attention(p, branches, kv_only)) return;
-    p.trace("x_self", s.x);
-    if (opt.check_finite) check_finite(be, s.x, "self-attention", li);
-    cross_attention(p, branches);
-    p.trace("x_cross", s.x);
-    if (opt.check_finite) check_finite(be, s.x, "cross-attention", li);
-    feed_forward(p);
-    if (opt.check_finite) check_finite(be, s.x, "feed-forward", li);
-}
-
-bool CausalDit::self_attention(LayerPass& p, std::span<const DitBranch> branches, bool kv_only) const {
-    Backend& be = p.be;
-    const Step& s = p.s;
-    const Layer& w = p.w;
-    const int li = p.li;
-    const int64_t L = p.L, Lv = p.Lv, C = p.C, H = p.H, D = p.D;
-    // NOTE: layer 0 of a batched forward sees the same rows in every branch (the same inputs: the text enters at the
-    // cross-attention) and the same history (committed the same way): branch 0's self-attention serves both
-    const bool share = p.opt.share_first_self_attention && li == 0 && p.B == 2 && p.fast && !kv_only && !p.opt.trace;
-    // self-attention over [history | video | registers]
-    ArenaScope tmp(be.workspace());
-    Step sa = s;  // the rows it runs on: every branch's, or branch 0's when shared
-    if (share) {
-        sa.x = s.branch(s.x, 0);
-        sa.batch = 1;
-    }
-    const std::span<const DitBranch> sa_branches = share ? branches.subspan(0, 1) : branches;
-    const int64_t n_rows = sa.x.dim(0);
-    const int n_branches = sa.batch;
-    const TensorView hs = p.h.slice(0, 0, n_rows), ys = p.y.slice(0, 0, n_rows);
-    // FP8 weights: hs quantized once for q, k and v (the codes each would make itself)
-    Fp8Input hq;
-    if (p.fused_fp8(w.q.fp8() && w.k.fp8() && w.v.fp8())) {
-        hq = p.norm_fp8(sa, {}, {}, mod_vecs(p.mod, kScaleSa), mod_vecs(p.mod, kShiftSa));
-    } else {
-        p.modulated_norm(sa, kShiftSa, kScaleSa, hs);
-        hq = Fp8Input::quantize(be, hs, w.q.fp8() || w.k.fp8() || w.v.fp8());
-    }
-    p.trace("self_attn_in", hs);
-    const TensorView raw = be.scratch(Shape{n_rows, C});
-    TensorView q, k, v3;  // [L, H, D]
-    if (p.fast) {
-        // q/k RMSNorm and RoPE (3-D on video rows, 1-D on register rows) in one op each
-        q = be.scratch(Shape{n_rows, H, D});
-        k = be.scratch(Shape{n_rows, H, D});
-        v3 = be.scratch(Shape{n_rows, H, D});
-        const TensorView regs_table = L > Lv ? s.rope_registers : TensorView{};
-        // NOTE: the mirrored lanes' middle, where the batched attention reads both branches' current rows in place
-        if (!kv_only && n_branches == 2) {
-            SelfAttentionCache* const both[2] = {sa_branches[0].cache, sa_branches[1].cache};
-            TensorView kt, vt;
-            if (current_rows_in_place(be, li, both, L, kt, vt)) {
-                k = kt;
-                v3 = vt;
-            }
-        }
-        if (!kv_only) {
-            w.q.forward(be, hs, hq, raw);
-            be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_q.w, s.rope_video, regs_table, q);
-        }
-        w.k.forward(be, hs, hq, raw);
-        be.rms_norm_rope({cfg_.eps, Lv, L}, raw, w.norm_k.w, s.rope_video, regs_table, k);
-        w.v.forward(be, hs, hq, v3.reshape(Shape{n_rows, C}));
-        if (kv_only) {
-            // the committed rows are all this forward is for: store them, skip the rest of the layer
-            for (int b = 0; b < n_branches; ++b)
-                sa_branches[size_t(b)].cache->store(be, li, s.branch(k, b), s.branch(v3, b), Lv);
-            return false;
-        }
-    } else {
-        const TensorView qn = be.scratch(Shape{L, C});
-        const TensorView kn = be.scratch(Shape{L, C});
-        const TensorView v = be.scratch(Shape{L, C});
-        w.q.forward(be, hs, hq, raw);  // [L, C] -> [L, C]
-        w.norm_q.forward(be, raw, qn);
-        w.k.forward(be, hs, hq, raw);  // [L, C] -> [L, C]
-        w.norm_k.forward(be, raw, kn);
-        w.v.forward(be, hs, hq, v);  // [L, C] -> [L, C]
-
-        // [L, C] -> [L, H, D]; RoPE: 3-D on video rows, 1-D on register rows
-        q = be.scratch(Shape{L, H, D});
-        k = be.scratch(Shape{L, H, D});
-        const TensorView qn3 = qn.reshape(Shape{L, H, D}), kn3 = kn.reshape(Shape{L, H, D});
-        be.rope({}, qn3.slice(0, 0, Lv), s.rope_video, q.slice(0, 0, Lv));
-        be.rope({}, kn3.slice(0, 0, Lv), s.rope_video, k.slice(0, 0, Lv));
-        if (L > Lv) {
-            be.rope({}, qn3.slice(0, Lv, L - Lv), s.rope_registers, q.slice(0, Lv, L - Lv));
-            be.rope({}, kn3.slice(0, Lv, L - Lv), s.rope_registers, k.slice(0, Lv, L - Lv));
-        }
-        v3 = v.reshape(Shape{L, H, D});
-    }
-    // a shared layer 0 of a committing forward: branch 1's cache stores the same rows
-    if (share && branches[1].cache->committing()) branches[1].cache->store(be, li, k, v3, Lv);
-    p.trace("q", q);
-    p.trace("k", k);
-    p.trace("v", v3);
-
-    const TensorView attn = be.scratch(Shape{n_rows, H, D});
-    // NOTE: the batched branches' paged caches attend in one call (one cuDNN SDPA of batch B in fast numerics:
-    // 8-13% faster than one call per branch at the DiT's shapes, docs/PERF.md, "Attention")
-    std::vector<SelfAttentionCache*> caches;
-    for (int b = 0; b < n_branches; ++b) caches.push_back(sa_branches[size_t(b)].cache);
-    attend_branches(be, li, caches, q, k, v3, Lv, p.attn_scale, attn);
-    w.o.forward(be, attn.reshape(Shape{n_rows, C}), ys);  // [L, H, D] -> [L, C] -> [L, C]
-    p.trace("self_attn", ys);
-    // NOTE: not Backend::gated_residual_norm (the add and norm3 in one pass): on the H200 it measured slower
-    // than the two ops (`dzr bench fused`: 53.9 us against 45.7 us at [1785, 5120], docs/PERF.md)
-    p.gated_residual(sa, ys, kGateSa);
-    if (share) be.copy(s.branch(s.x, 0), s.branch(s.x, 1));
-    return true;
-}
-
-void CausalDit::cross_attention(LayerPass& p, std::span<const DitBranch> branches) const {
-    // separate softmaxes over text and image keys, summed, then o
-    Backend& be = p.be;
-    const Step& s = p.s;
-    const Layer& w = p.w;
-    const int64_t BL = p.BL, L = p.L, C = p.C, H = p.H, D = p.D;
-    const int B = p.B;
-    ArenaScope tmp(be.workspace());
-    Fp8Input hq;
-    if (p.fused_fp8(w.cross_q.fp8()))
-        hq = p.norm_fp8(s, w.norm3.w, w.norm3.b, {}, {});
-    else if (p.fast)
-        be.ada_layer_norm(p.rows, s.x, w.norm3.w, w.norm3.b, {}, {}, p.h);
-    else
-        w.norm3.forward(be, s.x, p.h);
-    const TensorView raw = be.scratch(Shape{BL, C});
-    const TensorView q = be.scratch(Shape{BL, C});
-    w.cross_q.forward(be, p.h, hq, raw);  // [L, C] -> [L, C]
-    if (p.fast)
-        be.rms_norm_rope({cfg_.eps}, raw, w.cross_norm_q.w, {}, {}, q.reshape(Shape{BL, H, D}));
-    else
-        w.cross_norm_q.forward(be, raw, q);
-    const TensorView q3 = q.reshape(Shape{BL, H, D});  // [L, C] -> [L, H, D]
-    const TensorView o_txt = be.scratch(Shape{BL, H, D});
-    const TensorView o_img = be.scratch(Shape{BL, H, D});
-    // an FP8 cross cache: each K and V dequantized into the workspace (per token and head scales) first
-    const auto dequantized = [&](const TensorView& t, const TensorView& scales) {
-        if (t.dtype != DType::F8_E4M3) return t;
-        const TensorView out = be.scratch(t.shape);
-        const int64_t rows = t.dim(0) * t.dim(1);
-        be.dequantize_fp8(t.reshape(Shape{rows, t.dim(2)}), scales.reshape(Shape{rows}),
-                          out.reshape(Shape{rows, t.dim(2)}));
-        return out;
-    };
-    const auto layer_kv = [&](int b) -> const DitCrossKv::Layer& {
-        return branches[size_t(b)].cross->layers[size_t(p.li)];
-    };
-    for (int b = 0; b < B; ++b) {
-        const DitCrossKv::Layer& ckv = layer_kv(b);
-        be.attention({p.attn_scale}, s.branch(q3, b), dequantized(ckv.k_txt, ckv.k_txt_scale),
-                     dequantized(ckv.v_txt, ckv.v_txt_scale), {}, s.branch(o_txt, b));
-    }
-    // NOTE: the branches of one device share one image cache (one CLIP context): one attention over all rows
-    bool shared_image = true;
-    for (int b = 1; b < B; ++b)
-        shared_image = shared_image && layer_kv(b).k_img.data == layer_kv(0).k_img.data &&
-                       layer_kv(b).v_img.data == layer_kv(0).v_img.data;
-    for (int b = 0; b < (shared_image ? 1 : B); ++b) {
-        const DitCrossKv::Layer& ckv = layer_kv(b);
-        be.attention({p.attn_scale}, shared_image ? q3 : s.branch(q3, b), dequantized(ckv.k_img, ckv.k_img_scale),
-                     dequantized(ckv.v_img, ckv.v_img_scale), {}, shared_image ? o_img : s.branch(o_img, b));
-    }
-    be.add(o_txt, o_img, o_txt);
-    if (p.fast) {
-        // x += cross_o(o): the GEMM accumulates into the residual (no "cross_attn" intermediate to trace)
-        w.cross_o.forward_accumulate(be, o_txt.reshape(Shape{BL, C}), s.x);  // [L, H, D] -> [L, C] -> += [L, C]
-    } else {
-        w.cross_o.forward(be, o_txt.reshape(Shape{L, C}), p.y);  // [L, H, D] -> [L, C] -> [L, C]
-        p.trace("cross_attn", p.y);
-        be.add(s.x, p.y, s.x);
-    }
-}
-
-void CausalDit::feed_forward(LayerPass& p) const {
-    // C -> ffn_dim -> GELU(tanh) -> C, modulated and gated
-    Backend& be = p.be;
-    const Step& s = p.s;
-    const Layer& w = p.w;
-    ArenaScope tmp(be.workspace());
-    const TensorView hidden = be.scratch(Shape{p.BL, cfg_.ffn_dim});
-    if (p.fused_fp8(w.ffn1.fp8())) {
-        // FP8: the norm quantizes for ffn1, whose GEMM adds the bias; the GELU then runs in ffn2's quantization
-        const Fp8Input hq = p.norm_fp8(s, {}, {}, mod_vecs(p.mod, kScaleFf), mod_vecs(p.mod, kShiftFf));
-        w.ffn1.forward(be, p.h, hq, hidden);  // [L, C] -> [L, ffn]
-        if (w.ffn2.fp8()) {
-            Fp8Input gq;
-            gq.q = be.scratch(Shape{p.BL, cfg_.ffn_dim}, DType::F8_E4M3);
-            gq.scales = be.scratch(Shape{p.BL}, DType::F32);
-            be.activation_quantize_fp8({Activation::GeluTanh}, hidden, gq.q, gq.scales);
-            w.ffn2.forward(be, hidden, gq, p.y);  // [L, ffn] -> [L, C]
-        } else {
-            be.activation({Activation::GeluTanh}, hidden, hidden);
-            w.ffn2.forward(be, hidden, p.y);
-        }
-    } else {
-        p.modulated_norm(s, kShiftFf, kScaleFf, p.h);
-        if (p.fast) {
-            w.ffn1.forward_gelu(be, p.h, hidden);  // [L, C] -> [L, ffn], the bias and GELU in the GEMM's epilogue
-        } else {
-            w.ffn1.forward(be, p.h, hidden);  // [L, C] -> [L, ffn]
-            be.activation({Activation::GeluTanh}, hidden, hidden);
-        }
-        w.ffn2.forward(be, hidden, p.y);  // [L, ffn] -> [L, C]
-    }
-    p.trace("ffn", p.y);
-    p.gated_residual(s, p.y, kGateFf);
 }
 
 void CausalDit::head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitTraceFn& trace,

@@ -184,7 +184,7 @@ class CausalDit {
     /// kCrossKvTensors of them). A new Layer member goes here too, or a streamed layer would leave it in host memory.
     static std::vector<Tensor*> layer_tensors(Layer& l);
     static constexpr size_t kCrossKvTensors = 14;
-    struct Step;  // per-forward state shared by the layer passes (causal_dit.cpp)
+    struct Step;  // per-forward state shared by the layers (dit_layer.h)
 
     enum class CrossContext : uint8_t { Text, Image };
     /// Every layer's cross K and V of one context ctx [tokens, dim] (text_embedding's or img_emb's output)
@@ -198,15 +198,17 @@ class CausalDit {
     /// s.x's first branch rows (patch embedding, then the register tokens) and s.e, s.e0 (the time embedding).
     void embed_tokens(Backend& be, const DitInputs& in, std::span<const DitBranch> branches,
                       const DitForwardOptions& opt, const ForwardShape& fs, const Step& s) const;
-    struct LayerPass;  // one layer's inputs, modulation and scratch rows (causal_dit.cpp)
-    /// kv_only (fast numerics): the layer's K/V rows stored into every branch's cache, and nothing after them.
-    void layer_forward(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
-                       const DitForwardOptions& opt, bool kv_only = false) const;
-    /// The layer's three blocks, each adding into the residual s.x; self_attention returns false when kv_only
-    /// stopped the layer after storing its K/V rows.
-    bool self_attention(LayerPass& p, std::span<const DitBranch> branches, bool kv_only) const;
-    void cross_attention(LayerPass& p, std::span<const DitBranch> branches) const;
-    void feed_forward(LayerPass& p) const;
+    struct LayerPass;       // one layer's inputs and scratch rows, and the steps both numerics share (dit_layer.h)
+    struct ReferenceLayer;  // a layer's blocks in reference numerics (dit_layer_reference.cpp)
+    struct FastLayer;       // a layer's blocks in fast numerics (dit_layer_fast.cpp)
+    /// One layer in reference numerics (one branch): PyTorch's eager ops with their rounding points, adding
+    /// self-attention, cross-attention and feed-forward into the residual s.x.
+    void reference_layer(Backend& be, const Step& s, int li, const DitBranch& branch,
+                         const DitForwardOptions& opt) const;
+    /// One layer in fast numerics over every branch's rows (fused row ops; FP8 Linears read their norm's codes).
+    /// kv_only: the layer's K/V rows stored into every branch's cache, and nothing after them.
+    void fast_layer(Backend& be, const Step& s, int li, std::span<const DitBranch> branches,
+                    const DitForwardOptions& opt, bool kv_only) const;
     /// The head on branch b's video rows into `out`.
     void head_forward(Backend& be, const Step& s, int b, const DitOutputs& out, const DitTraceFn& trace,
                       const DitForwardOptions& opt) const;

@@ -48,6 +48,51 @@ void Linear::forward(Backend& be, const TensorView& x, const Fp8Input& xq, const
     be.gemm_fp8(xq.q, xq.scales, w, scale, b, out);
 }
 
+LinearInput LinearInput::shared(Backend& be, const TensorView& x, std::initializer_list<const Linear*> readers) {
+    bool any_fp8 = false;
+    for (const Linear* r : readers) any_fp8 = any_fp8 || r->fp8();
+    return {x, Fp8Input::quantize(be, x, readers.size() > 1 && any_fp8)};
+}
+
+void Linear::forward(Backend& be, const LinearInput& in, const TensorView& out) const {
+    if (in.gelu) {
+        if (!fp8()) {
+            be.activation({Activation::GeluTanh}, in.rows, in.rows);
+            forward(be, in.rows, out);
+            return;
+        }
+        ArenaScope scope(be.workspace());
+        Fp8Input q;
+        q.q = be.scratch(in.rows.shape, DType::F8_E4M3);
+        q.scales = be.scratch(Shape{in.rows.rows()}, DType::F32);
+        be.activation_quantize_fp8({Activation::GeluTanh}, in.rows, q.q, q.scales);
+        forward(be, in.rows, q, out);
+        return;
+    }
+    if (in.rows.defined()) {
+        forward(be, in.rows, in.fp8, out);
+        return;
+    }
+    DZR_CHECK(fp8() && in.fp8.defined() && in.fp8.q.cols() == in_features(),
+              "linear: the codes {} alone do not fit the weight {} (an FP8 weight of {} inputs reads them)",
+              in.fp8.q.str(), w.view().str(), in_features());
+    be.gemm_fp8(in.fp8.q, in.fp8.scales, w, scale, b, out);
+}
+
+LinearInput Linear::forward_gelu(Backend& be, const LinearInput& in, const TensorView& out) const {
+    if (!in.rows.defined()) {
+        forward(be, in, out);
+        return {out, {}, true};
+    }
+    if (fp8() && in.fp8.defined()) {
+        forward(be, in, out);
+        be.activation({Activation::GeluTanh}, out, out);
+    } else {
+        forward_gelu(be, in.rows, out);
+    }
+    return {out, {}, false};
+}
+
 void Linear::forward_gelu(Backend& be, const TensorView& x, const TensorView& out) const {
     if (!fp8()) {
         be.gemm_gelu(GemmParams{}, x, w, b, out);
@@ -74,6 +119,21 @@ size_t Linear::fp8_workspace_bytes(int64_t rows) const {
     if (!fp8()) return 0;
     const auto aligned = [](size_t n) { return (n + Arena::kAlign - 1) / Arena::kAlign * Arena::kAlign; };
     return aligned(size_t(rows * in_features())) + aligned(size_t(rows) * sizeof(float));
+}
+
+LinearInput AdaLayerNorm::forward(Backend& be, const TensorView& x, const TensorView& out,
+                                  std::initializer_list<const Linear*> readers, bool keep_rows) const {
+    bool all_fp8 = readers.size() > 0;
+    for (const Linear* r : readers) all_fp8 = all_fp8 && r->fp8();
+    if (all_fp8 && !keep_rows) {
+        LinearInput in;
+        in.fp8.q = be.scratch(Shape{x.dim(0), x.cols()}, DType::F8_E4M3);
+        in.fp8.scales = be.scratch(Shape{x.dim(0)}, DType::F32);
+        be.ada_layer_norm_fp8(rows, x, weight, bias, scale, shift, in.fp8.q, in.fp8.scales);
+        return in;
+    }
+    be.ada_layer_norm(rows, x, weight, bias, scale, shift, out);
+    return LinearInput::shared(be, out, readers);
 }
 
 void RmsNorm::load(WeightLoader& loader, const std::string& prefix, int64_t channels, float epsilon) {
