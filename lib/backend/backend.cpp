@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/profiling_backend.h"
+#include "backend/profiler.h"
 #include "core/error.h"
 
 namespace dzr {
@@ -17,9 +17,23 @@ void Stream::copy_pinned(const void*, const TensorView&) { DZR_THROW("this strea
 
 std::unique_ptr<Stream> Backend::make_copy_stream() { DZR_THROW("backend {} has no copy stream", name()); }
 
-void Backend::paged_attention(const AttentionParams&, const TensorView&, const PagedKvView&, int, const TensorView&,
-                              const TensorView&, const TensorView&) {
-    DZR_THROW("backend {} has no paged attention", name());
+Backend::Backend(Numerics numerics, bool measuring) : numerics_(numerics), measuring_(measuring) {}
+
+// NOTE: the profiler outlives the derived backend's members here; it only frees its events then
+Backend::~Backend() = default;
+
+void Backend::attach_profiler(bool time_ops) {
+    profiler_ = std::make_unique<Profiler>(stream(), make_kernel_tracer(*this), time_ops);
+}
+
+void Backend::unsupported(const char* op) const {
+    DZR_THROW("backend {} has no {}", name(), op);
+}
+
+void Backend::touch_workspace(size_t bytes) {
+    if (bytes == 0) return;
+    ArenaScope scope(workspace());
+    workspace().alloc(bytes);
 }
 
 namespace {
@@ -34,9 +48,10 @@ TensorView branch_rows(const TensorView& t, size_t branches, size_t b, const cha
 
 }  // namespace
 
-void Backend::paged_attention_batched(const AttentionParams& p, const TensorView& q,
-                                      std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
-                                      const TensorView& v_cur, const TensorView& out) {
+void Backend::do_paged_attention_batched(const AttentionParams& p, const TensorView& q,
+                                         std::span<const PagedKvView> histories, int layer,
+                                         const TensorView& k_cur, const TensorView& v_cur,
+                                         const TensorView& out) {
     const size_t B = histories.size();
     DZR_CHECK(B >= 1, "paged_attention_batched: no branches");
     for (size_t b = 0; b < B; ++b)
@@ -53,11 +68,7 @@ size_t Backend::paged_attention_batched_workspace_bytes(std::span<const PagedKvV
     return most;
 }
 
-void Backend::resize_bicubic(const TensorView&, const TensorView&) {
-    DZR_THROW("backend {} has no device bicubic resize (capabilities().resize_bicubic)", name());
-}
-
-void Backend::sin_cos_table(float step, const TensorView& out) {
+void Backend::do_sin_cos_table(float step, const TensorView& out) {
     DZR_CHECK(out.rank() == 2 && out.dim(1) % 2 == 0 && out.is_contiguous(),
               "sin_cos_table: output must be a contiguous [T, 2·half], got {}", out.str());
     const int64_t rows = out.dim(0), half = out.dim(1) / 2;
@@ -71,7 +82,7 @@ void Backend::sin_cos_table(float step, const TensorView& out) {
     upload(TensorView(host.data(), DType::F32, out.shape), out);
 }
 
-void Backend::count_nonfinite(const TensorView& x, const TensorView& out) {
+void Backend::do_count_nonfinite(const TensorView& x, const TensorView& out) {
     DZR_CHECK(x.is_contiguous() && out.dtype == DType::I32 && out.numel() == 1,
               "count_nonfinite: x must be contiguous and out an i32 [1], got {} and {}", x.str(), out.str());
     std::vector<float> host(size_t(x.numel()));
@@ -81,27 +92,10 @@ void Backend::count_nonfinite(const TensorView& x, const TensorView& out) {
     upload(TensorView(&n, DType::I32, Shape{1}), out);
 }
 
-void Backend::scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&, int64_t) {
-    DZR_THROW("backend {} has no KV scatter", name());
-}
-
-void Backend::quantize_fp8(const TensorView&, const TensorView&, const TensorView&) {
-    DZR_THROW("backend {} has no FP8 quantization", name());
-}
-
-void Backend::dequantize_fp8(const TensorView&, const TensorView&, const TensorView&) {
-    DZR_THROW("backend {} has no FP8 dequantization", name());
-}
-
-void Backend::gemm_fp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                       const TensorView&) {
-    DZR_THROW("backend {} has no FP8 GEMM", name());
-}
-
 std::unique_ptr<Backend> make_backend(const Device& device, const BackendOptions& options) {
     std::unique_ptr<Backend> be =
         device.is_cpu() ? make_cpu_backend(options) : make_cuda_backend(device.index, options);
-    if (options.profile) be = std::make_unique<ProfilingBackend>(std::move(be), options.profile_ops);
+    if (options.profile) be->attach_profiler(options.profile_ops);
     return be;
 }
 
@@ -155,9 +149,9 @@ bool per_period(const FusedRowParams& p, int64_t L, Op&& op) {
 
 }  // namespace
 
-void Backend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                             const TensorView& bias, const TensorView& scale, const TensorView& shift,
-                             const TensorView& out) {
+void Backend::do_ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                const TensorView& out) {
     if (per_period(p, x.dim(0), [&](const FusedRowParams& q, auto rows) {
             ada_layer_norm(q, rows(x), weight, bias, scale, shift, rows(out));
         }))
@@ -177,8 +171,8 @@ void Backend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const
     }
 }
 
-void Backend::gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                             const TensorView& gate) {
+void Backend::do_gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                const TensorView& gate) {
     if (!gate.defined()) {
         add(x, y, x);
         return;
@@ -193,8 +187,8 @@ void Backend::gated_residual(const FusedRowParams& p, const TensorView& x, const
     }
 }
 
-void Backend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                            const TensorView& table_a, const TensorView& table_b, const TensorView& out) {
+void Backend::do_rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                               const TensorView& table_a, const TensorView& table_b, const TensorView& out) {
     const int64_t L = out.dim(0), H = out.dim(1), D = out.dim(2);
     if (per_period(p, L, [&](const FusedRowParams& q, auto rows) {
             rms_norm_rope(q, rows(x), weight, table_a, table_b, rows(out));
@@ -214,32 +208,33 @@ void Backend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const 
     if (s < L) rope({}, normed.slice(0, s, L - s), first(table_b, L - s), out.slice(0, s, L - s));
 }
 
-void Backend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                  const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                  const TensorView& scale, const TensorView& shift, const TensorView& out) {
+void Backend::do_gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                     const TensorView& gate, const TensorView& weight, const TensorView& bias,
+                                     const TensorView& scale, const TensorView& shift,
+                                     const TensorView& out) {
     gated_residual(p, x, y, gate);
     ada_layer_norm(p, x, weight, bias, scale, shift, out);
 }
 
-void Backend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                                 const TensorView& bias, const TensorView& scale, const TensorView& shift,
-                                 const TensorView& q, const TensorView& scales) {
+void Backend::do_ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                    const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                    const TensorView& q, const TensorView& scales) {
     ArenaScope scope(workspace());
     const TensorView h = scratch(x.shape, compute_dtype());
     ada_layer_norm(p, x, weight, bias, scale, shift, h);
     quantize_fp8(h, q, scales);
 }
 
-void Backend::activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
-                                      const TensorView& scales) {
+void Backend::do_activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                         const TensorView& scales) {
     ArenaScope scope(workspace());
     const TensorView a = scratch(x.shape, x.dtype);
     activation(p, x, a);
     quantize_fp8(a, q, scales);
 }
 
-void Backend::gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-                        const TensorView& out) {
+void Backend::do_gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b,
+                           const TensorView& bias, const TensorView& out) {
     gemm(p, a, b, bias, out);
     activation({Activation::GeluTanh}, out, out);
 }

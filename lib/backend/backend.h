@@ -240,9 +240,21 @@ public:
     virtual void copy_pinned(const void* pinned_src, const TensorView& dst);
 };
 
+class Profiler;
+
+/// The ops. Each op is a public function that runs the backend's protected `do_<op>` inside one bracket
+/// (backend_ops.cpp), which is all that profiling and workspace planning need of an op:
+///  - with a profiler attached (attach_profiler) that times ops, the outermost op is recorded under its key (its kind
+///    and shapes, "gemm tb bf16[1785,5120] x bf16[5120,5120]") between two stream events; the ops an op runs itself
+///    (a composition, a fallback) are part of it;
+///  - on a measuring backend (MeasuringBackend) nothing is computed: plain ops are skipped, the fused DiT ops run
+///    their base composition (its scratch counts), and an op with workspace of its own takes what its
+///    `*_workspace_bytes` query says.
+/// A new op is its public function, its bracket and key (backend_ops.cpp) and its `do_<op>`, then an implementation
+/// in each backend.
 class Backend {
 public:
-    virtual ~Backend() = default;
+    virtual ~Backend();
 
     virtual std::string name() const = 0;
     /// The dtype activations and weights use on this backend (CPU: f32, CUDA: bf16).
@@ -255,8 +267,13 @@ public:
     /// (model/layer_stream.h). Throws where unsupported.
     virtual std::unique_ptr<Stream> make_copy_stream();
     Numerics numerics() const { return numerics_; }
-    /// The op profiler of a profiled backend (BackendOptions::profile: profiling_backend.h), else null.
-    virtual class Profiler* profiler() { return nullptr; }
+
+    // ---- profiling (profiler.h) --------------------------------------------------------------------
+    /// From now on the ops run between a Profiler's events (time_ops false: the ops run untimed, regions and the
+    /// kernel tracer only: Profiler::ops_timed). BackendOptions::profile attaches one in make_backend.
+    void attach_profiler(bool time_ops = true);
+    /// The attached profiler, else null.
+    Profiler* profiler() { return profiler_.get(); }
 
     // ---- the device and the stream, for the common calls ---------------------------------------
     Device device() const { return context().device(); }
@@ -289,32 +306,27 @@ public:
     /// and times against the reference path's); "" where there is nothing to report.
     virtual std::string conv_plan_report() const { return ""; }
 
+    // ==== generic ops ===========================================================================
     /// Device copy, converting dtype; src may be strided (any permutation), dst contiguous.
-    virtual void copy(const TensorView& src, const TensorView& dst) = 0;
+    void copy(const TensorView& src, const TensorView& dst);
     /// Set every element of a contiguous tensor to value.
-    virtual void fill(const TensorView& dst, float value) = 0;
-
-    // ---- ops ----------------------------------------------------------------------------------
-    virtual void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-                      const TensorView& out) = 0;
-    virtual void binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
-                        const TensorView& out) = 0;
-    virtual void scale(const ScaleParams& p, const TensorView& x, const TensorView& out) = 0;
-    virtual void activation(const ActivationParams& p, const TensorView& x, const TensorView& out) = 0;
-    virtual void layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight,
-                            const TensorView& bias, const TensorView& out) = 0;
-    virtual void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
-                          const TensorView& out) = 0;
-    virtual void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
-                         const TensorView& out) = 0;
-    virtual void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) = 0;
-    virtual void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) = 0;
-    virtual void rope(const RopeParams& p, const TensorView& x, const TensorView& table,
-                      const TensorView& out) = 0;
-    virtual void attention(const AttentionParams& p, const TensorView& q, const TensorView& k,
-                           const TensorView& v, const TensorView& bias, const TensorView& out) = 0;
-    virtual void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
-                        const TensorView& out) = 0;
+    void fill(const TensorView& dst, float value);
+    void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+              const TensorView& out);
+    void binary(const BinaryParams& p, const TensorView& a, const TensorView& b, const TensorView& out);
+    void scale(const ScaleParams& p, const TensorView& x, const TensorView& out);
+    void activation(const ActivationParams& p, const TensorView& x, const TensorView& out);
+    void layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight, const TensorView& bias,
+                    const TensorView& out);
+    void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight, const TensorView& out);
+    void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight, const TensorView& out);
+    void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out);
+    void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out);
+    void rope(const RopeParams& p, const TensorView& x, const TensorView& table, const TensorView& out);
+    void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& bias, const TensorView& out);
+    void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                const TensorView& out);
     /// Workspace bytes conv3d takes from the arena for these shapes (its padded or re-laid-out operands and the
     /// library's scratch), planning the call now if needed: the CUDA backend fixes the cuDNN engine PyTorch would
     /// pick without a workspace limit, so a workspace planned with this (MeasuringBackend) always leaves room for
@@ -324,121 +336,212 @@ public:
         (void)p, (void)x, (void)w, (void)out;
         return 0;
     }
-    /// Workspace bytes paged_attention takes from the arena for this history and these current rows (shapes
-    /// only). 0 where there is none.
-    virtual size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) {
-        (void)history, (void)k_cur;
-        return 0;
-    }
     /// Bicubic resize of an f32 image [C, H, W] -> f32 [C, h, w] (both contiguous) in the arithmetic of PyTorch's
     /// kernel for this device. Only where capabilities().resize_bicubic; the base implementation throws (callers
     /// resize with their interpolation matrices elsewhere, model/image_resize.h).
-    virtual void resize_bicubic(const TensorView& src, const TensorView& dst);
+    void resize_bicubic(const TensorView& src, const TensorView& dst);
     /// A table of sinusoids, out: [T, 2·half]: out[t, j] = sin(t · e_j), out[t, half + j] = cos(t · e_j) with
     /// e_j = exp(−j · step), each step one f32 operation (−j · step, exp, t · e_j, sin / cos), then stored in
     /// out's dtype. The reference evaluates this (the action encoder's timestep encoding) on its device, so a
-    /// device backend computes it with the device's f32 exp/sin/cos; this default computes it on the host
+    /// device backend computes it with the device's f32 exp/sin/cos; the base implementation computes it on the host
     /// (std::exp, std::sin, std::cos in float) and uploads it. For tables built at load, not in a forward.
-    virtual void sin_cos_table(float step, const TensorView& out);
-    // ---- fused ops of `fast` numerics (FusedRowParams) ---------------------------------------------
-    /// out = (LN(x) [* weight + bias]) [* (1 + scale[g])] [+ shift[g]]; x, out: contiguous [L, C].
-    virtual void ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                                const TensorView& bias, const TensorView& scale, const TensorView& shift,
-                                const TensorView& out);
-    /// x += y [* gate[g]]; x, y: contiguous [L, C] of one dtype. y may be overwritten (it is scratch to the caller).
-    virtual void gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                const TensorView& gate);
-    /// out [L, H, D] = rope(rms_norm(x) * weight): the RMS over each whole row of x (contiguous [L, H·D]), then
-    /// RopeParams' rotation with table_a's rows for rows [0, split) and table_b's rows for rows [split, L) (tables
-    /// absent: no rotation).
-    virtual void rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                               const TensorView& table_a, const TensorView& table_b, const TensorView& out);
-    /// x += y [* gate[g]] (rounded to x's dtype), then out = ada_layer_norm(x, weight, bias, scale, shift): a residual
-    /// add and the next norm in one pass over x. Operands as gated_residual and ada_layer_norm; y may be overwritten.
-    virtual void gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                     const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                     const TensorView& scale, const TensorView& shift, const TensorView& out);
-    /// out = gelu_tanh(op(a) · op(b) + bias): gemm's operands (rank 2 or 3) and params, then the tanh GELU
-    /// (Activation::GeluTanh), computed in f32 and rounded once where the backend fuses it (CUDA: cuBLASLt's GELU_BIAS
-    /// epilogue, whose GELU is the tanh form). The base implementation runs gemm, then activation in place.
-    virtual void gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-                           const TensorView& out);
+    void sin_cos_table(float step, const TensorView& out);
     /// out (i32 [1] on this backend's device) = the number of NaN and ±Inf elements of x (a contiguous float
-    /// tensor). Queued like any op: the caller downloads the count (policy/finite_check.h). This default
+    /// tensor). Queued like any op: the caller downloads the count (policy/finite_check.h). The base implementation
     /// downloads x and counts on the host.
-    virtual void count_nonfinite(const TensorView& x, const TensorView& out);
-
-    // ---- paged KV cache ops (kv_view.h); the base implementations throw "not supported" ----------
-    /// Non-causal attention of q over [history rows through the block table | current rows], per head:
-    /// out = softmax(scale * q [K_hist | k_cur]^T) [V_hist | v_cur]. q, out: [Lq, H, D]; k_cur, v_cur:
-    /// [Lc, H, D] (strided rows allowed); history: a view of the pool whose block table and storage are on
-    /// this backend's device; `layer` selects the pool layer. With no keys at all the output is zero.
-    virtual void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
-                                 int layer, const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
-    /// paged_attention of B branches at once (the CFG branches of one batched forward): branch b's query, current
-    /// and output rows are rows [b·L, (b+1)·L) of q, k_cur, v_cur and out ([B·L, H, D], L = q.dim(0) / B), its
-    /// history histories[b]. Each branch's result is what paged_attention gives it; a backend that runs the branches
-    /// as one call (CUDA, fast numerics: one cuDNN SDPA of batch B when every history has the same length) may round
-    /// like that call. This default runs paged_attention per branch.
-    virtual void paged_attention_batched(const AttentionParams& p, const TensorView& q,
-                                         std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
-                                         const TensorView& v_cur, const TensorView& out);
-    /// Workspace bytes paged_attention_batched takes (shapes only): by default the most one branch's call takes.
-    virtual size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
-                                                           const TensorView& k_cur);
-    /// Writes row i of k and v ([n, H, D]) to pool slot slots[i] (i64 [n] on this backend's device; slot =
-    /// block_id * block_size + offset) of layer `layer`; kPadSlot (-1) rows are skipped. Slots must lie in
-    /// [0, num_slots); the CPU checks, the CUDA kernel skips rows outside (it cannot throw).
-    virtual void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
-                            const TensorView& v, int64_t num_slots);
+    void count_nonfinite(const TensorView& x, const TensorView& out);
 
     // ---- FP8 (E4M3) ops (core/fp8.h defines the quantization); the base implementations throw ----------
     /// Per-row quantization: x [rows, cols] (f32 or the compute dtype; rows may be strided, unit last stride) ->
     /// q F8_E4M3 [rows, cols] (contiguous) and scales F32 [rows]: scale = max(amax, 1e-12) / 448, q = e4m3(x · 448 /
     /// max(amax, 1e-12)), rounded to nearest even and saturating. The CPU and the CUDA backend write the same bits
     /// for the same input (activations per token; the FP8 KV pool per token and head).
-    virtual void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales);
+    void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales);
     /// out[r, c] = e4m3 q[r, c] · scales[r] (f32 product) in out's dtype: q F8_E4M3 [rows, cols] and out
     /// [rows, cols] contiguous, scales F32 [rows].
-    virtual void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out);
+    void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out);
     /// The FP8 Linear: out[m, n] = x_scales[m] · w_scales[n] · Σ_k xq[m, k] · wq[n, k] (+ bias[n]), the E4M3 products
     /// summed in f32. xq: F8_E4M3 [M, K] and wq: F8_E4M3 [N, K] (a Linear weight), both contiguous; x_scales F32 [M],
     /// w_scales F32 [N]; bias [N] (optional) and out [M, N] (unit last stride) in f32 or the compute dtype. Needs
     /// capabilities().fp8 on a device; the CPU runs it on dequantized values.
-    virtual void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq,
-                          const TensorView& w_scales, const TensorView& bias, const TensorView& out);
-    /// ada_layer_norm (fast numerics' fused op) whose output, rounded to the compute dtype, is quantized as
-    /// quantize_fp8 quantizes it: q F8_E4M3 [L, C] (contiguous) and scales F32 [L]; the bf16 rows themselves are not
-    /// written (the norm in front of FP8 Linears, in one pass). The base implementation runs ada_layer_norm into the
-    /// workspace, then quantize_fp8: the same codes and scales.
-    virtual void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                                    const TensorView& bias, const TensorView& scale, const TensorView& shift,
-                                    const TensorView& q, const TensorView& scales);
+    void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq, const TensorView& w_scales,
+                  const TensorView& bias, const TensorView& out);
+
+    // ==== fused DiT ops =========================================================================
+    // ---- the fused chains of `fast` numerics (FusedRowParams); the base implementations compose the ops above ----
+    /// out = (LN(x) [* weight + bias]) [* (1 + scale[g])] [+ shift[g]]; x, out: contiguous [L, C].
+    void ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight, const TensorView& bias,
+                        const TensorView& scale, const TensorView& shift, const TensorView& out);
+    /// x += y [* gate[g]]; x, y: contiguous [L, C] of one dtype. y may be overwritten (it is scratch to the caller).
+    void gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y, const TensorView& gate);
+    /// out [L, H, D] = rope(rms_norm(x) * weight): the RMS over each whole row of x (contiguous [L, H·D]), then
+    /// RopeParams' rotation with table_a's rows for rows [0, split) and table_b's rows for rows [split, L) (tables
+    /// absent: no rotation).
+    void rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                       const TensorView& table_a, const TensorView& table_b, const TensorView& out);
+    /// x += y [* gate[g]] (rounded to x's dtype), then out = ada_layer_norm(x, weight, bias, scale, shift): a residual
+    /// add and the next norm in one pass over x. Operands as gated_residual and ada_layer_norm; y may be overwritten.
+    void gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y, const TensorView& gate,
+                             const TensorView& weight, const TensorView& bias, const TensorView& scale,
+                             const TensorView& shift, const TensorView& out);
+    /// out = gelu_tanh(op(a) · op(b) + bias): gemm's operands (rank 2 or 3) and params, then the tanh GELU
+    /// (Activation::GeluTanh), computed in f32 and rounded once where the backend fuses it (CUDA: cuBLASLt's GELU_BIAS
+    /// epilogue, whose GELU is the tanh form). The base implementation runs gemm, then activation in place.
+    void gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                   const TensorView& out);
+    /// ada_layer_norm whose output, rounded to the compute dtype, is quantized as quantize_fp8 quantizes it: q F8_E4M3
+    /// [L, C] (contiguous) and scales F32 [L]; the bf16 rows themselves are not written (the norm in front of FP8
+    /// Linears, in one pass). The base implementation runs ada_layer_norm into the workspace, then quantize_fp8: the
+    /// same codes and scales.
+    void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                            const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                            const TensorView& q, const TensorView& scales);
     /// quantize_fp8 of activation(x) rounded to x's dtype (x contiguous [rows, cols], left unchanged): the FFN's GELU
     /// and the next FP8 Linear's quantization in one pass. The base implementation runs the activation into the
     /// workspace, then quantize_fp8: the same codes and scales.
-    virtual void activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
-                                         const TensorView& scales);
+    void activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                 const TensorView& scales);
+
+    // ---- paged KV cache ops (kv_view.h); the base implementations throw "not supported" ----------
+    /// Non-causal attention of q over [history rows through the block table | current rows], per head:
+    /// out = softmax(scale * q [K_hist | k_cur]^T) [V_hist | v_cur]. q, out: [Lq, H, D]; k_cur, v_cur:
+    /// [Lc, H, D] (strided rows allowed); history: a view of the pool whose block table and storage are on
+    /// this backend's device; `layer` selects the pool layer. With no keys at all the output is zero.
+    void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
+                         const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
+    /// Workspace bytes paged_attention takes from the arena for this history and these current rows (shapes
+    /// only). 0 where there is none.
+    virtual size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) {
+        (void)history, (void)k_cur;
+        return 0;
+    }
+    /// paged_attention of B branches at once (the CFG branches of one batched forward): branch b's query, current
+    /// and output rows are rows [b·L, (b+1)·L) of q, k_cur, v_cur and out ([B·L, H, D], L = q.dim(0) / B), its
+    /// history histories[b]. Each branch's result is what paged_attention gives it; a backend that runs the branches
+    /// as one call (CUDA, fast numerics: one cuDNN SDPA of batch B when every history has the same length) may round
+    /// like that call. The base implementation runs paged_attention per branch.
+    void paged_attention_batched(const AttentionParams& p, const TensorView& q, std::span<const PagedKvView> histories,
+                                 int layer, const TensorView& k_cur, const TensorView& v_cur, const TensorView& out);
+    /// Workspace bytes paged_attention_batched takes (shapes only): by default the most one branch's call takes.
+    virtual size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
+                                                           const TensorView& k_cur);
+    /// Writes row i of k and v ([n, H, D]) to pool slot slots[i] (i64 [n] on this backend's device; slot =
+    /// block_id * block_size + offset) of layer `layer`; kPadSlot (-1) rows are skipped. Slots must lie in
+    /// [0, num_slots); the CPU checks, the CUDA kernel skips rows outside (it cannot throw).
+    void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                    const TensorView& v, int64_t num_slots);
 
     // ---- conveniences built on the ops ---------------------------------------------------------
     /// PyTorch Linear: out[M, N] = x[M, K] · w[N, K]^T + bias[N].
     void linear(const TensorView& x, const TensorView& w, const TensorView& bias, const TensorView& out) {
         gemm(GemmParams{}, x, w, bias, out);
     }
-    void add(const TensorView& a, const TensorView& b, const TensorView& out) {
-        binary({BinaryOp::Add}, a, b, out);
-    }
-    void mul(const TensorView& a, const TensorView& b, const TensorView& out) {
-        binary({BinaryOp::Mul}, a, b, out);
-    }
+    void add(const TensorView& a, const TensorView& b, const TensorView& out) { binary({BinaryOp::Add}, a, b, out); }
+    void mul(const TensorView& a, const TensorView& b, const TensorView& out) { binary({BinaryOp::Mul}, a, b, out); }
 
 protected:
-    explicit Backend(Numerics numerics = Numerics::Reference) : numerics_(numerics) {}
+    /// measuring: the ops compute nothing (MeasuringBackend; see the ops' bracket above).
+    explicit Backend(Numerics numerics = Numerics::Reference, bool measuring = false);
+
+    // ---- the ops' implementations, one per public op above (which documents it) ----------------------
+    // Generic ops: each backend implements them; these defaults throw "backend ... has no <op>".
+    virtual void do_copy(const TensorView&, const TensorView&) { unsupported("copy"); }
+    virtual void do_fill(const TensorView&, float) { unsupported("fill"); }
+    virtual void do_gemm(const GemmParams&, const TensorView&, const TensorView&, const TensorView&,
+                         const TensorView&) {
+        unsupported("gemm");
+    }
+    virtual void do_binary(const BinaryParams&, const TensorView&, const TensorView&, const TensorView&) {
+        unsupported("binary");
+    }
+    virtual void do_scale(const ScaleParams&, const TensorView&, const TensorView&) { unsupported("scale"); }
+    virtual void do_activation(const ActivationParams&, const TensorView&, const TensorView&) {
+        unsupported("activation");
+    }
+    virtual void do_layer_norm(const LayerNormParams&, const TensorView&, const TensorView&, const TensorView&,
+                               const TensorView&) {
+        unsupported("layer_norm");
+    }
+    virtual void do_rms_norm(const RmsNormParams&, const TensorView&, const TensorView&, const TensorView&) {
+        unsupported("rms_norm");
+    }
+    virtual void do_l2_norm(const L2NormParams&, const TensorView&, const TensorView&, const TensorView&) {
+        unsupported("l2_norm");
+    }
+    virtual void do_softmax(const SoftmaxParams&, const TensorView&, const TensorView&) { unsupported("softmax"); }
+    virtual void do_reduce(const ReduceParams&, const TensorView&, const TensorView&) { unsupported("reduce"); }
+    virtual void do_rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) {
+        unsupported("rope");
+    }
+    virtual void do_attention(const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
+                              const TensorView&, const TensorView&) {
+        unsupported("attention");
+    }
+    virtual void do_conv3d(const Conv3dParams&, const TensorView&, const TensorView&, const TensorView&,
+                           const TensorView&) {
+        unsupported("conv3d");
+    }
+    virtual void do_resize_bicubic(const TensorView&, const TensorView&) {
+        unsupported("device bicubic resize (capabilities().resize_bicubic)");
+    }
+    virtual void do_sin_cos_table(float step, const TensorView& out);
+    virtual void do_count_nonfinite(const TensorView& x, const TensorView& out);
+    virtual void do_quantize_fp8(const TensorView&, const TensorView&, const TensorView&) {
+        unsupported("FP8 quantization");
+    }
+    virtual void do_dequantize_fp8(const TensorView&, const TensorView&, const TensorView&) {
+        unsupported("FP8 dequantization");
+    }
+    virtual void do_gemm_fp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                             const TensorView&, const TensorView&) {
+        unsupported("FP8 GEMM");
+    }
+    // Fused DiT ops: the defaults compose the generic ops (backend.cpp), the CPU's implementation.
+    virtual void do_ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                   const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                   const TensorView& out);
+    virtual void do_gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                   const TensorView& gate);
+    virtual void do_rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                  const TensorView& table_a, const TensorView& table_b, const TensorView& out);
+    virtual void do_gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                        const TensorView& gate, const TensorView& weight, const TensorView& bias,
+                                        const TensorView& scale, const TensorView& shift, const TensorView& out);
+    virtual void do_gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                              const TensorView& out);
+    virtual void do_ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                       const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                       const TensorView& q, const TensorView& scales);
+    virtual void do_activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                            const TensorView& scales);
+    // Paged KV ops: the defaults throw, but for the batched attention's (paged_attention per branch).
+    virtual void do_paged_attention(const AttentionParams&, const TensorView&, const PagedKvView&, int,
+                                    const TensorView&, const TensorView&, const TensorView&) {
+        unsupported("paged attention");
+    }
+    virtual void do_paged_attention_batched(const AttentionParams& p, const TensorView& q,
+                                            std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
+                                            const TensorView& v_cur, const TensorView& out);
+    virtual void do_scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
+                               int64_t) {
+        unsupported("KV scatter");
+    }
 
 private:
     friend class AutocastScope;
+    [[noreturn]] void unsupported(const char* op) const;
+    /// The bracket of every op (backend_ops.cpp): `run` on a computing backend, the outermost op of a profiled one
+    /// between the profiler's events under `key()`; `measure` instead on a measuring backend.
+    template <class Key, class Run, class Measure>
+    void bracket(const Key& key, const Run& run, const Measure& measure);
+    /// Takes `bytes` of the workspace and gives them back (a measured op's own workspace).
+    void touch_workspace(size_t bytes);
+
     Numerics numerics_;
+    bool measuring_ = false;
     bool autocast_ = false;
+    bool in_op_ = false;  // a profiled op is running: the ops it runs are part of it
+    std::unique_ptr<Profiler> profiler_;
 };
 
 /// Sets a backend's autocast state for its lifetime, then restores the previous one (torch.autocast's scope).

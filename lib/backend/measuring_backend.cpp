@@ -38,23 +38,8 @@ Capabilities MeasuringBackend::Device::capabilities() const {
 
 MeasuringBackend::MeasuringBackend(DType compute_dtype, Backend* planner, std::optional<Capabilities> assumed,
                                    Numerics numerics)
-    : Backend(planner ? planner->numerics() : numerics), planner_(planner), dtype_(compute_dtype),
+    : Backend(planner ? planner->numerics() : numerics, /*measuring=*/true), planner_(planner), dtype_(compute_dtype),
       device_(planner, assumed) {}
-
-void MeasuringBackend::touch(size_t bytes) {
-    if (bytes == 0) return;
-    ArenaScope scope(device_.workspace());
-    device_.workspace().alloc(bytes);
-}
-
-void MeasuringBackend::copy(const TensorView& src, const TensorView& dst) {
-    DZR_CHECK(src.numel() == dst.numel() && dst.is_contiguous(), "measuring copy: {} -> {}", src.str(), dst.str());
-}
-
-void MeasuringBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView&,
-                              const TensorView& out) {
-    touch(conv3d_workspace_bytes(p, x, w, out));
-}
 
 size_t MeasuringBackend::conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                                const TensorView& out) {
@@ -65,20 +50,9 @@ size_t MeasuringBackend::paged_attention_workspace_bytes(const PagedKvView& hist
     return planner_ ? planner_->paged_attention_workspace_bytes(history, k_cur) : 0;
 }
 
-void MeasuringBackend::paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
-                                       const TensorView& k_cur, const TensorView&, const TensorView&) {
-    touch(paged_attention_workspace_bytes(history, k_cur));
-}
-
 size_t MeasuringBackend::paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
                                                                 const TensorView& k_cur) {
     return planner_ ? planner_->paged_attention_batched_workspace_bytes(histories, k_cur) : 0;
-}
-
-void MeasuringBackend::paged_attention_batched(const AttentionParams&, const TensorView&,
-                                               std::span<const PagedKvView> histories, int, const TensorView& k_cur,
-                                               const TensorView&, const TensorView&) {
-    touch(paged_attention_batched_workspace_bytes(histories, k_cur));
 }
 
 size_t measure_workspace(Backend& planner, const std::function<void(Backend& measuring)>& call) {

@@ -1,9 +1,10 @@
 #pragma once
 /// A Backend that computes nothing and only measures: allocations return views of a fake, never
 /// dereferenced address, and the workspace arena records its high-water mark. Running a model's
-/// forwards on it (with shape-only weights) sizes the real backend's workspace at load: every op that takes
-/// workspace of its own (a convolution's cuDNN scratch, a paged attention's gathered rows) asks the backend
-/// that will run the calls (the planner) how much, so nothing here mirrors another backend's internals.
+/// forwards on it (with shape-only weights) sizes the real backend's workspace at load. Its ops are the measuring
+/// bracket's (backend.h): every op that takes workspace of its own (a convolution's cuDNN scratch, a paged
+/// attention's gathered rows) asks the backend that will run the calls (the planner) how much, so nothing here
+/// mirrors another backend's internals, and nothing here is per op.
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -38,31 +39,6 @@ public:
     Stream& stream() override { return stream_; }
     std::unique_ptr<Stream> make_copy_stream() override { return std::make_unique<Queue>(); }
 
-    void copy(const TensorView& src, const TensorView& dst) override;
-    void fill(const TensorView&, float) override {}
-    void gemm(const GemmParams&, const TensorView&, const TensorView&, const TensorView&, const TensorView&) override {}
-    void binary(const BinaryParams&, const TensorView&, const TensorView&, const TensorView&) override {}
-    void scale(const ScaleParams&, const TensorView&, const TensorView&) override {}
-    void activation(const ActivationParams&, const TensorView&, const TensorView&) override {}
-    void layer_norm(const LayerNormParams&, const TensorView&, const TensorView&, const TensorView&,
-                    const TensorView&) override {}
-    void rms_norm(const RmsNormParams&, const TensorView&, const TensorView&, const TensorView&) override {}
-    void l2_norm(const L2NormParams&, const TensorView&, const TensorView&, const TensorView&) override {}
-    void softmax(const SoftmaxParams&, const TensorView&, const TensorView&) override {}
-    void reduce(const ReduceParams&, const TensorView&, const TensorView&) override {}
-    void rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) override {}
-    void attention(const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
-                   const TensorView&, const TensorView&) override {}
-    void resize_bicubic(const TensorView&, const TensorView&) override {}
-    void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView&,
-                const TensorView& out) override;
-    void paged_attention(const AttentionParams&, const TensorView&, const PagedKvView& history, int,
-                         const TensorView& k_cur, const TensorView&, const TensorView&) override;
-    void paged_attention_batched(const AttentionParams&, const TensorView&, std::span<const PagedKvView> histories,
-                                 int, const TensorView& k_cur, const TensorView&, const TensorView&) override;
-    void scatter_kv(const PagedKvView&, int, const TensorView&, const TensorView&, const TensorView&,
-                    int64_t) override {}
-    void count_nonfinite(const TensorView&, const TensorView&) override {}
     /// The planner's answers (0 without one): conv3d and paged_attention take what they will take on the planner,
     /// and a measurement over this backend (measure_workspace) asks the backend that will run the calls.
     size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
@@ -70,10 +46,6 @@ public:
     size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) override;
     size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
                                                    const TensorView& k_cur) override;
-    void quantize_fp8(const TensorView&, const TensorView&, const TensorView&) override {}
-    void dequantize_fp8(const TensorView&, const TensorView&, const TensorView&) override {}
-    void gemm_fp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                  const TensorView&) override {}
 
 private:
     /// Fake allocations at distinct addresses; an arena on a fake address.
@@ -108,9 +80,6 @@ private:
         double elapsed_ms(const Event&, const Event&) override { return 0.0; }
         void copy_pinned(const void*, const TensorView&) override {}
     };
-
-    /// Takes `bytes` of the arena and gives them back (an op's transient workspace).
-    void touch(size_t bytes);
 
     Backend* planner_ = nullptr;
     DType dtype_;

@@ -125,8 +125,8 @@ struct BackendOptions {
     /// Initial workspace arena; 0 = the backend's default (the policy plans and reserves its own).
     size_t workspace_bytes = 0;
     CudaBackendOptions cuda;
-    /// Wrap the backend in a ProfilingBackend (profiler.h): every op timed with events, regions, CUPTI kernel
-    /// counts where built in. For finding where time goes; it slows every op down.
+    /// make_backend attaches a Profiler to the backend (Backend::attach_profiler, profiler.h): every op timed with
+    /// events, regions, CUPTI kernel counts where built in. For finding where time goes; it slows every op down.
     bool profile = false;
     /// With `profile`: time every op with events (true), or leave the ops untimed (false) so that the DiT's forwards
     /// still replay their CUDA graphs; the profile then holds each region's CUPTI kernel counts, host launches and

@@ -1,8 +1,9 @@
 #pragma once
 /// Where a forward's time goes: the profiling mode of `dzr rollout --profile` and `dzr bench rollout --profile`.
 ///
-/// A ProfilingBackend (profiling_backend.h) wraps a backend and brackets every op with two stream events; the
-/// Profiler keeps those records and, once per call (end_call, after the device has caught up), turns them into
+/// A Profiler attached to a backend (Backend::attach_profiler) brackets every op with two stream events (the ops'
+/// bracket, backend_ops.cpp); it keeps those records and, once per call (end_call, after the device has caught up),
+/// turns them into
 ///  - per region (a named stretch of work: "denoise.cond", "commit.uncond", "vae_encode", ...): how many times it
 ///    ran, its ops, the device time inside ops, the idle time between consecutive ops (the device waiting for the
 ///    host), and, where a KernelTracer exists (CUPTI), its kernels, host launches and the idle gaps between kernels;

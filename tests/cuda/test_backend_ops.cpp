@@ -1383,7 +1383,7 @@ std::vector<OpCase> make_cases() {
 }
 
 /// The ops the Backend interface declares: every `virtual ... name(` in backend.h except the
-/// accessors and housekeeping below.
+/// accessors and housekeeping below, an op's implementation `do_<op>` named as the op.
 std::set<std::string> declared_backend_ops() {
     std::ifstream in(dzr::test::source_dir() / "lib" / "backend" / "backend.h");
     REQUIRE(in.good());
@@ -1403,7 +1403,8 @@ std::set<std::string> declared_backend_ops() {
     std::set<std::string> ops;
     const std::regex decl(R"(virtual\s+[\w:<>&\s]+?[\s&*](\w+)\s*\()");
     for (auto it = std::sregex_iterator(text.begin(), text.end(), decl); it != std::sregex_iterator(); ++it) {
-        const std::string name = (*it)[1];
+        std::string name = (*it)[1];
+        if (name.rfind("do_", 0) == 0) name = name.substr(3);
         if (!not_ops.count(name)) ops.insert(name);
     }
     return ops;

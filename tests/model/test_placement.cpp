@@ -41,49 +41,59 @@ public:
     DeviceContext& context() override { return inner_->context(); }
     const DeviceContext& context() const override { return static_cast<const Backend&>(*inner_).context(); }
     Stream& stream() override { return inner_->stream(); }
-    void copy(const TensorView& s, const TensorView& d) override { inner_->copy(s, d); }
-    void fill(const TensorView& d, float v) override { inner_->fill(d, v); }
-    void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-              const TensorView& out) override {
+    void do_copy(const TensorView& s, const TensorView& d) override { inner_->copy(s, d); }
+    void do_fill(const TensorView& d, float v) override { inner_->fill(d, v); }
+    void do_gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                 const TensorView& out) override {
         if (fail_at > 0 && ++gemms_ >= fail_at) throw Error("injected failure on the second backend");
         inner_->gemm(p, a, b, bias, out);
     }
-    void binary(const BinaryParams& p, const TensorView& a, const TensorView& b, const TensorView& o) override {
+    void do_binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
+                   const TensorView& o) override {
         inner_->binary(p, a, b, o);
     }
-    void scale(const ScaleParams& p, const TensorView& x, const TensorView& o) override { inner_->scale(p, x, o); }
-    void activation(const ActivationParams& p, const TensorView& x, const TensorView& o) override {
+    void do_scale(const ScaleParams& p, const TensorView& x, const TensorView& o) override {
+        inner_->scale(p, x, o);
+    }
+    void do_activation(const ActivationParams& p, const TensorView& x, const TensorView& o) override {
         inner_->activation(p, x, o);
     }
-    void layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& w, const TensorView& b,
-                    const TensorView& o) override {
+    void do_layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& w,
+                       const TensorView& b, const TensorView& o) override {
         inner_->layer_norm(p, x, w, b, o);
     }
-    void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& w, const TensorView& o) override {
+    void do_rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& w,
+                     const TensorView& o) override {
         inner_->rms_norm(p, x, w, o);
     }
-    void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& w, const TensorView& o) override {
+    void do_l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& w,
+                    const TensorView& o) override {
         inner_->l2_norm(p, x, w, o);
     }
-    void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& o) override { inner_->softmax(p, x, o); }
-    void reduce(const ReduceParams& p, const TensorView& x, const TensorView& o) override { inner_->reduce(p, x, o); }
-    void rope(const RopeParams& p, const TensorView& x, const TensorView& t, const TensorView& o) override {
+    void do_softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& o) override {
+        inner_->softmax(p, x, o);
+    }
+    void do_reduce(const ReduceParams& p, const TensorView& x, const TensorView& o) override {
+        inner_->reduce(p, x, o);
+    }
+    void do_rope(const RopeParams& p, const TensorView& x, const TensorView& t,
+                 const TensorView& o) override {
         inner_->rope(p, x, t, o);
     }
-    void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                   const TensorView& bias, const TensorView& o) override {
+    void do_attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& bias, const TensorView& o) override {
         inner_->attention(p, q, k, v, bias, o);
     }
-    void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& b,
-                const TensorView& o) override {
+    void do_conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& b,
+                   const TensorView& o) override {
         inner_->conv3d(p, x, w, b, o);
     }
-    void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& h, int layer,
-                         const TensorView& k, const TensorView& v, const TensorView& o) override {
+    void do_paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& h, int layer,
+                            const TensorView& k, const TensorView& v, const TensorView& o) override {
         inner_->paged_attention(p, q, h, layer, k, v, o);
     }
-    void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
-                    const TensorView& v, int64_t n) override {
+    void do_scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                       const TensorView& v, int64_t n) override {
         inner_->scatter_kv(pool, layer, slots, k, v, n);
     }
 

@@ -9,7 +9,7 @@
 #include <map>
 #include <memory>
 
-#include "backend/profiling_backend.h"
+#include "backend/profiler.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/paged_self_attention_cache.h"
 #include "model/causal_dit.h"
@@ -720,7 +720,8 @@ TEST_CASE("fast numerics (the fused block ops) give the reference forwards' outp
         Fixture fx(heads);
         BackendOptions fast_options;
         fast_options.numerics = Numerics::Fast;
-        std::unique_ptr<Backend> fast = std::make_unique<ProfilingBackend>(make_cpu_backend(fast_options));
+        std::unique_ptr<Backend> fast = make_cpu_backend(fast_options);
+        fast->attach_profiler();
         const DitConfig& c = fx.cfg;
         Output ref[3], got[3];
         for (int mode = 0; mode < 2; ++mode) {

@@ -24,7 +24,7 @@ namespace {
 
 // A host backend with the CUDA backend's elementwise semantics on f32 and bf16 tensors: every op reads
 // its inputs as float, computes in float (scale as fmaf(alpha, x, beta)) and rounds its result once to
-// the output dtype. Only what the sampler needs; everything else throws.
+// the output dtype. Only what the sampler needs; every other op throws (Backend's defaults).
 class HostRoundingBackend final : public Backend {
   public:
     HostRoundingBackend() : device_(size_t(16) << 20) {}
@@ -34,13 +34,13 @@ class HostRoundingBackend final : public Backend {
     DeviceContext& context() override { return device_; }
     const DeviceContext& context() const override { return device_; }
     Stream& stream() override { return stream_; }
-    void copy(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
-    void fill(const TensorView& dst, float value) override {
+    void do_copy(const TensorView& src, const TensorView& dst) override { convert_copy_host(src, dst); }
+    void do_fill(const TensorView& dst, float value) override {
         for (int64_t i = 0; i < dst.numel(); ++i) put(dst, i, value);
     }
 
-    void binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
-                const TensorView& out) override {
+    void do_binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
+                   const TensorView& out) override {
         REQUIRE(a.numel() == b.numel());
         REQUIRE(out.numel() == a.numel());
         for (int64_t i = 0; i < a.numel(); ++i) {
@@ -49,39 +49,10 @@ class HostRoundingBackend final : public Backend {
         }
         ++ops_;
     }
-    void scale(const ScaleParams& p, const TensorView& x, const TensorView& out) override {
+    void do_scale(const ScaleParams& p, const TensorView& x, const TensorView& out) override {
         REQUIRE(out.numel() == x.numel());
         for (int64_t i = 0; i < x.numel(); ++i) put(out, i, std::fmaf(p.alpha, get(x, i), p.beta));
         ++ops_;
-    }
-
-    void gemm(const GemmParams&, const TensorView&, const TensorView&, const TensorView&,
-              const TensorView&) override {
-        unsupported();
-    }
-    void activation(const ActivationParams&, const TensorView&, const TensorView&) override { unsupported(); }
-    void layer_norm(const LayerNormParams&, const TensorView&, const TensorView&, const TensorView&,
-                    const TensorView&) override {
-        unsupported();
-    }
-    void rms_norm(const RmsNormParams&, const TensorView&, const TensorView&, const TensorView&) override {
-        unsupported();
-    }
-    void l2_norm(const L2NormParams&, const TensorView&, const TensorView&, const TensorView&) override {
-        unsupported();
-    }
-    void softmax(const SoftmaxParams&, const TensorView&, const TensorView&) override { unsupported(); }
-    void reduce(const ReduceParams&, const TensorView&, const TensorView&) override { unsupported(); }
-    void rope(const RopeParams&, const TensorView&, const TensorView&, const TensorView&) override {
-        unsupported();
-    }
-    void attention(const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
-                   const TensorView&, const TensorView&) override {
-        unsupported();
-    }
-    void conv3d(const Conv3dParams&, const TensorView&, const TensorView&, const TensorView&,
-                const TensorView&) override {
-        unsupported();
     }
 
     int ops() const { return ops_; }
@@ -97,7 +68,6 @@ class HostRoundingBackend final : public Backend {
         else
             static_cast<float*>(t.data)[i] = v;
     }
-    [[noreturn]] static void unsupported() { DZR_THROW("host rounding backend: op not supported"); }
 
     HostDevice device_;
     HostStream stream_;

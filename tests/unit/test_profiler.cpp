@@ -1,6 +1,6 @@
-// The profiling mode (backend/profiler.h, backend/profiling_backend.h) on the CPU: regions nest by name, ops are
-// counted per region and per op key, reset() drops earlier calls, and the profiling backend forwards every op the
-// Backend interface declares (a missing forward would run the base implementation on the wrapper instead).
+// The profiling mode (backend/profiler.h) on the CPU: regions nest by name, ops are counted per region and
+// per op key, reset() drops earlier calls, an op's own inner ops are part of it, and every op the Backend
+// interface declares runs in the bracket (backend_ops.cpp) that profiling and workspace planning rely on.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -10,49 +10,80 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/measuring_backend.h"
 #include "backend/profiler.h"
-#include "backend/profiling_backend.h"
 #include "support/test_support.h"
 
 using namespace dzr;
 
 namespace {
 
-/// The names after `virtual ... name(` (and `override` names) in a header of lib/backend.
-std::set<std::string> virtual_names(const std::string& header, bool overrides) {
-    std::ifstream in(test::source_dir() / "lib" / "backend" / header);
+/// The names matched by `pattern`'s first group in a file of lib/backend.
+std::set<std::string> names_in(const std::string& file, const std::string& pattern) {
+    std::ifstream in(test::source_dir() / "lib" / "backend" / file);
     REQUIRE(in.good());
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();
     std::set<std::string> names;
-    const std::regex decl(overrides ? R"((\w+)\s*\([^;{]*\)\s*(const\s*)?override)"
-                                    : R"(virtual\s+[\w:<>&\s]+?[\s&*](\w+)\s*\()");
+    const std::regex decl(pattern);
     for (auto it = std::sregex_iterator(text.begin(), text.end(), decl); it != std::sregex_iterator(); ++it)
         names.insert((*it)[1]);
     return names;
 }
 
+/// A profiled CPU backend with a 1 MiB workspace.
+std::unique_ptr<Backend> profiled_cpu(bool time_ops = true) {
+    std::unique_ptr<Backend> be = make_cpu_backend(size_t(1) << 20);
+    be->attach_profiler(time_ops);
+    return be;
+}
+
 }  // namespace
 
-TEST_CASE("the profiling backend forwards every op the Backend interface declares") {
-    std::set<std::string> declared = virtual_names("backend.h", false);
-    // DeviceContext, Stream, Event and Graph members (other classes of backend.h), and the profiler accessor itself
-    for (const char* not_backend : {"device", "alloc", "alloc_pinned", "copy_pinned", "workspace", "reserve_workspace", "memory_in_use", "memory_free", "pci_bus_id",
-                                    "capabilities", "launch", "upload", "download", "synchronize", "make_event",
-                                    "record", "wait", "elapsed_ms", "begin_capture", "end_capture", "abort_capture",
-                                    "capturing", "profiler"})
-        declared.erase(not_backend);
-    const std::set<std::string> forwarded = virtual_names("profiling_backend.h", true);
-    for (const std::string& op : declared) {
+TEST_CASE("every op the Backend interface declares runs in the ops' bracket") {
+    const std::set<std::string> implemented = names_in("backend.h", R"(virtual\s+void\s+do_(\w+)\s*\()");
+    const std::set<std::string> bracketed = names_in("backend_ops.cpp", R"(void\s+Backend::(\w+)\s*\()");
+    CHECK(implemented.size() > 20);  // the regex found the interface
+    for (const std::string& op : implemented) {
         CAPTURE(op);
-        CHECK(forwarded.count(op) == 1);
+        CHECK(bracketed.count(op) == 1);
     }
-    CHECK(declared.size() > 20);  // the regex found the interface
+}
+
+TEST_CASE("an op that a backend runs as other ops is recorded once, under its own key") {
+    // the CPU runs ada_layer_norm as layer_norm, scale, mul and add: the profile holds the op the caller
+    // asked for
+    std::unique_ptr<Backend> be = profiled_cpu();
+    Tensor x = be->alloc(Shape{4, 8}, DType::F32), out = be->alloc(Shape{4, 8}, DType::F32);
+    Tensor w = be->alloc(Shape{8}, DType::F32), mod = be->alloc(Shape{1, 8}, DType::F32);
+    be->ada_layer_norm({}, x, w, w, mod, mod, out);
+    Profiler& p = *be->profiler();
+    p.end_call();
+    const auto t = p.to_json()["totals"]["(none)"];
+    CHECK(t["ops"].get<int64_t>() == 1);
+    REQUIRE(t["ops_by_time"].size() == 1);
+    CHECK(t["ops_by_time"][0]["op"].get<std::string>() == "ada_layer_norm f32[4,8] affine mod");
+}
+
+TEST_CASE("a measuring backend skips the plain ops and runs a fused op's composition for its scratch") {
+    std::unique_ptr<Backend> cpu = make_cpu_backend(size_t(1) << 20);
+    MeasuringBackend m(DType::F32, cpu.get());
+    // fake addresses: computing anything here would fault
+    Tensor x = m.alloc(Shape{4, 8}, DType::F32), out = m.alloc(Shape{4, 8}, DType::F32);
+    Tensor q = m.alloc(Shape{4, 8}, DType::F8_E4M3), scales = m.alloc(Shape{4}, DType::F32);
+    m.gemm({}, x, x, {}, out);
+    m.layer_norm({}, x, {}, {}, out);
+    CHECK(m.workspace().high_water() == 0);
+    // the base composition: the normalized rows in the workspace, then quantize_fp8
+    m.ada_layer_norm_fp8({}, x, {}, {}, {}, {}, q, scales);
+    CHECK(m.workspace().high_water() >= size_t(4 * 8 * 4));
+    CHECK(m.workspace().used() == 0);
 }
 
 TEST_CASE("the profiler counts ops per nested region and per op key, and reset drops the calls so far") {
-    ProfilingBackend be(make_cpu_backend(size_t(1) << 20));
+    std::unique_ptr<Backend> owned = profiled_cpu();
+    Backend& be = *owned;
     Tensor a = be.alloc(Shape{4, 8}, DType::F32), b = be.alloc(Shape{4, 8}, DType::F32);
     Profiler& p = *be.profiler();
     for (int call = 0; call < 2; ++call) {
@@ -121,7 +152,8 @@ TEST_CASE("kernel gaps are per region instance, so interleaved regions do not co
 }
 
 TEST_CASE("a profiler that leaves the ops untimed keeps its regions and records no op (CUDA graphs may replay)") {
-    ProfilingBackend be(make_cpu_backend(size_t(1) << 20), /*time_ops=*/false);
+    std::unique_ptr<Backend> owned = profiled_cpu(/*time_ops=*/false);
+    Backend& be = *owned;
     Tensor a = be.alloc(Shape{4, 8}, DType::F32), b = be.alloc(Shape{4, 8}, DType::F32);
     Profiler& p = *be.profiler();
     CHECK_FALSE(p.ops_timed());
@@ -137,6 +169,6 @@ TEST_CASE("a profiler that leaves the ops untimed keeps its regions and records 
     CHECK(j["totals"]["denoise"]["ops"] == 0);
     CHECK_FALSE(j["totals"]["denoise"].contains("ops_by_time"));
     CHECK(p.table().find("ops untimed") != std::string::npos);
-    // the ops still ran on the wrapped backend
+    // the ops still ran
     CHECK(b.ptr<float>()[0] == 1.0f);
 }

@@ -134,15 +134,16 @@ public:
     Stream& stream() override { return stream_; }
     std::unique_ptr<Stream> make_copy_stream() override { return std::make_unique<HostStream>(); }
 
-    void copy(const TensorView& src, const TensorView& dst) override { host_copy(src, dst); }
-    void fill(const TensorView& dst, float value) override {
+  private:
+    void do_copy(const TensorView& src, const TensorView& dst) override { host_copy(src, dst); }
+    void do_fill(const TensorView& dst, float value) override {
         require_f32(dst, "fill", "dst");
         require_contiguous(dst, "fill", "dst");
         std::fill(f32(dst), f32(dst) + dst.numel(), value);
     }
 
-    void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-              const TensorView& out) override {
+    void do_gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                 const TensorView& out) override {
         require_f32(a, "gemm", "a");
         require_f32(b, "gemm", "b");
         require_f32(out, "gemm", "out");
@@ -186,8 +187,8 @@ public:
         }
     }
 
-    void binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
-                const TensorView& out) override {
+    void do_binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
+                   const TensorView& out) override {
         for (const TensorView* t : {&a, &b, &out}) {
             require_f32(*t, "binary", "operand");
             require_contiguous(*t, "binary", "operand");
@@ -208,14 +209,14 @@ public:
         }
     }
 
-    void scale(const ScaleParams& p, const TensorView& x, const TensorView& out) override {
+    void do_scale(const ScaleParams& p, const TensorView& x, const TensorView& out) override {
         unary_check(x, out, "scale");
         const float* px = f32(x);
         float* po = f32(out);
         for (int64_t i = 0, n = x.numel(); i < n; ++i) po[i] = p.alpha * px[i] + p.beta;
     }
 
-    void activation(const ActivationParams& p, const TensorView& x, const TensorView& out) override {
+    void do_activation(const ActivationParams& p, const TensorView& x, const TensorView& out) override {
         unary_check(x, out, "activation");
         const float* px = f32(x);
         float* po = f32(out);
@@ -251,8 +252,8 @@ public:
         }
     }
 
-    void layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight,
-                    const TensorView& bias, const TensorView& out) override {
+    void do_layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight,
+                       const TensorView& bias, const TensorView& out) override {
         unary_check(x, out, "layer_norm");
         const int64_t R = x.rows(), C = x.cols();
         const float* w = optional_vec(weight, C, "layer_norm weight");
@@ -275,8 +276,8 @@ public:
         }
     }
 
-    void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
-                  const TensorView& out) override {
+    void do_rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
+                     const TensorView& out) override {
         unary_check(x, out, "rms_norm");
         const int64_t R = x.rows(), C = x.cols();
         const float* w = optional_vec(weight, C, "rms_norm weight");
@@ -290,8 +291,8 @@ public:
         }
     }
 
-    void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
-                 const TensorView& out) override {
+    void do_l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
+                    const TensorView& out) override {
         unary_check(x, out, "l2_norm");
         const int64_t R = x.rows(), C = x.cols();
         const float* w = optional_vec(weight, C, "l2_norm weight");
@@ -312,13 +313,13 @@ public:
         if (p.silu) silu_f32(f32(out), f32(out), R * C);
     }
 
-    void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) override {
+    void do_softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) override {
         unary_check(x, out, "softmax");
         const int64_t R = x.rows(), C = x.cols();
         for (int64_t r = 0; r < R; ++r) softmax_row(f32(x) + r * C, f32(out) + r * C, C, p.scale);
     }
 
-    void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) override {
+    void do_reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) override {
         require_f32(x, "reduce", "x");
         require_f32(out, "reduce", "out");
         require_contiguous(x, "reduce", "x");
@@ -335,7 +336,8 @@ public:
         }
     }
 
-    void rope(const RopeParams&, const TensorView& x, const TensorView& table, const TensorView& out) override {
+    void do_rope(const RopeParams&, const TensorView& x, const TensorView& table,
+                 const TensorView& out) override {
         unary_check(x, out, "rope");
         require_f32(table, "rope", "table");
         DZR_CHECK(x.rank() == 3, "cpu backend: rope needs x [L, H, D], got {}", x.str());
@@ -368,8 +370,8 @@ public:
         }
     }
 
-    void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                   const TensorView& bias, const TensorView& out) override {
+    void do_attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& bias, const TensorView& out) override {
         for (const TensorView* t : {&q, &k, &v, &out}) require_f32(*t, "attention", "operand");
         DZR_CHECK(q.rank() == 3 && k.rank() == 3 && v.rank() == 3 && out.rank() == 3,
                   "cpu backend: attention needs [L, H, D] operands: q {} k {} v {} out {}", q.str(), k.str(),
@@ -408,11 +410,12 @@ public:
         }
     }
 
-    void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
-                const TensorView& out) override;
+    void do_conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                   const TensorView& out) override;
 
-    void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
-                         const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override {
+    void do_paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
+                            int layer, const TensorView& k_cur, const TensorView& v_cur,
+                            const TensorView& out) override {
         for (const TensorView* t : {&k_cur, &v_cur}) {
             require_f32(*t, "paged_attention", "current rows");
             DZR_CHECK(t->rank() == 3 && t->strides[2] == 1 && t->dim(1) == history.num_heads &&
@@ -428,7 +431,7 @@ public:
         paged_attention_cpu(q, history, cur, layer, p.scale, out);
     }
 
-    void count_nonfinite(const TensorView& x, const TensorView& out) override {
+    void do_count_nonfinite(const TensorView& x, const TensorView& out) override {
         require_f32(x, "count_nonfinite", "x");
         require_contiguous(x, "count_nonfinite", "x");
         DZR_CHECK(out.dtype == DType::I32 && out.numel() == 1 && out.device.is_cpu(),
@@ -439,25 +442,24 @@ public:
         *static_cast<int32_t*>(out.data) = n;
     }
 
-    void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
-                    const TensorView& v, int64_t num_slots) override {
+    void do_scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                       const TensorView& v, int64_t num_slots) override {
         DZR_CHECK(slots.device.is_cpu() && slots.dtype == DType::I64 && slots.is_contiguous(),
                   "cpu backend: scatter_kv slots {} must be a contiguous i64 host vector", slots.str());
         scatter_kv_cpu(pool, layer, slots.ptr<const int64_t>(), slots.numel(), num_slots, k, v);
     }
 
-    void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override {
+    void do_quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override {
         cpu::quantize_fp8(x, q, scales);
     }
-    void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override {
+    void do_dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override {
         cpu::dequantize_fp8(q, scales, out);
     }
-    void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq, const TensorView& w_scales,
-                  const TensorView& bias, const TensorView& out) override {
+    void do_gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq,
+                     const TensorView& w_scales, const TensorView& bias, const TensorView& out) override {
         cpu::gemm_fp8(xq, x_scales, wq, w_scales, bias, out);
     }
 
-private:
     static void binary_row(BinaryOp op, const float* a, const float* b, float* o, int64_t n) {
         switch (op) {
             case BinaryOp::Add:
@@ -557,8 +559,8 @@ private:
     std::vector<float> attn_scratch_;  // attention logits [Lq, Lk] of one head
 };
 
-void CpuBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
-                        const TensorView& out) {
+void CpuBackend::do_conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                           const TensorView& bias, const TensorView& out) {
     for (const TensorView* t : {&x, &w, &out}) {
         require_f32(*t, "conv3d", "operand");
         require_contiguous(*t, "conv3d", "operand");

@@ -321,8 +321,8 @@ AttentionImpl CudaBackend::run_fused_attention(const AttentionCall& c) {
     return AttentionImpl::Gemm;
 }
 
-void CudaBackend::attention(const AttentionParams& p, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const TensorView& bias, const TensorView& out) {
+void CudaBackend::do_attention(const AttentionParams& p, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& bias, const TensorView& out) {
     for (const auto& [t, what] :
          {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}})
         check_device_tensor(*t, "attention", what);

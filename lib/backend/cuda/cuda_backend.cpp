@@ -521,7 +521,7 @@ cudnnHandle_t CudaBackend::cudnn() {
     return cudnn_;
 }
 
-void CudaBackend::copy(const TensorView& src, const TensorView& dst) {
+void CudaBackend::do_copy(const TensorView& src, const TensorView& dst) {
     check_device_tensor(src, "copy", "src");
     check_device_tensor(dst, "copy", "dst");
     require_contiguous(dst, "copy", "dst");
@@ -542,7 +542,7 @@ void CudaBackend::copy(const TensorView& src, const TensorView& dst) {
     DZR_CUDA_CHECK(kernels::convert_copy(src.data, src.dtype, layout, dst.data, dst.dtype, stream_));
 }
 
-void CudaBackend::fill(const TensorView& dst, float value) {
+void CudaBackend::do_fill(const TensorView& dst, float value) {
     check_device_tensor(dst, "fill", "dst");
     require_contiguous(dst, "fill", "dst");
     DZR_CHECK(kernels::fill_supported(dst.dtype), "cuda backend: fill does not support {}", dst.str());
@@ -552,7 +552,8 @@ void CudaBackend::fill(const TensorView& dst, float value) {
 
 // ---- kernel-backed ops -------------------------------------------------------------------------
 
-void CudaBackend::binary(const BinaryParams& p, const TensorView& a, const TensorView& b, const TensorView& out) {
+void CudaBackend::do_binary(const BinaryParams& p, const TensorView& a, const TensorView& b,
+                            const TensorView& out) {
     for (const auto& [t, what] : {std::pair{&a, "a"}, std::pair{&b, "b"}, std::pair{&out, "out"}}) {
         check_device_tensor(*t, "binary", what);
         require_float(*t, "binary", what);
@@ -581,7 +582,7 @@ void unary_checks(const TensorView& x, const TensorView& out, const char* op) {
 
 }  // namespace
 
-void CudaBackend::scale(const ScaleParams& p, const TensorView& x, const TensorView& out) {
+void CudaBackend::do_scale(const ScaleParams& p, const TensorView& x, const TensorView& out) {
     check_device_tensor(x, "scale", "x");
     check_device_tensor(out, "scale", "out");
     unary_checks(x, out, "scale");
@@ -589,7 +590,7 @@ void CudaBackend::scale(const ScaleParams& p, const TensorView& x, const TensorV
     DZR_CUDA_CHECK(kernels::scale(x.data, x.dtype, out.data, out.dtype, x.numel(), p.alpha, p.beta, stream_));
 }
 
-void CudaBackend::activation(const ActivationParams& p, const TensorView& x, const TensorView& out) {
+void CudaBackend::do_activation(const ActivationParams& p, const TensorView& x, const TensorView& out) {
     check_device_tensor(x, "activation", "x");
     check_device_tensor(out, "activation", "out");
     unary_checks(x, out, "activation");
@@ -618,8 +619,8 @@ void CudaBackend::activation(const ActivationParams& p, const TensorView& x, con
     DZR_CUDA_CHECK(kernels::activation(kind, x.data, x.dtype, out.data, out.dtype, x.numel(), stream_));
 }
 
-void CudaBackend::layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight,
-                             const TensorView& bias, const TensorView& out) {
+void CudaBackend::do_layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight,
+                                const TensorView& bias, const TensorView& out) {
     check_device_tensor(x, "layer_norm", "x");
     check_device_tensor(out, "layer_norm", "out");
     unary_checks(x, out, "layer_norm");
@@ -634,8 +635,8 @@ void CudaBackend::layer_norm(const LayerNormParams& p, const TensorView& x, cons
                                        bias.defined() ? bias.data : nullptr, bias.dtype, stream_));
 }
 
-void CudaBackend::rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
-                           const TensorView& out) {
+void CudaBackend::do_rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
+                              const TensorView& out) {
     check_device_tensor(x, "rms_norm", "x");
     check_device_tensor(out, "rms_norm", "out");
     unary_checks(x, out, "rms_norm");
@@ -647,8 +648,8 @@ void CudaBackend::rms_norm(const RmsNormParams& p, const TensorView& x, const Te
                                      weight.defined() ? weight.data : nullptr, weight.dtype, stream_));
 }
 
-void CudaBackend::l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
-                          const TensorView& out) {
+void CudaBackend::do_l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
+                             const TensorView& out) {
     check_device_tensor(x, "l2_norm", "x");
     check_device_tensor(out, "l2_norm", "out");
     unary_checks(x, out, "l2_norm");
@@ -667,7 +668,7 @@ void CudaBackend::l2_norm(const L2NormParams& p, const TensorView& x, const Tens
     DZR_CUDA_CHECK(kernels::vae_norm(a, stream_));
 }
 
-void CudaBackend::resize_bicubic(const TensorView& src, const TensorView& dst) {
+void CudaBackend::do_resize_bicubic(const TensorView& src, const TensorView& dst) {
     check_device_tensor(src, "resize_bicubic", "src");
     check_device_tensor(dst, "resize_bicubic", "dst");
     DZR_CHECK(src.rank() == 3 && dst.rank() == 3 && src.dim(0) == dst.dim(0) && src.dtype == DType::F32 &&
@@ -682,7 +683,7 @@ void CudaBackend::resize_bicubic(const TensorView& src, const TensorView& dst) {
                                            int(dst.dim(2)), stream_));
 }
 
-void CudaBackend::sin_cos_table(float step, const TensorView& out) {
+void CudaBackend::do_sin_cos_table(float step, const TensorView& out) {
     check_device_tensor(out, "sin_cos_table", "out");
     require_float(out, "sin_cos_table", "out");
     DZR_CHECK(out.rank() == 2 && out.dim(1) % 2 == 0 && out.is_contiguous(),
@@ -691,7 +692,7 @@ void CudaBackend::sin_cos_table(float step, const TensorView& out) {
     DZR_CUDA_CHECK(kernels::sin_cos_table(step, out.dim(0), out.dim(1) / 2, out.data, out.dtype, stream_));
 }
 
-void CudaBackend::softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) {
+void CudaBackend::do_softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) {
     check_device_tensor(x, "softmax", "x");
     check_device_tensor(out, "softmax", "out");
     unary_checks(x, out, "softmax");
@@ -701,7 +702,7 @@ void CudaBackend::softmax(const SoftmaxParams& p, const TensorView& x, const Ten
     DZR_CUDA_CHECK(kernels::softmax(x.data, x.dtype, out.data, out.dtype, x.rows(), x.cols(), p.scale, stream_));
 }
 
-void CudaBackend::reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) {
+void CudaBackend::do_reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) {
     check_device_tensor(x, "reduce", "x");
     check_device_tensor(out, "reduce", "out");
     require_float(x, "reduce", "x");
@@ -716,7 +717,7 @@ void CudaBackend::reduce(const ReduceParams& p, const TensorView& x, const Tenso
     DZR_CUDA_CHECK(kernels::reduce_rows(kind, x.data, x.dtype, out.data, out.dtype, x.rows(), x.cols(), stream_));
 }
 
-void CudaBackend::count_nonfinite(const TensorView& x, const TensorView& out) {
+void CudaBackend::do_count_nonfinite(const TensorView& x, const TensorView& out) {
     check_device_tensor(x, "count_nonfinite", "x");
     check_device_tensor(out, "count_nonfinite", "out");
     require_float(x, "count_nonfinite", "x");
@@ -747,9 +748,9 @@ int64_t groups_of(const FusedRowParams& p, int64_t L) {
 
 }  // namespace
 
-void CudaBackend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                                 const TensorView& bias, const TensorView& scale, const TensorView& shift,
-                                 const TensorView& out) {
+void CudaBackend::do_ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                    const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                                    const TensorView& out) {
     check_device_tensor(x, "ada_layer_norm", "x");
     check_device_tensor(out, "ada_layer_norm", "out");
     unary_checks(x, out, "ada_layer_norm");
@@ -769,9 +770,10 @@ void CudaBackend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, c
                                            stream_, cuda_detail::row_impl(options_)));
 }
 
-void CudaBackend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                                     const TensorView& bias, const TensorView& scale, const TensorView& shift,
-                                     const TensorView& q, const TensorView& scales) {
+void CudaBackend::do_ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x,
+                                        const TensorView& weight, const TensorView& bias,
+                                        const TensorView& scale, const TensorView& shift, const TensorView& q,
+                                        const TensorView& scales) {
     const char* op = "ada_layer_norm_fp8";
     check_device_tensor(x, op, "x");
     check_device_tensor(q, op, "q");
@@ -802,11 +804,11 @@ void CudaBackend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& 
             return;
         }
     }
-    Backend::ada_layer_norm_fp8(p, x, weight, bias, scale, shift, q, scales);
+    Backend::do_ada_layer_norm_fp8(p, x, weight, bias, scale, shift, q, scales);
 }
 
-void CudaBackend::gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                 const TensorView& gate) {
+void CudaBackend::do_gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                    const TensorView& gate) {
     check_device_tensor(x, "gated_residual", "x");
     check_device_tensor(y, "gated_residual", "y");
     DZR_CHECK(x.is_contiguous() && y.is_contiguous() && x.shape == y.shape && x.dtype == y.dtype,
@@ -817,9 +819,10 @@ void CudaBackend::gated_residual(const FusedRowParams& p, const TensorView& x, c
     DZR_CUDA_CHECK(kernels::gated_residual(x.data, y.data, x.dtype, L, C, g, p.split, p.period, stream_));
 }
 
-void CudaBackend::gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                                      const TensorView& gate, const TensorView& weight, const TensorView& bias,
-                                      const TensorView& scale, const TensorView& shift, const TensorView& out) {
+void CudaBackend::do_gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                         const TensorView& gate, const TensorView& weight,
+                                         const TensorView& bias, const TensorView& scale,
+                                         const TensorView& shift, const TensorView& out) {
     check_device_tensor(x, "gated_residual_norm", "x");
     check_device_tensor(y, "gated_residual_norm", "y");
     check_device_tensor(out, "gated_residual_norm", "out");
@@ -849,8 +852,9 @@ void CudaBackend::gated_residual_norm(const FusedRowParams& p, const TensorView&
     DZR_CUDA_CHECK(kernels::gated_residual_norm(a, stream_));
 }
 
-void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                                const TensorView& table_a, const TensorView& table_b, const TensorView& out) {
+void CudaBackend::do_rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                                   const TensorView& table_a, const TensorView& table_b,
+                                   const TensorView& out) {
     check_device_tensor(x, "rms_norm_rope", "x");
     check_device_tensor(out, "rms_norm_rope", "out");
     DZR_CHECK(out.rank() == 3 && out.is_contiguous() && x.is_contiguous() && x.numel() == out.numel() &&
@@ -887,7 +891,8 @@ void CudaBackend::rms_norm_rope(const FusedRowParams& p, const TensorView& x, co
         stream_, cuda_detail::row_impl(options_)));
 }
 
-void CudaBackend::rope(const RopeParams&, const TensorView& x, const TensorView& table, const TensorView& out) {
+void CudaBackend::do_rope(const RopeParams&, const TensorView& x, const TensorView& table,
+                          const TensorView& out) {
     check_device_tensor(x, "rope", "x");
     check_device_tensor(out, "rope", "out");
     check_device_tensor(table, "rope", "table");

@@ -149,48 +149,9 @@ public:
     Stream& stream() override { return queue_; }
     std::unique_ptr<Stream> make_copy_stream() override;
 
-    void copy(const TensorView& src, const TensorView& dst) override;
-    void fill(const TensorView& dst, float value) override;
-
-    void gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-              const TensorView& out) override;
-    void binary(const BinaryParams& p, const TensorView& a, const TensorView& b, const TensorView& out) override;
-    void scale(const ScaleParams& p, const TensorView& x, const TensorView& out) override;
-    void activation(const ActivationParams& p, const TensorView& x, const TensorView& out) override;
-    void layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight, const TensorView& bias,
-                    const TensorView& out) override;
-    void rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
-                  const TensorView& out) override;
-    void resize_bicubic(const TensorView& src, const TensorView& dst) override;
-    void sin_cos_table(float step, const TensorView& out) override;
-    void l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
-                 const TensorView& out) override;
-    void softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) override;
-    void reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) override;
-    void count_nonfinite(const TensorView& x, const TensorView& out) override;
-    void rope(const RopeParams& p, const TensorView& x, const TensorView& table, const TensorView& out) override;
-    void ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight, const TensorView& bias,
-                        const TensorView& scale, const TensorView& shift, const TensorView& out) override;
-    void gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
-                        const TensorView& gate) override;
-    void rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                       const TensorView& table_a, const TensorView& table_b, const TensorView& out) override;
-    void attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                   const TensorView& bias, const TensorView& out) override;
-    void conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
-                const TensorView& out) override;
     size_t conv3d_workspace_bytes(const Conv3dParams& p, const TensorView& x, const TensorView& w,
                                   const TensorView& out) override;
     size_t paged_attention_workspace_bytes(const PagedKvView& history, const TensorView& k_cur) override;
-    void paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
-                         const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
-    void scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
-                    const TensorView& v, int64_t num_slots) override;
-    /// Fast numerics, every history of one length, cuDNN allowed: each branch's [history | current] rows gathered
-    /// into one [B, Lk, H, D] buffer and one cuDNN SDPA of batch B (docs/PERF.md, "Attention"); otherwise per branch.
-    void paged_attention_batched(const AttentionParams& p, const TensorView& q, std::span<const PagedKvView> histories,
-                                 int layer, const TensorView& k_cur, const TensorView& v_cur,
-                                 const TensorView& out) override;
     size_t paged_attention_batched_workspace_bytes(std::span<const PagedKvView> histories,
                                                    const TensorView& k_cur) override;
     /// How many paged_attention_batched calls ran as one batched call, and how many per branch.
@@ -198,21 +159,6 @@ public:
     int64_t batched_attention_fallbacks() const { return batched_fallbacks_; }
     /// How many paged attentions (a batched call counts once) read [history | current] in place (kv.in_place lanes).
     int64_t in_place_attention_calls() const { return in_place_calls_; }
-    // FP8 (cuda_fp8.cpp)
-    void quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override;
-    void ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
-                            const TensorView& bias, const TensorView& scale, const TensorView& shift, const TensorView& q,
-                            const TensorView& scales) override;
-    void activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
-                                 const TensorView& scales) override;
-    void dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override;
-    void gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq, const TensorView& w_scales,
-                  const TensorView& bias, const TensorView& out) override;
-    void gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y, const TensorView& gate,
-                             const TensorView& weight, const TensorView& bias, const TensorView& scale,
-                             const TensorView& shift, const TensorView& out) override;
-    void gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-                   const TensorView& out) override;
 
     void set_cuda_options(const CudaBackendOptions& o) override;
     CudaBackendOptions cuda_options() const override { return options_; }
@@ -241,6 +187,63 @@ public:
     int index() const { return index_; }
 
 private:
+    // ---- the ops (Backend::do_<op>) ---------------------------------------------------------------
+    void do_copy(const TensorView& src, const TensorView& dst) override;
+    void do_fill(const TensorView& dst, float value) override;
+    void do_gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                 const TensorView& out) override;
+    void do_binary(const BinaryParams& p, const TensorView& a, const TensorView& b, const TensorView& out) override;
+    void do_scale(const ScaleParams& p, const TensorView& x, const TensorView& out) override;
+    void do_activation(const ActivationParams& p, const TensorView& x, const TensorView& out) override;
+    void do_layer_norm(const LayerNormParams& p, const TensorView& x, const TensorView& weight, const TensorView& bias,
+                       const TensorView& out) override;
+    void do_rms_norm(const RmsNormParams& p, const TensorView& x, const TensorView& weight,
+                     const TensorView& out) override;
+    void do_l2_norm(const L2NormParams& p, const TensorView& x, const TensorView& weight,
+                    const TensorView& out) override;
+    void do_softmax(const SoftmaxParams& p, const TensorView& x, const TensorView& out) override;
+    void do_reduce(const ReduceParams& p, const TensorView& x, const TensorView& out) override;
+    void do_rope(const RopeParams& p, const TensorView& x, const TensorView& table, const TensorView& out) override;
+    void do_attention(const AttentionParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& bias, const TensorView& out) override;
+    void do_conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
+                   const TensorView& out) override;
+    void do_resize_bicubic(const TensorView& src, const TensorView& dst) override;
+    void do_sin_cos_table(float step, const TensorView& out) override;
+    void do_count_nonfinite(const TensorView& x, const TensorView& out) override;
+    // FP8 (cuda_fp8.cpp)
+    void do_quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) override;
+    void do_dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) override;
+    void do_gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq,
+                     const TensorView& w_scales, const TensorView& bias, const TensorView& out) override;
+    // the fused DiT ops
+    void do_ada_layer_norm(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                           const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                           const TensorView& out) override;
+    void do_gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                           const TensorView& gate) override;
+    void do_rms_norm_rope(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                          const TensorView& table_a, const TensorView& table_b, const TensorView& out) override;
+    void do_gated_residual_norm(const FusedRowParams& p, const TensorView& x, const TensorView& y,
+                                const TensorView& gate, const TensorView& weight, const TensorView& bias,
+                                const TensorView& scale, const TensorView& shift, const TensorView& out) override;
+    void do_gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
+                      const TensorView& out) override;
+    void do_ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, const TensorView& weight,
+                               const TensorView& bias, const TensorView& scale, const TensorView& shift,
+                               const TensorView& q, const TensorView& scales) override;
+    void do_activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
+                                    const TensorView& scales) override;
+    void do_paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history, int layer,
+                            const TensorView& k_cur, const TensorView& v_cur, const TensorView& out) override;
+    /// Fast numerics, every history of one length, cuDNN allowed: each branch's [history | current] rows gathered
+    /// into one [B, Lk, H, D] buffer and one cuDNN SDPA of batch B (docs/PERF.md, "Attention"); otherwise per branch.
+    void do_paged_attention_batched(const AttentionParams& p, const TensorView& q,
+                                    std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
+                                    const TensorView& v_cur, const TensorView& out) override;
+    void do_scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
+                       const TensorView& v, int64_t num_slots) override;
+
     void run_gemm(const cuda_detail::GemmCall& call);
     /// One cuBLASLt matmul of `plan` (its bias pointer set when the bias is in the epilogue).
     void launch_lt(const cuda_detail::GemmPlan& plan, const cuda_detail::GemmCall& call);

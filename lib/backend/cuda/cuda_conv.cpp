@@ -386,8 +386,8 @@ size_t CudaBackend::planned_conv_workspace_bytes(const Conv3dParams& p, const Te
     return bytes + aligned(plan.workspace_bytes);
 }
 
-void CudaBackend::conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w, const TensorView& bias,
-                         const TensorView& out) {
+void CudaBackend::do_conv3d(const Conv3dParams& p, const TensorView& x, const TensorView& w,
+                            const TensorView& bias, const TensorView& out) {
     for (const auto& [t, what] : {std::pair{&x, "x"}, std::pair{&w, "w"}, std::pair{&out, "out"}}) {
         check_device_tensor(*t, "conv3d", what);
         DZR_CHECK(t->is_contiguous() || (t != &w && cuda_detail::is_channels_last_volume(*t)),

@@ -72,7 +72,7 @@ void check_fp8_pool(const PagedKvView& pool, const char* op) {
 
 }  // namespace
 
-void CudaBackend::quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) {
+void CudaBackend::do_quantize_fp8(const TensorView& x, const TensorView& q, const TensorView& scales) {
     const char* op = "quantize_fp8";
     check_device_tensor(x, op, "x");
     check_device_tensor(q, op, "q");
@@ -89,8 +89,8 @@ void CudaBackend::quantize_fp8(const TensorView& x, const TensorView& q, const T
                                               q.ptr<uint8_t>(), scales.ptr<float>(), stream_));
 }
 
-void CudaBackend::activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,
-                                          const TensorView& scales) {
+void CudaBackend::do_activation_quantize_fp8(const ActivationParams& p, const TensorView& x,
+                                             const TensorView& q, const TensorView& scales) {
     const char* op = "activation_quantize_fp8";
     check_device_tensor(x, op, "x");
     check_device_tensor(q, op, "q");
@@ -108,10 +108,10 @@ void CudaBackend::activation_quantize_fp8(const ActivationParams& p, const Tenso
         }
     }
     // NOTE: other activations, dtypes and shapes: the activation kernel, then the quantization (the same codes)
-    Backend::activation_quantize_fp8(p, x, q, scales);
+    Backend::do_activation_quantize_fp8(p, x, q, scales);
 }
 
-void CudaBackend::dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) {
+void CudaBackend::do_dequantize_fp8(const TensorView& q, const TensorView& scales, const TensorView& out) {
     const char* op = "dequantize_fp8";
     check_device_tensor(q, op, "q");
     check_device_tensor(scales, op, "scales");
@@ -245,8 +245,8 @@ GemmPlan& CudaBackend::fp8_gemm_plan(int64_t M, int64_t N, int64_t K, int64_t ld
     return *fp8_gemm_plans_.emplace(key, std::move(plan)).first->second;
 }
 
-void CudaBackend::gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq,
-                           const TensorView& w_scales, const TensorView& bias, const TensorView& out) {
+void CudaBackend::do_gemm_fp8(const TensorView& xq, const TensorView& x_scales, const TensorView& wq,
+                              const TensorView& w_scales, const TensorView& bias, const TensorView& out) {
     const char* op = "gemm_fp8";
     for (const auto& [t, what] : {std::pair{&xq, "xq"}, std::pair{&x_scales, "x_scales"}, std::pair{&wq, "wq"},
                                   std::pair{&w_scales, "w_scales"}, std::pair{&out, "out"}})

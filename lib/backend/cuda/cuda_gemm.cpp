@@ -386,8 +386,8 @@ GemmCall CudaBackend::make_gemm_call(const GemmParams& p, const TensorView& a, c
     return c;
 }
 
-void CudaBackend::gemm(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-                       const TensorView& out) {
+void CudaBackend::do_gemm(const GemmParams& p, const TensorView& a, const TensorView& b,
+                          const TensorView& bias, const TensorView& out) {
     const GemmCall c = make_gemm_call(p, a, b, bias, out);
     DeviceGuard guard(index_);
     run_gemm(c);
@@ -411,8 +411,8 @@ void CudaBackend::run_gemm_gelu(const GemmCall& c) {
                                        c.batch * c.M * c.N, stream_));
 }
 
-void CudaBackend::gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b, const TensorView& bias,
-                            const TensorView& out) {
+void CudaBackend::do_gemm_gelu(const GemmParams& p, const TensorView& a, const TensorView& b,
+                               const TensorView& bias, const TensorView& out) {
     const GemmCall c = make_gemm_call(p, a, b, bias, out);
     DZR_CHECK(out.is_contiguous(), "cuda backend: gemm_gelu needs a contiguous output, got {}", out.str());
     DeviceGuard guard(index_);

@@ -75,9 +75,9 @@ void write_in_place(const PagedKvView& h, int layer, const TensorView& k, const 
 
 }  // namespace
 
-void CudaBackend::paged_attention(const AttentionParams& p, const TensorView& q, const PagedKvView& history,
-                                  int layer, const TensorView& k_cur, const TensorView& v_cur,
-                                  const TensorView& out) {
+void CudaBackend::do_paged_attention(const AttentionParams& p, const TensorView& q,
+                                     const PagedKvView& history, int layer, const TensorView& k_cur,
+                                     const TensorView& v_cur, const TensorView& out) {
     if (history.fp8()) return paged_attention_fp8(p, q, history, layer, k_cur, v_cur, out);  // cuda_fp8.cpp
     const char* op = "paged_attention";
     for (const auto& [t, what] :
@@ -230,8 +230,8 @@ size_t CudaBackend::paged_attention_workspace_bytes(const PagedKvView& history, 
     return 2 * aligned(rows);
 }
 
-void CudaBackend::scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots, const TensorView& k,
-                             const TensorView& v, int64_t num_slots) {
+void CudaBackend::do_scatter_kv(const PagedKvView& pool, int layer, const TensorView& slots,
+                                const TensorView& k, const TensorView& v, int64_t num_slots) {
     if (pool.fp8()) return scatter_kv_fp8(pool, layer, slots, k, v, num_slots);  // cuda_fp8.cpp
     const char* op = "scatter_kv";
     for (const auto& [t, what] : {std::pair{&slots, "slots"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
@@ -298,9 +298,10 @@ size_t CudaBackend::paged_attention_batched_workspace_bytes(std::span<const Page
     return sum;
 }
 
-void CudaBackend::paged_attention_batched(const AttentionParams& p, const TensorView& q,
-                                          std::span<const PagedKvView> histories, int layer, const TensorView& k_cur,
-                                          const TensorView& v_cur, const TensorView& out) {
+void CudaBackend::do_paged_attention_batched(const AttentionParams& p, const TensorView& q,
+                                             std::span<const PagedKvView> histories, int layer,
+                                             const TensorView& k_cur, const TensorView& v_cur,
+                                             const TensorView& out) {
     const char* op = "paged_attention_batched";
     for (const auto& [t, what] :
          {std::pair{&q, "q"}, std::pair{&k_cur, "k"}, std::pair{&v_cur, "v"}, std::pair{&out, "out"}})
@@ -313,7 +314,7 @@ void CudaBackend::paged_attention_batched(const AttentionParams& p, const Tensor
     };
     const auto per_branch = [&](const std::string& why) {
         note_fallback(why);
-        Backend::paged_attention_batched(p, q, histories, layer, k_cur, v_cur, out);
+        Backend::do_paged_attention_batched(p, q, histories, layer, k_cur, v_cur, out);
     };
     if (!refusal.empty()) return per_branch(refusal);
 
