@@ -144,7 +144,12 @@ HostStorage::HostStorage(size_t bytes) : bytes_(bytes) {
     std::memset(ptr_, 0, rounded == 0 ? 64 : rounded);
 }
 
-HostStorage::~HostStorage() { std::free(ptr_); }
+HostStorage::~HostStorage() {
+    if (release_ == nullptr)
+        std::free(ptr_);
+    else if (ptr_ != nullptr)
+        release_(ptr_);
+}
 
 Tensor Tensor::host(Shape shape, DType dtype) {
     auto st = std::make_shared<HostStorage>(size_t(shape.numel()) * dtype_size(dtype));

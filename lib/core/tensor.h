@@ -106,10 +106,12 @@ public:
     virtual Device device() const = 0;
 };
 
-/// Heap memory on the host, 64-byte aligned and zero-filled.
+/// Host memory: its own heap block (64-byte aligned, zero-filled), or memory another allocator made (page-locked
+/// memory from the CUDA runtime) that `release` frees.
 class HostStorage final : public Storage {
 public:
     explicit HostStorage(size_t bytes);
+    HostStorage(void* ptr, size_t bytes, void (*release)(void*)) : ptr_(ptr), bytes_(bytes), release_(release) {}
     ~HostStorage() override;
     HostStorage(const HostStorage&) = delete;
     HostStorage& operator=(const HostStorage&) = delete;
@@ -120,6 +122,7 @@ public:
 private:
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
+    void (*release_)(void*) = nullptr;  // null: std::free
 };
 
 /// An owning tensor: a view plus the storage it points into (which may be shared).

@@ -81,31 +81,18 @@ private:
 };
 
 /// Page-locked host memory (cudaHostAlloc), zero-filled: the device copies from it asynchronously.
-class PinnedStorage final : public Storage {
-public:
-    explicit PinnedStorage(size_t bytes) : bytes_(bytes) {
-        if (bytes == 0) return;
-        const cudaError_t st = cudaHostAlloc(&ptr_, bytes, cudaHostAllocDefault);
+std::shared_ptr<Storage> pinned_storage(size_t bytes) {
+    void* ptr = nullptr;
+    if (bytes > 0) {
+        const cudaError_t st = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
         if (st != cudaSuccess) {
             cudaGetLastError();
-            ptr_ = nullptr;
             DZR_THROW("cannot allocate {} bytes of page-locked host memory ({})", bytes, cudaGetErrorString(st));
         }
-        std::memset(ptr_, 0, bytes);
+        std::memset(ptr, 0, bytes);
     }
-    ~PinnedStorage() override {
-        if (ptr_) cudaFreeHost(ptr_);
-    }
-    PinnedStorage(const PinnedStorage&) = delete;
-    PinnedStorage& operator=(const PinnedStorage&) = delete;
-    void* data() const override { return ptr_; }
-    size_t bytes() const override { return bytes_; }
-    Device device() const override { return Device::cpu(); }
-
-private:
-    void* ptr_ = nullptr;
-    size_t bytes_ = 0;
-};
+    return std::make_shared<HostStorage>(ptr, bytes, [](void* p) { cudaFreeHost(p); });
+}
 
 void require_float(const TensorView& t, const char* op, const char* what) {
     DZR_CHECK(is_float_act(t.dtype), "cuda backend: {} needs an f32 or bf16 {}, got {}", op, what, t.str());
@@ -184,7 +171,7 @@ Tensor CudaDevice::alloc(Shape shape, DType dtype) {
 }
 
 Tensor CudaDevice::alloc_pinned(Shape shape, DType dtype) {
-    auto storage = std::make_shared<PinnedStorage>(size_t(shape.numel()) * dtype_size(dtype));
+    auto storage = pinned_storage(size_t(shape.numel()) * dtype_size(dtype));
     return Tensor(storage, TensorView(storage->data(), dtype, shape, Device::cpu()));
 }
 
