@@ -48,9 +48,6 @@ class Session;
 class MeasuringBackend;
 class TextEmbeddings;
 
-/// How the self-attention history is kept.
-enum class KvMode : uint8_t { Paged, Dense };
-
 struct PolicyOptions {
     config::SamplingConfig sampling;
     KvConfig kv;
