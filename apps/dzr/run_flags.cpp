@@ -43,10 +43,4 @@ void RunFlags::apply(config::RunConfig& run) const {
     }
 }
 
-bool RunFlags::given(std::string_view key) const {
-    for (const auto& f : flags_)
-        if (f->setting->key == key) return f->option->count() > 0;
-    return false;
-}
-
 }  // namespace dzr::app

@@ -25,9 +25,6 @@ class RunFlags {
     /// dzr::Error naming the flag for a value its setting does not accept.
     void apply(config::RunConfig& run) const;
 
-    /// Whether the flag of this setting (its YAML key) was given.
-    bool given(std::string_view key) const;
-
   private:
     struct Flag {
         const config::Setting* setting = nullptr;

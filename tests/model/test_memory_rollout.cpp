@@ -229,6 +229,14 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     r = test::run_dzr("plan --config " + cfg + " --numerics reference --json", dir.path());
     REQUIRE(r.code == 0);
     CHECK(nlohmann::json::parse(r.out)["numerics"] == "reference");
+    // the run settings' precedence: a flag over --set over the config file
+    r = test::run_dzr("plan --config " + cfg + " --set numerics=reference --set precision=fp8 --json", dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out)["numerics"] == "reference");
+    CHECK(nlohmann::json::parse(r.out)["precision"] == "fp8");
+    r = test::run_dzr("plan --config " + cfg + " --set numerics=reference --numerics fast --json", dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out)["numerics"] == "fast");
     r = test::run_dzr("plan", dir.path());
     CHECK(r.code == 1);
     CHECK(r.has("--config"));

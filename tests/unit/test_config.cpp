@@ -4,6 +4,7 @@
 #include <set>
 #include <string>
 
+#include "backend/env_settings.h"
 #include "config/model_fields.h"
 #include "config/model_json.h"
 #include "config/run_config.h"
@@ -383,6 +384,14 @@ TEST_CASE("the settings registry: unique names, keys and flags; every key reads 
         RunConfig set = RunConfig{};
         set_setting(set, *s, value, "--test");
         CHECK(setting_text(set, *s) == value);
+    }
+    // a setting's environment variable is one the environment registry reads (backend/env_settings.h)
+    for (const Setting* s : run_settings()) {
+        if (s->env.empty()) continue;
+        CAPTURE(s->env);
+        bool registered = false;
+        for (const EnvSetting& e : env_settings()) registered |= e.name == s->env;
+        CHECK(registered);
     }
     CHECK(setting_default(*find_setting("numerics")) == "fast");
     CHECK(setting_default(*find_setting("kv.mode")) == "paged");
