@@ -54,11 +54,13 @@ inline constexpr Setting kEmbodiment{"embodiment", "embodiment", "--embodiment",
     "The checkpoint's embodiment to run; none: the checkpoint's only one"};
 inline constexpr Setting kPrecision{"precision", "precision", "--precision", "", "bf16 or fp8", true,
     "DiT Linear weights: bf16 or fp8 (E4M3, per-channel scales; quantized at load unless the checkpoint stores them)"};
+// NOTE: the budget only refuses runs that do not fit (or streams layers, below); it never changes an output
 inline constexpr Setting kGpuMemoryBudget{"gpu_memory_budget", "gpu_memory_budget", "--gpu-memory-budget", "",
     "a size (44GiB, 48GB, 32000MiB); empty: none", false,
     "Fit the run's memory plan (`dzr plan`) to this much device memory (44GiB, 48GB, 32000MiB), giving up the "
     "in-place KV lanes, then streaming DiT layers from host memory (offload_layers auto), and refuse it, before "
     "anything is loaded, when nothing fits"};
+// NOTE: graph replay is bit-identical to op-by-op execution (tests/cuda/test_graphs.cpp)
 inline constexpr Setting kCudaGraphs{"cuda_graphs", "cuda_graphs", "--no-cuda-graphs", "DZR_CUDA_GRAPHS",
     "true or false", false,
     "on: each DiT forward replays the CUDA graph captured for its shape in the warm-up; off: op by op (same "
@@ -66,11 +68,13 @@ inline constexpr Setting kCudaGraphs{"cuda_graphs", "cuda_graphs", "--no-cuda-gr
 inline constexpr Setting kBatchCfg{"batch_cfg", "batch_cfg", "--no-batch-cfg", "", "true or false", true,
     "on, in fast numerics: the two CFG branches' DiT forwards run as one batched forward; off: one after the other "
     "(slower)"};
+// NOTE: streamed layers run the same bytes through the same kernels (tests/model/test_layer_stream.cpp)
 inline constexpr Setting kOffloadLayers{"offload_layers", "offload_layers", "", "", "auto or a count", false,
     "DiT layers streamed from host memory as they run (auto: as many as --gpu-memory-budget needs, else none)"};
 inline constexpr Setting kNumerics{"numerics", "numerics", "--numerics", "", "fast or reference", true,
     "fast (fused kernels, f32 sampling; within the gate against the official fp32 run) or reference (the official "
     "bf16 run's arithmetic, bit for bit)"};
+// NOTE: the pre-pass encodes the same prompts with the same weights (tests/model/test_memory_rollout.cpp)
 inline constexpr Setting kTextPrepass{"text_prepass", "text_prepass", "--no-text-prepass", "", "true or false", false,
     "on: umT5 encodes the run's prompts before the other networks load and is freed; off: it stays resident and "
     "encodes each prompt in its call (same actions, more device memory)"};

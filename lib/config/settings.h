@@ -2,7 +2,7 @@
 /// The run settings, one registry: each setting's YAML key, command-line flag, environment variable, accepted
 /// values, whether it can change the numbers and what it does. The default is the RunConfig member's initializer
 /// (one default per setting). The YAML reader, --set, the commands' flags (apps/dzr/run_flags.h), the manifest
-/// (run_config_json), the resume fingerprint and the docs table (`dzr info --env`) all walk it; run_fields.h gives
+/// (run_config_json), the resume fingerprint and the docs table (`dzr info --settings`) all walk it; run_fields.h gives
 /// the typed walk over a RunConfig's fields.
 #include <string>
 #include <string_view>
