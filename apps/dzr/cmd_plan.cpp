@@ -62,7 +62,6 @@ int run(const PlanArgs& a) {
                                 : config::parse_memory_budget(run.gpu_memory_budget, "gpu_memory_budget");
     DZR_CHECK(a.max_sessions >= 1, "--max-sessions must be at least 1, got {}", a.max_sessions);
     PolicyOptions options = run_policy_options(run);
-    options.kv_mode = run.kv.mode;
     options.text_prepass = run.text_prepass;
     options.max_sessions = a.max_sessions;
     const std::optional<int> offload = config::parse_offload_layers(run.offload_layers, "offload_layers");

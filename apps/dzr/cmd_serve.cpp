@@ -118,7 +118,6 @@ int run(const ServeArgs& a) {
     eo.devices = parse_device_list(a.device);
     eo.backend = apply_env_overrides({});
     eo.backend.numerics = eo.run.numerics;
-    eo.kv_mode = eo.run.kv.mode;
     eo.tokenizer = a.tokenizer;
     // NOTE: a server does not know its prompts in advance: umT5 stays resident and encodes each new prompt
     eo.text_prepass = false;

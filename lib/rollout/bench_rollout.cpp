@@ -68,7 +68,6 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
               o.devices.size());
     BenchRolloutResult r;
     PolicyOptions po = run_policy_options(o.run);
-    po.kv_mode = o.run.kv.mode;
     po.text_prepass = o.run.text_prepass;
     if (o.run.text_prepass) po.prepass_prompts = {kBenchPrompt, kWarmupPrompt};
     const Embodiment embodiment = bench_embodiment();

@@ -19,7 +19,6 @@ EngineOptions rollout_engine_options(const RolloutOptions& opt, std::vector<std:
     eo.backend.numerics = opt.run.numerics;
     eo.backend.profile = !opt.profile.empty();
     eo.backend.profile_ops = !opt.profile_graphs;
-    eo.kv_mode = opt.run.kv.mode;
     eo.tokenizer = opt.tokenizer;
     eo.check_finite = opt.check_finite;
     eo.video_decode = opt.save_video;
