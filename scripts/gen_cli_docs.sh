@@ -86,6 +86,14 @@ fi
     done
     cat "$body"
     echo
+    echo "## Run settings"
+    echo
+    echo "Every run setting (\`dzr info --settings\`, from \`lib/config/run_fields.h\`): its key in a run config's YAML (and"
+    echo "for \`--set\`), the flag of the commands that take it, and its default. A flag wins over \`--set\`, which wins over"
+    echo "the config file. Those that can change the numbers are part of the run fingerprint."
+    echo
+    "$dzr" info --settings
+    echo
     echo "## Environment variables"
     echo
     echo "Every \`DZR_*\` variable dzr reads (\`dzr info --env\`, from \`lib/backend/env_settings.cpp\`). Those that can"

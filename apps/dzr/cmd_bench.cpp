@@ -16,6 +16,7 @@
 #include "apps/dzr/bench_load.h"
 #include "apps/dzr/bench_vae.h"
 #include "apps/dzr/command.h"
+#include "apps/dzr/run_flags.h"
 #include "backend/backend.h"
 #include "config/run_config.h"
 #include "core/error.h"
@@ -52,19 +53,13 @@ struct BenchOptions {
     bool reference = false;
     // rollout
     int calls = 21;
-    std::string numerics = "fast";
-    std::string kv_mode = "paged";
-    std::string precision;  // empty: the config's
-    std::string kv_dtype;   // empty: the config's
+    RunFlags run_flags;  // --numerics, --kv, --precision, ... (config/settings.h), as `dzr rollout`
     std::string json;
     std::string profile;
     bool profile_graphs = false;
     std::vector<std::string> sets_overrides;
     uint64_t seed = 0;
     bool text_prepass = false;
-    std::string gpu_memory_budget;
-    bool no_cuda_graphs = false;
-    bool no_batch_cfg = false;
 };
 
 /// median, min, mean of host wall times.
@@ -603,15 +598,12 @@ int run_rollout_bench(const BenchOptions& o) {
     std::vector<config::Override> overrides;
     for (const auto& s : o.sets_overrides) overrides.push_back(config::parse_override(s));
     b.run = config::load_run_config(o.config, overrides);
-    if (!o.precision.empty()) b.run.precision = parse_precision(o.precision, "--precision");
-    if (!o.kv_dtype.empty()) b.run.kv.dtype = parse_precision(o.kv_dtype, "--kv-dtype");
-    if (o.no_cuda_graphs) b.run.cuda_graphs = false;
-    if (o.no_batch_cfg) b.run.batch_cfg = false;
+    o.run_flags.apply(b.run);
+    // NOTE: the bench measures without the text encoder pre-pass unless asked (--text-prepass)
+    b.run.text_prepass = o.text_prepass;
     b.devices = parse_device_list(o.device);
     b.backend = apply_env_overrides({});
-    b.backend.numerics = parse_numerics(o.numerics);
-    DZR_CHECK(o.kv_mode == "paged" || o.kv_mode == "dense", "--kv must be paged or dense, got '{}'", o.kv_mode);
-    b.kv_mode = o.kv_mode == "paged" ? KvMode::Paged : KvMode::Dense;
+    b.backend.numerics = b.run.numerics;
     b.tokenizer = resolve_tokenizer_path(o.tokenizer);
     b.calls = o.calls;
     b.seed = o.seed;
@@ -619,9 +611,6 @@ int run_rollout_bench(const BenchOptions& o) {
     b.backend.profile = !o.profile.empty();
     DZR_CHECK(!o.profile_graphs || b.backend.profile, "bench rollout: --profile-graphs needs --profile FILE");
     b.backend.profile_ops = !o.profile_graphs;
-    b.text_prepass = o.text_prepass;
-    b.gpu_memory_budget = o.gpu_memory_budget;
-    if (!b.gpu_memory_budget.empty()) config::parse_memory_budget(b.gpu_memory_budget, "--gpu-memory-budget");
     const rollout::BenchRolloutResult r = rollout::bench_rollout(b);
     std::printf("%s", r.table().c_str());
     if (!o.profile.empty()) {
@@ -724,10 +713,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     roll->add_option("--set", opts->sets_overrides, "override a config key (as dzr rollout --set)");
     roll->add_option("--device", opts->device, "device, or two (cuda:0,cuda:1; cpu for a tiny config)")
         ->capture_default_str();
-    roll->add_option("--numerics", opts->numerics, "fast or reference (measure both for a comparison)")->capture_default_str();
-    roll->add_option("--kv", opts->kv_mode, "paged or dense")->capture_default_str();
-    roll->add_option("--precision", opts->precision, "DiT Linear weights: bf16 or fp8 (default: the config's)");
-    roll->add_option("--kv-dtype", opts->kv_dtype, "KV pool and cross caches: bf16 or fp8 (default: the config's kv.dtype)");
+    opts->run_flags.add(roll, {"numerics", "kv.mode", "precision", "kv.dtype"});
     roll->add_option("--calls", opts->calls, "timed calls after the warm-up")->capture_default_str()
         ->check(CLI::Range(1, 10000));
     roll->add_option("--seed", opts->seed, "random weights' seed")->capture_default_str();
@@ -743,12 +729,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
                    "counts each region's kernels, host launches and idle gaps (CUPTI)");
     roll->add_flag("--text-prepass", opts->text_prepass,
                    "encode the prompts with umT5 alone before the other networks load, then free it (as dzr rollout)");
-    roll->add_option("--gpu-memory-budget", opts->gpu_memory_budget,
-                     "refuse before loading when the memory plan exceeds this (44GiB, 48GB, 32000MiB)");
-    roll->add_flag("--no-cuda-graphs", opts->no_cuda_graphs,
-                   "run every DiT forward op by op instead of replaying its CUDA graph (as dzr rollout)");
-    roll->add_flag("--no-batch-cfg", opts->no_batch_cfg,
-                   "fast numerics: run the two CFG branches' forwards one after the other instead of as one batch");
+    opts->run_flags.add(roll, {"gpu_memory_budget", "cuda_graphs", "batch_cfg"});
     roll->callback([&run, opts] { run = [opts] { return run_rollout_bench(*opts); }; });
 
     auto vae_opts = std::make_shared<VaeBenchOptions>();

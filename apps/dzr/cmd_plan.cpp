@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "apps/dzr/command.h"
+#include "apps/dzr/run_flags.h"
 #include "backend/backend.h"
 #include "config/embodiment.h"
 #include "config/run_config.h"
@@ -19,22 +20,16 @@ struct PlanArgs {
     std::string config;
     std::string checkpoint;
     std::vector<std::string> sets;
-    std::string embodiment;
-    std::string precision = "bf16";
-    std::string kv_dtype = "bf16";
-    std::string budget;
+    RunFlags run_flags;  // --embodiment, --precision, --numerics, ... (config/settings.h), as `dzr rollout`
     std::string device;
-    std::string numerics = "fast";
-    std::string kv = "paged";
-    bool no_text_prepass = false;
     int max_sessions = 1;
     bool json = false;
 };
 
-/// The embodiment a plan runs: the checkpoint's, else the built-in of --embodiment or the config's tag (DROID by
-/// default) with the smooth statistics `dzr ckpt make` writes (the plan reads none of them).
+/// The embodiment a plan runs: the checkpoint's, else the built-in of the run's tag (--embodiment, else the config's;
+/// DROID by default) with the smooth statistics `dzr ckpt make` writes (the plan reads none of them).
 Embodiment plan_embodiment(const PlanArgs& a, const config::RunConfig& run, const ModelConfig& model) {
-    const std::string tag = !a.embodiment.empty() ? a.embodiment : run.embodiment;
+    const std::string& tag = run.embodiment;
     if (!a.checkpoint.empty()) return select_embodiment(load_checkpoint_embodiments(a.checkpoint), tag, model);
     Embodiment e = builtin_embodiment(tag.empty() ? "oxe_droid" : tag);
     const std::string source = "dzr plan (synthetic metadata)";
@@ -54,26 +49,23 @@ int run(const PlanArgs& a) {
     } else {
         DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
     }
+    a.run_flags.apply(run);
     // NOTE: a checkpoint's geometry is its config.json's (no weight is read)
     const ModelConfig model = a.checkpoint.empty() ? run.model : Checkpoint(a.checkpoint).model_config();
     const Embodiment embodiment = plan_embodiment(a, run, model);
 
     MemoryPlanOptions po;
-    po.precision = parse_weight_precision(a.precision, "--precision");
-    po.kv_dtype = parse_kv_dtype(a.kv_dtype, "--kv-dtype");
-    const std::string budget_text = !a.budget.empty() ? a.budget : run.gpu_memory_budget;
-    const uint64_t budget = budget_text.empty() ? 0
-                                                : config::parse_memory_budget(budget_text, !a.budget.empty()
-                                                                                                ? "--gpu-memory-budget"
-                                                                                                : "gpu_memory_budget");
-    DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
+    po.precision = parse_weight_precision(precision_name(run.precision), "--precision");
+    po.kv_dtype = parse_kv_dtype(precision_name(run.kv.dtype), "--kv-dtype");
+    const uint64_t budget = run.gpu_memory_budget.empty()
+                                ? 0
+                                : config::parse_memory_budget(run.gpu_memory_budget, "gpu_memory_budget");
     DZR_CHECK(a.max_sessions >= 1, "--max-sessions must be at least 1, got {}", a.max_sessions);
     PolicyOptions options = run_policy_options(run);
-    options.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
-    options.text_prepass = !a.no_text_prepass;
+    options.text_prepass = run.text_prepass;
     options.max_sessions = a.max_sessions;
     const std::optional<int> offload = config::parse_offload_layers(run.offload_layers, "offload_layers");
-    po.numerics = parse_numerics(a.numerics);
+    po.numerics = run.numerics;
 
     // Offline by default; --device plans with that device's backend (a GPU's convolution scratch included).
     std::unique_ptr<Backend> planner;
@@ -130,7 +122,7 @@ int run(const PlanArgs& a) {
     }
     if (!fits) {
         std::fprintf(stderr, "dzr: error: the plan's peak (%s) exceeds the budget %s by %s\n",
-                     gib(plan.peak_bytes()).c_str(), budget_text.c_str(), gib(plan.peak_bytes() - budget).c_str());
+                     gib(plan.peak_bytes()).c_str(), run.gpu_memory_budget.c_str(), gib(plan.peak_bytes() - budget).c_str());
         const std::string fitting = fp8_settings_that_fit(
             [&](bool fp8_kv, bool fp8_weights) -> std::optional<uint64_t> {
                 if (!po.cuda && planner) return std::nullopt;  // the CPU backend has no fp8
@@ -158,28 +150,18 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--checkpoint", args->checkpoint,
                     "Take the geometry from a checkpoint's config.json and its embodiment (no weight is read)");
     cmd->add_option("--set", args->sets, "Override a key of the --config file: --set kv.window_frames=5");
-    cmd->add_option("--embodiment", args->embodiment, "Embodiment tag (default: the config's, else oxe_droid)");
-    cmd->add_option("--precision", args->precision, "DiT linear weights: bf16, or fp8 (E4M3, per-channel scales)")
-        ->capture_default_str();
-    cmd->add_option("--kv-dtype", args->kv_dtype, "KV cache elements: bf16, or fp8 (E4M3, per-head scales)")
-        ->capture_default_str();
-    cmd->add_option("--gpu-memory-budget", args->budget,
-                    "Fit the plan to this budget as a run does (the in-place KV lanes given up, then DiT layers "
-                    "streamed) and say whether it fits (44GiB, 48GB, 32000MiB; exit 1 when it does not); default: "
-                    "the config's gpu_memory_budget");
+    // NOTE: without a checkpoint, the embodiment defaults to the built-in oxe_droid (plan_embodiment); a plan that
+    // does not fit the budget exits 1
+    args->run_flags.add(cmd, {"embodiment", "precision", "kv.dtype", "gpu_memory_budget"});
     cmd->add_option("--device", args->device,
                     "Plan with this device's backend (cuda:N: the GPU sizes its convolutions' scratch; cpu: the f32 "
                     "CPU engine); default: offline, for a CUDA GPU");
-    cmd->add_option("--kv", args->kv, "KV cache: paged or dense")->capture_default_str();
-    cmd->add_flag("--no-text-prepass", args->no_text_prepass, "Plan with umT5 resident (no text encoder pre-pass)");
+    args->run_flags.add(cmd, {"kv.mode", "text_prepass"});
     cmd->add_option("--max-sessions", args->max_sessions,
                     "Sessions open at once (`dzr serve --max-sessions`, which plans with --no-text-prepass): each "
                     "with its KV blocks, cross-attention caches and buffers")
         ->capture_default_str();
-    cmd->add_option("--numerics", args->numerics,
-                    "The run's numerics: fast (the rollout's default: the CFG branches batched, channels-last VAE "
-                    "weights) or reference")
-        ->capture_default_str();
+    args->run_flags.add(cmd, {"numerics"});
     cmd->add_flag("--json", args->json, "Machine-readable output");
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args); }; });
 });

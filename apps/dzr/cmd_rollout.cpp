@@ -8,6 +8,7 @@
 #include "apps/dzr/command.h"
 #include "apps/dzr/compare_args.h"
 #include "apps/dzr/datasets.h"
+#include "apps/dzr/run_flags.h"
 #include "backend/backend.h"
 #include "config/run_config.h"
 #include "core/error.h"
@@ -27,17 +28,11 @@ struct RolloutArgs {
     std::string ckpt;
     std::string out;
     std::string config;
-    std::string embodiment;
     std::vector<std::string> sets;
+    RunFlags run_flags;  // --numerics, --kv, --precision, ... (config/settings.h)
     std::string device = "cpu";
-    // NOTE: fast passed its gate at the real widths (docs/PARITY.md): closer to the official fp32 run than the
-    // official bf16 run is, and faster; reference stays for parity and CI
-    std::string numerics = "fast";
     std::string profile;
     bool profile_graphs = false;
-    std::string kv = "paged";
-    std::string precision;  // empty: the config's (bf16 without one)
-    std::string kv_dtype;   // empty: the config's kv.dtype
     std::string tokenizer;
     bool no_warmup = false;
     bool resume = false;
@@ -56,10 +51,6 @@ struct RolloutArgs {
     bool save_video = false;
     std::string shard;
     bool allow_shared_gpu = false;
-    std::string gpu_memory_budget;
-    bool no_text_prepass = false;
-    bool no_cuda_graphs = false;
-    bool no_batch_cfg = false;
     std::string baseline;  // compare the finished run with this output directory (`dzr compare`)
     CompareArgs compare;
 };
@@ -141,17 +132,8 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
     } else {
         DZR_CHECK(overrides.empty(), "--set needs --config (the settings it overrides come from a config file)");
     }
-    if (!a.precision.empty()) o.run.precision = parse_precision(a.precision, "--precision");
-    if (!a.kv_dtype.empty()) o.run.kv.dtype = parse_precision(a.kv_dtype, "--kv-dtype");
-    if (a.no_cuda_graphs) o.run.cuda_graphs = false;
-    if (a.no_batch_cfg) o.run.batch_cfg = false;
+    a.run_flags.apply(o.run);
     o.overrides = a.sets;
-    if (!a.gpu_memory_budget.empty()) {
-        config::parse_memory_budget(a.gpu_memory_budget, "--gpu-memory-budget");
-        o.run.gpu_memory_budget = a.gpu_memory_budget;
-    }
-    o.text_prepass = !a.no_text_prepass;
-    o.embodiment = a.embodiment;
     const rollout::EnvLookup env = rollout::process_environment();
     o.shard = rollout::detect_shard(env, a.shard.empty() ? std::nullopt : std::optional<std::string>(a.shard));
     o.devices = parse_device_list(a.device);
@@ -167,12 +149,9 @@ int run(const RolloutArgs& a, const std::vector<std::string>& argv) {
         DZR_CHECK(!o.shard.sharded(), "--device {}: a sharded run takes one device per rank (cuda picks the rank's GPU)",
                   a.device);
     }
-    o.numerics = parse_numerics(a.numerics);
     o.profile = a.profile;
     DZR_CHECK(!a.profile_graphs || !a.profile.empty(), "--profile-graphs needs --profile FILE");
     o.profile_graphs = a.profile_graphs;
-    DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
-    o.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     o.tokenizer = a.tokenizer;
     o.warmup = !a.no_warmup;
     o.resume = a.resume;
@@ -262,17 +241,12 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_option("--config", args->config, "Run config (configs/*.yaml): sampling, kv and rollout settings");
     cmd->add_option("--set", args->sets,
                     "Override a key of the --config file (needs --config): --set sampling.cfg_scale=3.5");
-    cmd->add_option("--embodiment", args->embodiment,
-                    "The checkpoint's embodiment to run (default: the config's, else the checkpoint's only one)");
+    args->run_flags.add(cmd, {"embodiment"});
     cmd->add_option("--device", args->device,
                     "cpu, cuda or cuda:N (cuda on a sharded run: the GPU of the rank's local rank); two devices "
                     "(cpu,cpu or cuda:0,cuda:1) run the unconditional CFG branch on the second")
         ->capture_default_str();
-    cmd->add_option("--numerics", args->numerics,
-                    "fast (fused kernels, f32 sampling; within the gate against the official fp32 run) or reference "
-                    "(the official bf16 run's arithmetic, bit for bit)")
-        ->capture_default_str();
-    cmd->add_option("--kv", args->kv, "KV cache: paged or dense (the reference path)")->capture_default_str();
+    args->run_flags.add(cmd, {"numerics", "kv.mode"});
     cmd->add_option("--profile", args->profile,
                     "profile the episodes' calls: every backend op timed with events, grouped by phase, forward and op "
                     "shape (CUPTI kernel counts on CUDA where built in); JSON to this file, a table on stderr; slows "
@@ -280,11 +254,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
     cmd->add_flag("--profile-graphs", args->profile_graphs,
                   "with --profile: leave the ops untimed so the forwards replay their CUDA graphs; the profile then "
                   "counts each region's kernels, host launches and idle gaps (CUPTI)");
-    cmd->add_option("--precision", args->precision,
-                    "DiT Linear weights: bf16 or fp8 (E4M3, per-channel scales; quantized at load unless the "
-                    "checkpoint stores them; default: the config's precision, else bf16)");
-    cmd->add_option("--kv-dtype", args->kv_dtype, "KV pool and cross caches: bf16 or fp8 (E4M3, a scale per token and head; default: "
-                                                  "the config's kv.dtype, else bf16)");
+    args->run_flags.add(cmd, {"precision", "kv.dtype"});
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
     cmd->add_flag("--no-warmup", args->no_warmup, "Skip the warm-up (timings then include first-call costs)");
     cmd->add_flag("--resume", args->resume,
@@ -319,20 +289,7 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "(SLURM_PROCID/NTASKS, job arrays) or Open MPI (OMPI_COMM_WORLD_RANK/SIZE), when present");
     cmd->add_flag("--allow-shared-gpu", args->allow_shared_gpu,
                   "Let several ranks of a sharded run use one GPU (each loads its own copy of the model)");
-    cmd->add_option("--gpu-memory-budget", args->gpu_memory_budget,
-                    "Fit the run's memory plan (`dzr plan`) to this much device memory, giving up the in-place KV "
-                    "lanes, then streaming DiT layers from host memory (offload_layers auto), and refuse it, before "
-                    "anything is loaded, when nothing fits (44GiB, 48GB, 32000MiB; default: the config's "
-                    "gpu_memory_budget, else none)");
-    cmd->add_flag("--no-text-prepass", args->no_text_prepass,
-                  "Keep umT5 resident and encode each prompt in its call, instead of encoding the run's prompts "
-                  "before the other networks load (same actions; more device memory)");
-    cmd->add_flag("--no-cuda-graphs", args->no_cuda_graphs,
-                  "Run every DiT forward op by op instead of replaying the CUDA graph captured for its shape in the "
-                  "warm-up (same actions; slower; also DZR_CUDA_GRAPHS=0 or the config's cuda_graphs: false)");
-    cmd->add_flag("--no-batch-cfg", args->no_batch_cfg,
-                  "Fast numerics: run the two CFG branches' DiT forwards one after the other instead of as one batched "
-                  "forward (slower; also the config's batch_cfg: false)");
+    args->run_flags.add(cmd, {"gpu_memory_budget", "text_prepass", "cuda_graphs", "batch_cfg"});
     cmd->add_option("--baseline", args->baseline,
                     "After the run, compare it with this rollout output (`dzr compare BASELINE OUT`; exit 1 on a "
                     "difference, 2 when not comparable; docs/CI.md)");

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "apps/dzr/command.h"
+#include "apps/dzr/run_flags.h"
 #include "backend/options.h"
 #include "config/embodiment.h"
 #include "config/run_config.h"
@@ -30,9 +31,8 @@ struct ServeArgs {
     std::string ckpt;
     std::string config;
     std::vector<std::string> sets;
-    std::string embodiment;
+    RunFlags run_flags;  // --embodiment, --numerics, --gpu-memory-budget (config/settings.h), as `dzr rollout`
     std::string device = "cpu";
-    std::string numerics = "fast";  // as `dzr rollout`: a replay of a recorded session uses the same default
     std::string tokenizer;
     std::string host = "127.0.0.1";
     int port = 8000;
@@ -40,7 +40,6 @@ struct ServeArgs {
     double max_message_mb = 64;
     bool no_warmup = false;
     int max_sessions = 1;
-    std::string gpu_memory_budget;
 };
 
 bool is_loopback(const std::string& host) {
@@ -115,23 +114,19 @@ int run(const ServeArgs& a) {
         DZR_CHECK(overrides.empty(),
                   "--set needs --config (the settings it overrides come from a config file)");
     }
-    eo.embodiment = a.embodiment;
+    a.run_flags.apply(eo.run);
     eo.devices = parse_device_list(a.device);
     eo.backend = apply_env_overrides({});
-    eo.backend.numerics = parse_numerics(a.numerics);
+    eo.backend.numerics = eo.run.numerics;
     eo.tokenizer = a.tokenizer;
     // NOTE: a server does not know its prompts in advance: umT5 stays resident and encodes each new prompt
     eo.text_prepass = false;
     eo.max_sessions = a.max_sessions;
-    if (!a.gpu_memory_budget.empty()) {
-        config::parse_memory_budget(a.gpu_memory_budget, "--gpu-memory-budget");
-        eo.run.gpu_memory_budget = a.gpu_memory_budget;
-    }
 
     // The protocol's embodiment and the memory plan first, before any weight is read.
     {
         const Checkpoint ckpt(eo.checkpoint);
-        const std::string tag = !eo.embodiment.empty() ? eo.embodiment : eo.run.embodiment;
+        const std::string& tag = eo.run.embodiment;
         const Embodiment embodiment =
             select_embodiment(load_checkpoint_embodiments(eo.checkpoint), tag, ckpt.model_config());
         serve::bind_droid_protocol(embodiment);
@@ -175,7 +170,7 @@ int run(const ServeArgs& a) {
         "session's first call then 4; float32 [%d, %d] actions; messages up to %.0f MiB\n"
         "  record      %s\n",
         a.ckpt.c_str(), engine->describe().c_str(), engine->embodiment().tag.c_str(),
-        engine->devices().c_str(), engine->backend().name().c_str(), a.numerics.c_str(), load_s, warmup_calls,
+        engine->devices().c_str(), engine->backend().name().c_str(), numerics_name(eo.run.numerics), load_s, warmup_calls,
         warmup_ms / 1e3, sessions_note.c_str(), sc.image_width, sc.image_height, engine->model().dit.num_action_per_block,
         engine->embodiment().action_dim(), a.max_message_mb,
         a.record.empty()
@@ -212,16 +207,12 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
         "Run config (configs/*.yaml): sampling and kv settings, and the frame schedule recorded sessions "
         "follow (--record)");
     cmd->add_option("--set", args->sets, "Override a key of the --config file (needs --config)");
-    cmd->add_option(
-        "--embodiment", args->embodiment,
-        "The checkpoint's embodiment to serve (it must be DROID's; default: the config's, else the "
-        "checkpoint's only one)");
+    args->run_flags.add(cmd, {"embodiment"});
     cmd->add_option(
            "--device", args->device,
            "cpu, cuda or cuda:N; two devices (cuda:0,cuda:1) run the unconditional CFG branch on the second")
         ->capture_default_str();
-    cmd->add_option("--numerics", args->numerics, "fast or reference (as dzr rollout)")
-        ->capture_default_str();
+    args->run_flags.add(cmd, {"numerics"});
     cmd->add_option("--tokenizer", args->tokenizer, "umT5 spiece.model (or a directory holding it)");
     cmd->add_option("--host", args->host,
                     "Address to listen on (loopback by default; the server has no authentication)")
@@ -242,10 +233,8 @@ CommandRegistrar reg([](CLI::App& app, std::function<int()>& run_fn) {
                     "Clients served at once, each with its own engine session (their calls interleave, one at a "
                     "time); more clients wait in a queue. The KV cache and the memory plan hold this many sessions")
         ->capture_default_str();
-    cmd->add_option("--gpu-memory-budget", args->gpu_memory_budget,
-                    "Fit the memory plan of the served sessions (`dzr plan --max-sessions N --no-text-prepass`) to "
-                    "this much device memory as a rollout does, and refuse to start, before anything is loaded, when "
-                    "nothing fits (44GiB; default: the config's gpu_memory_budget, else a GPU's free memory)");
+    // NOTE: without a budget the served sessions' plan is fitted to a GPU's free memory (check_serve_memory)
+    args->run_flags.add(cmd, {"gpu_memory_budget"});
     cmd->callback([args, &run_fn] { run_fn = [args] { return run(*args); }; });
 });
 

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "backend/blas_kernels.h"
 #include "backend/env_settings.h"
+#include "config/settings.h"
 #include "core/version.h"
 #include "io/video_reader.h"
 
@@ -16,11 +17,15 @@ namespace {
 CommandRegistrar reg([](CLI::App& app, std::function<int()>& run) {
     auto* cmd = app.add_subcommand("info", "Show the build configuration and the visible devices");
     auto env_table = std::make_shared<bool>(false);
+    auto settings_table = std::make_shared<bool>(false);
     cmd->add_flag("--env", *env_table, "Print the table of the DZR_* environment variables dzr reads, and exit");
-    cmd->callback([&run, env_table] {
-        run = [env_table] {
-            if (*env_table) {
-                std::printf("%s", env_settings_table().c_str());
+    cmd->add_flag("--settings", *settings_table,
+                  "Print the table of the run settings (YAML key, flag, environment variable, default), and exit");
+    cmd->callback([&run, env_table, settings_table] {
+        run = [env_table, settings_table] {
+            if (*env_table || *settings_table) {
+                if (*settings_table) std::printf("%s", config::run_settings_table().c_str());
+                if (*env_table) std::printf("%s%s", *settings_table ? "\n" : "", env_settings_table().c_str());
                 return 0;
             }
             std::printf("dzr %s (%s)\n", dzr::version(), dzr::git_hash());

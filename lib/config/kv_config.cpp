@@ -173,6 +173,14 @@ void KvConfig::validate(const KvGeometry& g) const {
     }
 }
 
+const char* kv_mode_name(KvMode mode) { return mode == KvMode::Paged ? "paged" : "dense"; }
+
+KvMode parse_kv_mode(const std::string& text, const std::string& what) {
+    if (text == "paged") return KvMode::Paged;
+    if (text == "dense") return KvMode::Dense;
+    DZR_THROW("{}: expected paged or dense, got '{}'", what, text);
+}
+
 KvConfig parse_kv_config(const YAML::Node& kv) {
     KvConfig c;
     if (!kv || kv.IsNull()) return c;
@@ -196,12 +204,15 @@ KvConfig parse_kv_config(const YAML::Node& kv) {
             } else if (key == "dtype") {
                 DZR_CHECK(value.IsScalar(), "kv.dtype: expected bf16 or fp8");
                 c.dtype = parse_precision(value.Scalar(), "kv.dtype");
+            } else if (key == "mode") {
+                DZR_CHECK(value.IsScalar(), "kv.mode: expected paged or dense");
+                c.mode = parse_kv_mode(value.Scalar(), "kv.mode");
             } else if (key == "in_place") {
                 DZR_CHECK(value.IsScalar(), "kv.in_place: expected auto, true or false");
                 c.in_place = parse_kv_in_place(value.Scalar(), "kv.in_place");
             } else {
                 DZR_THROW("kv.{}: unknown key (known: window_frames, sink_frames, frames_per_block, memory_budget, "
-                          "reset_at_boundary, dtype, in_place)",
+                          "reset_at_boundary, dtype, in_place, mode)",
                           key);
             }
         } catch (const YAML::Exception&) {

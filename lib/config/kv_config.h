@@ -16,6 +16,13 @@ namespace dzr {
 
 struct ModelConfig;
 
+/// How the self-attention history is kept (`kv.mode`, `--kv`).
+enum class KvMode : uint8_t { Paged, Dense };
+/// "paged" or "dense".
+const char* kv_mode_name(KvMode mode);
+/// "paged" or "dense"; throws dzr::Error naming `what` otherwise.
+KvMode parse_kv_mode(const std::string& text, const std::string& what);
+
 /// What the model puts in the cache. Defaults are DreamZero-DROID (dreamzero-reference.md §1.5, §5.1).
 struct KvGeometry {
     int num_layers = 40;
@@ -126,6 +133,8 @@ struct KvConfig {
     Precision dtype = Precision::Bf16;
     /// Lanes with room for the current rows (KvGeometry::lanes): auto, true or false.
     KvInPlace in_place = KvInPlace::Auto;
+    /// Paged blocks, or the dense reference path.
+    KvMode mode = KvMode::Paged;
 
     /// Throws dzr::Error for an inconsistent setting, naming the `kv.` key, its value and the rule.
     void validate(const KvGeometry& geometry) const;

@@ -95,6 +95,18 @@ void read(const YAML::Node& n, Precision& out, const Context& c, const std::stri
     if (!n.IsScalar() || (n.Scalar() != "bf16" && n.Scalar() != "fp8")) bad(c, p, "bf16 or fp8", n);
     out = parse_precision(n.Scalar(), p);
 }
+void read(const YAML::Node& n, Numerics& out, const Context& c, const std::string& p) {
+    if (!n.IsScalar() || (n.Scalar() != "fast" && n.Scalar() != "reference")) bad(c, p, "fast or reference", n);
+    out = parse_numerics(n.Scalar());
+}
+void read(const YAML::Node& n, KvMode& out, const Context& c, const std::string& p) {
+    if (!n.IsScalar() || (n.Scalar() != "paged" && n.Scalar() != "dense")) bad(c, p, "paged or dense", n);
+    out = parse_kv_mode(n.Scalar(), p);
+}
+void read(const YAML::Node& n, KvBudget& out, const Context& c, const std::string& p) {
+    if (!n.IsScalar()) bad(c, p, "auto, a byte size or a percentage", n);
+    out = parse_kv_budget(n.Scalar());
+}
 
 /// A quoted value left open on its line runs over the keys after it (YAML folds them into the value, and a
 /// double quote open to the end of the file is no syntax error for yaml-cpp): an error naming those keys.
@@ -261,7 +273,7 @@ void check_step_plan(SamplingConfig& s, bool dit_steps_given, const Context& ctx
 void read_sampling(const YAML::Node& node, SamplingConfig& s, const Context& ctx) {
     Section sec(node, "sampling", ctx);
     const bool dit_steps_given = sec.child("num_dit_steps").IsDefined();
-    for_each_sampling_field(s, [&](const RunField& f, auto& value) { sec.get(std::string(f.name), value, false); });
+    for_each_sampling_field(s, [&](const Setting& f, auto& value) { sec.get(std::string(f.field()), value, false); });
     sec.finish();
     DZR_CHECK(s.num_inference_steps >= 1 && s.num_inference_steps <= kMaxInferenceSteps,
               "{}: sampling.num_inference_steps must be in [1, {}], got {}{}", ctx.source, kMaxInferenceSteps,
@@ -291,7 +303,7 @@ void read_kv(const YAML::Node& node, KvConfig& k, const ModelConfig& model, cons
 
 void read_rollout(const YAML::Node& node, RolloutConfig& r, const Context& ctx) {
     Section sec(node, "rollout", ctx);
-    for_each_rollout_field(r, [&](const RunField& f, auto& value) { sec.get(std::string(f.name), value, false); });
+    for_each_rollout_field(r, [&](const Setting& f, auto& value) { sec.get(std::string(f.field()), value, false); });
     sec.finish();
     DZR_CHECK(r.stride > 0 && r.stride <= kMaxFrameIndex, "{}: rollout.stride must be in [1, {}], got {}",
               ctx.source, kMaxFrameIndex, r.stride);
@@ -330,17 +342,11 @@ RunConfig read_run_config(YAML::Node root, const std::string& source, std::strin
     require_consistent_model_config(rc.model, source);
     read_kv(top.child("kv"), rc.kv, rc.model, ctx);
     read_rollout(top.child("rollout"), rc.rollout, ctx);
-    top.get("embodiment", rc.embodiment, false);
-    top.get("precision", rc.precision, false);
-    top.get("gpu_memory_budget", rc.gpu_memory_budget, false);
-    if (!rc.gpu_memory_budget.empty())
-        parse_memory_budget(rc.gpu_memory_budget, fmt::format("{}: gpu_memory_budget{}", source,
-                                                              ctx.origin("gpu_memory_budget")));
-    top.get("cuda_graphs", rc.cuda_graphs, false);
-    top.get("batch_cfg", rc.batch_cfg, false);
-    top.get("offload_layers", rc.offload_layers, false);
-    parse_offload_layers(rc.offload_layers,
-                         fmt::format("{}: offload_layers{}", source, ctx.origin("offload_layers")));
+    for_each_top_level_field(rc, [&](const Setting& f, auto& value) {
+        const std::string key(f.key);
+        top.get(key, value, false);
+        check_setting_value(rc, f, fmt::format("{}: {}{}", source, key, ctx.origin(key)));
+    });
     top.get("description", rc.description, false);
     top.finish();
     return rc;
@@ -418,6 +424,30 @@ RunConfig load_run_config(const fs::path& path, const std::vector<Override>& ove
     RunConfig rc = parse_run_config(text, path.string(), overrides);
     rc.source = path;
     return rc;
+}
+
+void set_setting(RunConfig& run, const Setting& s, const std::string& text, const std::string& where) {
+    YAML::Node node;
+    try {
+        node = YAML::Load(text);
+    } catch (const YAML::Exception&) {
+        DZR_THROW("{}: expected {}, got '{}'", where, s.values, text);
+    }
+    const Context ctx{where, {}, {}};
+    bool found = false;
+    for_each_run_field(run, [&](const Setting& f, auto& value) {
+        if (f.key != s.key) return;
+        found = true;
+        auto parsed = value;
+        try {
+            read(node, parsed, ctx, std::string(f.key));
+        } catch (const Error&) {
+            DZR_THROW("{}: expected {}, got '{}'", where, s.values, text);
+        }
+        value = std::move(parsed);
+    });
+    DZR_CHECK(found, "{}: no run setting {}", where, s.key);
+    check_setting_value(run, s, where);
 }
 
 ModelConfig model_config_from_yaml(const YAML::Node& model, const std::string& source) {

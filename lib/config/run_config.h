@@ -12,6 +12,7 @@
 
 #include "config/kv_config.h"
 #include "config/model_config.h"
+#include "backend/options.h"
 #include "config/precision.h"
 
 namespace dzr::config {
@@ -73,6 +74,12 @@ struct RunConfig {
     /// the numbers do not change, the speed may): "auto" (as many as a --gpu-memory-budget needs, else none) or a
     /// count. Top-level `offload_layers:`.
     std::string offload_layers = "auto";
+    /// The backends' arithmetic (backend/options.h): fast passed its gate at the real widths (docs/PARITY.md), closer
+    /// to the official fp32 run than the official bf16 run is; reference stays for parity and CI. `numerics:`.
+    Numerics numerics = Numerics::Fast;
+    /// The text encoder pre-pass (policy/text_prepass.h): umT5 encodes the run's prompts at load and is freed
+    /// before the other networks load; off, it stays resident. The actions are the same either way.
+    bool text_prepass = true;
     std::string description;
     std::filesystem::path source;  // the YAML file it came from (empty for a string)
 };

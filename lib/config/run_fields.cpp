@@ -6,6 +6,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/error.h"
+
 namespace dzr::config {
 
 namespace {
@@ -34,6 +36,10 @@ Json value_json(const T& v) {
         return Json("auto");
     } else if constexpr (std::is_same_v<T, Precision>) {
         return Json(precision_name(v));
+    } else if constexpr (std::is_same_v<T, KvMode>) {
+        return Json(kv_mode_name(v));
+    } else if constexpr (std::is_same_v<T, Numerics>) {
+        return Json(numerics_name(v));
     } else if constexpr (std::is_same_v<T, std::vector<bool>>) {
         Json a = Json::array();
         for (bool b : v) a.push_back(b);
@@ -43,6 +49,12 @@ Json value_json(const T& v) {
     }
 }
 
+void add_settings(Json& j, const RunConfig& r, bool numbers_only) {
+    for_each_run_field(r, [&](const Setting& s, const auto& v) {
+        if (!numbers_only || s.changes_numbers) slot(j, s.key) = value_json(v);
+    });
+}
+
 }  // namespace
 
 nlohmann::ordered_json run_config_json(const RunConfig& r) {
@@ -50,10 +62,35 @@ nlohmann::ordered_json run_config_json(const RunConfig& r) {
     for_each_model_field(r.model, [&](const ModelField& f, const auto& v) {
         slot(j, std::string("model.") + std::string(f.yaml)) = value_json(v);
     });
-    for_each_run_field(r, [&](const RunField& f, const auto& v) {
-        (f.section.empty() ? j : j[std::string(f.section)])[std::string(f.name)] = value_json(v);
-    });
+    add_settings(j, r, false);
     return j;
 }
+
+nlohmann::ordered_json run_settings_json(const RunConfig& r, bool numbers_only) {
+    Json j = Json::object();
+    add_settings(j, r, numbers_only);
+    return j;
+}
+
+void check_setting_value(const RunConfig& r, const Setting& s, const std::string& where) {
+    if (&s == &setting::kGpuMemoryBudget && !r.gpu_memory_budget.empty())
+        parse_memory_budget(r.gpu_memory_budget, where);
+    if (&s == &setting::kOffloadLayers) parse_offload_layers(r.offload_layers, where);
+}
+
+std::string setting_text(const RunConfig& run, const Setting& s) {
+    std::string text;
+    bool found = false;
+    for_each_run_field(run, [&](const Setting& f, const auto& v) {
+        if (f.key != s.key) return;
+        const Json j = value_json(v);
+        text = j.is_string() ? j.get<std::string>() : j.dump();
+        found = true;
+    });
+    DZR_CHECK(found, "no run setting {}", s.key);
+    return text;
+}
+
+std::string setting_default(const Setting& s) { return setting_text(RunConfig{}, s); }
 
 }  // namespace dzr::config

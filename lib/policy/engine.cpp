@@ -112,6 +112,7 @@ PolicyOptions run_policy_options(const config::RunConfig& run) {
     PolicyOptions po;
     po.sampling = run.sampling;
     po.kv = run.kv;
+    po.kv_mode = run.kv.mode;
     po.precision = run.precision;
     po.cuda_graphs = run.cuda_graphs;
     po.batch_cfg = run.batch_cfg;
@@ -122,7 +123,6 @@ PolicyOptions run_policy_options(const config::RunConfig& run) {
 
 PolicyOptions EngineOptions::policy_options() const {
     PolicyOptions po = run_policy_options(run);
-    po.kv_mode = kv_mode;
     po.check_finite = check_finite;
     po.video_decode = video_decode;
     po.noise = noise;
@@ -156,7 +156,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& o) {
     }
     const WeightCheckReport check = check_weights(*ckpt, expected_weights(model));
     DZR_CHECK(check.ok(), "{}", check.message("checkpoint " + o.checkpoint.string()));
-    const std::string tag = !o.embodiment.empty() ? o.embodiment : o.run.embodiment;
+    const std::string& tag = o.run.embodiment;  // empty: the checkpoint's only one
     const Embodiment embodiment = select_embodiment(load_checkpoint_embodiments(o.checkpoint), tag, model);
     std::filesystem::path tokenizer;
     if (!o.tokenizer.empty()) {

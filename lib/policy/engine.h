@@ -48,9 +48,6 @@ class Session;
 class MeasuringBackend;
 class TextEmbeddings;
 
-/// How the self-attention history is kept.
-enum class KvMode : uint8_t { Paged, Dense };
-
 struct PolicyOptions {
     config::SamplingConfig sampling;
     KvConfig kv;
@@ -92,8 +89,8 @@ struct PolicyOptions {
     int max_sessions = 1;
 };
 
-/// The PolicyOptions a run config sets (sampling, kv, precision, cuda_graphs, batch_cfg, offload_layers: auto as
-/// none); the rest keep their defaults.
+/// The PolicyOptions a run config sets (sampling, kv and its mode, precision, cuda_graphs, batch_cfg,
+/// offload_layers: auto as none); the rest keep their defaults.
 PolicyOptions run_policy_options(const config::RunConfig& run);
 
 /// What an engine takes on each device of its placement besides what it was given, found by running its calls on
@@ -137,12 +134,9 @@ struct EngineOptions {
     config::RunConfig run;
     /// run.model came from a config file: the checkpoint's geometry must equal it.
     bool check_config_model = false;
-    /// The checkpoint's embodiment to run (wins over run.embodiment; both empty: the checkpoint's only one).
-    std::string embodiment;
     /// One device, or two ("cpu,cpu", "cuda:0,cuda:1"): the second runs the unconditional branch.
     std::vector<Device> devices{Device::cpu()};
     BackendOptions backend;
-    KvMode kv_mode = KvMode::Paged;
     std::string tokenizer;  ///< empty: the checkpoint's spiece.model
     bool check_finite = false;
     bool video_decode = false;

@@ -68,15 +68,14 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
               o.devices.size());
     BenchRolloutResult r;
     PolicyOptions po = run_policy_options(o.run);
-    po.kv_mode = o.kv_mode;
-    po.text_prepass = o.text_prepass;
-    if (o.text_prepass) po.prepass_prompts = {kBenchPrompt, kWarmupPrompt};
+    po.text_prepass = o.run.text_prepass;
+    if (o.run.text_prepass) po.prepass_prompts = {kBenchPrompt, kWarmupPrompt};
     const Embodiment embodiment = bench_embodiment();
     // The plan first: a budget it exceeds refuses the bench before the weights are made.
     if (o.devices.size() == 1) {
         // NOTE: as a rollout does, the budget is fitted with the settings that keep the numbers (fit_memory_budget)
         const uint64_t budget =
-            o.gpu_memory_budget.empty() ? 0 : config::parse_memory_budget(o.gpu_memory_budget, "--gpu-memory-budget");
+            o.run.gpu_memory_budget.empty() ? 0 : config::parse_memory_budget(o.run.gpu_memory_budget, "--gpu-memory-budget");
         const bool offload_auto = !config::parse_offload_layers(o.run.offload_layers, "offload_layers");
         const BudgetFit fit = fit_memory_budget(budget, po.kv.in_place == KvInPlace::Auto, offload_auto,
                                                 o.run.model.dit.num_layers, [&](const MemoryChoices& c) {
@@ -86,14 +85,14 @@ BenchRolloutResult bench_rollout(const BenchRolloutOptions& o) {
                                                                               o.devices[0], o.backend, 0);
                                                 });
         for (const std::string& note : fit.notes)
-            log()->info("memory plan (--gpu-memory-budget {}): {}", o.gpu_memory_budget, note);
+            log()->info("memory plan (--gpu-memory-budget {}): {}", o.run.gpu_memory_budget, note);
         fit.choices.apply(po);
         const MemoryPlan& plan = fit.plan;
-        if (budget > 0) check_memory_budget(plan, budget, "--gpu-memory-budget " + o.gpu_memory_budget);
+        if (budget > 0) check_memory_budget(plan, budget, "--gpu-memory-budget " + o.run.gpu_memory_budget);
         if (plan.options.cuda) r.planned_peak_bytes = int64_t(plan.peak_bytes());
         r.memory_plan = plan.to_json();
     } else {
-        DZR_CHECK(o.gpu_memory_budget.empty(), "bench rollout: --gpu-memory-budget plans one device, got {}",
+        DZR_CHECK(o.run.gpu_memory_budget.empty(), "bench rollout: --gpu-memory-budget plans one device, got {}",
                   o.devices.size());
     }
     Timer t;

@@ -20,17 +20,17 @@
 namespace dzr::rollout {
 
 struct BenchRolloutOptions {
-    config::RunConfig run;            ///< the geometry (run.model) and the run settings
+    /// The geometry (run.model) and the run settings: numerics (backend.numerics is set from it), kv.mode,
+    /// text_prepass (the bench's prompt and the warm-up's), gpu_memory_budget (refuse before loading when the plan
+    /// exceeds it), ...
+    config::RunConfig run;
     std::vector<Device> devices{Device::cuda(0)};
+    /// backend.profile: the timed calls' op profile (backend/profiler.h) goes to BenchRolloutResult::profile.
     BackendOptions backend;
-    KvMode kv_mode = KvMode::Paged;
     std::filesystem::path tokenizer;  ///< any umT5 spiece.model (the bench tokenizes a fixed prompt)
     int calls = 21;                   ///< timed calls after the warm-up
     uint64_t seed = 0;
     int threads = 0;                  ///< random-weight generation threads (0: all)
-    /// backend.profile: the timed calls' op profile (backend/profiler.h) goes to BenchRolloutResult::profile.
-    bool text_prepass = false;        ///< the text encoder pre-pass (the bench's prompt and the warm-up's)
-    std::string gpu_memory_budget;    ///< refuse before loading when the plan exceeds it (empty: no limit)
 };
 
 struct BenchRolloutResult {

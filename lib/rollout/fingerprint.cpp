@@ -17,8 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// NOTE: the environment variables that switch the CUDA backend between implementations (and so change the
-// numbers); extend this list with any new one.
 std::string file_hash_or_null(const fs::path& p) {
     std::error_code ec;
     return fs::is_regular_file(p, ec) ? sha256_file(p) : std::string();
@@ -72,16 +70,11 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
     if (!opt.noise_video.empty() || !opt.noise_action.empty())
         noise = {{"video_sha256", file_hash_or_null(opt.noise_video)},
                  {"action_sha256", file_hash_or_null(opt.noise_action)}};
-    // NOTE: the run settings through the config's field tables (the geometry is the checkpoint's identity)
-    Json run = config::run_config_json(opt.run);
-    run.erase("model");
-    // NOTE: the budget only refuses runs that do not fit; it never changes an output
-    run.erase("gpu_memory_budget");
-    // NOTE: graph replay is bit-identical to op-by-op execution (tests/cuda/test_graphs.cpp)
-    run.erase("cuda_graphs");
-    // NOTE: streamed layers run the same bytes through the same kernels (tests/model/test_layer_stream.cpp)
-    run.erase("offload_layers");
-    run["embodiment"] = opt.embodiment.empty() ? opt.run.embodiment : opt.embodiment;
+    // NOTE: the registry's settings that can change the numbers (config/settings.h; the geometry is the
+    // checkpoint's identity). The numerics and the KV mode stay under "numerics", where earlier runs recorded them.
+    Json run = config::run_settings_json(opt.run, /*numbers_only=*/true);
+    run.erase("numerics");
+    run["kv"].erase("mode");
     run["prompt_override"] = opt.prompt ? Json(*opt.prompt) : Json(nullptr);
     run["allow_truncate"] = opt.allow_truncate;
     run["metrics"] = {{"gt_offset", opt.metrics.gt_offset}, {"steps", opt.metrics.steps}};
@@ -94,8 +87,8 @@ Json run_fingerprint(const RolloutOptions& opt, const Checkpoint& ckpt, const fs
     const bool cuda = !opt.devices.empty() && opt.devices[0].is_cuda();
     Json numerics = {{"backend", cuda ? "cuda" : "cpu"},
                      {"compute_dtype", cuda ? "bf16" : "f32"},
-                     {"mode", numerics_name(opt.numerics)},
-                     {"kv_mode", opt.kv_mode == KvMode::Paged ? "paged" : "dense"},
+                     {"mode", numerics_name(opt.run.numerics)},
+                     {"kv_mode", kv_mode_name(opt.run.kv.mode)},
                      {"env", env}};
     // NOTE: the CPU backend's GEMMs round as OpenBLAS's kernel table for this CPU does (backend/blas_kernels.h)
     if (!cuda) numerics["blas_core"] = blas_core_name();

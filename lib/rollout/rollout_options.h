@@ -24,21 +24,15 @@ struct RolloutOptions {
     /// --episodes / --split: which episodes of the datasets among `episodes` run.
     io::DatasetSelection dataset_selection;
     std::filesystem::path out_dir;
-    config::RunConfig run;                        ///< run settings (sampling, kv, rollout)
-    /// --embodiment: the checkpoint's embodiment to run (wins over run.embodiment; both empty: the
-    /// checkpoint's only one).
-    std::string embodiment;
+    /// The run settings (config/settings.h): the config file, its --set overrides and the command line's flags
+    /// (numerics, kv.mode, precision, embodiment, text_prepass, ...), resolved.
+    config::RunConfig run;
     bool have_config_model = false;               ///< run.model came from a --config file: check it
     std::vector<std::string> overrides;           ///< as given, for the manifest
     /// One device, or two: the second runs the unconditional CFG branch (`--device cpu,cpu`, `cuda:0,cuda:1`).
     std::vector<Device> devices{Device::cpu()};
-    Numerics numerics = Numerics::Reference;
-    KvMode kv_mode = KvMode::Paged;
     std::string tokenizer;                        ///< empty: from the checkpoint
     bool warmup = true;
-    /// The text encoder pre-pass (policy/text_prepass.h): umT5 encodes the run's prompts at load and is freed before
-    /// the other networks load; off, it stays resident. The actions are the same either way.
-    bool text_prepass = true;
     bool resume = false;
     /// Run into an output directory that holds another run's finished episodes, replacing those it reruns (without
     /// it such a run is refused: --resume finishes a run, a new run wants a new directory).

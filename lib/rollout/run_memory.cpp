@@ -14,18 +14,16 @@ EngineOptions rollout_engine_options(const RolloutOptions& opt, std::vector<std:
     eo.checkpoint = opt.checkpoint;
     eo.run = opt.run;
     eo.check_config_model = opt.have_config_model;
-    eo.embodiment = opt.embodiment;
     eo.devices = opt.devices;
     eo.backend = apply_env_overrides({});
-    eo.backend.numerics = opt.numerics;
+    eo.backend.numerics = opt.run.numerics;
     eo.backend.profile = !opt.profile.empty();
     eo.backend.profile_ops = !opt.profile_graphs;
-    eo.kv_mode = opt.kv_mode;
     eo.tokenizer = opt.tokenizer;
     eo.check_finite = opt.check_finite;
     eo.video_decode = opt.save_video;
-    eo.text_prepass = opt.text_prepass;
-    if (opt.text_prepass) {
+    eo.text_prepass = opt.run.text_prepass;
+    if (opt.run.text_prepass) {
         if (opt.warmup) prompts.emplace_back(kWarmupPrompt);
         eo.prepass_prompts = std::move(prompts);
     }

@@ -199,7 +199,7 @@ EpisodePlan plan_episodes(const RolloutOptions& opt, const io::EpisodeLayout& la
 /// checked against its geometry. Reads config.json and experiment_cfg only (no weights).
 Embodiment rollout_embodiment(const RolloutOptions& opt) {
     const ModelConfig model = Checkpoint(opt.checkpoint).model_config();
-    const std::string tag = !opt.embodiment.empty() ? opt.embodiment : opt.run.embodiment;
+    const std::string& tag = opt.run.embodiment;
     return select_embodiment(load_checkpoint_embodiments(opt.checkpoint), tag, model);
 }
 
@@ -266,15 +266,13 @@ RunManifest make_manifest(const RolloutOptions& opt, const LoadedRun& run, const
     manifest.device = run.engine->devices();
     manifest.command_line = opt.command_line;
     manifest.start_time = iso8601_utc(run_start);
-    // NOTE: every setting the run used, from the same field tables the config readers walk, plus what the command
-    // line chose
+    // NOTE: every setting the run used (the config, its --set overrides and the command line's flags), from the
+    // registry the config readers walk
     manifest.config = config::run_config_json(opt.run);
     // NOTE: the DiT evaluations that ran, as the step plan has them (a preset's count, a mask, or dynamic)
     const StepSchedule steps = make_step_schedule(opt.run.sampling);
     manifest.config["sampling"]["num_dit_steps"] = steps.is_dynamic() ? Json(nullptr) : Json(steps.num_network_steps());
     manifest.config["sampling"]["dit_steps"] = steps.describe();
-    manifest.config["kv"]["mode"] = opt.kv_mode == KvMode::Paged ? "paged" : "dense";
-    manifest.config["numerics"] = numerics_name(opt.numerics);
     manifest.config["devices"] = run.engine->devices();
     manifest.config["rollout"]["schedule"] = schedule.describe();
     manifest.config["config_file"] = opt.run.source.string();

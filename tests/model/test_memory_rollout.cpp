@@ -61,6 +61,7 @@ rollout::RolloutOptions options(const fs::path& ckpt, const std::vector<fs::path
     o.episodes = episodes;
     o.out_dir = out;
     o.run = tiny(geometry);
+    o.run.numerics = Numerics::Reference;
     o.have_config_model = true;
     o.devices = {Device::cpu()};
     o.quiet = true;
@@ -86,9 +87,9 @@ TEST_CASE("the text pre-pass gives bit-identical actions over episodes with diff
     const std::vector<fs::path> eps = make_episodes(dir);
 
     auto with = options(ckpt, eps, dir / "with", geometry);
-    with.text_prepass = true;
+    with.run.text_prepass = true;
     auto without = options(ckpt, eps, dir / "without", geometry);
-    without.text_prepass = false;
+    without.run.text_prepass = false;
     without.warmup = false;  // a warm-up changes no action; the pre-pass run keeps its own (its prompt pre-encoded)
     REQUIRE(rollout::run_rollout(with).failed == 0);
     REQUIRE(rollout::run_rollout(without).failed == 0);
@@ -229,6 +230,14 @@ TEST_CASE("dzr rollout and dzr plan read --gpu-memory-budget, refuse bad sizes, 
     r = test::run_dzr("plan --config " + cfg + " --numerics reference --json", dir.path());
     REQUIRE(r.code == 0);
     CHECK(nlohmann::json::parse(r.out)["numerics"] == "reference");
+    // the run settings' precedence: a flag over --set over the config file
+    r = test::run_dzr("plan --config " + cfg + " --set numerics=reference --set precision=fp8 --json", dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out)["numerics"] == "reference");
+    CHECK(nlohmann::json::parse(r.out)["precision"] == "fp8");
+    r = test::run_dzr("plan --config " + cfg + " --set numerics=reference --numerics fast --json", dir.path());
+    REQUIRE(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out)["numerics"] == "fast");
     refused("", {"--config"});
 
     // DROID in bf16 on a 48 GiB card: with the in-place lanes the plan is over, without them it fits, and

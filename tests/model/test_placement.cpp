@@ -247,6 +247,7 @@ TEST_CASE("a rollout with --device cpu,cpu writes the actions of a rollout with 
         o.episodes = {dir / "episodes/ep"};
         o.out_dir = dir / (std::string("out-") + devices);
         o.run = cfg;
+        o.run.numerics = Numerics::Reference;
         o.run.rollout.max_chunks = 4;  // 5 calls: a prefill and four commits
         o.have_config_model = true;
         o.devices = parse_device_list(devices);

@@ -43,6 +43,7 @@ rollout::RolloutOptions tiny_options(const fs::path& episode, const fs::path& ck
     o.out_dir = out;
     o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml", geometry);
     o.run.rollout.max_chunks = 2;  // 3 calls keep the test short; the 7-call cycle is test_policy's
+    o.run.numerics = Numerics::Reference;
     o.have_config_model = true;
     o.devices = {Device::cpu()};
     o.quiet = true;

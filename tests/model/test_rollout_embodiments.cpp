@@ -74,6 +74,7 @@ rollout::RolloutOptions options(const fs::path& episode, const fs::path& ckpt, c
     o.out_dir = out;
     o.run = tiny();
     o.run.rollout.max_chunks = 2;  // 3 calls
+    o.run.numerics = Numerics::Reference;
     o.have_config_model = true;
     o.devices = {Device::cpu()};
     o.quiet = true;
@@ -171,7 +172,7 @@ TEST_CASE("bad embodiment input is refused with a message naming the key and the
 
     // An embodiment the checkpoint does not carry.
     auto other = options(sample, ckpt, dir / "out_other");
-    other.embodiment = "yam";
+    other.run.embodiment = "yam";
     CHECK(contains(error_of([&] { rollout::run_rollout(other); }), "unknown embodiment 'yam'"));
     CHECK_FALSE(fs::exists(dir / "out_other"));
 

@@ -41,6 +41,7 @@ std::vector<float> rollout_actions(const test::TempDir& dir, const fs::path& ckp
     o.out_dir = dir / name;
     o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
     o.run.rollout.max_chunks = 2;
+    o.run.numerics = Numerics::Reference;
     o.run.precision = weights;
     o.run.kv.dtype = kv;
     o.run.sampling.seed = seed;

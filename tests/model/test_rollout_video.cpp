@@ -38,6 +38,7 @@ rollout::RolloutOptions video_options(const fs::path& episode, const fs::path& c
     o.out_dir = out;
     o.run = config::load_run_config(test::source_dir() / "configs/tiny.yaml");
     o.run.rollout.max_chunks = 2;  // 3 calls
+    o.run.numerics = Numerics::Reference;
     o.have_config_model = true;
     o.devices = {Device::cpu()};
     o.quiet = true;

@@ -1,12 +1,15 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <set>
 #include <string>
 
+#include "backend/env_settings.h"
 #include "config/model_fields.h"
 #include "config/model_json.h"
 #include "config/run_config.h"
 #include "config/run_fields.h"
+#include "config/settings.h"
 #include "core/error.h"
 #include "support/test_support.h"
 
@@ -289,7 +292,7 @@ TEST_CASE("the run config serializes through the field tables: every setting, wi
     CHECK(j["model"]["vae"]["z_dim"] == rc.model.vae.z_dim);
     // one JSON value per table entry
     size_t run_fields = 0, model_fields = 0;
-    for_each_run_field(rc, [&](const RunField&, const auto&) { ++run_fields; });
+    for_each_run_field(rc, [&](const Setting&, const auto&) { ++run_fields; });
     for_each_model_field(rc.model, [&](const ModelField&, const auto&) { ++model_fields; });
     size_t json_values = 0;
     std::function<void(const nlohmann::ordered_json&)> count = [&](const nlohmann::ordered_json& n) {
@@ -348,4 +351,86 @@ TEST_CASE("a quoted value left open that swallows the next keys is an error nami
     CHECK(contains(msg, "t.yaml: line"));
     CHECK(contains(msg, "the quoted value of embodiment is not closed on its line and swallows the keys description, "
                         "model"));
+}
+
+TEST_CASE("the settings registry: unique names, keys and flags; every key reads back; one default") {
+    std::set<std::string_view> names, keys, flags;
+    for (const Setting* s : run_settings()) {
+        CAPTURE(s->key);
+        CHECK(names.insert(s->name).second);
+        CHECK(keys.insert(s->key).second);
+        if (!s->flag.empty()) CHECK(flags.insert(s->flag).second);
+        CHECK(find_setting(s->key) == s);
+        CHECK(find_setting(s->name) == s);
+        CHECK(!s->what.empty());
+        CHECK(!s->values.empty());
+    }
+    // the run settings of a config that sets none are the defaults a RunConfig is constructed with
+    std::ifstream f(config_path("tiny.yaml"));
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t sampling = text.find("\nsampling:");
+    REQUIRE(sampling != std::string::npos);
+    const RunConfig bare = parse_run_config(text.substr(0, sampling + 1), "bare.yaml");
+    const RunConfig tiny = load_run_config(config_path("tiny.yaml"));
+    for (const Setting* s : run_settings()) {
+        CAPTURE(s->key);
+        CHECK(setting_text(bare, *s) == setting_default(*s));
+        // every value, written as text, reads back through --set and through the flag's path
+        const std::string value = setting_text(tiny, *s);
+        if (value.empty()) continue;
+        const RunConfig back = load_run_config(config_path("tiny.yaml"),
+                                               {parse_override(std::string(s->key) + "=" + value)});
+        CHECK(setting_text(back, *s) == value);
+        RunConfig set = RunConfig{};
+        set_setting(set, *s, value, "--test");
+        CHECK(setting_text(set, *s) == value);
+    }
+    // a setting's environment variable is one the environment registry reads (backend/env_settings.h)
+    for (const Setting* s : run_settings()) {
+        if (s->env.empty()) continue;
+        CAPTURE(s->env);
+        bool registered = false;
+        for (const EnvSetting& e : env_settings()) registered |= e.name == s->env;
+        CHECK(registered);
+    }
+    CHECK(setting_default(*find_setting("numerics")) == "fast");
+    CHECK(setting_default(*find_setting("kv.mode")) == "paged");
+    CHECK(setting_default(*find_setting("text_prepass")) == "true");
+}
+
+TEST_CASE("a setting set from text names the flag, what it accepts and the value") {
+    RunConfig run;
+    CHECK(contains(error_of([&] { set_setting(run, *find_setting("kv.dtype"), "int8", "--kv-dtype"); }),
+                   "--kv-dtype: expected bf16 or fp8, got 'int8'"));
+    CHECK(contains(error_of([&] { set_setting(run, *find_setting("numerics"), "turbo", "--numerics"); }),
+                   "--numerics: expected fast or reference, got 'turbo'"));
+    CHECK(contains(error_of([&] { set_setting(run, *find_setting("kv.mode"), "flat", "--kv"); }),
+                   "--kv: expected paged or dense, got 'flat'"));
+    CHECK(contains(error_of([&] { set_setting(run, *find_setting("gpu_memory_budget"), "12parsecs", "--gpu-memory-budget"); }),
+                   "--gpu-memory-budget: '12parsecs' is not a memory size"));
+    set_setting(run, *find_setting("numerics"), "reference", "--numerics");
+    set_setting(run, *find_setting("kv.mode"), "dense", "--kv");
+    set_setting(run, *find_setting("text_prepass"), "false", "--no-text-prepass");
+    CHECK(run.numerics == Numerics::Reference);
+    CHECK(run.kv.mode == KvMode::Dense);
+    CHECK(!run.text_prepass);
+    // the YAML keys of the settings that were command-line only
+    const RunConfig rc = load_run_config(config_path("tiny.yaml"),
+                                         {parse_override("numerics=reference"), parse_override("kv.mode=dense"),
+                                          parse_override("text_prepass=false")});
+    CHECK(rc.numerics == Numerics::Reference);
+    CHECK(rc.kv.mode == KvMode::Dense);
+    CHECK(!rc.text_prepass);
+    CHECK(contains(error_of([] { load_run_config(config_path("tiny.yaml"), {parse_override("numerics=turbo")}); }),
+                   "numerics: expected fast or reference, got 'turbo'"));
+}
+
+TEST_CASE("the settings table lists every setting with its key, flag, default and whether it changes the numbers") {
+    const std::string table = run_settings_table();
+    CHECK(contains(table, "| numerics | `numerics` | `--numerics` | - | `fast` | yes |"));
+    CHECK(contains(table, "| cuda_graphs | `cuda_graphs` | `--no-cuda-graphs` | `DZR_CUDA_GRAPHS` | `true` | no |"));
+    CHECK(contains(table, "| gpu_memory_budget | `gpu_memory_budget` | `--gpu-memory-budget` | - | (none) | no |"));
+    size_t rows = 0;
+    for (size_t p = 0; (p = table.find('\n', p)) != std::string::npos; ++p) ++rows;
+    CHECK(rows == run_settings().size() + 2);
 }
