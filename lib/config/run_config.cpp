@@ -103,6 +103,10 @@ void read(const YAML::Node& n, KvMode& out, const Context& c, const std::string&
     if (!n.IsScalar() || (n.Scalar() != "paged" && n.Scalar() != "dense")) bad(c, p, "paged or dense", n);
     out = parse_kv_mode(n.Scalar(), p);
 }
+void read(const YAML::Node& n, KvInPlace& out, const Context& c, const std::string& p) {
+    if (!n.IsScalar()) bad(c, p, "auto, true or false", n);
+    out = parse_kv_in_place(n.Scalar(), p);
+}
 void read(const YAML::Node& n, KvBudget& out, const Context& c, const std::string& p) {
     if (!n.IsScalar()) bad(c, p, "auto, a byte size or a percentage", n);
     out = parse_kv_budget(n.Scalar());

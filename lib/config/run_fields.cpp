@@ -38,6 +38,8 @@ Json value_json(const T& v) {
         return Json(precision_name(v));
     } else if constexpr (std::is_same_v<T, KvMode>) {
         return Json(kv_mode_name(v));
+    } else if constexpr (std::is_same_v<T, KvInPlace>) {
+        return Json(kv_in_place_name(v));
     } else if constexpr (std::is_same_v<T, Numerics>) {
         return Json(numerics_name(v));
     } else if constexpr (std::is_same_v<T, std::vector<bool>>) {

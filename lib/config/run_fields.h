@@ -43,6 +43,9 @@ inline constexpr Setting kKvDtype{"kv_dtype", "kv.dtype", "--kv-dtype", "", "bf1
     "KV pool and cross caches: bf16 or fp8 (E4M3, a scale per token and head)"};
 inline constexpr Setting kKvMode{"kv_mode", "kv.mode", "--kv", "", "paged or dense", true,
     "KV cache: paged, or dense (the reference path)"};
+// NOTE: in fast numerics the lanes' attention reads the current rows in place, another kernel path (docs/MEMORY.md)
+inline constexpr Setting kKvInPlace{"kv_in_place", "kv.in_place", "", "", "auto, true or false", true,
+    "Lay the CFG branches' KV blocks out in lanes with room for the current rows (auto: where they apply and fit)"};
 inline constexpr Setting kStride{"stride", "rollout.stride", "", "", "1 to 10000000", true, "Frames between calls"};
 inline constexpr Setting kOffsets{"offsets", "rollout.offsets", "", "", "a list of increasing integers <= 0", true,
     "Frames of a call relative to its anchor"};
@@ -103,6 +106,7 @@ void for_each_kv_field(K& k, F&& f) {
     f(setting::kResetAtBoundary, k.reset_at_boundary);
     f(setting::kKvDtype, k.dtype);
     f(setting::kKvMode, k.mode);
+    f(setting::kKvInPlace, k.in_place);
 }
 
 /// The same for a `rollout:` section (RolloutConfig).
@@ -128,7 +132,7 @@ void for_each_top_level_field(C& c, F&& f) {
 }
 
 /// Every run setting of a RunConfig (const or not): the three sections, then the top-level keys. Field types: int,
-/// float, bool, uint64_t, std::string, std::vector<int>, std::vector<bool>, KvBudget, Precision, KvMode, Numerics.
+/// float, bool, uint64_t, std::string, std::vector<int>, std::vector<bool>, KvBudget, Precision, KvMode, KvInPlace, Numerics.
 template <class C, class F>
 void for_each_run_field(C& c, F&& f) {
     for_each_sampling_field(c.sampling, f);

@@ -112,7 +112,6 @@ PolicyOptions run_policy_options(const config::RunConfig& run) {
     PolicyOptions po;
     po.sampling = run.sampling;
     po.kv = run.kv;
-    po.kv_mode = run.kv.mode;
     po.precision = run.precision;
     po.cuda_graphs = run.cuda_graphs;
     po.batch_cfg = run.batch_cfg;
@@ -205,7 +204,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
     // stay in the checkpoint
     if (!options_.video_decode) model_.vae.has_decoder = false;
     check_fp8_support(placement_, options_.precision, options_.kv.dtype);
-    DZR_CHECK(options_.kv.dtype != Precision::Fp8 || options_.kv_mode == KvMode::Paged,
+    DZR_CHECK(options_.kv.dtype != Precision::Fp8 || options_.kv.mode == KvMode::Paged,
               "kv.dtype fp8 needs the paged KV cache (--kv paged); the dense cache is the bf16 reference path");
     const DitConfig& d = model_.dit;
     const int lh = model_.canvas_height / 8, lw = model_.canvas_width / 8;
@@ -270,7 +269,7 @@ Engine::Engine(const ModelConfig& model, const WeightSource& weights, const Embo
     schedule_ = std::make_unique<StepSchedule>(make_step_schedule(options_.sampling));
     noise_ = options_.noise ? options_.noise : std::make_shared<SeededNoise>(options_.sampling.seed);
 
-    if (options_.kv_mode == KvMode::Paged) {
+    if (options_.kv.mode == KvMode::Paged) {
         // One pool per device, holding the branches placed there.
         for (size_t i = 0; i < placement_.backends.size(); ++i) {
             int branches = 0;
@@ -481,7 +480,7 @@ std::string Engine::describe() const {
                        model_.dit.num_layers, model_.dit.dim, model_.dit.num_heads, precision_name(options_.precision),
                        model_.t5.num_layers, model_.t5.dim, text, model_.clip.use_layers, model_.clip.width,
                        model_.vae.base_dim, model_.canvas_height, model_.canvas_width,
-                       options_.kv_mode == KvMode::Paged ? "paged" : "dense", precision_name(options_.kv.dtype),
+                       options_.kv.mode == KvMode::Paged ? "paged" : "dense", precision_name(options_.kv.dtype),
                        double(kv_bytes()) / double(1ull << 30), sessions, double(workspace) / double(1ull << 30),
                        options_.sampling.num_inference_steps, schedule_->describe(), options_.sampling.cfg_scale,
                        numerics_name(backend().numerics()), batching, devices(), noise_->describe());

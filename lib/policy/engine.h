@@ -51,7 +51,6 @@ class TextEmbeddings;
 struct PolicyOptions {
     config::SamplingConfig sampling;
     KvConfig kv;
-    KvMode kv_mode = KvMode::Paged;
     std::shared_ptr<NoiseSource> noise;  ///< null: SeededNoise(sampling.seed)
     UnitRangeMode unit_range = UnitRangeMode::F32;
     bool check_finite = false;           ///< debug: check every stage (synchronizes) and name the culprit

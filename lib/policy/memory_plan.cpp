@@ -221,7 +221,7 @@ PlannedKv plan_kv(const ModelConfig& model, const PolicyOptions& options, const 
                   const MemoryPlanOptions& po, const Backend& measuring) {
     const DType dt = po.compute_dtype;
     PlannedKv p;
-    p.paged = options.kv_mode == KvMode::Paged;
+    p.paged = options.kv.mode == KvMode::Paged;
     p.fp8 = po.kv_dtype == DType::F8_E4M3;
     if (!p.paged) {
         DZR_CHECK(po.kv_dtype == dt, "memory plan: an fp8 KV cache needs the paged cache (--kv paged)");

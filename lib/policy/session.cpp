@@ -159,7 +159,7 @@ Session::Session(Engine& engine) : engine_(engine) {
         runners_->branch[size_t(b)]->allocate_io(buf_->x.shape(), buf_->y_in.shape(), buf_->a.shape(),
                                                  buf_->state.shape(), dt, st);
     }
-    if (engine_.options_.kv_mode == KvMode::Paged) {
+    if (engine_.options_.kv.mode == KvMode::Paged) {
         for (const auto& manager : engine_.kv_managers_) runners_->kv.push_back(manager->open_session("policy"));
         for (int b = 0; b < 2; ++b) {
             const int dev = placement.device_of(b);

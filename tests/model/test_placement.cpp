@@ -106,7 +106,7 @@ struct TinyWorld : test::RandomWorld {
     TinyWorld() : RandomWorld(test::ci_geometry(), 11) {}
     std::unique_ptr<DreamZeroPolicy> policy(const Placement& placement, KvMode mode) const {
         PolicyOptions o = options();
-        o.kv_mode = mode;
+        o.kv.mode = mode;
         return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, droid(), tokenizer(), o, placement);
     }
 };
@@ -170,7 +170,7 @@ TEST_CASE("fast numerics: the CFG branches batched on one backend give the actio
             PolicyOptions o;
             o.sampling = world.cfg.sampling;
             o.kv = world.cfg.kv;
-            o.kv_mode = mode;
+            o.kv.mode = mode;
             o.batch_cfg = variant > 0;
             o.trace_dit_layers = false;
             DreamZeroPolicy policy(world.ckpt->model_config(), *world.ckpt,

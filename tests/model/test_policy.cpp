@@ -38,7 +38,7 @@ struct TinyWorld {
         o.sampling = cfg.sampling;
         o.kv = cfg.kv;
         o.kv.in_place = in_place;
-        o.kv_mode = mode;
+        o.kv.mode = mode;
         return std::make_unique<DreamZeroPolicy>(ckpt->model_config(), *ckpt, droid_embodiment(ckpt->statistics("oxe_droid")),
                                                  test::data_dir() / "tokenizer/spiece.model", o, be);
     }

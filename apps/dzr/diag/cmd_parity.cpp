@@ -403,7 +403,7 @@ int run_parity(const RunArgs& a) {
     if (!a.precision.empty()) po.precision = parse_precision(a.precision, "--precision");
     if (!a.kv_dtype.empty()) po.kv.dtype = parse_precision(a.kv_dtype, "--kv-dtype");
     DZR_CHECK(a.kv == "paged" || a.kv == "dense", "--kv must be paged or dense, got '{}'", a.kv);
-    po.kv_mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
+    po.kv.mode = a.kv == "paged" ? KvMode::Paged : KvMode::Dense;
     po.noise = load_noise_npy(in / "noise_video.npy", in / "noise_action.npy");
     // NOTE: in bf16 the reference forms [-1, 1] in bf16 (dreamzero-reference.md §1.4 step 5).
     po.unit_range = dtype == DType::BF16 ? UnitRangeMode::Bf16Reference : UnitRangeMode::F32;
