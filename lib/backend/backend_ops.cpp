@@ -46,6 +46,11 @@ const char* activation_name(Activation a) {
     return "activation";
 }
 
+/// "ada_layer_norm bf16[1785,5120] affine mod": a fused norm's key.
+std::string norm_key(const char* op, const TensorView& x, const TensorView& weight, const TensorView& scale) {
+    return fmt::format("{} {}{}{}", op, desc(x), weight.defined() ? " affine" : "", scale.defined() ? " mod" : "");
+}
+
 /// What a measuring backend does for an op that neither composes others nor takes workspace of its own.
 constexpr auto skipped = [] {};
 
@@ -199,12 +204,7 @@ void Backend::ada_layer_norm(const FusedRowParams& p, const TensorView& x, const
                              const TensorView& bias, const TensorView& scale, const TensorView& shift,
                              const TensorView& out) {
     const auto run = [&] { do_ada_layer_norm(p, x, weight, bias, scale, shift, out); };
-    bracket(
-        [&] {
-            return fmt::format("ada_layer_norm {}{}{}", desc(x), weight.defined() ? " affine" : "",
-                               scale.defined() ? " mod" : "");
-        },
-        run, run);
+    bracket([&] { return norm_key("ada_layer_norm", x, weight, scale); }, run, run);
 }
 
 void Backend::gated_residual(const FusedRowParams& p, const TensorView& x, const TensorView& y,
@@ -248,12 +248,7 @@ void Backend::ada_layer_norm_fp8(const FusedRowParams& p, const TensorView& x, c
                                  const TensorView& bias, const TensorView& scale, const TensorView& shift,
                                  const TensorView& q, const TensorView& scales) {
     const auto run = [&] { do_ada_layer_norm_fp8(p, x, weight, bias, scale, shift, q, scales); };
-    bracket(
-        [&] {
-            return fmt::format("ada_layer_norm_fp8 {}{}{}", desc(x), weight.defined() ? " affine" : "",
-                               scale.defined() ? " mod" : "");
-        },
-        run, run);
+    bracket([&] { return norm_key("ada_layer_norm_fp8", x, weight, scale); }, run, run);
 }
 
 void Backend::activation_quantize_fp8(const ActivationParams& p, const TensorView& x, const TensorView& q,

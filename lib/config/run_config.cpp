@@ -274,10 +274,12 @@ void check_step_plan(SamplingConfig& s, bool dit_steps_given, const Context& ctx
               s.num_inference_steps);
 }
 
-void read_sampling(const YAML::Node& node, SamplingConfig& s, const Context& ctx) {
+void read_sampling(const YAML::Node& node, RunConfig& rc, const Context& ctx) {
+    SamplingConfig& s = rc.sampling;
     Section sec(node, "sampling", ctx);
     const bool dit_steps_given = sec.child("num_dit_steps").IsDefined();
-    for_each_sampling_field(s, [&](const Setting& f, auto& value) { sec.get(std::string(f.field()), value, false); });
+    for_each_section_field(rc, "sampling",
+                           [&](const Setting& f, auto& value) { sec.get(std::string(f.field()), value, false); });
     sec.finish();
     DZR_CHECK(s.num_inference_steps >= 1 && s.num_inference_steps <= kMaxInferenceSteps,
               "{}: sampling.num_inference_steps must be in [1, {}], got {}{}", ctx.source, kMaxInferenceSteps,
@@ -305,9 +307,11 @@ void read_kv(const YAML::Node& node, KvConfig& k, const ModelConfig& model, cons
     }
 }
 
-void read_rollout(const YAML::Node& node, RolloutConfig& r, const Context& ctx) {
+void read_rollout(const YAML::Node& node, RunConfig& rc, const Context& ctx) {
+    const RolloutConfig& r = rc.rollout;
     Section sec(node, "rollout", ctx);
-    for_each_rollout_field(r, [&](const Setting& f, auto& value) { sec.get(std::string(f.field()), value, false); });
+    for_each_section_field(rc, "rollout",
+                           [&](const Setting& f, auto& value) { sec.get(std::string(f.field()), value, false); });
     sec.finish();
     DZR_CHECK(r.stride > 0 && r.stride <= kMaxFrameIndex, "{}: rollout.stride must be in [1, {}], got {}",
               ctx.source, kMaxFrameIndex, r.stride);
@@ -342,11 +346,11 @@ RunConfig read_run_config(YAML::Node root, const std::string& source, std::strin
     RunConfig rc;
     Section top(root, "", ctx);
     rc.model = read_model(top.child("model"), ctx);
-    read_sampling(top.child("sampling"), rc.sampling, ctx);
+    read_sampling(top.child("sampling"), rc, ctx);
     require_consistent_model_config(rc.model, source);
     read_kv(top.child("kv"), rc.kv, rc.model, ctx);
-    read_rollout(top.child("rollout"), rc.rollout, ctx);
-    for_each_top_level_field(rc, [&](const Setting& f, auto& value) {
+    read_rollout(top.child("rollout"), rc, ctx);
+    for_each_section_field(rc, "", [&](const Setting& f, auto& value) {
         const std::string key(f.key);
         top.get(key, value, false);
         check_setting_value(rc, f, fmt::format("{}: {}{}", source, key, ctx.origin(key)));
