@@ -94,7 +94,8 @@ TEST_CASE("sessions opened and closed one after another leave the device memory 
         in_use.push_back(*used);
     }
     // NOTE: the libraries' pools may step up once while the first sessions settle; a leak grows with every session, so
-    // the second half of the rounds must stay within the first half's highest
+    // the second half of the rounds must stay within the first half's highest. The reading is the device's (every
+    // process's allocations): ctest runs this test alone (RUN_SERIAL)
     const int64_t first_half = *std::max_element(in_use.begin(), in_use.begin() + 12);
     for (size_t r = 12; r < in_use.size(); ++r) {
         CAPTURE(r);
